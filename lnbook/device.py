@@ -1,0 +1,38 @@
+"""Pick the device an experiment runs on: cuda when present, else mps, else cpu."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["resolve_device"]
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Turn ``"auto"`` (or an explicit name) into a :class:`torch.device`.
+
+    ``"auto"`` picks ``cuda`` if available, then ``mps``, then ``cpu``. An explicit device
+    that this machine lacks raises ``ValueError`` naming what is available.
+
+    Example::
+
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    if isinstance(device, torch.device):
+        device = str(device)
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'mps', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use 'auto' or 'cpu'")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("device 'mps' was asked for but it is not available; use 'auto' or 'cpu'")
+    return dev
