@@ -125,6 +125,7 @@ def _normalize(x: Tensor, shape: tuple[int, ...], eps: float) -> tuple[Tensor, T
     xf = x.float() if x.dtype in _LOW_PRECISION else x
     mu = xf.mean(dim=dims, keepdim=True)  # (..., 1, ..., 1)
     xc = xf - mu  # centring first keeps a large mean from cancelling digits
+    xc = xc - xc.mean(dim=dims, keepdim=True)  # second pass: removes the rounding error of mu
     var = (xc * xc).mean(dim=dims, keepdim=True)  # biased, as in eq. 3
     rstd = torch.rsqrt(var + eps)
     return xc * rstd, rstd
