@@ -50,7 +50,8 @@ def book() -> None:
 def test() -> None:
     ensure_venv()
     run(BIN / "ruff", "check", "lnbook", "tests", "book", "benchmarks")
-    run(BIN / "python", "-m", "pytest", "tests", "book", "--nbval-lax", "-p", "no:cacheprovider")
+    run(BIN / "python", "-m", "pytest", "tests", "book", "--nbval-lax", "--nbval-current-env",
+        "-p", "no:cacheprovider")
 
 
 if __name__ == "__main__":
