@@ -1,30 +1,72 @@
 """lnbook: Layer Normalization (Ba, Kiros, Hinton, 2016), a tested reference implementation.
 
-The package behind the executable textbook in ``book/``. Its modules follow the book; see
-CONTRIBUTING.md for the map and the book's API page for every public object.
+The package behind the executable textbook in ``book/``. Its modules follow the book (see
+CONTRIBUTING.md for the map, and the book's API page for every public object):
+
+- :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``BatchNorm``, ``WeightNormLinear``
+  (eqs. 1-3, 5, 15-16; chapters 2, 3, 4)
+- :mod:`lnbook.reference`: ``layer_norm_numpy``, eq. 3 in plain numpy (chapter 3)
+- :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers
+  (eqs. 4, 20-31; chapter 3.1 and the supplement)
+- :mod:`lnbook.analysis`: Table 1 recomputed, Fisher information and metrics (eqs. 5-14,
+  32-35; chapters 4, 5.1, 5.2)
+- :mod:`lnbook.data`, :mod:`lnbook.train`, :mod:`lnbook.experiments`: MNIST, the training
+  loop with checkpoint and resume, the mini-experiments of section 6 (chapters 6.1-6.7)
 """
 
-from lnbook import reference
+from lnbook import analysis, reference
+from lnbook.analysis import fisher_information, invariance_changes, invariance_table
+from lnbook.data import MNISTData, binarize, load_mnist, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, layer_norm
-
-# --- rnn (chapter 3.1, supplement) ---
-# --- end rnn ---
-
-# --- analysis (chapters 4, 5) ---
-# --- end analysis ---
-
-# --- data, train (chapter 6) ---
-# --- end data, train ---
+from lnbook.rnn import (
+    GRU,
+    LSTM,
+    RNN,
+    BatchNormRNN,
+    DRAWLSTMCell,
+    LNGRUCell,
+    LNLSTMCell,
+    LNRNNCell,
+    RecurrentDynamics,
+    SequenceBatchNorm,
+    recurrent_dynamics,
+)
+from lnbook.train import Batches, History, fit
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # norms (chapters 2-4)
     "BatchNorm",
     "LayerNorm",
     "WeightNormLinear",
     "layer_norm",
     "reference",
+    # recurrent (chapter 3.1, supplement)
+    "BatchNormRNN",
+    "DRAWLSTMCell",
+    "GRU",
+    "LNGRUCell",
+    "LNLSTMCell",
+    "LNRNNCell",
+    "LSTM",
+    "RNN",
+    "RecurrentDynamics",
+    "SequenceBatchNorm",
+    "recurrent_dynamics",
+    # analysis (chapters 4, 5)
+    "analysis",
+    "fisher_information",
+    "invariance_changes",
+    "invariance_table",
+    # data and training (chapter 6)
+    "Batches",
+    "History",
+    "MNISTData",
+    "binarize",
+    "fit",
+    "load_mnist",
+    "pixel_permutation",
     "resolve_device",
-    # --- __all__ additions: keep one name per line ---
 ]

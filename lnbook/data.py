@@ -83,7 +83,7 @@ class MNISTData:
 
 
 def mnist_cache_dir() -> Path:
-    """The folder downloads go to: ``$LNBOOK_DATA`` if set, else ``~/.cache/lnbook``, plus ``mnist``."""
+    """Where downloads go: ``$LNBOOK_DATA/mnist`` if set, else ``~/.cache/lnbook/mnist``."""
     base = os.environ.get("LNBOOK_DATA")
     return (Path(base) if base else Path.home() / ".cache" / "lnbook") / "mnist"
 
@@ -110,9 +110,12 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         with opener(path, "rb") as f:
             raw = f.read()
     except (OSError, EOFError) as e:  # gzip raises these on corrupt or truncated archives
-        raise ValueError(f"{path}: cannot read the file as {'gzip' if opener is gzip.open else 'IDX'} ({e})") from e
+        kind = "gzip" if opener is gzip.open else "IDX"
+        raise ValueError(f"{path}: cannot read the file as {kind} ({e})") from e
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (expected magic bytes 0x00 0x00, got {raw[:4]!r})")
+        raise ValueError(
+            f"{path}: not an IDX file (expected magic bytes 0x00 0x00, got {raw[:4]!r})"
+        )
     code, ndim = raw[2], raw[3]
     if code not in _IDX_DTYPES:
         raise ValueError(f"{path}: unknown IDX data type code 0x{code:02x}")
@@ -147,7 +150,7 @@ def _sha256(path: Path) -> str:
 
 def download_mnist(
     folder: str | os.PathLike | None = None,
-    urls: tuple[str, ...] = MNIST_URLS,
+    urls: tuple[str, ...] | None = None,
     timeout: float = 5.0,
 ) -> Path:
     """Download the four MNIST ``.gz`` files into ``folder`` and check their SHA-256 sums.
@@ -157,7 +160,7 @@ def download_mnist(
 
     Args:
         folder: target folder; default :func:`mnist_cache_dir`.
-        urls: base URLs, each followed by the file name.
+        urls: base URLs, each followed by the file name; default :data:`MNIST_URLS`.
         timeout: seconds to wait for a connection before giving up on a mirror.
 
     Returns:
@@ -167,8 +170,9 @@ def download_mnist(
         OSError: when no mirror delivers a file with the right checksum (e.g. offline).
     """
     folder = Path(folder) if folder is not None else mnist_cache_dir()
+    urls = MNIST_URLS if urls is None else tuple(urls)
     folder.mkdir(parents=True, exist_ok=True)
-    for stem, digest in MNIST_FILES.items():
+    for stem, digest in MNIST_FILES.items():  # read at call time, so tests can patch them
         target = folder / f"{stem}.gz"
         if target.is_file() and _sha256(target) == digest:
             continue

@@ -32,7 +32,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'mps', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use 'auto' or 'cpu'")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use 'auto'")
+    mps = getattr(torch.backends, "mps", None)
+    if dev.type == "mps" and not (mps is not None and mps.is_available()):
         raise ValueError("device 'mps' was asked for but it is not available; use 'auto' or 'cpu'")
     return dev

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ def _check_layer_norm_args(
 ) -> None:
     _check_floating(x)
     if not (isinstance(eps, numbers.Real) and eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0 (it keeps sigma away from 0), got {eps!r}")
+        raise ValueError(f"eps must be a finite number > 0 (keeps sigma away from 0), got {eps!r}")
     k = len(shape)
     if x.dim() < k or tuple(x.shape[x.dim() - k :]) != shape:
         raise ValueError(
@@ -87,36 +88,74 @@ class _LayerNormFunction(torch.autograd.Function):
         dL/dz = (u - mean(u) - z_hat * mean(u * z_hat)) / sigma,
         dL/dg = sum over rows of dL/dy * z_hat,  dL/db = sum over rows of dL/dy.
 
-    The backward recomputes z_hat from the saved input with differentiable torch ops, so the
-    result can itself be differentiated (gradgradcheck passes).
+    The first-order backward reuses z_hat and 1/sigma from the forward pass and works in place
+    where it can (each fresh full-size tensor costs CPU page faults); mean(u) and
+    mean(u * z_hat) are matrix-vector products with g. When a graph of the backward itself is
+    asked for (``create_graph=True``, as in gradgradcheck), the backward is recomputed from
+    the saved input with differentiable torch ops instead.
     """
 
     @staticmethod
     def forward(ctx, x, shape, weight, bias, eps):  # type: ignore[override]
+        d = math.prod(shape)
+        xf = (x.float() if x.dtype in _LOW_PRECISION else x).reshape(-1, d)  # (R, D)
+        x_hat = xf - xf.mean(dim=1, keepdim=True)  # (R, D) centred first: no E[x^2] - E[x]^2
+        x_hat.sub_(x_hat.mean(dim=1, keepdim=True))  # second pass: the rounding error of mu
+        var = torch.linalg.vector_norm(x_hat, dim=1, keepdim=True).square_().div_(d)  # (R, 1)
+        rstd = torch.rsqrt(var + eps)  # (R, 1)
+        x_hat.mul_(rstd)
+        w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
+        b = None if bias is None else bias.reshape(d).to(x_hat.dtype)  # (D,)
+        if w is not None:
+            y = torch.addcmul(b, x_hat, w) if b is not None else x_hat * w
+        else:
+            y = x_hat + b if b is not None else x_hat.clone()
         ctx.shape, ctx.eps = shape, eps
-        ctx.save_for_backward(x, weight, bias)
-        x_hat, _ = _normalize(x, shape, eps)  # float32 for half inputs
-        y = _affine(x_hat, weight, bias)
-        return y.to(x.dtype)
+        ctx.save_for_backward(x, weight, bias, x_hat, rstd)
+        return y.reshape(x.shape).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        x, weight, bias = ctx.saved_tensors
-        shape, eps = ctx.shape, ctx.eps
-        dims = tuple(range(-len(shape), 0))
-        x_hat, rstd = _normalize(x, shape, eps)  # (..., *shape), (..., 1...)
-        g = grad_y.to(x_hat.dtype)
-        u = g * weight.to(x_hat.dtype) if weight is not None else g
-        u_mean = u.mean(dim=dims, keepdim=True)
-        ux_mean = (u * x_hat).mean(dim=dims, keepdim=True)
-        grad_x = (u - u_mean - x_hat * ux_mean) * rstd
-        grad_w = grad_b = None
-        batch_dims = tuple(range(x.dim() - len(shape)))
-        if weight is not None and ctx.needs_input_grad[2]:
-            grad_w = (g * x_hat).sum(dim=batch_dims).to(weight.dtype)
-        if bias is not None and ctx.needs_input_grad[3]:
-            grad_b = g.sum(dim=batch_dims).to(bias.dtype)
-        return grad_x.to(x.dtype), None, grad_w, grad_b, None
+        x, weight, bias, x_hat, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            return _layer_norm_backward_graph(ctx, grad_y, x, weight, bias)
+        d = x_hat.shape[1]
+        g = grad_y.to(x_hat.dtype).reshape(-1, d)  # (R, D)
+        gx = g * x_hat  # (R, D), the only new full-size tensor of the backward
+        grad_w = gx.sum(dim=0).reshape(weight.shape).to(weight.dtype) if (
+            weight is not None and ctx.needs_input_grad[2]) else None
+        grad_b = g.sum(dim=0).reshape(bias.shape).to(bias.dtype) if (
+            bias is not None and ctx.needs_input_grad[3]) else None
+        if weight is not None:
+            w = weight.reshape(d).to(x_hat.dtype)  # (D,)
+            u_mean = (g @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u), u = g * w
+            ux_mean = (gx @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u * z_hat)
+            grad_x = torch.mul(g, w, out=gx)  # u, written over gx
+        else:
+            u_mean = g.mean(dim=1, keepdim=True)
+            ux_mean = gx.mean(dim=1, keepdim=True)
+            grad_x = gx.copy_(g)
+        grad_x.sub_(u_mean).addcmul_(x_hat, ux_mean, value=-1).mul_(rstd)
+        return grad_x.reshape(x.shape).to(x.dtype), None, grad_w, grad_b, None
+
+
+def _layer_norm_backward_graph(ctx, grad_y, x, weight, bias):
+    """The same backward from the saved input with differentiable ops (for double backward)."""
+    shape, eps = ctx.shape, ctx.eps
+    dims = tuple(range(-len(shape), 0))
+    x_hat, rstd = _normalize(x, shape, eps)  # (..., *shape), (..., 1...)
+    g = grad_y.to(x_hat.dtype)
+    u = g * weight.to(x_hat.dtype) if weight is not None else g
+    u_mean = u.mean(dim=dims, keepdim=True)
+    ux_mean = (u * x_hat).mean(dim=dims, keepdim=True)
+    grad_x = (u - u_mean - x_hat * ux_mean) * rstd
+    grad_w = grad_b = None
+    batch_dims = tuple(range(x.dim() - len(shape)))
+    if weight is not None and ctx.needs_input_grad[2]:
+        grad_w = (g * x_hat).sum(dim=batch_dims).to(weight.dtype)
+    if bias is not None and ctx.needs_input_grad[3]:
+        grad_b = g.sum(dim=batch_dims).to(bias.dtype)
+    return grad_x.to(x.dtype), None, grad_w, grad_b, None
 
 
 def _normalize(x: Tensor, shape: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor]:
@@ -129,14 +168,6 @@ def _normalize(x: Tensor, shape: tuple[int, ...], eps: float) -> tuple[Tensor, T
     var = (xc * xc).mean(dim=dims, keepdim=True)  # biased, as in eq. 3
     rstd = torch.rsqrt(var + eps)
     return xc * rstd, rstd
-
-
-def _affine(x_hat: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
-    if weight is not None:
-        x_hat = x_hat * weight.to(x_hat.dtype)
-    if bias is not None:
-        x_hat = x_hat + bias.to(x_hat.dtype)
-    return x_hat
 
 
 def layer_norm(
@@ -350,8 +381,10 @@ class BatchNorm(nn.Module):
             var = var_unbiased if self.unbiased else var_biased
             with torch.no_grad():
                 m = self.momentum
-                self.running_mean.mul_(1 - m).add_(m * mean.detach().to(self.running_mean.dtype))
-                self.running_var.mul_(1 - m).add_(m * var_unbiased.detach().to(self.running_var.dtype))
+                new_mean = mean.detach().to(self.running_mean.dtype)
+                new_var = var_unbiased.detach().to(self.running_var.dtype)
+                self.running_mean.mul_(1 - m).add_(m * new_mean)
+                self.running_var.mul_(1 - m).add_(m * new_var)
                 self.num_batches_tracked.add_(1)
         else:
             xf = x.float() if x.dtype in _LOW_PRECISION else x

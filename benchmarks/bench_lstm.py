@@ -1,0 +1,143 @@
+"""Speed of lnbook's recurrent layers against torch's, as ratios measured in one run.
+
+Issue 3, book chapter Supplement (section "Speed"). Forward + backward of ``lnbook.LSTM``
+(with and without layer norm) against :class:`torch.nn.LSTM` at the issue's sizes, and one
+step of ``lnbook.GRU`` against :class:`torch.nn.GRU` (the per-iteration cost the paper
+discusses in section 6.3, claim C14). Prints a table and writes ``benchmarks/results/lstm.json``
+with the machine description.
+
+    python benchmarks/bench_lstm.py [--device auto] [--rounds 3] [--threads N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import lnbook
+
+SIZES = [  # (T, B, input, hidden)
+    (100, 32, 64, 256),
+    (100, 64, 512, 512),
+]
+QUICK_SIZES = [(20, 8, 16, 32)]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else from :mod:`platform`."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, object]:
+    """What the timings were taken on."""
+    dev = lnbook.resolve_device("auto")
+    info: dict[str, object] = {
+        "cpu": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def fwd_bwd(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
+    """Seconds of one forward + backward pass (the sum of the outputs as the loss)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out, _ = model(x)
+    out.sum().backward()
+    _sync(device)
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: int) -> list:
+    """Per size: one warm-up pass per model, then ``rounds`` rounds in which every model runs
+    once (interleaved, so that all share the machine's load alike); the best round counts."""
+    rows = []
+    for T, B, I, H in sizes:
+        torch.manual_seed(0)
+        x = torch.randn(T, B, I, device=device)
+        models = {
+            "torch.nn.LSTM": nn.LSTM(I, H).to(device),
+            "lnbook.LSTM(layer_norm=False)": lnbook.LSTM(I, H, layer_norm=False).to(device),
+            "lnbook.LSTM(layer_norm=True)": lnbook.LSTM(I, H, layer_norm=True).to(device),
+            "torch.nn.GRU": nn.GRU(I, H).to(device),
+            "lnbook.GRU(layer_norm=False)": lnbook.GRU(I, H, layer_norm=False).to(device),
+            "lnbook.GRU(layer_norm=True)": lnbook.GRU(I, H, layer_norm=True).to(device),
+        }
+        for m in models.values():
+            fwd_bwd(m, x, device)
+        times: dict[str, list[float]] = {k: [] for k in models}
+        for _ in range(rounds):
+            for k, m in models.items():
+                times[k].append(fwd_bwd(m, x, device))
+        t = {k: min(v) for k, v in times.items()}
+        rows.append({
+            "T": T, "B": B, "input": I, "hidden": H, "seconds": t, "all_seconds": times,
+            "ratio_ln_lstm_vs_torch": t["lnbook.LSTM(layer_norm=True)"] / t["torch.nn.LSTM"],
+            "ratio_plain_lstm_vs_torch": t["lnbook.LSTM(layer_norm=False)"] / t["torch.nn.LSTM"],
+            "ratio_ln_gru_vs_torch": t["lnbook.GRU(layer_norm=True)"] / t["torch.nn.GRU"],
+            "ratio_ln_gru_vs_plain_gru": t["lnbook.GRU(layer_norm=True)"]
+            / t["lnbook.GRU(layer_norm=False)"],
+            "ms_per_step_ln_gru": 1e3 * t["lnbook.GRU(layer_norm=True)"] / T,
+            "ms_per_step_plain_gru": 1e3 * t["lnbook.GRU(layer_norm=False)"] / T,
+            "ms_per_step_torch_gru": 1e3 * t["torch.nn.GRU"] / T,
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "lstm.json"))
+    args = p.parse_args(argv)
+    device = lnbook.resolve_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    rows = bench(device, QUICK_SIZES if args.quick else SIZES, args.rounds)
+    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{cpu_model()}")
+    print(f"{'T':>4} {'B':>4} {'in':>4} {'H':>4} | {'torch LSTM ms':>13} {'LN-LSTM ms':>10} "
+          f"{'ratio':>6} {'plain ratio':>11} | {'GRU ratio':>9} {'LN-GRU/GRU loop':>15}")
+    for r in rows:
+        s = r["seconds"]
+        print(f"{r['T']:>4} {r['B']:>4} {r['input']:>4} {r['hidden']:>4} | "
+              f"{1e3 * s['torch.nn.LSTM']:>13.1f} {1e3 * s['lnbook.LSTM(layer_norm=True)']:>10.1f} "
+              f"{r['ratio_ln_lstm_vs_torch']:>6.2f} {r['ratio_plain_lstm_vs_torch']:>11.2f} | "
+              f"{r['ratio_ln_gru_vs_torch']:>9.2f} {r['ratio_ln_gru_vs_plain_gru']:>15.2f}")
+    result = {"device": str(device), "machine": machine(), "rounds": args.rounds,
+              "measure": "forward+backward seconds, best of the interleaved rounds",
+              "rows": rows}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,659 @@
+"""Invariances (Table 1) and the geometry of normalized generalized linear models.
+
+Paper sections 4 and 5 and the supplement (eqs. 5-14, 32-35); book chapters 4
+(`04_related_work`), 5.1 (`05_1_invariance`) and 5.2 (`05_2_geometry`). Nothing here is read from
+a stored answer: every invariance and every Fisher matrix is computed from lnbook's layers
+(:class:`~lnbook.norms.BatchNorm`, :class:`~lnbook.norms.WeightNormLinear`,
+:class:`~lnbook.norms.LayerNorm`) on random weights and data, in float64.
+
+Two parts:
+
+- Invariance (section 5.1). :func:`normalized_layer` computes the argument of f in eq. 5,
+  ``g_i / sigma_i * (a_i - mu_i) + b_i``, for each method; :func:`transform` applies one of the
+  six transformations of Table 1 to the weights or the data; :func:`invariance_changes` reports
+  the relative change of the output and :func:`invariance_table` turns it into Table 1.
+  :func:`reparameterization_residual` checks section 4's point that batch and weight
+  normalization with fixed statistics are affine maps of the input (a re-parameterization)
+  while layer normalization is not.
+- Geometry (section 5.2). A normalized GLM with parameters ``theta`` of shape ``(H, D + 2)``,
+  rows ``[w_i, b_i, g_i]``, so that ``theta.flatten()`` is vec([W, b, g]^T) as in eq. 13 (the plain
+  GLM has rows ``[w_i, b_i]``, eq. 12). :func:`fisher_information` computes F (eq. 9) exactly,
+  summing over every outcome y with autograd scores; :func:`glm_fisher_closed_form` is eq. 12;
+  :func:`metric` is eq. 8's quadratic form; :func:`weight_scaling_curvature` measures the
+  implicit learning-rate reduction; :func:`direction_change_demo` trains and watches the weight
+  direction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
+
+__all__ = [
+    "METHODS",
+    "TRANSFORMATIONS",
+    "PAPER_TABLE_1",
+    "normalized_layer",
+    "transform",
+    "invariance_changes",
+    "invariance_table",
+    "reparameterization_residual",
+    "glm_log_probs",
+    "glm_output_covariance",
+    "glm_normalized_inputs",
+    "fisher_information",
+    "glm_fisher_closed_form",
+    "metric",
+    "glm_kl_divergence",
+    "gain_direction",
+    "weight_magnitude_direction",
+    "weight_scaling_curvature",
+    "DirectionChange",
+    "direction_change_demo",
+]
+
+METHODS: tuple[str, ...] = ("batch", "weight", "layer")
+"""The three normalization methods of Table 1."""
+
+_ALL_METHODS: tuple[str, ...] = ("none", "input", "batch", "weight", "layer")
+
+TRANSFORMATIONS: tuple[str, ...] = (
+    "weight_matrix_rescaling",
+    "weight_matrix_recentering",
+    "weight_vector_rescaling",
+    "dataset_rescaling",
+    "dataset_recentering",
+    "single_case_rescaling",
+)
+"""The six columns of Table 1, in the paper's order."""
+
+PAPER_TABLE_1: dict[str, dict[str, bool]] = {
+    "batch": dict(zip(TRANSFORMATIONS, (True, False, True, True, True, False), strict=True)),
+    "weight": dict(zip(TRANSFORMATIONS, (True, False, True, False, False, False), strict=True)),
+    "layer": dict(zip(TRANSFORMATIONS, (True, True, False, True, False, True), strict=True)),
+}
+"""Table 1 as printed in the paper, for comparison only (the computed table never reads it)."""
+
+_FAMILIES = ("softmax", "bernoulli")
+_EPS = 1e-12  # inside the square root of BN and LN; float64 keeps the invariances to ~1e-12
+
+
+def _check_choice(value: object, choices: Sequence[str], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; valid choices are {', '.join(choices)}")
+    return value  # type: ignore[return-value]
+
+
+def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if t.dim() != 2 or (cols is not None and t.shape[1] != cols):
+        want = f"(*, {cols})" if cols is not None else "2-D"
+        raise ValueError(f"{name} must be a {want} matrix, got shape {tuple(t.shape)}")
+    return t
+
+
+# ------------------------------------------------------------------------------------------------
+# Section 5.1: invariance under weight and data transformations
+# ------------------------------------------------------------------------------------------------
+
+
+def normalized_layer(
+    method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor, eps: float = _EPS
+) -> Tensor:
+    r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, for one method.
+
+    With summed inputs ``a = x W^T`` (no bias before the normalization, as in eq. 5):
+
+    - ``"batch"``: :class:`~lnbook.norms.BatchNorm` in training mode, so mu_i, sigma_i are the
+      statistics of unit i over the N cases of ``x`` (eq. 2 with the data set as the batch);
+    - ``"weight"``: :class:`~lnbook.norms.WeightNormLinear`, mu_i = 0, sigma_i = ||w_i||;
+    - ``"layer"``: :class:`~lnbook.norms.LayerNorm` over the H units of each case (eq. 3);
+    - ``"none"``: the plain layer ``g * a + b``;
+    - ``"input"``: layer normalization of the input ``x`` (over its D features, no gain), then
+      ``g * (x_hat W^T) + b``; the case of section 5.1 where only the input is normalized.
+
+    Args:
+        method: one of ``"batch"``, ``"weight"``, ``"layer"``, ``"none"``, ``"input"``.
+        x: inputs ``(N, D)``.
+        weight: weight matrix W ``(H, D)``, rows w_i.
+        gain: gains g ``(H,)``.
+        bias: biases b ``(H,)``.
+        eps: added to the variance inside the square root (batch and layer). Default: 1e-12.
+
+    Returns:
+        ``(N, H)``, the normalized summed inputs before the non-linearity f.
+
+    Example::
+
+        >>> x, w = torch.randn(8, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+        >>> g, b = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+        >>> normalized_layer("layer", x, w, g, b).shape
+        torch.Size([8, 3])
+    """
+    _check_choice(method, _ALL_METHODS, "method")
+    _check_matrix(x, "x")
+    _check_matrix(weight, "weight", cols=x.shape[1])
+    h = weight.shape[0]
+    for name, p in (("gain", gain), ("bias", bias)):
+        if not isinstance(p, Tensor) or tuple(p.shape) != (h,):
+            shape = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+            raise ValueError(f"{name} must be a tensor of shape ({h},) (one per row of weight), "
+                             f"got {shape}")
+    kw = {"dtype": x.dtype, "device": x.device}
+    if method == "weight":
+        with torch.random.fork_rng(devices=[]):  # its random init must not move the global RNG
+            wn = WeightNormLinear(x.shape[1], h).to(**kw)
+        return functional_call(wn, {"weight": weight, "gain": gain, "bias": bias}, (x,))
+    if method == "input":
+        ln_x = LayerNorm(x.shape[1], eps=eps, elementwise_affine=False)
+        return gain * (ln_x(x) @ weight.T) + bias  # (N, H)
+    a = x @ weight.T  # (N, H) summed inputs
+    if method == "none":
+        return gain * a + bias
+    if method == "layer":
+        ln = LayerNorm(h, eps=eps).to(**kw)
+        return functional_call(ln, {"weight": gain, "bias": bias}, (a,))
+    bn = BatchNorm(h, eps=eps).to(**kw).train()
+    return functional_call(bn, {"weight": gain, "bias": bias}, (a,))
+
+
+def transform(
+    name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
+    """Apply one transformation of Table 1; returns the new ``(x, weight)``.
+
+    - ``weight_matrix_rescaling``: W' = delta W, one scalar delta for the whole matrix;
+    - ``weight_matrix_recentering``: W' = W + 1 gamma^T (eq. 6 with delta = 1), the same vector
+      gamma added to every row;
+    - ``weight_vector_rescaling``: w_i' = delta_i w_i, a different delta_i per row;
+    - ``dataset_rescaling``: x' = delta x for every case, one scalar delta;
+    - ``dataset_recentering``: x' = x + c for every case, one vector c;
+    - ``single_case_rescaling``: x_n' = delta_n x_n, a different delta_n per case (eq. 7).
+
+    The factors are random (drawn from ``generator``), positive and away from 1.
+
+    Args:
+        name: one of :data:`TRANSFORMATIONS`.
+        x: inputs ``(N, D)``.
+        weight: W ``(H, D)``.
+        generator: source of the random factors (None: torch's global generator).
+    """
+    _check_choice(name, TRANSFORMATIONS, "transformation")
+    _check_matrix(x, "x")
+    _check_matrix(weight, "weight", cols=x.shape[1])
+    kw = {"dtype": x.dtype, "device": x.device}
+    (n, d), h = x.shape, weight.shape[0]
+
+    def factors(*shape: int) -> Tensor:  # log-uniform in [1/4, 4], never close to 1
+        u = torch.rand(*shape, generator=generator, **kw)
+        sign = torch.where(torch.rand(*shape, generator=generator, **kw) < 0.5, -1.0, 1.0)
+        return torch.exp(sign * (0.3 + 1.08 * u))
+
+    if name == "weight_matrix_rescaling":
+        return x, weight * factors(1)
+    if name == "weight_matrix_recentering":
+        gamma = torch.randn(d, generator=generator, **kw)  # (D,)
+        return x, weight + gamma.unsqueeze(0)  # W + 1 gamma^T
+    if name == "weight_vector_rescaling":
+        return x, weight * factors(h, 1)  # (H, D)
+    if name == "dataset_rescaling":
+        return x * factors(1), weight
+    if name == "dataset_recentering":
+        return x + torch.randn(d, generator=generator, **kw), weight
+    return x * factors(n, 1), weight  # single_case_rescaling
+
+
+def _random_layer(seed: int, n: int, d: int, h: int) -> tuple[Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    kw = {"dtype": torch.float64, "generator": gen}
+    x = torch.randn(n, d, **kw) + torch.randn(d, **kw)  # (N, D), not centred
+    w = torch.randn(h, d, **kw)  # (H, D)
+    g = 0.5 + torch.rand(h, **kw)  # (H,)
+    b = torch.randn(h, **kw)  # (H,)
+    return x, w, g, b, gen
+
+
+LayerFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def invariance_changes(
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    transformations: Sequence[str] = TRANSFORMATIONS,
+    n: int = 64,
+    d: int = 10,
+    h: int = 8,
+    layers: Mapping[str, LayerFn] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Relative change ``||h' - h|| / ||h||`` of the layer output under each transformation.
+
+    Random data ``x (n, d)``, weights ``W (h, d)``, gains and biases (float64, from ``seed``) are
+    pushed through :func:`normalized_layer` before and after :func:`transform`.
+
+    Args:
+        seed: seeds the data, the weights and the transformation factors.
+        methods: names accepted by :func:`normalized_layer` (default: the three of Table 1).
+        transformations: names from :data:`TRANSFORMATIONS`.
+        n, d, h: number of cases, input size, number of units.
+        layers: extra layers to test, ``name -> fn(x, weight, gain, bias) -> (N, H)``; their
+            names are added to ``methods``.
+
+    Returns:
+        ``{method: {transformation: relative change}}``.
+    """
+    layers = dict(layers or {})
+    for m in methods:
+        _check_choice(m, _ALL_METHODS, "method")
+    for t in transformations:
+        _check_choice(t, TRANSFORMATIONS, "transformation")
+    for name, fn in layers.items():
+        if not callable(fn):
+            raise TypeError(f"layers[{name!r}] must be callable fn(x, weight, gain, bias)")
+    if min(n, d, h) < 2:
+        raise ValueError(f"n, d and h must be >= 2, got n={n}, d={d}, h={h}")
+    x, w, g, b, gen = _random_layer(seed, n, d, h)
+    fns: dict[str, LayerFn] = {
+        m: (lambda xx, ww, gg, bb, m=m: normalized_layer(m, xx, ww, gg, bb)) for m in methods
+    }
+    fns.update(layers)
+    out: dict[str, dict[str, float]] = {m: {} for m in fns}
+    for t in transformations:
+        x2, w2 = transform(t, x, w, generator=gen)  # the same transformation for every method
+        for m, fn in fns.items():
+            y, y2 = fn(x, w, g, b), fn(x2, w2, g, b)  # (N, H) each
+            out[m][t] = float((y2 - y).norm() / y.norm())
+    return out
+
+
+def invariance_table(
+    seed: int = 0,
+    tol: float = 1e-8,
+    methods: Sequence[str] = METHODS,
+    layers: Mapping[str, LayerFn] | None = None,
+    n: int = 64,
+    d: int = 10,
+    h: int = 8,
+) -> dict[str, dict[str, bool]]:
+    """Table 1, decided numerically: True where the relative change is below ``tol``.
+
+    Every call recomputes :func:`invariance_changes` (same arguments); ``tol`` = 1e-8 sits far
+    above float64 rounding (~1e-15) and far below the changes of a transformation that does act
+    (~0.1 or more).
+
+    Example::
+
+        >>> invariance_table()["layer"]["single_case_rescaling"]
+        True
+    """
+    if not (isinstance(tol, float | int) and 0 < tol < 1):
+        raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
+    changes = invariance_changes(seed=seed, methods=methods, layers=layers, n=n, d=d, h=h)
+    return {m: {t: c < tol for t, c in row.items()} for m, row in changes.items()}
+
+
+def reparameterization_residual(
+    method: str, seed: int = 0, n: int = 512, d: int = 6, h: int = 5
+) -> float:
+    """How far a normalized layer is from an affine map of its input (section 4, claim C21).
+
+    Batch normalization with fixed (expected) statistics and weight normalization compute
+    ``W' x + b'`` for some W', b': a re-parameterization of a plain layer. Layer normalization
+    divides by a sigma that depends on x, so no affine map reproduces it. The layer is fitted
+    by least squares with an affine map on ``n`` random inputs; the residual is returned
+    relative to the output's spread.
+
+    For ``"batch"`` the statistics are first estimated on a separate batch, then frozen
+    (evaluation mode), which is what "expected statistics" means here.
+
+    Returns:
+        ``||y - fit||_F / ||y - mean(y)||_F``: ~1e-15 for an affine layer, order 0.1 otherwise.
+    """
+    _check_choice(method, _ALL_METHODS, "method")
+    x, w, g, b, gen = _random_layer(seed, n, d, h)
+    if method == "batch":
+        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double()
+        x_stats = torch.randn(n, d, generator=gen, dtype=torch.float64) + x.mean(0)
+        bn.train()
+        with torch.no_grad():
+            bn(x_stats @ w.T)  # momentum 1: running stats := this batch's statistics
+        bn.eval()
+        y = functional_call(bn, {"weight": g, "bias": b}, (x @ w.T,))  # (N, H)
+    else:
+        y = normalized_layer(method, x, w, g, b)  # (N, H)
+    design = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], dim=1)  # (N, D + 1)
+    coef = torch.linalg.lstsq(design, y).solution  # (D + 1, H)
+    resid = y - design @ coef
+    return float(resid.norm() / (y - y.mean(0)).norm())
+
+
+# ------------------------------------------------------------------------------------------------
+# Section 5.2: Fisher information of (normalized) generalized linear models
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
+    _check_choice(method, ("none", "batch", "weight", "layer"), "method")
+    _check_matrix(x, "x")
+    cols = x.shape[1] + (1 if method == "none" else 2)
+    if not isinstance(theta, Tensor) or theta.dim() != 2 or theta.shape[1] != cols:
+        shape = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
+        layout = "[w_i, b_i]" if method == "none" else "[w_i, b_i, g_i]"
+        raise ValueError(
+            f"theta for method {method!r} and x of shape {tuple(x.shape)} must have shape "
+            f"(H, {cols}) with rows {layout}, got {shape}"
+        )
+
+
+def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
+    """The natural parameters a + b of eq. 10 (normalized for the normalized GLMs), (N, H)."""
+    d = x.shape[1]
+    w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
+    if method == "none":
+        return x @ w.T + b
+    return normalized_layer(method, x, w, theta[:, d + 1], b)
+
+
+def glm_log_probs(
+    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
+) -> Tensor:
+    """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
+
+    Args:
+        theta: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), otherwise
+            ``(H, D + 2)`` rows ``[w_i, b_i, g_i]`` (eq. 13).
+        x: inputs ``(N, D)``.
+        method: ``"none"``, ``"batch"``, ``"weight"`` or ``"layer"``.
+        family: ``"softmax"`` (one categorical y over H classes, Cov[y|x] = diag(p) - p p^T) or
+            ``"bernoulli"`` (H independent logistic GLMs, Cov[y|x] = diag(p (1 - p))); phi = 1.
+
+    Returns:
+        softmax: ``(N, H)`` log P(y = k | x); bernoulli: ``(N, H, 2)`` log P(y_i = v | x).
+    """
+    _check_choice(family, _FAMILIES, "family")
+    _check_theta(theta, x, method)
+    z = _summed(theta, x, method)  # (N, H)
+    if family == "softmax":
+        return F.log_softmax(z, dim=1)
+    return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
+
+
+def glm_output_covariance(
+    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
+) -> Tensor:
+    """Cov[y | x] of the GLM's output for each case (the prediction-error term), ``(N, H, H)``."""
+    with torch.no_grad():
+        logp = glm_log_probs(theta, x, method, family)
+    if family == "softmax":
+        p = logp.exp()  # (N, H)
+        return torch.diag_embed(p) - p.unsqueeze(2) * p.unsqueeze(1)
+    p = logp[..., 1].exp()  # (N, H)
+    return torch.diag_embed(p * (1 - p))
+
+
+def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
+    """(a_i - mu_i) / sigma_i for each case and unit, ``(N, H)``: the gain's multiplier in eq. 5.
+
+    For ``"weight"`` this is a_i / ||w_i|| (mu = 0); for ``"none"`` it is a_i = w_i^T x itself.
+    """
+    _check_theta(theta, x, method)
+    d, h = x.shape[1], theta.shape[0]
+    ones = torch.ones(h, dtype=theta.dtype, device=theta.device)
+    if method == "none":
+        return x @ theta[:, :d].T
+    with torch.no_grad():
+        return normalized_layer(method, x, theta[:, :d], ones, torch.zeros_like(ones))
+
+
+def fisher_information(
+    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
+) -> Tensor:
+    r"""The Fisher information matrix F(theta) of eq. 9, exactly, by autograd.
+
+    The expectation over x is the average over the N cases of ``x``; the expectation over y is
+    a sum over every outcome (H classes for softmax; both values of every unit for bernoulli,
+    whose units are independent so their scores' cross terms vanish), weighted by the model's
+    own probabilities. The scores d log P / d theta come from autograd through lnbook's layers,
+    including, for batch normalization, the dependence of mu and sigma on the weights (eq. 14).
+
+    .. math:: F = \frac{1}{N} \sum_n \sum_y P(y|x_n) \, s_{n,y} s_{n,y}^\top
+
+    Args:
+        theta: the parameters (see :func:`glm_log_probs`); ``theta.flatten()`` is the order of
+            F's rows, vec([W, b, g]^T) = [w_1, b_1, g_1, ..., w_H, b_H, g_H] as in eqs. 12-13.
+        x: inputs ``(N, D)``; all N cases form the batch for batch normalization.
+        method: ``"none"``, ``"batch"``, ``"weight"`` or ``"layer"``.
+        family: ``"softmax"`` or ``"bernoulli"``.
+
+    Returns:
+        ``(P, P)`` with P = theta.numel(), symmetric positive semi-definite.
+
+    Cost: one vectorized backward pass per (case, outcome) pair through the whole data set, so
+    O(N^2 H^2 D) work; meant for small models (N of a few hundred, P of a few dozen).
+
+    Example::
+
+        >>> x = torch.randn(20, 3, dtype=torch.float64)
+        >>> theta = torch.randn(2, 5, dtype=torch.float64)
+        >>> fisher_information(theta, x, "layer").shape
+        torch.Size([10, 10])
+    """
+    _check_choice(family, _FAMILIES, "family")
+    _check_theta(theta, x, method)
+    flat = theta.detach().reshape(-1)
+
+    def logp(v: Tensor) -> Tensor:
+        return glm_log_probs(v.view_as(theta), x, method, family).reshape(-1)
+
+    jac = torch.autograd.functional.jacobian(logp, flat, vectorize=True)  # (N * outcomes, P)
+    with torch.no_grad():
+        p = logp(flat).exp()  # (N * outcomes,)
+    return (jac.T * p) @ jac / x.shape[0]
+
+
+def glm_fisher_closed_form(theta: Tensor, x: Tensor, family: str = "softmax") -> Tensor:
+    r"""Eq. 12, the Fisher matrix of the plain GLM in closed form.
+
+    .. math:: F = E_x[\mathrm{Cov}[y|x] / \phi^2 \otimes [x; 1][x; 1]^\top]
+
+    phi = 1 for both families. The Kronecker order matches theta = vec([W, b]^T), rows
+    ``[w_i, b_i]`` (see :func:`fisher_information`).
+    """
+    _check_theta(theta, x, "none")
+    cov = glm_output_covariance(theta, x, "none", family)  # (N, H, H)
+    xt = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], 1)  # (N, D+1)
+    outer = xt.unsqueeze(2) * xt.unsqueeze(1)  # (N, D+1, D+1)
+    n, h, d1 = cov.shape[0], cov.shape[1], xt.shape[1]
+    kron = cov[:, :, None, :, None] * outer[:, None, :, None, :]  # (N, H, D+1, H, D+1)
+    return kron.reshape(n, h * d1, h * d1).mean(0)
+
+
+def metric(fisher: Tensor, direction: Tensor) -> float:
+    """The Riemannian metric ds^2 = 1/2 delta^T F delta of eq. 8 along ``direction``.
+
+    ``direction`` may have theta's shape; it is flattened in the same order as F.
+    """
+    if not isinstance(fisher, Tensor) or fisher.dim() != 2 or fisher.shape[0] != fisher.shape[1]:
+        raise ValueError("fisher must be a square (P, P) matrix")
+    delta = direction.reshape(-1).to(fisher.dtype)
+    if delta.numel() != fisher.shape[0]:
+        raise ValueError(
+            f"direction has {delta.numel()} entries but fisher is {tuple(fisher.shape)}; "
+            "give a direction shaped like theta"
+        )
+    return float(0.5 * delta @ fisher @ delta)
+
+
+def glm_kl_divergence(
+    theta: Tensor, delta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
+) -> float:
+    """E_x KL[P(y|x; theta) || P(y|x; theta + delta)], exactly: the left side of eq. 8."""
+    if not isinstance(delta, Tensor) or delta.shape != theta.shape:
+        raise ValueError(f"delta must have theta's shape {tuple(theta.shape)}")
+    with torch.no_grad():
+        lp = glm_log_probs(theta, x, method, family)
+        lq = glm_log_probs(theta + delta, x, method, family)
+    kl = (lp.exp() * (lp - lq)).reshape(x.shape[0], -1).sum(1)  # (N,), units add up for bernoulli
+    return float(kl.mean())
+
+
+def gain_direction(theta: Tensor, delta_g: Tensor) -> Tensor:
+    """The direction vec([0, 0, delta_g]^T) of eqs. 32-34: only the gains move."""
+    if not isinstance(delta_g, Tensor) or tuple(delta_g.shape) != (theta.shape[0],):
+        raise ValueError(f"delta_g must have shape ({theta.shape[0]},), one entry per unit")
+    out = torch.zeros_like(theta)
+    out[:, -1] = delta_g
+    return out
+
+
+def weight_magnitude_direction(theta: Tensor, delta_g: Tensor) -> Tensor:
+    """The plain-GLM direction of eq. 35: row i moves by delta_g_i w_i / ||w_i|| (b fixed).
+
+    ``theta`` holds rows ``[w_i, b_i]`` (plain GLM): this update changes the norm of w_i by
+    delta_g_i and keeps its direction, the plain counterpart of a gain update.
+    """
+    if not isinstance(delta_g, Tensor) or tuple(delta_g.shape) != (theta.shape[0],):
+        raise ValueError(f"delta_g must have shape ({theta.shape[0]},), one entry per unit")
+    w = theta[:, :-1]
+    out = torch.zeros_like(theta)
+    out[:, :-1] = delta_g.unsqueeze(1) * w / w.norm(dim=1, keepdim=True)
+    return out
+
+
+def weight_scaling_curvature(
+    theta: Tensor,
+    x: Tensor,
+    method: str,
+    factor: float = 2.0,
+    unit: int = 0,
+    family: str = "softmax",
+    seed: int = 0,
+) -> dict[str, float]:
+    """Curvature along a weight direction before and after scaling the weights (section 5.2.2).
+
+    For batch and weight normalization the incoming weight vector w_``unit`` is multiplied by
+    ``factor``; for layer normalization (which is only invariant to scaling the whole matrix)
+    all of W is. The model's output does not change, but the metric ds^2 (eq. 8) along a fixed
+    random direction in the scaled weights changes: this function measures by how much.
+
+    Returns:
+        ``{"before", "after", "ratio", "grad_ratio", "output_change"}``: ds^2 along the same
+        direction before and after scaling, their ratio, the ratio of the norms of the gradient
+        of a fixed log-likelihood with respect to the scaled weights, and the largest change of
+        any log-probability.
+    """
+    _check_choice(method, ("batch", "weight", "layer"), "method")
+    _check_theta(theta, x, method)
+    if not (isinstance(unit, int) and 0 <= unit < theta.shape[0]):
+        raise ValueError(f"unit must be an int in [0, {theta.shape[0]}), got {unit!r}")
+    if not (isinstance(factor, float | int) and factor > 0):
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    d = x.shape[1]
+    rows = slice(None) if method == "layer" else slice(unit, unit + 1)
+    scaled = theta.detach().clone()
+    scaled[rows, :d] *= factor
+    gen = torch.Generator().manual_seed(seed)
+    delta = torch.zeros_like(theta)
+    delta[rows, :d] = torch.randn(delta[rows, :d].shape, generator=gen, dtype=theta.dtype)
+    before = metric(fisher_information(theta, x, method, family), delta)
+    after = metric(fisher_information(scaled, x, method, family), delta)
+
+    def grad_norm(t: Tensor) -> float:  # gradient of a fixed log-likelihood (outcome 0 always)
+        t = t.detach().clone().requires_grad_(True)
+        lp = glm_log_probs(t, x, method, family)
+        target = lp[:, 0] if family == "softmax" else lp[..., 0].sum(1)  # (N,)
+        (grad,) = torch.autograd.grad(target.mean(), t)
+        return float(grad[rows, :d].norm())
+
+    with torch.no_grad():
+        lp_before = glm_log_probs(theta, x, method, family)
+        change = glm_log_probs(scaled, x, method, family) - lp_before
+    return {"before": before, "after": after, "ratio": after / before,
+            "grad_ratio": grad_norm(scaled) / grad_norm(theta),
+            "output_change": float(change.abs().max())}
+
+
+@dataclass
+class DirectionChange:
+    """Result of :func:`direction_change_demo`, one entry per initial scale.
+
+    Attributes:
+        scales: the factors the initial weight matrix was multiplied by.
+        angles: ``angles[k][t]``, angle in degrees between W at step t and the initial W.
+        norms: ``norms[k][t]``, Frobenius norm of W at step t.
+        losses: ``losses[k][t]``, training loss at step t (the same function at t = 0).
+    """
+
+    scales: list[float]
+    angles: list[list[float]]
+    norms: list[list[float]]
+    losses: list[list[float]]
+
+
+def direction_change_demo(
+    scales: Sequence[float] = (1.0, 2.0, 4.0),
+    method: str = "layer",
+    steps: int = 50,
+    lr: float = 0.5,
+    n: int = 256,
+    d: int = 8,
+    h: int = 4,
+    seed: int = 0,
+) -> DirectionChange:
+    """Train a normalized softmax GLM from the same function at several weight norms.
+
+    The initial W (rows w_i) is multiplied by each factor in ``scales``; for layer
+    normalization (whole matrix) and for batch or weight normalization (each row) that leaves
+    the model's output unchanged. Full-batch gradient descent with the same learning rate then
+    runs for ``steps`` steps on a synthetic data set (labels: the argmax of a random teacher
+    GLM plus noise). A larger weight norm means smaller curvature and gradients along W, so its
+    direction turns more slowly (section 5.2.2).
+
+    Returns:
+        a :class:`DirectionChange` with angle, norm and loss curves (``steps + 1`` points each).
+    """
+    _check_choice(method, ("batch", "weight", "layer"), "method")
+    if not scales or any(not (isinstance(s, float | int) and s > 0) for s in scales):
+        raise ValueError(f"scales must be a non-empty sequence of positive numbers, got {scales!r}")
+    if not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    gen = torch.Generator().manual_seed(seed)
+    kw = {"dtype": torch.float64, "generator": gen}
+    x = torch.randn(n, d, **kw)  # (N, D)
+    teacher = torch.randn(h, d, **kw) * 2.0
+    labels = torch.argmax(x @ teacher.T + 0.5 * torch.randn(n, h, **kw), dim=1)  # (N,)
+    theta0 = torch.cat([torch.randn(h, d, **kw), torch.zeros(h, 1, dtype=torch.float64),
+                        torch.ones(h, 1, dtype=torch.float64)], dim=1)  # (H, D + 2)
+    res = DirectionChange(scales=[float(s) for s in scales], angles=[], norms=[], losses=[])
+    w0 = theta0[:, :d].reshape(-1)
+    for s in scales:
+        theta = theta0.clone()
+        theta[:, :d] *= s
+        theta.requires_grad_(True)
+        angles, norms, losses = [], [], []
+        for t in range(steps + 1):
+            loss = F.nll_loss(glm_log_probs(theta, x, method, "softmax"), labels)
+            w = theta.detach()[:, :d].reshape(-1)
+            cos = float(w @ w0 / (w.norm() * w0.norm()))
+            angles.append(math.degrees(math.acos(max(-1.0, min(1.0, cos)))))
+            norms.append(float(w.norm()))
+            losses.append(float(loss.detach()))
+            if t == steps:
+                break
+            (grad,) = torch.autograd.grad(loss, theta)
+            with torch.no_grad():
+                theta -= lr * grad
+        res.angles.append(angles)
+        res.norms.append(norms)
+        res.losses.append(losses)
+    return res

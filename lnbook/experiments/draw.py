@@ -1,0 +1,667 @@
+"""DRAW on binarized MNIST, with and without layer normalization (paper section 6.4, Figure 4).
+
+Book chapter `06_4_draw`. DRAW (Gregor et al., 2015) writes an image onto a canvas in
+``glimpses`` steps. At each step an encoder LSTM reads a small window of the image through a grid
+of Gaussian filters (the *filterbank*), proposes a Gaussian posterior over a latent ``z_t``, and a
+decoder LSTM turns a sample of ``z_t`` into a patch that another filterbank adds to the canvas.
+Both LSTMs are :class:`lnbook.rnn.DRAWLSTMCell`: the baseline follows eqs. 29-30, and the
+layer-normalized model normalizes only the cell state inside the output ``tanh`` (eq. 31).
+
+The training loss is the negative variational bound in nats per image,
+
+    L = L^x + L^z,  L^x = -log D(x | sigmoid(c_T)),
+    L^z = sum_t KL(N(mu_t, sigma_t^2) || N(0, 1)),
+
+with D a product of Bernoullis over the pixels. Section 6.4 trains 64 glimpses and 256 LSTM
+units with Adam at batch size 128 (the ``paper`` preset); the ``quick`` preset is a miniature
+that runs on two CPU cores in seconds.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.device import resolve_device
+from lnbook.rnn import DRAWLSTMCell
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "VARIANTS",
+    "Config",
+    "get_config",
+    "attention_params",
+    "filterbank",
+    "read_glimpse",
+    "write_patch",
+    "gaussian_kl",
+    "DRAW",
+    "mean_image_nll",
+    "updates_to_reach",
+    "speedup_table",
+    "load_data",
+    "build_model",
+    "checkpoint_path",
+    "load_trained",
+    "run",
+]
+
+NAME = "draw"
+DESCRIPTION = (
+    "DRAW with read/write attention on binarized MNIST, LSTM cells with and without layer "
+    "normalization on the cell state (section 6.4, Figure 4, eqs. 29-31)"
+)
+VARIANTS = ("baseline", "layer_norm")
+
+
+@dataclass
+class Config:
+    """Settings of the DRAW experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (section 6.4's sizes, for a GPU).
+        glimpses: number of DRAW steps T (the paper: 64).
+        enc_size, dec_size: LSTM units of the encoder and the decoder (the paper: 256).
+        z_size: latent units per glimpse (Gregor et al. use 100 on MNIST).
+        read_n, write_n: side of the read and write filter grids (Gregor et al.: 2 and 5).
+        batch_size: images per update (the paper: 128).
+        lr: Adam's learning rate (the paper: Adam's default, 1e-3).
+        steps: number of updates.
+        eval_every: updates between two evaluations of the held-out bound.
+        eval_images: held-out images scored at each evaluation (None: the whole test split).
+        binarize_seed: the one Bernoulli sample of the grey images used as the fixed binarized
+            set (the paper uses the fixed binarization of Larochelle and Murray, 2011).
+        data_source: passed to :func:`lnbook.data.load_mnist` (``"auto"`` falls back to the
+            offline 5,000-image subset).
+        seeds: training seeds, each run for every variant.
+        variants: ``"baseline"`` (eqs. 29-30) and/or ``"layer_norm"`` (eq. 31).
+        checkpoint: save and resume each run under ``out/`` (used at paper scale).
+    """
+
+    scale: str = "quick"
+    glimpses: int = 4
+    enc_size: int = 64
+    dec_size: int = 64
+    z_size: int = 10
+    read_n: int = 5
+    write_n: int = 5
+    batch_size: int = 64
+    lr: float = 1e-3
+    steps: int = 150
+    eval_every: int = 15
+    eval_images: int | None = 300
+    binarize_seed: int = 0
+    data_source: str = "auto"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    variants: tuple[str, ...] = field(default=VARIANTS)
+    checkpoint: bool = False
+
+
+_PRESETS: dict[str, dict] = {
+    "quick": {},
+    "paper": dict(
+        glimpses=64, enc_size=256, dec_size=256, z_size=100, read_n=2, write_n=5,
+        batch_size=128, steps=40_000, eval_every=1_000, eval_images=None, checkpoint=True,
+    ),  # 40,000 updates of 128 are about the 100 epochs of 50,000 images in Figure 4
+}
+
+
+def get_config(scale: str = "quick", **overrides) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument.
+
+    Example::
+
+        >>> get_config("paper").glimpses
+        64
+    """
+    if scale not in _PRESETS:
+        raise ValueError(f"scale must be one of {sorted(_PRESETS)}, got {scale!r}")
+    names = {f.name for f in fields(Config)} - {"scale"}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
+    cfg = Config(scale=scale, **{**_PRESETS[scale], **overrides})
+    bad = set(cfg.variants) - set(VARIANTS)
+    if bad:
+        raise ValueError(f"variants must be drawn from {VARIANTS}, got {sorted(bad)}")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Filterbank attention (Gregor et al., 2015, section 3.2)
+
+
+def attention_params(
+    raw: Tensor, n: int, width: int, height: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Turn the 5 numbers a linear layer emits into the grid's centre, stride, blur and gain.
+
+    ``raw = (g~x, g~y, log sigma^2, log delta~, log gamma)`` as in Gregor et al.:
+    ``gx = (A + 1) / 2 * (g~x + 1)``, ``gy = (B + 1) / 2 * (g~y + 1)`` and
+    ``delta = (max(A, B) - 1) / (N - 1) * delta~``, so ``g~ = 0`` is the middle of the image and
+    ``delta~ = 1`` stretches the grid over the whole image.
+
+    Args:
+        raw: ``(B, 5)``.
+        n: side N of the filter grid (N x N filters).
+        width, height: image size A x B in pixels.
+
+    Returns:
+        ``gx, gy, sigma2, delta, gamma``, each ``(B, 1)``; pixel coordinates run from 1.
+    """
+    if raw.dim() != 2 or raw.shape[1] != 5:
+        raise ValueError(f"raw attention parameters must have shape (B, 5), got {tuple(raw.shape)}")
+    gx_, gy_, log_sigma2, log_delta_, log_gamma = raw.split(1, dim=1)  # each (B, 1)
+    gx = (width + 1) / 2 * (gx_ + 1)
+    gy = (height + 1) / 2 * (gy_ + 1)
+    delta = (max(width, height) - 1) / max(n - 1, 1) * torch.exp(log_delta_)
+    return gx, gy, torch.exp(log_sigma2), delta, torch.exp(log_gamma)
+
+
+def filterbank(
+    gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, width: int, height: int,
+    eps: float = 1e-8,
+) -> tuple[Tensor, Tensor]:
+    """The horizontal and vertical Gaussian filterbank matrices F_X and F_Y.
+
+    Filter i of the grid is centred at ``mu_i = g + (i - N/2 - 0.5) * delta`` (i = 1..N), and
+    ``F[i, a] = exp(-(a - mu_i)^2 / (2 sigma^2)) / Z_i`` over the pixel coordinates a = 1..A,
+    each row normalized to sum to 1.
+
+    Args:
+        gx, gy, sigma2, delta: ``(B, 1)`` grid centre, variance and stride, in pixels.
+        n: grid side N.
+        width, height: image size in pixels.
+        eps: keeps the row sums away from 0 when a grid lies far outside the image.
+
+    Returns:
+        ``F_X`` of shape ``(B, N, width)`` and ``F_Y`` of shape ``(B, N, height)``.
+    """
+    for name, t in (("gx", gx), ("gy", gy), ("sigma2", sigma2), ("delta", delta)):
+        if t.dim() != 2 or t.shape[1] != 1:
+            raise ValueError(f"{name} must have shape (B, 1), got {tuple(t.shape)}")
+    f = _filters(torch.cat([gx, gy], 1), sigma2, delta, _grid(n, gx),
+                 _coords(max(width, height), gx), eps)  # (B, 2, N, max(A, B))
+    return _split_axes(f, width, height, eps)
+
+
+def _grid(n: int, like: Tensor) -> Tensor:
+    """Offsets ``i - N/2 - 0.5`` of the N filters from the grid centre, i = 1..N."""
+    return torch.arange(1, n + 1, dtype=like.dtype, device=like.device) - (n / 2 + 0.5)  # (N,)
+
+
+def _coords(length: int, like: Tensor) -> Tensor:
+    """Pixel coordinates 1..length."""
+    return torch.arange(1, length + 1, dtype=like.dtype, device=like.device)  # (L,)
+
+
+def _filters(
+    centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor, eps: float
+) -> Tensor:
+    """Both axes' filterbanks in one pass; ``centre`` is (B, 2) = (gx, gy); rows sum to 1.
+
+    Returns ``(B, 2, N, L)``: ``[:, 0]`` is F_X, ``[:, 1]`` is F_Y over coordinates 1..L.
+    """
+    mu = centre.unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) filter centres
+    d2 = (coords - mu.unsqueeze(-1)).pow(2)  # (B, 2, N, L)
+    f = torch.exp(d2 * (-0.5 / sigma2).view(-1, 1, 1, 1))  # (B, 2, N, L)
+    return f / (f.sum(-1, keepdim=True) + eps)
+
+
+def _split_axes(f: Tensor, width: int, height: int, eps: float) -> tuple[Tensor, Tensor]:
+    """F_X and F_Y from :func:`_filters`; a shorter axis is cut to its length and renormalized."""
+    if width == height:
+        return f[:, 0], f[:, 1]  # (B, N, A), (B, N, B_img)
+    fx, fy = f[:, 0, :, :width], f[:, 1, :, :height]
+    return fx / (fx.sum(-1, keepdim=True) + eps), fy / (fy.sum(-1, keepdim=True) + eps)
+
+
+def read_glimpse(images: Tensor, fx: Tensor, fy: Tensor, gamma: Tensor) -> Tensor:
+    """Read an N x N glimpse: ``gamma * F_Y x F_X^T`` for each image of the batch.
+
+    Args:
+        images: ``(B, height, width)`` or ``(B, C, height, width)`` (e.g. C = 2 for the image and
+            the error image, read with the same filters).
+        fx: ``(B, N, width)``; fy: ``(B, N, height)``; gamma: ``(B, 1)``.
+
+    Returns:
+        ``(B, N, N)`` or ``(B, C, N, N)``.
+    """
+    if images.dim() not in (3, 4):
+        raise ValueError(f"images must be (B, H, W) or (B, C, H, W), got {tuple(images.shape)}")
+    if images.dim() == 3:
+        return gamma.view(-1, 1, 1) * (fy @ images @ fx.transpose(-1, -2))  # (B, N, N)
+    bsz, c, h, w = images.shape
+    n = fx.shape[1]
+    t = images.reshape(bsz, c * h, w) @ fx.transpose(1, 2)  # (B, C*H, N): filter the columns
+    t = t.view(bsz, c, h, n).transpose(1, 2).reshape(bsz, h, c * n)  # (B, H, C*N)
+    glimpse = (fy @ t).view(bsz, n, c, n).transpose(1, 2)  # (B, C, N, N): then the rows
+    return gamma.view(-1, 1, 1, 1) * glimpse
+
+
+def write_patch(patch: Tensor, fx: Tensor, fy: Tensor, gamma: Tensor) -> Tensor:
+    """Spread an N x N patch over the canvas: ``F_Y^T w F_X / gamma``.
+
+    Args:
+        patch: ``(B, N, N)``; fx: ``(B, N, width)``; fy: ``(B, N, height)``; gamma: ``(B, 1)``.
+
+    Returns:
+        ``(B, height, width)``.
+    """
+    return (fy.transpose(-1, -2) @ patch @ fx) / gamma.view(-1, 1, 1)  # (B, H, W)
+
+
+def gaussian_kl(mu: Tensor, log_sigma: Tensor) -> Tensor:
+    """KL(N(mu, sigma^2) || N(0, 1)) summed over the last dimension (the DRAW latent loss).
+
+    ``0.5 * sum(mu^2 + sigma^2 - log sigma^2 - 1)``, in nats.
+
+    Shape:
+        - mu, log_sigma: ``(*, Z)``; output: ``(*)``.
+    """
+    if mu.shape != log_sigma.shape:
+        raise ValueError(
+            f"mu and log_sigma must have the same shape, got {tuple(mu.shape)} and "
+            f"{tuple(log_sigma.shape)}"
+        )
+    return 0.5 * (mu.pow(2) + torch.exp(2 * log_sigma) - 2 * log_sigma - 1).sum(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+class DRAW(nn.Module):
+    """DRAW with read and write attention (Gregor et al., 2015), LSTM cells of eqs. 29-31.
+
+    At each of the T glimpses: ``x_hat = x - sigmoid(c_{t-1})``;
+    ``r_t = read(x, x_hat, h_dec_{t-1})``; ``h_enc_t = LSTM_enc([r_t, h_dec_{t-1}])``;
+    ``z_t ~ N(mu_t, sigma_t)`` from ``h_enc_t``; ``h_dec_t = LSTM_dec(z_t)``;
+    ``c_t = c_{t-1} + write(h_dec_t)``.
+
+    Args:
+        width, height: image size in pixels (28 x 28 for MNIST).
+        glimpses: number of steps T.
+        enc_size, dec_size: LSTM units.
+        z_size: latent units per step.
+        read_n, write_n: side of the read and write filter grids.
+        layer_norm: normalize the LSTM cell state inside ``tanh`` (eq. 31) in both LSTMs.
+
+    Shape:
+        - Input: ``(B, height * width)`` binary images; output of ``forward``: a scalar, the
+          negative variational bound averaged over the batch (nats per image).
+
+    Example::
+
+        >>> model = DRAW(glimpses=4, enc_size=32, dec_size=32, z_size=8)
+        >>> loss = model(torch.bernoulli(torch.full((16, 784), 0.3)))
+    """
+
+    def __init__(
+        self,
+        width: int = 28,
+        height: int = 28,
+        glimpses: int = 64,
+        enc_size: int = 256,
+        dec_size: int = 256,
+        z_size: int = 100,
+        read_n: int = 2,
+        write_n: int = 5,
+        layer_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, v in (("width", width), ("height", height), ("glimpses", glimpses),
+                        ("enc_size", enc_size), ("dec_size", dec_size), ("z_size", z_size),
+                        ("read_n", read_n), ("write_n", write_n)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.width, self.height, self.glimpses = width, height, glimpses
+        self.z_size, self.read_n, self.write_n = z_size, read_n, write_n
+        self.layer_norm = layer_norm
+        self.encoder = DRAWLSTMCell(2 * read_n * read_n + dec_size, enc_size, layer_norm=layer_norm)
+        self.decoder = DRAWLSTMCell(z_size, dec_size, layer_norm=layer_norm)
+        self.read_attn = nn.Linear(dec_size, 5)
+        self.write_attn = nn.Linear(dec_size, 5)
+        self.write_w = nn.Linear(dec_size, write_n * write_n)
+        self.to_q = nn.Linear(enc_size, 2 * z_size)  # mu and log sigma
+        # constants of the filterbanks, kept as buffers so they follow .to(device)
+        self.register_buffer("half_size", torch.tensor([(width + 1) / 2, (height + 1) / 2]),
+                             persistent=False)
+        self.register_buffer("coords", _coords(max(width, height), self.half_size),
+                             persistent=False)
+        self.register_buffer("read_grid", _grid(read_n, self.half_size), persistent=False)
+        self.register_buffer("write_grid", _grid(write_n, self.half_size), persistent=False)
+
+    def _check(self, x: Tensor) -> None:
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError("images must be a floating-point torch.Tensor of 0s and 1s")
+        if x.dim() != 2 or x.shape[1] != self.width * self.height:
+            raise ValueError(
+                f"images must have shape (B, {self.width * self.height}) (flattened "
+                f"{self.height}x{self.width}), got {tuple(x.shape)}"
+            )
+
+    def _attend(self, layer: nn.Linear, h_dec: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
+        """:func:`attention_params` then :func:`filterbank`, fused into fewer tensor ops."""
+        raw = layer(h_dec)  # (B, 5)
+        centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
+        pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
+        n = grid.shape[0]
+        delta = pos[:, 1:2] * ((max(self.width, self.height) - 1) / max(n - 1, 1))  # (B, 1)
+        f = _filters(centre, pos[:, 0:1], delta, grid, self.coords, 1e-8)  # (B, 2, N, L)
+        fx, fy = _split_axes(f, self.width, self.height, 1e-8)
+        return fx, fy, pos[:, 2:3]
+
+    def _write(self, h_dec: Tensor) -> Tensor:
+        fx, fy, gamma = self._attend(self.write_attn, h_dec, self.write_grid)
+        w = self.write_w(h_dec).view(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
+        return write_patch(w, fx, fy, gamma)  # (B, H, W)
+
+    def bound_terms(self, x: Tensor, canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """The two parts of the negative variational bound for each image, in nats.
+
+        Args:
+            x: ``(B, height * width)`` binary images.
+            canvases: if a list is given, the canvas logits ``c_t`` (B, H, W) of every step are
+                appended to it.
+
+        Returns:
+            ``(nll_x, kl)``, each ``(B,)``: ``-log D(x | sigmoid(c_T))`` and ``sum_t KL_t``.
+        """
+        self._check(x)
+        bsz = x.shape[0]
+        img = x.view(bsz, self.height, self.width)  # (B, H, W)
+        canvas = torch.zeros_like(img)  # (B, H, W) logits c_0
+        h_dec = x.new_zeros(bsz, self.decoder.hidden_size)  # (B, Hd)
+        enc_state = dec_state = None
+        kl = x.new_zeros(bsz)  # (B,)
+        for _ in range(self.glimpses):
+            x_hat = img - torch.sigmoid(canvas)  # (B, H, W) error image
+            fx, fy, gamma = self._attend(self.read_attn, h_dec, self.read_grid)
+            r = read_glimpse(torch.stack([img, x_hat], 1), fx, fy, gamma)  # (B, 2, Nr, Nr)
+            enc_state = self.encoder(torch.cat([r.flatten(1), h_dec], 1), enc_state)
+            mu, log_sigma = self.to_q(enc_state[0]).chunk(2, dim=1)  # (B, Z) each
+            z = mu + torch.exp(log_sigma) * torch.randn_like(mu)  # (B, Z)
+            kl = kl + gaussian_kl(mu, log_sigma)
+            dec_state = self.decoder(z, dec_state)
+            h_dec = dec_state[0]  # (B, Hd)
+            canvas = canvas + self._write(h_dec)
+            if canvases is not None:
+                canvases.append(canvas)
+        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((1, 2))
+        return nll_x, kl
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Negative variational bound ``L^x + L^z`` averaged over the batch (nats per image)."""
+        nll_x, kl = self.bound_terms(x)
+        return (nll_x + kl).mean()
+
+    @torch.no_grad()
+    def generate(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """Draw ``n`` images from the prior; returns the canvas after each step.
+
+        Returns:
+            ``(glimpses, n, height, width)`` pixel probabilities ``sigmoid(c_t)``.
+        """
+        dev = self.write_w.weight.device
+        canvas = torch.zeros(n, self.height, self.width, device=dev)
+        dec_state, frames = None, []
+        for _ in range(self.glimpses):
+            z = torch.randn(n, self.z_size, generator=generator, device=dev)  # (n, Z)
+            dec_state = self.decoder(z, dec_state)
+            canvas = canvas + self._write(dec_state[0])
+            frames.append(torch.sigmoid(canvas))
+        return torch.stack(frames)  # (T, n, H, W)
+
+    @torch.no_grad()
+    def reconstruct(self, x: Tensor, seed: int = 0) -> Tensor:
+        """The canvas after each glimpse while the model encodes and redraws ``x``.
+
+        Args:
+            x: ``(B, height * width)`` binary images.
+            seed: seeds the posterior samples (the global RNG is restored afterwards).
+
+        Returns:
+            ``(glimpses, B, height, width)`` pixel probabilities ``sigmoid(c_t)``.
+        """
+        canvases: list[Tensor] = []
+        with _seeded(seed):
+            self.bound_terms(x, canvases)
+        return torch.sigmoid(torch.stack(canvases))
+
+    @torch.no_grad()
+    def evaluate_terms(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> dict[str, float]:
+        """Held-out ``bound`` = ``nll_x`` + ``kl``, nats per image (one posterior sample each).
+
+        The posterior noise is seeded with ``seed`` and the global RNG is restored afterwards,
+        so evaluating does not change training and two evaluations of one model agree.
+        """
+        nll_total = kl_total = 0.0
+        with _seeded(seed):
+            for chunk in x.split(batch_size):
+                nll_x, kl = self.bound_terms(chunk)
+                nll_total += float(nll_x.sum())
+                kl_total += float(kl.sum())
+        n = x.shape[0]
+        return {"bound": (nll_total + kl_total) / n, "nll_x": nll_total / n, "kl": kl_total / n}
+
+    @torch.no_grad()
+    def evaluate(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> float:
+        """Held-out negative bound in nats per image; see :meth:`evaluate_terms`."""
+        return self.evaluate_terms(x, batch_size, seed)["bound"]
+
+
+@contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """Run a block under ``torch.manual_seed(seed)``, then restore the previous RNG states."""
+    state = torch.random.get_rng_state()
+    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the results
+
+
+def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
+    """Nats per test image when every pixel is an independent Bernoulli with its training mean.
+
+    The cost of drawing the same average digit for every image: a model whose bound is near
+    this number has not yet learned to use its latent variables. Means are clipped to
+    ``[eps, 1 - eps]`` so that a pixel never seen on in training costs a finite amount.
+    """
+    if x_train.dim() != 2 or x_test.dim() != 2 or x_train.shape[1] != x_test.shape[1]:
+        raise ValueError(
+            f"x_train and x_test must be (N, D) and (M, D), got {tuple(x_train.shape)} and "
+            f"{tuple(x_test.shape)}"
+        )
+    p = x_train.double().mean(0).clamp(eps, 1 - eps)  # (D,)
+    x = x_test.double()
+    return float(-(x * p.log() + (1 - x) * (1 - p).log()).sum(1).mean())
+
+
+def updates_to_reach(eval_steps: list[int], values: list[float], target: float) -> int | None:
+    """The first evaluated update at which ``values`` (a bound, lower is better) is <= target.
+
+    Returns None when the curve never reaches the target.
+
+    Example::
+
+        >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
+        10
+    """
+    if len(eval_steps) != len(values):
+        raise ValueError(
+            f"eval_steps and values differ in length: {len(eval_steps)} vs {len(values)}"
+        )
+    for step, v in zip(eval_steps, values, strict=True):
+        if v <= target:
+            return int(step)
+    return None
+
+
+def speedup_table(results: dict) -> list[dict]:
+    """Per seed: the baseline's final held-out bound and the updates each model needs to reach it.
+
+    The target is the baseline's bound at its last evaluation; ``ratio`` is the baseline's
+    updates over layer norm's (> 1: layer norm gets there in fewer updates; None if it never
+    does).
+    """
+    rows = []
+    curves = results["curves"]
+    for seed in sorted(curves["baseline"], key=int):
+        base, ln = curves["baseline"][seed], curves["layer_norm"][seed]
+        target = base["bound"][-1]
+        n_base = updates_to_reach(base["eval_steps"], base["bound"], target)
+        n_ln = updates_to_reach(ln["eval_steps"], ln["bound"], target)
+        rows.append({
+            "seed": int(seed),
+            "baseline_final": target,
+            "layer_norm_final": ln["bound"][-1],
+            "baseline_updates": n_base,
+            "layer_norm_updates": n_ln,
+            "ratio": (n_base / n_ln) if (n_ln and n_base) else None,
+        })
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The experiment
+
+
+def load_data(config: Config) -> tuple[Tensor, Tensor, str]:
+    """The fixed binarized training and held-out images of ``config``, and their source.
+
+    Each grey image is binarized once with a seeded Bernoulli sample (``binarize_seed`` for the
+    training split, ``binarize_seed + 1`` for the test split), then kept fixed.
+
+    Returns:
+        ``(x_train (N, 784), x_test (M, 784), source)``; ``M`` is ``config.eval_images`` when set.
+    """
+    from lnbook.data import binarize, load_mnist
+
+    train = load_mnist(split="train", source=config.data_source)
+    test = load_mnist(split="test", source=config.data_source)
+    x_train = binarize(train.images, threshold=None, seed=config.binarize_seed)  # (N, 784)
+    x_test = binarize(test.images, threshold=None, seed=config.binarize_seed + 1)  # (M, 784)
+    if config.eval_images is not None:
+        x_test = x_test[: config.eval_images]
+    return x_train, x_test, train.source
+
+
+def build_model(config: Config, layer_norm: bool) -> DRAW:
+    """The DRAW model of ``config`` (28 x 28 images), with or without layer norm (eq. 31)."""
+    return DRAW(28, 28, config.glimpses, config.enc_size, config.dec_size, config.z_size,
+                config.read_n, config.write_n, layer_norm=layer_norm)
+
+
+def checkpoint_path(out: str | Path, variant: str, seed: int) -> Path:
+    """Where :func:`run` keeps the checkpoint of one run (with ``config.checkpoint``)."""
+    return Path(out) / f"{NAME}_{variant}_seed{seed}.pt"
+
+
+def load_trained(
+    config: Config, out: str | Path, variant: str, seed: int, device: str = "cpu"
+) -> DRAW:
+    """Rebuild a model trained by :func:`run` (with ``config.checkpoint``) from its checkpoint.
+
+    Example::
+
+        >>> model = load_trained(cfg, "results/", "layer_norm", 0)  # doctest: +SKIP
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    path = checkpoint_path(out, variant, seed)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint {path}; run() writes it when config.checkpoint")
+    state = torch.load(path, map_location=resolve_device(device), weights_only=True)
+    model = build_model(config, layer_norm=(variant == "layer_norm"))
+    model.load_state_dict(state["model"])
+    return model.to(resolve_device(device)).eval()
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | Path | None = None,
+    seeds: list[int] | tuple[int, ...] | None = None,
+) -> dict:
+    """Train DRAW with and without layer norm for each seed; held-out bound against updates.
+
+    Args:
+        config: from :func:`get_config`.
+        device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
+        out: folder for ``draw.json`` (and, with ``config.checkpoint``, one checkpoint per run
+            to resume from).
+        seeds: overrides ``config.seeds``.
+
+    Returns:
+        A JSON-serializable dict: ``config``, ``data_source``, ``n_train``, ``n_test``,
+        ``mean_image_nll`` (:func:`mean_image_nll`, a reference level),
+        ``histories[variant][seed]`` (:class:`lnbook.train.History` as a dict), ``curves``
+        (``eval_steps``, held-out ``bound`` and its ``kl`` part per variant and seed), ``final``
+        bounds and the :func:`speedup_table` rows (when both variants ran).
+    """
+    from lnbook.experiments import check_scale, save_results
+    from lnbook.train import Batches, fit
+
+    if not isinstance(config, Config):
+        raise TypeError(
+            f"config must be a draw.Config (use get_config), got {type(config).__name__}"
+        )
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    check_scale(config.scale)
+    dev = resolve_device(device)
+    x_train, x_test, source = load_data(config)
+    x_test_dev = x_test.to(dev)
+    out_dir = Path(out) if out is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "name": NAME, "config": asdict(config), "data_source": source,
+        "n_train": int(x_train.shape[0]), "n_test": int(x_test.shape[0]),
+        "mean_image_nll": mean_image_nll(x_train, x_test),
+        "histories": {}, "curves": {}, "final": {},
+    }
+    for variant in config.variants:
+        for key in ("histories", "curves", "final"):
+            results[key][variant] = {}
+        for seed in seeds:
+            torch.manual_seed(seed)
+            model = build_model(config, layer_norm=(variant == "layer_norm")).to(dev)
+            optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+            ckpt = None
+            if config.checkpoint and out_dir is not None:
+                ckpt = checkpoint_path(out_dir, variant, seed)
+            history = fit(
+                model, Batches(x_train, batch_size=config.batch_size, seed=seed), optimizer,
+                steps=config.steps, eval_every=config.eval_every,
+                eval_fn=lambda m: m.evaluate_terms(x_test_dev),
+                device=dev, seed=seed, checkpoint=ckpt,
+            )
+            bound = [m["bound"] for m in history.metrics]
+            results["histories"][variant][str(seed)] = history.to_dict()
+            results["curves"][variant][str(seed)] = {
+                "eval_steps": list(history.eval_steps), "bound": bound,
+                "kl": [m["kl"] for m in history.metrics],
+            }
+            results["final"][variant][str(seed)] = bound[-1]
+    if set(VARIANTS) <= set(config.variants):
+        results["speedup"] = speedup_table(results)
+    if out_dir is not None:
+        save_results(results, out_dir / f"{NAME}.json")
+    return results

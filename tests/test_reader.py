@@ -1,0 +1,282 @@
+"""Tests of lnbook.experiments.reader (section 6.2) and recurrent_bn (Cooijmans et al., 2016)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lnbook.experiments import load_results
+from lnbook.experiments import reader as R
+from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
+from lnbook.rnn import LSTM
+
+
+@pytest.fixture(scope="module")
+def corpus() -> R.ClozeData:
+    return R.make_cloze(3000, seed=7)
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_cloze_shapes_and_dtypes(corpus):
+    n = len(corpus)
+    assert corpus.passages.shape == (n, 12) and corpus.passages.dtype == torch.long
+    assert corpus.queries.shape == (n, 3) and corpus.queries.dtype == torch.long
+    assert corpus.candidates.shape == (n, 16) and corpus.candidates.dtype == torch.bool
+    assert corpus.answers.shape == (n,) and corpus.answers.dtype == torch.long
+    assert int(corpus.passages.max()) < len(corpus.vocab)
+    assert corpus.vocab[corpus.entity_offset] == "@entity0"
+
+
+def test_cloze_is_deterministic_under_its_seed():
+    a, b, c = R.make_cloze(50, seed=3), R.make_cloze(50, seed=3), R.make_cloze(50, seed=4)
+    for x, y in zip(a.tensors(), b.tensors(), strict=True):
+        assert torch.equal(x, y)
+    assert not torch.equal(a.passages, c.passages)
+
+
+def test_query_is_a_passage_fact_with_the_answer_blanked(corpus):
+    off = corpus.entity_offset
+    for i in range(200):
+        p = corpus.passages[i].view(4, 3).tolist()  # 4 facts ENT REL ENT
+        q = corpus.queries[i].tolist()
+        assert q.count(R.PLACEHOLDER) == 1
+        filled = [off + int(corpus.answers[i]) if t == R.PLACEHOLDER else t for t in q]
+        assert filled in p  # the query is one of the passage's facts
+        rels = [s[1] for s in p]
+        assert len(set(rels)) == 4  # each relation once: the passage determines the answer
+        assert bool(corpus.candidates[i, corpus.answers[i]])  # the answer is in the passage
+        mentions = Counter(t - off for s in p for t in (s[0], s[2]))
+        assert set(mentions.values()) == {2} and len(mentions) == 4  # 4 entities, twice each
+        assert all(s[0] != s[2] for s in p)
+        assert set(torch.nonzero(corpus.candidates[i]).flatten().tolist()) == set(mentions)
+
+
+def test_object_blanks():
+    data = R.make_cloze(100, seed=2, blank="object")
+    assert torch.all(data.queries[:, 2] == R.PLACEHOLDER)
+    assert torch.all(R.make_cloze(100, seed=2).queries[:, [0, 2]].eq(R.PLACEHOLDER).sum(0) > 20)
+
+
+def test_entities_are_re_permuted_so_the_query_alone_does_not_give_the_answer(corpus):
+    n_ent = corpus.candidates.shape[1]
+    # every id is an answer about equally often: an id carries no meaning across examples
+    counts = torch.bincount(corpus.answers, minlength=n_ent).double()
+    assert counts.min() > 0.6 * counts.mean() and counts.max() < 1.4 * counts.mean()
+    # the best guess from the query's relation word (the most common answer per relation) is
+    # barely above 1/(n_entities - 1): the query alone does not give the answer
+    by_rel: dict[int, Counter] = {}
+    for q, a in zip(corpus.queries.tolist(), corpus.answers.tolist(), strict=True):
+        by_rel.setdefault(q[1], Counter())[a] += 1
+    acc = sum(c.most_common(1)[0][1] for c in by_rel.values()) / len(corpus)
+    assert acc < 2.0 / n_ent
+
+
+def test_chance_level_matches_a_direct_count(corpus):
+    direct = np.mean([1.0 / int(c.sum()) for c in corpus.candidates])
+    assert R.chance_level(corpus) == pytest.approx(direct, rel=1e-12)
+    assert R.chance_level(corpus) == pytest.approx(0.25)  # 4 entities per passage
+
+
+def _frequency_reference(data: R.ClozeData) -> float:
+    off, n_ent, total = data.entity_offset, data.candidates.shape[1], 0.0
+    rows = zip(data.passages.tolist(), data.queries.tolist(), data.answers.tolist(), strict=True)
+    for p, q, a in rows:
+        counts = Counter(t - off for t in p if 0 <= t - off < n_ent)
+        for t in q:
+            counts.pop(t - off, None)
+        top = max(counts.values())
+        best = [e for e, c in counts.items() if c == top]
+        total += (a in best) / len(best)
+    return total / len(data)
+
+
+def test_frequency_baseline_matches_a_plain_python_count(corpus):
+    small = R.make_cloze(300, seed=11)
+    assert R.frequency_baseline_accuracy(small) == pytest.approx(_frequency_reference(small))
+    # equal mention counts: it can only rule out the query's entity, 1 / 3
+    assert R.frequency_baseline_accuracy(corpus) == pytest.approx(1 / 3)
+
+
+def test_bad_corpus_arguments_raise():
+    with pytest.raises(ValueError, match="sentences"):
+        R.make_cloze(5, seed=0, n_entities=4, sentences=5)
+    with pytest.raises(ValueError, match="sentences"):
+        R.make_cloze(5, seed=0, sentences=17, n_entities=20)
+    with pytest.raises(ValueError, match="blank"):
+        R.make_cloze(5, seed=0, blank="verb")
+    with pytest.raises(ValueError, match="n must be"):
+        R.make_cloze(0, seed=0)
+
+
+# ----------------------------------------------------------------------------- recurrent BN
+
+
+def _bn_lstm_reference(m: RecurrentBNLSTM, x: torch.Tensor, stats=None) -> torch.Tensor:
+    """Float64 loop over the equations; ``stats(t)`` gives the per-step (mean, var) triples
+    for (ih, hh, c) or None for the batch statistics of step t."""
+    x = x.double()
+    T, B, _ = x.shape
+    H = m.hidden_size
+    Wi, Wh = m.weight_ih.double(), m.weight_hh.double()
+    b = (m.bias_ih + m.bias_hh).double()
+
+    def bn(z, bnm, t, which):
+        if stats is None:
+            mu, var = z.mean(0), z.var(0, unbiased=False)
+        else:
+            mu, var = stats(t)[which]
+        return (z - mu) / torch.sqrt(var + bnm.eps) * bnm.weight.double() + bnm.bias.double()
+
+    h = torch.zeros(B, H, dtype=torch.float64)
+    c = torch.zeros(B, H, dtype=torch.float64)
+    outs = []
+    for t in range(T):
+        z = bn(h @ Wh.t(), m.bn_hh, t, 1) + bn(x[t] @ Wi.t(), m.bn_ih, t, 0) + b
+        i, f, g, o = z.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(bn(c, m.bn_c, t, 2))
+        outs.append(h)
+    return torch.stack(outs)
+
+
+def test_recurrent_bn_lstm_matches_float64_equations_with_per_step_batch_statistics():
+    torch.manual_seed(0)
+    m = RecurrentBNLSTM(5, 6, max_steps=4)
+    with torch.no_grad():  # break the symmetry of the default gains and biases
+        for bn in (m.bn_ih, m.bn_hh, m.bn_c):
+            bn.weight.uniform_(0.5, 1.5)
+        m.bn_c.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(4, 7, 5) * torch.arange(1, 5).view(4, 1, 1)  # scale grows with t
+    out, (h, c) = m(x)
+    ref = _bn_lstm_reference(m, x)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h[0].double(), ref[-1], atol=1e-5, rtol=1e-5)
+    # separate statistics per step: the running means of W_x x differ step by step
+    rm = m.bn_ih.running_mean  # (max_steps, 4H)
+    expect = 0.1 * (x @ m.weight_ih.t()).mean(1)  # momentum 0.1 from zero, (T, 4H)
+    torch.testing.assert_close(rm, expect.detach(), atol=1e-5, rtol=1e-5)
+    assert int(m.bn_ih.steps_seen) == 4
+
+
+def test_recurrent_bn_eval_beyond_training_length_uses_last_step_statistics():
+    torch.manual_seed(1)
+    m = RecurrentBNLSTM(3, 4, max_steps=6)
+    m(torch.randn(3, 8, 3))  # trains statistics for steps 0, 1, 2 only
+    m.eval()
+    x = torch.randn(6, 2, 3)
+    out, _ = m(x)
+
+    def stats(t):
+        s = min(t, 2)  # beyond the trained steps: the statistics of the last trained step
+        return [(bn.running_mean[s].double(), bn.running_var[s].double())
+                for bn in (m.bn_ih, m.bn_hh, m.bn_c)]
+
+    torch.testing.assert_close(out.double(), _bn_lstm_reference(m, x, stats), atol=1e-5,
+                               rtol=1e-5)
+    # and the output at a given step does not depend on the rest of the batch in eval mode
+    out1, _ = m(x[:, :1])
+    torch.testing.assert_close(out1, out[:, :1], atol=1e-6, rtol=1e-6)
+
+
+def test_recurrent_bn_gains_start_at_0_1_and_gate_shifts_are_frozen():
+    m = RecurrentBNLSTM(3, 4, max_steps=5)
+    for bn in (m.bn_ih, m.bn_hh, m.bn_c):
+        assert torch.all(bn.weight == 0.1)
+    assert not m.bn_ih.bias.requires_grad and not m.bn_hh.bias.requires_grad
+    assert m.bn_c.bias.requires_grad
+    assert torch.all(RecurrentBNLSTM(3, 4, 5, gain_init=1.0).bn_c.weight == 1.0)
+
+
+def test_recurrent_bn_rejects_bad_input():
+    m = RecurrentBNLSTM(3, 4, max_steps=5)
+    with pytest.raises(ValueError, match=r"\(T, B, 3\)"):
+        m(torch.randn(5, 2, 4))
+    with pytest.raises(TypeError, match="floating-point"):
+        m(torch.zeros(5, 2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_steps"):
+        m(torch.randn(6, 2, 3))  # longer than its statistics slots, in training mode
+    with pytest.raises(ValueError, match="hidden_size"):
+        RecurrentBNLSTM(3, 0, 5)
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def test_set_ln_gains_rescales_every_layer_norm_of_the_lstm():
+    lstm = LSTM(4, 5, layer_norm=True)
+    assert R.set_ln_gains(lstm, 0.1) == 3  # LN(W_h h), LN(W_x x), LN(c)
+    gains = [p for n, p in lstm.named_parameters() if n.startswith("ln_") and "weight" in n]
+    assert len(gains) == 3 and all(torch.all(g == 0.1) for g in gains)
+    assert R.set_ln_gains(LSTM(4, 5, layer_norm=False), 0.1) == 0
+
+
+@pytest.mark.parametrize("variant", R.VARIANTS + ("bn_lstm_g1.0",))
+def test_every_variant_maps_a_sequence_to_outputs_and_state(variant):
+    torch.manual_seed(0)
+    lstm = R.make_lstm(variant, 4, 5, max_steps=6)
+    out, (h, c) = lstm(torch.randn(6, 3, 4))
+    assert out.shape == (6, 3, 5) and h.shape == (1, 3, 5) and c.shape == (1, 3, 5)
+    torch.testing.assert_close(out[-1], h[0])
+
+
+def test_baseline_variant_is_torch_lstm():
+    torch.manual_seed(0)
+    ours = R.make_lstm("lstm", 4, 5, max_steps=6)
+    ref = torch.nn.LSTM(4, 5)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(6, 3, 4)
+    torch.testing.assert_close(ours(x)[0], ref(x)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_reader_masks_non_candidates_and_returns_cross_entropy():
+    torch.manual_seed(0)
+    data = R.make_cloze(10, seed=0)
+    model = R.AttentiveReader(len(data.vocab), 16, 16, 4, 8, 12, variant="ln_lstm")
+    logits = model.logits(data.passages, data.queries, data.candidates)  # (10, 16)
+    assert logits.shape == (10, 16)
+    assert torch.equal(torch.isfinite(logits), data.candidates)
+    loss = model(*data.tensors())
+    torch.testing.assert_close(loss, F.cross_entropy(logits, data.answers))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="candidates"):
+        model.logits(data.passages, data.queries, data.candidates.long())
+
+
+def test_updates_to_reach():
+    assert R.updates_to_reach([0, 10, 20], [0.9, 0.5, 0.3], 0.5) == 10
+    assert R.updates_to_reach([0, 10, 20], [0.9, 0.5, 0.3], 0.1) is None
+
+
+# ----------------------------------------------------------------------------- experiment
+
+
+def test_get_config_presets_and_errors():
+    quick, paper = R.get_config("quick"), R.get_config("paper")
+    assert paper.hidden_size > quick.hidden_size and paper.steps > quick.steps
+    assert set(R.VARIANTS) <= set(quick.variants)
+    with pytest.raises(ValueError, match="scale"):
+        R.get_config("huge")
+    with pytest.raises(ValueError, match="unknown Config fields"):
+        R.get_config("quick", hiden_size=3)
+    with pytest.raises(ValueError, match="unknown variant"):
+        R.get_config("quick", variants=("gru",))
+
+
+def test_run_writes_json_results(tmp_path):
+    cfg = R.get_config("quick", n_train=64, n_valid=32, hidden_size=8, embed_size=8,
+                       batch_size=16, steps=2, eval_every=1, seeds=(0,))
+    res = R.run(cfg, device="cpu", out=tmp_path, progress=False)
+    back = load_results(tmp_path / "reader.json")
+    assert json.loads(json.dumps(res)) == back
+    assert set(back["histories"]) == set(R.VARIANTS)
+    h = back["histories"]["ln_lstm"]["0"]
+    assert h["eval_steps"] == [0, 1, 2] and len(h["losses"]) == 2
+    assert 0.0 <= back["final_error"]["bn_lstm"]["0"] <= 1.0

@@ -1,0 +1,237 @@
+"""Tests of lnbook.experiments.skip_thoughts (paper section 6.3, chapter 06_3)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook.experiments import load_experiment
+from lnbook.experiments import skip_thoughts as st
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+TEXT = """The "if" statement
+******************
+
+The "if" statement is used for conditional execution.  It selects
+exactly one suite. If all expressions are false, the "else" suite
+runs (see e.g. the manual) and that is all!
+
+   if_stmt ::= "if" expression ":" suite
+
+* a bullet item is kept. Another sentence follows it.
+
+Subsection
+==========
+
+Last words here?
+"""
+
+
+def test_split_sentences_drops_headings_and_code():
+    got = st.split_sentences(TEXT)
+    assert got == [
+        'The "if" statement is used for conditional execution.',
+        "It selects exactly one suite.",
+        'If all expressions are false, the "else" suite runs (see e.g. the manual) and that '
+        "is all!",
+        "a bullet item is kept.",
+        "Another sentence follows it.",
+        "Last words here?",
+    ]
+
+
+def test_tokenize():
+    assert st.tokenize('Calls "__init__()" 3 times, e.g. x.y') == [
+        "calls", "__init__", "3", "times", "e", "g", "x", "y"
+    ]
+
+
+def test_vocab_and_encode():
+    sents = [["b", "a", "a"], ["c", "b", "a"]]
+    vocab = st.build_vocab(sents, size=2)
+    assert vocab == ["<pad>", "<unk>", "<bos>", "<eos>", "a", "b"]  # a: 3, b: 2, c: 1
+    assert st.encode([["a", "c"], ["b"]], vocab, 3).tolist() == [[4, 1, 0], [5, 0, 0]]
+    with pytest.raises(ValueError):
+        st.build_vocab(sents, 0)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return st.load_corpus(max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def data(corpus):
+    return st.make_data(corpus, vocab_size=300, probe_topics=4)
+
+
+def test_corpus(corpus):
+    assert len(corpus) > 1000 and len(corpus.topics) > 20
+    assert corpus.topics == sorted(corpus.topics)
+    assert all(3 <= len(s) <= 12 for s in corpus.sentences)
+    assert corpus.topic == sorted(corpus.topic)  # topics in order, sentences in reading order
+    assert "Python" in corpus.source
+    again = st.load_corpus(max_tokens=12)
+    assert again.sentences == corpus.sentences
+
+
+def test_make_data_has_no_leakage(corpus, data):
+    held = data.heldout
+    tr, te = data.train_triples, data.test_triples
+    assert tr.shape[1] == 3 and len(tr) > 5 * len(te) > 0
+    assert not held[tr].any() and held[te].all()
+    assert held[data.topic_ids].all() and held[data.pairs].all()
+    for t in (tr, te):  # consecutive sentences of one topic
+        assert torch.equal(t[:, 1] - t[:, 0], torch.ones(len(t), dtype=torch.long))
+        assert torch.equal(t[:, 2] - t[:, 1], torch.ones(len(t), dtype=torch.long))
+        assert (data.topic[t] == data.topic[t[:, :1]]).all()
+    # the vocabulary comes from training sentences only
+    train_words = {w for s, h in zip(corpus.sentences, held.tolist(), strict=True) if not h
+                   for w in s}
+    assert set(data.vocab[4:]) <= train_words
+    # each held-out part is the end of its topic
+    for k in range(len(corpus.topics)):
+        h = held[data.topic == k].tolist()
+        assert h == sorted(h)
+
+
+def test_probe_sets(data):
+    assert data.topic_labels.unique().tolist() == [0, 1, 2, 3] and len(data.topic_names) == 4
+    assert len(data.topic_ids) == len(data.topic_labels)
+    lab = data.pair_labels
+    assert lab.sum() * 2 == len(lab)  # balanced
+    p = data.pairs
+    assert (p[lab == 1, 1] - p[lab == 1, 0] == 1).all()
+    assert ((p[lab == 0, 1] - p[lab == 0, 0]).abs() > 1).all()
+    assert (data.topic[p[:, 0]] == data.topic[p[:, 1]]).all()
+
+
+def test_stratified_folds():
+    labels = torch.tensor([0] * 10 + [1] * 5)
+    fold = st.stratified_folds(labels, 5, seed=2)
+    for k in range(5):
+        assert (labels[fold == k] == 0).sum() == 2 and (labels[fold == k] == 1).sum() == 1
+    assert torch.equal(fold, st.stratified_folds(labels, 5, seed=2))
+
+
+def test_probe_matches_sklearn_ridge_classifier():
+    from sklearn.linear_model import RidgeClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    g = torch.Generator().manual_seed(0)
+    for k_classes in (2, 3):
+        x = torch.randn(120, 6, generator=g) * torch.tensor([1.0, 5.0, 0.1, 1.0, 1.0, 2.0])
+        y = torch.bucketize(x[:, 0] + 0.3 * x[:, 1] + torch.randn(120, generator=g),
+                            torch.linspace(-1.5, 1.5, k_classes - 1))
+        fold = st.stratified_folds(y, 4, seed=1)
+        acc = []
+        for k in range(4):
+            tr, te = (fold != k).numpy(), (fold == k).numpy()
+            clf = make_pipeline(StandardScaler(), RidgeClassifier(alpha=3.0))
+            clf.fit(x.numpy()[tr], y.numpy()[tr])
+            acc.append(np.mean(clf.predict(x.numpy()[te]) == y.numpy()[te]))
+        assert st.probe_accuracy(x, y, folds=4, ridge=3.0, seed=1) == pytest.approx(
+            100 * np.mean(acc), abs=1e-9
+        )
+
+
+def test_probe_finds_a_linear_signal_and_not_noise():
+    g = torch.Generator().manual_seed(3)
+    y = torch.arange(200) % 2
+    signal = torch.randn(200, 5, generator=g) + 2.0 * y.view(-1, 1)
+    assert st.probe_accuracy(signal, y) > 90
+    assert 35 < st.probe_accuracy(torch.randn(200, 5, generator=g), y) < 65
+    with pytest.raises(ValueError, match=r"\(N, F\)"):
+        st.probe_accuracy(torch.randn(5), y[:5])
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_model_loss_and_encoder(layer_norm):
+    torch.manual_seed(0)
+    v = 40
+    m = st.SkipThoughts(v, 8, 16, layer_norm=layer_norm)
+    t = torch.randint(4, v, (3, 5, 6))
+    t[:, 1, 4:] = 0  # padding
+    loss = m(t[0], t[1], t[2])
+    assert abs(loss.item() - math.log(v)) < 0.5  # about uniform over the words at the start
+    # extra padding columns change neither the loss nor the sentence vectors
+    pad = torch.cat([t, torch.zeros(3, 5, 3, dtype=torch.long)], dim=2)
+    assert torch.allclose(m(pad[0], pad[1], pad[2]), loss, atol=1e-6)
+    s = m.encode(t[1])
+    assert s.shape == (5, 16)
+    assert torch.allclose(m.encode(t[1, 1:2]), s[1:2], atol=1e-6)  # batch-independent
+    loss.backward()
+    assert m.dec_prev.weight_ih_l0.grad.abs().sum() > 0 and m.encoder.weight_hh_l0.grad is not None
+    assert any("ln_" in n for n, _ in m.named_parameters()) == layer_norm
+
+
+def test_decoder_targets_end_with_eos():
+    # a decoder that must predict a fixed sentence: the loss is the cross entropy of
+    # [w1, w2, <eos>] given [<bos>, w1, w2]; check against a manual computation
+    torch.manual_seed(1)
+    m = st.SkipThoughts(12, 4, 6, layer_norm=False)
+    s = torch.randn(1, 6)
+    target = torch.tensor([[7, 9, 0]])
+    ce, n = m._decode_loss(m.dec_next, s, target)
+    inp = torch.tensor([[2, 7, 9]])
+    x = torch.cat([m.embed(inp), s.unsqueeze(1).expand(-1, 3, -1)], dim=2)
+    out, _ = m.dec_next(x)
+    logits = m.out(out)[0]  # (3, V)
+    want = torch.nn.functional.cross_entropy(logits, torch.tensor([7, 9, 3]), reduction="sum")
+    assert n.item() == 3 and torch.allclose(ce, want, atol=1e-5)
+
+
+def test_time_per_update(data):
+    t = st.time_per_update(data, word_dim=4, hidden_size=8, batch_size=8, updates=2)
+    assert t["baseline"] > 0 and t["layer_norm"] > 0
+    assert 0 < t["ratio"] < 100
+
+
+def test_configs_and_registry():
+    p = st.get_config("paper")
+    assert p.hidden_size == 2400 and p.word_dim == 620 and p.probe_folds == 10
+    assert st.get_config("quick", steps=5).steps == 5
+    with pytest.raises(ValueError, match="scale"):
+        st.get_config("tiny")
+    with pytest.raises(ValueError, match="unknown"):
+        st.get_config("quick", hidden=3)
+    assert load_experiment("skip_thoughts") is st
+
+
+def test_run_tiny(tmp_path):
+    cfg = st.get_config("quick", vocab_size=100, hidden_size=8, word_dim=4, batch_size=8,
+                        steps=2, eval_every=1, seeds=[0], timing_updates=1, probe_folds=2)
+    res = st.run(cfg, device="cpu", out=tmp_path)
+    assert (tmp_path / "skip_thoughts.json").exists()
+    assert res["corpus"]["sentences"] > 1000 and res["corpus"]["vocab"] == 104
+    for v in ("baseline", "layer_norm"):
+        r = res["runs"][v]["0"]
+        assert r["history"]["eval_steps"] == [0, 1, 2]
+        assert set(r["final"]) == {"heldout_loss", "topic", "neighbour"}
+        assert r["sec_per_update"] > 0
+    table = st.final_table(res)
+    assert table["baseline"]["heldout_loss"][0] == res["runs"]["baseline"]["0"]["final"][
+        "heldout_loss"]
+
+
+def test_paper_scale_checkpoints_and_resumes(tmp_path):
+    kw = dict(vocab_size=100, max_tokens=12, hidden_size=8, word_dim=4, batch_size=8, steps=2,
+              eval_every=1, seeds=[0], timing_updates=1, probe_folds=2, variants=["baseline"],
+              num_threads=1)
+    first = st.run(st.get_config("paper", **kw), device="cpu", out=tmp_path)
+    assert (tmp_path / "skip_thoughts_baseline_seed0.pt").exists()
+    longer = st.run(st.get_config("paper", **{**kw, "steps": 3}), device="cpu", out=tmp_path)
+    a, b = first["runs"]["baseline"]["0"]["history"], longer["runs"]["baseline"]["0"]["history"]
+    assert b["losses"][:2] == a["losses"] and len(b["losses"]) == 3  # resumed, not restarted
