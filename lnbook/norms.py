@@ -130,7 +130,7 @@ class _LayerNormFunction(torch.autograd.Function):
             w = weight.reshape(d).to(x_hat.dtype)  # (D,)
             u_mean = (g @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u), u = g * w
             ux_mean = (gx @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u * z_hat)
-            grad_x = torch.mul(g, w, out=gx)  # u, written over gx
+            grad_x = gx.copy_(g).mul_(w)  # u = g * w, written over gx (no out=: vmap-safe)
         else:
             u_mean = g.mean(dim=1, keepdim=True)
             ux_mean = gx.mean(dim=1, keepdim=True)

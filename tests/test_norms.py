@@ -297,3 +297,17 @@ def test_public_api_is_re_exported():
     assert lnbook.resolve_device("auto").type in ("cpu", "cuda", "mps")
     with pytest.raises(ValueError, match="device"):
         lnbook.resolve_device("tpu")
+
+
+def test_backward_works_under_vmap_of_batched_grads():
+    # lnbook.analysis computes per-example gradients with is_grads_batched=True (vmap)
+    torch.manual_seed(0)
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    w, b = (t.requires_grad_() for t in _params((8,), torch.float64))
+    gs = torch.randn(3, 5, 8, dtype=torch.float64)
+    ours = torch.autograd.grad(layer_norm(x, 8, w, b), (x, w, b), gs, is_grads_batched=True)
+    y_ref = F.layer_norm(x, (8,), w, b)
+    for k, g in enumerate(gs):
+        ref = torch.autograd.grad(y_ref, (x, w, b), g, retain_graph=True)
+        for o, r in zip(ours, ref, strict=True):
+            torch.testing.assert_close(o[k], r, atol=1e-12, rtol=0)

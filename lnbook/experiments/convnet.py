@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.data import load_mnist
+from lnbook.data import load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments import check_scale, save_results
 from lnbook.experiments.mnist import classification_metrics
@@ -292,6 +292,7 @@ def run(
     seeds = tuple(config.seeds if seeds is None else seeds)
     dev = resolve_device(device)
     train = load_mnist(split="train", source=config.source)
+    warn_if_subset(train, config.scale, "convnet")
     test = load_mnist(split="test", source=config.source)
     x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
     xt, yt = test.images[: config.n_test], test.labels[: config.n_test]

@@ -552,9 +552,10 @@ def load_data(config: Config) -> tuple[Tensor, Tensor, str]:
     Returns:
         ``(x_train (N, 784), x_test (M, 784), source)``; ``M`` is ``config.eval_images`` when set.
     """
-    from lnbook.data import binarize, load_mnist
+    from lnbook.data import binarize, load_mnist, warn_if_subset
 
     train = load_mnist(split="train", source=config.data_source)
+    warn_if_subset(train, config.scale, "draw")
     test = load_mnist(split="test", source=config.data_source)
     x_train = binarize(train.images, threshold=None, seed=config.binarize_seed)  # (N, 784)
     x_test = binarize(test.images, threshold=None, seed=config.binarize_seed + 1)  # (M, 784)

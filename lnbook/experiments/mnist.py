@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.data import load_mnist, pixel_permutation
+from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments import check_scale, save_results
 from lnbook.norms import BatchNorm, LayerNorm
@@ -236,6 +236,7 @@ def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _data(config: Config) -> dict[str, Any]:
     train = load_mnist(split="train", source=config.source)
+    warn_if_subset(train, config.scale, "mnist")
     test = load_mnist(split="test", source=config.source)
     x, y = train.images, train.labels  # (N, 784), (N,)
     if config.n_train is not None:
