@@ -430,7 +430,7 @@ def time_per_update(
 
     Both models (same sizes, same batches) take turns, one update each, so a change in the
     machine's load touches both alike; one warm-up update each is not timed. On a CPU the clock
-    is the process's CPU time (:func:`time.process_time`), which other jobs on a shared machine
+    is the process's CPU time (``time.process_time``), which other jobs on a shared machine
     disturb far less than the wall clock (with one torch thread it is the update's own time);
     on a GPU it is the wall clock, after waiting for the device (``torch.cuda.synchronize``).
 
