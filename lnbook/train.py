@@ -267,8 +267,8 @@ def fit(
         if not torch.isfinite(loss.detach()):
             bar.close()
             raise FloatingPointError(
-                f"the training loss is {float(loss)} at update {step + 1}; stopping rather than "
-                "training on (the last checkpoint, if any, holds the weights before this update)"
+                f"the training loss is {float(loss.detach())} at update {step + 1}; stopping "
+                "rather than training on (the last checkpoint, if any, holds earlier weights)"
             )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
