@@ -14,6 +14,7 @@ The command line (``python -m lnbook run NAME``) and the notebooks find them thr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -23,7 +24,13 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
-    "EXPERIMENTS", "SCALES", "check_scale", "load_experiment", "load_results", "save_results"
+    "EXPERIMENTS",
+    "SCALES",
+    "check_scale",
+    "load_experiment",
+    "load_results",
+    "make_config",
+    "save_results",
 ]
 
 SCALES: tuple[str, ...] = ("quick", "paper")
@@ -55,6 +62,21 @@ def check_scale(scale: str) -> str:
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     return scale
+
+
+def make_config(config_cls: type, presets: dict[str, dict[str, Any]], scale: str,
+                overrides: dict[str, Any]) -> Any:
+    """``config_cls`` built from the ``scale`` preset, with fields replaced by ``overrides``.
+
+    Every experiment's ``get_config`` starts here: an unknown scale or field name raises
+    ``ValueError`` naming the valid ones.
+    """
+    check_scale(scale)
+    names = {f.name for f in dataclasses.fields(config_cls)} - {"scale"}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
+    return config_cls(scale=scale, **{**presets[scale], **overrides})
 
 
 def load_experiment(name: str) -> ModuleType:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
+from lnbook.experiments import make_config
 from lnbook.rnn import DRAWLSTMCell
 
 __all__ = [
@@ -122,13 +123,7 @@ def get_config(scale: str = "quick", **overrides) -> Config:
         >>> get_config("paper").glimpses
         64
     """
-    if scale not in _PRESETS:
-        raise ValueError(f"scale must be one of {sorted(_PRESETS)}, got {scale!r}")
-    names = {f.name for f in fields(Config)} - {"scale"}
-    unknown = set(overrides) - names
-    if unknown:
-        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
-    cfg = Config(scale=scale, **{**_PRESETS[scale], **overrides})
+    cfg = make_config(Config, _PRESETS, scale, overrides)
     bad = set(cfg.variants) - set(VARIANTS)
     if bad:
         raise ValueError(f"variants must be drawn from {VARIANTS}, got {sorted(bad)}")

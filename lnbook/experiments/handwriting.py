@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, save_results
+from lnbook.experiments import make_config, save_results
 from lnbook.rnn import LSTM
 from lnbook.train import Batches, History, fit
 
@@ -113,12 +113,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
         >>> get_config("paper").hidden_size
         400
     """
-    check_scale(scale)
-    names = {f.name for f in fields(Config)}
-    unknown = set(overrides) - names
-    if unknown:
-        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
-    cfg = Config(scale=scale, **{**_PRESETS[scale], **overrides})
+    cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")

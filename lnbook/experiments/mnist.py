@@ -18,7 +18,6 @@ the number of updates so that all variants, batch sizes and seeds run in seconds
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from torch import Tensor, nn
 
 from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, save_results
+from lnbook.experiments import check_scale, make_config, save_results
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.train import Batches, History, fit
 
@@ -124,12 +123,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
-    check_scale(scale)
-    names = {f.name for f in dataclasses.fields(Config)}
-    unknown = set(overrides) - names
-    if unknown:
-        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
-    return Config(**{"scale": scale, **_PRESETS[scale], **overrides})
+    return make_config(Config, _PRESETS, scale, overrides)
 
 
 class MLP(nn.Module):

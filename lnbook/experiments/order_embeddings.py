@@ -24,7 +24,7 @@ import copy
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from lnbook.data import load_mnist
 from lnbook.device import resolve_device
+from lnbook.experiments import make_config
 
 NAME = "order_embeddings"
 DESCRIPTION = (
@@ -563,15 +564,7 @@ _PRESETS: dict[str, dict] = {
 
 def get_config(scale: str = "quick", **overrides) -> Config:
     """The ``quick`` (CPU, seconds) or ``paper`` (GPU, paper sizes) preset, with overrides."""
-    if scale not in _PRESETS:
-        raise ValueError(f"scale must be one of {sorted(_PRESETS)}, got {scale!r}")
-    cfg = Config(scale=scale, **_PRESETS[scale])
-    unknown = set(overrides) - set(asdict(cfg))
-    if unknown:
-        raise ValueError(
-            f"unknown Config fields {sorted(unknown)}; fields are {sorted(asdict(cfg))}"
-        )
-    return replace(cfg, **overrides)
+    return make_config(Config, _PRESETS, scale, overrides)
 
 
 def _run_one(

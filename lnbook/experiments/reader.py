@@ -28,7 +28,7 @@ passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without no
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, save_results
+from lnbook.experiments import make_config, save_results
 from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
@@ -139,12 +139,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
         >>> get_config("quick", steps=10).steps
         10
     """
-    check_scale(scale)
-    names = {f.name for f in fields(Config)}
-    unknown = set(overrides) - names
-    if unknown:
-        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
-    cfg = Config(scale=scale, **{**_PRESETS[scale], **overrides})
+    cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
         if v not in ALL_VARIANTS:
             raise ValueError(f"unknown variant {v!r}; expected one of {ALL_VARIANTS}")

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, save_results
+from lnbook.experiments import make_config, save_results
 from lnbook.rnn import RNN, BatchNormRNN
 from lnbook.train import fit
 
@@ -59,13 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The preset for ``scale`` ("quick" or "paper"), with ``overrides`` applied."""
-    check_scale(scale)
-    cfg = Config(scale=scale, **PRESETS[scale])
-    for k, v in overrides.items():
-        if not hasattr(cfg, k):
-            raise ValueError(f"unknown Config field {k!r}; fields are {list(asdict(cfg))}")
-        setattr(cfg, k, v)
-    return cfg
+    return make_config(Config, PRESETS, scale, overrides)
 
 
 def running_sum_batch(batch: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:

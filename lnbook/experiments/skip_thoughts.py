@@ -22,7 +22,7 @@ import math
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
+from lnbook.experiments import make_config
 
 NAME = "skip_thoughts"
 DESCRIPTION = (
@@ -523,15 +524,7 @@ _PRESETS: dict[str, dict] = {
 
 def get_config(scale: str = "quick", **overrides) -> Config:
     """The ``quick`` (CPU, seconds) or ``paper`` (GPU, the paper's sizes) preset, with overrides."""
-    if scale not in _PRESETS:
-        raise ValueError(f"scale must be one of {sorted(_PRESETS)}, got {scale!r}")
-    cfg = Config(scale=scale, **_PRESETS[scale])
-    unknown = set(overrides) - set(asdict(cfg))
-    if unknown:
-        raise ValueError(
-            f"unknown Config fields {sorted(unknown)}; fields are {sorted(asdict(cfg))}"
-        )
-    return replace(cfg, **overrides)
+    return make_config(Config, _PRESETS, scale, overrides)
 
 
 def run(
