@@ -254,3 +254,19 @@ def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
     assert model.evaluate(x_test) == resumed["final"]["layer_norm"]["0"]
     with pytest.raises(FileNotFoundError):
         draw.load_trained(ck, tmp_path, "layer_norm", 7)
+
+
+def test_plot_canvas_lays_out_one_row_per_digit_and_prior_sample_per_model():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    cfg = draw.get_config("quick", glimpses=3)
+    torch.manual_seed(0)
+    models = {"base": draw.build_model(cfg, False), "LN": draw.build_model(cfg, True)}
+    images = torch.rand(2, 784)
+    fig = draw.plot_canvas(models, images)
+    axes = fig.axes
+    assert len(axes) == 2 * (2 + 1) * (3 + 1)  # models x (digits + prior) x (glimpses + input)
+    with pytest.raises(ValueError, match=r"\(B, 784\)"):
+        draw.plot_canvas(models, torch.rand(2, 28, 28))
+    matplotlib.pyplot.close(fig)

@@ -52,6 +52,7 @@ __all__ = [
     "build_model",
     "checkpoint_path",
     "load_trained",
+    "plot_canvas",
     "run",
 ]
 
@@ -588,6 +589,53 @@ def load_trained(
     model = build_model(config, layer_norm=(variant == "layer_norm"))
     model.load_state_dict(state["model"])
     return model.to(resolve_device(device)).eval()
+
+
+def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0):
+    """The canvas after each glimpse, one row per digit, for each model (chapter 6.4).
+
+    For every model in ``models`` (a label such as ``"baseline"`` or ``"LN"`` -> a trained
+    :class:`DRAW`), the rows are the reconstructions of ``images`` (B, 784) glimpse by glimpse,
+    then one sample from the prior; the last column holds the input (blank for the sample).
+    At most 8 glimpses are shown, spread evenly. Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if images.dim() != 2 or images.shape[1] != 784:
+        raise ValueError(f"images must have shape (B, 784), got {tuple(images.shape)}")
+    frames = []
+    for model in models.values():
+        dev = next(model.parameters()).device
+        recon = model.reconstruct(images.to(dev))  # (T, B, 28, 28)
+        gen = torch.Generator(device=dev).manual_seed(prior_seed)
+        prior = model.generate(1, generator=gen)  # (T, 1, 28, 28)
+        frames.append(torch.cat([recon, prior], 1).cpu().numpy())  # (T, B + 1, 28, 28)
+    steps = frames[0].shape[0]
+    cols = np.unique(np.linspace(0, steps - 1, min(steps, 8)).round().astype(int))
+    n_rows = sum(f.shape[1] for f in frames)
+    fig, axes = plt.subplots(n_rows, len(cols) + 1, figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows),
+                             squeeze=False)
+    r = 0
+    for label, f in zip(models, frames, strict=True):
+        for b in range(f.shape[1]):
+            for j, t in enumerate(cols):
+                axes[r, j].imshow(f[t, b], cmap="gray_r", vmin=0, vmax=1)
+                if r == 0:
+                    axes[r, j].set_title(f"glimpse {t + 1}", fontsize=8)
+            is_digit = b < images.shape[0]
+            target = images[b].view(28, 28).cpu().numpy() if is_digit else np.zeros((28, 28))
+            axes[r, -1].imshow(target, cmap="gray_r", vmin=0, vmax=1)
+            if r == 0:
+                axes[r, -1].set_title("input", fontsize=8)
+            axes[r, 0].set_ylabel(f"{label} {'digit' if is_digit else 'prior'}", fontsize=8)
+            r += 1
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"Canvas after each glimpse (28x28 px): {', '.join(models)}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def run(
