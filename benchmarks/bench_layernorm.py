@@ -3,11 +3,14 @@
 Chapter 3 (`03_layer_norm`) derives the backward pass that ``impl="autograd"`` runs; this script
 measures what that hand-written autograd Function costs next to torch's fused kernel, and checks
 that the documented fast path ``impl="torch"`` costs nothing extra. All three are timed in ONE run,
-interleaved round by round (so a busy machine slows all of them alike), after a warm-up; each
-figure is the median over rounds, and each ratio is the median of the per-round ratios.
+interleaved round by round in every order (so a busy machine slows all of them alike, and none
+always runs after the same other), after a warm-up; each figure is the median over rounds, each
+ratio the median of the per-round ratios. Page faults per call are recorded beside the times,
+and by default the heap is kept steady (``benchmarks/common.py`` says why).
 
     python benchmarks/bench_layernorm.py                      # current device ("auto")
     python benchmarks/bench_layernorm.py --device cpu --repeats 30 --out benchmarks/results
+    python benchmarks/bench_layernorm.py --heap glibc --out ''   # with glibc's page-fault luck
 
 Targets (issue 2): autograd <= 3x torch, impl="torch" <= 1.1x torch. Results go to
 ``<out>/layernorm.json`` with a description of the machine.
@@ -16,9 +19,8 @@ Targets (issue 2): autograd <= 3x torch, impl="torch" <= 1.1x torch. Results go 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import machine_description, minor_faults, steady_heap, sync
 
 import lnbook
 
@@ -39,12 +42,13 @@ class BenchConfig:
     """What to measure: shapes (rows, features), rounds, calls per round, dtype and device."""
 
     shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES
-    repeats: int = 25
+    repeats: int = 60
     inner: int = 5
     warmup: int = 3
     dtype: str = "float32"
     device: str = "auto"
     seed: int = 0
+    heap: str = "steady"  # "steady": glibc keeps freed memory (benchmarks/common.py); "glibc"
 
 
 @dataclass
@@ -55,38 +59,7 @@ class ShapeResult:
     features: int
     seconds: dict[str, float] = field(default_factory=dict)
     ratio_to_torch: dict[str, float] = field(default_factory=dict)
-
-
-def machine_description(device: torch.device) -> dict[str, object]:
-    """CPU model, core count, torch version and threads, and the accelerator if one is used."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    desc: dict[str, object] = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-    }
-    if device.type == "cuda":
-        desc["gpu"] = torch.cuda.get_device_name(device)
-    return desc
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    page_faults_per_call: dict[str, float | None] = field(default_factory=dict)
 
 
 def _step_fns(
@@ -122,20 +95,25 @@ def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device
     for _ in range(cfg.warmup):
         for name in names:
             fns[name]()
-    _sync(device)
+    sync(device)
     times: dict[str, list[float]] = {name: [] for name in names}
+    faults: dict[str, list[int]] = {name: [] for name in names}
+    orders = list(itertools.permutations(names))  # each one runs after each other equally often
     for r in range(cfg.repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
-        for name in order:
-            _sync(device)
-            t0 = time.perf_counter()
+        for name in orders[r % len(orders)]:
+            sync(device)
+            f0, t0 = minor_faults(), time.perf_counter()
             for _ in range(cfg.inner):
                 fns[name]()
-            _sync(device)
+            sync(device)
             times[name].append((time.perf_counter() - t0) / cfg.inner)
+            if f0 is not None:
+                faults[name].append(minor_faults() - f0)
     res = ShapeResult(rows, features)
     for name in names:
         res.seconds[name] = statistics.median(times[name])
+        res.page_faults_per_call[name] = (
+            statistics.median(faults[name]) / cfg.inner if faults[name] else None)
     for name, key in (("autograd", "autograd"), ("lnbook_torch", "torch")):
         per_round = [a / t for a, t in zip(times[name], times["torch"], strict=True)]
         res.ratio_to_torch[key] = statistics.median(per_round)
@@ -151,11 +129,16 @@ def run(cfg: BenchConfig) -> dict[str, object]:
         )
     if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
+    if cfg.heap not in ("steady", "glibc"):
+        raise ValueError(f"heap must be 'steady' or 'glibc', got {cfg.heap!r}")
+    heap = "glibc default"
+    if cfg.heap == "steady":
+        heap = "steady (freed memory kept)" if steady_heap() else "default (no glibc)"
     device = lnbook.resolve_device(cfg.device)
     results = [bench_shape(r, f, cfg, device) for r, f in cfg.shapes]
     return {
         "benchmark": "layer_norm forward+backward, median seconds per call and ratio to torch",
-        "machine": machine_description(device),
+        "machine": machine_description(device, heap),
         "config": asdict(cfg),
         "targets": TARGETS,
         "results": [asdict(r) for r in results],
@@ -167,17 +150,19 @@ def run(cfg: BenchConfig) -> dict[str, object]:
 
 
 def format_table(out: dict[str, object]) -> str:
-    """A plain-text table: one row per shape, times in microseconds and ratios to torch."""
+    """A plain-text table: one row per shape, times in microseconds, ratios to torch, and the
+    page faults per call of torch and of the autograd path."""
     lines = [
         f"{'rows x features':>17} {'torch us':>10} {'autograd us':>12} {'ratio':>6} "
-        f"{'impl=torch us':>14} {'ratio':>6}"
+        f"{'impl=torch us':>14} {'ratio':>6} {'faults/call torch, autograd':>28}"
     ]
     for r in out["results"]:  # type: ignore[union-attr]
-        s, q = r["seconds"], r["ratio_to_torch"]
+        s, q, pf = r["seconds"], r["ratio_to_torch"], r["page_faults_per_call"]
+        faults = "?" if pf["torch"] is None else f"{pf['torch']:.0f}, {pf['autograd']:.0f}"
         lines.append(
             f"{r['rows']:>8} x {r['features']:<6} {s['torch'] * 1e6:>10.1f} "
             f"{s['autograd'] * 1e6:>12.1f} {q['autograd']:>6.2f} "
-            f"{s['lnbook_torch'] * 1e6:>14.1f} {q['torch']:>6.2f}"
+            f"{s['lnbook_torch'] * 1e6:>14.1f} {q['torch']:>6.2f} {faults:>28}"
         )
     return "\n".join(lines)
 
@@ -203,6 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
     p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
+                   help="steady: keep freed memory in the heap (see benchmarks/common.py)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"),
                    help="folder for layernorm.json ('' to skip writing)")
@@ -210,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cfg = BenchConfig(shapes=args.shapes, repeats=args.repeats, inner=args.inner,
-                      warmup=args.warmup, dtype=args.dtype, device=args.device)
+                      warmup=args.warmup, dtype=args.dtype, device=args.device,
+                      heap=args.heap)
     out = run(cfg)
     print(json.dumps(out["machine"], indent=None))
     print(format_table(out))

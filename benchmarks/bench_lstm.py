@@ -1,23 +1,25 @@
 """Speed of lnbook's recurrent layers against torch's, as ratios measured in one run.
 
 Issue 3, book chapter Supplement (section "Speed"). Forward + backward of ``lnbook.LSTM``
-(with and without layer norm) against :class:`torch.nn.LSTM` at the issue's sizes, and one
-step of ``lnbook.GRU`` against :class:`torch.nn.GRU` (the per-iteration cost the paper
-discusses in section 6.3, claim C14). Prints a table and writes ``benchmarks/results/lstm.json``
-with the machine description.
+(with layer norm, fused and as the step-by-step loop, and without layer norm) against
+:class:`torch.nn.LSTM` at the issue's sizes, and of ``lnbook.GRU`` against
+:class:`torch.nn.GRU` (the per-iteration cost the paper discusses in section 6.3, claim C14).
+Target: the LN-LSTM at most 2x torch.nn.LSTM. Prints a table and writes
+``benchmarks/results/lstm.json`` with the machine description; the heap is kept steady as in
+``bench_layernorm.py`` (``benchmarks/common.py`` says why).
 
-    python benchmarks/bench_lstm.py [--device auto] [--rounds 3] [--threads N] [--quick]
+    python benchmarks/bench_lstm.py [--device auto] [--rounds 5] [--threads N] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
+from common import machine_description, steady_heap, sync
 from torch import nn
 
 import lnbook
@@ -27,46 +29,16 @@ SIZES = [  # (T, B, input, hidden)
     (100, 64, 512, 512),
 ]
 QUICK_SIZES = [(20, 8, 16, 32)]
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, else from :mod:`platform`."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, object]:
-    """What the timings were taken on."""
-    dev = lnbook.resolve_device("auto")
-    info: dict[str, object] = {
-        "cpu": cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
-    if dev.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+TARGET = 2.0  # issue 3: LN-LSTM forward + backward at most 2x torch.nn.LSTM
 
 
 def fwd_bwd(model: nn.Module, x: torch.Tensor, device: torch.device) -> float:
     """Seconds of one forward + backward pass (the sum of the outputs as the loss)."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     out, _ = model(x)
     out.sum().backward()
-    _sync(device)
+    sync(device)
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
 
@@ -82,6 +54,7 @@ def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: 
             "torch.nn.LSTM": nn.LSTM(I, H).to(device),
             "lnbook.LSTM(layer_norm=False)": lnbook.LSTM(I, H, layer_norm=False).to(device),
             "lnbook.LSTM(layer_norm=True)": lnbook.LSTM(I, H, layer_norm=True).to(device),
+            "lnbook.LSTM(layer_norm=True, fused=False)": lnbook.LSTM(I, H, fused=False).to(device),
             "torch.nn.GRU": nn.GRU(I, H).to(device),
             "lnbook.GRU(layer_norm=False)": lnbook.GRU(I, H, layer_norm=False).to(device),
             "lnbook.GRU(layer_norm=True)": lnbook.GRU(I, H, layer_norm=True).to(device),
@@ -96,6 +69,8 @@ def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: 
         rows.append({
             "T": T, "B": B, "input": I, "hidden": H, "seconds": t, "all_seconds": times,
             "ratio_ln_lstm_vs_torch": t["lnbook.LSTM(layer_norm=True)"] / t["torch.nn.LSTM"],
+            "ratio_ln_lstm_loop_vs_torch": t["lnbook.LSTM(layer_norm=True, fused=False)"]
+            / t["torch.nn.LSTM"],
             "ratio_plain_lstm_vs_torch": t["lnbook.LSTM(layer_norm=False)"] / t["torch.nn.LSTM"],
             "ratio_ln_gru_vs_torch": t["lnbook.GRU(layer_norm=True)"] / t["torch.nn.GRU"],
             "ratio_ln_gru_vs_plain_gru": t["lnbook.GRU(layer_norm=True)"]
@@ -110,28 +85,41 @@ def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "lstm.json"))
+    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
+                   help="steady: keep freed memory in the heap (see benchmarks/common.py)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "lstm.json"),
+                   help="JSON file to write ('' to skip writing)")
     args = p.parse_args(argv)
+    heap = "glibc default"
+    if args.heap == "steady":
+        heap = "steady (freed memory kept)" if steady_heap() else "default (no glibc)"
     device = lnbook.resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rows = bench(device, QUICK_SIZES if args.quick else SIZES, args.rounds)
-    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{cpu_model()}")
+    desc = machine_description(device, heap)
+    print(f"device {device}, torch {torch.__version__}, {desc['torch_threads']} threads, "
+          f"{desc['cpu']}, heap {heap}")
     print(f"{'T':>4} {'B':>4} {'in':>4} {'H':>4} | {'torch LSTM ms':>13} {'LN-LSTM ms':>10} "
-          f"{'ratio':>6} {'plain ratio':>11} | {'GRU ratio':>9} {'LN-GRU/GRU loop':>15}")
+          f"{'ratio':>6} {'loop ratio':>10} {'plain ratio':>11} | {'GRU ratio':>9} "
+          f"{'LN-GRU/GRU loop':>15}")
     for r in rows:
         s = r["seconds"]
         print(f"{r['T']:>4} {r['B']:>4} {r['input']:>4} {r['hidden']:>4} | "
               f"{1e3 * s['torch.nn.LSTM']:>13.1f} {1e3 * s['lnbook.LSTM(layer_norm=True)']:>10.1f} "
-              f"{r['ratio_ln_lstm_vs_torch']:>6.2f} {r['ratio_plain_lstm_vs_torch']:>11.2f} | "
+              f"{r['ratio_ln_lstm_vs_torch']:>6.2f} {r['ratio_ln_lstm_loop_vs_torch']:>10.2f} "
+              f"{r['ratio_plain_lstm_vs_torch']:>11.2f} | "
               f"{r['ratio_ln_gru_vs_torch']:>9.2f} {r['ratio_ln_gru_vs_plain_gru']:>15.2f}")
-    result = {"device": str(device), "machine": machine(), "rounds": args.rounds,
+    met = all(r["ratio_ln_lstm_vs_torch"] <= TARGET for r in rows)
+    print(f"meets target (LN-LSTM <= {TARGET}x torch.nn.LSTM): {met}")
+    result = {"device": str(device), "machine": desc, "rounds": args.rounds,
               "measure": "forward+backward seconds, best of the interleaved rounds",
-              "rows": rows}
+              "target": TARGET, "meets_target": met, "rows": rows}
+    if not args.out:
+        return result
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -78,6 +78,30 @@ def _check_layer_norm_args(
             )
 
 
+def _graph_is_kept() -> bool:
+    """True unless autograd says this backward runs with ``retain_graph=False``.
+
+    Asked through a private torch hook; where it is missing or cannot answer, the answer is
+    True, which only costs the in-place backward its speed, never its correctness.
+    """
+    ask = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if ask is None:
+        return True
+    try:
+        return bool(ask())
+    except RuntimeError:
+        return True
+
+
+def _is_batched(t: Tensor) -> bool:
+    """True for a vmap-batched tensor (``is_grads_batched=True``); True if torch cannot say."""
+    ft = getattr(torch._C, "_functorch", None)
+    checks = [getattr(ft, n, None) for n in ("is_batchedtensor", "is_legacy_batchedtensor")]
+    if ft is None or None in checks:
+        return True
+    return any(check(t) for check in checks)
+
+
 class _LayerNormFunction(torch.autograd.Function):
     """Eqs. 3 and 15-16 with the backward pass written out (derived in chapter 3).
 
@@ -88,54 +112,72 @@ class _LayerNormFunction(torch.autograd.Function):
         dL/dz = (u - mean(u) - z_hat * mean(u * z_hat)) / sigma,
         dL/dg = sum over rows of dL/dy * z_hat,  dL/db = sum over rows of dL/dy.
 
-    The first-order backward reuses z_hat and 1/sigma from the forward pass and works in place
-    where it can (each fresh full-size tensor costs CPU page faults); mean(u) and
-    mean(u * z_hat) are matrix-vector products with g. When a graph of the backward itself is
-    asked for (``create_graph=True``, as in gradgradcheck), the backward is recomputed from
-    the saved input with differentiable torch ops instead.
+    Speed on CPU is memory traffic: each full pass over a (rows, D) tensor costs, and a fresh
+    full-size tensor costs most (its pages are faulted in). The forward makes two such tensors,
+    z_hat (kept for the backward) and y, or only one when no gradient is wanted (y is then
+    written over z_hat). The backward makes none when autograd frees the graph after it
+    (``retain_graph=False``, the usual case): it forms dL/dy * z_hat in z_hat's own buffer,
+    takes its sums, then writes dL/dz over it, with (z - mu) / sigma standing in for z_hat.
+    Since z_hat has row mean 0, mean(u) is the row mean of u - z_hat * mean(u * z_hat), so the
+    last step subtracts a row mean. When the graph is kept or the gradients are vmap-batched,
+    z_hat must survive, and one new tensor is made instead. When a graph of the backward
+    itself is asked for (``create_graph=True``, as in gradgradcheck), the backward is
+    recomputed from the saved input with differentiable torch ops.
     """
 
     @staticmethod
     def forward(ctx, x, shape, weight, bias, eps):  # type: ignore[override]
         d = math.prod(shape)
         xf = (x.float() if x.dtype in _LOW_PRECISION else x).reshape(-1, d)  # (R, D)
-        x_hat = xf - xf.mean(dim=1, keepdim=True)  # (R, D) centred first: no E[x^2] - E[x]^2
-        x_hat.sub_(x_hat.mean(dim=1, keepdim=True))  # second pass: the rounding error of mu
+        mu = xf.mean(dim=1, keepdim=True)  # (R, 1)
+        x_hat = xf - mu  # (R, D) centred first: no E[x^2] - E[x]^2
+        mu_err = x_hat.mean(dim=1, keepdim=True)  # (R, 1) rounding error of mu
+        x_hat.sub_(mu_err)  # second pass: z - mu - mu_err, exactly centred
         var = torch.linalg.vector_norm(x_hat, dim=1, keepdim=True).square_().div_(d)  # (R, 1)
         rstd = torch.rsqrt(var + eps)  # (R, 1)
         x_hat.mul_(rstd)
         w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
         b = None if bias is None else bias.reshape(d).to(x_hat.dtype)  # (D,)
+        ctx.shape, ctx.eps = shape, eps
+        if not any(ctx.needs_input_grad):  # no backward will run: y is written over z_hat
+            y = x_hat if w is None else x_hat.mul_(w)
+            y = y if b is None else y.add_(b)
+            return y.reshape(x.shape).to(x.dtype)
         if w is not None:
             y = torch.addcmul(b, x_hat, w) if b is not None else x_hat * w
         else:
             y = x_hat + b if b is not None else x_hat.clone()
-        ctx.shape, ctx.eps = shape, eps
-        ctx.save_for_backward(x, weight, bias, x_hat, rstd)
+        ctx.save_for_backward(x, weight, bias, x_hat, mu, rstd)
         return y.reshape(x.shape).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):  # type: ignore[override]
-        x, weight, bias, x_hat, rstd = ctx.saved_tensors
+        x, weight, bias, x_hat, mu, rstd = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
             return _layer_norm_backward_graph(ctx, grad_y, x, weight, bias)
         d = x_hat.shape[1]
         g = grad_y.to(x_hat.dtype).reshape(-1, d)  # (R, D)
-        gx = g * x_hat  # (R, D), the only new full-size tensor of the backward
-        grad_w = gx.sum(dim=0).reshape(weight.shape).to(weight.dtype) if (
-            weight is not None and ctx.needs_input_grad[2]) else None
+        w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
         grad_b = g.sum(dim=0).reshape(bias.shape).to(bias.dtype) if (
             bias is not None and ctx.needs_input_grad[3]) else None
-        if weight is not None:
-            w = weight.reshape(d).to(x_hat.dtype)  # (D,)
-            u_mean = (g @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u), u = g * w
-            ux_mean = (gx @ w).unsqueeze(1).div_(d)  # (R, 1) mean(u * z_hat)
-            grad_x = gx.copy_(g).mul_(w)  # u = g * w, written over gx (no out=: vmap-safe)
+        in_place = not (_graph_is_kept() or _is_batched(g) or _is_batched(x_hat))
+        gx = x_hat.mul_(g) if in_place else g * x_hat  # (R, D) dL/dy * z_hat
+        grad_w = gx.sum(dim=0).reshape(weight.shape).to(weight.dtype) if (
+            weight is not None and ctx.needs_input_grad[2]) else None
+        if w is not None:
+            gx.mul_(w)  # u * z_hat
+        ux_mean = gx.mean(dim=1, keepdim=True)  # (R, 1) mean(u * z_hat)
+        if in_place:  # z_hat is gone: (z - mu) * rstd stands in for it (mu_err: see below)
+            grad_x = torch.sub(x.reshape(-1, d), mu, out=gx).mul_(-(rstd * ux_mean))  # (R, D)
         else:
-            u_mean = g.mean(dim=1, keepdim=True)
-            ux_mean = gx.mean(dim=1, keepdim=True)
-            grad_x = gx.copy_(g)
-        grad_x.sub_(u_mean).addcmul_(x_hat, ux_mean, value=-1).mul_(rstd)
+            grad_x = gx.copy_(x_hat).mul_(-ux_mean)  # (R, D) -z_hat * mean(u * z_hat)
+        if w is not None:
+            grad_x.addcmul_(g, w)  # + u, u = g * w
+        else:
+            grad_x.add_(g)
+        # - mean(u): z_hat has row mean 0, so mean(u) is the row mean of what the buffer holds
+        # now; subtracting that row mean also removes the mu_err part left by the in-place path
+        grad_x.sub_(grad_x.mean(dim=1, keepdim=True)).mul_(rstd)
         return grad_x.reshape(x.shape).to(x.dtype), None, grad_w, grad_b, None
 
 

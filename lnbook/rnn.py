@@ -21,6 +21,11 @@ run a lean time loop; ``lengths`` masks padded steps.
 :class:`SequenceBatchNorm` and :class:`BatchNormRNN` are the comparison of section 3.1: batch
 normalization with separate statistics per time step (Cooijmans et al., 2016).
 
+:class:`LSTM` with layer normalization runs each layer's time loop, by default, as one autograd
+Function with the backward pass through time written out (``fused=True``; the same numbers as
+the step-by-step loop to rounding, a few tensor operations per step, oneDNN's matmul on CPU where
+torch has it); ``fused=False`` runs the step-by-step loop of the cells.
+
 Inside the time loops the LayerNorm submodules are applied through
 ``torch.nn.functional.layer_norm`` with their own weight, bias and eps (the same numbers as
 :func:`lnbook.norms.layer_norm` up to rounding, without the per-call argument checks).
@@ -36,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.norms import LayerNorm
+from lnbook.norms import LayerNorm, _graph_is_kept
 
 __all__ = [
     "LNRNNCell",
@@ -188,6 +193,119 @@ def _gru_step(
     r, z = rz[:, :H], rz[:, H:]
     n = torch.tanh(gi[:, 2 * H :] + r * hn)  # (B, H)
     return n + z * (h - n)  # (1 - z) n + z h
+
+
+# ----------------------------------------------------------------------------------------------
+# the fused LN-LSTM recurrence: eqs. 20-22 over a whole sequence, backward through time by hand
+
+_aten = torch.ops.aten
+# oneDNN's matmul, which torch.nn.LSTM itself runs on CPU; None where this torch build lacks it
+_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+
+
+def _mm_t(a: Tensor, w: Tensor) -> Tensor:
+    """``a @ w.T``. On CPU in float32 this uses oneDNN's matmul when torch has it and
+    ``torch.backends.mkldnn.enabled`` is on: ``torch.nn.LSTM`` runs oneDNN, and on some CPUs
+    (AMD's, measured in ``benchmarks/bench_lstm.py``) torch.mm's BLAS runs at about half that
+    speed. Anything else, or any error from oneDNN, takes :func:`torch.mm`."""
+    if (_ONEDNN_LINEAR is not None and a.dtype == torch.float32 and a.device.type == "cpu"
+            and torch.backends.mkldnn.enabled):
+        try:
+            return _ONEDNN_LINEAR(a, w, None, "none", [], "")
+        except RuntimeError:
+            pass
+    return torch.mm(a, w.t())
+
+
+class _LNLSTMRecurrence(torch.autograd.Function):
+    """The time loop of one LN-LSTM layer (eqs. 20-22; Supplement chapter), with the
+    backward pass through time written out, so that it runs as a few tensor ops per step.
+
+    Input ``gi`` (T, B, 4H) is LN(W_ih x_t) + bias_ih + bias_hh + the bias of LN(W_hh h),
+    computed for all steps beforehand. Per step, forward:
+        a = W_hh h_{t-1},  z = LN(a; g_hh) + gi_t,  [i, f, o] = sigmoid(z), g = tanh(z),
+        c_t = f c_{t-1} + i g,  h_t = o tanh(LN(c_t; g_c, b_c)).
+    Backward, per step from t = T-1 down to 0, with dh and dc carried from step t+1:
+        do = dh tanh(LN(c_t)),  dc += LNback(dh o (1 - tanh^2)),
+        di = dc g,  df = dc c_{t-1},  dg = dc i,  dc_{t-1} = dc f,
+        dz = [di, df, dg, do] times the activations' derivatives (= d gi_t),
+        da = LNback(dz),  dh_{t-1} = da W_hh (+ the output's gradient at t-1).
+    dW_hh = sum_t da_t^T h_{t-1} is one matrix product after the loop, and the LN gains'
+    gradients are summed step by step from torch's LayerNorm backward kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c):  # type: ignore[override]
+        T, B, G = gi.shape
+        H = G // 4
+        hs = gi.new_empty(T, B, H)  # h_1..h_T, the output
+        steps = []  # per step: W_hh h_{t-1}, activations, c_t, tanh(LN(c_t)), LN statistics
+        h, c = h0, c0
+        for t in range(T):
+            a = _mm_t(h, w_hh)  # (B, 4H)
+            z, mu_a, rs_a = torch.native_layer_norm(a, (G,), g_hh, None, eps_hh)  # (B, 4H)
+            act = torch.sigmoid(z.add_(gi[t]))  # i, f, (g), o
+            i, f, g, o = act.split(H, dim=1)  # views, (B, H) each
+            torch.tanh(z[:, 2 * H : 3 * H], out=g)
+            c = torch.addcmul(f * c, i, g)  # (B, H)
+            cn, mu_c, rs_c = torch.native_layer_norm(c, (H,), g_c, b_c, eps_c)  # (B, H)
+            tc = cn.tanh_()
+            h = torch.mul(o, tc, out=hs[t])  # (B, H)
+            steps.append((a, act, c, tc, mu_a, rs_a, mu_c, rs_c))
+        # the per-step tensors never leave this Function, so they are kept on ctx directly
+        ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, b_c, hs)
+        ctx.steps = steps
+        return hs, hs[T - 1].clone(), c.clone()
+
+    @staticmethod
+    def backward(ctx, d_out, d_hn, d_cn):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: this backward is not differentiable
+            raise RuntimeError(
+                "lnbook.LSTM(fused=True) has a first-order backward only, so it cannot be "
+                "differentiated twice (create_graph=True); build the layer with fused=False")
+        h0, c0, w_hh, g_hh, g_c, b_c, hs = ctx.saved_tensors
+        steps = ctx.steps
+        T, B, H = hs.shape
+        G = 4 * H
+        w_t = w_hh.t().contiguous()  # (H, 4H): da @ W_hh as a product with a transpose
+        d_gi, d_a = hs.new_empty(T, B, G), hs.new_empty(T, B, G)
+        dg_hh, dg_c, db_c = torch.zeros_like(g_hh), torch.zeros_like(g_c), torch.zeros_like(b_c)
+        dh, dc = d_hn + d_out[T - 1], d_cn.clone()  # (B, H)
+        dact = hs.new_empty(B, G)  # gradient w.r.t. the activations i, f, g, o
+        d_i, d_f, d_g, d_o = dact.split(H, dim=1)
+        dz_g = d_gi[:, :, 2 * H : 3 * H]  # (T, B, H) the g part of d gi
+        for t in range(T - 1, -1, -1):
+            a, act, c, tc, mu_a, rs_a, mu_c, rs_c = steps[t]
+            c_prev = steps[t - 1][2] if t > 0 else c0
+            i, f, g, o = act.split(H, dim=1)
+            torch.mul(dh, tc, out=d_o)
+            dcn = _aten.tanh_backward(dh * o, tc)  # (B, H)
+            dc_ln, dg, db = _aten.native_layer_norm_backward(
+                dcn, c, (H,), mu_c, rs_c, g_c, b_c, [True, True, True])
+            dg_c += dg
+            db_c += db
+            dc.add_(dc_ln)
+            torch.mul(dc, g, out=d_i)
+            torch.mul(dc, c_prev, out=d_f)
+            torch.mul(dc, i, out=d_g)
+            dc.mul_(f)  # dc_{t-1} = dc f
+            dz = d_gi[t]
+            _aten.sigmoid_backward.grad_input(dact, act, grad_input=dz)
+            _aten.tanh_backward.grad_input(d_g, g, grad_input=dz_g[t])
+            da, dg, _ = _aten.native_layer_norm_backward(
+                dz, a, (G,), mu_a, rs_a, g_hh, None, [True, True, False])
+            dg_hh += dg
+            d_a[t].copy_(da)
+            dh = _mm_t(da, w_t)  # (B, H) dh_{t-1}
+            if t > 0:
+                dh.add_(d_out[t - 1])
+        if not _graph_is_kept():  # what autograd does with saved tensors, for ctx.steps
+            ctx.steps = None
+        # dW_hh = sum_t da_t^T h_{t-1}, as (sum_t h_{t-1}^T da_t)^T: one product for t >= 1
+        d_w = _mm_t(h0.t(), d_a[0].t())  # (H, 4H)
+        if T > 1:
+            d_w += _mm_t(hs[: T - 1].reshape(-1, H).t(), d_a[1:].reshape(-1, G).t())
+        return d_gi, dh, dc, d_w.t(), dg_hh, dg_c, db_c, None, None
 
 
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -656,11 +774,19 @@ class LSTM(_SeqBase):
     (over 4H) and ``ln_c_l{k}`` (over H). With ``layer_norm=False`` it is
     :class:`torch.nn.LSTM` (same parameter names, same outputs).
 
+    With ``fused=True`` (the default) and layer normalization on, each layer's time loop runs
+    as one autograd Function whose backward through time is written out (the same numbers as
+    the step-by-step loop, to rounding; it is what makes the layer fast, see the Performance
+    page). The step-by-step loop of autograd ops runs instead with ``fused=False``, with
+    ``lengths``, for dtypes other than float32/float64, and it is the only one that can be
+    differentiated twice.
+
     Args:
         input_size, hidden_size, num_layers, batch_first, eps: as :class:`RNN`.
         layer_norm: eqs. 20-22 instead of 17-19. Default: True.
         forget_bias: added to every layer's ``bias_ih_l{k}[H:2H]`` after initialization.
             Default: 0.0.
+        fused: run the fused time loop where it applies. Default: True.
 
     Shape:
         - x: as :class:`RNN`; state: ``(h_0, c_0)``, each ``(num_layers, B, H)``.
@@ -684,9 +810,17 @@ class LSTM(_SeqBase):
         batch_first: bool = False,
         forget_bias: float = 0.0,
         eps: float = 1e-5,
+        fused: bool = True,
     ) -> None:
-        self.forget_bias = float(forget_bias)
+        self.forget_bias, self.fused = float(forget_bias), bool(fused)
         super().__init__(input_size, hidden_size, num_layers, layer_norm, batch_first, eps)
+
+    def _use_fused(
+        self, ln_hh: LayerNorm | None, ln_c: LayerNorm | None, mask: Tensor | None, x: Tensor
+    ) -> bool:
+        return (self.fused and mask is None and x.dtype in (torch.float32, torch.float64)
+                and ln_hh is not None and ln_c is not None and ln_hh.bias is not None
+                and ln_c.bias is not None)
 
     def reset_parameters(self) -> None:
         """Weights and biases as torch, plus ``forget_bias``; LN gains 1, biases 0."""
@@ -717,6 +851,14 @@ class LSTM(_SeqBase):
         for k in range(self.num_layers):
             w_ih, w_hh, b_ih, b_hh = self._layer(k)
             ln_ih, ln_hh, ln_c = (self._norm(n, k) for n in ("ln_ih", "ln_hh", "ln_c"))
+            if self._use_fused(ln_hh, ln_c, mask, inp):
+                gi = _ln(F.linear(inp, w_ih), ln_ih) + (b_ih + b_hh + ln_hh.bias)  # (T, B, 4H)
+                inp, h, c = _LNLSTMRecurrence.apply(
+                    gi, h0[k], c0[k], w_hh, ln_hh.weight, ln_c.weight, ln_c.bias, ln_hh.eps,
+                    ln_c.eps)  # (T, B, H), (B, H), (B, H)
+                h_n.append(h)
+                c_n.append(c)
+                continue
             gi = _ln(F.linear(inp, w_ih), ln_ih) + (b_ih + b_hh)  # (T, B, 4H), one call
             gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
             h, c, outs = h0[k], c0[k], []

@@ -538,3 +538,99 @@ def test_recurrent_dynamics_shapes_and_ln_keeps_summed_inputs_bounded():
     assert d.grad_norm[0] < 1e-3 * d.grad_norm[-1]  # tiny recurrent weights: vanishing
     with pytest.raises(TypeError):
         recurrent_dynamics(nn.RNNCell(I, 32), x)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------
+# the fused LN-LSTM time loop (lnbook.rnn._LNLSTMRecurrence) against the step-by-step loop
+
+
+def _lstm_grads(lstm, x, state, weights):
+    """Outputs and the gradients of a loss that uses every output, for x, state and params."""
+    x, h0, c0 = (t.detach().clone().requires_grad_() for t in (x, *state))
+    out, (h, c) = lstm(x, (h0, c0))
+    loss = (out * weights).sum() + (h**2).sum() + (c**3).sum()
+    grads = torch.autograd.grad(loss, [x, h0, c0, *lstm.parameters()])
+    return (out, h, c, *grads)
+
+
+def test_fused_lstm_equals_step_by_step_loop_forward_and_backward():
+    torch.manual_seed(3)
+    lstm = LSTM(I, H, num_layers=2).to(F64)
+    randomize_ln(lstm)
+    x = torch.randn(9, 4, I, dtype=F64)
+    state = (torch.randn(2, 4, H, dtype=F64), torch.randn(2, 4, H, dtype=F64))
+    weights = torch.randn(H, dtype=F64)
+    assert lstm.fused
+    fused = _lstm_grads(lstm, x, state, weights)
+    lstm.fused = False
+    loop = _lstm_grads(lstm, x, state, weights)
+    for a, b in zip(fused, loop, strict=True):
+        assert (a - b).abs().max() <= 1e-12
+
+
+def test_fused_lstm_gradcheck_and_kept_graph():
+    torch.manual_seed(4)
+    lstm = LSTM(3, 4).to(F64)
+    randomize_ln(lstm)
+    x = torch.randn(5, 2, 3, dtype=F64, requires_grad=True)
+    h0 = torch.randn(1, 2, 4, dtype=F64, requires_grad=True)
+    c0 = torch.randn(1, 2, 4, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, h, c: lstm(x, (h, c))[0], (x, h0, c0))
+    out, _ = lstm(x, (h0, c0))
+    g1 = torch.autograd.grad(out.sum(), x, retain_graph=True)[0]
+    g2 = torch.autograd.grad(out.sum(), x)[0]  # the per-step tensors survived the first pass
+    assert torch.equal(g1, g2)
+    out, _ = lstm(x, (h0, c0))  # a second derivative would be silently wrong: it must raise
+    with pytest.raises(RuntimeError, match="fused=False"):
+        torch.autograd.grad((out**2).sum(), x, create_graph=True)
+    lstm.fused = False  # the loop of autograd ops can be differentiated twice
+    assert torch.autograd.gradgradcheck(lambda x: lstm(x, (h0, c0))[0], (x,))
+
+
+def test_fused_lstm_float32_is_as_accurate_as_the_loop():
+    torch.manual_seed(5)
+    lstm = LSTM(I, H, num_layers=2).to(F64)
+    randomize_ln(lstm)
+    x = torch.randn(12, 3, I, dtype=F64)
+    state = (torch.zeros(2, 3, H, dtype=F64), torch.zeros(2, 3, H, dtype=F64))
+    weights = torch.randn(H, dtype=F64)
+    ref = _lstm_grads(lstm, x, state, weights)
+    lstm32 = lstm.float()
+    args = (x.float(), tuple(s.float() for s in state), weights.float())
+    errs = {}
+    for fused in (True, False):
+        lstm32.fused = fused
+        got = _lstm_grads(lstm32, *args)
+        errs[fused] = max(((g.double() - r).abs().max() / r.abs().max()).item()
+                          for g, r in zip(got, ref, strict=True))
+    assert errs[True] < 1e-5 and errs[True] <= 3 * errs[False], errs
+
+
+def test_fused_lstm_falls_back_to_the_loop_where_it_does_not_apply(monkeypatch):
+    calls = []
+    real = lnbook.rnn._LNLSTMRecurrence.apply
+    monkeypatch.setattr(lnbook.rnn._LNLSTMRecurrence, "apply",
+                        lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(4, 2, I)
+    LSTM(I, H)(x)
+    assert len(calls) == 1
+    LSTM(I, H)(x, lengths=[4, 3])  # padding: the loop masks each step
+    LSTM(I, H, fused=False)(x)
+    LSTM(I, H, layer_norm=False)(x)
+    LSTM(I, H).to(torch.bfloat16)(x.to(torch.bfloat16))
+    assert len(calls) == 1
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")
+def test_matmul_helper_onednn_and_torch_mm_agree():
+    torch.manual_seed(6)
+    a, w = torch.randn(32, 48), torch.randn(80, 48)
+    ref = torch.mm(a.double(), w.double().t())
+    fast = lnbook.rnn._mm_t(a, w)  # oneDNN where torch has it
+    assert (fast.double() - ref).abs().max() < 1e-4
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert torch.equal(lnbook.rnn._mm_t(a, w), torch.mm(a, w.t()))
+    at, wt = a.t().contiguous().t(), w.t().contiguous().t()  # transposed views
+    assert (lnbook.rnn._mm_t(at, wt).double() - ref).abs().max() < 1e-4
+    a64 = a.double()
+    assert torch.equal(lnbook.rnn._mm_t(a64, w.double()), torch.mm(a64, w.double().t()))

@@ -1,0 +1,66 @@
+"""The benchmark scripts run, write what the Performance page reads, and measure what they say."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_layernorm  # noqa: E402
+import bench_lstm  # noqa: E402
+import common  # noqa: E402
+
+
+def test_layernorm_benchmark_writes_consistent_results(tmp_path):
+    out = bench_layernorm.main(["--device", "cpu", "--shapes", "16x32,8x64", "--repeats", "2",
+                                "--inner", "1", "--warmup", "0", "--heap", "glibc",
+                                "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "layernorm.json").read_text())
+    assert stored["results"] == out["results"] and stored["machine"]["heap"] == "glibc default"
+    for r in stored["results"]:
+        assert set(r["seconds"]) == {"torch", "autograd", "lnbook_torch"}
+        assert all(t > 0 for t in r["seconds"].values())
+        assert set(r["ratio_to_torch"]) == {"autograd", "torch"}
+    for impl, target in stored["targets"].items():
+        met = all(r["ratio_to_torch"][impl] <= target for r in stored["results"])
+        assert stored["meets_targets"][impl] == met
+
+
+def test_layernorm_benchmark_rejects_bad_settings():
+    with pytest.raises(ValueError, match="repeats"):
+        bench_layernorm.run(bench_layernorm.BenchConfig(repeats=0))
+    with pytest.raises(ValueError, match="heap"):
+        bench_layernorm.run(bench_layernorm.BenchConfig(heap="jemalloc"))
+    with pytest.raises(SystemExit):
+        bench_layernorm.main(["--shapes", "16by32"])
+
+
+def test_lstm_benchmark_quick_run(tmp_path):
+    path = tmp_path / "lstm.json"
+    out = bench_lstm.main(["--device", "cpu", "--quick", "--rounds", "1", "--heap", "glibc",
+                           "--out", str(path)])
+    stored = json.loads(path.read_text())
+    assert stored["rows"] == out["rows"] and stored["target"] == bench_lstm.TARGET
+    for r in stored["rows"]:
+        s = r["seconds"]
+        assert r["ratio_ln_lstm_vs_torch"] == s["lnbook.LSTM(layer_norm=True)"] / s["torch.nn.LSTM"]
+        assert r["ratio_ln_lstm_loop_vs_torch"] == (
+            s["lnbook.LSTM(layer_norm=True, fused=False)"] / s["torch.nn.LSTM"])
+    assert stored["meets_target"] == all(r["ratio_ln_lstm_vs_torch"] <= 2.0 for r in stored["rows"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and ru_minflt")
+def test_heap_and_fault_counter_on_linux():
+    import torch
+
+    f0 = common.minor_faults()
+    x = torch.ones(4_000_000)  # 16 MB of fresh pages
+    assert common.minor_faults() - f0 >= 1000 and x[-1] == 1
+    code = "import common; print(common.steady_heap())"  # own process: mallopt is global
+    run = subprocess.run([sys.executable, "-c", code], cwd=BENCH, capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.strip() == "True"  # glibc took both settings
