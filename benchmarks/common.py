@@ -46,6 +46,9 @@ def machine_description(device: torch.device, heap: str) -> dict[str, object]:
         "platform": platform.platform(),
         "device": str(device),
         "heap": heap,
+        # OpenMP workers that sleep between parallel regions (the default) wake up late after
+        # the gaps of a Python time loop; OMP_WAIT_POLICY=ACTIVE keeps them spinning
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
     }
     if device.type == "cuda":
         desc["gpu"] = torch.cuda.get_device_name(device)

@@ -199,19 +199,38 @@ def _gru_step(
 # the fused LN-LSTM recurrence: eqs. 20-22 over a whole sequence, backward through time by hand
 
 _aten = torch.ops.aten
-# oneDNN's matmul, which torch.nn.LSTM itself runs on CPU; None where this torch build lacks it
-_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+# oneDNN's matmul, which torch.nn.LSTM itself runs on CPU, and its weight packing; None where
+# this torch build lacks them
+_ONEDNN = getattr(torch.ops, "mkldnn", None)
+_ONEDNN_LINEAR = getattr(_ONEDNN, "_linear_pointwise", None)
+_ONEDNN_PACK = getattr(_ONEDNN, "_reorder_linear_weight", None)
 
 
-def _mm_t(a: Tensor, w: Tensor) -> Tensor:
+def _onednn_applies(t: Tensor) -> bool:
+    return (_ONEDNN_LINEAR is not None and t.dtype == torch.float32 and t.device.type == "cpu"
+            and torch.backends.mkldnn.enabled)
+
+
+def _pack_t(w: Tensor, rows: int) -> Tensor | None:
+    """``w`` in oneDNN's blocked layout for products ``a @ w.T`` with ``rows`` rows, made once
+    for a weight used at every time step; None where oneDNN does not apply."""
+    if _ONEDNN_PACK is None or not _onednn_applies(w):
+        return None
+    try:
+        return _ONEDNN_PACK(w.contiguous(), rows)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _mm_t(a: Tensor, w: Tensor, packed: Tensor | None = None) -> Tensor:
     """``a @ w.T``. On CPU in float32 this uses oneDNN's matmul when torch has it and
-    ``torch.backends.mkldnn.enabled`` is on: ``torch.nn.LSTM`` runs oneDNN, and on some CPUs
-    (AMD's, measured in ``benchmarks/bench_lstm.py``) torch.mm's BLAS runs at about half that
-    speed. Anything else, or any error from oneDNN, takes :func:`torch.mm`."""
-    if (_ONEDNN_LINEAR is not None and a.dtype == torch.float32 and a.device.type == "cpu"
-            and torch.backends.mkldnn.enabled):
+    ``torch.backends.mkldnn.enabled`` is on (with ``packed``, from :func:`_pack_t`, if given):
+    ``torch.nn.LSTM`` runs oneDNN, and on some CPUs (AMD's, measured in
+    ``benchmarks/bench_lstm.py``) torch.mm's BLAS runs at about half that speed. Anything
+    else, or any error from oneDNN, takes :func:`torch.mm`."""
+    if _onednn_applies(a):
         try:
-            return _ONEDNN_LINEAR(a, w, None, "none", [], "")
+            return _ONEDNN_LINEAR(a, w if packed is None else packed, None, "none", [], "")
         except RuntimeError:
             pass
     return torch.mm(a, w.t())
@@ -241,16 +260,18 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         hs = gi.new_empty(T, B, H)  # h_1..h_T, the output
         steps = []  # per step: W_hh h_{t-1}, activations, c_t, tanh(LN(c_t)), LN statistics
         h, c = h0, c0
+        w_packed = _pack_t(w_hh, B)
+        gis, hs_t = gi.unbind(0), hs.unbind(0)  # T views each, made once
         for t in range(T):
-            a = _mm_t(h, w_hh)  # (B, 4H)
+            a = _mm_t(h, w_hh, w_packed)  # (B, 4H)
             z, mu_a, rs_a = torch.native_layer_norm(a, (G,), g_hh, None, eps_hh)  # (B, 4H)
-            act = torch.sigmoid(z.add_(gi[t]))  # i, f, (g), o
+            act = torch.sigmoid(z.add_(gis[t]))  # i, f, (g), o
             i, f, g, o = act.split(H, dim=1)  # views, (B, H) each
             torch.tanh(z[:, 2 * H : 3 * H], out=g)
             c = torch.addcmul(f * c, i, g)  # (B, H)
             cn, mu_c, rs_c = torch.native_layer_norm(c, (H,), g_c, b_c, eps_c)  # (B, H)
             tc = cn.tanh_()
-            h = torch.mul(o, tc, out=hs[t])  # (B, H)
+            h = torch.mul(o, tc, out=hs_t[t])  # (B, H)
             steps.append((a, act, c, tc, mu_a, rs_a, mu_c, rs_c))
         # the per-step tensors never leave this Function, so they are kept on ctx directly
         ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, b_c, hs)
@@ -268,12 +289,14 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         T, B, H = hs.shape
         G = 4 * H
         w_t = w_hh.t().contiguous()  # (H, 4H): da @ W_hh as a product with a transpose
-        d_gi, d_a = hs.new_empty(T, B, G), hs.new_empty(T, B, G)
+        w_t_packed = _pack_t(w_t, B)
+        d_gi, d_a = hs.new_empty(T, B, G), []  # d gi, and da_t for dW_hh after the loop
         dg_hh, dg_c, db_c = torch.zeros_like(g_hh), torch.zeros_like(g_c), torch.zeros_like(b_c)
         dh, dc = d_hn + d_out[T - 1], d_cn.clone()  # (B, H)
         dact = hs.new_empty(B, G)  # gradient w.r.t. the activations i, f, g, o
         d_i, d_f, d_g, d_o = dact.split(H, dim=1)
-        dz_g = d_gi[:, :, 2 * H : 3 * H]  # (T, B, H) the g part of d gi
+        d_outs, dzs = d_out.unbind(0), d_gi.unbind(0)  # T views each, made once
+        dz_gs = d_gi[:, :, 2 * H : 3 * H].unbind(0)  # the g part of d gi
         for t in range(T - 1, -1, -1):
             a, act, c, tc, mu_a, rs_a, mu_c, rs_c = steps[t]
             c_prev = steps[t - 1][2] if t > 0 else c0
@@ -289,19 +312,20 @@ class _LNLSTMRecurrence(torch.autograd.Function):
             torch.mul(dc, c_prev, out=d_f)
             torch.mul(dc, i, out=d_g)
             dc.mul_(f)  # dc_{t-1} = dc f
-            dz = d_gi[t]
+            dz = dzs[t]
             _aten.sigmoid_backward.grad_input(dact, act, grad_input=dz)
-            _aten.tanh_backward.grad_input(d_g, g, grad_input=dz_g[t])
+            _aten.tanh_backward.grad_input(d_g, g, grad_input=dz_gs[t])
             da, dg, _ = _aten.native_layer_norm_backward(
                 dz, a, (G,), mu_a, rs_a, g_hh, None, [True, True, False])
             dg_hh += dg
-            d_a[t].copy_(da)
-            dh = _mm_t(da, w_t)  # (B, H) dh_{t-1}
+            d_a.append(da)
+            dh = _mm_t(da, w_t, w_t_packed)  # (B, H) dh_{t-1}
             if t > 0:
-                dh.add_(d_out[t - 1])
+                dh.add_(d_outs[t - 1])
         if not _graph_is_kept():  # what autograd does with saved tensors, for ctx.steps
             ctx.steps = None
         # dW_hh = sum_t da_t^T h_{t-1}, as (sum_t h_{t-1}^T da_t)^T: one product for t >= 1
+        d_a = torch.stack(d_a[::-1])  # (T, B, 4H)
         d_w = _mm_t(h0.t(), d_a[0].t())  # (H, 4H)
         if T > 1:
             d_w += _mm_t(hs[: T - 1].reshape(-1, H).t(), d_a[1:].reshape(-1, G).t())

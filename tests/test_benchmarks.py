@@ -41,15 +41,17 @@ def test_layernorm_benchmark_rejects_bad_settings():
 
 def test_lstm_benchmark_quick_run(tmp_path):
     path = tmp_path / "lstm.json"
-    out = bench_lstm.main(["--device", "cpu", "--quick", "--rounds", "1", "--heap", "glibc",
+    out = bench_lstm.main(["--device", "cpu", "--quick", "--rounds", "3", "--heap", "glibc",
                            "--out", str(path)])
     stored = json.loads(path.read_text())
     assert stored["rows"] == out["rows"] and stored["target"] == bench_lstm.TARGET
     for r in stored["rows"]:
-        s = r["seconds"]
-        assert r["ratio_ln_lstm_vs_torch"] == s["lnbook.LSTM(layer_norm=True)"] / s["torch.nn.LSTM"]
-        assert r["ratio_ln_lstm_loop_vs_torch"] == (
-            s["lnbook.LSTM(layer_norm=True, fused=False)"] / s["torch.nn.LSTM"])
+        t = r["all_seconds"]
+        assert len(t["torch.nn.LSTM"]) == 3
+        pairs = zip(t["lnbook.LSTM(layer_norm=True)"], t["torch.nn.LSTM"], strict=True)
+        ours = [a / b for a, b in pairs]
+        assert r["ratio_ln_lstm_vs_torch"] == sorted(ours)[1]  # the median of 3 rounds
+        assert r["seconds"]["torch.nn.LSTM"] == sorted(t["torch.nn.LSTM"])[1]
     assert stored["meets_target"] == all(r["ratio_ln_lstm_vs_torch"] <= 2.0 for r in stored["rows"])
 
 

@@ -553,13 +553,19 @@ def _lstm_grads(lstm, x, state, weights):
     return (out, h, c, *grads)
 
 
-def test_fused_lstm_equals_step_by_step_loop_forward_and_backward():
-    torch.manual_seed(3)
+def _random_lstm(seed, T, B, zero_state=False):
+    """A 2-layer float64 LN-LSTM with random LN parameters, an input, a state, loss weights."""
+    torch.manual_seed(seed)
     lstm = LSTM(I, H, num_layers=2).to(F64)
     randomize_ln(lstm)
-    x = torch.randn(9, 4, I, dtype=F64)
-    state = (torch.randn(2, 4, H, dtype=F64), torch.randn(2, 4, H, dtype=F64))
-    weights = torch.randn(H, dtype=F64)
+    x = torch.randn(T, B, I, dtype=F64)
+    make = torch.zeros if zero_state else torch.randn
+    state = (make(2, B, H, dtype=F64), make(2, B, H, dtype=F64))
+    return lstm, x, state, torch.randn(H, dtype=F64)
+
+
+def test_fused_lstm_equals_step_by_step_loop_forward_and_backward():
+    lstm, x, state, weights = _random_lstm(3, T=9, B=4)
     assert lstm.fused
     fused = _lstm_grads(lstm, x, state, weights)
     lstm.fused = False
@@ -588,12 +594,7 @@ def test_fused_lstm_gradcheck_and_kept_graph():
 
 
 def test_fused_lstm_float32_is_as_accurate_as_the_loop():
-    torch.manual_seed(5)
-    lstm = LSTM(I, H, num_layers=2).to(F64)
-    randomize_ln(lstm)
-    x = torch.randn(12, 3, I, dtype=F64)
-    state = (torch.zeros(2, 3, H, dtype=F64), torch.zeros(2, 3, H, dtype=F64))
-    weights = torch.randn(H, dtype=F64)
+    lstm, x, state, weights = _random_lstm(5, T=12, B=3, zero_state=True)
     ref = _lstm_grads(lstm, x, state, weights)
     lstm32 = lstm.float()
     args = (x.float(), tuple(s.float() for s in state), weights.float())
@@ -628,6 +629,9 @@ def test_matmul_helper_onednn_and_torch_mm_agree():
     ref = torch.mm(a.double(), w.double().t())
     fast = lnbook.rnn._mm_t(a, w)  # oneDNN where torch has it
     assert (fast.double() - ref).abs().max() < 1e-4
+    packed = lnbook.rnn._pack_t(w, 32)  # oneDNN's blocked layout, or None without oneDNN
+    assert (lnbook.rnn._mm_t(a, w, packed).double() - ref).abs().max() < 1e-4
+    assert lnbook.rnn._pack_t(w.double(), 32) is None  # float64 never takes oneDNN
     with torch.backends.mkldnn.flags(enabled=False):
         assert torch.equal(lnbook.rnn._mm_t(a, w), torch.mm(a, w.t()))
     at, wt = a.t().contiguous().t(), w.t().contiguous().t()  # transposed views
