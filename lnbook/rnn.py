@@ -236,6 +236,30 @@ def _mm_t(a: Tensor, w: Tensor, packed: Tensor | None = None) -> Tensor:
     return torch.mm(a, w.t())
 
 
+class _Linear(torch.autograd.Function):
+    """``x @ w.T`` over any leading shape with both backward products through :func:`_mm_t`
+    too: the input projection W_ih x of the fused LSTM, all time steps at once."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        return _mm_t(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_y):  # type: ignore[override]
+        if torch.is_grad_enabled():
+            raise RuntimeError("lnbook.LSTM(fused=True) cannot be differentiated twice; "
+                               "build the layer with fused=False")
+        x, w = ctx.saved_tensors
+        g = grad_y.reshape(-1, w.shape[0])  # (N, out)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _mm_t(g, w.t().contiguous()).reshape(x.shape)  # (N, in)
+        if ctx.needs_input_grad[1]:
+            grad_w = _mm_t(x.reshape(-1, w.shape[1]).t(), g.t()).t()  # (out, in) = g^T x
+        return grad_x, grad_w
+
+
 class _LNLSTMRecurrence(torch.autograd.Function):
     """The time loop of one LN-LSTM layer (eqs. 20-22; Supplement chapter), with the
     backward pass through time written out, so that it runs as a few tensor ops per step.
@@ -249,9 +273,11 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         di = dc g,  df = dc c_{t-1},  dg = dc i,  dc_{t-1} = dc f,
         dz = [di, df, dg, do] times the activations' derivatives (= d gi_t),
         da = LNback(dz),  dh_{t-1} = da W_hh (+ the output's gradient at t-1).
-    dW_hh = sum_t da_t^T h_{t-1} is one matrix product after the loop, and the LN gains'
-    gradients are summed step by step from torch's LayerNorm backward kernel.
+    dW_hh = sum_t da_t^T h_{t-1} is one matrix product after the loop; the LN gains' and bias's
+    gradients come per step from torch's LayerNorm backward kernel and are summed after it.
     """
+
+    PACK_FROM_T = 8  # packing W_hh costs about as much as a few products: worth it from here
 
     @staticmethod
     def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c):  # type: ignore[override]
@@ -260,7 +286,7 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         hs = gi.new_empty(T, B, H)  # h_1..h_T, the output
         steps = []  # per step: W_hh h_{t-1}, activations, c_t, tanh(LN(c_t)), LN statistics
         h, c = h0, c0
-        w_packed = _pack_t(w_hh, B)
+        w_packed = _pack_t(w_hh, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
         gis, hs_t = gi.unbind(0), hs.unbind(0)  # T views each, made once
         for t in range(T):
             a = _mm_t(h, w_hh, w_packed)  # (B, 4H)
@@ -289,9 +315,9 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         T, B, H = hs.shape
         G = 4 * H
         w_t = w_hh.t().contiguous()  # (H, 4H): da @ W_hh as a product with a transpose
-        w_t_packed = _pack_t(w_t, B)
+        w_t_packed = _pack_t(w_t, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
         d_gi, d_a = hs.new_empty(T, B, G), []  # d gi, and da_t for dW_hh after the loop
-        dg_hh, dg_c, db_c = torch.zeros_like(g_hh), torch.zeros_like(g_c), torch.zeros_like(b_c)
+        dg_hh, dg_c, db_c = [], [], []  # the LN gains' and bias's gradients, per step
         dh, dc = d_hn + d_out[T - 1], d_cn.clone()  # (B, H)
         dact = hs.new_empty(B, G)  # gradient w.r.t. the activations i, f, g, o
         d_i, d_f, d_g, d_o = dact.split(H, dim=1)
@@ -305,8 +331,8 @@ class _LNLSTMRecurrence(torch.autograd.Function):
             dcn = _aten.tanh_backward(dh * o, tc)  # (B, H)
             dc_ln, dg, db = _aten.native_layer_norm_backward(
                 dcn, c, (H,), mu_c, rs_c, g_c, b_c, [True, True, True])
-            dg_c += dg
-            db_c += db
+            dg_c.append(dg)
+            db_c.append(db)
             dc.add_(dc_ln)
             torch.mul(dc, g, out=d_i)
             torch.mul(dc, c_prev, out=d_f)
@@ -317,7 +343,7 @@ class _LNLSTMRecurrence(torch.autograd.Function):
             _aten.tanh_backward.grad_input(d_g, g, grad_input=dz_gs[t])
             da, dg, _ = _aten.native_layer_norm_backward(
                 dz, a, (G,), mu_a, rs_a, g_hh, None, [True, True, False])
-            dg_hh += dg
+            dg_hh.append(dg)
             d_a.append(da)
             dh = _mm_t(da, w_t, w_t_packed)  # (B, H) dh_{t-1}
             if t > 0:
@@ -329,6 +355,7 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         d_w = _mm_t(h0.t(), d_a[0].t())  # (H, 4H)
         if T > 1:
             d_w += _mm_t(hs[: T - 1].reshape(-1, H).t(), d_a[1:].reshape(-1, G).t())
+        dg_hh, dg_c, db_c = (torch.stack(g).sum(0) for g in (dg_hh, dg_c, db_c))
         return d_gi, dh, dc, d_w.t(), dg_hh, dg_c, db_c, None, None
 
 
@@ -876,7 +903,7 @@ class LSTM(_SeqBase):
             w_ih, w_hh, b_ih, b_hh = self._layer(k)
             ln_ih, ln_hh, ln_c = (self._norm(n, k) for n in ("ln_ih", "ln_hh", "ln_c"))
             if self._use_fused(ln_hh, ln_c, mask, inp):
-                gi = _ln(F.linear(inp, w_ih), ln_ih) + (b_ih + b_hh + ln_hh.bias)  # (T, B, 4H)
+                gi = _ln(_Linear.apply(inp, w_ih), ln_ih) + (b_ih + b_hh + ln_hh.bias)  # (T,B,4H)
                 inp, h, c = _LNLSTMRecurrence.apply(
                     gi, h0[k], c0[k], w_hh, ln_hh.weight, ln_c.weight, ln_c.bias, ln_hh.eps,
                     ln_c.eps)  # (T, B, H), (B, H), (B, H)

@@ -638,3 +638,16 @@ def test_matmul_helper_onednn_and_torch_mm_agree():
     assert (lnbook.rnn._mm_t(at, wt).double() - ref).abs().max() < 1e-4
     a64 = a.double()
     assert torch.equal(lnbook.rnn._mm_t(a64, w.double()), torch.mm(a64, w.double().t()))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (F64, 1e-12)])
+def test_fused_input_projection_equals_f_linear(dtype, tol):
+    torch.manual_seed(7)
+    x = torch.randn(6, 3, 5, dtype=dtype, requires_grad=True)
+    w = torch.randn(8, 5, dtype=dtype, requires_grad=True)
+    gy = torch.randn(6, 3, 8, dtype=dtype)
+    y = lnbook.rnn._Linear.apply(x, w)
+    y_ref = torch.nn.functional.linear(x, w)
+    ours, ref = (torch.autograd.grad(t, (x, w), gy) for t in (y, y_ref))
+    for a, b in zip((y, *ours), (y_ref, *ref), strict=True):
+        assert a.shape == b.shape and (a - b).abs().max() <= tol
