@@ -1,7 +1,8 @@
 """Speed of lnbook's recurrent layers against torch's, as ratios measured in one run.
 
 Issue 3, book chapter Supplement (section "Speed"). Forward + backward of ``lnbook.LSTM``
-(with layer norm, fused and as the step-by-step loop, and without layer norm) against
+(with layer norm: fused with the C step kernel, fused with torch operations for each step, and
+as the step-by-step loop; and without layer norm) against
 :class:`torch.nn.LSTM` at the issue's sizes, and of ``lnbook.GRU`` against
 :class:`torch.nn.GRU` (the per-iteration cost the paper discusses in section 6.3, claim C14).
 Target: the LN-LSTM at most 2x torch.nn.LSTM. Prints a table and writes
@@ -67,6 +68,8 @@ def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: 
             "torch.nn.LSTM": nn.LSTM(I, H).to(device),
             "lnbook.LSTM(layer_norm=False)": lnbook.LSTM(I, H, layer_norm=False).to(device),
             "lnbook.LSTM(layer_norm=True)": lnbook.LSTM(I, H, layer_norm=True).to(device),
+            "lnbook.LSTM(layer_norm=True, native=False)":
+                lnbook.LSTM(I, H, native=False).to(device),
             "lnbook.LSTM(layer_norm=True, fused=False)": lnbook.LSTM(I, H, fused=False).to(device),
             "torch.nn.GRU": nn.GRU(I, H).to(device),
             "lnbook.GRU(layer_norm=False)": lnbook.GRU(I, H, layer_norm=False).to(device),
@@ -84,6 +87,8 @@ def bench(device: torch.device, sizes: list[tuple[int, int, int, int]], rounds: 
             "T": T, "B": B, "input": I, "hidden": H, "seconds": t, "all_seconds": times,
             "ratio_ln_lstm_vs_torch": per_round_ratio(
                 times, "lnbook.LSTM(layer_norm=True)", "torch.nn.LSTM"),
+            "ratio_ln_lstm_torch_ops_vs_torch": per_round_ratio(
+                times, "lnbook.LSTM(layer_norm=True, native=False)", "torch.nn.LSTM"),
             "ratio_ln_lstm_loop_vs_torch": per_round_ratio(
                 times, "lnbook.LSTM(layer_norm=True, fused=False)", "torch.nn.LSTM"),
             "ratio_plain_lstm_vs_torch": per_round_ratio(
@@ -118,21 +123,23 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     rows = bench(device, QUICK_SIZES if args.quick else SIZES, args.rounds)
     desc = machine_description(device, heap)
+    native = lnbook.rnn.native_status()
     print(f"device {device}, torch {torch.__version__}, {desc['torch_threads']} threads, "
-          f"{desc['cpu']}, heap {heap}")
+          f"{desc['cpu']}, heap {heap}\n{native}")
     print(f"{'T':>4} {'B':>4} {'in':>4} {'H':>4} | {'torch LSTM ms':>13} {'LN-LSTM ms':>10} "
-          f"{'ratio':>6} {'loop ratio':>10} {'plain ratio':>11} | {'GRU ratio':>9} "
-          f"{'LN-GRU/GRU loop':>15}")
+          f"{'ratio':>6} {'torch-ops ratio':>15} {'loop ratio':>10} {'plain ratio':>11} | "
+          f"{'GRU ratio':>9} {'LN-GRU/GRU loop':>15}")
     for r in rows:
         s = r["seconds"]
         print(f"{r['T']:>4} {r['B']:>4} {r['input']:>4} {r['hidden']:>4} | "
               f"{1e3 * s['torch.nn.LSTM']:>13.1f} {1e3 * s['lnbook.LSTM(layer_norm=True)']:>10.1f} "
-              f"{r['ratio_ln_lstm_vs_torch']:>6.2f} {r['ratio_ln_lstm_loop_vs_torch']:>10.2f} "
+              f"{r['ratio_ln_lstm_vs_torch']:>6.2f} {r['ratio_ln_lstm_torch_ops_vs_torch']:>15.2f} "
+              f"{r['ratio_ln_lstm_loop_vs_torch']:>10.2f} "
               f"{r['ratio_plain_lstm_vs_torch']:>11.2f} | "
               f"{r['ratio_ln_gru_vs_torch']:>9.2f} {r['ratio_ln_gru_vs_plain_gru']:>15.2f}")
     met = all(r["ratio_ln_lstm_vs_torch"] <= TARGET for r in rows)
     print(f"meets target (LN-LSTM <= {TARGET}x torch.nn.LSTM): {met}")
-    result = {"device": str(device), "machine": desc, "rounds": args.rounds,
+    result = {"device": str(device), "machine": desc, "native": native, "rounds": args.rounds,
               "measure": "forward+backward seconds, median over interleaved rounds; "
                          "ratios are medians of the per-round ratios",
               "target": TARGET, "meets_target": met, "rows": rows}

@@ -23,8 +23,11 @@ normalization with separate statistics per time step (Cooijmans et al., 2016).
 
 :class:`LSTM` with layer normalization runs each layer's time loop, by default, as one autograd
 Function with the backward pass through time written out (``fused=True``; the same numbers as
-the step-by-step loop to rounding, a few tensor operations per step, oneDNN's matmul on CPU where
-torch has it); ``fused=False`` runs the step-by-step loop of the cells.
+the step-by-step loop to rounding, oneDNN's matmul on CPU where torch has it); ``fused=False``
+runs the step-by-step loop of the cells. Between two matrix products, the fused loop does a
+step's elementwise work either as a dozen torch operations or, for float32 on the CPU, in one
+call into the C kernel ``lnbook/csrc/ln_lstm.c``, compiled on first use where the machine has a
+C compiler (:func:`native_status`; ``LSTM(native=False)`` or ``LNBOOK_NATIVE=0`` turn it off).
 
 Inside the time loops the LayerNorm submodules are applied through
 ``torch.nn.functional.layer_norm`` with their own weight, bias and eps (the same numbers as
@@ -33,6 +36,8 @@ Inside the time loops the LayerNorm submodules are applied through
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
@@ -41,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook import _native
 from lnbook.norms import LayerNorm, _graph_is_kept
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "BatchNormRNN",
     "RecurrentDynamics",
     "recurrent_dynamics",
+    "native_status",
 ]
 
 _Lengths = Tensor | Sequence[int] | None
@@ -260,9 +267,60 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w
 
 
+class _LNLSTMBuffers(ctypes.Structure):
+    """``lnlstm_t`` of ``csrc/ln_lstm.c``: the sizes and the buffers of one layer's time loop."""
+
+    _fields_ = [(n, ctypes.c_int64) for n in ("T", "B", "H")] + [
+        (n, ctypes.c_float) for n in ("eps_hh", "eps_c")] + [
+        (n, ctypes.c_void_p) for n in (
+            "g_hh", "g_c", "b_c", "gi", "h0", "c0", "act", "c", "zc", "tc", "h", "rs_a", "rs_c",
+            "d_out", "d_gi", "d_a", "dc", "dg_hh", "dg_c", "db_c", "work")]
+
+
+@functools.cache
+def _lstm_kernel() -> tuple[ctypes.CDLL | None, str]:
+    """The C step kernel of the fused LN-LSTM (``lnbook/csrc/ln_lstm.c``) and its status."""
+    native = _native.load("ln_lstm")
+    lib = native.lib
+    if lib is None:
+        return None, native.status
+    lib.lnlstm_struct_size.restype = ctypes.c_int64
+    if lib.lnlstm_struct_size() != ctypes.sizeof(_LNLSTMBuffers):
+        return None, f"{native.status}, but its buffer layout differs from lnbook.rnn's: not used"
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    for fn in (lib.lnlstm_forward_step, lib.lnlstm_backward_step):
+        fn.restype = None
+    lib.lnlstm_forward_step.argtypes = [ctypes.POINTER(_LNLSTMBuffers), i64, ptr]
+    lib.lnlstm_backward_step.argtypes = [ctypes.POINTER(_LNLSTMBuffers), i64, ptr, ptr]
+    for fn in (lib.lnbook_sigmoid_f32, lib.lnbook_tanh_f32):
+        fn.restype, fn.argtypes = None, [i64, ptr, ptr]
+    return lib, native.status
+
+
+def native_status() -> str:
+    """Whether :class:`LSTM`'s fused time loop can run its steps in lnbook's C kernel, and why.
+
+    The kernel (``lnbook/csrc/ln_lstm.c``) does the elementwise work of one LN-LSTM step,
+    forward or backward, in one pass, for float32 tensors on the CPU. It is compiled on first
+    use with the machine's C compiler (see :mod:`lnbook._native`); where there is none, or with
+    ``LNBOOK_NATIVE=0``, the same steps run as torch operations. Supplement chapter, "Speed".
+
+    Example::
+
+        >>> native_status()  # doctest: +SKIP
+        'C kernel in use: built with /usr/bin/cc -O3 -march=native -fopenmp-simd: ...'
+    """
+    lib, status = _lstm_kernel()
+    return f"C kernel in use: {status}" if lib is not None else f"C kernel not used: {status}"
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 class _LNLSTMRecurrence(torch.autograd.Function):
     """The time loop of one LN-LSTM layer (eqs. 20-22; Supplement chapter), with the
-    backward pass through time written out, so that it runs as a few tensor ops per step.
+    backward pass through time written out, so that it runs as a few operations per step.
 
     Input ``gi`` (T, B, 4H) is LN(W_ih x_t) + bias_ih + bias_hh + the bias of LN(W_hh h),
     computed for all steps beforehand. Per step, forward:
@@ -273,20 +331,37 @@ class _LNLSTMRecurrence(torch.autograd.Function):
         di = dc g,  df = dc c_{t-1},  dg = dc i,  dc_{t-1} = dc f,
         dz = [di, df, dg, do] times the activations' derivatives (= d gi_t),
         da = LNback(dz),  dh_{t-1} = da W_hh (+ the output's gradient at t-1).
-    dW_hh = sum_t da_t^T h_{t-1} is one matrix product after the loop; the LN gains' and bias's
-    gradients come per step from torch's LayerNorm backward kernel and are summed after it.
+    dW_hh = sum_t da_t^T h_{t-1} is one matrix product after the loop.
+
+    Everything but the products W_hh h and da W_hh runs either as torch operations (any dtype
+    and device) or, for float32 on the CPU with ``native=True``, as one call per step into the
+    C kernel of ``lnbook/csrc/ln_lstm.c`` (:func:`native_status`); both compute the lines above.
     """
 
     PACK_FROM_T = 8  # packing W_hh costs about as much as a few products: worth it from here
 
     @staticmethod
-    def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c):  # type: ignore[override]
+    def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c, native):  # type: ignore[override]
+        T, B, G = gi.shape
+        lib = _lstm_kernel()[0] if native else None
+        ctx.native = lib is not None and gi.dtype == torch.float32 and gi.device.type == "cpu"
+        w_packed = _pack_t(w_hh, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
+        if ctx.native:
+            hs, c = _LNLSTMRecurrence._forward_c(ctx, lib, gi, h0, c0, w_hh, w_packed, g_hh,
+                                                 g_c, b_c, eps_hh, eps_c)
+        else:
+            hs, c = _LNLSTMRecurrence._forward_torch(ctx, gi, h0, c0, w_hh, w_packed, g_hh,
+                                                     g_c, b_c, eps_hh, eps_c)
+        ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, b_c, hs)
+        return hs, hs[T - 1].clone(), c.clone()
+
+    @staticmethod
+    def _forward_torch(ctx, gi, h0, c0, w_hh, w_packed, g_hh, g_c, b_c, eps_hh, eps_c):
         T, B, G = gi.shape
         H = G // 4
         hs = gi.new_empty(T, B, H)  # h_1..h_T, the output
         steps = []  # per step: W_hh h_{t-1}, activations, c_t, tanh(LN(c_t)), LN statistics
         h, c = h0, c0
-        w_packed = _pack_t(w_hh, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
         gis, hs_t = gi.unbind(0), hs.unbind(0)  # T views each, made once
         for t in range(T):
             a = _mm_t(h, w_hh, w_packed)  # (B, 4H)
@@ -299,10 +374,31 @@ class _LNLSTMRecurrence(torch.autograd.Function):
             tc = cn.tanh_()
             h = torch.mul(o, tc, out=hs_t[t])  # (B, H)
             steps.append((a, act, c, tc, mu_a, rs_a, mu_c, rs_c))
-        # the per-step tensors never leave this Function, so they are kept on ctx directly
-        ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, b_c, hs)
-        ctx.steps = steps
-        return hs, hs[T - 1].clone(), c.clone()
+        ctx.steps = steps  # the per-step tensors never leave this Function: kept on ctx
+        return hs, c
+
+    @staticmethod
+    def _forward_c(ctx, lib, gi, h0, c0, w_hh, w_packed, g_hh, g_c, b_c, eps_hh, eps_c):
+        T, B, G = gi.shape
+        H = G // 4
+        gi, h0, c0 = gi.contiguous(), h0.contiguous(), c0.contiguous()
+        new = gi.new_empty
+        bufs = {"gi": gi, "h0": h0, "c0": c0, "g_hh": g_hh.contiguous(),
+                "g_c": g_c.contiguous(), "b_c": b_c.contiguous(), "act": new(T, B, G),
+                "c": new(T, B, H), "zc": new(T, B, H), "tc": new(T, B, H), "h": new(T, B, H),
+                "rs_a": new(T, B), "rs_c": new(T, B)}
+        s = _LNLSTMBuffers(T=T, B=B, H=H, eps_hh=eps_hh, eps_c=eps_c,
+                           **{k: _ptr(v) for k, v in bufs.items()})
+        hs, h, za = bufs["h"], h0, []  # za: W_hh h_{t-1} per step, normalized by the kernel
+        step, ref = lib.lnlstm_forward_step, ctypes.byref(s)
+        hs_t = hs.unbind(0)
+        for t in range(T):
+            a = _mm_t(h, w_hh, w_packed).contiguous()  # (B, 4H)
+            step(ref, t, a.data_ptr())
+            za.append(a)
+            h = hs_t[t]
+        ctx.bufs, ctx.za, ctx.s, ctx.lib = bufs, za, s, lib
+        return hs, bufs["c"][T - 1]
 
     @staticmethod
     def backward(ctx, d_out, d_hn, d_cn):  # type: ignore[override]
@@ -311,11 +407,29 @@ class _LNLSTMRecurrence(torch.autograd.Function):
                 "lnbook.LSTM(fused=True) has a first-order backward only, so it cannot be "
                 "differentiated twice (create_graph=True); build the layer with fused=False")
         h0, c0, w_hh, g_hh, g_c, b_c, hs = ctx.saved_tensors
+        T, B, H = hs.shape
+        w_t = w_hh.t().contiguous()  # (H, 4H): da @ W_hh as a product with a transpose
+        w_t_packed = _pack_t(w_t, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
+        if ctx.native:
+            d_gi, d_a, dh, dc, grads = _LNLSTMRecurrence._backward_c(
+                ctx, d_out, d_hn, d_cn, w_t, w_t_packed)
+        else:
+            d_gi, d_a, dh, dc, grads = _LNLSTMRecurrence._backward_torch(
+                ctx, d_out, d_hn, d_cn, w_t, w_t_packed, c0, g_hh, g_c, b_c, hs)
+        if not _graph_is_kept():  # what autograd does with saved tensors, for ours on ctx
+            ctx.steps = ctx.bufs = ctx.za = ctx.s = ctx.lib = None
+        # dW_hh = sum_t da_t^T h_{t-1}, as (sum_t h_{t-1}^T da_t)^T: one product for t >= 1
+        d_w = _mm_t(h0.t(), d_a[0].t())  # (H, 4H)
+        if T > 1:
+            d_w += _mm_t(hs[: T - 1].reshape(-1, H).t(), d_a[1:].reshape(-1, 4 * H).t())
+        dg_hh, dg_c, db_c = grads
+        return d_gi, dh, dc, d_w.t(), dg_hh, dg_c, db_c, None, None, None
+
+    @staticmethod
+    def _backward_torch(ctx, d_out, d_hn, d_cn, w_t, w_t_packed, c0, g_hh, g_c, b_c, hs):
         steps = ctx.steps
         T, B, H = hs.shape
         G = 4 * H
-        w_t = w_hh.t().contiguous()  # (H, 4H): da @ W_hh as a product with a transpose
-        w_t_packed = _pack_t(w_t, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
         d_gi, d_a = hs.new_empty(T, B, G), []  # d gi, and da_t for dW_hh after the loop
         dg_hh, dg_c, db_c = [], [], []  # the LN gains' and bias's gradients, per step
         dh, dc = d_hn + d_out[T - 1], d_cn.clone()  # (B, H)
@@ -348,15 +462,32 @@ class _LNLSTMRecurrence(torch.autograd.Function):
             dh = _mm_t(da, w_t, w_t_packed)  # (B, H) dh_{t-1}
             if t > 0:
                 dh.add_(d_outs[t - 1])
-        if not _graph_is_kept():  # what autograd does with saved tensors, for ctx.steps
-            ctx.steps = None
-        # dW_hh = sum_t da_t^T h_{t-1}, as (sum_t h_{t-1}^T da_t)^T: one product for t >= 1
-        d_a = torch.stack(d_a[::-1])  # (T, B, 4H)
-        d_w = _mm_t(h0.t(), d_a[0].t())  # (H, 4H)
-        if T > 1:
-            d_w += _mm_t(hs[: T - 1].reshape(-1, H).t(), d_a[1:].reshape(-1, G).t())
-        dg_hh, dg_c, db_c = (torch.stack(g).sum(0) for g in (dg_hh, dg_c, db_c))
-        return d_gi, dh, dc, d_w.t(), dg_hh, dg_c, db_c, None, None
+        grads = tuple(torch.stack(g).sum(0) for g in (dg_hh, dg_c, db_c))
+        return d_gi, torch.stack(d_a[::-1]), dh, dc, grads
+
+    @staticmethod
+    def _backward_c(ctx, d_out, d_hn, d_cn, w_t, w_t_packed):
+        bufs, s, za = ctx.bufs, ctx.s, ctx.za
+        T, B, H = bufs["h"].shape
+        G = 4 * H
+        f64 = torch.float64
+        new = bufs["h"].new_empty
+        grads = {"dg_hh": torch.zeros(G, dtype=f64), "dg_c": torch.zeros(H, dtype=f64),
+                 "db_c": torch.zeros(H, dtype=f64)}
+        back = {"d_out": d_out.contiguous(), "d_gi": new(T, B, G), "d_a": new(T, B, G),
+                "dc": d_cn.clone(memory_format=torch.contiguous_format), "work": new(6 * H),
+                **grads}
+        for k, v in back.items():
+            setattr(s, k, v.data_ptr())
+        step, ref, d_a = ctx.lib.lnlstm_backward_step, ctypes.byref(s), back["d_a"]
+        d_as = d_a.unbind(0)
+        dh = d_hn.contiguous()  # dL/dh_T; the kernel adds the output's gradient d_out[t]
+        for t in range(T - 1, -1, -1):
+            step(ref, t, dh.data_ptr(), za[t].data_ptr())
+            dh = _mm_t(d_as[t], w_t, w_t_packed)  # (B, H) dh_{t-1}
+        dtype = bufs["g_hh"].dtype
+        out = tuple(grads[k].to(dtype) for k in ("dg_hh", "dg_c", "db_c"))
+        return back["d_gi"], d_a, dh, back["dc"], out
 
 
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
@@ -828,9 +959,11 @@ class LSTM(_SeqBase):
     With ``fused=True`` (the default) and layer normalization on, each layer's time loop runs
     as one autograd Function whose backward through time is written out (the same numbers as
     the step-by-step loop, to rounding; it is what makes the layer fast, see the Performance
-    page). The step-by-step loop of autograd ops runs instead with ``fused=False``, with
-    ``lengths``, for dtypes other than float32/float64, and it is the only one that can be
-    differentiated twice.
+    page). For float32 on the CPU its steps run in a small C kernel compiled on first use
+    (``native=True``, where a C compiler is found; :func:`native_status` says whether it is),
+    else as torch operations. The step-by-step loop of autograd ops runs instead with
+    ``fused=False``, with ``lengths``, for dtypes other than float32/float64, and it is the
+    only one that can be differentiated twice.
 
     Args:
         input_size, hidden_size, num_layers, batch_first, eps: as :class:`RNN`.
@@ -838,6 +971,8 @@ class LSTM(_SeqBase):
         forget_bias: added to every layer's ``bias_ih_l{k}[H:2H]`` after initialization.
             Default: 0.0.
         fused: run the fused time loop where it applies. Default: True.
+        native: let the fused loop use lnbook's C step kernel (float32 on the CPU) when one
+            could be built; False runs its steps as torch operations. Default: True.
 
     Shape:
         - x: as :class:`RNN`; state: ``(h_0, c_0)``, each ``(num_layers, B, H)``.
@@ -862,8 +997,9 @@ class LSTM(_SeqBase):
         forget_bias: float = 0.0,
         eps: float = 1e-5,
         fused: bool = True,
+        native: bool = True,
     ) -> None:
-        self.forget_bias, self.fused = float(forget_bias), bool(fused)
+        self.forget_bias, self.fused, self.native = float(forget_bias), bool(fused), bool(native)
         super().__init__(input_size, hidden_size, num_layers, layer_norm, batch_first, eps)
 
     def _use_fused(
@@ -903,10 +1039,13 @@ class LSTM(_SeqBase):
             w_ih, w_hh, b_ih, b_hh = self._layer(k)
             ln_ih, ln_hh, ln_c = (self._norm(n, k) for n in ("ln_ih", "ln_hh", "ln_c"))
             if self._use_fused(ln_hh, ln_c, mask, inp):
-                gi = _ln(_Linear.apply(inp, w_ih), ln_ih) + (b_ih + b_hh + ln_hh.bias)  # (T,B,4H)
+                # every bias joins LN(W_ih x)'s own: one pass over (T, B, 4H) instead of two
+                b = b_ih + b_hh + ln_hh.bias + (0 if ln_ih.bias is None else ln_ih.bias)
+                gi = F.layer_norm(_Linear.apply(inp, w_ih), ln_ih.normalized_shape,
+                                  ln_ih.weight, b, ln_ih.eps)  # (T, B, 4H)
                 inp, h, c = _LNLSTMRecurrence.apply(
                     gi, h0[k], c0[k], w_hh, ln_hh.weight, ln_c.weight, ln_c.bias, ln_hh.eps,
-                    ln_c.eps)  # (T, B, H), (B, H), (B, H)
+                    ln_c.eps, self.native)  # (T, B, H), (B, H), (B, H)
                 h_n.append(h)
                 c_n.append(c)
                 continue

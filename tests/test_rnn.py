@@ -651,3 +651,79 @@ def test_fused_input_projection_equals_f_linear(dtype, tol):
     ours, ref = (torch.autograd.grad(t, (x, w), gy) for t in (y, y_ref))
     for a, b in zip((y, *ours), (y_ref, *ref), strict=True):
         assert a.shape == b.shape and (a - b).abs().max() <= tol
+
+
+# ----------------------------------------------------------------------------------------------
+# the C step kernel of the fused loop (lnbook/csrc/ln_lstm.c) against the same loop in torch ops
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Count the fused loop's calls into the C kernel (skips where it could not be built)."""
+    lib, status = lnbook.rnn._lstm_kernel()
+    if lib is None:
+        pytest.skip(f"the C kernel is not available here: {status}")
+    calls = {"forward": 0, "backward": 0}
+    for kind in calls:
+        real = getattr(lib, f"lnlstm_{kind}_step")
+
+        def counted(*args, _real=real, _kind=kind):
+            calls[_kind] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(lib, f"lnlstm_{kind}_step", counted)
+    return calls
+
+
+def test_c_kernel_is_as_accurate_as_torch_operations(kernel_calls):
+    """float32 errors against float64 over 20 steps (2 layers x 10) depend on each draw's
+    roundings, in either direction, so the two step implementations are compared over seeds."""
+    errs: dict[bool, list[float]] = {True: [], False: []}
+    for seed in range(6):
+        lstm, x, state, weights = _random_lstm(seed, T=10, B=3)
+        ref = _lstm_grads(lstm, x, state, weights)  # float64: the torch operations
+        lstm32 = lstm.float()
+        args = (x.float(), tuple(s.float() for s in state), weights.float())
+        for native in (True, False):
+            lstm32.native = native
+            got = _lstm_grads(lstm32, *args)
+            errs[native].append(max(((g.double() - r).abs().max() / r.abs().max()).item()
+                                    for g, r in zip(got, ref, strict=True)))
+    assert kernel_calls == {"forward": 6 * 2 * 10, "backward": 6 * 2 * 10}  # float32 only
+    geo = {k: torch.tensor(v).log().mean().exp().item() for k, v in errs.items()}
+    assert geo[True] <= 2 * geo[False], errs
+    assert max(errs[True]) < 1e-3, errs  # a wrong term would be off by far more than rounding
+
+
+def test_c_kernel_keeps_the_graph_and_isolates_a_nan_row(kernel_calls):
+    torch.manual_seed(9)
+    lstm = LSTM(I, H)
+    randomize_ln(lstm)
+    x = torch.randn(6, 3, I, requires_grad=True)
+    out, _ = lstm(x)
+    g1 = torch.autograd.grad(out.sum(), x, retain_graph=True)[0]
+    g2 = torch.autograd.grad(out.sum(), x)[0]  # the kernel's buffers survived the first pass
+    assert torch.equal(g1, g2) and kernel_calls["backward"] == 12
+    bad = x.detach().clone()
+    bad[2, 1, 0] = float("nan")  # one example, one step
+    out_bad, (h, c) = lstm(bad)
+    assert out_bad[2:, 1].isnan().all() and out_bad[:2, 1].isfinite().all()
+    assert torch.equal(out_bad[:, [0, 2]], out.detach()[:, [0, 2]])  # the other rows: untouched
+    assert h[0, 1].isnan().all() and h[0, [0, 2]].isfinite().all() and c[0, [0, 2]].isfinite().all()
+
+
+def test_c_kernel_only_where_it_applies(kernel_calls, monkeypatch):
+    x = torch.randn(4, 2, I)
+    LSTM(I, H, native=False)(x)
+    LSTM(I, H).double()(x.double())
+    LSTM(I, H, fused=False)(x)
+    assert kernel_calls["forward"] == 0
+    LSTM(I, H)(x)
+    assert kernel_calls["forward"] == 4
+    monkeypatch.setattr(lnbook.rnn, "_lstm_kernel", lambda: (None, "no compiler (test)"))
+    assert lnbook.rnn.native_status() == "C kernel not used: no compiler (test)"
+    torch.manual_seed(0)
+    lstm = LSTM(I, H)
+    out, _ = lstm(x)  # the same loop as torch operations
+    lstm.native = False
+    assert torch.equal(out, lstm(x)[0]) and kernel_calls["forward"] == 4
