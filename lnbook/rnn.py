@@ -314,10 +314,6 @@ def native_status() -> str:
     return f"C kernel in use: {status}" if lib is not None else f"C kernel not used: {status}"
 
 
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 class _LNLSTMRecurrence(torch.autograd.Function):
     """The time loop of one LN-LSTM layer (eqs. 20-22; Supplement chapter), with the
     backward pass through time written out, so that it runs as a few operations per step.
@@ -344,7 +340,10 @@ class _LNLSTMRecurrence(torch.autograd.Function):
     def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c, native):  # type: ignore[override]
         T, B, G = gi.shape
         lib = _lstm_kernel()[0] if native else None
-        ctx.native = lib is not None and gi.dtype == torch.float32 and gi.device.type == "cpu"
+        # the kernel reads raw float32 memory: every tensor it touches must be float32 on the CPU
+        ctx.native = lib is not None and all(
+            t.dtype == torch.float32 and t.device.type == "cpu"
+            for t in (gi, h0, c0, w_hh, g_hh, g_c, b_c))
         w_packed = _pack_t(w_hh, B) if T >= _LNLSTMRecurrence.PACK_FROM_T else None
         if ctx.native:
             hs, c = _LNLSTMRecurrence._forward_c(ctx, lib, gi, h0, c0, w_hh, w_packed, g_hh,
@@ -388,7 +387,7 @@ class _LNLSTMRecurrence(torch.autograd.Function):
                 "c": new(T, B, H), "zc": new(T, B, H), "tc": new(T, B, H), "h": new(T, B, H),
                 "rs_a": new(T, B), "rs_c": new(T, B)}
         s = _LNLSTMBuffers(T=T, B=B, H=H, eps_hh=eps_hh, eps_c=eps_c,
-                           **{k: _ptr(v) for k, v in bufs.items()})
+                           **{k: v.data_ptr() for k, v in bufs.items()})
         hs, h, za = bufs["h"], h0, []  # za: W_hh h_{t-1} per step, normalized by the kernel
         step, ref = lib.lnlstm_forward_step, ctypes.byref(s)
         hs_t = hs.unbind(0)

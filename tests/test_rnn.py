@@ -727,3 +727,17 @@ def test_c_kernel_only_where_it_applies(kernel_calls, monkeypatch):
     out, _ = lstm(x)  # the same loop as torch operations
     lstm.native = False
     assert torch.equal(out, lstm(x)[0]) and kernel_calls["forward"] == 4
+
+
+def test_c_kernel_is_not_fed_a_tensor_of_another_dtype(kernel_calls):
+    # float32 input and states with float64 LN gains: the kernel would read the gains' bytes as
+    # float32, so the fused loop must run as torch operations (which promote or refuse)
+    torch.manual_seed(10)
+    g = torch.randn(4 * H, dtype=F64)
+    gi, h0, c0 = torch.randn(3, 2, 4 * H), torch.randn(2, H), torch.randn(2, H)
+    w_hh, g_c, b_c = torch.randn(4 * H, H), torch.ones(H), torch.zeros(H)
+    try:
+        lnbook.rnn._LNLSTMRecurrence.apply(gi, h0, c0, w_hh, g, g_c, b_c, 1e-5, 1e-5, True)
+    except RuntimeError:
+        pass  # torch refuses the mixed dtypes: also fine, as long as the kernel never ran
+    assert kernel_calls["forward"] == 0
