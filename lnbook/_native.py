@@ -83,15 +83,24 @@ def _cpu_id() -> str:
     return ident
 
 
+def _writable_folder() -> Path | None:
+    """The cache folder, else a per-user temporary folder; None if neither can be written."""
+    for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"lnbook-native-{os.getuid()}"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder
+    return None
+
+
 def _build(cc: str, flags: tuple[str, ...], src: Path, out: Path) -> str | None:
     """Compile ``src`` into the shared library ``out``; return None, or what went wrong."""
-    cmd = [cc, *flags, "-fPIC", "-shared", "-o", str(out) + ".tmp", str(src), "-lm"]
-    tmp = None
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)  # renamed into place when done
+    os.close(fd)
+    cmd = [cc, *flags, "-fPIC", "-shared", "-o", tmp, str(src), "-lm"]
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        cmd[-3] = tmp
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if run.returncode != 0:
             lines = (run.stderr or run.stdout).strip().splitlines()
@@ -101,7 +110,7 @@ def _build(cc: str, flags: tuple[str, ...], src: Path, out: Path) -> str | None:
     except (OSError, subprocess.SubprocessError) as err:
         return f"{' '.join(cmd)}: {err}"
     finally:
-        if tmp is not None and os.path.exists(tmp):
+        if os.path.exists(tmp):
             os.unlink(tmp)
 
 
@@ -122,27 +131,24 @@ def load(name: str) -> NativeLibrary:
     compilers = _compilers()
     if not compilers:
         return NativeLibrary(name, None, "no C compiler found ($CC, cc, gcc or clang)")
+    folder = _writable_folder()
+    if folder is None:
+        return NativeLibrary(name, None, f"neither {cache_dir()} nor a temporary folder is "
+                                         "writable")
     errors: list[str] = []
-    folders = [cache_dir(), Path(tempfile.gettempdir()) / f"lnbook-native-{os.getuid()}"]
     for cc in compilers:
-        for flags in FLAG_SETS:
-            key = hashlib.sha256(
-                b"\0".join([src.read_bytes(), cc.encode(), " ".join(flags).encode(),
-                            _cpu_id().encode()])
-            ).hexdigest()[:16]
-            for folder in folders:  # the cache, else a temporary folder if it is read-only
-                so = folder / f"{name}-{key}.so"
-                error = None if so.is_file() else _build(cc, flags, src, so)
-                if error is not None:
-                    errors.append(error)
-                    if os.access(folder, os.W_OK) or folder == folders[-1]:
-                        break  # the compiler failed, not the folder: try the next flags
-                    continue
-
+        for flags in FLAG_SETS:  # the fastest flags first; a compiler that refuses them: next
+            key = hashlib.sha256(b"\0".join(
+                [src.read_bytes(), cc.encode(), " ".join(flags).encode(), _cpu_id().encode()]
+            )).hexdigest()[:16]
+            so = folder / f"{name}-{key}.so"
+            error = None if so.is_file() else _build(cc, flags, src, so)
+            if error is None:
                 try:
                     lib = ctypes.CDLL(str(so))
                 except OSError as err:
-                    errors.append(f"{so}: {err}")
-                    break
-                return NativeLibrary(name, lib, f"built with {cc} {' '.join(flags)}: {so}")
+                    error = f"{so}: {err}"
+                else:
+                    return NativeLibrary(name, lib, f"built with {cc} {' '.join(flags)}: {so}")
+            errors.append(error)
     return NativeLibrary(name, None, "the C build failed: " + " | ".join(errors[-3:]))
