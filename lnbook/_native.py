@@ -136,11 +136,11 @@ def load(name: str) -> NativeLibrary:
         return NativeLibrary(name, None, f"neither {cache_dir()} nor a temporary folder is "
                                          "writable")
     errors: list[str] = []
+    source, cpu = src.read_bytes(), _cpu_id().encode()
     for cc in compilers:
         for flags in FLAG_SETS:  # the fastest flags first; a compiler that refuses them: next
-            key = hashlib.sha256(b"\0".join(
-                [src.read_bytes(), cc.encode(), " ".join(flags).encode(), _cpu_id().encode()]
-            )).hexdigest()[:16]
+            key = hashlib.sha256(
+                b"\0".join([source, cc.encode(), " ".join(flags).encode(), cpu])).hexdigest()[:16]
             so = folder / f"{name}-{key}.so"
             error = None if so.is_file() else _build(cc, flags, src, so)
             if error is None:

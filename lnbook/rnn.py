@@ -270,10 +270,10 @@ class _Linear(torch.autograd.Function):
 class _LNLSTMBuffers(ctypes.Structure):
     """``lnlstm_t`` of ``csrc/ln_lstm.c``: the sizes and the buffers of one layer's time loop."""
 
-    _fields_ = [(n, ctypes.c_int64) for n in ("T", "B", "H")] + [
+    _fields_ = [(n, ctypes.c_int64) for n in ("B", "H")] + [
         (n, ctypes.c_float) for n in ("eps_hh", "eps_c")] + [
         (n, ctypes.c_void_p) for n in (
-            "g_hh", "g_c", "b_c", "gi", "h0", "c0", "act", "c", "zc", "tc", "h", "rs_a", "rs_c",
+            "g_hh", "g_c", "b_c", "gi", "c0", "act", "c", "zc", "tc", "h", "rs_a", "rs_c",
             "d_out", "d_gi", "d_a", "dc", "dg_hh", "dg_c", "db_c", "work")]
 
 
@@ -380,13 +380,13 @@ class _LNLSTMRecurrence(torch.autograd.Function):
     def _forward_c(ctx, lib, gi, h0, c0, w_hh, w_packed, g_hh, g_c, b_c, eps_hh, eps_c):
         T, B, G = gi.shape
         H = G // 4
-        gi, h0, c0 = gi.contiguous(), h0.contiguous(), c0.contiguous()
+        gi, c0 = gi.contiguous(), c0.contiguous()
         new = gi.new_empty
-        bufs = {"gi": gi, "h0": h0, "c0": c0, "g_hh": g_hh.contiguous(),
+        bufs = {"gi": gi, "c0": c0, "g_hh": g_hh.contiguous(),
                 "g_c": g_c.contiguous(), "b_c": b_c.contiguous(), "act": new(T, B, G),
                 "c": new(T, B, H), "zc": new(T, B, H), "tc": new(T, B, H), "h": new(T, B, H),
                 "rs_a": new(T, B), "rs_c": new(T, B)}
-        s = _LNLSTMBuffers(T=T, B=B, H=H, eps_hh=eps_hh, eps_c=eps_c,
+        s = _LNLSTMBuffers(B=B, H=H, eps_hh=eps_hh, eps_c=eps_c,
                            **{k: v.data_ptr() for k, v in bufs.items()})
         hs, h, za = bufs["h"], h0, []  # za: W_hh h_{t-1} per step, normalized by the kernel
         step, ref = lib.lnlstm_forward_step, ctypes.byref(s)

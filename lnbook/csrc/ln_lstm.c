@@ -158,11 +158,11 @@ static void cell_backward(int64_t H, const float *restrict act, const float *res
 /* Everything one layer's time loop needs, laid out as (T, B, ...) contiguous float32 buffers
    (gradients of the LN parameters in float64). Filled once per call by lnbook.rnn. */
 typedef struct {
-    int64_t T, B, H;
+    int64_t B, H;
     float eps_hh, eps_c;
     const float *g_hh, *g_c, *b_c; /* LN gain over 4H; LN gain and bias over H */
     const float *gi;               /* (T, B, 4H) LN(W_ih x) + all biases */
-    const float *h0, *c0;          /* (B, H) */
+    const float *c0;               /* (B, H) the cell state before step 0 */
     float *act;                    /* (T, B, 4H) i, f, g, o after their nonlinearities */
     float *c, *zc, *tc, *h;        /* (T, B, H) c_t, LN-normalized c_t, tanh(LN(c_t)), h_t */
     float *rs_a, *rs_c;            /* (T, B) 1 / sigma of W_hh h_{t-1} and of c_t */
