@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -44,7 +45,11 @@ def ensure_venv() -> None:
 
 def book() -> None:
     ensure_venv()
-    run(BIN / "jupyter-book", "build", ".", "--warningiserror", "--nitpick", "--keep-going")
+    # every build executes every chapter (--all), and the claims ledger is made only of the
+    # records this build's chapters write (lnbook.ledger), never of an older build's
+    shutil.rmtree(ROOT / "_build" / "ledger", ignore_errors=True)
+    run(BIN / "jupyter-book", "build", ".", "--all", "--warningiserror", "--nitpick",
+        "--keep-going")
 
 
 def test() -> None:

@@ -1,4 +1,7 @@
-"""Plotting helpers for the book's chapters (chapter 3, `03_layer_norm`).
+"""Plotting helpers for the book's chapters.
+
+:func:`plot_runs` draws the learning curves of any experiment's results (chapters 3.1, 6.x,
+Part II): the mean over seeds and the band from the lowest to the highest seed.
 
 The picture of which summed inputs share their normalization statistics: batch normalization
 (paper eq. 2) averages one unit over the mini-batch, layer normalization (paper eq. 3) averages
@@ -12,9 +15,13 @@ from __future__ import annotations
 import numbers
 from typing import Literal
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Rectangle
 
-__all__ = ["statistics_mask", "plot_normalization_axes"]
+from lnbook.experiments.protocol import Results
+
+__all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 
 _Method = Literal["batch", "layer"]
 
@@ -89,9 +96,6 @@ def plot_normalization_axes(
 
         >>> fig = plot_normalization_axes()
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
     masks = {
         "batch": statistics_mask("batch", batch, units, example, unit),
         "layer": statistics_mask("layer", batch, units, example, unit),
@@ -126,3 +130,37 @@ def plot_normalization_axes(
         ax.plot([], [], "s", mfc="none", mec="black", label="the cell being normalized")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8, ncol=1)
     return fig
+
+
+def plot_runs(
+    results: Results,
+    metric: str,
+    ax,
+    variants: list[str] | tuple[str, ...] | None = None,
+    labels: dict[str, str] | None = None,
+    band: bool = True,
+) -> None:
+    """Draw ``metric`` against updates for each variant: the mean over seeds and a min-max band.
+
+    Args:
+        results: what an experiment's ``run`` returned (:class:`lnbook.experiments.Results`).
+        metric: a key the evaluation recorded, or ``"loss"`` for the training loss per update.
+        ax: the matplotlib axes to draw on (the caller sets the y label, with its unit).
+        variants: which variants, in this order (default: all, in training order).
+        labels: legend text per variant (default: the variant's name).
+        band: shade the range between the lowest and the highest seed.
+
+    Example::
+
+        >>> fig, ax = plt.subplots()  # doctest: +SKIP
+        >>> plot_runs(results, "test_error", ax)  # doctest: +SKIP
+    """
+    labels = labels or {}
+    for v in variants or results.variants:
+        steps, values = results.curves(v, metric)  # (E,), (seeds, E)
+        (line,) = ax.plot(steps, values.mean(0), label=labels.get(v, v))
+        if band and len(values) > 1:
+            ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(),
+                            alpha=0.2)
+    ax.set_xlabel("updates")
+    ax.grid(alpha=0.3)

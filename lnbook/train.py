@@ -145,20 +145,30 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     step: int, history: History) -> None:
+                     step: int, steps: int, history: History,
+                     rng: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(
         {
             "step": step,
+            "steps": steps,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
-            "rng": _rng_state(),
+            "rng": _rng_state() if rng is None else rng,
             "history": history.to_dict(),
         },
         tmp,
     )
     os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
+
+
+def _say(message: str, bar: tqdm | None) -> None:
+    """Print a line to stderr without breaking a progress bar."""
+    if bar is not None:
+        bar.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _evaluate(
@@ -185,6 +195,8 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None,
     progress: bool | None = None,
+    bar: tqdm | None = None,
+    label: str | None = None,
 ) -> History:
     """Train ``model`` for ``steps`` updates; evaluate, checkpoint and resume on the way.
 
@@ -210,6 +222,13 @@ def fit(
             starts, training continues from it.
         loss_fn: ``(model, batch) -> scalar loss``; default ``model(*batch)``.
         progress: draw a tqdm bar; default only in a terminal and when ``CI`` is not set.
+        bar: advance this tqdm bar instead of drawing one (a sweep's bar over all its runs).
+        label: names the run in the bar and in messages (e.g. ``"layer seed 2"``).
+
+    Interrupting (Ctrl-C) between two updates saves a checkpoint of the last finished update
+    before the ``KeyboardInterrupt`` goes on, so no finished update is lost; an interrupt
+    inside ``optimizer.step()`` keeps the previous checkpoint. Resuming prints from which
+    update of how many it continues.
 
     Returns:
         The :class:`History` of the whole run (including the part before a resume).
@@ -251,42 +270,70 @@ def fit(
         if history.step_times is None:
             history.step_times = []
 
+    name = label or "fit"
+    if start > 0:
+        _say(f"{name}: resuming from update {start} of {steps} ({ckpt_path})", bar)
     t_session = time.perf_counter()
     wall_before = history.wall_time
-    if start == 0 and eval_fn is not None:
-        history.eval_steps.append(0)
+    last_eval = history.eval_steps[-1] if history.eval_steps else None
+    if eval_fn is not None and last_eval != start and (
+            start == 0 or start % eval_every == 0 or start == steps):
+        # before training, or an evaluation that an interrupt cut short
+        history.eval_steps.append(start)
         history.metrics.append(_evaluate(model, eval_fn))
 
-    bar = tqdm(total=steps, initial=start, disable=not progress_enabled(progress), desc="fit")
-    for step in range(start, steps):
-        t0 = time.perf_counter()
-        batch = tuple(t.to(dev, non_blocking=True) for t in train_data(step))
-        loss = loss_fn(model, batch) if loss_fn is not None else model(*batch)
-        if not (isinstance(loss, Tensor) and loss.numel() == 1):
-            raise TypeError("the loss must be a scalar Tensor (check loss_fn or model.forward)")
-        if not torch.isfinite(loss.detach()):
-            bar.close()
-            raise FloatingPointError(
-                f"the training loss is {float(loss.detach())} at update {step + 1}; stopping "
-                "rather than training on (the last checkpoint, if any, holds earlier weights)"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        done = step + 1
-        history.steps.append(done)
-        history.losses.append(float(loss.detach()))
-        history.step_times.append(time.perf_counter() - t0)
-        bar.update(1)
-        if done % eval_every == 0 or done == steps:
-            if eval_fn is not None:
-                history.eval_steps.append(done)
-                history.metrics.append(_evaluate(model, eval_fn))
-                shown = {"train_loss": history.losses[-1], **history.metrics[-1]}
-                bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()})
+    own_bar = bar is None
+    if own_bar:
+        bar = tqdm(total=steps, initial=start, disable=not progress_enabled(progress), desc=name)
+    else:
+        bar.set_description(name)
+        bar.update(start)
+    # `done` updates are finished and recorded; `rng_mark` is the generator state a resumed
+    # run must start from to continue exactly; `busy` is True while an update is half-applied
+    done, busy, rng_mark = start, False, None
+    try:
+        for step in range(start, steps):
+            rng_mark = _rng_state() if ckpt_path is not None else None
+            t0 = time.perf_counter()
+            batch = tuple(t.to(dev, non_blocking=True) for t in train_data(step))
+            loss = loss_fn(model, batch) if loss_fn is not None else model(*batch)
+            if not (isinstance(loss, Tensor) and loss.numel() == 1):
+                raise TypeError("the loss must be a scalar Tensor (check loss_fn or model.forward)")
+            if not torch.isfinite(loss.detach()):
+                raise FloatingPointError(
+                    f"the training loss is {float(loss.detach())} at update {step + 1}; stopping "
+                    "rather than training on (the last checkpoint, if any, holds earlier weights)"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            busy = True
+            optimizer.step()
+            history.steps.append(step + 1)
+            history.losses.append(float(loss.detach()))
+            history.step_times.append(time.perf_counter() - t0)
+            done = step + 1
+            busy = False
+            rng_mark = _rng_state() if ckpt_path is not None else None
+            bar.update(1)
+            if done % eval_every == 0 or done == steps:
+                if eval_fn is not None:
+                    metrics = _evaluate(model, eval_fn)
+                    history.eval_steps.append(done)
+                    history.metrics.append(metrics)
+                    shown = {"train_loss": history.losses[-1], **history.metrics[-1]}
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()})
+                history.wall_time = wall_before + time.perf_counter() - t_session
+                if ckpt_path is not None:
+                    _save_checkpoint(ckpt_path, model, optimizer, done, steps, history)
+    except KeyboardInterrupt:
+        if ckpt_path is not None and not busy and done > start:
+            # the model and the optimizer hold update `done` exactly: keep it
             history.wall_time = wall_before + time.perf_counter() - t_session
-            if ckpt_path is not None:
-                _save_checkpoint(ckpt_path, model, optimizer, done, history)
-    bar.close()
+            _save_checkpoint(ckpt_path, model, optimizer, done, steps, history, rng_mark)
+            _say(f"{name}: interrupted; saved update {done} of {steps} to {ckpt_path}", bar)
+        raise
+    finally:
+        if own_bar:
+            bar.close()
     history.wall_time = wall_before + time.perf_counter() - t_session
     return history

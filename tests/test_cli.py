@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import types
 
 import pytest
 
 import lnbook.__main__ as cli
-from lnbook.experiments import EXPERIMENTS, load_experiment
+from lnbook.experiments import (
+    EXPERIMENTS,
+    Results,
+    Run,
+    SweepInterrupted,
+    load_experiment,
+    save_results,
+)
+from lnbook.train import History
 
 
 def test_list_names_every_experiment(capsys):
@@ -38,27 +48,43 @@ def test_usage_errors_exit_2(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_run_writes_results(tmp_path, monkeypatch, capsys):
-    seen = {}
-
+def _fake_experiment(tmp_path, seen, interrupt=False):
     def get_config(scale="quick", **overrides):
         return {"scale": scale}
 
     def run(config, device="auto", out=None, seeds=None):
         seen.update(config=config, device=str(device), seeds=seeds)
-        results = {"name": "tiny", "final": {"acc": [1.0]}}
-        (tmp_path / "tiny.json").write_text(json.dumps(results))
+        if interrupt:
+            raise SweepInterrupted(["a seed 3"], [("a seed 4", 40, 100)], tmp_path)
+        hist = History(steps=[1], losses=[0.5], eval_steps=[0, 1],
+                       metrics=[{"acc": 0.1}, {"acc": 1.0}])
+        results = Results("tiny", config, str(device), [Run("a", 3, hist)])
+        save_results(results, tmp_path / "tiny.json")
         return results
 
-    fake = types.SimpleNamespace(NAME="tiny", DESCRIPTION="a fake", get_config=get_config, run=run)
-    monkeypatch.setitem(EXPERIMENTS, "tiny", "unused")
-    monkeypatch.setattr(cli, "load_experiment", lambda name: fake)
+    return types.SimpleNamespace(NAME="tiny", DESCRIPTION="a fake", get_config=get_config,
+                                 run=run)
+
+
+def test_run_writes_results(tmp_path, monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setitem(EXPERIMENTS, "tiny", _fake_experiment(tmp_path, seen))
     argv = ["run", "tiny", "--scale", "paper", "--device", "cpu", "--out", str(tmp_path),
             "--seeds", "3", "4"]
     assert cli.main(argv) == 0
     assert seen == {"config": {"scale": "paper"}, "device": "cpu", "seeds": [3, 4]}
-    assert "acc: [1.0]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "acc (final)" in out and "1.000" in out and "results written to" in out
     assert json.loads((tmp_path / "tiny.json").read_text())["name"] == "tiny"
+
+
+def test_interrupt_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(EXPERIMENTS, "tiny", _fake_experiment(tmp_path, {}, interrupt=True))
+    argv = ["run", "tiny", "--scale", "paper", "--out", str(tmp_path)]
+    assert cli.main(argv) == 130
+    err = capsys.readouterr().err
+    assert "a seed 3: finished" in err and "a seed 4: checkpoint at update 40 of 100" in err
+    assert f"python -m lnbook run tiny --scale paper --device auto --out {tmp_path}" in err
 
 
 def test_registry_loads_and_rejects():
@@ -76,3 +102,27 @@ def test_python_dash_m_exit_codes():
     bad = subprocess.run([sys.executable, "-m", "lnbook", "run", "nope"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "unknown experiment" in bad.stderr
+
+
+def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
+    """As a user meets it: Ctrl-C during `python -m lnbook run`, then the same command again."""
+    cmd = [sys.executable, "-m", "lnbook", "run", "mnist", "--device", "cpu", "--out",
+           str(tmp_path), "--seeds", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "runs").glob("*.json")):  # wait for the first finished run
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no run finished in 120 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "none/bs128 seed 0: finished" in err and "resume with:" in err
+    assert "Traceback" not in err
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "none/bs128 seed 0: finished earlier, read from" in again.stderr
+    assert (tmp_path / "mnist.json").exists()

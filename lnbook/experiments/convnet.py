@@ -24,8 +24,7 @@ the paper, which gives no architecture; ``paper`` only makes the network and the
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,11 +33,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_mnist, warn_if_subset
-from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, make_config, save_results
-from lnbook.experiments.mnist import classification_metrics
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    make_config,
+    sweep,
+)
 from lnbook.norms import BatchNorm, LayerNorm, layer_norm
-from lnbook.train import Batches, fit
+from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
@@ -273,18 +277,15 @@ def run(
     device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
-) -> dict[str, Any]:
-    """Train every (norm, seed) of ``config``; return JSON-ready results.
+) -> Results:
+    """Train every normalization variant with every seed; return the sweep's results.
 
-    Returns:
-        ``{"name", "config", "source", "device", "runs": [{"norm", "batch_size", "seed",
-        "history", "maps": {"on", "mean", "std"} (first conv layer, (28, 28) nested lists)}...],
-        "final": {"<norm>": {"train_nll": [...], "test_error": [...]}}}``.
+    Variants are the names in ``config.norms``. Every run records ``train_nll``,
+    ``train_error``, ``test_nll`` and ``test_error`` at each evaluation, and in its ``info``
+    the first conv layer's activation ``maps`` ``{"on", "mean", "std"}`` ((28, 28) lists).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a convnet.Config, got {type(config).__name__}")
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    dev = resolve_device(device)
     train = load_mnist(split="train", source=config.source)
     warn_if_subset(train, config.scale, "convnet")
     test = load_mnist(split="test", source=config.source)
@@ -295,51 +296,28 @@ def run(
     def eval_fn(model: nn.Module) -> dict[str, float]:
         tr = classification_metrics(model, x_eval, y_eval)
         te = classification_metrics(model, xt, yt)
-        return {
-            "train_nll": tr["nll"], "train_error": tr["error"],
-            "test_nll": te["nll"], "test_error": te["error"],
-        }
+        return {"train_nll": tr["nll"], "train_error": tr["error"],
+                "test_nll": te["nll"], "test_error": te["error"]}
 
-    runs, final = [], {}
-    for norm in config.norms:
-        final[norm] = {"train_nll": [], "test_error": []}
-        for seed in seeds:
-            torch.manual_seed(seed)
-            model = ConvNet(config.channels, norm, groups=config.groups)
-            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-            ckpt = None
-            if out is not None and config.checkpoint:
-                ckpt = Path(out) / "checkpoints" / f"{NAME}-{norm}-seed{seed}.pt"
-            hist = fit(
-                model, Batches(x, y, batch_size=config.batch_size, seed=seed), opt,
-                steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                device=dev, seed=seed, checkpoint=ckpt,
-                loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-            )
-            maps = activation_maps(model, x[: config.n_maps].to(dev), layer=0)
-            runs.append({
-                "norm": norm, "batch_size": config.batch_size, "seed": seed,
-                "history": hist.to_dict(),
-                "maps": {k: v.cpu().numpy().round(6).tolist() for k, v in maps.items()},
-            })
-            final[norm]["train_nll"].append(hist.metrics[-1]["train_nll"])
-            final[norm]["test_error"].append(hist.metrics[-1]["test_error"])
-    results = {
-        "name": NAME,
-        "config": asdict(config),
-        "source": train.source,
-        "device": str(dev),
-        "runs": runs,
-        "final": final,
-    }
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        torch.manual_seed(job.seed)
+        model = ConvNet(config.channels, job.params, groups=config.groups)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
+                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                   bar=job.bar, label=job.label)
+        maps = activation_maps(model, x[: config.n_maps].to(job.device), layer=0)
+        return hist, {"maps": {k: v.cpu().numpy().round(6).tolist() for k, v in maps.items()}}
+
+    return sweep(NAME, {n: n for n in config.norms}, tuple(config.seeds if seeds is None
+                                                                 else seeds),
+                 train_one, config=config, device=device, out=out,
+                 checkpoint=config.checkpoint, steps=config.steps,
+                 info={"source": train.source})
 
 
-def maps_of(results: dict[str, Any], norm: str, key: str = "on") -> np.ndarray:
+def maps_of(results: Results, norm: str, key: str = "on") -> np.ndarray:
     """The ``(seeds, 28, 28)`` maps ``key`` ("on", "mean" or "std") of one variant's runs."""
-    rows = [r["maps"][key] for r in results["runs"] if r["norm"] == norm]
-    if not rows:
-        raise KeyError(f"no runs with norm={norm!r} in the results")
-    return np.array(rows, dtype=float)
+    return np.array([m[key] for m in results.info_of(norm, "maps")], dtype=float)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import make_config
+from lnbook.experiments.protocol import make_config
 from lnbook.rnn import DRAWLSTMCell
 
 __all__ = [
@@ -660,7 +660,7 @@ def run(
         (``eval_steps``, held-out ``bound`` and its ``kl`` part per variant and seed), ``final``
         bounds and the :func:`speedup_table` rows (when both variants ran).
     """
-    from lnbook.experiments import check_scale, save_results
+    from lnbook.experiments.protocol import check_scale, save_results
     from lnbook.train import Batches, fit
 
     if not isinstance(config, Config):

@@ -19,8 +19,7 @@ the number of updates so that all variants, batch sizes and seeds run in seconds
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,8 +28,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
-from lnbook.device import resolve_device
-from lnbook.experiments import check_scale, make_config, save_results
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    make_config,
+    sweep,
+)
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.train import Batches, History, fit
 
@@ -41,11 +46,10 @@ __all__ = [
     "Config",
     "get_config",
     "MLP",
-    "classification_metrics",
     "curves",
     "mean_gap",
-    "plot_curves",
     "run",
+    "variant_name",
 ]
 
 NAME = "mnist"
@@ -175,52 +179,16 @@ class MLP(nn.Module):
         return self.net(x)  # (N, classes)
 
 
-def classification_metrics(
-    model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
-) -> dict[str, float]:
-    """Mean negative log likelihood (nats) and error rate of ``model`` on ``(x, y)``."""
-    dev = next(model.parameters()).device
-    nll, wrong = 0.0, 0
-    for i in range(0, len(y), chunk):
-        xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
-        logits = model(xb)  # (chunk, classes)
-        nll += float(F.cross_entropy(logits, yb, reduction="sum"))
-        wrong += int((logits.argmax(1) != yb).sum())
-    return {"nll": nll / len(y), "error": wrong / len(y)}
+def variant_name(norm: str, batch_size: int) -> str:
+    """The name of one (normalization, batch size) variant in the results, e.g. ``layer/bs4``."""
+    return f"{norm}/bs{batch_size}"
 
 
 def curves(
-    results: dict[str, Any], norm: str, batch_size: int, metric: str
+    results: Results, norm: str, batch_size: int, metric: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """One metric of every seed of one variant: ``(eval_steps (E,), values (seeds, E))``."""
-    rows, steps = [], None
-    for r in results["runs"]:
-        if r["norm"] == norm and r["batch_size"] == batch_size:
-            h = History.from_dict(r["history"])
-            steps = np.array(h.eval_steps)
-            rows.append(h.metric(metric))
-    if steps is None:
-        raise KeyError(f"no runs with norm={norm!r} and batch_size={batch_size} in the results")
-    return steps, np.array(rows, dtype=float)
-
-
-def plot_curves(
-    results: dict[str, Any],
-    metric: str,
-    batch_size: int,
-    ax: Any,
-    norms: tuple[str, ...] | None = None,
-    labels: dict[str, str] | None = None,
-) -> None:
-    """Draw ``metric`` against updates on ``ax``: the mean over seeds and the min-max band."""
-    labels = labels or {"none": "no normalization", "batch": "batch norm", "layer": "layer norm"}
-    norms = norms or tuple(dict.fromkeys(r["norm"] for r in results["runs"]))
-    for norm in norms:
-        steps, values = curves(results, norm, batch_size, metric)
-        (line,) = ax.plot(steps, values.mean(0), label=labels.get(norm, norm))
-        ax.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("updates")
-    ax.grid(alpha=0.3)
+    return results.curves(variant_name(norm, batch_size), metric)
 
 
 def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -249,60 +217,37 @@ def run(
     device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
-) -> dict[str, Any]:
-    """Train every (norm, batch size, seed) of ``config``; return JSON-ready results.
+) -> Results:
+    """Train every (norm, batch size) variant with every seed; return the sweep's results.
 
-    Returns:
-        ``{"name", "config", "source", "device", "runs": [{"norm", "batch_size", "seed",
-        "history"}...], "final": {"<norm>/bs<B>": {"train_nll": [...], "test_error": [...]}}}``.
+    Variants are named ``"<norm>/bs<B>"`` (:func:`variant_name`); every run records, at each
+    evaluation, ``train_nll`` and ``train_error`` (on ``n_eval_train`` training images) and
+    ``test_nll`` and ``test_error``, in eval mode. ``Results.info["source"]`` names the data.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    dev = resolve_device(device)
     d = _data(config)
     x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
     sizes = (784, *config.hidden, 10)
-    runs, final = [], {}
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         tr = classification_metrics(model, x_eval, y_eval)
         te = classification_metrics(model, d["x_test"], d["y_test"])
-        return {
-            "train_nll": tr["nll"], "train_error": tr["error"],
-            "test_nll": te["nll"], "test_error": te["error"],
-        }
+        return {"train_nll": tr["nll"], "train_error": tr["error"],
+                "test_nll": te["nll"], "test_error": te["error"]}
 
-    for bs in config.batch_sizes:
-        for norm in config.norms:
-            key = f"{norm}/bs{bs}"
-            final[key] = {"train_nll": [], "test_error": []}
-            for seed in seeds:
-                torch.manual_seed(seed)
-                model = MLP(sizes, norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
-                opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-                ckpt = None
-                if out is not None and config.checkpoint:
-                    ckpt = Path(out) / "checkpoints" / f"{NAME}-{norm}-bs{bs}-seed{seed}.pt"
-                hist = fit(
-                    model, Batches(d["x"], d["y"], batch_size=bs, seed=seed), opt,
-                    steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                    device=dev, seed=seed, checkpoint=ckpt,
-                    loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                )
-                runs.append(
-                    {"norm": norm, "batch_size": bs, "seed": seed, "history": hist.to_dict()}
-                )
-                final[key]["train_nll"].append(hist.metrics[-1]["train_nll"])
-                final[key]["test_error"].append(hist.metrics[-1]["test_error"])
-    results = {
-        "name": NAME,
-        "config": asdict(config),
-        "source": d["source"],
-        "device": str(dev),
-        "runs": runs,
-        "final": final,
-    }
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    def train_one(job: Job) -> History:
+        norm, bs = job.params
+        torch.manual_seed(job.seed)
+        model = MLP(sizes, norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        return fit(model, Batches(d["x"], d["y"], batch_size=bs, seed=job.seed), opt,
+                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                   bar=job.bar, label=job.label)
+
+    variants = {variant_name(n, bs): (n, bs) for bs in config.batch_sizes for n in config.norms}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, checkpoint=config.checkpoint,
+                 steps=config.steps, info={"source": d["source"]})

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from lnbook.data import load_mnist
 from lnbook.device import resolve_device
-from lnbook.experiments import make_config
+from lnbook.experiments.protocol import make_config
 
 NAME = "order_embeddings"
 DESCRIPTION = (
@@ -640,7 +640,7 @@ def run(
     written to ``out/order_embeddings.json`` when ``out`` is given. ``data``: the splits of
     :func:`load_caption_data` for this config, if already loaded (else they are loaded here).
     """
-    from lnbook.experiments import save_results
+    from lnbook.experiments.protocol import save_results
 
     dev = resolve_device(device)
     seeds = list(config.seeds if seeds is None else seeds)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import make_config, save_results
+from lnbook.experiments.protocol import make_config, save_results
 from lnbook.rnn import RNN, BatchNormRNN
 from lnbook.train import fit
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.device import resolve_device
-from lnbook.experiments import make_config
+from lnbook.experiments.protocol import make_config
 
 NAME = "skip_thoughts"
 DESCRIPTION = (
@@ -539,7 +539,7 @@ def run(
     :func:`time_per_update`. Written to ``out/skip_thoughts.json`` when ``out`` is given;
     at paper scale each run checkpoints to ``out/`` and resumes from there.
     """
-    from lnbook.experiments import save_results
+    from lnbook.experiments.protocol import save_results
     from lnbook.train import Batches, fit
 
     dev = resolve_device(device)

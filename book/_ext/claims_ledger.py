@@ -1,0 +1,222 @@
+"""The claims ledger page, built from the records the chapters wrote while they executed.
+
+``book/claims.md`` holds the directive ``{claims-ledger}`` (once per part: ``:part: paper`` for
+C01-C22, ``:part: after-2016`` for P01-P14) and ``{claims-questions}``. Every chapter that checks
+a claim calls :func:`lnbook.ledger.record` after its asserting cell; the records land in
+``_build/ledger/<ID>.json`` (or ``$LNBOOK_LEDGER``). Notebooks are executed while Sphinx *reads*
+the sources, so by the time pages are *written* every record of this build exists: the
+directive leaves a placeholder, and the ``doctree-resolved`` handler fills it with a table
+that joins ``book/claims.yml`` (what a person wrote: paraphrase, chapter, heading, a ``seen``
+sentence with ``{figure}`` placeholders) with the records (the figures and the verdict).
+
+A claim without a record, a status in ``claims.yml`` that differs from the recorded verdict, a
+placeholder that names no recorded figure, or a ``where`` that is no heading of its chapter is a
+build warning, so the book's ``--warningiserror`` build fails on it (``tests/test_ledger.py``
+checks the same things without a build). The page is re-read at every build, since its content
+depends on other pages' execution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from docutils import nodes
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+logger = logging.getLogger(__name__)
+
+PARTS = {"paper": "C", "after-2016": "P"}
+VERDICTS = ("reproduced", "explained", "partially reproduced", "not reproduced",
+            "not reproducible offline")
+
+
+class ledger_placeholder(nodes.General, nodes.Element):
+    """Replaced by the ledger table (or the questions list) once every page is read."""
+
+
+class ClaimsLedger(SphinxDirective):
+    option_spec = {"part": lambda s: s.strip()}
+
+    def run(self) -> list[nodes.Node]:
+        part = self.options.get("part", "paper")
+        if part not in PARTS:
+            raise self.error(f"claims-ledger :part: must be one of {sorted(PARTS)}, got {part!r}")
+        self.env.note_dependency(str(_ledger_file(self.env.app)))
+        return [ledger_placeholder(kind="table", part=part)]
+
+
+class ClaimsQuestions(SphinxDirective):
+    def run(self) -> list[nodes.Node]:
+        return [ledger_placeholder(kind="questions", part="paper")]
+
+
+def _ledger_file(app) -> Path:
+    return Path(app.srcdir) / "book" / "claims.yml"
+
+
+def _records_dir(app) -> Path:
+    env = os.environ.get("LNBOOK_LEDGER")
+    return Path(env) if env else Path(app.srcdir) / "_build" / "ledger"
+
+
+def _records(app) -> dict[str, dict]:
+    folder = _records_dir(app)
+    out = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        rec = json.loads(path.read_text())
+        out[rec["id"]] = rec
+    return out
+
+
+def _fmt(value, spec: str = "") -> str:
+    if isinstance(value, list):
+        return "/".join(_fmt(v, spec) for v in value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return format(value, spec or ".3g")
+    if isinstance(value, int) and spec:
+        return format(value, spec)
+    return str(value)
+
+
+class _Figures(string.Formatter):
+    def __init__(self, figures: dict) -> None:
+        self.figures = figures
+
+    def get_value(self, key, args, kwargs):
+        return self.figures[key]
+
+    def format_field(self, value, format_spec: str) -> str:
+        return _fmt(value, format_spec)
+
+
+def _section_anchor(app, chapter: str, where: str) -> str | None:
+    """The HTML id of the section titled ``where`` in ``book/<chapter>``, if there is one."""
+    docname = f"book/{chapter}"
+    if docname not in app.env.all_docs:
+        return None
+    doctree = app.env.get_doctree(docname)
+    for section in doctree.findall(nodes.section):
+        title = section.next_node(nodes.title)
+        if title is not None and " ".join(title.astext().split()) == where and section["ids"]:
+            return section["ids"][0]
+    return None
+
+
+def _para(*children: nodes.Node | str) -> nodes.paragraph:
+    p = nodes.paragraph()
+    for c in children:
+        p += nodes.Text(c) if isinstance(c, str) else c
+    return p
+
+
+def _link(app, fromdoc: str, chapter: str, anchor: str | None, text: str) -> nodes.Node:
+    docname = f"book/{chapter}"
+    if docname not in app.env.all_docs:
+        return nodes.literal(text=chapter)
+    uri = app.builder.get_relative_uri(fromdoc, docname) + (f"#{anchor}" if anchor else "")
+    return nodes.reference("", text, internal=True, refuri=uri)
+
+
+def _row(cells: list[list[nodes.Node]]) -> nodes.row:
+    row = nodes.row()
+    for content in cells:
+        entry = nodes.entry()
+        for c in content:
+            entry += c
+        row += entry
+    return row
+
+
+def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
+    ledger = yaml.safe_load(_ledger_file(app).read_text())
+    records = _records(app)
+    prefix = PARTS[part]
+    claims = [c for c in ledger["claims"] if str(c["id"]).startswith(prefix)]
+    widths = (34, 14, 22, 30)
+    table, tgroup = nodes.table(classes=["claims-ledger"]), nodes.tgroup(cols=len(widths))
+    table += tgroup
+    for w in widths:
+        tgroup += nodes.colspec(colwidth=w)
+    head = nodes.thead()
+    head += _row([[_para(h)] for h in ("Claim (paraphrased)", "Verdict", "Checked in",
+                                          "Seen when the book was built")])
+    tgroup += head
+    body = nodes.tbody()
+    counts: Counter[str] = Counter()
+    for c in claims:
+        cid, chapter, where = c["id"], c["chapter"], " ".join(str(c["where"]).split())
+        rec = records.get(cid)
+        anchor = _section_anchor(app, chapter, where)
+        if anchor is None:
+            logger.warning(f"claims ledger: {cid} points at '{where}', no heading of {chapter}",
+                           location=fromdoc)
+        if rec is None:
+            logger.warning(f"claims ledger: no record for {cid}; the chapter {chapter} must call "
+                           f"lnbook.ledger.record({cid!r}, ...)", location=fromdoc)
+            verdict, seen = "no record", "(the chapter recorded nothing in this build)"
+        else:
+            verdict = rec["verdict"]
+            if verdict != c["status"]:
+                logger.warning(f"claims ledger: {cid} status in claims.yml is {c['status']!r} but "
+                               f"{chapter} computed {verdict!r}", location=fromdoc)
+            try:
+                seen = _Figures(rec["figures"]).format(" ".join(str(c["seen"]).split()))
+            except (KeyError, ValueError, IndexError) as err:
+                logger.warning(f"claims ledger: {cid} 'seen' cannot be filled: {err!r}",
+                               location=fromdoc)
+                seen = str(c["seen"])
+        counts[verdict] += 1
+        claim = _para(nodes.strong(text=cid), f" (§ {c['section']}) ",
+                      " ".join(str(c["claim"]).split()))
+        checked = _para(_link(app, fromdoc, chapter, None, chapter), ", section ",
+                        _link(app, fromdoc, chapter, anchor, where))
+        body += _row([[claim], [_para(nodes.strong(text=verdict))], [checked], [_para(seen)]])
+    tgroup += body
+    summary = ", ".join(f"{counts[v]} {v}" for v in (*VERDICTS, "no record") if counts[v])
+    return [_para(f"{len(claims)} claims: {summary}."), table]
+
+
+def _questions(app, fromdoc: str) -> list[nodes.Node]:
+    ledger = yaml.safe_load(_ledger_file(app).read_text())
+    items = nodes.enumerated_list()
+    for q in ledger.get("questions", []):
+        where = " ".join(str(q["where"]).split())
+        anchor = _section_anchor(app, q["chapter"], where)
+        if anchor is None:
+            logger.warning(f"claims ledger: a question points at '{where}', no heading of "
+                           f"{q['chapter']}", location=fromdoc)
+        item = nodes.list_item()
+        item += _para(" ".join(str(q["question"]).split()), " Answered in ",
+                      _link(app, fromdoc, q["chapter"], anchor, f"{q['chapter']}, {where}"), ".")
+        items += item
+    return [items]
+
+
+def _fill(app, doctree, docname: str) -> None:
+    for node in list(doctree.findall(ledger_placeholder)):
+        if node["kind"] == "table":
+            node.replace_self(_table(app, docname, node["part"]))
+        else:
+            node.replace_self(_questions(app, docname))
+
+
+def _always_reread(app, env, added, changed, removed) -> list[str]:
+    """The ledger page depends on every chapter's execution: read it again at every build."""
+    return [d for d in env.all_docs if d.endswith("claims") and d not in removed]
+
+
+def setup(app):
+    app.add_node(ledger_placeholder)
+    app.add_directive("claims-ledger", ClaimsLedger)
+    app.add_directive("claims-questions", ClaimsQuestions)
+    app.connect("doctree-resolved", _fill)
+    app.connect("env-get-outdated", _always_reread)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

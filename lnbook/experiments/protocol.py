@@ -1,0 +1,502 @@
+"""The one protocol every experiment follows: variants x seeds -> fit -> :class:`Results`.
+
+Book chapters 6.1-6.7, 3.1, 7 and Part II. An experiment module describes *what* to train (its
+``Config`` dataclass, a model, data, and a function that trains one variant with one seed);
+:func:`sweep` runs every (variant, seed) pair, shows one progress bar for the whole sweep,
+keeps finished runs and checkpoints on disk when given an ``out`` folder (so an interrupted
+sweep resumes where it stopped), and returns one :class:`Results` layout that the chapters, the
+plots and the claims ledger all read. The shared measurements of learning curves
+(:func:`updates_to_reach`, :func:`mean_after_start`, :func:`best_step`) live here, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from lnbook.device import resolve_device
+from lnbook.train import History, progress_enabled
+
+__all__ = [
+    "SCALES",
+    "Job",
+    "Results",
+    "Run",
+    "SweepInterrupted",
+    "Table",
+    "best_step",
+    "check_scale",
+    "classification_metrics",
+    "load_results",
+    "make_config",
+    "mean_after_start",
+    "save_results",
+    "sweep",
+    "updates_to_reach",
+]
+
+SCALES: tuple[str, ...] = ("quick", "paper")
+
+
+# ---------------------------------------------------------------------------------------------
+# configs and files
+
+
+def check_scale(scale: str) -> str:
+    """Return ``scale`` if it is ``"quick"`` or ``"paper"``, else raise ``ValueError``."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    return scale
+
+
+def make_config(config_cls: type, presets: Mapping[str, Mapping[str, Any]], scale: str,
+                overrides: Mapping[str, Any]) -> Any:
+    """``config_cls`` built from the ``scale`` preset, with fields replaced by ``overrides``.
+
+    Every experiment's ``get_config`` starts here: an unknown scale or field name raises
+    ``ValueError`` naming the valid ones.
+    """
+    check_scale(scale)
+    names = {f.name for f in dataclasses.fields(config_cls)} - {"scale"}
+    unknown = set(overrides) - names
+    if unknown:
+        raise ValueError(f"unknown Config fields {sorted(unknown)}; known: {sorted(names)}")
+    return config_cls(scale=scale, **{**presets[scale], **overrides})
+
+
+def _jsonable(obj: Any) -> Any:
+    """Plain JSON types; non-finite floats become None (strict JSON has no NaN)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict"):
+        return _jsonable(obj.to_dict())
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):  # numpy or torch array / scalar
+        return _jsonable(obj.tolist())
+    raise TypeError(f"cannot save a {type(obj).__name__} as JSON: {obj!r}")
+
+
+def save_results(results: Any, path: str | os.PathLike) -> Path:
+    """Write ``results`` (a :class:`Results` or a dict) as JSON, atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(results), indent=1, allow_nan=False))
+    os.replace(tmp, path)
+    return path
+
+
+def load_results(path: str | os.PathLike) -> Results:
+    """Read a :class:`Results` written by :func:`save_results`."""
+    return Results.from_dict(json.loads(Path(path).read_text()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the results layout
+
+
+@dataclass
+class Run:
+    """One trained (variant, seed) pair.
+
+    Attributes:
+        variant: the variant's name (a key of the ``variants`` given to :func:`sweep`).
+        seed: the seed of its initialization and data order.
+        history: the :class:`lnbook.train.History` that :func:`lnbook.fit` recorded.
+        info: anything else the experiment measured on this run (JSON types), e.g. the test
+            error per time step.
+    """
+
+    variant: str
+    seed: int
+    history: History
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "seed": self.seed, "history": self.history.to_dict(),
+                "info": _jsonable(self.info)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Run:
+        return cls(str(d["variant"]), int(d["seed"]), History.from_dict(d["history"]),
+                   dict(d.get("info", {})))
+
+
+@dataclass
+class Results:
+    """What a sweep produced: every run, and how it was configured. One layout for all.
+
+    Attributes:
+        name: the experiment's name.
+        config: its configuration, as a dict.
+        device: the device it trained on.
+        runs: one :class:`Run` per (variant, seed), in the order they were trained.
+        info: what the experiment adds about the whole sweep (data source, trivial baselines).
+    """
+
+    name: str
+    config: dict[str, Any]
+    device: str
+    runs: list[Run]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "config": _jsonable(self.config), "device": self.device,
+                "info": _jsonable(self.info), "runs": [r.to_dict() for r in self.runs]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Results:
+        return cls(d["name"], dict(d["config"]), d["device"],
+                   [Run.from_dict(r) for r in d["runs"]], dict(d.get("info", {})))
+
+    # -- selection
+
+    @property
+    def variants(self) -> list[str]:
+        """Variant names in the order they were trained."""
+        return list(dict.fromkeys(r.variant for r in self.runs))
+
+    @property
+    def seeds(self) -> list[int]:
+        """Seeds in the order they were trained."""
+        return list(dict.fromkeys(r.seed for r in self.runs))
+
+    def select(self, variant: str) -> list[Run]:
+        """The runs of ``variant``, one per seed, in seed order."""
+        runs = [r for r in self.runs if r.variant == variant]
+        if not runs:
+            raise KeyError(f"no runs of variant {variant!r}; variants: {self.variants}")
+        return runs
+
+    def curves(self, variant: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """One metric over training, every seed: ``(steps (E,), values (seeds, E))``.
+
+        ``metric`` is a key of the dicts the evaluation returned (measured at ``eval_steps``),
+        or ``"loss"`` for the training loss of every update (measured at ``steps``).
+        """
+        runs = self.select(variant)
+        h = runs[0].history
+        if metric == "loss":
+            steps, rows = np.array(h.steps), [r.history.losses for r in runs]
+        else:
+            if not h.metrics or metric not in h.metrics[0]:
+                known = sorted(h.metrics[0]) if h.metrics else []
+                raise KeyError(f"no metric {metric!r} in {variant!r}; recorded: {known}")
+            steps, rows = np.array(h.eval_steps), [r.history.metric(metric) for r in runs]
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError(f"the seeds of {variant!r} recorded {metric!r} a different number "
+                             "of times; compare them run by run")
+        return steps, np.array(rows, dtype=float)
+
+    def final(self, variant: str, metric: str) -> np.ndarray:
+        """The last recorded value of ``metric``, per seed: ``(seeds,)``."""
+        return np.array([r.history.metric(metric)[-1] for r in self.select(variant)])
+
+    def best(self, variant: str, metric: str, mode: str = "min") -> np.ndarray:
+        """The best value of ``metric`` over training, per seed (``mode`` "min" or "max")."""
+        pick = _pick(mode)
+        return np.array([pick(r.history.metric(metric)) for r in self.select(variant)])
+
+    def info_of(self, variant: str, key: str) -> list[Any]:
+        """``run.info[key]`` of every seed of ``variant``."""
+        return [r.info[key] for r in self.select(variant)]
+
+    def table(self, metrics: Sequence[str], stat: str = "final", fmt: str = ".3f",
+              variants: Sequence[str] | None = None) -> Table:
+        """A small table: one row per variant, one column per metric, values per seed.
+
+        ``stat`` is ``"final"``, ``"min"`` or ``"max"`` (the best over training).
+        """
+        rows = []
+        for v in variants or self.variants:
+            cells = []
+            for m in metrics:
+                vals = self.final(v, m) if stat == "final" else self.best(v, m, stat)
+                cells.append(" / ".join(format(x, fmt) for x in vals))
+            rows.append([v, *cells])
+        seeds = ", ".join(str(s) for s in self.seeds)
+        return Table(["variant", *(f"{m} ({stat})" for m in metrics)], rows,
+                     caption=f"one value per seed ({seeds})")
+
+
+class Table:
+    """Rows of text shown as a Markdown table in a notebook and aligned columns in a terminal."""
+
+    def __init__(self, header: Sequence[str], rows: Iterable[Sequence[Any]],
+                 caption: str | None = None) -> None:
+        self.header = [str(h) for h in header]
+        self.rows = [[str(c) for c in row] for row in rows]
+        self.caption = caption
+
+    def __str__(self) -> str:
+        cols = list(zip(self.header, *self.rows, strict=True))
+        widths = [max(len(c) for c in col) for col in cols]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                 for row in [self.header, *self.rows]]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines + ([f"({self.caption})"] if self.caption else []))
+
+    __repr__ = __str__
+
+    def _repr_markdown_(self) -> str:
+        def esc(s: str) -> str:
+            return s.replace("|", "\\|")
+
+        md = ["| " + " | ".join(esc(h) for h in self.header) + " |",
+              "|" + "---|" * len(self.header)]
+        md += ["| " + " | ".join(esc(c) for c in row) + " |" for row in self.rows]
+        return "\n".join(md + ([f"\n*{self.caption}*"] if self.caption else []))
+
+
+# ---------------------------------------------------------------------------------------------
+# shared measurements of learning curves
+
+
+def _pick(mode: str) -> Callable[[Sequence[float]], float]:
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    return min if mode == "min" else max
+
+
+def updates_to_reach(steps: Sequence[int], values: Sequence[float], target: float,
+                     mode: str = "min") -> int | None:
+    """The first evaluation step at which ``values`` reaches ``target``, or None if never.
+
+    With ``mode="min"`` (a loss or an error) reaching means ``value <= target``; with
+    ``mode="max"`` (an accuracy or a recall) it means ``value >= target``.
+
+    Example::
+
+        >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
+        10
+    """
+    if len(steps) != len(values):
+        raise ValueError(f"steps and values differ in length: {len(steps)} vs {len(values)}")
+    _pick(mode)
+    for s, v in zip(steps, values, strict=True):
+        if (v <= target) if mode == "min" else (v >= target):
+            return int(s)
+    return None
+
+
+def mean_after_start(values: np.ndarray) -> np.ndarray:
+    """The mean of each curve over its evaluations after step 0: ``(seeds, E) -> (seeds,)``.
+
+    The area under a learning curve, per evaluation: a method that gets low sooner has the
+    smaller value (the measure of "converges faster" used across the book).
+    """
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 2 or values.shape[1] < 2:
+        raise ValueError(f"values must be (seeds, evaluations >= 2), got {values.shape}")
+    return values[:, 1:].mean(axis=1)
+
+
+def best_step(steps: Sequence[int], values: Sequence[float], mode: str = "min") -> int:
+    """The evaluation step with the best value (the first one, on ties)."""
+    best = _pick(mode)(values)
+    return int(steps[list(values).index(best)])
+
+
+def classification_metrics(
+    model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
+) -> dict[str, float]:
+    """Mean negative log likelihood (nats) and error rate of a classifier on ``(x, y)``.
+
+    ``model(x)`` returns logits ``(N, classes)``; evaluated in chunks of ``chunk`` examples on
+    the model's device. Call it under ``torch.no_grad()`` in eval mode (as ``fit``'s
+    ``eval_fn`` runs).
+    """
+    dev = next(model.parameters()).device
+    nll, wrong = 0.0, 0
+    for i in range(0, len(y), chunk):
+        xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
+        logits = model(xb)  # (chunk, classes)
+        nll += float(F.cross_entropy(logits, yb, reduction="sum"))
+        wrong += int((logits.argmax(1) != yb).sum())
+    return {"nll": nll / len(y), "error": wrong / len(y)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class Job:
+    """One (variant, seed) pair, as :func:`sweep` hands it to the experiment's ``train_one``.
+
+    Pass ``bar`` and ``label`` on to :func:`lnbook.fit` (its ``bar=``, ``label=``) and
+    ``checkpoint`` as its ``checkpoint=``, so that the sweep's single progress bar advances and
+    an interrupted run resumes.
+    """
+
+    variant: str
+    params: Any
+    seed: int
+    device: torch.device
+    checkpoint: Path | None
+    bar: Any
+    label: str
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: what is saved, so the caller can say how to resume.
+
+    Attributes:
+        finished: labels of the runs that were complete (saved when the sweep had ``out``).
+        saved: ``(label, step, steps)`` of the interrupted run's checkpoint, if it had one.
+        out: the sweep's output folder, or None when nothing was kept on disk.
+    """
+
+    def __init__(self, finished: list[str], saved: list[tuple[str, int, int]],
+                 out: Path | None) -> None:
+        self.finished, self.saved, self.out = finished, saved, out
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        if self.out is None:
+            return "interrupted; nothing was saved (run with an output folder to resume)"
+        lines = [f"interrupted; saved under {self.out}:"]
+        lines += [f"  {label}: finished" for label in self.finished]
+        lines += [f"  {label}: checkpoint at update {s} of {n}" for label, s, n in self.saved]
+        if len(lines) == 1:
+            lines.append("  nothing yet (no run reached its first checkpoint)")
+        return "\n".join(lines)
+
+
+def _file_stem(variant: str, seed: int) -> str:
+    """``variant`` and ``seed`` as a file name (``layer/bs4`` -> ``layer_bs4-seed0``)."""
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', variant)}-seed{seed}"
+
+
+def _run_file(out: Path, variant: str, seed: int) -> Path:
+    return out / "runs" / f"{_file_stem(variant, seed)}.json"
+
+
+def _label(variant: str, seed: int) -> str:
+    return f"{variant} seed {seed}"
+
+
+def sweep(
+    name: str,
+    variants: Mapping[str, Any],
+    seeds: Sequence[int],
+    train_one: Callable[[Job], History | tuple[History, dict[str, Any]]],
+    *,
+    config: Any,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    checkpoint: bool = False,
+    steps: int | Callable[[str, Any], int] | None = None,
+    info: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> Results:
+    """Train every variant with every seed through ``train_one``; return one :class:`Results`.
+
+    Args:
+        name: the experiment's name (``Results.name``; files are ``out/<name>.json``).
+        variants: name -> parameters of the variant (anything ``train_one`` understands),
+            trained in this order.
+        seeds: the seeds, each variant trained once per seed.
+        train_one: ``Job -> History`` or ``(History, info)``; builds the model under
+            ``torch.manual_seed(job.seed)`` and calls :func:`lnbook.fit` with ``bar=job.bar``,
+            ``label=job.label`` and ``checkpoint=job.checkpoint``.
+        config: the experiment's config dataclass (stored with the results; a finished run
+            on disk is reused only if it was trained under the same config).
+        device: ``"auto"`` (cuda, mps, cpu) or a device.
+        out: folder for ``<name>.json``, the finished runs (``runs/``) and the checkpoints
+            (``checkpoints/``, when ``checkpoint`` is True); None keeps everything in memory.
+        checkpoint: give every job a checkpoint file under ``out`` (paper-scale runs).
+        steps: updates per run (an int, or ``(variant, params) -> int``), for the total of
+            the progress bar.
+        info: what to store about the whole sweep in ``Results.info``.
+        progress: show the bar; default only in a terminal outside CI.
+
+    Raises:
+        SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
+            checkpoint the interrupted one left (a ``KeyboardInterrupt``).
+    """
+    if not variants:
+        raise ValueError("variants is empty: name at least one variant to train")
+    if not seeds:
+        raise ValueError("seeds is empty: give at least one seed")
+    dev = resolve_device(device)
+    folder = Path(out) if out is not None else None
+    cfg = _jsonable(config)
+    pairs = [(v, p, int(s)) for v, p in variants.items() for s in seeds]
+
+    def n_steps(v: str, p: Any) -> int:
+        return steps(v, p) if callable(steps) else int(steps or 0)
+
+    total = sum(n_steps(v, p) for v, p, _ in pairs) if steps is not None else None
+    bar = tqdm(total=total, disable=not progress_enabled(progress), desc=name, unit="update")
+    runs: list[Run] = []
+    finished: list[str] = []
+    try:
+        for variant, params, seed in pairs:
+            label = _label(variant, seed)
+            done = _load_finished(folder, variant, seed, cfg) if folder is not None else None
+            if done is not None:
+                tqdm.write(f"{label}: finished earlier, read from "
+                           f"{_run_file(folder, variant, seed)}", file=sys.stderr)
+                runs.append(done)
+                finished.append(label)
+                bar.update(n_steps(variant, params))
+                continue
+            ckpt = None
+            if folder is not None and checkpoint:
+                ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
+            job = Job(variant, params, seed, dev, ckpt, bar, label)
+            try:
+                got = train_one(job)
+            except KeyboardInterrupt:
+                raise SweepInterrupted(finished, _saved_step(ckpt, label), folder) from None
+            hist, run_info = got if isinstance(got, tuple) else (got, {})
+            run = Run(variant, seed, hist, dict(run_info))
+            runs.append(run)
+            finished.append(label)
+            if folder is not None:
+                save_results({"config": cfg, "run": run}, _run_file(folder, variant, seed))
+    finally:
+        bar.close()
+    results = Results(name, cfg, str(dev), runs, dict(info or {}))
+    if folder is not None:
+        save_results(results, folder / f"{name}.json")
+    return results
+
+
+def _load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
+    path = _run_file(out, variant, seed)
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if saved.get("config") != cfg:
+        return None  # trained under another config: train again
+    return Run.from_dict(saved["run"])
+
+
+def _saved_step(ckpt: Path | None, label: str) -> list[tuple[str, int, int]]:
+    if ckpt is None or not ckpt.exists():
+        return []
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    return [(label, int(state["step"]), int(state.get("steps", state["step"])))]

@@ -1,0 +1,185 @@
+"""The experiment protocol: sweep (variants x seeds -> fit), Results, shared curve metrics,
+and what an interrupted sweep leaves on disk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lnbook.experiments import protocol as P
+from lnbook.train import Batches, History, fit
+
+
+def _history(values: list[float], steps: list[int] | None = None) -> History:
+    steps = steps or [10 * i for i in range(len(values))]
+    return History(steps=list(range(1, steps[-1] + 1)), losses=[1.0] * steps[-1],
+                   eval_steps=steps, metrics=[{"err": v} for v in values])
+
+
+def _results() -> P.Results:
+    runs = [P.Run("a", 0, _history([0.9, 0.5, 0.4])), P.Run("a", 1, _history([0.8, 0.6, 0.2])),
+            P.Run("b", 0, _history([0.9, 0.7, 0.6]), {"k": 3}),
+            P.Run("b", 1, _history([0.9, 0.8, 0.7]), {"k": 4})]
+    return P.Results("toy", {"lr": 0.1}, "cpu", runs, {"source": "made up"})
+
+
+def test_updates_to_reach_both_directions():
+    assert P.updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0) == 10
+    assert P.updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 100.0) is None
+    assert P.updates_to_reach([0, 5, 9], [0.1, 0.4, 0.9], 0.4, mode="max") == 5
+    with pytest.raises(ValueError, match="differ in length"):
+        P.updates_to_reach([0, 1], [1.0], 0.5)
+    with pytest.raises(ValueError, match="mode"):
+        P.updates_to_reach([0], [1.0], 0.5, mode="down")
+
+
+def test_mean_after_start_and_best_step():
+    v = np.array([[9.0, 1.0, 3.0], [9.0, 2.0, 2.0]])
+    np.testing.assert_allclose(P.mean_after_start(v), [2.0, 2.0])
+    assert P.best_step([0, 10, 20], [0.5, 0.2, 0.2]) == 10
+    assert P.best_step([0, 10, 20], [0.5, 0.2, 0.7], mode="max") == 20
+    with pytest.raises(ValueError, match="evaluations"):
+        P.mean_after_start(np.array([1.0, 2.0]))
+
+
+def test_results_select_curves_final_best_and_round_trip(tmp_path):
+    r = _results()
+    assert r.variants == ["a", "b"] and r.seeds == [0, 1]
+    steps, vals = r.curves("a", "err")
+    np.testing.assert_array_equal(steps, [0, 10, 20])
+    np.testing.assert_allclose(vals, [[0.9, 0.5, 0.4], [0.8, 0.6, 0.2]])
+    np.testing.assert_allclose(r.final("b", "err"), [0.6, 0.7])
+    np.testing.assert_allclose(r.best("a", "err"), [0.4, 0.2])
+    np.testing.assert_allclose(r.best("b", "err", "max"), [0.9, 0.9])
+    assert r.info_of("b", "k") == [3, 4]
+    steps, losses = r.curves("a", "loss")
+    assert steps[0] == 1 and losses.shape == (2, 20)
+    with pytest.raises(KeyError, match="variants"):
+        r.select("c")
+    with pytest.raises(KeyError, match="recorded"):
+        r.curves("a", "acc")
+    back = P.load_results(P.save_results(r, tmp_path / "toy.json"))
+    assert back.to_dict() == r.to_dict()
+
+
+def test_table_shows_values_per_seed():
+    t = _results().table(["err"], fmt=".2f")
+    text = str(t)
+    assert "a" in text and "0.40 / 0.20" in text and "0.60 / 0.70" in text
+    assert "| a | 0.40 / 0.20 |" in t._repr_markdown_()
+    best = str(_results().table(["err"], stat="min", fmt=".1f"))
+    assert "0.4 / 0.2" in best
+
+
+def _regression_data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, 3, generator=g)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5]])
+
+
+def _train_one(job: P.Job, steps: int = 12, stop_at: int | None = None) -> History:
+    torch.manual_seed(job.seed)
+    model = nn.Linear(3, 1, bias=False) if job.params == "linear" else nn.Sequential(
+        nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    x, y = _regression_data()
+    batches = Batches(x, y, batch_size=8, seed=job.seed)
+
+    def data(step: int):
+        if stop_at is not None and step == stop_at:
+            raise KeyboardInterrupt
+        return batches(step)
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mse = lambda m, b: ((m(b[0]) - b[1]) ** 2).mean()  # noqa: E731
+    return fit(model, data, opt, steps=steps, eval_every=4, loss_fn=mse,
+               eval_fn=lambda m: {"mse": float(mse(m, (x, y)))}, device=job.device,
+               seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+
+
+def test_sweep_trains_every_pair_in_order_and_seeds_matter():
+    r = P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0, 1], _train_one, config={"x": 1},
+                device="cpu", steps=12)
+    assert [(x.variant, x.seed) for x in r.runs] == [("linear", 0), ("linear", 1), ("mlp", 0),
+                                                   ("mlp", 1)]
+    assert r.name == "toy" and r.config == {"x": 1} and r.device == "cpu"
+    _, mse = r.curves("linear", "mse")
+    assert mse.shape == (2, 4) and np.all(mse[:, -1] < mse[:, 0])  # it learned
+    assert not np.allclose(r.final("mlp", "mse")[0], r.final("mlp", "mse")[1])
+    with pytest.raises(ValueError, match="variants is empty"):
+        P.sweep("toy", {}, [0], _train_one, config=None)
+    with pytest.raises(ValueError, match="seeds is empty"):
+        P.sweep("toy", {"a": 1}, [], _train_one, config=None)
+
+
+def test_sweep_info_from_train_one_and_files(tmp_path):
+    def train_one(job):
+        return _train_one(job), {"param": job.params, "seed_twice": 2 * job.seed}
+
+    r = P.sweep("toy", {"linear": "linear"}, [3], train_one, config={"x": 1}, device="cpu",
+                out=tmp_path, info={"source": "synthetic"})
+    assert r.runs[0].info == {"param": "linear", "seed_twice": 6}
+    assert r.info == {"source": "synthetic"}
+    on_disk = json.loads((tmp_path / "toy.json").read_text())
+    assert on_disk["runs"][0]["info"]["seed_twice"] == 6
+    assert (tmp_path / "runs" / "linear-seed3.json").exists()
+
+
+def test_interrupted_sweep_resumes_to_the_same_results(tmp_path, capsys):
+    variants, seeds = {"linear": "linear", "mlp": "mlp"}, [0, 1]
+    clean = P.sweep("toy", variants, seeds, _train_one, config={"x": 1}, device="cpu")
+    calls = {"n": 0}
+
+    def stops_in_third_run(job):
+        calls["n"] += 1
+        return _train_one(job, stop_at=10 if calls["n"] == 3 else None)
+
+    with pytest.raises(P.SweepInterrupted) as stop:
+        P.sweep("toy", variants, seeds, stops_in_third_run, config={"x": 1}, device="cpu",
+                out=tmp_path, checkpoint=True)
+    assert isinstance(stop.value, KeyboardInterrupt)
+    assert stop.value.finished == ["linear seed 0", "linear seed 1"]
+    assert stop.value.saved == [("mlp seed 0", 10, 12)]  # saved at the interrupt, not at 8
+    text = stop.value.describe()
+    assert "mlp seed 0: checkpoint at update 10 of 12" in text and "linear seed 1: finished" in text
+    resumed = P.sweep("toy", variants, seeds, _train_one, config={"x": 1}, device="cpu",
+                      out=tmp_path, checkpoint=True)
+    err = capsys.readouterr().err
+    assert "linear seed 0: finished earlier" in err
+    assert "mlp seed 0: resuming from update 10 of 12" in err
+    for a, b in zip(clean.runs, resumed.runs, strict=True):
+        assert a.history.losses == b.history.losses
+        assert a.history.metrics == b.history.metrics
+
+
+def test_finished_runs_are_not_reused_under_another_config(tmp_path, capsys):
+    P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 1}, device="cpu",
+            out=tmp_path)
+    P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 2}, device="cpu",
+            out=tmp_path)
+    assert "finished earlier" not in capsys.readouterr().err
+
+
+def test_interrupt_without_out_says_nothing_was_saved():
+    with pytest.raises(P.SweepInterrupted, match="nothing was saved"):
+        P.sweep("toy", {"linear": "linear"}, [0], lambda j: _train_one(j, stop_at=3),
+                config=None, device="cpu")
+
+
+@dataclass
+class C:
+    scale: str = "quick"
+    steps: int = 5
+
+
+def test_make_config_and_check_scale():
+    assert P.make_config(C, {"quick": {}, "paper": {"steps": 50}}, "paper", {}).steps == 50
+    assert P.make_config(C, {"quick": {}, "paper": {}}, "quick", {"steps": 7}).steps == 7
+    with pytest.raises(ValueError, match="unknown Config fields"):
+        P.make_config(C, {"quick": {}}, "quick", {"stepz": 1})
+    with pytest.raises(ValueError, match="scale must be one of"):
+        P.check_scale("huge")
