@@ -1,10 +1,17 @@
-"""Build the book and run the tests with nothing but Python 3.10+ and pip.
+"""Build, test and read the book with nothing but Python 3.10+ and pip.
 
-    python3 dev.py book    # make .venv, install requirements.txt, execute every notebook, write _build/html
+    python3 dev.py book    # make .venv, install requirements.txt, build the book into _build/html
     python3 dev.py test    # ruff, unit tests, and nbval over every notebook in book/
+    python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
+    python3 dev.py sync    # rewrite every notebook's Colab cell from _config.yml's repository.url
 
-Both create (or reuse) the virtual environment `.venv` next to this file and re-install when
-requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
+Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
+when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
+`lab` passes further options to JupyterLab, for example
+`python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
+
+This file runs on a bare Python: it imports only the standard library. The one task that needs
+more, `sync` (nbformat, PyYAML), runs `sync_notebooks()` with .venv's Python after installing.
 """
 
 from __future__ import annotations
@@ -18,8 +25,19 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+BOOK = ROOT / "book"
 VENV = Path(os.environ.get("LNBOOK_VENV", ROOT / ".venv"))
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STAMP = ".lnbook-installed"
+
+# The first code cell of every notebook (tag `remove-input`). `{url}` is `repository.url` of
+# _config.yml, the one place the repository's address is written; `python3 dev.py sync` fills it.
+COLAB_CELL = """\
+# On Google Colab, install lnbook first; anywhere else this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    %pip install -q git+{url}"""
 
 
 def run(*cmd: str | Path) -> None:
@@ -27,20 +45,29 @@ def run(*cmd: str | Path) -> None:
     subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
 
 
-def ensure_venv() -> None:
-    """Create .venv and install requirements.txt into it, unless already done for these files."""
-    digest = hashlib.sha256(
+def requirements_digest() -> str:
+    """What an environment must have been installed from: a hash of the two install files."""
+    return hashlib.sha256(
         b"".join((ROOT / f).read_bytes() for f in ("requirements.txt", "pyproject.toml"))
     ).hexdigest()
-    stamp = VENV / ".lnbook-installed"
-    if stamp.exists() and stamp.read_text() == digest:
+
+
+def is_installed(venv_dir: Path) -> bool:
+    """True when `venv_dir` was installed by `ensure_venv` from the current requirements."""
+    stamp = venv_dir / STAMP
+    return stamp.exists() and stamp.read_text() == requirements_digest()
+
+
+def ensure_venv() -> None:
+    """Create .venv and install requirements.txt into it, unless already done for these files."""
+    if is_installed(VENV):
         return
     if not (BIN / "python").exists() and not (BIN / "python.exe").exists():
         print(f"+ creating virtual environment {VENV}", flush=True)
         venv.create(VENV, with_pip=True)
     run(BIN / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q",
         "-r", "requirements.txt")
-    stamp.write_text(digest)
+    (VENV / STAMP).write_text(requirements_digest())
 
 
 def book() -> None:
@@ -59,12 +86,86 @@ def test() -> None:
         "-p", "no:cacheprovider")
 
 
+def lab_command(python: str | Path, options: list[str]) -> list[str]:
+    """The command `dev.py lab` runs: JupyterLab from `python`'s environment, rooted at book/.
+
+    The notebooks' kernel `python3` is then that environment's own ipykernel (its kernelspec runs
+    the server's Python), and kernels start in book/, as they do when the book is built.
+    """
+    cmd = [str(python), "-m", "jupyterlab", f"--ServerApp.root_dir={BOOK}"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        # containers (Docker, CI, cloud notebooks) often run as root, where JupyterLab refuses
+        # to start without this flag
+        cmd.append("--allow-root")
+    return cmd + list(options)
+
+
+def lab_environment() -> dict[str, str]:
+    """The server's environment: kernelspecs of the environment win over a user's own."""
+    return {**os.environ, "JUPYTER_PREFER_ENV_PATH": "1"}
+
+
+def lab(options: list[str]) -> int:
+    ensure_venv()
+    cmd = lab_command(BIN / "python", options)
+    print("+", " ".join(cmd), flush=True)
+    server = subprocess.Popen(cmd, cwd=ROOT, env=lab_environment())
+    while True:
+        try:
+            return server.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reaches JupyterLab too; it asks to confirm and shuts its kernels down.
+            # Waiting for it (instead of killing it) leaves no kernel behind.
+            continue
+
+
+def sync() -> None:
+    ensure_venv()
+    run(BIN / "python", "-c", "import dev; dev.sync_notebooks()")
+
+
+def sync_notebooks() -> None:
+    """Write `COLAB_CELL` for `_config.yml`'s repository.url into every notebook of book/.
+
+    Rewrites the first code cell when it is a Colab cell (mentions google.colab), else inserts
+    one before it; tags it `remove-input`. A notebook already in sync is not touched, and one that
+    changes keeps every other byte (nbformat writes what it read). Runs inside .venv.
+    """
+    import nbformat  # dev.py imports only the standard library when it loads
+    import yaml
+
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    source = COLAB_CELL.format(url=url)
+    changed = 0
+    for path in sorted(BOOK.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+        first = nb.cells[code[0]] if code else None
+        if first is not None and "google.colab" in first.source:
+            tags = first.metadata.get("tags", [])
+            if first.source == source and "remove-input" in tags:
+                continue
+            first.source = source
+            if "remove-input" not in tags:
+                first.metadata["tags"] = [*tags, "remove-input"]
+        else:
+            cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["remove-input"]})
+            nb.cells.insert(code[0] if code else min(1, len(nb.cells)), cell)
+        nbformat.write(nb, path)
+        changed += 1
+        print(f"  {path.name}: Colab cell installs git+{url}", flush=True)
+    print(f"{changed} notebook(s) changed", flush=True)
+
+
+USAGE = "usage: python3 dev.py {book|test|lab [JupyterLab options]|sync}"
+
 if __name__ == "__main__":
-    tasks = {"book": book, "test": test}
-    if len(sys.argv) != 2 or sys.argv[1] not in tasks:
-        print(f"usage: python3 dev.py {{{'|'.join(tasks)}}}", file=sys.stderr)
+    tasks = {"book": book, "test": test, "sync": sync}
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name != "lab" and (name not in tasks or len(sys.argv) != 2):
+        print(USAGE, file=sys.stderr)
         sys.exit(2)
     try:
-        tasks[sys.argv[1]]()
+        sys.exit(lab(sys.argv[2:]) if name == "lab" else tasks[name]())
     except subprocess.CalledProcessError as err:
         sys.exit(err.returncode or 1)

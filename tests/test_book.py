@@ -3,13 +3,17 @@
 - every row of `book/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
   questions (the ledger's records and verdicts are checked in `test_ledger.py`).
 - Every notebook in `book/` is committed without outputs or execution counts, starts with the
-  Colab cell of CONTRIBUTING.md (tagged `remove-input`) and is listed in `_toc.yml`.
+  Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes from `_config.yml`'s
+  repository.url, and is listed in `_toc.yml`.
+- Code cells fit the page: lines of at most 88 characters, cells of at most 40 lines.
 - Every equation label `(eq-N)=` is defined once, and every `{ref}` to one and every `{cite}` key
   has a target.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from pathlib import Path
 
@@ -22,11 +26,19 @@ BOOK = ROOT / "book"
 LEDGER = BOOK / "claims.yml"
 TOC = ROOT / "_toc.yml"
 
-COLAB_CELL = """\
-# On Google Colab, install lnbook first; anywhere else this cell does nothing.
-import sys
-if "google.colab" in sys.modules:
-    %pip install -q git+https://github.com/lnbook/lnbook"""
+def load_dev():
+    """`dev.py` at the repository root, as a module (it imports only the standard library)."""
+    spec = importlib.util.spec_from_file_location("lnbook_dev", ROOT / "dev.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def colab_cell() -> str:
+    """The Colab cell every notebook starts with, for `_config.yml`'s repository.url."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    return load_dev().COLAB_CELL.format(url=url.rstrip("/"))
 
 
 def toc_files() -> list[str]:
@@ -116,13 +128,66 @@ def test_notebook_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_starts_with_colab_cell(path):
+    """The first code cell installs lnbook from `_config.yml`'s repository.url on Colab."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cell"
-    # blank lines are ignored: ruff's import sorting wants one after `import sys`
-    source = "\n".join(line.rstrip() for line in code[0].source.splitlines() if line.strip())
-    assert source == COLAB_CELL, f"{path.name}: first code cell is not the Colab cell"
-    assert "remove-input" in code[0].metadata.get("tags", []), f"{path.name}: tag remove-input"
+    fix = "run `python3 dev.py sync` to write it from _config.yml's repository.url"
+    assert code[0].source == colab_cell(), (
+        f"{path.name}: the first code cell is not the Colab cell; {fix}"
+    )
+    assert "remove-input" in code[0].metadata.get("tags", []), (
+        f"{path.name}: the Colab cell lacks the tag remove-input; {fix}"
+    )
+
+
+def test_colab_cell_installs_from_the_configured_repository():
+    """The repository URL is written once, in _config.yml; the Colab cell is made from it."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    assert url.startswith("https://"), url
+    assert colab_cell().splitlines()[-1] == f"    %pip install -q git+{url.rstrip('/')}"
+
+
+# Code cells fit the page: CONTRIBUTING.md asks for lines of at most 88 characters (the width
+# the HTML shows without a scroll bar) and cells of about 25 lines; 40 is a generous bound.
+MAX_LINE = 88
+MAX_CELL_LINES = 40
+REFLOW = pytest.mark.xfail(strict=False, reason="chapters are being reflowed")
+
+
+def code_cells(path: Path) -> list[tuple[int, str]]:
+    """(index among all cells, source) of every code cell of a notebook."""
+    nb = nbformat.read(path, as_version=4)
+    return [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+@REFLOW
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_page(path):
+    long = [
+        f"cell {i} line {n}: {len(line)} characters: {line.strip()[:60]}"
+        for i, source in code_cells(path)
+        for n, line in enumerate(source.splitlines(), start=1)
+        if len(line) > MAX_LINE
+    ]
+    assert not long, (
+        f"{path.name}: {len(long)} code line(s) longer than {MAX_LINE} characters:\n"
+        + "\n".join(long)
+    )
+
+
+@REFLOW
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_cells_are_short(path):
+    long = [
+        f"cell {i}: {n} lines"
+        for i, source in code_cells(path)
+        if (n := len(source.rstrip().splitlines())) > MAX_CELL_LINES
+    ]
+    assert not long, (
+        f"{path.name}: code cells longer than {MAX_CELL_LINES} lines (move the logic into "
+        f"lnbook, where it is unit-tested): " + ", ".join(long)
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

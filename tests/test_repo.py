@@ -1,11 +1,16 @@
-"""The repository keeps its promises: the README's Quickstart is what CI runs."""
+"""The repository keeps its promises: the README's Quickstart is what CI runs and what the
+publishing workflow builds, and `dev.py` offers the tasks its docstring lists."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github/workflows/book.yml"
 
 
 def quickstart_commands() -> list[str]:
@@ -27,11 +32,71 @@ def test_requirements_pin_what_the_book_needs():
     req = (ROOT / "requirements.txt").read_text()
     for needed in ("torch==2.13.0", "jupyter-book>=1.0.4.post1,<2", "nbval", "pytest",
                    "ipykernel", "tqdm", "sphinxcontrib-bibtex", "matplotlib", "numpy",
-                   "mlxtend", "-e ."):
+                   "mlxtend", "jupyterlab", "-e ."):
         assert needed in req, needed
 
 
-def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2():
-    out = subprocess.run([sys.executable, str(ROOT / "dev.py"), "bake"], capture_output=True,
+@pytest.mark.parametrize("argv", [["bake"], [], ["book", "extra"], ["sync", "--all"]])
+def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2(argv):
+    out = subprocess.run([sys.executable, str(ROOT / "dev.py"), *argv], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "usage" in out.stderr
+    for task in ("book", "test", "lab", "sync"):
+        assert task in out.stderr, f"usage does not name the task {task!r}"
+
+
+def test_dev_py_docstring_lists_its_tasks():
+    doc = (ROOT / "dev.py").read_text().split('"""')[1]
+    listed = re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)
+    assert listed == ["book", "test", "lab", "sync"]
+
+
+# --- publishing: .github/workflows/book.yml -------------------------------------------------
+
+
+def load_workflow() -> dict:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    # YAML 1.1 (PyYAML) reads the key `on` as the boolean True; GitHub reads it as "on"
+    workflow["on"] = workflow.pop(True, workflow.get("on"))
+    return workflow
+
+
+def steps_using(job: dict, action: str) -> list[dict]:
+    return [s for s in job["steps"] if str(s.get("uses", "")).split("@")[0] == action]
+
+
+def test_workflow_runs_on_push_to_main():
+    on = load_workflow()["on"]
+    assert on["push"]["branches"] == ["main"], on
+
+
+def test_workflow_builds_with_the_readme_command():
+    build = load_workflow()["jobs"]["build"]
+    assert [s["with"]["python-version"] for s in steps_using(build, "actions/setup-python")] \
+        == ["3.11"]
+    run = [s["run"].strip() for s in build["steps"] if "run" in s]
+    assert run == [quickstart_commands()[0]], (
+        f"the workflow must build with the README's Quickstart command, runs {run}"
+    )
+    names = [str(s.get("uses", s.get("run"))).split("@")[0] for s in build["steps"]]
+    assert names.index("actions/checkout") < names.index("actions/setup-python") \
+        < names.index(quickstart_commands()[0]) < names.index("actions/upload-pages-artifact")
+
+
+def test_workflow_deploys_the_built_html_to_pages():
+    workflow = load_workflow()
+    assert workflow["permissions"]["pages"] == "write"
+    assert workflow["permissions"]["id-token"] == "write"
+    assert workflow["concurrency"]["group"]
+    build, deploy = workflow["jobs"]["build"], workflow["jobs"]["deploy"]
+    assert steps_using(build, "actions/configure-pages")
+    (upload,) = steps_using(build, "actions/upload-pages-artifact")
+    assert upload["with"]["path"] == "_build/html"
+    assert deploy["needs"] == "build"
+    assert deploy["environment"]["name"] == "github-pages"
+    (step,) = steps_using(deploy, "actions/deploy-pages")
+    assert deploy["environment"]["url"] == f"${{{{ steps.{step['id']}.outputs.page_url }}}}"
+    for job in (build, deploy):
+        for s in job["steps"]:
+            if "uses" in s:
+                assert re.fullmatch(r"actions/[\w-]+@v\d+", s["uses"]), s["uses"]
