@@ -1,7 +1,7 @@
 """A small, readable Transformer for the experiments of Part II ("layer normalization after 2016").
 
 Decoder-style (causal by default) with learned token and position embeddings, a stack of
-:class:`Block` s and a linear head, in the flat style of nanoGPT. Every choice the later papers
+:class:`Block` layers and a linear head, in the flat style of nanoGPT. Every choice the later papers
 argue about is an argument:
 
 - ``norm``: which normalization sits in each block: ``"layer"`` (:class:`lnbook.LayerNorm`,
@@ -392,7 +392,7 @@ class TransformerConfig:
 
 
 class Transformer(nn.Module):
-    r"""A stack of :class:`Block` s between token + position embeddings and a linear head.
+    r"""A stack of :class:`Block` layers between token + position embeddings and a linear head.
 
     ``logits = head(N_f(x_L))`` with ``x_0 = E_tok[idx] + E_pos[t]`` and ``x_{l+1} =
     Block_l(x_l)``; ``N_f`` is a final norm of the same kind (by default present for Pre-LN

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import make_tensor
 
+import lnbook
 from lnbook import layer_norm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
 
@@ -437,3 +438,12 @@ def test_variants_compile_in_one_graph():
     (g_compiled,) = torch.autograd.grad(compiled(xr).sum(), xr)
     (g_eager,) = torch.autograd.grad(f(xr).sum(), xr)
     torch.testing.assert_close(g_compiled, g_eager)
+
+
+def test_part_two_names_are_re_exported():
+    names = ("rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT", "Block",
+             "Transformer", "to_pre_rmsnorm", "copy_task", "sort_task", "associative_recall",
+             "load_digits_tensor", "variants", "transformer")
+    for name in names:
+        assert hasattr(lnbook, name) and name in lnbook.__all__, name
+    assert lnbook.RMSNorm is RMSNorm and lnbook.group_norm is group_norm
