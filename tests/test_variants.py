@@ -424,7 +424,7 @@ def test_variants_work_under_torch_func_grad_and_vmap():
 
 
 def test_variants_compile_in_one_graph():
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(7)
     x = torch.randn(3, 4, 8)
     w, gw = torch.randn(8), torch.randn(4)
