@@ -345,6 +345,11 @@ class Block(nn.Module):
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
 
+    def attention_logits(self, x: Tensor) -> Tensor:
+        """The attention logits ``(B, H, T, T)`` this block computes for its input ``x``
+        ``(B, T, D)`` (through ``norm1`` first when Pre-LN); masked positions hold ``-inf``."""
+        return self.attn.logits(self.norm1(x) if self.position == "pre" else x)
+
     def forward(self, x: Tensor) -> Tensor:
         if self.position == "pre":
             x = x + self.dropout(self.attn(self.norm1(x)))  # (B, T, D)

@@ -160,9 +160,13 @@ def test_max_attention_logits_reads_the_last_forward():
         x = m.embed(idx)
         expected = []
         for block in m.blocks:
-            expected.append(float(block.attn.logits(block.norm1(x)).amax()))
+            expected.append(float(block.attention_logits(x).amax()))
+            assert torch.equal(block.attention_logits(x), block.attn.logits(block.norm1(x)))
             x = block(x)
     assert read == pytest.approx(expected, abs=1e-12)
+    post = perturb_(Block(D, H, position="post", dtype=torch.float64))
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    assert torch.equal(post.attention_logits(x), post.attn.logits(x))
     assert max_attention_logits(m.blocks[1]) == pytest.approx(expected[1:], abs=1e-12)
 
 
