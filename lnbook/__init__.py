@@ -12,11 +12,24 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
   32-35; chapters 4, 5.1, 5.2)
 - :mod:`lnbook.data`, :mod:`lnbook.train`, :mod:`lnbook.experiments`: MNIST, the training
   loop with checkpoint and resume, the mini-experiments of section 6 (chapters 6.1-6.7)
+- :mod:`lnbook.variants`: ``rms_norm``, ``RMSNorm``, ``group_norm``, ``GroupNorm``, ``DyT``
+  (Part II: normalization after 2016)
+- :mod:`lnbook.transformer`: a small Transformer with the norm's kind and place as arguments,
+  qk-norm, DeepNorm, and the Pre-LN to Pre-RMSNorm conversion (Part II)
 """
 
 from lnbook import analysis, reference
 from lnbook.analysis import fisher_information, invariance_changes, invariance_table
-from lnbook.data import MNISTData, binarize, load_mnist, pixel_permutation
+from lnbook.data import (
+    MNISTData,
+    associative_recall,
+    binarize,
+    copy_task,
+    load_digits_tensor,
+    load_mnist,
+    pixel_permutation,
+    sort_task,
+)
 from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, layer_norm
 from lnbook.rnn import (
@@ -33,6 +46,8 @@ from lnbook.rnn import (
     recurrent_dynamics,
 )
 from lnbook.train import Batches, History, fit
+from lnbook.transformer import Block, Transformer, to_pre_rmsnorm
+from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
 
 __version__ = "0.1.0"
 
@@ -69,4 +84,20 @@ __all__ = [
     "load_mnist",
     "pixel_permutation",
     "resolve_device",
+    # Part II: normalization after 2016
+    "variants",
+    "rms_norm",
+    "RMSNorm",
+    "group_norm",
+    "GroupNorm",
+    "dyt",
+    "DyT",
+    "transformer",
+    "Block",
+    "Transformer",
+    "to_pre_rmsnorm",
+    "copy_task",
+    "sort_task",
+    "associative_recall",
+    "load_digits_tensor",
 ]

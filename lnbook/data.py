@@ -14,6 +14,11 @@ Where the images come from, in order of preference (``load_mnist(source="auto")`
 Images come back as float32 in [0, 1], flattened to ``(N, 784)``; labels as int64. Binarized
 MNIST (:func:`binarize`) and a fixed pixel permutation (:func:`pixel_permutation`) serve the
 generative and the permutation-invariant settings.
+
+For Part II ("layer normalization after 2016"), all offline: seeded synthetic sequence tasks
+for the small Transformer of :mod:`lnbook.transformer` (:func:`copy_task`, :func:`sort_task`,
+:func:`associative_recall`), and the 1,797 8x8 digits that ship inside scikit-learn
+(:func:`load_digits_tensor`) for the group-norm ConvNet.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ __all__ = [
     "mnist_cache_dir",
     "MNIST_FILES",
     "MNIST_URLS",
+    "IGNORE_INDEX",
+    "copy_task",
+    "sort_task",
+    "associative_recall",
+    "load_digits_tensor",
 ]
 
 # file stem -> SHA-256 of the .gz file as published (same digests on every mirror)
@@ -345,3 +355,171 @@ def warn_if_subset(data: MNISTData, scale: str, experiment: str) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Part II: synthetic sequence tasks and the 8x8 digits
+# ---------------------------------------------------------------------------------------------
+
+IGNORE_INDEX = -100  # a target that is not scored (torch's cross_entropy ignore_index default)
+
+
+def _check_task_args(**sizes: int) -> None:
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not (isinstance(v, int | np.integer) and v > 0):
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _next_token_pairs(seq: Tensor, scored_from: int) -> tuple[Tensor, Tensor]:
+    """Inputs ``seq[:, :-1]`` and next-token targets ``seq[:, 1:]``, unscored before a position."""
+    inputs = seq[:, :-1].contiguous()  # (n, S - 1)
+    targets = seq[:, 1:].clone()  # (n, S - 1) target t is the token after input t
+    targets[:, : scored_from - 1] = IGNORE_INDEX
+    return inputs, targets
+
+
+def copy_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Copy a random sequence after a separator: ``s_1 .. s_L SEP s_1 .. s_L``.
+
+    Laid out for a causal language model (next-token prediction): ``inputs`` is the sequence
+    without its last token, ``targets`` the sequence shifted by one, with
+    :data:`IGNORE_INDEX` (-100) wherever the next token cannot be known (the random prefix and
+    the separator), so only the ``L`` copied tokens are scored. Content tokens are drawn
+    uniformly from ``[0, vocab_size)``; the separator is token ``vocab_size``, so a model needs
+    ``vocab_size + 1`` token ids. A model that has not learnt to copy scores at best
+    ``log(vocab_size)`` nats per token (uniform guessing).
+
+    Args:
+        n: number of sequences.
+        length: ``L``, the length of the sequence to copy.
+        vocab_size: number of content symbols.
+        seed: the same seed gives the same data (CPU generator, any machine).
+
+    Returns:
+        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * length)``.
+
+    Example::
+
+        >>> x, y = copy_task(2, 3, vocab_size=5, seed=0)
+        >>> x.shape, int((y != -100).sum(1)[0])
+        (torch.Size([2, 6]), 3)
+    """
+    _check_task_args(n=n, length=length, vocab_size=vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randint(0, vocab_size, (n, length), generator=g)  # (n, L)
+    sep = torch.full((n, 1), vocab_size, dtype=torch.long)  # (n, 1)
+    return _next_token_pairs(torch.cat([s, sep, s], dim=1), length + 1)  # from (n, 2L + 1)
+
+
+def sort_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Sort a random sequence after a separator: ``s_1 .. s_L SEP sorted(s)``.
+
+    Same layout as :func:`copy_task` (next-token targets, only the ``L`` sorted tokens scored,
+    separator ``vocab_size``, ``vocab_size + 1`` token ids); duplicates are kept and sorted in
+    ascending order. Harder than copying: each output depends on the whole prefix.
+
+    Returns:
+        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * length)``.
+    """
+    _check_task_args(n=n, length=length, vocab_size=vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randint(0, vocab_size, (n, length), generator=g)  # (n, L)
+    sep = torch.full((n, 1), vocab_size, dtype=torch.long)  # (n, 1)
+    ordered = torch.sort(s, dim=1).values  # (n, L)
+    return _next_token_pairs(torch.cat([s, sep, ordered], dim=1), length + 1)
+
+
+def associative_recall(
+    n: int, n_pairs: int, vocab_size: int, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """Recall the value stored under a key: ``k_1 v_1 .. k_P v_P SEP k_q -> v_q``.
+
+    Each sequence holds ``P = n_pairs`` key-value pairs with distinct keys; after the separator
+    one of the keys is asked for, and the only scored target is its value (the last position).
+    Keys and values are drawn from ``[0, vocab_size)`` (a token's role is given by its
+    position); the separator is token ``vocab_size``, so a model needs ``vocab_size + 1`` ids.
+    Guessing a value scores ``log(vocab_size)`` nats; copying any stored value at random
+    is right with probability about ``1 / n_pairs``.
+
+    Args:
+        n: number of sequences.
+        n_pairs: key-value pairs per sequence (at most ``vocab_size``, keys are distinct).
+        vocab_size: number of symbols for keys and values.
+        seed: the same seed gives the same data.
+
+    Returns:
+        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * n_pairs + 2)``; ``targets``
+        is :data:`IGNORE_INDEX` except in its last column.
+
+    Example::
+
+        >>> x, y = associative_recall(1, 2, vocab_size=8, seed=0)
+        >>> x.shape, int((y != -100).sum())
+        (torch.Size([1, 6]), 1)
+    """
+    _check_task_args(n=n, n_pairs=n_pairs, vocab_size=vocab_size)
+    if n_pairs > vocab_size:
+        raise ValueError(
+            f"n_pairs ({n_pairs}) must be at most vocab_size ({vocab_size}): keys are distinct"
+        )
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.rand(n, vocab_size, generator=g).argsort(dim=1)[:, :n_pairs]  # (n, P) distinct
+    values = torch.randint(0, vocab_size, (n, n_pairs), generator=g)  # (n, P)
+    q = torch.randint(0, n_pairs, (n, 1), generator=g)  # (n, 1) which pair is asked for
+    pairs = torch.stack([keys, values], dim=2).reshape(n, 2 * n_pairs)  # (n, 2P) k v k v ..
+    sep = torch.full((n, 1), vocab_size, dtype=torch.long)  # (n, 1)
+    seq = torch.cat([pairs, sep, keys.gather(1, q), values.gather(1, q)], dim=1)  # (n, 2P + 3)
+    return _next_token_pairs(seq, seq.shape[1] - 1)
+
+
+_DIGITS_TRAIN_FRACTION = 0.8  # of each digit's images; the rest is the test split
+
+
+def _digits_file() -> Path:
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise OSError(
+            "the 8x8 digits ship inside scikit-learn, which is not installed "
+            "(pip install scikit-learn)"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+
+
+def load_digits_tensor(split: str = "all", flatten: bool = False) -> tuple[Tensor, Tensor]:
+    """The 1,797 8x8 handwritten digits of scikit-learn (UCI optdigits test set), offline.
+
+    Read straight from the data file inside the scikit-learn package (scikit-learn itself is
+    not imported). Pixel counts 0-16 are scaled to [0, 1].
+
+    Args:
+        split: ``"all"`` (1,797 images, the file's order), or ``"train"`` / ``"test"``: a fixed
+            split of each digit's images, 80% / 20%, shuffled with seed 0 (1,438 / 359).
+        flatten: return images as ``(N, 64)`` instead of ``(N, 1, 8, 8)``.
+
+    Returns:
+        ``(images, labels)``: float32 ``(N, 1, 8, 8)`` (or ``(N, 64)``) and int64 ``(N,)``.
+
+    Example::
+
+        >>> x, y = load_digits_tensor("train")
+        >>> x.shape, y.shape
+        (torch.Size([1438, 1, 8, 8]), torch.Size([1438]))
+    """
+    if split not in ("all", "train", "test"):
+        raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
+    with gzip.open(_digits_file(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)  # (1797, 65), label last
+    x = torch.from_numpy(table[:, :-1] / 16.0)  # (N, 64) in [0, 1]
+    y = torch.from_numpy(table[:, -1].astype(np.int64))  # (N,)
+    if split != "all":
+        g = torch.Generator().manual_seed(0)
+        parts = []
+        for digit in range(10):
+            idx = torch.nonzero(y == digit).flatten()
+            idx = idx[torch.randperm(len(idx), generator=g)]
+            k = round(_DIGITS_TRAIN_FRACTION * len(idx))
+            parts.append(idx[:k] if split == "train" else idx[k:])
+        idx = torch.cat(parts)
+        idx = idx[torch.randperm(len(idx), generator=g)]  # mix the digits
+        x, y = x[idx], y[idx]
+    return (x if flatten else x.reshape(-1, 1, 8, 8)).contiguous(), y.contiguous()

@@ -13,6 +13,7 @@ sys.path.insert(0, str(BENCH))
 
 import bench_layernorm  # noqa: E402
 import bench_lstm  # noqa: E402
+import bench_rmsnorm  # noqa: E402
 
 
 def test_layernorm_benchmark_writes_consistent_results(tmp_path):
@@ -66,3 +67,20 @@ def test_heap_and_fault_counter_on_linux():
     faults, last, steady = run.stdout.split()
     assert int(faults) >= 1000 and last == "1"  # 16 MB of fresh pages, counted
     assert steady == "True"  # glibc took both settings
+
+
+def test_rmsnorm_benchmark_writes_consistent_ratios(tmp_path):
+    out = bench_rmsnorm.main(["--device", "cpu", "--shapes", "16x32,8x64", "--repeats", "3",
+                              "--inner", "1", "--warmup", "0", "--heap", "glibc",
+                              "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "rmsnorm.json").read_text())
+    assert stored["results"] == out["results"] and [r["rows"] for r in stored["results"]] == [16, 8]
+    for r in stored["results"]:
+        assert set(r["seconds"]) == set(bench_rmsnorm.NAMES)
+        assert all(t > 0 for t in r["seconds"].values())
+        assert r["saving"]["torch"] == pytest.approx(1 - r["ratio_rms_to_ln"]["torch"])
+        assert r["ratio_lnbook_rms_to_torch_rms"] > 0
+    median = sorted(r["ratio_rms_to_ln"]["lnbook"] for r in stored["results"])
+    assert stored["median_ratio_rms_to_ln"]["lnbook"] == pytest.approx(sum(median) / 2)
+    with pytest.raises(ValueError, match="repeats"):
+        bench_rmsnorm.run(bench_rmsnorm.BenchConfig(repeats=0))

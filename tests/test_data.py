@@ -1,4 +1,4 @@
-"""lnbook.data: the IDX reader, the download with checksums, the offline subset, binarization."""
+"""lnbook.data: IDX reader, download with checksums, offline subset, binarization, Part II data."""
 
 from __future__ import annotations
 
@@ -13,7 +13,19 @@ import pytest
 import torch
 
 import lnbook.data as data
-from lnbook.data import binarize, download_mnist, load_mnist, pixel_permutation, read_idx
+from lnbook.data import (
+    IGNORE_INDEX,
+    associative_recall,
+    binarize,
+    copy_task,
+    download_mnist,
+    load_digits_tensor,
+    load_mnist,
+    pixel_permutation,
+    read_idx,
+    sort_task,
+)
+from lnbook.transformer import IGNORE_INDEX as MODEL_IGNORE_INDEX
 
 
 def write_idx(path: Path, array: np.ndarray, code: int = 0x08, compress: bool = False) -> Path:
@@ -209,3 +221,89 @@ def test_paper_scale_on_the_offline_subset_warns_and_quick_scale_does_not():
     with _w.catch_warnings():
         _w.simplefilter("error")
         warn_if_subset(sub, "quick", "mnist")
+
+
+# ---------------------------------------------------------------------------------------------
+# Part II: sequence tasks and the 8x8 digits
+# ---------------------------------------------------------------------------------------------
+
+
+def _sequence(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The full sequence back from next-token pairs: inputs then the last target."""
+    return torch.cat([inputs, targets[:, -1:]], dim=1)
+
+
+def test_copy_task_layout_and_determinism():
+    x, y = copy_task(50, 6, vocab_size=9, seed=3)
+    assert x.shape == y.shape == (50, 12) and x.dtype == y.dtype == torch.long
+    assert IGNORE_INDEX == MODEL_IGNORE_INDEX == -100
+    seq = _sequence(x, y)  # s SEP s
+    assert torch.equal(seq[:, :6], seq[:, 7:]) and (seq[:, 6] == 9).all()
+    assert (seq[:, :6] < 9).all() and (seq[:, :6] >= 0).all()
+    assert (y[:, :6] == IGNORE_INDEX).all() and torch.equal(y[:, 6:], seq[:, 7:])
+    assert torch.equal(y[:, 6:], x[:, :6])  # the targets are the prefix, copied
+    again = copy_task(50, 6, vocab_size=9, seed=3)
+    assert torch.equal(x, again[0]) and torch.equal(y, again[1])
+    assert not torch.equal(x, copy_task(50, 6, vocab_size=9, seed=4)[0])
+    assert len(torch.unique(seq[:, :6])) == 9  # every symbol occurs
+
+
+def test_sort_task_targets_are_the_sorted_prefix():
+    x, y = sort_task(40, 7, vocab_size=5, seed=0)
+    assert x.shape == y.shape == (40, 14)
+    seq = _sequence(x, y)
+    assert torch.equal(seq[:, 8:], torch.sort(seq[:, :7], dim=1).values)
+    assert (seq[:, 7] == 5).all() and (y[:, :7] == IGNORE_INDEX).all()
+    assert torch.equal(y[:, 7:], seq[:, 8:])  # the 7 sorted tokens are scored
+    assert torch.equal(x, sort_task(40, 7, vocab_size=5, seed=0)[0])
+    assert not torch.equal(seq[:, :7], seq[:, 8:])  # sorting changed some sequences
+
+
+def test_associative_recall_asks_for_a_stored_value():
+    n, p, v = 200, 4, 10
+    x, y = associative_recall(n, p, vocab_size=v, seed=1)
+    assert x.shape == y.shape == (n, 2 * p + 2)
+    assert (y[:, :-1] == IGNORE_INDEX).all() and (y[:, -1] >= 0).all()
+    keys, values = x[:, 0 : 2 * p : 2], x[:, 1 : 2 * p : 2]
+    assert all(len(set(row.tolist())) == p for row in keys)  # distinct keys
+    assert (x[:, 2 * p] == v).all()  # the separator
+    query = x[:, -1]
+    hit = keys == query[:, None]  # (n, P) exactly one pair per row
+    assert (hit.sum(1) == 1).all()
+    assert torch.equal(y[:, -1], values[hit])
+    asked = hit.float().argmax(1)
+    assert len(torch.unique(asked)) == p  # every pair position gets asked
+    again = associative_recall(n, p, vocab_size=v, seed=1)
+    assert torch.equal(x, again[0]) and torch.equal(y, again[1])
+
+
+def test_sequence_tasks_refuse_bad_sizes():
+    with pytest.raises(ValueError, match="length must be a positive int"):
+        copy_task(4, 0, 5)
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        sort_task(4, 3, -1)
+    with pytest.raises(ValueError, match=r"n_pairs \(6\) must be at most vocab_size \(5\)"):
+        associative_recall(4, 6, 5)
+
+
+def test_load_digits_tensor_offline_splits():
+    x, y = load_digits_tensor()
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == torch.long
+    assert float(x.min()) == 0.0 and float(x.max()) == 1.0
+    assert torch.equal(torch.bincount(y), torch.bincount(y, minlength=10))
+    assert len(torch.unique(y)) == 10
+    xtr, ytr = load_digits_tensor("train")
+    xte, yte = load_digits_tensor("test", flatten=True)
+    assert len(ytr) + len(yte) == 1797 and xte.shape == (len(yte), 64)
+    assert abs(len(ytr) / 1797 - 0.8) < 0.01
+    counts = torch.bincount(yte, minlength=10)
+    assert counts.min() >= 34 and counts.max() <= 37  # about 20% of each digit
+    # the two splits together are the whole set, each image once (as a multiset of rows)
+    def rows(images, labels):
+        return sorted(tuple(r.tolist()) + (int(c),) for r, c in zip(images, labels, strict=True))
+
+    both = torch.cat([xtr.reshape(-1, 64), xte]), torch.cat([ytr, yte])
+    assert rows(*both) == rows(x.reshape(-1, 64), y)
+    assert torch.equal(load_digits_tensor("train")[1], ytr)  # deterministic
+    with pytest.raises(ValueError, match="split must be"):
+        load_digits_tensor("val")

@@ -1,0 +1,268 @@
+"""Speed of RMSNorm against layer norm (forward + backward), lnbook's and torch's (claim P02).
+
+Zhang and Sennrich (2019) report that dropping the mean cuts running time (7% to 64% across
+their models). This script measures what the saving is for the normalization alone, on this
+machine: ``lnbook.rms_norm`` against ``lnbook.layer_norm`` (lnbook's own code: plain torch
+operations for RMSNorm, the hand-derived autograd Function of chapter 3 for layer norm) and
+``torch.nn.functional.rms_norm`` against ``torch.nn.functional.layer_norm`` (torch's kernels).
+Each layer norm has a gain and a bias, each RMSNorm a gain only, as the two are used.
+
+All four are timed in ONE run, interleaved round by round in every order (a busy machine slows
+all of them alike, and none always runs after the same other), after a warm-up; each figure is
+the median over rounds, each ratio the median of the per-round ratios. On CPU the heap is kept
+steady by default (freed memory stays in the process, so a large tensor does not pay a page
+fault per 4 KiB on one call and not on the next; see benchmarks/bench_layernorm.py).
+
+    python benchmarks/bench_rmsnorm.py                        # current device ("auto")
+    python benchmarks/bench_rmsnorm.py --device cpu --repeats 30 --threads 1
+    python benchmarks/bench_rmsnorm.py --out ''               # print only
+
+Results go to ``<out>/rmsnorm.json`` with a description of the machine. A ratio below 1 means
+RMSNorm is faster; ``saving`` is ``1 - ratio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import itertools
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import lnbook
+
+DEFAULT_SHAPES = ((1024, 64), (4096, 256), (1024, 1024), (256, 4096), (64, 16384))
+NAMES = ("lnbook_rms", "lnbook_ln", "torch_rms", "torch_ln")
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+@dataclass
+class BenchConfig:
+    """What to measure: shapes (rows, features), rounds, calls per round, dtype and device."""
+
+    shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES
+    repeats: int = 40
+    inner: int = 5
+    warmup: int = 3
+    dtype: str = "float32"
+    device: str = "auto"
+    seed: int = 0
+    heap: str = "steady"  # "steady": keep freed memory in the heap (glibc); "glibc": default
+
+
+@dataclass
+class ShapeResult:
+    """Median seconds per forward+backward of each implementation, and the RMS / LN ratios."""
+
+    rows: int
+    features: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    ratio_rms_to_ln: dict[str, float] = field(default_factory=dict)
+    saving: dict[str, float] = field(default_factory=dict)
+    ratio_lnbook_rms_to_torch_rms: float = 0.0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _machine(device: torch.device, heap: str) -> dict[str, object]:
+    desc: dict[str, object] = {
+        "cpu": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": str(device),
+        "heap": heap,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+    }
+    if device.type == "cuda":
+        desc["gpu"] = torch.cuda.get_device_name(device)
+    return desc
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _steady_heap() -> bool:
+    """glibc only: keep freed memory in the heap (trim threshold 1 GiB, mmap threshold 32 MiB)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
+
+
+def _step_fns(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, gy: torch.Tensor
+) -> dict[str, Callable[[], None]]:
+    """One forward + backward per implementation (gradients for x and the parameters)."""
+    d = x.shape[-1]
+
+    def make(fn: Callable[[], torch.Tensor], wrt: tuple[torch.Tensor, ...]) -> Callable[[], None]:
+        def step() -> None:
+            torch.autograd.grad(fn(), wrt, gy)  # (rows, features) output
+
+        return step
+
+    return {
+        "lnbook_rms": make(lambda: lnbook.rms_norm(x, d, w, 1e-5), (x, w)),
+        "lnbook_ln": make(lambda: lnbook.layer_norm(x, d, w, b, 1e-5), (x, w, b)),
+        "torch_rms": make(lambda: F.rms_norm(x, (d,), w, 1e-5), (x, w)),
+        "torch_ln": make(lambda: F.layer_norm(x, (d,), w, b, 1e-5), (x, w, b)),
+    }
+
+
+def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device) -> ShapeResult:
+    """Time the four implementations at one shape, interleaved round by round."""
+    dtype = getattr(torch, cfg.dtype)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x = torch.randn(rows, features, generator=gen).to(device, dtype).requires_grad_()
+    w = (1 + 0.1 * torch.randn(features, generator=gen)).to(device, dtype).requires_grad_()
+    b = (0.1 * torch.randn(features, generator=gen)).to(device, dtype).requires_grad_()
+    gy = torch.randn(rows, features, generator=gen).to(device, dtype)
+    fns = _step_fns(x, w, b, gy)
+    for _ in range(cfg.warmup):
+        for name in NAMES:
+            fns[name]()
+    _sync(device)
+    times: dict[str, list[float]] = {name: [] for name in NAMES}
+    orders = list(itertools.permutations(NAMES))  # each runs after each other equally often
+    for r in range(cfg.repeats):
+        for name in orders[r % len(orders)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(cfg.inner):
+                fns[name]()
+            _sync(device)
+            times[name].append((time.perf_counter() - t0) / cfg.inner)
+    res = ShapeResult(rows, features)
+    for name in NAMES:
+        res.seconds[name] = statistics.median(times[name])
+
+    def ratio(a: str, c: str) -> float:
+        return statistics.median(p / q for p, q in zip(times[a], times[c], strict=True))
+
+    res.ratio_rms_to_ln["lnbook"] = ratio("lnbook_rms", "lnbook_ln")
+    res.ratio_rms_to_ln["torch"] = ratio("torch_rms", "torch_ln")
+    res.saving = {k: 1.0 - v for k, v in res.ratio_rms_to_ln.items()}
+    res.ratio_lnbook_rms_to_torch_rms = ratio("lnbook_rms", "torch_rms")
+    return res
+
+
+def run(cfg: BenchConfig) -> dict[str, object]:
+    """Benchmark every shape of ``cfg``; return the JSON-serializable results."""
+    if cfg.repeats < 1 or cfg.inner < 1 or cfg.warmup < 0:
+        raise ValueError(
+            f"repeats and inner must be >= 1 and warmup >= 0, got {cfg.repeats}, {cfg.inner}, "
+            f"{cfg.warmup}"
+        )
+    if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
+    if cfg.heap not in ("steady", "glibc"):
+        raise ValueError(f"heap must be 'steady' or 'glibc', got {cfg.heap!r}")
+    heap = "glibc default"
+    if cfg.heap == "steady":
+        heap = "steady (freed memory kept)" if _steady_heap() else "default (no glibc)"
+    device = lnbook.resolve_device(cfg.device)
+    results = [bench_shape(r, f, cfg, device) for r, f in cfg.shapes]
+    return {
+        "benchmark": "rms_norm vs layer_norm forward+backward, median seconds per call, ratios "
+                     "RMSNorm / LayerNorm measured in one interleaved run",
+        "machine": _machine(device, heap),
+        "config": asdict(cfg),
+        "results": [asdict(r) for r in results],
+        "median_ratio_rms_to_ln": {
+            k: statistics.median(r.ratio_rms_to_ln[k] for r in results)
+            for k in ("lnbook", "torch")
+        },
+    }
+
+
+def format_table(out: dict[str, object]) -> str:
+    """A plain-text table: one row per shape, times in microseconds, ratios RMS / LN."""
+    lines = [
+        f"{'rows x features':>17} {'lnbook rms':>11} {'lnbook ln':>10} {'ratio':>6} "
+        f"{'torch rms':>10} {'torch ln':>9} {'ratio':>6} {'lnbook/torch rms':>17}"
+    ]
+    for r in out["results"]:  # type: ignore[union-attr]
+        s, q = r["seconds"], r["ratio_rms_to_ln"]
+        lines.append(
+            f"{r['rows']:>8} x {r['features']:<6} {s['lnbook_rms'] * 1e6:>11.1f} "
+            f"{s['lnbook_ln'] * 1e6:>10.1f} {q['lnbook']:>6.2f} {s['torch_rms'] * 1e6:>10.1f} "
+            f"{s['torch_ln'] * 1e6:>9.1f} {q['torch']:>6.2f} "
+            f"{r['ratio_lnbook_rms_to_torch_rms']:>17.2f}"
+        )
+    return "\n".join(lines)
+
+
+def _parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    try:
+        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"shapes must look like 4096x256,1024x1024, got {text!r}"
+        ) from None
+    if any(len(s) != 2 or min(s) <= 0 for s in shapes):
+        raise argparse.ArgumentTypeError(f"each shape must be ROWSxFEATURES > 0, got {text!r}")
+    return shapes  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
+    p.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES,
+                   help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
+    p.add_argument("--repeats", type=int, default=BenchConfig.repeats, help="interleaved rounds")
+    p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
+    p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
+                   help="steady: keep freed memory in the heap (glibc)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"),
+                   help="folder for rmsnorm.json ('' to skip writing)")
+    args = p.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cfg = BenchConfig(shapes=args.shapes, repeats=args.repeats, inner=args.inner,
+                      warmup=args.warmup, dtype=args.dtype, device=args.device, heap=args.heap)
+    out = run(cfg)
+    print(json.dumps(out["machine"], indent=None))
+    print(format_table(out))
+    print("median ratio RMSNorm / LayerNorm:", out["median_ratio_rms_to_ln"])
+    if args.out:
+        path = Path(args.out) / "rmsnorm.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

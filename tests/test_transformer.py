@@ -1,0 +1,326 @@
+"""lnbook.transformer: shapes, masking, placements, norms, qk-norm, DeepNorm, P03, measurements."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lnbook import LayerNorm, layer_norm
+from lnbook.transformer import (
+    Block,
+    SelfAttention,
+    Transformer,
+    TransformerConfig,
+    center_residual_stream_,
+    deepnorm_constants,
+    layer_gradient_norms,
+    max_attention_logits,
+    norm_inputs_outputs,
+    residual_stream,
+    sequence_loss,
+    to_pre_rmsnorm,
+)
+from lnbook.variants import DyT, RMSNorm
+
+V, D, H, L, T = 13, 32, 4, 2, 16
+
+
+def tokens(seed: int = 0, batch: int = 4, length: int = T) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (batch, length), generator=g)
+
+
+def model(seed: int = 0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    kw.setdefault("dtype", torch.float64)
+    return Transformer(V, D, H, L, T, **kw)
+
+
+def perturb_(m: nn.Module, seed: int = 1, scale: float = 0.2) -> nn.Module:
+    """Move every parameter off its initial value (norm gains and biases included)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return m
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms", "dyt", "none"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_shapes_and_norm_modules(norm, position):
+    m = model(norm=norm, position=position, qk_norm=True)
+    idx = tokens(length=T - 3)
+    logits = m(idx)
+    assert logits.shape == (4, T - 3, V) and logits.dtype == torch.float64
+    assert torch.isfinite(logits).all()
+    kind = {"layer": LayerNorm, "rms": RMSNorm, "dyt": DyT, "none": nn.Identity}[norm]
+    for block in m.blocks:
+        assert type(block.norm1) is kind and type(block.norm2) is kind
+        assert type(block.attn.q_norm) is LayerNorm  # qk-norm is a layer norm per head
+        assert block.attn.q_norm.normalized_shape == (D // H,)
+    assert type(m.final_norm) is (kind if position == "pre" else nn.Identity)
+    assert m.config.has_final_norm() == (position == "pre")
+    assert isinstance(Block(D, H, norm=norm, position=position)(torch.randn(2, 5, D)),
+                      torch.Tensor)
+
+
+def test_final_norm_can_be_forced_either_way():
+    assert type(model(position="post", final_norm=True).final_norm) is LayerNorm
+    assert type(model(position="pre", final_norm=False).final_norm) is nn.Identity
+
+
+def test_causal_output_at_t_ignores_later_inputs():
+    m = perturb_(model())
+    idx = tokens()
+    changed = idx.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % V  # change every token from position 9 on
+    a, b = m(idx), m(changed)
+    torch.testing.assert_close(a[:, :9], b[:, :9], atol=0, rtol=0)
+    assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-3
+    # without the mask, earlier positions do see the change (so the check above can fail)
+    nc = perturb_(model(causal=False))
+    assert (nc(idx)[:, :9] - nc(changed)[:, :9]).abs().max() > 1e-3
+
+
+def test_attention_masks_with_minus_infinity_and_rows_sum_to_one():
+    attn = SelfAttention(D, H, dtype=torch.float64)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    logits = attn.logits(x)  # (B, H, T, T)
+    assert logits.shape == (2, H, 6, 6)
+    above = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert torch.isneginf(logits[..., above]).all() and torch.isfinite(logits[..., ~above]).all()
+    q = attn.q_proj(x).view(2, 6, H, D // H).transpose(1, 2)
+    k = attn.k_proj(x).view(2, 6, H, D // H).transpose(1, 2)
+    expected = q @ k.transpose(-2, -1) / math.sqrt(D // H)
+    torch.testing.assert_close(logits[..., ~above], expected[..., ~above])
+    # against torch's fused attention
+    v = attn.v_proj(x).view(2, 6, H, D // H).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 6, D)
+    torch.testing.assert_close(attn(x), attn.out_proj(ref))
+
+
+def test_pre_and_post_placement_compute_different_functions():
+    pre, post = model(position="pre"), model(position="post")
+    post.load_state_dict(pre.state_dict(), strict=False)  # same weights (post has no final norm)
+    idx = tokens()
+    assert (pre(idx) - post(idx)).abs().max() > 1e-2
+    # Post-LN: each block's output is a layer norm's output (gain 1, bias 0 at init)
+    for x in residual_stream(post, idx)[1:]:
+        torch.testing.assert_close(x.mean(-1), torch.zeros_like(x[..., 0]), atol=1e-12, rtol=0)
+        torch.testing.assert_close(x.var(-1, unbiased=False), torch.ones_like(x[..., 0]),
+                                   atol=1e-3, rtol=0)
+    # Pre-LN: the stream is not normalized, it accumulates the branches
+    last = residual_stream(pre, idx)[-1]
+    assert (last.var(-1, unbiased=False) - 1).abs().max() > 0.1
+
+
+def test_block_forward_is_the_documented_formula():
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    pre = perturb_(Block(D, H, dtype=torch.float64))
+    h = x + pre.attn(pre.norm1(x))
+    torch.testing.assert_close(pre(x), h + pre.mlp(pre.norm2(h)))
+    post = perturb_(Block(D, H, position="post", deepnorm_alpha=2.0, dtype=torch.float64))
+    h = post.norm1(2.0 * x + post.attn(x))
+    torch.testing.assert_close(post(x), post.norm2(2.0 * h + post.mlp(h)))
+
+
+def test_qk_norm_bounds_the_logits_and_ignores_the_scale_of_the_projections():
+    idx = tokens()
+    for qk in (False, True):
+        m = model(qk_norm=qk)
+        m(idx)
+        before = max_attention_logits(m)
+        with torch.no_grad():
+            for block in m.blocks:
+                block.attn.q_proj.weight.mul_(10)
+                block.attn.k_proj.weight.mul_(10)
+                block.attn.q_proj.bias.normal_()
+        m(idx)
+        after = max_attention_logits(m)
+        if qk:  # |q_hat . k_hat| / sqrt(d_h) <= sqrt(d_h) with unit gains
+            assert all(v <= math.sqrt(D // H) for v in before + after)
+            assert all(abs(a - b) < 0.5 for a, b in zip(after, before, strict=True))
+        else:  # logits scale with the product of the two projections' scales
+            assert all(a > 20 * b for a, b in zip(after, before, strict=True))
+
+
+def test_max_attention_logits_reads_the_last_forward():
+    m = perturb_(model())
+    with pytest.raises(RuntimeError, match="has not run a forward"):
+        max_attention_logits(m)
+    idx = tokens()
+    with torch.no_grad():
+        m(idx)
+        read = max_attention_logits(m)
+        x = m.embed(idx)
+        expected = []
+        for block in m.blocks:
+            expected.append(float(block.attention_logits(x).amax()))
+            assert torch.equal(block.attention_logits(x), block.attn.logits(block.norm1(x)))
+            x = block(x)
+    assert read == pytest.approx(expected, abs=1e-12)
+    post = perturb_(Block(D, H, position="post", dtype=torch.float64))
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    assert torch.equal(post.attention_logits(x), post.attn.logits(x))
+    assert max_attention_logits(m.blocks[1]) == pytest.approx(expected[1:], abs=1e-12)
+
+
+def test_layer_gradient_norms_equal_the_norms_of_backward():
+    m = perturb_(model(position="post"))
+    idx, targets = tokens(1), tokens(2)
+    norms = layer_gradient_norms(m, idx, targets)
+    assert all(p.grad is None for p in m.parameters())  # .grad left alone
+    sequence_loss(m(idx), targets).backward()
+    assert len(norms) == L
+    for block, got in zip(m.blocks, norms, strict=True):
+        for name, p in block.named_parameters():
+            assert got[name] == pytest.approx(float(p.grad.norm()), rel=1e-10)
+        ffn = math.sqrt(sum(float(p.grad.square().sum()) for p in block.mlp.parameters()))
+        att = math.sqrt(sum(float(p.grad.square().sum()) for p in block.attn.parameters()))
+        allp = math.sqrt(sum(float(p.grad.square().sum()) for p in block.parameters()))
+        assert got["ffn"] == pytest.approx(ffn, rel=1e-10)
+        assert got["attention"] == pytest.approx(att, rel=1e-10)
+        assert got["block"] == pytest.approx(allp, rel=1e-10)
+        assert got["norms"] > 0
+
+
+def test_norm_inputs_outputs_records_every_norm():
+    m = perturb_(model(qk_norm=True))
+    io = norm_inputs_outputs(m, tokens())
+    assert list(io)[:4] == ["blocks.0.norm1", "blocks.0.attn.q_norm", "blocks.0.attn.k_norm",
+                            "blocks.0.norm2"]
+    assert len(io) == 4 * L + 1 and list(io)[-1] == "final_norm"
+    x, y = io["blocks.1.norm2"]
+    ln = m.blocks[1].norm2
+    torch.testing.assert_close(y, layer_norm(x, D, ln.weight, ln.bias))
+    assert not any(mod._forward_hooks for mod in m.modules())  # the hooks are removed
+
+
+def test_center_residual_stream_keeps_the_function_and_centres_the_stream():
+    m = perturb_(model(qk_norm=True))
+    idx = tokens()
+    before = m(idx)
+    assert residual_stream(m, idx)[0].mean(-1).abs().max() > 0.05
+    center_residual_stream_(m)
+    torch.testing.assert_close(m(idx), before, atol=1e-12, rtol=0)
+    for x in residual_stream(m, idx):
+        assert x.mean(-1).abs().max() < 1e-13
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_pre_ln_and_its_pre_rmsnorm_conversion_agree_to_float64_precision(qk_norm):
+    m = perturb_(model(qk_norm=qk_norm))  # nonzero norm biases: they must be folded
+    assert all(bool(b.norm1.bias.any()) for b in m.blocks)
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    rms = to_pre_rmsnorm(m)
+    assert rms.config.norm == "rms" and type(rms.blocks[0].norm1) is RMSNorm
+    assert rms.blocks[0].norm1.eps == m.blocks[0].norm1.eps
+    for seed in range(3):
+        idx = tokens(seed)
+        torch.testing.assert_close(rms(idx), m(idx), atol=1e-11, rtol=0)
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())  # input untouched
+    # swapping the norms without centring and folding does not give the same function
+    naive = Transformer.from_config(rms.config, dtype=torch.float64)
+    naive.load_state_dict({k: v for k, v in state.items() if not k.endswith("norm1.bias")
+                           and not k.endswith("norm2.bias") and k != "final_norm.bias"})
+    assert (naive(tokens()) - m(tokens())).abs().max() > 1e-2
+
+
+def test_pre_rmsnorm_conversion_in_float32():
+    m = perturb_(model(dtype=torch.float32))
+    rms = to_pre_rmsnorm(m)
+    assert next(rms.parameters()).dtype == torch.float32
+    torch.testing.assert_close(rms(tokens()), m(tokens()), atol=1e-4, rtol=1e-4)
+
+
+def test_conversion_refuses_what_it_cannot_convert():
+    with pytest.raises(ValueError, match="needs a Pre-LN Transformer"):
+        to_pre_rmsnorm(model(position="post"))
+    with pytest.raises(ValueError, match="needs a Pre-LN Transformer"):
+        center_residual_stream_(model(norm="rms"))
+    with pytest.raises(ValueError, match="needs a Pre-LN Transformer"):
+        to_pre_rmsnorm(model(final_norm=False))
+    m = perturb_(model(bias=False))
+    with pytest.raises(ValueError, match="no bias to fold it into"):
+        to_pre_rmsnorm(m)
+    with pytest.raises(TypeError, match="lnbook Transformer"):
+        to_pre_rmsnorm(nn.Linear(2, 2))
+
+
+def test_state_dict_round_trip_and_from_config():
+    m = perturb_(model(norm="dyt", qk_norm=True, position="post"))
+    copy = Transformer.from_config(m.config, dtype=torch.float64)
+    assert isinstance(m.config, TransformerConfig)
+    assert (copy(tokens()) - m(tokens())).abs().max() > 1e-3  # freshly initialized
+    copy.load_state_dict(m.state_dict())
+    torch.testing.assert_close(copy(tokens()), m(tokens()), atol=0, rtol=0)
+    assert {k for k in m.state_dict() if "alpha" in k} == {
+        f"blocks.{i}.norm{j}.alpha" for i in range(L) for j in (1, 2)}
+
+
+def test_deepnorm_constants_and_initialization():
+    alpha, beta = deepnorm_constants(6)
+    assert alpha == pytest.approx(12 ** 0.25) and beta == pytest.approx(48 ** -0.25)
+    torch.manual_seed(0)
+    m = Transformer(V, 64, 4, 6, T, position="post", deepnorm=True)
+    assert all(b.deepnorm_alpha == pytest.approx(alpha) for b in m.blocks)
+    plain = Transformer(V, 64, 4, 6, T, position="post")
+    xavier = math.sqrt(2 / (64 + 64))
+    with torch.no_grad():
+        v_std = torch.stack([b.attn.v_proj.weight for b in m.blocks]).std()
+        q_std = torch.stack([b.attn.q_proj.weight for b in m.blocks]).std()
+    assert float(v_std) == pytest.approx(beta * xavier, rel=0.05)
+    assert float(q_std) == pytest.approx(xavier, rel=0.05)
+    assert plain.blocks[0].deepnorm_alpha is None
+    with pytest.raises(ValueError, match="needs position='post'"):
+        Transformer(V, D, H, L, T, position="pre", deepnorm=True)
+
+
+def test_dropout_acts_in_training_mode_only():
+    m = model(dropout=0.3)
+    idx = tokens()
+    m.train()
+    assert (m(idx) - m(idx)).abs().max() > 0
+    m.eval()
+    torch.testing.assert_close(m(idx), m(idx), atol=0, rtol=0)
+
+
+def test_sequence_loss_ignores_unscored_positions():
+    logits = torch.randn(2, 3, 5)
+    targets = torch.tensor([[-100, 1, 2], [-100, -100, 4]])
+    picked = torch.stack([logits[0, 1], logits[0, 2], logits[1, 2]])
+    expected = F.cross_entropy(picked, torch.tensor([1, 2, 4]))
+    torch.testing.assert_close(sequence_loss(logits, targets), expected)
+    with pytest.raises(ValueError, match="expected logits"):
+        sequence_loss(logits, targets[:, :2])
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match=r"n_heads \(5\) must divide d_model \(32\)"):
+        Transformer(V, 32, 5, L, T)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        Transformer(V, D, H, L, T, norm="batch")
+    with pytest.raises(ValueError, match="position must be one of"):
+        Block(D, H, position="middle")
+    with pytest.raises(ValueError, match="deepnorm_alpha .* needs position='post'"):
+        Block(D, H, deepnorm_alpha=2.0)
+    with pytest.raises(ValueError, match="n_layers must be a positive int"):
+        Transformer(V, D, H, 0, T)
+    with pytest.raises(ValueError, match="dropout must lie in"):
+        Transformer(V, D, H, L, T, dropout=1.0)
+    m = model()
+    with pytest.raises(ValueError, match="exceeds max_len=16"):
+        m(tokens(length=T + 1))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 13\)"):
+        m(torch.full((1, 4), V))
+    with pytest.raises(TypeError, match="int64"):
+        m(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match=r"shape \(B, T\)"):
+        m(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attention expects input of shape \(B, T, 32\)"):
+        m.blocks[0].attn(torch.randn(2, 4, 8, dtype=torch.float64))
