@@ -37,7 +37,7 @@ from lnbook.data import load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments import check_scale, make_config, save_results
 from lnbook.experiments.mnist import classification_metrics
-from lnbook.norms import BatchNorm, LayerNorm, layer_norm
+from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 from lnbook.train import Batches, fit
 
 __all__ = [
@@ -61,47 +61,6 @@ DESCRIPTION = (
 )
 NORMS = ("none", "batch", "layer_chw", "layer_c", "group")
 IMAGE_SIZE = 28
-
-
-class ChannelLayerNorm(nn.Module):
-    """Layer normalization over the channels at each position of a feature map.
-
-    Each example and each position ``(h, w)`` gets its own mean and variance over the ``C``
-    channels (eq. 3 with the channels as the hidden units); the gain and bias are per channel.
-
-    Args:
-        num_channels: ``C``.
-        eps: added to the variance. Default: 1e-5.
-
-    Shape:
-        - Input: ``(N, C, H, W)``; output: the same shape.
-
-    Example::
-
-        >>> ln = ChannelLayerNorm(16)
-        >>> ln(torch.randn(2, 16, 5, 5)).shape
-        torch.Size([2, 16, 5, 5])
-    """
-
-    def __init__(self, num_channels: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        if not (isinstance(num_channels, int) and num_channels > 0):
-            raise ValueError(f"num_channels must be a positive int, got {num_channels!r}")
-        self.num_channels, self.eps = num_channels, float(eps)
-        self.weight = nn.Parameter(torch.ones(num_channels))
-        self.bias = nn.Parameter(torch.zeros(num_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dim() != 4 or x.shape[1] != self.num_channels:
-            raise ValueError(
-                f"ChannelLayerNorm({self.num_channels}) expects (N, {self.num_channels}, H, W), "
-                f"got {tuple(x.shape)}"
-            )
-        y = layer_norm(x.movedim(1, -1), self.num_channels, self.weight, self.bias, self.eps)
-        return y.movedim(-1, 1)  # (N, H, W, C) -> (N, C, H, W)
-
-    def extra_repr(self) -> str:
-        return f"{self.num_channels}, eps={self.eps}"
 
 
 def _norm_layer(norm: str, channels: int, size: int, groups: int) -> nn.Module:
