@@ -132,7 +132,6 @@ def _check_impl(impl: object) -> None:
 
 
 _check_floating = check_floating  # the names other modules used before the checks were public
-_as_shape = as_normalized_shape
 
 
 def _check_layer_norm_args(

@@ -11,7 +11,7 @@ here, for summed inputs ``a`` of shape ``(N, C, H, W)``:
   (eq. 3 read literally: every hidden unit of the layer), gain and bias per unit
   (:class:`lnbook.LayerNorm` with ``normalized_shape=(C, H, W)``);
 - ``"layer_c"``: one mean and variance per example *and position* over the ``C`` channels
-  (:class:`ChannelLayerNorm`), gain and bias per channel, as later ConvNets do;
+  (:class:`lnbook.norms.ChannelLayerNorm`), gain and bias per channel, as later ConvNets do;
 
 plus ``"batch"`` (:class:`lnbook.BatchNorm`, per channel over ``N, H, W``) and ``"group"``
 (:class:`torch.nn.GroupNorm`, Wu and He 2018: per example over groups of channels and all
@@ -46,7 +46,6 @@ __all__ = [
     "NORMS",
     "Config",
     "get_config",
-    "ChannelLayerNorm",
     "ConvNet",
     "boundary_mask",
     "activation_maps",
