@@ -1,25 +1,28 @@
 """Speed of lnbook.layer_norm against torch.nn.functional.layer_norm (forward + backward).
 
 Chapter 3 (`03_layer_norm`) derives the backward pass that ``impl="autograd"`` runs; this script
-measures what that hand-written autograd Function costs next to torch's fused kernel, and checks
-that the documented fast path ``impl="torch"`` costs nothing extra. All three are timed in ONE run,
-interleaved round by round in every order (so a busy machine slows all of them alike, and none
-always runs after the same other), after a warm-up; each figure is the median over rounds, each
-ratio the median of the per-round ratios. Page faults per call are recorded beside the times,
-and by default the heap is kept steady (``benchmarks/common.py`` says why).
+measures what that hand-written autograd Function, a dozen separate torch operations, costs next
+to torch's fused kernel, and checks that the fast path ``impl="torch"`` costs nothing extra. It
+also times the opt-in route to speed that keeps code a reader can read: ``torch.compile`` of the
+plain four-line layer norm below (:func:`taught_layer_norm`), and of ``lnbook.layer_norm``
+itself with its hand-derived backward. All are timed in ONE run, interleaved round by round in
+a rotating order (so that a busy machine slows all of them alike), after a warm-up that also
+compiles; each figure is the median over rounds, each ratio the median of the per-round ratios.
+Minor page faults per call are recorded beside the times (``benchmarks/common.py`` says why).
 
     python benchmarks/bench_layernorm.py                      # current device ("auto")
-    python benchmarks/bench_layernorm.py --device cpu --repeats 30 --out benchmarks/results
-    python benchmarks/bench_layernorm.py --heap glibc --out ''   # with glibc's page-fault luck
+    python benchmarks/bench_layernorm.py --device cpu --threads 1 --note "shared machine"
+    python benchmarks/bench_layernorm.py --impls torch,autograd,lnbook_torch   # no compiling
 
-Targets (issue 2): autograd <= 3x torch, impl="torch" <= 1.1x torch. Results go to
-``<out>/layernorm.json`` with a description of the machine.
+Targets (issue 13): autograd <= 3x torch, impl="torch" <= 1.1x torch; the compiled variants are
+reported without a target. ``torch.compile`` needs a C++ compiler on the CPU; where it fails, the
+result says so and the other columns stand. Results go to ``<out>/layernorm.json`` with a
+description of the machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import time
@@ -29,26 +32,41 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import machine_description, minor_faults, steady_heap, sync
+from common import load_average, machine_description, minor_faults, sync
 
 import lnbook
 
 DEFAULT_SHAPES = ((4096, 256), (1024, 1024), (256, 4096), (64, 16384))
+IMPLS = ("torch", "autograd", "lnbook_torch", "compiled_plain", "compiled_autograd")
+RATIO_KEYS = {  # implementation -> its key in ratio_to_torch and targets
+    "autograd": "autograd",
+    "lnbook_torch": "torch",
+    "compiled_plain": "compiled_plain",
+    "compiled_autograd": "compiled_autograd",
+}
 TARGETS = {"autograd": 3.0, "torch": 1.1}
+
+
+def taught_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float = 1e-5):
+    """Eq. 3 over the last dimension in four lines of torch operations (autograd's backward)."""
+    mu = x.mean(-1, keepdim=True)  # (rows, 1)
+    var = (x - mu).pow(2).mean(-1, keepdim=True)  # (rows, 1) biased, as in eq. 3
+    return (x - mu) / torch.sqrt(var + eps) * w + b  # (rows, features)
 
 
 @dataclass
 class BenchConfig:
-    """What to measure: shapes (rows, features), rounds, calls per round, dtype and device."""
+    """What to measure: shapes (rows, features), implementations, rounds, calls per round."""
 
     shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES
+    impls: tuple[str, ...] = IMPLS
     repeats: int = 60
     inner: int = 5
     warmup: int = 3
     dtype: str = "float32"
     device: str = "auto"
     seed: int = 0
-    heap: str = "steady"  # "steady": glibc keeps freed memory (benchmarks/common.py); "glibc"
+    note: str = ""
 
 
 @dataclass
@@ -60,63 +78,78 @@ class ShapeResult:
     seconds: dict[str, float] = field(default_factory=dict)
     ratio_to_torch: dict[str, float] = field(default_factory=dict)
     page_faults_per_call: dict[str, float | None] = field(default_factory=dict)
+    warmup_seconds: dict[str, float] = field(default_factory=dict)  # includes compiling
+    unavailable: dict[str, str] = field(default_factory=dict)  # implementation -> why
 
 
-def _step_fns(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, gy: torch.Tensor
-) -> dict[str, Callable[[], None]]:
-    """One forward + backward (gradients for x, weight and bias) per implementation."""
+def _forward_fns(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, impls: tuple[str, ...]
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """One forward per implementation (fresh compiled functions: each shape compiles anew)."""
     d = x.shape[-1]
-
-    def make(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
-        def step() -> None:
-            y = fn()  # (rows, features)
-            torch.autograd.grad(y, (x, w, b), gy)
-
-        return step
-
-    return {
-        "torch": make(lambda: F.layer_norm(x, (d,), w, b, 1e-5)),
-        "autograd": make(lambda: lnbook.layer_norm(x, d, w, b, 1e-5, impl="autograd")),
-        "lnbook_torch": make(lambda: lnbook.layer_norm(x, d, w, b, 1e-5, impl="torch")),
+    fns: dict[str, Callable[[], torch.Tensor]] = {
+        "torch": lambda: F.layer_norm(x, (d,), w, b, 1e-5),
+        "autograd": lambda: lnbook.layer_norm(x, d, w, b, 1e-5, impl="autograd"),
+        "lnbook_torch": lambda: lnbook.layer_norm(x, d, w, b, 1e-5, impl="torch"),
     }
+    if "compiled_plain" in impls:
+        plain = torch.compile(taught_layer_norm, fullgraph=True, dynamic=False)
+        fns["compiled_plain"] = lambda: plain(x, w, b)
+    if "compiled_autograd" in impls:
+        ours = torch.compile(lnbook.layer_norm, fullgraph=True, dynamic=False)
+        fns["compiled_autograd"] = lambda: ours(x, d, w, b, 1e-5)
+    return {k: fns[k] for k in impls}
 
 
 def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device) -> ShapeResult:
-    """Time the three implementations at one shape, interleaved round by round."""
+    """Time the implementations at one shape, interleaved round by round."""
     dtype = getattr(torch, cfg.dtype)
     gen = torch.Generator().manual_seed(cfg.seed)
     x = torch.randn(rows, features, generator=gen).to(device, dtype).requires_grad_()
     w = (1 + 0.1 * torch.randn(features, generator=gen)).to(device, dtype).requires_grad_()
     b = (0.1 * torch.randn(features, generator=gen)).to(device, dtype).requires_grad_()
     gy = torch.randn(rows, features, generator=gen).to(device, dtype)
-    fns = _step_fns(x, w, b, gy)
-    names = list(fns)
-    for _ in range(cfg.warmup):
-        for name in names:
-            fns[name]()
-    sync(device)
+    res = ShapeResult(rows, features)
+    steps: dict[str, Callable[[], None]] = {}
+    for name, fn in _forward_fns(x, w, b, cfg.impls).items():
+
+        def step(fn: Callable[[], torch.Tensor] = fn) -> None:
+            torch.autograd.grad(fn(), (x, w, b), gy)  # forward + backward for x, weight, bias
+
+        t0 = time.perf_counter()
+        try:
+            for _ in range(max(cfg.warmup, 1)):
+                step()
+        except Exception as e:  # torch.compile without a working C++ compiler, for one
+            if not name.startswith("compiled"):
+                raise
+            res.unavailable[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            continue
+        sync(device)
+        res.warmup_seconds[name] = time.perf_counter() - t0
+        steps[name] = step
+    names = list(steps)
     times: dict[str, list[float]] = {name: [] for name in names}
     faults: dict[str, list[int]] = {name: [] for name in names}
-    orders = list(itertools.permutations(names))  # each one runs after each other equally often
     for r in range(cfg.repeats):
-        for name in orders[r % len(orders)]:
+        k = r % len(names)
+        order = names[k:] + names[:k]  # each one first in turn, and
+        for name in order if r % 2 == 0 else order[::-1]:  # after each other one, both ways
             sync(device)
             f0, t0 = minor_faults(), time.perf_counter()
             for _ in range(cfg.inner):
-                fns[name]()
+                steps[name]()
             sync(device)
             times[name].append((time.perf_counter() - t0) / cfg.inner)
             if f0 is not None:
                 faults[name].append(minor_faults() - f0)
-    res = ShapeResult(rows, features)
     for name in names:
         res.seconds[name] = statistics.median(times[name])
         res.page_faults_per_call[name] = (
             statistics.median(faults[name]) / cfg.inner if faults[name] else None)
-    for name, key in (("autograd", "autograd"), ("lnbook_torch", "torch")):
-        per_round = [a / t for a, t in zip(times[name], times["torch"], strict=True)]
-        res.ratio_to_torch[key] = statistics.median(per_round)
+        if name != "torch":
+            per_round = [a / t for a, t in zip(times[name], times["torch"], strict=True)]
+            res.ratio_to_torch[RATIO_KEYS[name]] = statistics.median(per_round)
     return res
 
 
@@ -129,41 +162,49 @@ def run(cfg: BenchConfig) -> dict[str, object]:
         )
     if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
-    if cfg.heap not in ("steady", "glibc"):
-        raise ValueError(f"heap must be 'steady' or 'glibc', got {cfg.heap!r}")
-    heap = "glibc default"
-    if cfg.heap == "steady":
-        heap = "steady (freed memory kept)" if steady_heap() else "default (no glibc)"
+    bad = [i for i in cfg.impls if i not in IMPLS]
+    if bad or "torch" not in cfg.impls:
+        raise ValueError(f"impls must include 'torch' and be drawn from {IMPLS}, got {cfg.impls}")
     device = lnbook.resolve_device(cfg.device)
+    machine = machine_description(device, cfg.note or None)
+    t0 = time.perf_counter()
     results = [bench_shape(r, f, cfg, device) for r, f in cfg.shapes]
+    machine["load_average_1min_at_end"] = load_average()
+    targets = {k: v for k, v in TARGETS.items() if k in results[0].ratio_to_torch}
     return {
         "benchmark": "layer_norm forward+backward, median seconds per call and ratio to torch",
-        "machine": machine_description(device, heap),
+        "machine": machine,
         "config": asdict(cfg),
-        "targets": TARGETS,
+        "wall_seconds": time.perf_counter() - t0,
+        "taught_layer_norm": [
+            "mu = x.mean(-1, keepdim=True)",
+            "var = (x - mu).pow(2).mean(-1, keepdim=True)",
+            "return (x - mu) / torch.sqrt(var + eps) * w + b",
+        ],
+        "targets": targets,
         "results": [asdict(r) for r in results],
         "meets_targets": {
             key: all(r.ratio_to_torch[key] <= limit for r in results)
-            for key, limit in TARGETS.items()
+            for key, limit in targets.items()
         },
     }
 
 
 def format_table(out: dict[str, object]) -> str:
-    """A plain-text table: one row per shape, times in microseconds, ratios to torch, and the
-    page faults per call of torch and of the autograd path."""
-    lines = [
-        f"{'rows x features':>17} {'torch us':>10} {'autograd us':>12} {'ratio':>6} "
-        f"{'impl=torch us':>14} {'ratio':>6} {'faults/call torch, autograd':>28}"
-    ]
-    for r in out["results"]:  # type: ignore[union-attr]
-        s, q, pf = r["seconds"], r["ratio_to_torch"], r["page_faults_per_call"]
-        faults = "?" if pf["torch"] is None else f"{pf['torch']:.0f}, {pf['autograd']:.0f}"
-        lines.append(
-            f"{r['rows']:>8} x {r['features']:<6} {s['torch'] * 1e6:>10.1f} "
-            f"{s['autograd'] * 1e6:>12.1f} {q['autograd']:>6.2f} "
-            f"{s['lnbook_torch'] * 1e6:>14.1f} {q['torch']:>6.2f} {faults:>28}"
-        )
+    """A plain-text table: one row per shape, torch's time in microseconds, the ratio of every
+    other implementation to torch, and the page faults per call of each."""
+    results: list[dict] = out["results"]  # type: ignore[assignment]
+    keys = list(dict.fromkeys(k for r in results for k in r["ratio_to_torch"]))
+    lines = [f"{'rows x features':>17} {'torch us':>10} " + " ".join(f"{k:>17}" for k in keys)
+             + "   faults/call"]
+    for r in results:
+        q = r["ratio_to_torch"]
+        ratios = " ".join(f"{q[k]:>17.2f}" if k in q else f"{'n/a':>17}" for k in keys)
+        pf = ", ".join("?" if v is None else f"{v:.0f}" for v in r["page_faults_per_call"].values())
+        lines.append(f"{r['rows']:>8} x {r['features']:<6} {r['seconds']['torch'] * 1e6:>10.1f} "
+                     f"{ratios}   {pf}")
+        for name, why in r["unavailable"].items():
+            lines.append(f"{'':>19}{name} unavailable: {why}")
     return "\n".join(lines)
 
 
@@ -184,21 +225,22 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
     p.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES,
                    help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help=f"comma-separated, from {', '.join(IMPLS)} ('torch' is the baseline)")
     p.add_argument("--repeats", type=int, default=BenchConfig.repeats, help="interleaved rounds")
     p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
     p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
-                   help="steady: keep freed memory in the heap (see benchmarks/common.py)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--note", default="", help="a note on the machine, stored with the results")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"),
                    help="folder for layernorm.json ('' to skip writing)")
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    cfg = BenchConfig(shapes=args.shapes, repeats=args.repeats, inner=args.inner,
-                      warmup=args.warmup, dtype=args.dtype, device=args.device,
-                      heap=args.heap)
+    cfg = BenchConfig(shapes=args.shapes, impls=tuple(args.impls.split(",")),
+                      repeats=args.repeats, inner=args.inner, warmup=args.warmup,
+                      dtype=args.dtype, device=args.device, note=args.note)
     out = run(cfg)
     print(json.dumps(out["machine"], indent=None))
     print(format_table(out))

@@ -6,8 +6,7 @@ as the step-by-step loop; and without layer norm) against
 :class:`torch.nn.LSTM` at the issue's sizes, and of ``lnbook.GRU`` against
 :class:`torch.nn.GRU` (the per-iteration cost the paper discusses in section 6.3, claim C14).
 Target: the LN-LSTM at most 2x torch.nn.LSTM. Prints a table and writes
-``benchmarks/results/lstm.json`` with the machine description; the heap is kept steady as in
-``bench_layernorm.py`` (``benchmarks/common.py`` says why).
+``benchmarks/results/lstm.json`` with the machine description.
 
     python benchmarks/bench_lstm.py [--device auto] [--rounds 11] [--threads N] [--quick]
     OMP_WAIT_POLICY=ACTIVE python benchmarks/bench_lstm.py   # OpenMP workers spin, never sleep
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_description, steady_heap, sync
+from common import machine_description, sync
 from torch import nn
 
 import lnbook
@@ -110,22 +109,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
-                   help="steady: keep freed memory in the heap (see benchmarks/common.py)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "lstm.json"),
                    help="JSON file to write ('' to skip writing)")
     args = p.parse_args(argv)
-    heap = "glibc default"
-    if args.heap == "steady":
-        heap = "steady (freed memory kept)" if steady_heap() else "default (no glibc)"
     device = lnbook.resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rows = bench(device, QUICK_SIZES if args.quick else SIZES, args.rounds)
-    desc = machine_description(device, heap)
+    desc = machine_description(device)
     native = lnbook.rnn.native_status()
     print(f"device {device}, torch {torch.__version__}, {desc['torch_threads']} threads, "
-          f"{desc['cpu']}, heap {heap}\n{native}")
+          f"{desc['cpu']}\n{native}")
     print(f"{'T':>4} {'B':>4} {'in':>4} {'H':>4} | {'torch LSTM ms':>13} {'LN-LSTM ms':>10} "
           f"{'ratio':>6} {'torch-ops ratio':>15} {'loop ratio':>10} {'plain ratio':>11} | "
           f"{'GRU ratio':>9} {'LN-GRU/GRU loop':>15}")

@@ -9,9 +9,8 @@ Each layer norm has a gain and a bias, each RMSNorm a gain only, as the two are 
 
 All four are timed in ONE run, interleaved round by round in every order (a busy machine slows
 all of them alike, and none always runs after the same other), after a warm-up; each figure is
-the median over rounds, each ratio the median of the per-round ratios. On CPU the heap is kept
-steady by default (freed memory stays in the process, so a large tensor does not pay a page
-fault per 4 KiB on one call and not on the next; see benchmarks/bench_layernorm.py).
+the median over rounds, each ratio the median of the per-round ratios. The allocator is left as
+a user gets it (see benchmarks/common.py on page faults).
 
     python benchmarks/bench_rmsnorm.py                        # current device ("auto")
     python benchmarks/bench_rmsnorm.py --device cpu --repeats 30 --threads 1
@@ -24,18 +23,15 @@ RMSNorm is faster; ``saving`` is ``1 - ratio``.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import itertools
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import common
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +39,6 @@ import lnbook
 
 DEFAULT_SHAPES = ((1024, 64), (4096, 256), (1024, 1024), (256, 4096), (64, 16384))
 NAMES = ("lnbook_rms", "lnbook_ln", "torch_rms", "torch_ln")
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
 @dataclass
@@ -57,7 +52,7 @@ class BenchConfig:
     dtype: str = "float32"
     device: str = "auto"
     seed: int = 0
-    heap: str = "steady"  # "steady": keep freed memory in the heap (glibc); "glibc": default
+    note: str | None = None  # free text stored with the machine description
 
 
 @dataclass
@@ -70,52 +65,6 @@ class ShapeResult:
     ratio_rms_to_ln: dict[str, float] = field(default_factory=dict)
     saving: dict[str, float] = field(default_factory=dict)
     ratio_lnbook_rms_to_torch_rms: float = 0.0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _machine(device: torch.device, heap: str) -> dict[str, object]:
-    desc: dict[str, object] = {
-        "cpu": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "heap": heap,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
-    }
-    if device.type == "cuda":
-        desc["gpu"] = torch.cuda.get_device_name(device)
-    return desc
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def _steady_heap() -> bool:
-    """glibc only: keep freed memory in the heap (trim threshold 1 GiB, mmap threshold 32 MiB)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
 
 
 def _step_fns(
@@ -150,16 +99,16 @@ def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device
     for _ in range(cfg.warmup):
         for name in NAMES:
             fns[name]()
-    _sync(device)
+    common.sync(device)
     times: dict[str, list[float]] = {name: [] for name in NAMES}
     orders = list(itertools.permutations(NAMES))  # each runs after each other equally often
     for r in range(cfg.repeats):
         for name in orders[r % len(orders)]:
-            _sync(device)
+            common.sync(device)
             t0 = time.perf_counter()
             for _ in range(cfg.inner):
                 fns[name]()
-            _sync(device)
+            common.sync(device)
             times[name].append((time.perf_counter() - t0) / cfg.inner)
     res = ShapeResult(rows, features)
     for name in NAMES:
@@ -184,17 +133,12 @@ def run(cfg: BenchConfig) -> dict[str, object]:
         )
     if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
-    if cfg.heap not in ("steady", "glibc"):
-        raise ValueError(f"heap must be 'steady' or 'glibc', got {cfg.heap!r}")
-    heap = "glibc default"
-    if cfg.heap == "steady":
-        heap = "steady (freed memory kept)" if _steady_heap() else "default (no glibc)"
     device = lnbook.resolve_device(cfg.device)
     results = [bench_shape(r, f, cfg, device) for r, f in cfg.shapes]
     return {
         "benchmark": "rms_norm vs layer_norm forward+backward, median seconds per call, ratios "
                      "RMSNorm / LayerNorm measured in one interleaved run",
-        "machine": _machine(device, heap),
+        "machine": common.machine_description(device, cfg.note),
         "config": asdict(cfg),
         "results": [asdict(r) for r in results],
         "median_ratio_rms_to_ln": {
@@ -242,8 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
     p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--heap", choices=("steady", "glibc"), default="steady",
-                   help="steady: keep freed memory in the heap (glibc)")
+    p.add_argument("--note", default=None, help="free text stored with the machine")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"),
                    help="folder for rmsnorm.json ('' to skip writing)")
@@ -251,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     cfg = BenchConfig(shapes=args.shapes, repeats=args.repeats, inner=args.inner,
-                      warmup=args.warmup, dtype=args.dtype, device=args.device, heap=args.heap)
+                      warmup=args.warmup, dtype=args.dtype, device=args.device, note=args.note)
     out = run(cfg)
     print(json.dumps(out["machine"], indent=None))
     print(format_table(out))

@@ -1,26 +1,27 @@
-"""What both benchmark scripts share: the machine's description, device sync, and the heap.
+"""What both benchmark scripts share: the machine's description, device sync, page faults.
 
-Timing on CPU has one trap that has nothing to do with the code being timed: glibc hands freed
-memory back to the operating system once enough of it sits free at the top of the heap, and the
-next large tensor then pays a page fault for every 4 KiB it touches (about 1 us each on the
-virtual machine these figures come from, several times the cost of the arithmetic). Whether
-that happens between two calls depends on the heap's layout, not on the code, so two runs of
-the same benchmark can differ by 3x. :func:`steady_heap` turns the return off for the
-benchmark's own process (``mallopt``), so that the ratios compare computation; the page faults
-per call are counted either way (:func:`minor_faults`), and ``--heap glibc`` keeps glibc's
-default behaviour.
+Timing on a CPU has one trap that has nothing to do with the arithmetic being timed: a fresh
+tensor's memory has to be mapped in by the operating system, page by page, the first time it is
+touched (a minor page fault, about a microsecond each on a virtual machine, several times the
+cost of the arithmetic on that page). Whether a new tensor gets fresh pages or reuses memory its
+process freed a moment ago is up to the C library's allocator and the heap's layout, so code
+that makes more full-size tensors per call pays more, and unevenly from one call to the next.
+The scripts leave the allocator as it is (what a user gets) and count the faults per call
+beside each time (:func:`minor_faults`, from the standard library's :mod:`resource`), so that
+a reader can see how much of a ratio is memory traffic.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import platform
 
 import torch
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+try:
+    import resource
+except ImportError:  # Windows has no resource module
+    resource = None  # type: ignore[assignment]
 
 
 def cpu_model() -> str:
@@ -35,8 +36,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_description(device: torch.device, heap: str) -> dict[str, object]:
-    """CPU model, core count, torch version and threads, the heap mode and the accelerator."""
+def load_average() -> float | None:
+    """The one-minute load average (runnable processes), or None where the OS does not say."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_description(device: torch.device, note: str | None = None) -> dict[str, object]:
+    """CPU model, core count, torch version and threads, the accelerator, the load average at
+    the time of the call, and a free-text ``note`` (e.g. "shared by other jobs")."""
     desc: dict[str, object] = {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
@@ -45,13 +55,15 @@ def machine_description(device: torch.device, heap: str) -> dict[str, object]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device": str(device),
-        "heap": heap,
+        "load_average_1min": load_average(),
         # OpenMP workers that sleep between parallel regions (the default) wake up late after
         # the gaps of a Python time loop; OMP_WAIT_POLICY=ACTIVE keeps them spinning
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
     }
     if device.type == "cuda":
         desc["gpu"] = torch.cuda.get_device_name(device)
+    if note:
+        desc["note"] = note
     return desc
 
 
@@ -63,27 +75,8 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def steady_heap() -> bool:
-    """Keep freed memory in this process's heap (glibc only); True if glibc accepted it.
-
-    Sets the trim threshold to 1 GiB and the mmap threshold to glibc's maximum (32 MiB), so
-    that freed tensors of the benchmarks' sizes are mostly reused from the heap instead of
-    being returned to the OS and faulted in again (the faults that remain are counted). Other
-    C libraries (macOS, Windows, musl) are left alone.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(mallopt(M_MMAP_THRESHOLD, 32 << 20))
-
-
 def minor_faults() -> int | None:
-    """Page faults this process has taken so far (None where the OS does not say)."""
-    try:
-        import resource
-    except ImportError:  # Windows
+    """Minor page faults this process has taken so far (None where the OS does not say)."""
+    if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -3,8 +3,8 @@
 The package behind the executable textbook in ``book/``. Its modules follow the book (see
 CONTRIBUTING.md for the map, and the book's API page for every public object):
 
-- :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``BatchNorm``, ``WeightNormLinear``
-  (eqs. 1-3, 5, 15-16; chapters 2, 3, 4)
+- :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``ChannelLayerNorm``, ``BatchNorm``,
+  ``WeightNormLinear`` (eqs. 1-3, 5, 15-16; chapters 2, 3, 4, 6.7)
 - :mod:`lnbook.reference`: ``layer_norm_numpy``, eq. 3 in plain numpy (chapter 3)
 - :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers
   (eqs. 4, 20-31; chapter 3.1 and the supplement)
@@ -31,7 +31,7 @@ from lnbook.data import (
     sort_task,
 )
 from lnbook.device import resolve_device
-from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, layer_norm
+from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm
 from lnbook.rnn import (
     GRU,
     LSTM,
@@ -54,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     # norms (chapters 2-4)
     "BatchNorm",
+    "ChannelLayerNorm",
     "LayerNorm",
     "WeightNormLinear",
     "layer_norm",

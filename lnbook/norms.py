@@ -1,17 +1,20 @@
 """Normalization layers: layer normalization and the two methods the paper compares it with.
 
-Paper sections 2, 3 and 5.1; book chapters 2 (`02_background`), 3 (`03_layer_norm`) and 4
-(`04_related_work`). Every layer here reads eq. 5 of the paper,
+Paper sections 2, 3, 5.1 and 6.7; book chapters 2 (`02_background`), 3 (`03_layer_norm`),
+4 (`04_related_work`) and 6.7 (`06_7_convnets`). Every layer here reads eq. 5 of the paper,
 
     h_i = f( g_i / sigma_i * (a_i - mu_i) + b_i ),
 
 with a different choice of mu and sigma:
 
 - batch normalization (eq. 2): mu_i, sigma_i of unit i over the mini-batch,
-- layer normalization (eq. 3): one mu, sigma per example over all H units of the layer,
+- layer normalization (eq. 3): one mu, sigma per example over all H units of the layer
+  (:class:`ChannelLayerNorm`: over the channels at each position of a feature map),
 - weight normalization: mu_i = 0 and sigma_i = ||w_i||_2.
 
-A norm here knows nothing of training loops or experiments.
+The input checks every lnbook layer makes live here too (:func:`check_floating`,
+:func:`check_size`, :func:`check_shape`, :func:`check_eps`), so that a wrong input gets the
+same clear message everywhere. A norm here knows nothing of training loops or experiments.
 """
 
 from __future__ import annotations
@@ -25,13 +28,90 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["layer_norm", "LayerNorm", "BatchNorm", "WeightNormLinear"]
+__all__ = [
+    "layer_norm",
+    "LayerNorm",
+    "ChannelLayerNorm",
+    "BatchNorm",
+    "WeightNormLinear",
+    "check_floating",
+    "check_size",
+    "check_shape",
+    "check_eps",
+    "as_normalized_shape",
+]
 
 _ShapeLike = int | Sequence[int] | torch.Size
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_IMPLS = ("autograd", "torch")
+
+# ----------------------------------------------------------------------------------------------
+# input checks, shared by every lnbook layer (lnbook.rnn and the experiments import them)
 
 
-def _as_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
+def check_floating(x: object, what: str = "input") -> None:
+    """Raise ``TypeError`` unless ``x`` is a floating-point :class:`torch.Tensor`.
+
+    Args:
+        x: the object to check.
+        what: its name in the message, e.g. ``"input"`` or ``"hx"``.
+
+    Example::
+
+        >>> check_floating(torch.ones(2), "input")  # passes
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{what} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+            f"got dtype {x.dtype}; convert it with .float() first"
+        )
+
+
+def check_size(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value`` as an int if it is an integer ``>= minimum``; else raise ``ValueError``.
+
+    ``bool`` is refused (``True`` is not a size). Use ``minimum=0`` for sizes that may be 0,
+    such as ``proj_size``.
+
+    Example::
+
+        >>> check_size("hidden_size", 256)
+        256
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        want = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    return int(value)
+
+
+def check_shape(x: Tensor, shape: Sequence[int | None], what: str = "input") -> None:
+    """Raise ``ValueError`` unless ``x`` has exactly ``shape`` (``None``: any size there).
+
+    Example::
+
+        >>> check_shape(torch.zeros(4, 3), (None, 3), "hx")  # passes
+    """
+    if x.dim() != len(shape) or any(
+        s is not None and s != n for s, n in zip(shape, x.shape, strict=True)
+    ):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape)
+        want += ",)" if len(shape) == 1 else ")"
+        raise ValueError(f"{what} must have shape {want}, got {tuple(x.shape)}")
+
+
+def check_eps(eps: object) -> float:
+    """Return ``eps`` as a float if it is finite and > 0; else raise ``ValueError``."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (
+        eps > 0 and math.isfinite(eps)
+    ):
+        raise ValueError(f"eps must be a finite number > 0 (keeps sigma away from 0), got {eps!r}")
+    return float(eps)
+
+
+def as_normalized_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
+    """``normalized_shape`` (an int or a sequence of ints, as torch takes it) as a tuple."""
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         shape = (int(normalized_shape),)
     else:
@@ -46,22 +126,19 @@ def _as_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
     return shape
 
 
-def _check_floating(x: Tensor, what: str = "input") -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{what} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-            f"got dtype {x.dtype}; convert it with .float() first"
-        )
+def _check_impl(impl: object) -> None:
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be 'autograd' or 'torch', got {impl!r}")
+
+
+_check_floating = check_floating  # the names other modules used before the checks were public
 
 
 def _check_layer_norm_args(
     x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float
 ) -> None:
-    _check_floating(x)
-    if not (isinstance(eps, numbers.Real) and eps > 0 and math.isfinite(eps)):
-        raise ValueError(f"eps must be a finite number > 0 (keeps sigma away from 0), got {eps!r}")
+    check_floating(x)
+    check_eps(eps)
     k = len(shape)
     if x.dim() < k or tuple(x.shape[x.dim() - k :]) != shape:
         raise ValueError(
@@ -71,145 +148,148 @@ def _check_layer_norm_args(
     for name, p in (("weight", weight), ("bias", bias)):
         if p is None:
             continue
-        _check_floating(p, name)
+        check_floating(p, name)
         if tuple(p.shape) != shape:
             raise ValueError(
                 f"{name} must have shape normalized_shape={shape}, got {tuple(p.shape)}"
             )
 
 
-def _graph_is_kept() -> bool:
-    """True unless autograd says this backward runs with ``retain_graph=False``.
+# ----------------------------------------------------------------------------------------------
+# layer normalization: the forward of eq. 3 and the backward derived in chapter 3
 
-    Asked through a private torch hook; where it is missing or cannot answer, the answer is
-    True, which only costs the in-place backward its speed, never its correctness.
+
+def _rows(t: Tensor, d: int) -> Tensor:
+    """``t`` as (rows, D), in float32 if it is float16/bfloat16 (statistics never in half)."""
+    return (t.float() if t.dtype in _LOW_PRECISION else t).reshape(-1, d)
+
+
+def _normalize_rows(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Eq. 3 for each row of ``x`` (R, D): ``x_hat = (x - mu) / sigma`` and ``1 / sigma``.
+
+    Two passes: the mean is taken, the row centred, and the mean of the centred row (the
+    rounding error of the first mean, which at a mean of 1e4 in float32 is not small next to
+    sigma) taken away, before the biased variance of eq. 3 is formed. No E[x^2] - E[x]^2. A
+    constant row gives x_hat = 0 exactly. Writes over its own temporaries only where autograd
+    records nothing (inside the Function's forward); with a graph, every op is out of place.
     """
-    ask = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    if ask is None:
-        return True
-    try:
-        return bool(ask())
-    except RuntimeError:
-        return True
+    d = x.shape[1]
+    in_place = not torch.is_grad_enabled()
+    mu = x.mean(dim=1, keepdim=True)  # (R, 1)
+    xc = x - mu  # (R, D) centred first
+    mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
+    xc = xc.sub_(mu_err) if in_place else xc - mu_err  # (R, D) exactly centred
+    var = torch.linalg.vector_norm(xc, dim=1, keepdim=True).square() / d  # (R, 1) biased
+    rstd = torch.rsqrt(var + eps)  # (R, 1) 1 / sigma
+    return (xc.mul_(rstd) if in_place else xc * rstd), rstd
 
 
-def _is_batched(t: Tensor) -> bool:
-    """True for a vmap-batched tensor (``is_grads_batched=True``); True if torch cannot say."""
-    ft = getattr(torch._C, "_functorch", None)
-    checks = [getattr(ft, n, None) for n in ("is_batchedtensor", "is_legacy_batchedtensor")]
-    if ft is None or None in checks:
-        return True
-    return any(check(t) for check in checks)
+def _layer_norm_backward(
+    grad_y: Tensor, x_hat: Tensor, rstd: Tensor, w: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of eq. 3 derived in chapter 3, for rows (R, D).
+
+    With u = dL/dy * g:  dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma,
+    dL/dg = sum over rows of dL/dy * x_hat,  dL/db = sum over rows of dL/dy.
+    Returns (dL/dx (R, D), dL/dg (D,), dL/db (D,)). Every op is a differentiable torch op, so
+    autograd differentiates this backward again (second derivatives). The buffer of dL/dx is
+    made by an op that reads every input (x_hat, dL/dy and, through the row means, g) before
+    it is written in place (``sub_``, ``add_``, ``mul_``), so that the in-place steps are valid
+    under ``torch.func.vmap`` whichever of the inputs is batched.
+    """
+    d = grad_y.shape[1]
+    gy_x_hat = grad_y * x_hat  # (R, D) dL/dy * x_hat
+    grad_w = gy_x_hat.sum(dim=0)  # (D,)
+    grad_b = grad_y.sum(dim=0)  # (D,)
+    if w is None:  # u = dL/dy
+        mean_u = grad_y.mean(dim=1, keepdim=True)  # (R, 1)
+        mean_ux = gy_x_hat.mean(dim=1, keepdim=True)  # (R, 1)
+    else:  # row means of u = dL/dy * g and of u * x_hat, as products with g
+        mean_u = (grad_y @ w).unsqueeze(1) / d  # (R, 1)
+        mean_ux = (gy_x_hat @ w).unsqueeze(1) / d  # (R, 1)
+    del gy_x_hat  # freed before the next (R, D) tensor is made, which can reuse its memory
+    if w is None:
+        grad_x = (x_hat * mean_ux).sub_(grad_y)  # (R, D) x_hat * mean(u x_hat) - u
+    else:
+        grad_x = torch.addcmul(x_hat * mean_ux, grad_y, w, value=-1)  # (R, D) the same
+    grad_x = grad_x.add_(mean_u).mul_(-rstd)  # (u - mean(u) - x_hat * mean(u x_hat)) / sigma
+    return grad_x, grad_w, grad_b
+
+
+def _layer_norm_forward(
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, d: int, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """y = x_hat * g + b (eqs. 3, 15-16) for x of any shape (*, D...); also x_hat and rstd."""
+    x_hat, rstd = _normalize_rows(_rows(x, d), eps)  # (R, D), (R, 1)
+    w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
+    b = None if bias is None else bias.reshape(d).to(x_hat.dtype)  # (D,)
+    if w is not None:
+        y = torch.addcmul(b, x_hat, w) if b is not None else x_hat * w  # (R, D)
+    else:
+        y = x_hat + b if b is not None else x_hat.clone()  # (R, D): y is not x_hat itself
+    return y.reshape(x.shape).to(x.dtype), x_hat, rstd
 
 
 class _LayerNormFunction(torch.autograd.Function):
     """Eqs. 3 and 15-16 with the backward pass written out (derived in chapter 3).
 
-    Forward, per row z of D = prod(normalized_shape) numbers:
-        mu = mean(z),  sigma = sqrt(mean((z - mu)^2) + eps),  z_hat = (z - mu) / sigma,
-        y = z_hat * g + b.
-    Backward, with u = dL/dy * g:
-        dL/dz = (u - mean(u) - z_hat * mean(u * z_hat)) / sigma,
-        dL/dg = sum over rows of dL/dy * z_hat,  dL/db = sum over rows of dL/dy.
+    ``apply(x, weight, bias, normalized_shape, eps)`` returns ``(y, x_hat, rstd)``; the last
+    two are what the backward reads, returned (and marked non-differentiable) because a
+    Function in the ``setup_context`` style hands intermediates to its backward that way, and
+    :func:`layer_norm` drops them. ``generate_vmap_rule`` lets ``torch.func.vmap`` run the
+    forward on batched tensors (every op in it is a torch op).
 
-    Speed on CPU is memory traffic: each full pass over a (rows, D) tensor costs, and a fresh
-    full-size tensor costs most (its pages are faulted in). The forward makes two such tensors,
-    z_hat (kept for the backward) and y, or only one when no gradient is wanted (y is then
-    written over z_hat). The backward makes none when autograd frees the graph after it
-    (``retain_graph=False``, the usual case): it forms dL/dy * z_hat in z_hat's own buffer,
-    takes its sums, then writes dL/dz over it, with (z - mu) / sigma standing in for z_hat.
-    Since z_hat has row mean 0, mean(u) is the row mean of u - z_hat * mean(u * z_hat), so the
-    last step subtracts a row mean. When the graph is kept or the gradients are vmap-batched,
-    z_hat must survive, and one new tensor is made instead. When a graph of the backward
-    itself is asked for (``create_graph=True``, as in gradgradcheck), the backward is
-    recomputed from the saved input with differentiable torch ops.
+    Second derivatives: ``x_hat`` and ``rstd`` come out of the forward with no graph behind
+    them, so a backward that used them when its own graph is wanted (``create_graph=True``,
+    ``torch.func.grad`` and ``jacrev`` always want it) would treat them as constants and drop
+    their dependence on x. There, the backward computes them again from the saved input x with
+    the same function as the forward, inside the graph; otherwise it reads the saved ones.
     """
 
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x, shape, weight, bias, eps):  # type: ignore[override]
-        d = math.prod(shape)
-        xf = (x.float() if x.dtype in _LOW_PRECISION else x).reshape(-1, d)  # (R, D)
-        mu = xf.mean(dim=1, keepdim=True)  # (R, 1)
-        x_hat = xf - mu  # (R, D) centred first: no E[x^2] - E[x]^2
-        mu_err = x_hat.mean(dim=1, keepdim=True)  # (R, 1) rounding error of mu
-        x_hat.sub_(mu_err)  # second pass: z - mu - mu_err, exactly centred
-        var = torch.linalg.vector_norm(x_hat, dim=1, keepdim=True).square_().div_(d)  # (R, 1)
-        rstd = torch.rsqrt(var + eps)  # (R, 1)
-        x_hat.mul_(rstd)
-        w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
-        b = None if bias is None else bias.reshape(d).to(x_hat.dtype)  # (D,)
+    def forward(  # type: ignore[override]
+        x: Tensor, weight: Tensor | None, bias: Tensor | None, shape: tuple[int, ...], eps: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return _layer_norm_forward(x, weight, bias, math.prod(shape), eps)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        x, weight, bias, shape, eps = inputs
+        _, x_hat, rstd = output
+        ctx.mark_non_differentiable(x_hat, rstd)
+        ctx.set_materialize_grads(False)  # no zero tensors for the grads of x_hat and rstd
+        ctx.save_for_backward(x, weight, x_hat, rstd)
         ctx.shape, ctx.eps = shape, eps
-        if not any(ctx.needs_input_grad):  # no backward will run: y is written over z_hat
-            y = x_hat if w is None else x_hat.mul_(w)
-            y = y if b is None else y.add_(b)
-            return y.reshape(x.shape).to(x.dtype)
-        if w is not None:
-            y = torch.addcmul(b, x_hat, w) if b is not None else x_hat * w
-        else:
-            y = x_hat + b if b is not None else x_hat.clone()
-        ctx.save_for_backward(x, weight, bias, x_hat, mu, rstd)
-        return y.reshape(x.shape).to(x.dtype)
+        ctx.bias_dtype = None if bias is None else bias.dtype
 
     @staticmethod
-    def backward(ctx, grad_y):  # type: ignore[override]
-        x, weight, bias, x_hat, mu, rstd = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            return _layer_norm_backward_graph(ctx, grad_y, x, weight, bias)
+    def backward(ctx, grad_y, _grad_x_hat, _grad_rstd):  # type: ignore[override]
+        if grad_y is None:
+            return None, None, None, None, None
+        x, weight, x_hat, rstd = ctx.saved_tensors
         d = x_hat.shape[1]
-        g = grad_y.to(x_hat.dtype).reshape(-1, d)  # (R, D)
+        if torch.is_grad_enabled():  # a graph of this backward is wanted: x_hat, rstd from x
+            x_hat, rstd = _normalize_rows(_rows(x, d), ctx.eps)
         w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
-        grad_b = g.sum(dim=0).reshape(bias.shape).to(bias.dtype) if (
-            bias is not None and ctx.needs_input_grad[3]) else None
-        in_place = not (_graph_is_kept() or _is_batched(g) or _is_batched(x_hat))
-        gx = x_hat.mul_(g) if in_place else g * x_hat  # (R, D) dL/dy * z_hat
-        grad_w = gx.sum(dim=0).reshape(weight.shape).to(weight.dtype) if (
-            weight is not None and ctx.needs_input_grad[2]) else None
-        if w is not None:
-            gx.mul_(w)  # u * z_hat
-        ux_mean = gx.mean(dim=1, keepdim=True)  # (R, 1) mean(u * z_hat)
-        if in_place:  # z_hat is gone: (z - mu) * rstd stands in for it (mu_err: see below)
-            grad_x = torch.sub(x.reshape(-1, d), mu, out=gx).mul_(-(rstd * ux_mean))  # (R, D)
-        else:
-            grad_x = gx.copy_(x_hat).mul_(-ux_mean)  # (R, D) -z_hat * mean(u * z_hat)
-        if w is not None:
-            grad_x.addcmul_(g, w)  # + u, u = g * w
-        else:
-            grad_x.add_(g)
-        # - mean(u): z_hat has row mean 0, so mean(u) is the row mean of what the buffer holds
-        # now; subtracting that row mean also removes the mu_err part left by the in-place path
-        grad_x.sub_(grad_x.mean(dim=1, keepdim=True)).mul_(rstd)
-        return grad_x.reshape(x.shape).to(x.dtype), None, grad_w, grad_b, None
+        grad_x, grad_w, grad_b = _layer_norm_backward(_rows(grad_y, d), x_hat, rstd, w)
+        # needs_input_grad can read False for a parameter while torch.compile traces
+        # torch.func.grad, so every gradient an input can take is returned there
+        need = (True,) * 3 if torch.compiler.is_compiling() else ctx.needs_input_grad
+        grad_w = grad_w.reshape(weight.shape).to(weight.dtype) if (
+            weight is not None and need[1]) else None
+        grad_b = grad_b.reshape(ctx.shape).to(ctx.bias_dtype) if (
+            ctx.bias_dtype is not None and need[2]) else None
+        return grad_x.reshape(x.shape).to(x.dtype), grad_w, grad_b, None, None
 
 
-def _layer_norm_backward_graph(ctx, grad_y, x, weight, bias):
-    """The same backward from the saved input with differentiable ops (for double backward)."""
-    shape, eps = ctx.shape, ctx.eps
-    dims = tuple(range(-len(shape), 0))
-    x_hat, rstd = _normalize(x, shape, eps)  # (..., *shape), (..., 1...)
-    g = grad_y.to(x_hat.dtype)
-    u = g * weight.to(x_hat.dtype) if weight is not None else g
-    u_mean = u.mean(dim=dims, keepdim=True)
-    ux_mean = (u * x_hat).mean(dim=dims, keepdim=True)
-    grad_x = (u - u_mean - x_hat * ux_mean) * rstd
-    grad_w = grad_b = None
-    batch_dims = tuple(range(x.dim() - len(shape)))
-    if weight is not None and ctx.needs_input_grad[2]:
-        grad_w = (g * x_hat).sum(dim=batch_dims).to(weight.dtype)
-    if bias is not None and ctx.needs_input_grad[3]:
-        grad_b = g.sum(dim=batch_dims).to(bias.dtype)
-    return grad_x.to(x.dtype), None, grad_w, grad_b, None
-
-
-def _normalize(x: Tensor, shape: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor]:
-    """Two-pass mean and biased variance over the trailing dims; float32 for half inputs."""
-    dims = tuple(range(-len(shape), 0))
-    xf = x.float() if x.dtype in _LOW_PRECISION else x
-    mu = xf.mean(dim=dims, keepdim=True)  # (..., 1, ..., 1)
-    xc = xf - mu  # centring first keeps a large mean from cancelling digits
-    xc = xc - xc.mean(dim=dims, keepdim=True)  # second pass: removes the rounding error of mu
-    var = (xc * xc).mean(dim=dims, keepdim=True)  # biased, as in eq. 3
-    rstd = torch.rsqrt(var + eps)
-    return xc * rstd, rstd
+_NO_FORWARD_AD = (
+    "lnbook.layer_norm(impl='autograd') has no forward-mode AD (torch.func.jvp, "
+    "torch.autograd.forward_ad, jacfwd): its autograd.Function defines the hand-derived backward "
+    "only (a custom jvp would stop torch.compile from tracing it). Use impl='torch' "
+    "(LayerNorm(..., impl='torch')), which runs torch.nn.functional.layer_norm and supports it"
+)
 
 
 def layer_norm(
@@ -233,13 +313,20 @@ def layer_norm(
         weight: gain ``g`` of shape ``normalized_shape``, or None for 1.
         bias: bias ``b`` of shape ``normalized_shape``, or None for 0.
         eps: added to the variance inside the square root, as torch does; must be > 0.
-        impl: ``"autograd"`` (default) runs lnbook's own forward and hand-derived backward;
-            ``"torch"`` checks the arguments the same way, then calls
-            :func:`torch.nn.functional.layer_norm` (the fast path, same numbers to rounding).
+        impl: ``"autograd"`` (default) runs lnbook's own forward and the backward derived by
+            hand in chapter 3, in torch operations; ``"torch"`` checks the arguments the same
+            way, then calls :func:`torch.nn.functional.layer_norm` (torch's fused kernel, the
+            same numbers to rounding).
 
     Statistics are computed in float32 for float16/bfloat16 inputs and the result is cast
     back, so half-precision inputs neither overflow nor lose the variance to rounding. A
     constant row gives ``bias`` (not NaN); a NaN stays in its own row.
+
+    Both paths work under ``torch.func`` (``vmap``, ``grad``, ``jacrev``, also nested: second
+    derivatives are exact), ``torch.compile(fullgraph=True)`` and ``torch.export``.
+    Forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``) needs
+    ``impl="torch"``. For speed, compile the model that uses it (``torch.compile`` fuses the
+    forward and the hand-derived backward) or use ``impl="torch"``.
 
     Shape:
         - Input: ``(*, *normalized_shape)``; output: the same shape and dtype.
@@ -250,14 +337,20 @@ def layer_norm(
         >>> y = layer_norm(x, 10)
         >>> torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-6)
         True
+        >>> per_example = torch.func.vmap(torch.func.grad(lambda r: layer_norm(r, 10)[0]))(x)
     """
-    shape = _as_shape(normalized_shape)
+    shape = as_normalized_shape(normalized_shape)
     _check_layer_norm_args(x, shape, weight, bias, eps)
+    _check_impl(impl)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
-    if impl != "autograd":
-        raise ValueError(f"impl must be 'autograd' or 'torch', got {impl!r}")
-    return _LayerNormFunction.apply(x, shape, weight, bias, float(eps))
+    try:
+        y, _, _ = _LayerNormFunction.apply(x, weight, bias, shape, float(eps))
+    except NotImplementedError as e:  # torch's words: "You must implement the jvp function ..."
+        if "jvp" in str(e):
+            raise NotImplementedError(_NO_FORWARD_AD) from e
+        raise
+    return y
 
 
 class LayerNorm(nn.Module):
@@ -266,15 +359,17 @@ class LayerNorm(nn.Module):
     Normalizes each example over its trailing ``normalized_shape`` dimensions, then applies
     a learned per-unit gain ``weight`` (initialized to 1) and bias ``bias`` (initialized to 0).
     The computation is the same in training and evaluation mode (claim C01) and works at
-    batch size 1 (claim C02). Parameter names match :class:`torch.nn.LayerNorm`, so state
-    dicts load in both directions.
+    batch size 1 (claim C02). Arguments and parameter names match :class:`torch.nn.LayerNorm`,
+    so it is a drop-in replacement and state dicts load in both directions.
 
     Args:
         normalized_shape: the trailing dimensions to normalize over.
         eps: added to the variance inside the square root. Default: 1e-5.
         elementwise_affine: learn a gain (and a bias). Default: True.
         bias: learn a bias when ``elementwise_affine`` is True. Default: True.
-        impl: ``"autograd"`` (lnbook's hand-derived backward) or ``"torch"`` (fast path).
+        impl: ``"autograd"`` (lnbook's hand-derived backward) or ``"torch"`` (torch's fused
+            kernel); see :func:`layer_norm`.
+        device, dtype: where and in which dtype the parameters are made, as in torch.
 
     Shape:
         - Input: ``(*, *normalized_shape)``; output: the same shape.
@@ -283,6 +378,7 @@ class LayerNorm(nn.Module):
 
         >>> ln = LayerNorm(256)
         >>> y = ln(torch.randn(32, 256))
+        >>> fast = torch.compile(ln)  # forward and hand-derived backward, fused
     """
 
     def __init__(
@@ -291,17 +387,15 @@ class LayerNorm(nn.Module):
         eps: float = 1e-5,
         elementwise_affine: bool = True,
         bias: bool = True,
-        impl: Literal["autograd", "torch"] = "autograd",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        impl: Literal["autograd", "torch"] = "autograd",
     ) -> None:
         super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
-        if not (isinstance(eps, numbers.Real) and eps > 0):
-            raise ValueError(f"eps must be > 0, got {eps!r}")
-        if impl not in ("autograd", "torch"):
-            raise ValueError(f"impl must be 'autograd' or 'torch', got {impl!r}")
-        self.eps = float(eps)
+        self.normalized_shape = as_normalized_shape(normalized_shape)
+        self.eps = check_eps(eps)
+        _check_impl(impl)
         self.elementwise_affine = elementwise_affine
         self.impl = impl
         kw = {"device": device, "dtype": dtype}
@@ -332,6 +426,73 @@ class LayerNorm(nn.Module):
         return s
 
 
+class ChannelLayerNorm(nn.Module):
+    r"""Layer normalization over the channels at each position of a feature map (chapter 6.7).
+
+    The paper (section 6.7) applies layer normalization to ConvNets without saying over which
+    axes. This is the reading later ConvNets use: each example and each position ``(h, w)``
+    gets its own mean and variance over the ``C`` channels (eq. 3 with the channels as the
+    hidden units), and the gain and bias are per channel. The other reading, over all
+    ``C * H * W`` units of the layer, is :class:`LayerNorm` with
+    ``normalized_shape=(C, H, W)``.
+
+    .. math:: y_{n,:,h,w} = \frac{a_{n,:,h,w} - \mu_{n,h,w}}{\sigma_{n,h,w}} \odot g + b
+
+    Args:
+        num_channels: ``C``.
+        eps: added to the variance inside the square root. Default: 1e-5.
+        device, dtype: where and in which dtype the parameters are made, as in torch.
+        impl: ``"autograd"`` or ``"torch"``, as in :func:`layer_norm`.
+
+    Shape:
+        - Input: ``(N, C, H, W)``; output: the same shape.
+
+    Example::
+
+        >>> ln = ChannelLayerNorm(16)
+        >>> ln(torch.randn(2, 16, 5, 5)).shape
+        torch.Size([2, 16, 5, 5])
+    """
+
+    def __init__(
+        self,
+        num_channels: int,
+        eps: float = 1e-5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        impl: Literal["autograd", "torch"] = "autograd",
+    ) -> None:
+        super().__init__()
+        self.num_channels = check_size("num_channels", num_channels)
+        self.eps = check_eps(eps)
+        _check_impl(impl)
+        self.impl = impl
+        self.weight = nn.Parameter(torch.empty(self.num_channels, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(self.num_channels, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Gains to 1 and biases to 0."""
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_floating(x)
+        if x.dim() != 4 or x.shape[1] != self.num_channels:
+            raise ValueError(
+                f"ChannelLayerNorm({self.num_channels}) expects (N, {self.num_channels}, H, W), "
+                f"got {tuple(x.shape)}"
+            )
+        y = layer_norm(x.movedim(1, -1), self.num_channels, self.weight, self.bias, self.eps,
+                       self.impl)  # (N, H, W, C)
+        return y.movedim(-1, 1)  # (N, C, H, W)
+
+    def extra_repr(self) -> str:
+        s = f"{self.num_channels}, eps={self.eps}"
+        return s if self.impl == "autograd" else s + f", impl={self.impl!r}"
+
+
 class BatchNorm(nn.Module):
     r"""Batch normalization over dimension 0 (paper eq. 2; chapter 2).
 
@@ -344,9 +505,14 @@ class BatchNorm(nn.Module):
         num_features: number of units ``C``.
         eps: added to the variance inside the square root. Default: 1e-5.
         momentum: weight of the newest batch in the running averages. Default: 0.1.
-        unbiased: normalize with the unbiased variance (divide by n - 1), as the paper does for
-            batch size 4 in section 6.6 (claim C18). Default: False (divide by n, as torch).
         affine: learn a gain ``weight`` and a bias ``bias``. Default: True.
+        device, dtype: where and in which dtype parameters and running statistics are made,
+            as in torch.
+        unbiased: (keyword only) normalize with the unbiased variance (divide by n - 1), as the
+            paper does for batch size 4 in section 6.6 (claim C18). Default: False (divide by
+            n, as torch).
+
+    The positional arguments are :class:`torch.nn.BatchNorm1d`'s, in its order.
 
     Parameter and buffer names match :class:`torch.nn.BatchNorm1d`, whose running variance is
     always updated with the unbiased estimate; so is this one's.
@@ -365,27 +531,30 @@ class BatchNorm(nn.Module):
         num_features: int,
         eps: float = 1e-5,
         momentum: float = 0.1,
-        unbiased: bool = False,
         affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        unbiased: bool = False,
     ) -> None:
         super().__init__()
-        if not (isinstance(num_features, numbers.Integral) and num_features > 0):
-            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps!r}")
+        num_features = check_size("num_features", num_features)
+        eps = check_eps(eps)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        self.num_features, self.eps, self.momentum = num_features, eps, float(momentum)
         self.unbiased, self.affine = unbiased, affine
+        kw = {"device": device, "dtype": dtype}
         if affine:
-            self.weight = nn.Parameter(torch.empty(num_features))
-            self.bias = nn.Parameter(torch.empty(num_features))
+            self.weight = nn.Parameter(torch.empty(num_features, **kw))
+            self.bias = nn.Parameter(torch.empty(num_features, **kw))
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
-        self.register_buffer("running_mean", torch.zeros(num_features))
-        self.register_buffer("running_var", torch.ones(num_features))
-        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("running_mean", torch.zeros(num_features, **kw))
+        self.register_buffer("running_var", torch.ones(num_features, **kw))
+        self.register_buffer(
+            "num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device))
         self.reset_parameters()
 
     def reset_running_stats(self) -> None:
@@ -400,7 +569,7 @@ class BatchNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_floating(x)
+        check_floating(x)
         if x.dim() < 2 or x.shape[1] != self.num_features:
             raise ValueError(
                 f"BatchNorm({self.num_features}) expects input of shape (N, {self.num_features}) "
@@ -455,6 +624,7 @@ class WeightNormLinear(nn.Module):
         in_features: size of each input.
         out_features: size of each output (number of units H).
         bias: learn an additive bias. Default: True.
+        device, dtype: where and in which dtype the parameters are made, as in torch.
 
     Shape:
         - Input: ``(*, in_features)``; output: ``(*, out_features)``.
@@ -465,13 +635,22 @@ class WeightNormLinear(nn.Module):
         >>> y = wn(torch.randn(8, 20))
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.gain = nn.Parameter(torch.empty(out_features))
+        self.in_features = check_size("in_features", in_features)
+        self.out_features = check_size("out_features", out_features)
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
+        self.gain = nn.Parameter(torch.empty(out_features, **kw))
         if bias:
-            self.bias = nn.Parameter(torch.empty(out_features))
+            self.bias = nn.Parameter(torch.empty(out_features, **kw))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -486,7 +665,7 @@ class WeightNormLinear(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_floating(x)
+        check_floating(x)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(
                 f"WeightNormLinear expects input of shape (*, {self.in_features}), "

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import _native
-from lnbook.norms import LayerNorm, _graph_is_kept
+from lnbook.norms import LayerNorm
 
 __all__ = [
     "LNRNNCell",
@@ -65,6 +65,20 @@ __all__ = [
 ]
 
 _Lengths = Tensor | Sequence[int] | None
+
+
+def _graph_is_kept() -> bool:
+    """True unless autograd says this backward runs with ``retain_graph=False``.
+
+    Moved here from ``lnbook.norms``, whose layer norm no longer needs it (issue 13).
+    """
+    ask = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if ask is None:
+        return True
+    try:
+        return bool(ask())
+    except RuntimeError:
+        return True
 
 
 # ----------------------------------------------------------------------------------------------

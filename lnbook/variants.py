@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from lnbook.norms import _as_shape, _check_floating
+from lnbook.norms import as_normalized_shape, check_floating
 
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
@@ -58,7 +58,7 @@ def _check_eps(eps: float | None, allow_none: bool = False) -> None:
 def _check_param(p: Tensor | None, name: str, shape: tuple[int, ...]) -> None:
     if p is None:
         return
-    _check_floating(p, name)
+    check_floating(p, name)
     if tuple(p.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(p.shape)}")
 
@@ -117,8 +117,8 @@ def rms_norm(
         >>> torch.allclose(y.square().mean(-1), torch.ones(4), atol=1e-5)
         True
     """
-    shape = _as_shape(normalized_shape)
-    _check_floating(input)
+    shape = as_normalized_shape(normalized_shape)
+    check_floating(input)
     _check_trailing(input, shape)
     _check_param(weight, "weight", shape)
     _check_eps(eps, allow_none=True)
@@ -172,7 +172,7 @@ class RMSNorm(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
+        self.normalized_shape = as_normalized_shape(normalized_shape)
         _check_eps(eps, allow_none=True)
         self.eps = None if eps is None else float(eps)
         self.elementwise_affine = bool(elementwise_affine)
@@ -245,7 +245,7 @@ def group_norm(
         >>> torch.allclose(y.reshape(2, 3, -1).mean(-1), torch.zeros(2, 3), atol=1e-6)
         True
     """
-    _check_floating(input)
+    check_floating(input)
     if input.dim() < 2:
         raise ValueError(
             f"group_norm expects input of shape (N, C, *) with at least 2 dimensions, "
@@ -348,7 +348,7 @@ class GroupNorm(nn.Module):
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        _check_floating(input)
+        check_floating(input)
         if input.dim() < 2 or input.shape[1] != self.num_channels:
             raise ValueError(
                 f"GroupNorm({self.num_groups}, {self.num_channels}) expects input of shape "
@@ -394,7 +394,7 @@ def dyt(
         >>> bool(y.abs().max() < 1)
         True
     """
-    _check_floating(input)
+    check_floating(input)
     if isinstance(alpha, Tensor) and alpha.numel() != 1:
         raise ValueError(f"alpha must be a scalar (one element), got shape {tuple(alpha.shape)}")
     y = torch.tanh(alpha * input)  # (*, *normalized_shape)
@@ -438,7 +438,7 @@ class DyT(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.normalized_shape = _as_shape(normalized_shape)
+        self.normalized_shape = as_normalized_shape(normalized_shape)
         if isinstance(alpha_init, bool) or not (
             isinstance(alpha_init, numbers.Real) and math.isfinite(alpha_init)
         ):
@@ -457,7 +457,7 @@ class DyT(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
-        _check_floating(input)
+        check_floating(input)
         _check_trailing(input, self.normalized_shape)
         return dyt(input, self.alpha, self.weight, self.bias)
 

@@ -1,13 +1,22 @@
-"""lnbook.norms against torch, float64 references and the paper's equations (eqs. 2, 3, 5)."""
+"""lnbook.norms against torch, float64 references and the paper's equations (eqs. 2, 3, 5).
+
+Also: torch.func, torch.compile and torch.export on the hand-derived backward, the shared input
+checks, and ChannelLayerNorm (section 6.7).
+"""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad, grad_and_value, jacrev, jvp, vmap
 
 import lnbook
-from lnbook import BatchNorm, LayerNorm, WeightNormLinear, layer_norm
+from lnbook import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm, norms
+from lnbook.norms import check_eps, check_floating, check_shape, check_size
 from lnbook.reference import layer_norm_numpy
 
 SHAPES = [  # (input shape, normalized_shape): over 1, 2 and 3 trailing dims, odd sizes
@@ -316,7 +325,8 @@ def test_backward_works_under_vmap_of_batched_grads():
 @pytest.mark.parametrize("affine", ["none", "weight", "weight+bias"])
 @pytest.mark.parametrize("retain", [False, True])
 def test_backward_with_and_without_affine_and_with_kept_graph(affine, retain):
-    # retain_graph=False takes the in-place backward, retain_graph=True the one that keeps z_hat
+    # a kept graph (retain_graph=True) must give the same gradients on every pass: the backward
+    # writes nothing that autograd saved
     torch.manual_seed(1)
     x = (2 * torch.randn(6, 3, 10, dtype=torch.float64) - 1).requires_grad_()
     w, b = (t.requires_grad_() for t in _params((10,), torch.float64))
@@ -331,31 +341,9 @@ def test_backward_with_and_without_affine_and_with_kept_graph(affine, retain):
             torch.testing.assert_close(o, r, atol=1e-12, rtol=0)
 
 
-def test_backward_writes_the_input_gradient_over_z_hat_when_the_graph_is_freed():
-    # the speed of the backward (benchmarks/bench_layernorm.py) rests on making no new tensor
-    saved = []
-
-    def pack(t):
-        saved.append(t)
-        return t
-
-    x = torch.randn(8, 32, requires_grad=True)
-    w, b = (t.requires_grad_() for t in _params((32,), torch.float32))
-    gy = torch.randn(8, 32)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = layer_norm(x, 32, w, b)
-    z_hat_ptrs = {t.data_ptr() for t in saved if t.shape == (8, 32) and t is not x}
-    assert len(z_hat_ptrs) == 1
-    gx_kept = torch.autograd.grad(y, x, gy, retain_graph=True)[0]
-    assert gx_kept.data_ptr() not in z_hat_ptrs  # the graph is kept: z_hat must survive
-    gx = torch.autograd.grad(y, x, gy)[0]
-    assert gx.data_ptr() in z_hat_ptrs  # graph freed: dL/dx lives in z_hat's buffer
-    torch.testing.assert_close(gx, gx_kept, atol=1e-6, rtol=0)
-
-
 def test_large_mean_gradients_are_as_good_as_torch():
-    # the in-place backward rebuilds z_hat from (x - mu - mu_err) * rstd; at a mean of 1e4 that
-    # must keep the second pass's correction, or dL/dx loses digits torch keeps
+    # the backward reads the x_hat of the two-pass forward; at a mean of 1e4 a one-pass x_hat
+    # would lose digits of dL/dx that torch keeps
     torch.manual_seed(0)
     x32 = (torch.randn(64, 256, dtype=torch.float64) + 1e4).float()
     w, b = _params((256,), torch.float32)
@@ -372,15 +360,349 @@ def test_large_mean_gradients_are_as_good_as_torch():
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "bias", "weight+bias"])
-def test_forward_without_grad_writes_y_over_z_hat_and_gives_the_same_numbers(affine):
+def test_forward_without_grad_gives_the_same_numbers_and_never_writes_the_input(affine):
     torch.manual_seed(2)
     x = 3 * torch.randn(5, 12) + 1
     w, b = _params((12,), torch.float32)
     w, b = (w if "weight" in affine else None), (b if "bias" in affine else None)
     x0, ref = x.clone(), F.layer_norm(x, (12,), w, b)
-    with torch.no_grad():  # nothing needs a gradient: no z_hat is kept
+    with torch.no_grad():  # nothing needs a gradient
         y = layer_norm(x, 12, w, b)
     torch.testing.assert_close(y, ref, atol=1e-6, rtol=0)
-    y2 = layer_norm(x.clone().requires_grad_(), 12, w, b)  # the path that keeps z_hat
+    y2 = layer_norm(x.clone().requires_grad_(), 12, w, b)  # the path that keeps x_hat
     torch.testing.assert_close(y2.detach(), y, atol=1e-6, rtol=0)
     assert x.equal(x0)  # the input is never written
+
+
+# ----------------------------------------------------------------------------- torch.func
+
+
+def _f64(shape, seed, scale=2.0, shift=1.0):
+    return scale * torch.randn(shape, generator=torch.Generator().manual_seed(seed),
+                               dtype=torch.float64) + shift
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "weight+bias"])
+def test_vmap_grad_and_jacrev_agree_with_torch(affine):
+    x = _f64((5, 7), 0)
+    w, b = _params((7,), torch.float64, seed=1)
+    w, b = (w if affine != "none" else None), (b if affine == "weight+bias" else None)
+    c = _f64((7,), 2)  # a loss that weighs the outputs unequally: sum(c * y^2)
+
+    def ours(v):
+        return layer_norm(v, 7, w, b)
+
+    def theirs(v):
+        return F.layer_norm(v, (7,), w, b)
+
+    for fn in (ours, theirs):
+        assert fn(x).shape == (5, 7)
+    torch.testing.assert_close(vmap(ours)(x), theirs(x), atol=1e-12, rtol=0)
+    torch.testing.assert_close(vmap(ours, in_dims=1, out_dims=1)(x.T.contiguous()),
+                               theirs(x).T, atol=1e-12, rtol=0)
+
+    def loss(fn):
+        return lambda v: (c * fn(v) ** 2).sum()
+
+    torch.testing.assert_close(grad(loss(ours))(x), grad(loss(theirs))(x), atol=1e-12, rtol=0)
+    torch.testing.assert_close(vmap(grad(loss(ours)))(x), vmap(grad(loss(theirs)))(x),
+                               atol=1e-12, rtol=0)
+    j_ours, j_theirs = jacrev(ours)(x[0]), jacrev(theirs)(x[0])  # (7, 7)
+    torch.testing.assert_close(j_ours, j_theirs, atol=1e-12, rtol=0)
+    assert j_ours.abs().max() > 0.1  # a Jacobian, not zeros
+    h_ours, h_theirs = jacrev(jacrev(ours))(x[0]), jacrev(jacrev(theirs))(x[0])  # (7, 7, 7)
+    torch.testing.assert_close(h_ours, h_theirs, atol=1e-11, rtol=0)
+    assert h_theirs.abs().max() > 0.01  # second derivatives, not zeros
+
+
+def test_torch_func_gradients_for_gain_and_bias_and_vmap_over_an_ensemble():
+    x = _f64((6, 5), 3)
+    w, b = _params((5,), torch.float64, seed=4)
+    c = _f64((5,), 5)
+
+    def loss(fn, w, b):
+        return (c * torch.tanh(fn(x, (5,), w, b)) ** 2).sum()
+
+    ours = grad(lambda w, b: loss(layer_norm, w, b), argnums=(0, 1))(w, b)
+    theirs = grad(lambda w, b: loss(F.layer_norm, w, b), argnums=(0, 1))(w, b)
+    for o, t in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(o, t, atol=1e-12, rtol=0)
+    # second derivatives in the gain: jacrev of grad
+    h = jacrev(grad(lambda w: loss(layer_norm, w, b)))(w)
+    h_ref = jacrev(grad(lambda w: loss(F.layer_norm, w, b)))(w)
+    torch.testing.assert_close(h, h_ref, atol=1e-11, rtol=0)
+    # an ensemble of 3 gains and biases over one shared input: batched weights, unbatched x
+    ws, bs = torch.stack([w, w + 0.5, -w]), torch.stack([b, b - 1, 2 * b])  # (3, 5)
+
+    def per_member(fn):
+        return vmap(grad(lambda w, b: loss(fn, w, b), argnums=(0, 1)))(ws, bs)
+
+    for o, t in zip(per_member(layer_norm), per_member(F.layer_norm), strict=True):
+        torch.testing.assert_close(o, t, atol=1e-12, rtol=0)
+    def sum_grad(fn):  # dL/dy = 1: unbatched, while the gains are batched
+        return vmap(grad(lambda w: fn(x, (5,), w, b).sum()))(ws)
+
+    torch.testing.assert_close(sum_grad(layer_norm), sum_grad(F.layer_norm), atol=1e-12, rtol=0)
+
+
+def test_vmap_over_several_trailing_dims_and_module_under_functional_call():
+    x = _f64((3, 4, 2, 5), 6)
+    ln = LayerNorm((2, 5)).double()
+    with torch.no_grad():
+        ln.weight.normal_(generator=torch.Generator().manual_seed(7))
+    params = dict(ln.named_parameters())
+    ref = F.layer_norm(x, (2, 5), ln.weight, ln.bias)
+    out = vmap(lambda v: functional_call(ln, params, (v,)))(x)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    g = grad(lambda p: functional_call(ln, p, (x,)).pow(3).sum())(params)
+    g_ref = torch.autograd.grad(ref.pow(3).sum(), (ln.weight, ln.bias))
+    torch.testing.assert_close(g["weight"], g_ref[0], atol=1e-11, rtol=0)
+    torch.testing.assert_close(g["bias"], g_ref[1], atol=1e-11, rtol=0)
+
+
+# ----------------------------------------------------------------------------- 2nd derivatives
+
+
+class _ConstantXHat(torch.autograd.Function):
+    """The same forward and backward formulas, but the backward always reads the x_hat and
+    1/sigma the forward saved, as constants: its double backward drops their terms."""
+
+    @staticmethod
+    def forward(x, weight, bias):
+        return norms._layer_norm_forward(x, weight, bias, x.shape[-1], 1e-5)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1], output[2])
+        ctx.save_for_backward(inputs[1], output[1], output[2])
+
+    @staticmethod
+    def backward(ctx, gy, _g1, _g2):
+        w, x_hat, rstd = ctx.saved_tensors
+        gx, gw, gb = norms._layer_norm_backward(gy, x_hat, rstd, w)
+        return gx, gw, gb
+
+
+def _constant_x_hat_layer_norm(x, shape, w, b):
+    return _ConstantXHat.apply(x, w, b)[0]
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_hessian_vector_products_match_torch_double_backward(affine):
+    # double backward: d/d(x, g, b) of <dL/dx, v>, against torch's own double backward
+    x = _f64((4, 9), 8).requires_grad_()
+    w, b = (t.requires_grad_() for t in _params((9,), torch.float64, seed=9))
+    w, b = (w, b) if affine else (None, None)
+    gy, v = _f64((4, 9), 10, shift=0), _f64((4, 9), 11, shift=0)
+    inputs = tuple(t for t in (x, w, b) if t is not None)
+
+    def hvp(fn):
+        y = fn(x, (9,), w, b)
+        gx = torch.autograd.grad(y, x, gy, create_graph=True)[0]
+        return torch.autograd.grad((gx * v).sum(), inputs, allow_unused=True)
+
+    ours, theirs = hvp(layer_norm), hvp(F.layer_norm)
+    for o, t in zip(ours, theirs, strict=True):
+        if t is None:
+            assert o is None or o.abs().max() < 1e-12
+            continue
+        torch.testing.assert_close(o, t, atol=1e-11, rtol=0)
+    # the comparison can fail: a backward that takes the saved x_hat and 1/sigma as constants
+    # passes every first-order test above but gives another d/dx here
+    if affine:
+        wrong = hvp(_constant_x_hat_layer_norm)
+        torch.testing.assert_close(wrong[1], theirs[1], atol=1e-11, rtol=0)  # the g part is right
+        assert wrong[0] is None or wrong[0].abs().max() == 0  # it sees no x in dL/dx
+        assert theirs[0].abs().max() > 0.1  # where the exact one does
+
+
+def test_gradgradcheck_with_a_kept_graph_and_a_loss_of_the_gradient():
+    # a gradient penalty: the usual place where second derivatives reach a layer norm
+    x = _f64((3, 6), 12).requires_grad_()
+    w, b = (t.requires_grad_() for t in _params((6,), torch.float64, seed=13))
+
+    def penalty(fn):
+        y = fn(x, (6,), w, b)
+        gx = torch.autograd.grad(torch.sin(y).sum(), x, create_graph=True)[0]
+        return torch.autograd.grad(gx.pow(2).sum(), (x, w, b))
+
+    for o, t in zip(penalty(layer_norm), penalty(F.layer_norm), strict=True):
+        torch.testing.assert_close(o, t, atol=1e-11, rtol=0)
+    assert torch.autograd.gradgradcheck(lambda x, w: layer_norm(x, 6, w, None), (x, w))
+
+
+# ----------------------------------------------------------------------------- compile, export
+
+
+def _tiny_net(impl="autograd", seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), LayerNorm(8, impl=impl), nn.Tanh(), nn.Linear(8, 1))
+
+
+def test_compile_fullgraph_training_step_matches_eager():
+    # forward, backward (torch.func.grad) and an SGD step, all in one graph
+    x, t = torch.randn(5, 6, generator=torch.Generator().manual_seed(1)), torch.ones(5, 1)
+    net = _tiny_net()
+
+    def train_step(params):
+        def loss_fn(p):
+            return (functional_call(net, p, (x,)) - t).pow(2).mean()
+
+        grads, loss = grad_and_value(loss_fn)(params)
+        return loss, {k: p - 0.1 * grads[k] for k, p in params.items()}
+
+    compiled = torch.compile(train_step, fullgraph=True)
+    p_eager = p_comp = {k: v.detach() for k, v in net.named_parameters()}
+    for _ in range(2):
+        (l_eager, p_eager), (l_comp, p_comp) = train_step(p_eager), compiled(p_comp)
+        torch.testing.assert_close(l_comp, l_eager, atol=1e-6, rtol=1e-6)
+        for k in p_eager:
+            torch.testing.assert_close(p_comp[k], p_eager[k], atol=1e-6, rtol=1e-6)
+    moved = {k: (p_comp[k] - v).abs().max().item() for k, v in net.named_parameters()}
+    assert moved["1.weight"] > 1e-4 and moved["1.bias"] > 1e-4  # LN's own gain and bias learn
+
+
+def test_compile_fullgraph_module_with_backward_and_optimizer_matches_eager():
+    x, t = torch.randn(5, 6, generator=torch.Generator().manual_seed(2)), torch.ones(5, 1)
+    eager, ours = _tiny_net(seed=3), _tiny_net(seed=3)
+    compiled = torch.compile(ours, fullgraph=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, ours)]
+    for _ in range(2):
+        for model, opt in zip((eager, compiled), opts, strict=True):
+            opt.zero_grad()
+            (model(x) - t).pow(2).mean().backward()
+            opt.step()
+    for (k, p), q in zip(eager.named_parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("impl", ["autograd", "torch"])
+def test_torch_export_of_a_module_with_layer_norm(impl):
+    net = _tiny_net(impl).eval()
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(4))
+    ep = torch.export.export(net, (x,))
+    y = torch.randn(7, 6, generator=torch.Generator().manual_seed(5))[:4]
+    torch.testing.assert_close(ep.module()(y), net(y), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        ref = net[3](torch.tanh(F.layer_norm(net[0](y), (8,), net[1].weight, net[1].bias)))
+    torch.testing.assert_close(ep.module()(y), ref, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- forward-mode AD
+
+
+def test_forward_mode_ad_is_refused_with_a_message_that_names_impl_torch():
+    x, t = _f64((3, 5), 14), _f64((3, 5), 15)
+    with pytest.raises(NotImplementedError, match=r"forward-mode AD.*impl='torch'"):
+        jvp(lambda v: layer_norm(v, 5), (x,), (t,))
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="impl='torch'"):
+        layer_norm(fwAD.make_dual(x, t), 5)
+    # the path the message points to works, and agrees with a finite difference
+    _, tangent = jvp(lambda v: layer_norm(v, 5, impl="torch"), (x,), (t,))
+    h = 1e-6
+    fd = (layer_norm(x + h * t, 5) - layer_norm(x - h * t, 5)) / (2 * h)
+    torch.testing.assert_close(tangent, fd, atol=1e-7, rtol=0)
+
+
+def test_norms_uses_no_private_torch_api():
+    src = Path(norms.__file__).read_text()
+    for private in ("torch._C", "_functorch", "torch.ops", "ctypes", "_get_current_graph_task"):
+        assert private not in src, private
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def test_shared_input_checks_name_what_was_expected():
+    check_floating(torch.ones(2, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="hx must be a torch.Tensor, got list"):
+        check_floating([1.0], "hx")
+    with pytest.raises(TypeError, match="hx must be a floating-point.*torch.int32"):
+        check_floating(torch.ones(2, dtype=torch.int32), "hx")
+    assert norms._check_floating is check_floating  # the old name still works
+    assert check_size("hidden_size", np.int64(4)) == 4
+    assert check_size("proj_size", 0, minimum=0) == 0
+    for bad in (0, -3, 2.0, True, "4"):
+        with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+            check_size("hidden_size", bad)
+    with pytest.raises(ValueError, match="proj_size must be an int >= 0, got -1"):
+        check_size("proj_size", -1, minimum=0)
+    check_shape(torch.zeros(3, 4), (None, 4), "h0")
+    with pytest.raises(ValueError, match=r"h0 must have shape \(\*, 5\), got \(3, 4\)"):
+        check_shape(torch.zeros(3, 4), (None, 5), "h0")
+    with pytest.raises(ValueError, match=r"c0 must have shape \(4,\), got \(1, 4\)"):
+        check_shape(torch.zeros(1, 4), (4,), "c0")
+    assert check_eps(1e-5) == 1e-5
+    for bad in (0, -1.0, float("inf"), float("nan"), True, None):
+        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+            check_eps(bad)
+
+
+# ----------------------------------------------------------------------------- ChannelLayerNorm
+
+
+def test_channel_layer_norm_matches_a_float64_reference():
+    # eq. 3 with the channels as the hidden units: one mean and variance per example and position
+    x = _f64((2, 5, 3, 4), 16, shift=0)
+    ln = ChannelLayerNorm(5).double()
+    with torch.no_grad():
+        ln.weight.copy_(torch.linspace(0.5, 1.5, 5))
+        ln.bias.copy_(torch.linspace(-1, 1, 5))
+    mu = x.mean(dim=1, keepdim=True)
+    var = x.var(dim=1, unbiased=False, keepdim=True)
+    ref = (x - mu) / torch.sqrt(var + 1e-5) * ln.weight.view(1, 5, 1, 1) + ln.bias.view(1, 5, 1, 1)
+    torch.testing.assert_close(ln(x), ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ChannelLayerNorm(5, impl="torch").double()(x),
+                               ChannelLayerNorm(5).double()(x), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match=r"\(N, 5, H, W\)"):
+        ln(torch.zeros(2, 4, 3, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match="floating-point"):
+        ln(torch.zeros(2, 5, 3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="num_channels"):
+        ChannelLayerNorm(0)
+    assert "ChannelLayerNorm" in lnbook.__all__ and lnbook.ChannelLayerNorm is ChannelLayerNorm
+    assert repr(ChannelLayerNorm(3)) == "ChannelLayerNorm(3, eps=1e-05)"
+
+
+def test_channel_layer_norm_gradients_match_group_norm_per_position():
+    # over the channels at one position = GroupNorm(1, C) on that position alone
+    x = _f64((2, 4, 3, 3), 17).requires_grad_()
+    ln = ChannelLayerNorm(4).double()
+    gy = _f64((2, 4, 3, 3), 18, shift=0)
+    gx = torch.autograd.grad(ln(x), x, gy)[0]
+    xs = x.detach().permute(0, 2, 3, 1).reshape(-1, 4, 1).requires_grad_()  # (N*H*W, C, 1)
+    ref = torch.nn.GroupNorm(1, 4).double()(xs)
+    gs = torch.autograd.grad(ref, xs, gy.permute(0, 2, 3, 1).reshape(-1, 4, 1))[0]
+    torch.testing.assert_close(gx, gs.reshape(2, 3, 3, 4).permute(0, 3, 1, 2), atol=1e-12,
+                               rtol=0)
+
+
+# ----------------------------------------------------------------------------- device, dtype
+
+
+def test_layers_take_torch_style_device_and_dtype():
+    f64 = {"device": "cpu", "dtype": torch.float64}
+    for ours, theirs in (
+        (LayerNorm(5, **f64), nn.LayerNorm(5, **f64)),
+        (BatchNorm(5, **f64), nn.BatchNorm1d(5, **f64)),
+    ):
+        mine, ref = ours.state_dict(), theirs.state_dict()
+        assert list(mine) == list(ref)
+        for k in ref:
+            assert mine[k].dtype == ref[k].dtype and mine[k].device == ref[k].device, k
+    assert LayerNorm(5, 1e-5, True, True, "cpu", torch.float64).weight.dtype == torch.float64
+    wn = WeightNormLinear(4, 3, True, "cpu", torch.float64)
+    assert {p.dtype for p in wn.parameters()} == {torch.float64}
+    x = _f64((2, 4), 19)
+    torch.testing.assert_close(wn(x), F.linear(x, wn.weight, wn.bias), atol=1e-12, rtol=0)
+    assert ChannelLayerNorm(3, dtype=torch.float64).weight.dtype == torch.float64
+
+
+def test_batchnorm_takes_torchs_positional_order():
+    """BatchNorm(C, eps, momentum, affine) means what torch.nn.BatchNorm1d's does."""
+    ours, theirs = BatchNorm(4, 1e-3, 0.2, False), torch.nn.BatchNorm1d(4, 1e-3, 0.2, False)
+    assert (ours.eps, ours.momentum, ours.weight, ours.unbiased) == (1e-3, 0.2, None, False)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    torch.testing.assert_close(ours.double()(x), theirs.double()(x))
+    with pytest.raises(TypeError):
+        BatchNorm(4, 1e-5, 0.1, True, None, None, True)  # unbiased is keyword-only

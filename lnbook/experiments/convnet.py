@@ -11,7 +11,7 @@ here, for summed inputs ``a`` of shape ``(N, C, H, W)``:
   (eq. 3 read literally: every hidden unit of the layer), gain and bias per unit
   (:class:`lnbook.LayerNorm` with ``normalized_shape=(C, H, W)``);
 - ``"layer_c"``: one mean and variance per example *and position* over the ``C`` channels
-  (:class:`ChannelLayerNorm`), gain and bias per channel, as later ConvNets do;
+  (:class:`lnbook.norms.ChannelLayerNorm`), gain and bias per channel, as later ConvNets do;
 
 plus ``"batch"`` (:class:`lnbook.BatchNorm`, per channel over ``N, H, W``) and ``"group"``
 (:class:`torch.nn.GroupNorm`, Wu and He 2018: per example over groups of channels and all
@@ -41,7 +41,7 @@ from lnbook.experiments.protocol import (
     make_config,
     sweep,
 )
-from lnbook.norms import BatchNorm, LayerNorm, layer_norm
+from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "NORMS",
     "Config",
     "get_config",
-    "ChannelLayerNorm",
     "ConvNet",
     "boundary_mask",
     "activation_maps",
@@ -65,47 +64,6 @@ DESCRIPTION = (
 )
 NORMS = ("none", "batch", "layer_chw", "layer_c", "group")
 IMAGE_SIZE = 28
-
-
-class ChannelLayerNorm(nn.Module):
-    """Layer normalization over the channels at each position of a feature map.
-
-    Each example and each position ``(h, w)`` gets its own mean and variance over the ``C``
-    channels (eq. 3 with the channels as the hidden units); the gain and bias are per channel.
-
-    Args:
-        num_channels: ``C``.
-        eps: added to the variance. Default: 1e-5.
-
-    Shape:
-        - Input: ``(N, C, H, W)``; output: the same shape.
-
-    Example::
-
-        >>> ln = ChannelLayerNorm(16)
-        >>> ln(torch.randn(2, 16, 5, 5)).shape
-        torch.Size([2, 16, 5, 5])
-    """
-
-    def __init__(self, num_channels: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        if not (isinstance(num_channels, int) and num_channels > 0):
-            raise ValueError(f"num_channels must be a positive int, got {num_channels!r}")
-        self.num_channels, self.eps = num_channels, float(eps)
-        self.weight = nn.Parameter(torch.ones(num_channels))
-        self.bias = nn.Parameter(torch.zeros(num_channels))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.dim() != 4 or x.shape[1] != self.num_channels:
-            raise ValueError(
-                f"ChannelLayerNorm({self.num_channels}) expects (N, {self.num_channels}, H, W), "
-                f"got {tuple(x.shape)}"
-            )
-        y = layer_norm(x.movedim(1, -1), self.num_channels, self.weight, self.bias, self.eps)
-        return y.movedim(-1, 1)  # (N, H, W, C) -> (N, C, H, W)
-
-    def extra_repr(self) -> str:
-        return f"{self.num_channels}, eps={self.eps}"
 
 
 def _norm_layer(norm: str, channels: int, size: int, groups: int) -> nn.Module:
