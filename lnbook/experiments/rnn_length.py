@@ -30,6 +30,7 @@ trivial phase.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ __all__ = [
     "SignModel",
     "error_per_step",
     "input_sensitivity",
+    "state_sum_corr",
     "variant_name",
     "per_step",
     "run",
@@ -94,17 +96,17 @@ class Config:
 
     scale: str = "quick"
     variants: tuple[str, ...] = VARIANTS
-    train_lens: tuple[int, ...] = (20,)
-    batch_sizes: tuple[int, ...] = (64,)
-    test_len: int | None = 100
-    hidden: int = 32
-    steps: int = 150
-    eval_every: int = 25
+    train_lens: tuple[int, ...] = (10,)
+    batch_sizes: tuple[int, ...] = (32,)
+    test_len: int | None = 50
+    hidden: int = 16
+    steps: int = 60
+    eval_every: int = 20
     lr: float = 1e-2
     n_eval: int = 256
     test_batch: int = 256
     bn_gain_init: float = 1.0
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -127,9 +129,9 @@ class Config:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"hidden": 128, "train_lens": (50,), "test_len": 500, "steps": 3000,
-              "eval_every": 250, "lr": 3e-3, "n_eval": 1024, "test_batch": 1024,
-              "seeds": (0, 1, 2, 3, 4), "threads": None},
+    "paper": {"hidden": 128, "train_lens": (50,), "batch_sizes": (64,), "test_len": 500,
+              "steps": 3000, "eval_every": 250, "lr": 3e-3, "n_eval": 1024,
+              "test_batch": 1024, "threads": None},
 }
 
 
@@ -203,13 +205,19 @@ class SignModel(nn.Module):
         return f"variant={self.variant!r}"
 
 
-def error_per_step(model: SignModel, x: Tensor, y: Tensor) -> Tensor:
-    """Fraction of wrong signs at each step, ``(T,)``, in eval mode without gradients."""
-    was = model.training
-    model.eval()
+def error_per_step(model: SignModel, x: Tensor, y: Tensor, batch_stats: bool = False) -> Tensor:
+    """Fraction of wrong signs at each step, ``(T,)``, without gradients.
+
+    In eval mode (BN uses its running averages), or with ``batch_stats=True`` in training mode
+    on a copy of the model (BN normalizes with the statistics of the batch ``x``; the model's
+    running averages are left alone). ``T`` must not exceed a BN model's ``max_steps`` then.
+    """
+    m = copy.deepcopy(model) if batch_stats else model
+    was = m.training
+    m.train(batch_stats)
     with torch.no_grad():
-        err = ((model.logits(x) > 0).float() != y).float().mean(1)  # (T,)
-    model.train(was)
+        err = ((m.logits(x) > 0).float() != y).float().mean(1)  # (T,)
+    m.train(was)
     return err
 
 
@@ -227,6 +235,23 @@ def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
     model.zero_grad(set_to_none=True)
     model.train(was)
     return x.grad.abs().mean(dim=(1, 2))  # type: ignore[union-attr]  # (T,)
+
+
+def state_sum_corr(model: SignModel, x: Tensor) -> float:
+    """Pearson correlation of the state's norm ||h_t|| with the size of the sum |x_1 + ... + x_t|.
+
+    Over all steps and sequences of ``x`` (T, B, 1), in eval mode. An integrator that keeps
+    the running sum as the size of its state has a high value; a layer that normalizes away the
+    size of its summed inputs (LN, eq. 4) must carry it some other way.
+    """
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        h, _ = model.rnn(x)  # (T, B, H)
+    model.train(was)
+    size = x.squeeze(-1).cumsum(0).abs().flatten()  # (T * B,)
+    norm = h.norm(dim=-1).flatten()  # (T * B,)
+    return float(torch.corrcoef(torch.stack([norm, size]))[0, 1])
 
 
 def variant_name(variant: str, train_len: int, batch_size: int) -> str:
@@ -252,7 +277,9 @@ def run(
 
     Each run records ``nll`` and ``error`` on held-out sequences of its training length at
     every evaluation, and in ``Run.info``: ``error`` (the test error at each step of the test
-    sequences, a list), ``sensitivity`` (:func:`input_sensitivity` on those sequences).
+    sequences, a list), ``sensitivity`` (:func:`input_sensitivity` on those sequences),
+    ``state_sum_corr`` (:func:`state_sum_corr` on their first ``length`` steps) and, for the
+    BN-RNN, ``error_batch_stats`` (the error at each of those steps with batch statistics).
     ``Results.info["trivial"][str(length)]`` holds :func:`trivial_errors` of the test
     sequences of that length and the cross-entropy of always answering 1/2 (``log 2``).
     """
@@ -301,8 +328,12 @@ def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
                    eval_fn=eval_fn, device=job.device, seed=job.seed,
                    checkpoint=job.checkpoint, bar=job.bar, label=job.label)
         x_test, y_test = (t.to(job.device) for t in tests[_test_len(config, length)])
+        x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
         info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
-                "sensitivity": input_sensitivity(model, x_test).cpu().tolist()}
+                "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
+                "state_sum_corr": state_sum_corr(model, x_in)}
+        if variant == "bn":
+            info["error_batch_stats"] = error_per_step(model, x_in, y_in, True).cpu().tolist()
         return hist, info
 
     variants = {variant_name(v, L, B): (v, L, B) for L in config.train_lens
