@@ -1,23 +1,37 @@
-"""Tests of lnbook.experiments.rnn_length (chapter 3.1, claim C04)."""
+"""Tests of lnbook.experiments.rnn_length (chapter 3.1, claim C04; chapter 7, claim C22)."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 import torch
 
+from lnbook.experiments import EXPERIMENTS, Results, load_results
 from lnbook.experiments import rnn_length as E
 
 
-def test_get_config_presets_and_validation():
+def test_registered_and_presets_and_validation():
+    assert EXPERIMENTS["rnn_length"] is E
     q, p = E.get_config("quick"), E.get_config("paper")
-    assert q.scale == "quick" and p.scale == "paper" and p.test_len > q.test_len
+    assert q.scale == "quick" and p.scale == "paper"
+    assert p.test_len > q.test_len and p.hidden > q.hidden and p.steps > q.steps
     assert E.get_config("quick", steps=3).steps == 3
+    assert E.get_config("quick", train_lens=[5, 7]).train_lens == (5, 7)
     with pytest.raises(ValueError, match="scale"):
         E.get_config("huge")
     with pytest.raises(ValueError, match="unknown Config field"):
         E.get_config("quick", nope=1)
+    with pytest.raises(ValueError, match="variants"):
+        E.get_config("quick", variants=("wn",))
+    with pytest.raises(ValueError, match="batch_sizes"):
+        E.get_config("quick", batch_sizes=(1,))
+    with pytest.raises(ValueError, match="train_lens"):
+        E.get_config("quick", train_lens=(0,))
+    with pytest.raises(TypeError, match="rnn_length.Config"):
+        E.run({"steps": 1})
 
 
 def test_running_sum_targets_are_the_sign_of_the_cumulative_sum():
@@ -29,14 +43,30 @@ def test_running_sum_targets_are_the_sign_of_the_cumulative_sum():
         assert y[t, 2].item() == float(s > 0)
 
 
+def test_trivial_errors_against_counting():
+    x, y = E.running_sum_batch(400, 6, torch.Generator().manual_seed(3))
+    tr = E.trivial_errors(x, y)
+    assert len(tr["majority"]) == len(tr["last_input"]) == 6
+    assert tr["last_input"][0] == 0.0  # at t = 1 the sum is the input
+    for t in range(6):
+        pos = float(y[t].mean())
+        assert tr["majority"][t] == pytest.approx(min(pos, 1 - pos))
+        wrong = sum(float(x[t, b, 0] > 0) != float(y[t, b]) for b in range(400)) / 400
+        assert tr["last_input"][t] == pytest.approx(wrong)
+    # P(sign x_t != sign S_t) = 1/2 - asin(1/sqrt(t)) / pi for Gaussian inputs
+    assert tr["last_input"][3] == pytest.approx(0.5 - math.asin(0.5) / math.pi, abs=0.06)
+
+
 @pytest.mark.parametrize("variant", E.VARIANTS)
 def test_sign_model_loss_and_error(variant):
     torch.manual_seed(0)
     m = E.SignModel(variant, hidden=4, train_len=5)
     x, y = E.running_sum_batch(6, 5, torch.Generator().manual_seed(1))
     loss = m(x, y)
-    assert loss.dim() == 0 and loss.item() > 0
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(m.logits(x), y)
+    assert loss.dim() == 0 and torch.allclose(loss, expected)
     loss.backward()
+    assert all(p.grad is not None for p in m.parameters())
     err = E.error_per_step(m, *E.running_sum_batch(6, 9, torch.Generator().manual_seed(2)))
     assert err.shape == (9,) and 0 <= err.min() and err.max() <= 1
     assert m.training  # mode restored
@@ -44,14 +74,95 @@ def test_sign_model_loss_and_error(variant):
         E.SignModel("wn", 4, 5)
 
 
-def test_run_tiny_writes_json_and_restores_threads(tmp_path):
+def test_error_with_batch_statistics_leaves_the_model_alone():
+    torch.manual_seed(0)
+    m = E.SignModel("bn", hidden=6, train_len=5)
+    x, y = E.running_sum_batch(64, 5, torch.Generator().manual_seed(4))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    batch = E.error_per_step(m, x, y, batch_stats=True)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k  # running averages untouched
+    # the same numbers by hand: training mode on a fresh copy
+    m2 = E.SignModel("bn", hidden=6, train_len=5)
+    m2.load_state_dict(before)
+    with torch.no_grad():
+        train_logits = m2.logits(x)  # (T, B) with batch statistics
+        by_hand = ((train_logits > 0).float() != y).float().mean(1)
+        m2.load_state_dict(before)
+        m2.eval()
+        eval_logits = m2.logits(x)  # untrained running averages (0, 1)
+    assert torch.equal(batch, by_hand)
+    assert (train_logits - eval_logits).abs().max() > 1e-3  # the two modes differ
+
+
+def test_input_sensitivity_of_a_memoryless_rnn_is_the_last_input_only():
+    torch.manual_seed(0)
+    m = E.SignModel("plain", hidden=5, train_len=4)
+    with torch.no_grad():
+        m.rnn.weight_hh_l0.zero_()  # no recurrence: logit_T depends on x_T alone
+    x, _ = E.running_sum_batch(8, 4, torch.Generator().manual_seed(0))
+    sens = E.input_sensitivity(m, x)
+    assert sens.shape == (4,) and torch.all(sens[:-1] == 0)
+    b = m.rnn.bias_ih_l0 + m.rnn.bias_hh_l0
+    w_ih, w_out = m.rnn.weight_ih_l0[:, 0], m.out.weight[0]
+    h = torch.tanh(x[-1] @ m.rnn.weight_ih_l0.T + b)  # (B, H)
+    expected = ((1 - h**2) * w_ih * w_out).sum(1).abs().mean()
+    assert sens[-1].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert m.training
+
+
+def test_state_sum_corr_of_a_linear_integrator_is_one():
+    m = E.SignModel("plain", hidden=4, train_len=6)
+    with torch.no_grad():
+        for p in m.rnn.parameters():
+            p.zero_()
+        m.rnn.weight_hh_l0.copy_(torch.eye(4))
+        m.rnn.weight_ih_l0.fill_(1e-3)  # h_t ~ 1e-3 * S_t * (1, 1, 1, 1): tanh is linear there
+    x, _ = E.running_sum_batch(50, 6, torch.Generator().manual_seed(1))
+    assert E.state_sum_corr(m, x) > 0.999
+    with torch.no_grad():
+        m.rnn.weight_hh_l0.zero_()  # memoryless: ||h_t|| follows |x_t|, not |S_t|
+    assert E.state_sum_corr(m, x) < 0.8
+
+
+def test_run_tiny_grid_results_and_json(tmp_path):
     n = torch.get_num_threads()
-    cfg = E.get_config("quick", hidden=4, train_len=4, test_len=6, steps=2, batch_size=8,
-                       test_batch=8, seeds=[0])
+    cfg = E.get_config("quick", hidden=4, train_lens=(3, 4), batch_sizes=(2, 5), test_len=6,
+                       steps=2, eval_every=1, n_eval=8, test_batch=8, seeds=(0, 1))
     res = E.run(cfg, device="cpu", out=tmp_path)
     assert torch.get_num_threads() == n
-    saved = json.loads((tmp_path / f"{E.NAME}.json").read_text())
-    for v in E.VARIANTS:
-        assert len(saved["error"][v]["0"]) == 6
-        assert saved["histories"][v]["0"]["steps"][-1] == 2
-    assert res["config"]["hidden"] == 4
+    assert isinstance(res, Results) and res.seeds == [0, 1]
+    assert len(res.variants) == 3 * 2 * 2 and "ln/len4/bs2" in res.variants
+    steps, nll = res.curves("plain/len3/bs5", "nll")
+    assert list(steps) == [0, 1, 2] and nll.shape == (2, 3) and np.all(nll > 0)
+    assert E.per_step(res, "bn", 4, 2).shape == (2, 6)
+    assert E.per_step(res, "bn", 4, 2, "error_batch_stats").shape == (2, 4)
+    assert E.per_step(res, "ln", 3, 2, "sensitivity").shape == (2, 6)
+    assert all(-1 <= c <= 1 for c in res.info_of("ln/len3/bs5", "state_sum_corr"))
+    assert set(res.info["trivial"]) == {"6"}
+    assert res.info["trivial"]["6"]["constant_nll"] == pytest.approx(math.log(2))
+    saved = load_results(tmp_path / f"{E.NAME}.json")
+    assert saved.info_of("ln/len4/bs5", "error") == res.info_of("ln/len4/bs5", "error")
+    assert json.loads((tmp_path / f"{E.NAME}.json").read_text())["config"]["hidden"] == 4
+
+
+def test_same_seed_same_data_for_every_variant_and_test_at_training_length():
+    cfg = E.get_config("quick", hidden=3, train_lens=(3,), batch_sizes=(4,), test_len=None,
+                       steps=1, eval_every=1, n_eval=4, test_batch=4, seeds=(7,),
+                       variants=("ln", "plain"))
+    res = E.run(cfg, device="cpu")
+    assert set(res.info["trivial"]) == {"3"}
+    assert len(res.info_of("ln/len3/bs4", "error")[0]) == 3
+    # a rerun reproduces the numbers exactly (data and init are functions of the seed)
+    again = E.run(cfg, device="cpu")
+    assert again.info_of("ln/len3/bs4", "error") == res.info_of("ln/len3/bs4", "error")
+    assert again.runs[0].history.losses == res.runs[0].history.losses
+
+
+def test_paper_preset_constructs_and_a_tiny_override_runs():
+    p = E.get_config("paper")
+    assert p.hidden == 128 and p.train_lens == (50,) and p.test_len == 500
+    tiny = E.get_config("paper", hidden=3, train_lens=(2,), test_len=3, steps=1,
+                        eval_every=1, n_eval=4, test_batch=4, seeds=(0,), threads=1)
+    res = E.run(tiny, device="cpu")
+    assert len(res.runs) == 3 and len(res.runs[0].info["error"]) == 3

@@ -1,59 +1,137 @@
-"""Section 3.1 (claim C04): batch norm with per-step statistics against layer norm, on test
-sequences longer than any training sequence. Book chapter 3.1 (`03_1_ln_rnn`).
+"""The running-sum sign task: RNNs with and without normalization, by sequence length and batch.
 
-The task is a running-sum sign: inputs x_t ~ N(0, 1) (one feature), and at every step the target
-is 1 when x_1 + ... + x_t > 0, else 0. Solving it needs an integrator, whose state keeps growing
-(like sqrt(t)), so the statistics of the summed inputs change with t: exactly the case where
-per-step batch statistics learned on short sequences are not the right ones for later steps.
+Book chapters 3.1 (`03_1_ln_rnn`, claim C04) and 7 (`07_conclusion`, claim C22).
 
-Three single-layer tanh RNNs with a linear read-out are trained on sequences of ``train_len``
-steps: ``ln`` (:class:`lnbook.RNN`, eq. 4), ``bn`` (:class:`lnbook.BatchNormRNN`, separate
-statistics per step; beyond ``train_len`` it uses the last step's statistics) and ``plain``
-(no normalization). Each is then tested on sequences of ``test_len`` steps, and the error rate is
-recorded per time step.
+The task: inputs x_t ~ N(0, 1) (one feature), and at every step the target is 1 when
+x_1 + ... + x_t > 0, else 0. Solving it needs an integrator, whose state keeps growing (like
+sqrt(t)), so the statistics of the summed inputs change with t: exactly the case where
+per-step batch statistics learned on short sequences are not the right ones for later steps,
+and where a long sequence asks the recurrence to carry information over many steps.
+
+Three single-layer tanh RNNs with a linear read-out to one logit per step:
+
+- ``ln``: :class:`lnbook.RNN` with layer normalization (paper eq. 4);
+- ``bn``: :class:`lnbook.BatchNormRNN`, batch normalization with separate statistics per step
+  (beyond the training length, eval mode reuses the last trained step's statistics);
+- ``plain``: :class:`lnbook.RNN` with ``layer_norm=False`` (the computation of
+  :class:`torch.nn.RNN`).
+
+Every (variant, training length, batch size) is one variant of the sweep, named by
+:func:`variant_name` (e.g. ``"ln/len80/bs4"``), trained with Adam for the same number of updates
+on fresh random sequences (the data never repeat, so runs at different batch sizes differ in
+the noise of each update, not in how much data they could memorize). Each run records, at every
+evaluation, the held-out cross-entropy ``nll`` (nats per prediction) and error rate ``error``
+on fixed sequences of its training length; at the end, its error at every step of the test
+sequences (``info["error"]``, longer than the training ones in chapter 3.1) and how strongly its
+last prediction depends on each input (``info["sensitivity"]``). ``Results.info["trivial"]``
+holds the errors of two predictors that need no training, to check that the runs left the
+trivial phase.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+import copy
+import math
+import os
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook import RNN, BatchNormRNN
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config, save_results
-from lnbook.rnn import RNN, BatchNormRNN
-from lnbook.train import fit
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.train import History, fit
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "VARIANTS",
+    "Config",
+    "get_config",
+    "running_sum_batch",
+    "trivial_errors",
+    "SignModel",
+    "error_per_step",
+    "input_sensitivity",
+    "state_sum_corr",
+    "variant_name",
+    "per_step",
+    "run",
+]
 
 NAME = "rnn_length"
-DESCRIPTION = "LN-RNN vs per-step batch-normalized RNN on test sequences longer than training (3.1)"
+DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
+               "length and batch size; test sequences longer than training (3.1, 7)")
 VARIANTS = ("ln", "bn", "plain")
+_TEST_SEED, _EVAL_SEED = 10_000, 20_000
 
 
 @dataclass
 class Config:
-    """Sizes of the running-sum experiment; ``quick`` runs in seconds on a CPU."""
+    """Sizes of the running-sum experiment; ``quick`` runs in seconds on a CPU.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        variants: models to train, from :data:`VARIANTS`.
+        train_lens: training sequence lengths (one variant per length).
+        batch_sizes: mini-batch sizes (one variant per size); every run makes ``steps``
+            updates, so a smaller batch sees fewer sequences.
+        test_len: length of the test sequences of ``info["error"]``; None tests each run at
+            its own training length.
+        hidden: units of the recurrent layer.
+        steps: Adam updates per run.
+        eval_every: updates between evaluations of the held-out ``nll`` and ``error``.
+        lr: Adam learning rate.
+        n_eval: held-out sequences (of the training length) for the learning curves.
+        test_batch: test sequences (of ``test_len``) for the per-step error.
+        bn_gain_init: initial gain of the BN-RNN (Cooijmans et al. recommend 0.1).
+        seeds: seeds of the runs (initialization and data).
+        threads: torch CPU threads while running (1 is fastest for tiny models; None leaves
+            torch's setting).
+    """
 
     scale: str = "quick"
-    hidden: int = 32
-    train_len: int = 20
-    test_len: int = 100
-    batch_size: int = 64
-    steps: int = 150
+    variants: tuple[str, ...] = VARIANTS
+    train_lens: tuple[int, ...] = (10,)
+    batch_sizes: tuple[int, ...] = (32,)
+    test_len: int | None = 50
+    hidden: int = 16
+    steps: int = 60
+    eval_every: int = 20
     lr: float = 1e-2
+    n_eval: int = 256
     test_batch: int = 256
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
-    threads: int | None = 1  # torch CPU threads while running (1 is fastest for tiny models)
+    bn_gain_init: float = 1.0
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
+        self.train_lens, self.batch_sizes = tuple(self.train_lens), tuple(self.batch_sizes)
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad or not self.variants:
+            raise ValueError(f"variants must be drawn from {VARIANTS}, got {self.variants}")
+        if not self.train_lens or min(self.train_lens) < 1:
+            raise ValueError(f"train_lens must be lengths >= 1, got {self.train_lens}")
+        if not self.batch_sizes or min(self.batch_sizes) < 2:
+            raise ValueError(
+                f"batch_sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}")
+        if self.test_len is not None and self.test_len < 1:
+            raise ValueError(f"test_len must be >= 1 or None, got {self.test_len}")
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"hidden": 128, "train_len": 50, "test_len": 500, "steps": 3000, "lr": 3e-3,
-              "test_batch": 1024, "seeds": [0, 1, 2, 3, 4], "threads": None},
+    "paper": {"hidden": 128, "train_lens": (50,), "batch_sizes": (64,), "test_len": 500,
+              "steps": 3000, "eval_every": 250, "lr": 3e-3, "n_eval": 1024,
+              "test_batch": 1024, "threads": None},
 }
 
 
@@ -69,16 +147,48 @@ def running_sum_batch(batch: int, length: int, generator: torch.Generator) -> tu
     return x, y
 
 
-class SignModel(nn.Module):
-    """A one-layer tanh RNN (``ln``, ``bn`` or ``plain``) and a linear read-out to one logit."""
+def trivial_errors(x: Tensor, y: Tensor) -> dict[str, list[float]]:
+    """Per-step error rates of two predictors that need no training, ``(T,)`` lists.
 
-    def __init__(self, variant: str, hidden: int, train_len: int) -> None:
+    ``majority``: the more frequent target at each step (about 0.5: the sum is as often
+    positive as negative). ``last_input``: the sign of the newest input x_t alone, right at
+    t = 1 and ever less often after (the sum of t inputs is dominated by the earlier ones).
+    """
+    pos = y.mean(1)  # (T,)
+    majority = torch.minimum(pos, 1 - pos)  # (T,)
+    last = ((x.squeeze(-1) > 0).float() != y).float().mean(1)  # (T,)
+    return {"majority": majority.tolist(), "last_input": last.tolist()}
+
+
+class SignModel(nn.Module):
+    """A one-layer tanh RNN (``ln``, ``bn`` or ``plain``) and a linear read-out to one logit.
+
+    Args:
+        variant: ``"ln"``, ``"bn"`` or ``"plain"``.
+        hidden: units of the recurrent layer.
+        train_len: the longest training sequence (the BN-RNN's per-step statistics slots).
+        bn_gain_init: initial gain of the BN-RNN's normalization.
+
+    Shape:
+        - x: ``(T, B, 1)``, y: ``(T, B)``; ``forward(x, y)`` is the mean binary cross-entropy,
+          ``logits(x)`` is ``(T, B)``.
+
+    Example::
+
+        >>> x, y = running_sum_batch(4, 6, torch.Generator().manual_seed(0))
+        >>> SignModel("ln", hidden=8, train_len=6)(x, y).dim()
+        0
+    """
+
+    def __init__(self, variant: str, hidden: int, train_len: int,
+                 bn_gain_init: float = 1.0) -> None:
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
         self.variant = variant
         if variant == "bn":
-            self.rnn: nn.Module = BatchNormRNN(1, hidden, max_steps=train_len)
+            self.rnn: nn.Module = BatchNormRNN(1, hidden, max_steps=train_len,
+                                               gain_init=bn_gain_init)
         else:
             self.rnn = RNN(1, hidden, layer_norm=variant == "ln")
         self.out = nn.Linear(hidden, 1)
@@ -86,64 +196,147 @@ class SignModel(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """``x`` (T, B, 1) -> logits (T, B)."""
         h, _ = self.rnn(x)  # (T, B, H)
-        return self.out(h).squeeze(-1)
+        return self.out(h).squeeze(-1)  # (T, B)
 
     def forward(self, x: Tensor, y: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(self.logits(x), y)
 
+    def extra_repr(self) -> str:
+        return f"variant={self.variant!r}"
 
-def error_per_step(model: SignModel, x: Tensor, y: Tensor) -> Tensor:
-    """Fraction of wrong signs at each step, ``(T,)``, in eval mode without gradients."""
-    was = model.training
-    model.eval()
+
+def error_per_step(model: SignModel, x: Tensor, y: Tensor, batch_stats: bool = False) -> Tensor:
+    """Fraction of wrong signs at each step, ``(T,)``, without gradients.
+
+    In eval mode (BN uses its running averages), or with ``batch_stats=True`` in training mode
+    on a copy of the model (BN normalizes with the statistics of the batch ``x``; the model's
+    running averages are left alone). ``T`` must not exceed a BN model's ``max_steps`` then.
+    """
+    m = copy.deepcopy(model) if batch_stats else model
+    was = m.training
+    m.train(batch_stats)
     with torch.no_grad():
-        err = ((model.logits(x) > 0).float() != y).float().mean(1)  # (T,)
-    model.train(was)
+        err = ((m.logits(x) > 0).float() != y).float().mean(1)  # (T,)
+    m.train(was)
     return err
 
 
-def run(
-    config: Config, device: str = "auto", out: str | Path | None = None,
-    seeds: list[int] | None = None,
-) -> dict:
-    """Train every variant for every seed; return the per-step test error rates.
+def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
+    """How much the last step's logit moves with each input: mean |d logit_T / d x_t|, ``(T,)``.
 
-    Returns a dict with ``config``, ``histories[variant][seed]`` (``History.to_dict()``) and
-    ``error[variant][seed]``: the test error rate at steps 1..test_len (a list of floats).
+    A perfect integrator weighs every input alike (a flat profile); a recurrence whose signal
+    fades gives the early inputs less weight. Computed in eval mode.
     """
+    was = model.training
+    model.eval()
+    x = x.detach().clone().requires_grad_(True)  # (T, B, 1)
+    with torch.enable_grad():
+        model.logits(x)[-1].sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.train(was)
+    return x.grad.abs().mean(dim=(1, 2))  # type: ignore[union-attr]  # (T,)
+
+
+def state_sum_corr(model: SignModel, x: Tensor) -> float:
+    """Pearson correlation of the state's norm ||h_t|| with the size of the sum |x_1 + ... + x_t|.
+
+    Over all steps and sequences of ``x`` (T, B, 1), in eval mode. An integrator that keeps
+    the running sum as the size of its state has a high value; a layer that normalizes away the
+    size of its summed inputs (LN, eq. 4) must carry it some other way.
+    """
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        h, _ = model.rnn(x)  # (T, B, H)
+    model.train(was)
+    size = x.squeeze(-1).cumsum(0).abs().flatten()  # (T * B,)
+    norm = h.norm(dim=-1).flatten()  # (T * B,)
+    return float(torch.corrcoef(torch.stack([norm, size]))[0, 1])
+
+
+def variant_name(variant: str, train_len: int, batch_size: int) -> str:
+    """The name of one (model, training length, batch size) variant, e.g. ``ln/len80/bs4``."""
+    return f"{variant}/len{train_len}/bs{batch_size}"
+
+
+def per_step(results: Results, variant: str, train_len: int, batch_size: int,
+             key: str = "error") -> np.ndarray:
+    """A per-step record of every seed of one variant: ``(seeds, T)`` (``info[key]``)."""
+    return np.array(results.info_of(variant_name(variant, train_len, batch_size), key))
+
+
+def _batch(n: int, length: int, seed: int) -> tuple[Tensor, Tensor]:
+    return running_sum_batch(n, length, torch.Generator().manual_seed(seed))
+
+
+def run(
+    config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train every (variant, length, batch size) with every seed; return the sweep's results.
+
+    Each run records ``nll`` and ``error`` on held-out sequences of its training length at
+    every evaluation, and in ``Run.info``: ``error`` (the test error at each step of the test
+    sequences, a list), ``sensitivity`` (:func:`input_sensitivity` on those sequences),
+    ``state_sum_corr`` (:func:`state_sum_corr` on their first ``length`` steps) and, for the
+    BN-RNN, ``error_batch_stats`` (the error at each of those steps with batch statistics).
+    ``Results.info["trivial"][str(length)]`` holds :func:`trivial_errors` of the test
+    sequences of that length and the cross-entropy of always answering 1/2 (``log 2``).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an rnn_length.Config (get_config), "
+                        f"got {type(config).__name__}")
     dev = resolve_device(device)
-    seeds = list(config.seeds if seeds is None else seeds)
     threads = torch.get_num_threads()
     if config.threads is not None and dev.type == "cpu":
         torch.set_num_threads(config.threads)
     try:
-        res = _run(config, dev, seeds)
+        return _run(config, dev, tuple(config.seeds if seeds is None else seeds), out)
     finally:
         torch.set_num_threads(threads)
-    if out is not None:
-        save_results(res, Path(out) / f"{NAME}.json")
-    return res
 
 
-def _run(config: Config, dev: torch.device, seeds: list[int]) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(10_000)
-    x_test, y_test = running_sum_batch(config.test_batch, config.test_len, g)
-    res: dict[str, Any] = {"config": asdict(config), "device": str(dev), "histories": {},
-                           "error": {}}
-    for variant in config.variants:
-        res["histories"][variant], res["error"][variant] = {}, {}
-        for seed in seeds:
-            torch.manual_seed(seed)
-            model = SignModel(variant, config.hidden, config.train_len)
+def _test_len(config: Config, train_len: int) -> int:
+    return train_len if config.test_len is None else config.test_len
 
-            def data(step: int, seed: int = seed) -> tuple[Tensor, Tensor]:
-                gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-                return running_sum_batch(config.batch_size, config.train_len, gen)
 
-            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-            hist = fit(model, data, opt, steps=config.steps, eval_every=config.steps,
-                       device=dev, seed=seed)
-            err = error_per_step(model, x_test.to(dev), y_test.to(dev))
-            res["histories"][variant][str(seed)] = hist.to_dict()
-            res["error"][variant][str(seed)] = err.cpu().tolist()
-    return res
+def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
+         out: str | os.PathLike | None) -> Results:
+    held = {n: _batch(config.n_eval, n, _EVAL_SEED + n) for n in config.train_lens}
+    tests = {n: _batch(config.test_batch, n, _TEST_SEED + n)
+             for n in sorted({_test_len(config, L) for L in config.train_lens})}
+    trivial = {str(n): {**trivial_errors(*xy), "constant_nll": math.log(2)}
+               for n, xy in tests.items()}
+
+    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        variant, length, bs = job.params
+        torch.manual_seed(job.seed)
+        model = SignModel(variant, config.hidden, length, config.bn_gain_init)
+        x_eval, y_eval = (t.to(job.device) for t in held[length])
+
+        def eval_fn(m: nn.Module) -> dict[str, float]:
+            logits = m.logits(x_eval)  # (T, B)
+            nll = F.binary_cross_entropy_with_logits(logits, y_eval)
+            err = ((logits > 0).float() != y_eval).float().mean()
+            return {"nll": float(nll), "error": float(err)}
+
+        def data(step: int) -> tuple[Tensor, Tensor]:
+            return _batch(bs, length, job.seed * 1_000_003 + step)
+
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
+                   eval_fn=eval_fn, device=job.device, seed=job.seed,
+                   checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+        x_test, y_test = (t.to(job.device) for t in tests[_test_len(config, length)])
+        x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
+        info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
+                "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
+                "state_sum_corr": state_sum_corr(model, x_in)}
+        if variant == "bn":
+            info["error_batch_stats"] = error_per_step(model, x_in, y_in, True).cpu().tolist()
+        return hist, info
+
+    variants = {variant_name(v, L, B): (v, L, B) for L in config.train_lens
+                for B in config.batch_sizes for v in config.variants}
+    return sweep(NAME, variants, seeds, train_one, config=config, device=dev, out=out,
+                 steps=config.steps, info={"trivial": trivial})
