@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lnbook.experiments import convnet, load_results, mnist, save_results
+from lnbook.experiments.protocol import classification_metrics
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 
 
@@ -138,12 +139,95 @@ def test_boundary_mask_and_activation_maps():
     torch.testing.assert_close(on[0, 0], bias_on)
 
 
+def test_convnet_takes_any_square_image_size():
+    torch.manual_seed(0)
+    for norm in ("none", "batch", "layer_chw"):
+        net = convnet.ConvNet((4, 8), norm, image_size=20)
+        logits, summed = net(torch.rand(3, 400), return_summed=True)
+        assert logits.shape == (3, 10) and summed[1].shape == (3, 8, 10, 10)
+    with pytest.raises(ValueError, match=r"\(N, 400\)"):
+        convnet.ConvNet((4, 8), image_size=20)(torch.rand(3, 784))
+    with pytest.raises(ValueError, match="too small"):
+        convnet.ConvNet((4, 8, 8), image_size=6)
+
+
+def test_crop_center_keeps_the_central_pixels():
+    img = torch.arange(784.0).view(1, 784)
+    crop = convnet.crop_center(img, 20).view(20, 20)
+    full = img.view(28, 28)
+    torch.testing.assert_close(crop, full[4:24, 4:24])
+    assert convnet.crop_center(img, 28).equal(img)
+    with pytest.raises(ValueError, match="size must be"):
+        convnet.crop_center(img, 30)
+    with pytest.raises(ValueError, match="784"):
+        convnet.crop_center(torch.zeros(2, 400), 20)
+
+
+def test_ring_and_centre_means():
+    maps = np.zeros((2, 10, 10))
+    maps[:, 2:8, 2:8] = 1.0  # the centre inside a ring of width 2
+    maps[1] *= 3.0
+    ring, centre = convnet.ring_and_centre(maps, 2)
+    np.testing.assert_allclose(ring, [0.0, 0.0])
+    np.testing.assert_allclose(centre, [1.0, 3.0])
+    with pytest.raises(ValueError, match="seeds, S, S"):
+        convnet.ring_and_centre(np.zeros((10, 10)), 2)
+
+
+def test_test_pass_matches_classification_metrics_and_activation_maps():
+    torch.manual_seed(0)
+    net = convnet.ConvNet((4, 8), "layer_chw").eval()
+    x, y = torch.rand(300, 784), torch.randint(0, 10, (300,))
+    got = convnet._test(net, x, y, chunk=128)  # three chunks, the last one short
+    ref = classification_metrics(net, x, y)
+    assert got["test_error"] == pytest.approx(ref["error"])
+    assert got["test_nll"] == pytest.approx(ref["nll"], rel=1e-5)
+    maps = convnet.activation_maps(net, x)
+    for k in ("on", "mean", "std"):
+        np.testing.assert_allclose(got["maps"][k], maps[k].numpy(), atol=1e-5)
+
+
+def test_lnbook_batch_norm_is_torch_batch_norm_2d_on_feature_maps():
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, 5, 5, dtype=torch.float64)
+    ours, theirs = BatchNorm(4).double(), torch.nn.BatchNorm2d(4).double()
+    torch.testing.assert_close(ours(x), theirs(x))  # training mode: batch statistics
+    ours.eval(), theirs.eval()
+    torch.testing.assert_close(ours(x), theirs(x))  # eval mode: the running averages
+
+
+def test_convnet_config_checks():
+    with pytest.raises(ValueError, match="norms must be drawn"):
+        convnet.get_config("quick", control_norms=("weight",))
+    with pytest.raises(ValueError, match="crop must be"):
+        convnet.get_config("quick", crop=12)
+    assert convnet.variant_name("batch") == "batch"
+    assert convnet.variant_name("batch", 20) == "batch/crop20"
+
+
 def test_convnet_run_tiny():
-    cfg = convnet.get_config("quick", channels=(4, 8), steps=2, eval_every=2, n_train=64,
-                             n_eval_train=16, n_test=16, n_maps=16, seeds=(0,))
+    cfg = convnet.get_config("quick", channels=(4, 8), steps=3, n_train=64, n_test=40,
+                             seeds=(0, 1))
     res = convnet.run(cfg, device="cpu")
-    assert [r.variant for r in res.runs] == list(convnet.NORMS)
-    assert convnet.maps_of(res, "layer_c", "on").shape == (1, 28, 28)
-    assert set(res.variants) == set(convnet.NORMS)
+    assert res.variants == ["none", "batch", "layer_chw", "batch/crop20", "layer_chw/crop20"]
+    assert res.seeds == [0, 1]
+    assert convnet.maps_of(res, "layer_chw", "on").shape == (2, 28, 28)
+    assert convnet.maps_of(res, "batch/crop20", "std").shape == (2, 20, 20)
+    steps, loss = res.curves("none", "loss")
+    assert steps.tolist() == [1, 2, 3] and loss.shape == (2, 3) and np.all(loss > 0)
+    errors = res.info_of("layer_chw", "test_error")
+    assert all(0.0 <= e <= 1.0 and e * 40 == round(e * 40) for e in errors)
+    assert 0.5 < res.info["majority_error"] < 1.0
+    no_control = convnet.run(convnet.get_config("quick", channels=(4, 8), steps=1, n_train=64,
+                                                n_test=8, seeds=(0,), crop=0, norms=("none",)))
+    assert no_control.variants == ["none"]
+
+
+@pytest.mark.filterwarnings("ignore:convnet at paper scale")  # offline: the 5,000-image sample
+def test_a_tiny_paper_convnet_preset_runs():
     paper = convnet.get_config("paper")
-    assert paper.channels == (32, 64) and paper.checkpoint
+    assert paper.channels == (32, 64) and paper.checkpoint and paper.norms == convnet.NORMS
+    tiny = convnet.get_config("paper", channels=(8, 8), steps=1, n_train=64, n_test=16,
+                              batch_size=16, seeds=(0,), checkpoint=False, crop=0)
+    res = convnet.run(tiny, device="cpu")
+    assert res.variants == list(convnet.NORMS)

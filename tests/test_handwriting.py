@@ -1,4 +1,4 @@
-"""Tests of lnbook.experiments.handwriting (section 6.5): data, mixture density loss, model."""
+"""Tests of lnbook.experiments.handwriting (section 6.5): data, mixtures, LSTMs, model, run."""
 
 from __future__ import annotations
 
@@ -8,53 +8,81 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from lnbook import LSTM, LayerNorm
 from lnbook.experiments import handwriting as HW
 from lnbook.experiments import load_results
-from lnbook.norms import LayerNorm
+from lnbook.experiments.protocol import Results, Run
+from lnbook.train import History
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: with two threads on a busy machine each small op waits for the other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def lines() -> torch.Tensor:
+def lines() -> HW.Lines:
     return HW.make_handwriting(40, 300, seed=5)
 
 
 # ----------------------------------------------------------------------------- data
 
 
-def test_handwriting_shapes_start_point_and_bits(lines):
-    assert lines.shape == (40, 301, 3) and lines.dtype == torch.float32
-    assert torch.all(lines[:, 0] == 0)  # the zero start point
-    assert set(lines[..., 2].unique().tolist()) <= {0.0, 1.0}
+def test_handwriting_shapes_start_point_bits_and_letters(lines):
+    pts, let = lines
+    assert pts.shape == (40, 301, 3) and pts.dtype == torch.float32
+    assert let.shape == (40, 300) and let.dtype == torch.int64
+    assert torch.all(pts[:, 0] == 0)  # the zero start point
+    assert set(pts[..., 2].unique().tolist()) <= {0.0, 1.0}
+    assert set(let.unique().tolist()) == set(range(len(HW.LETTERS)))
 
 
 def test_handwriting_is_deterministic_under_its_seed():
     a, b = HW.make_handwriting(3, 80, seed=1), HW.make_handwriting(3, 80, seed=1)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, HW.make_handwriting(3, 80, seed=2))
+    assert torch.equal(a.points, b.points) and torch.equal(a.letters, b.letters)
+    assert not torch.equal(a.points, HW.make_handwriting(3, 80, seed=2).points)
 
 
 def test_handwriting_looks_like_cursive(lines):
-    d = lines[:, 1:]  # (N, T, 3)
+    d = lines.points[:, 1:]  # (N, T, 3)
     # offsets of order 1 in the model's units, so the mixture starts at a sensible scale
     std = d[..., :2].reshape(-1, 2).std(0)
     assert torch.all(std > 0.5) and torch.all(std < 3.0)
     # several strokes per line: the pen is lifted between words
-    lifts = d[..., 2].sum(1)
-    assert lifts.min() >= 3
+    assert d[..., 2].sum(1).min() >= 2
     # the pen moves right on the whole, but backwards while drawing loops (pen down)
     down = d[..., 2] == 0
-    dx = d[..., 0][down]
     assert d[..., 0].sum(1).min() > 0
-    assert 0.03 < float((dx < 0).double().mean()) < 0.4
-    # the letters go up and (descenders) below the baseline
-    y = torch.cumsum(d[..., 1], dim=1)
-    assert float(y.max()) > 5 and float(y.min()) < -5
+    assert 0.03 < float((d[..., 0][down] < 0).double().mean()) < 0.4
+
+
+def test_letters_are_aligned_with_the_pen(lines):
+    # the pen's height where each letter is written must follow that letter's shape:
+    # descenders (g, y) below the baseline, the others above it, tall letters (l, t) higher
+    # than the small ones
+    y = torch.cumsum(lines.points[:, 1:, 1], dim=1) * HW.OFFSET_SCALE  # (N, T) pen height
+    for k, letter in enumerate(HW.LETTERS):
+        yk = y[lines.letters == k]
+        if letter.descender:
+            assert float(yk.mean()) < -0.2, letter.name
+        else:
+            assert float(yk.mean()) > 0.1, letter.name
+        top = float(torch.quantile(yk, 0.9))
+        if letter.height > 1.2:
+            assert top > 1.0, letter.name
+        elif not letter.descender:
+            assert top < 1.0, letter.name
 
 
 def test_handwriting_lines_differ_in_slant(lines):
     # slant couples the horizontal and vertical pen speed; it varies from line to line
-    d = lines[:, 1:].double()
+    d = lines.points[:, 1:].double()
     corr = [np.corrcoef(s[:, 0], s[:, 1])[0, 1] for s in d.numpy()]
     assert np.ptp(corr) > 0.2
 
@@ -76,7 +104,7 @@ def test_bad_data_arguments_raise():
         HW.make_handwriting(0, 10, seed=0)
 
 
-# ----------------------------------------------------------------------------- mixture
+# ----------------------------------------------------------------------------- mixtures
 
 
 def _nll_float64(y: np.ndarray, x: np.ndarray, M: int) -> np.ndarray:
@@ -114,12 +142,11 @@ def test_mixture_nll_matches_a_float64_density_computation(M):
 
 
 def test_mixture_nll_of_one_uncorrelated_component_is_two_gaussians():
-    M = 1
     y = torch.zeros(1, 7, dtype=torch.float64)
     y[0, 1:3] = torch.tensor([0.5, -1.0], dtype=torch.float64)  # mu
     y[0, 3:5] = torch.tensor([math.log(2.0), math.log(0.5)], dtype=torch.float64)
     x = torch.tensor([[1.5, 0.0, 0.0]], dtype=torch.float64)
-    nll = HW.mixture_nll(HW.split_mixture_params(y, M), x)
+    nll = HW.mixture_nll(HW.split_mixture_params(y, 1), x)
     g1 = 0.5 * math.log(2 * math.pi * 4.0) + (1.0 / 2.0) ** 2 / 2
     g2 = 0.5 * math.log(2 * math.pi * 0.25) + (1.0 / 0.5) ** 2 / 2
     assert float(nll) == pytest.approx(g1 + g2 + math.log(2.0), rel=1e-9)  # eos p = 1/2
@@ -140,65 +167,292 @@ def test_split_mixture_params_ranges_and_errors():
         HW.split_mixture_params(torch.randn(2, 30), 5)
 
 
-# ----------------------------------------------------------------------------- model
+def _two_gaussians(n: int = 3000) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    cov_b = np.array([[0.5, 0.3], [0.3, 0.4]])
+    a = rng.normal([-3.0, 1.0], [1.0, 0.3], size=(2 * n // 3, 2))
+    b = rng.multivariate_normal([2.0, -1.0], cov_b, size=n // 3)
+    return np.concatenate([a, b]), cov_b
 
 
-def test_model_nll_is_causal_and_matches_forward():
+def test_gaussian_mixture_em_recovers_the_components():
+    x, cov_b = _two_gaussians()
+    w, mu, cov = HW.fit_gaussian_mixture(x, 2, seed=0, iters=200)
+    k = int(np.argmax(mu[:, 0]))  # the component at (2, -1)
+    np.testing.assert_allclose(sorted(w), [1 / 3, 2 / 3], atol=0.02)
+    np.testing.assert_allclose(mu[k], [2.0, -1.0], atol=0.05)
+    np.testing.assert_allclose(mu[1 - k], [-3.0, 1.0], atol=0.05)
+    np.testing.assert_allclose(cov[k], cov_b, atol=0.05)
+    np.testing.assert_allclose(cov[1 - k], np.diag([1.0, 0.09]), atol=0.05)
+
+
+def test_gaussian_mixture_log_likelihood_matches_scikit_learn():
+    sklearn_mixture = pytest.importorskip("sklearn.mixture")
+    x, _ = _two_gaussians()
+    params = HW.fit_gaussian_mixture(x, 2, seed=0, iters=200)
+    ours = HW._log_sum_exp(HW._mixture_log_density(x, *params))[0].mean()
+    ref = sklearn_mixture.GaussianMixture(2, random_state=0).fit(x).score(x)
+    assert ours == pytest.approx(ref, abs=1e-3)
+    with pytest.raises(ValueError, match="points"):
+        HW.fit_gaussian_mixture(x[:, :1], 2)
+
+
+def test_mixture_baseline_nll_of_one_gaussian_is_its_entropy():
+    # offsets from one isotropic Gaussian, no pen lifts: the NLL per point is the entropy
+    # of the Gaussian plus the (tiny) cost of predicting "no lift" with p = 1e-4
+    g = torch.Generator().manual_seed(0)
+    pts = torch.zeros(200, 51, 3)
+    pts[:, 1:, :2] = 1.5 * torch.randn(200, 50, 2, generator=g)
+    data = HW.Lines(pts, torch.zeros(200, 50, dtype=torch.int64))
+    nll = HW.mixture_baseline_nll(data, data, n_components=1, max_points=10_000)
+    entropy = math.log(2 * math.pi * math.e * 1.5**2)
+    assert nll == pytest.approx(entropy - math.log1p(-1e-4), abs=0.02)
+
+
+def test_knowing_the_letter_helps_the_memoryless_predictor():
+    train, valid = HW.make_handwriting(64, 100, seed=0), HW.make_handwriting(8, 100, seed=1)
+    one = HW.mixture_baseline_nll(train, valid, per_letter=False)
+    per_letter = HW.mixture_baseline_nll(train, valid, per_letter=True)
+    assert per_letter < one - 0.1
+
+
+# ----------------------------------------------------------------------------- the LSTMs
+
+
+def _reference(m: HW.RecurrenceLNLSTM, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+    """Eqs. 20-22 (without LN of the input term unless the layer has one), step by step."""
+    H, G = m.hidden_size, 4 * m.hidden_size
+    gi = F.linear(x, m.weight_ih)
+    if m.ln_ih is not None:
+        gi = F.layer_norm(gi, (G,), m.ln_ih.weight, m.ln_ih.bias, m.eps)
+    outs = []
+    for t in range(x.shape[0]):
+        a = F.layer_norm(h @ m.weight_hh.t(), (G,), m.ln_hh.weight, None, m.eps)
+        i, f, g, o = (a + gi[t] + m.bias).split(H, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        cn = F.layer_norm(c, (H,), m.ln_c.weight, m.ln_c.bias, m.eps)
+        h = torch.sigmoid(o) * torch.tanh(cn)
+        outs.append(h)
+    return torch.stack(outs), h, c
+
+
+@pytest.mark.parametrize("normalize_input", [False, True])
+def test_recurrence_ln_lstm_matches_eqs_20_to_22_with_its_gradients(normalize_input):
     torch.manual_seed(0)
-    model = HW.HandwritingModel(16, num_layers=2, n_mixtures=3, layer_norm=True)
-    seq = HW.make_handwriting(3, 20, seed=0)
-    nll = model.nll(seq)  # (3, 20)
+    T, B, I, H = 9, 3, 5, 4
+    m = HW.RecurrenceLNLSTM(I, H, normalize_input=normalize_input).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # gains and biases away from 1 and 0
+    x = torch.randn(T, B, I, dtype=torch.float64, requires_grad=True)
+    h0, c0 = torch.randn(2, 1, B, H, dtype=torch.float64)
+    out, (h, c) = m(x, (h0, c0))
+    ref, h_ref, c_ref = _reference(m, x, h0[0], c0[0])
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    w_out, w_h, w_c = torch.randn_like(out), torch.randn(B, H, dtype=torch.float64), \
+        torch.randn(B, H, dtype=torch.float64)
+    params = [x, *m.parameters()]
+    ours = torch.autograd.grad((out * w_out).sum() + (h[0] * w_h).sum() + (c[0] * w_c).sum(),
+                               params)
+    theirs = torch.autograd.grad((ref * w_out).sum() + (h_ref * w_h).sum()
+                                 + (c_ref * w_c).sum(), params)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_recurrence_ln_lstm_with_input_ln_is_lnbook_lstm():
+    torch.manual_seed(1)
+    ours = HW.RecurrenceLNLSTM(6, 8, normalize_input=True)
+    theirs = LSTM(6, 8, layer_norm=True)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+        sd = dict(theirs.named_parameters())
+        ours.weight_ih.copy_(sd["weight_ih_l0"])
+        ours.weight_hh.copy_(sd["weight_hh_l0"])
+        ours.bias.copy_(sd["bias_ih_l0"] + sd["bias_hh_l0"] + sd["ln_ih_l0.bias"]
+                        + sd["ln_hh_l0.bias"])
+        ours.ln_ih.weight.copy_(sd["ln_ih_l0.weight"])
+        ours.ln_hh.weight.copy_(sd["ln_hh_l0.weight"])
+        ours.ln_c.weight.copy_(sd["ln_c_l0.weight"])
+        ours.ln_c.bias.copy_(sd["ln_c_l0.bias"])
+    x = torch.randn(12, 4, 6)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_recurrence_ln_lstm_state_carries_over_and_shapes():
+    torch.manual_seed(2)
+    m = HW.RecurrenceLNLSTM(3, 5)
+    x = torch.randn(10, 2, 3)
+    whole, (h, c) = m(x)
+    first, state = m(x[:4])
+    second, (h2, c2) = m(x[4:], state)
+    torch.testing.assert_close(torch.cat([first, second]), whole)
+    torch.testing.assert_close((h2, c2), (h, c))
+    assert whole.shape == (10, 2, 5) and h.shape == c.shape == (1, 2, 5)
+    assert m.ln_ih is None and not any(isinstance(p, LayerNorm) and p is m.ln_ih
+                                       for p in m.modules())
+    assert "normalize_input=False" in repr(m)
+    with pytest.raises(ValueError, match=r"\(T, B, 3\)"):
+        m(torch.randn(10, 2, 4))
+    with pytest.raises(ValueError, match="hidden_size"):
+        HW.RecurrenceLNLSTM(3, 0)
+
+
+def test_match_input_scale_gives_the_input_term_unit_variance():
+    torch.manual_seed(3)
+    m = HW.RecurrenceLNLSTM(11, 16)
+    x = torch.randn(20, 8, 11) * 0.7
+    with torch.no_grad():
+        before = F.linear(x, m.weight_ih).var(-1, unbiased=False).mean().sqrt()
+        factor = m.match_input_scale(x)
+        after = F.linear(x, m.weight_ih).var(-1, unbiased=False).mean()
+    assert factor == pytest.approx(1 / float(before), rel=1e-5)
+    assert float(after) == pytest.approx(1.0, rel=1e-5)
+    assert HW.RecurrenceLNLSTM(11, 16, normalize_input=True).match_input_scale(x) == 1.0
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("variant", HW.VARIANTS)
+def test_model_nll_is_causal_and_reads_the_letters(variant):
+    torch.manual_seed(0)
+    model = HW.HandwritingModel(16, num_layers=2, n_mixtures=3, variant=variant)
+    pts, let = HW.make_handwriting(3, 20, seed=0)
+    nll = model.nll(pts, let)  # (3, 20)
     assert nll.shape == (3, 20)
-    torch.testing.assert_close(model(seq), nll.mean())
-    changed = seq.clone()
+    torch.testing.assert_close(model(pts, let), nll.mean())
+    changed = pts.clone()
     changed[:, 12:] += 5.0  # points 12.. are predicted at positions 11..
-    nll2 = model.nll(changed)
+    nll2 = model.nll(changed, let)
     torch.testing.assert_close(nll2[:, :11], nll[:, :11])
     assert not torch.allclose(nll2[:, 11:], nll[:, 11:])
+    other = let.clone()
+    other[:, 7] = (other[:, 7] + 1) % len(HW.LETTERS)  # the letter of point 8
+    nll3 = model.nll(pts, other)
+    torch.testing.assert_close(nll3[:, :7], nll[:, :7])
+    assert not torch.allclose(nll3[:, 7], nll[:, 7])
 
 
-def test_model_uses_layer_norm_only_when_asked():
-    with_ln = HW.HandwritingModel(8, 2, 2, layer_norm=True)
-    without = HW.HandwritingModel(8, 2, 2, layer_norm=False)
-    assert sum(isinstance(m, LayerNorm) for m in with_ln.modules()) == 6
-    assert not any(isinstance(m, LayerNorm) for m in without.modules())
-    # skip connections: layer 2 reads the point and layer 1's output
-    assert with_ln.layers[1].input_size == 3 + 8 and with_ln.head.in_features == 16
+def test_model_builds_the_lstm_of_each_variant():
+    kinds = {v: type(HW.HandwritingModel(8, 2, 2, variant=v).layers[1]) for v in HW.VARIANTS}
+    assert kinds == {"baseline": torch.nn.LSTM, "layer_norm": LSTM,
+                     "ln_recurrent": HW.RecurrenceLNLSTM}
+    model = HW.HandwritingModel(8, 2, 2, variant="layer_norm")
+    k = 3 + len(HW.LETTERS)
+    assert model.layers[0].input_size == k and model.layers[1].input_size == k + 8
+    assert model.head.in_features == 16
+    with pytest.raises(ValueError, match="unknown variant"):
+        HW.HandwritingModel(8, variant="batch_norm")
+
+
+def test_model_rejects_bad_letters():
+    model = HW.HandwritingModel(8, 1, 2)
+    pts, let = HW.make_handwriting(2, 10, seed=0)
+    with pytest.raises(ValueError, match="letters must be int64"):
+        model(pts, let[:, :5])
+    with pytest.raises(ValueError, match=r"letters must lie in \[0, 8\)"):
+        model(pts, let + 8)
+    with pytest.raises(ValueError, match="points must be"):
+        model(pts[..., :2], let)
+
+
+def test_match_input_scales_touches_only_ln_recurrent_layers():
+    pts, let = HW.make_handwriting(8, 30, seed=0)
+    torch.manual_seed(0)
+    rec = HW.HandwritingModel(16, 2, 2, variant="ln_recurrent")
+    factors = rec.match_input_scales(pts, let)
+    assert len(factors) == 2 and all(f > 1 for f in factors)
+    with torch.no_grad():
+        x = rec._inputs(pts[:, :-1], let)
+        var = F.linear(x, rec.layers[0].weight_ih).var(-1, unbiased=False).mean()
+    assert float(var) == pytest.approx(1.0, rel=1e-4)
+    assert HW.HandwritingModel(16, 2, 2, variant="layer_norm").match_input_scales(pts, let) == []
 
 
 def test_sample_is_deterministic_and_well_formed():
     torch.manual_seed(0)
-    model = HW.HandwritingModel(8, 1, 2)
-    a, b = model.sample(30, seed=3), model.sample(30, seed=3)
+    model = HW.HandwritingModel(8, 1, 2, variant="ln_recurrent")
+    letters = HW.make_handwriting(1, 30, seed=0).letters[0]
+    a, b = model.sample(letters, seed=3), model.sample(letters, seed=3)
     assert a.shape == (30, 3) and torch.equal(a, b)
     assert set(a[:, 2].tolist()) <= {0.0, 1.0}
-    assert not torch.equal(a, model.sample(30, seed=4))
+    assert not torch.equal(a, model.sample(letters, seed=4))
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def test_crossing_interpolates_between_evaluations():
+    steps = np.array([0, 10, 20, 30])
+    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 2.5) == pytest.approx(15.0)
+    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 2.0) == pytest.approx(20.0)
+    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 5.0) == 0.0
+    assert math.isnan(HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.5]), 1.0))
+    with pytest.raises(ValueError, match="one length"):
+        HW.crossing(steps, np.array([1.0, 2.0]), 1.0)
+
+
+def _results(curves: dict[str, list[list[float]]]) -> Results:
+    runs = []
+    for v, rows in curves.items():
+        for seed, row in enumerate(rows):
+            h = History(steps=[1], losses=[0.0], eval_steps=[0, 10, 20],
+                        metrics=[{"nll": x} for x in row])
+            runs.append(Run(v, seed, h))
+    return Results("handwriting", {}, "cpu", runs)
+
+
+def test_race_measures_updates_to_the_baselines_final_value():
+    res = _results({"baseline": [[3.0, 2.0, 1.0], [3.0, 2.5, 2.0]],
+                    "layer_norm": [[3.0, 1.0, 0.5], [3.0, 3.0, 2.5]]})
+    r = HW.race(res, "layer_norm")
+    np.testing.assert_allclose(r["target"], [1.0, 2.0])
+    np.testing.assert_allclose(r["reference_updates"], [20.0, 20.0])
+    assert r["updates"][0] == pytest.approx(10.0) and math.isnan(r["updates"][1])
+    assert r["speedup"][0] == pytest.approx(2.0) and math.isnan(r["speedup"][1])
 
 
 # ----------------------------------------------------------------------------- experiment
 
 
+_TINY = dict(seq_len=12, n_train=16, n_valid=4, hidden_size=8, n_mixtures=2, steps=2,
+             eval_every=1, seeds=(0,))
+
+
 def test_get_config_presets_and_errors():
     paper = HW.get_config("paper")
     assert (paper.hidden_size, paper.num_layers, paper.n_mixtures) == (400, 3, 20)
-    assert paper.batch_size == 8 and paper.seq_len == 700
+    assert paper.batch_size == 8 and paper.seq_len == 500
     assert HW.get_config("quick").batch_size == 8
     with pytest.raises(ValueError, match="scale"):
         HW.get_config("tiny")
     with pytest.raises(ValueError, match="unknown Config fields"):
         HW.get_config("quick", layers=2)
+    with pytest.raises(ValueError, match="unknown variants"):
+        HW.get_config("quick", variants=("batch",))
 
 
-def test_run_writes_json_results(tmp_path):
-    cfg = HW.get_config("quick", seq_len=12, n_train=16, n_valid=4, hidden_size=8,
-                        n_mixtures=2, steps=2, eval_every=1, seeds=(0,))
-    res = HW.run(cfg, device="cpu", out=tmp_path, progress=False)
+def test_run_returns_results_and_writes_json(tmp_path):
+    cfg = HW.get_config("quick", **_TINY)
+    res = HW.run(cfg, device="cpu", out=tmp_path)
+    assert isinstance(res, Results) and res.variants == list(HW.VARIANTS)
     back = load_results(tmp_path / "handwriting.json")
-    assert json.loads(json.dumps(res)) == back
-    h = back["histories"]["layer_norm"]["0"]
-    assert h["eval_steps"] == [0, 1, 2] and len(h["losses"]) == 2
-    assert back["final_nll"]["baseline"]["0"] == pytest.approx(h_last(back, "baseline"))
+    assert json.loads(json.dumps(back.to_dict())) == back.to_dict()
+    steps, nll = back.curves("layer_norm", "nll")
+    assert steps.tolist() == [0, 1, 2] and nll.shape == (1, 3)
+    assert np.all(np.isfinite(nll))
+    assert all(math.isfinite(back.info[k]) for k in ("gmm_nll", "gmm_letter_nll"))
+    assert len(back.select("baseline")[0].info["sample"]) == cfg.seq_len
+    assert back.info_of("ln_recurrent", "input_scales")[0][0] > 0
+    assert back.info_of("baseline", "input_scales") == [[]]
+    with pytest.raises(TypeError, match="handwriting.Config"):
+        HW.run({"scale": "quick"})
 
 
-def h_last(results: dict, variant: str) -> float:
-    return results["histories"][variant]["0"]["metrics"][-1]["nll"]
+def test_a_tiny_paper_preset_runs():
+    cfg = HW.get_config("paper", **{**_TINY, "num_layers": 2, "checkpoint": False})
+    res = HW.run(cfg, device="cpu", seeds=[1])
+    assert res.seeds == [1] and len(res.runs) == 3
+    assert torch.get_num_threads() >= 1

@@ -19,6 +19,12 @@ positions, the later remedy).
 
 The network is ``[conv3x3 -> norm -> ReLU -> maxpool2] * 2 -> Linear``. Neither preset comes from
 the paper, which gives no architecture; ``paper`` only makes the network and the run larger.
+
+MNIST digits sit in a blank frame: a unit of the first layer whose window lies in the outer
+ring of the 28 x 28 image sees no ink in almost every image. To test whether that frame is what
+the paper's explanation is about, the experiment also trains a control on the same digits
+cropped to their central ``crop`` x ``crop`` pixels (:func:`crop_center`), where the units near
+the boundary do see ink; its variants are named ``"<norm>/crop<size>"`` (:func:`variant_name`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ from lnbook.experiments.protocol import (
     Job,
     Results,
     check_scale,
-    classification_metrics,
     make_config,
     sweep,
 )
@@ -51,16 +56,20 @@ __all__ = [
     "Config",
     "get_config",
     "ConvNet",
+    "crop_center",
     "boundary_mask",
     "activation_maps",
+    "ring_and_centre",
     "maps_of",
+    "variant_name",
     "run",
 ]
 
 NAME = "convnet"
 DESCRIPTION = (
     "small ConvNet on MNIST: none / batch norm / layer norm over (C,H,W) and over C per position "
-    "/ group norm, plus activation statistics near the image boundary (section 6.7)"
+    "/ group norm, activation statistics near the image boundary, and a control on digits "
+    "cropped to their central pixels (section 6.7)"
 )
 NORMS = ("none", "batch", "layer_chw", "layer_c", "group")
 IMAGE_SIZE = 28
@@ -70,7 +79,7 @@ def _norm_layer(norm: str, channels: int, size: int, groups: int) -> nn.Module:
     if norm == "batch":
         return BatchNorm(channels)
     if norm == "layer_chw":
-        return LayerNorm((channels, size, size))
+        return LayerNorm((channels, size, size), impl="torch")  # eq. 3, torch's fast kernel
     if norm == "layer_c":
         return ChannelLayerNorm(channels)
     if norm == "group":
@@ -86,9 +95,10 @@ class ConvNet(nn.Module):
         norm: one of :data:`NORMS`.
         groups: number of groups for ``norm="group"`` (must divide every channel count).
         classes: number of outputs.
+        image_size: height and width S of the (square) input images. Default: 28.
 
     Shape:
-        - Input: ``(N, 784)`` or ``(N, 1, 28, 28)``; output: logits ``(N, classes)``.
+        - Input: ``(N, S * S)`` or ``(N, 1, S, S)``; output: logits ``(N, classes)``.
 
     Example::
 
@@ -99,16 +109,19 @@ class ConvNet(nn.Module):
 
     def __init__(
         self, channels: tuple[int, ...] = (8, 16), norm: str = "none", groups: int = 4,
-        classes: int = 10,
+        classes: int = 10, image_size: int = IMAGE_SIZE,
     ) -> None:
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         if norm == "group" and any(c % groups for c in channels):
             raise ValueError(f"groups={groups} must divide every channel count {channels}")
-        self.norm = norm
+        if image_size < 2 ** len(channels):
+            raise ValueError(f"image_size={image_size} is too small for {len(channels)} "
+                             "poolings by 2")
+        self.norm, self.image_size = norm, image_size
         self.convs, self.norms = nn.ModuleList(), nn.ModuleList()
-        c_in, size = 1, IMAGE_SIZE
+        c_in, size = 1, image_size
         for c in channels:
             self.convs.append(nn.Conv2d(c_in, c, 3, padding=1, bias=(norm == "none")))
             self.norms.append(_norm_layer(norm, c, size, groups))
@@ -119,10 +132,12 @@ class ConvNet(nn.Module):
         self, x: Tensor, return_summed: bool = False
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits; with ``return_summed`` also the summed inputs of each conv layer."""
-        if x.dim() == 2 and x.shape[1] == IMAGE_SIZE * IMAGE_SIZE:
-            x = x.view(-1, 1, IMAGE_SIZE, IMAGE_SIZE)  # (N, 1, 28, 28)
-        if x.dim() != 4 or x.shape[1:] != (1, IMAGE_SIZE, IMAGE_SIZE):
-            raise ValueError(f"ConvNet expects (N, 784) or (N, 1, 28, 28), got {tuple(x.shape)}")
+        S = self.image_size
+        if x.dim() == 2 and x.shape[1] == S * S:
+            x = x.view(-1, 1, S, S)  # (N, 1, S, S)
+        if x.dim() != 4 or x.shape[1:] != (1, S, S):
+            raise ValueError(f"ConvNet expects (N, {S * S}) or (N, 1, {S}, {S}), "
+                             f"got {tuple(x.shape)}")
         summed = []
         for conv, norm in zip(self.convs, self.norms, strict=True):
             a = conv(x)  # (N, C, S, S): summed inputs
@@ -130,6 +145,24 @@ class ConvNet(nn.Module):
             x = F.max_pool2d(F.relu(norm(a)), 2)  # (N, C, S/2, S/2)
         logits = self.head(x.flatten(1))  # (N, classes)
         return (logits, summed) if return_summed else logits
+
+
+def crop_center(images: Tensor, size: int) -> Tensor:
+    """The central ``size`` x ``size`` pixels of flat 28 x 28 images: ``(N, 784) -> (N, size^2)``.
+
+    Example::
+
+        >>> crop_center(torch.zeros(3, 784), 20).shape
+        torch.Size([3, 400])
+    """
+    if images.dim() != 2 or images.shape[1] != IMAGE_SIZE * IMAGE_SIZE:
+        raise ValueError(f"images must be (N, {IMAGE_SIZE * IMAGE_SIZE}), got "
+                         f"{tuple(images.shape)}")
+    if not (isinstance(size, int) and 4 <= size <= IMAGE_SIZE):
+        raise ValueError(f"size must be an int in [4, {IMAGE_SIZE}], got {size!r}")
+    lo = (IMAGE_SIZE - size) // 2
+    img = images.view(-1, IMAGE_SIZE, IMAGE_SIZE)[:, lo : lo + size, lo : lo + size]
+    return img.reshape(-1, size * size)  # (N, size^2)
 
 
 def boundary_mask(size: int = IMAGE_SIZE, width: int = 4) -> Tensor:
@@ -151,13 +184,48 @@ def activation_maps(model: ConvNet, x: Tensor, layer: int = 0) -> dict[str, Tens
     model.eval()
     with torch.no_grad():
         _, summed = model(x, return_summed=True)
-        a = summed[layer]  # (N, C, S, S)
-        on = (F.relu(model.norms[layer](a)) > 0).float()  # (N, C, S, S)
+        return _maps(model, summed, layer)
+
+
+def _maps(model: ConvNet, summed: list[Tensor], layer: int) -> dict[str, Tensor]:
+    a = summed[layer]  # (N, C, S, S)
+    on = (F.relu(model.norms[layer](a)) > 0).float()  # (N, C, S, S)
     return {
         "on": on.mean(dim=(0, 1)),
         "mean": a.mean(dim=0).mean(dim=0),
         "std": a.std(dim=0).mean(dim=0),
     }
+
+
+def _test(model: ConvNet, x: Tensor, y: Tensor, chunk: int = 250) -> dict[str, Any]:
+    """Test NLL and error, and the first layer's :func:`activation_maps`, in one pass over
+    ``x`` in chunks (the maps' moments are summed over the chunks)."""
+    model.eval()
+    nll, wrong, on, s1, s2 = 0.0, 0, 0.0, 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(y), chunk):
+            logits, summed = model(x[i : i + chunk], return_summed=True)  # (n, classes)
+            yb, a = y[i : i + chunk], summed[0]  # (n,), (n, C, S, S)
+            nll += float(F.cross_entropy(logits, yb, reduction="sum"))
+            wrong += int((logits.argmax(1) != yb).sum())
+            on = on + (F.relu(model.norms[0](a)) > 0).float().sum(0)  # (C, S, S)
+            s1, s2 = s1 + a.double().sum(0), s2 + (a.double() ** 2).sum(0)
+    n = len(y)
+    mean = s1 / n  # (C, S, S)
+    std = ((s2 - n * mean**2).clamp(min=0) / max(n - 1, 1)).sqrt()
+    maps = {"on": on.mean(0) / n, "mean": mean.mean(0), "std": std.mean(0)}  # (S, S) each
+    return {"test_error": wrong / n, "test_nll": nll / n,
+            "maps": {k: v.float().cpu().numpy().round(6).tolist() for k, v in maps.items()}}
+
+
+def ring_and_centre(maps: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Means of ``(seeds, S, S)`` maps over the ring of ``width`` positions along the edges and
+    over the centre inside it: ``((seeds,), (seeds,))``."""
+    maps = np.asarray(maps, dtype=float)
+    if maps.ndim != 3 or maps.shape[1] != maps.shape[2]:
+        raise ValueError(f"maps must be (seeds, S, S), got {maps.shape}")
+    ring = boundary_mask(maps.shape[1], width).numpy()
+    return maps[:, ring].mean(1), maps[:, ~ring].mean(1)
 
 
 @dataclass
@@ -167,59 +235,62 @@ class Config:
     Attributes:
         scale: ``"quick"`` or ``"paper"``.
         channels: conv layer widths.
-        norms: variants, from :data:`NORMS`.
+        norms: variants trained on the full 28 x 28 images, from :data:`NORMS`.
+        control_norms: variants also trained on the cropped images (the control).
+        crop: side of the central crop of the control (0: no control).
         groups: groups for GroupNorm.
         batch_size: mini-batch size.
         steps: Adam updates per run.
-        eval_every: updates between evaluations.
         lr: Adam learning rate.
-        n_train, n_eval_train, n_test: images for training, for the training NLL, for the test
-            error (None = all).
-        n_maps: training images over which the activation maps are taken.
+        n_train, n_test: images for training and for the test error and the activation
+            maps (None = all).
         boundary_width: width of the ring of positions counted as "near the boundary".
         seeds: seeds of the runs.
         source: MNIST source for :func:`lnbook.data.load_mnist`.
+        num_threads: torch CPU threads during the run (None: leave as is).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
     """
 
     scale: str = "quick"
     channels: tuple[int, ...] = (8, 16)
-    norms: tuple[str, ...] = NORMS
+    norms: tuple[str, ...] = ("none", "batch", "layer_chw")
+    control_norms: tuple[str, ...] = ("batch", "layer_chw")
+    crop: int = 20
     groups: int = 4
     batch_size: int = 32
-    steps: int = 120
-    eval_every: int = 40
+    steps: int = 50
     lr: float = 1e-3
     n_train: int | None = None
-    n_eval_train: int = 300
-    n_test: int | None = 500
-    n_maps: int = 500
+    n_test: int | None = None
     boundary_width: int = 4
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     source: str = "auto"
+    num_threads: int | None = 1
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [n for n in self.norms if n not in NORMS]
+        bad = [n for n in (*self.norms, *self.control_norms) if n not in NORMS]
         if bad:
             raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
-        if self.batch_size < 2 or self.steps < 1 or self.eval_every < 1:
-            raise ValueError("batch_size must be >= 2, steps and eval_every >= 1")
+        if self.batch_size < 2 or self.steps < 1:
+            raise ValueError("batch_size must be >= 2 and steps >= 1")
+        if self.crop and not 4 * self.boundary_width < self.crop <= IMAGE_SIZE:
+            raise ValueError(f"crop must be 0 or in ({4 * self.boundary_width}, {IMAGE_SIZE}],"
+                             f" got {self.crop}")
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
         "channels": (32, 64),
+        "norms": NORMS,
         "groups": 8,
         "batch_size": 128,
         "steps": 10_000,
-        "eval_every": 500,
         "n_train": 55_000,
-        "n_eval_train": 10_000,
         "n_test": None,
-        "n_maps": 10_000,
+        "num_threads": None,
         "checkpoint": True,
     },
 }
@@ -230,17 +301,26 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+def variant_name(norm: str, crop: int = 0) -> str:
+    """``norm`` for the full images, ``"<norm>/crop<size>"`` for the cropped control."""
+    return f"{norm}/crop{crop}" if crop else norm
+
+
 def run(
     config: Config,
     device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
 ) -> Results:
-    """Train every normalization variant with every seed; return the sweep's results.
+    """Train every variant with every seed; return the sweep's :class:`Results`.
 
-    Variants are the names in ``config.norms``. Every run records ``train_nll``,
-    ``train_error``, ``test_nll`` and ``test_error`` at each evaluation, and in its ``info``
-    the first conv layer's activation ``maps`` ``{"on", "mean", "std"}`` ((28, 28) lists).
+    Variants are ``config.norms`` on the full images and, when ``config.crop`` is set,
+    ``config.control_norms`` on the images cropped to their centre (:func:`variant_name`).
+    Every run records its training loss at every update; after training, its ``info`` holds
+    ``test_error`` and ``test_nll`` (eval mode, on the test images cropped like its training
+    images) and the first conv layer's activation ``maps`` ``{"on", "mean", "std"}`` over the
+    same test images (``(S, S)`` lists). ``Results.info`` holds the data ``source`` and
+    ``majority_error``: the test error of always answering the most frequent training class.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a convnet.Config, got {type(config).__name__}")
@@ -249,33 +329,38 @@ def run(
     test = load_mnist(split="test", source=config.source)
     x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
     xt, yt = test.images[: config.n_test], test.labels[: config.n_test]
-    x_eval, y_eval = x[: config.n_eval_train], y[: config.n_eval_train]
-
-    def eval_fn(model: nn.Module) -> dict[str, float]:
-        tr = classification_metrics(model, x_eval, y_eval)
-        te = classification_metrics(model, xt, yt)
-        return {"train_nll": tr["nll"], "train_error": tr["error"],
-                "test_nll": te["nll"], "test_error": te["error"]}
+    majority = int(torch.bincount(y, minlength=10).argmax())
+    info = {"source": train.source, "majority_error": float((yt != majority).float().mean())}
+    variants = {variant_name(n): (n, 0) for n in config.norms}
+    if config.crop:
+        variants |= {variant_name(n, config.crop): (n, config.crop)
+                     for n in config.control_norms}
 
     def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        norm, crop = job.params
+        size = crop or IMAGE_SIZE
+        xs, xts = (crop_center(x, crop), crop_center(xt, crop)) if crop else (x, xt)
         torch.manual_seed(job.seed)
-        model = ConvNet(config.channels, job.params, groups=config.groups)
+        model = ConvNet(config.channels, norm, groups=config.groups, image_size=size)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
-                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+        hist = fit(model, Batches(xs, y, batch_size=config.batch_size, seed=job.seed), opt,
+                   steps=config.steps, eval_every=config.steps, device=job.device,
+                   seed=job.seed, checkpoint=job.checkpoint,
                    loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
                    bar=job.bar, label=job.label)
-        maps = activation_maps(model, x[: config.n_maps].to(job.device), layer=0)
-        return hist, {"maps": {k: v.cpu().numpy().round(6).tolist() for k, v in maps.items()}}
+        return hist, _test(model, xts.to(job.device), yt.to(job.device))
 
-    return sweep(NAME, {n: n for n in config.norms}, tuple(config.seeds if seeds is None
-                                                                 else seeds),
-                 train_one, config=config, device=device, out=out,
-                 checkpoint=config.checkpoint, steps=config.steps,
-                 info={"source": train.source})
+    threads = torch.get_num_threads()
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    try:
+        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
+                     train_one, config=config, device=device, out=out,
+                     checkpoint=config.checkpoint, steps=config.steps, info=info)
+    finally:
+        torch.set_num_threads(threads)
 
 
-def maps_of(results: Results, norm: str, key: str = "on") -> np.ndarray:
-    """The ``(seeds, 28, 28)`` maps ``key`` ("on", "mean" or "std") of one variant's runs."""
-    return np.array([m[key] for m in results.info_of(norm, "maps")], dtype=float)
+def maps_of(results: Results, variant: str, key: str = "on") -> np.ndarray:
+    """The ``(seeds, S, S)`` maps ``key`` ("on", "mean" or "std") of one variant's runs."""
+    return np.array([m[key] for m in results.info_of(variant, "maps")], dtype=float)

@@ -1,44 +1,63 @@
-"""Handwriting generation with a mixture density LSTM (paper section 6.5, Figure 5, claim C16).
+"""Text-conditioned handwriting generation with a mixture density LSTM (section 6.5, Figure 5).
 
-Book chapter `06_5_handwriting`. Section 6.5 trains the handwriting model of Graves (2013) on
-IAM-OnDB pen trajectories (about 700 points per line) with mini-batches of 8, with and without
-layer normalization in its LSTMs. IAM-OnDB cannot be downloaded here, so
-:func:`make_handwriting` draws cursive-like pen trajectories from a small oscillation model of
-handwriting: the pen moves right at a steady pace while it oscillates up and down once or twice
-per letter; a horizontal oscillation in quadrature with the vertical one draws loops whenever it
-is strong enough to reverse the pen; letters differ in height, width and loopiness, a line has
-its own slant and speed, and the pen is lifted between words. A point is stored as Graves does,
-as the offset from the previous point and an end-of-stroke bit, ``(dx, dy, eos)``.
+Book chapter `06_5_handwriting`; claim C16. Section 6.5 trains the synthesis network of Graves
+(2013) on IAM-OnDB pen trajectories (lines of about 700 points, the text of each line as input)
+with mini-batches of 8, with and without layer normalization in its LSTMs. IAM-OnDB cannot be
+downloaded here, so :func:`make_handwriting` writes lines of cursive from a small alphabet of
+letter shapes (:data:`LETTERS`) with an oscillation model of handwriting: the pen moves right at
+a steady pace while it swings up and down once or twice per letter; a sideways swing in
+quadrature with the vertical one draws a loop when it is strong enough to reverse the pen. Each
+letter of the alphabet has its own height, width, loopiness and number of swings (some dip below
+the baseline); every instance varies a little, every line has its own slant, size and speed, and
+the pen is lifted between words. A point is stored as Graves does, as the offset from the
+previous point and an end-of-stroke bit ``(dx, dy, eos)``, and each point carries the index of
+the letter it belongs to: the text of the line, aligned with the pen.
 
-The model (:class:`HandwritingModel`) is the unconditional network of Graves (2013, section 4):
-stacked LSTMs with skip connections (the input feeds every layer, every layer feeds the output)
-and a mixture density output: ``M`` bivariate Gaussians for the next offset and a Bernoulli for
-the end-of-stroke bit. The loss is the negative log likelihood of the next point,
-:func:`mixture_nll`, averaged over the points of a sequence (nats per point).
+The model (:class:`HandwritingModel`) is the network of Graves (2013, section 4) with a
+conditioning input in the spirit of his synthesis network (section 5): at every step it reads the
+pen point and the one-hot code of the letter being written (the alignment is given, where Graves'
+network learns it with a soft attention window). Stacked LSTMs with skip connections feed a
+mixture density output: ``M`` bivariate Gaussians for the next offset and a Bernoulli for the
+end-of-stroke bit. The loss is the negative log likelihood of the next point,
+:func:`mixture_nll`, averaged over the points of a line (nats per point).
+
+Three variants (:data:`VARIANTS`):
+
+- ``"baseline"``: the plain LSTM of eqs. 17-19 (:class:`torch.nn.LSTM`, which is
+  ``lnbook.LSTM(layer_norm=False)`` with torch's fast kernel);
+- ``"layer_norm"``: the LN-LSTM of eqs. 20-22 (``lnbook.LSTM(layer_norm=True)``);
+- ``"ln_recurrent"``: eqs. 20-22 without the layer normalization of the input term ``W_x x_t``
+  (:class:`RecurrenceLNLSTM`): its weights are scaled once, at initialization, so that the
+  term starts with the unit variance LN would give it, and it is never normalized again. With
+  only the three pen numbers and a one-hot letter code as input, LN(W_x x_t) changes how the
+  length of the pen's last move reaches the gates (with the pen alone it removes it); this
+  variant separates that effect from LN on the recurrence.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
-from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config, save_results
-from lnbook.rnn import LSTM
+from lnbook import LSTM, LayerNorm
+from lnbook.experiments.protocol import Job, Results, make_config, sweep
 from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
     "DESCRIPTION",
     "VARIANTS",
+    "LETTERS",
+    "Letter",
+    "Lines",
     "Config",
     "get_config",
     "make_handwriting",
@@ -46,19 +65,60 @@ __all__ = [
     "MixtureParams",
     "split_mixture_params",
     "mixture_nll",
+    "fit_gaussian_mixture",
+    "mixture_baseline_nll",
+    "RecurrenceLNLSTM",
     "HandwritingModel",
     "evaluate",
-    "updates_to_reach",
+    "crossing",
+    "race",
     "run",
 ]
 
 NAME = "handwriting"
 DESCRIPTION = (
-    "Unconditional handwriting generation on generated cursive pen trajectories: stacked LSTMs "
-    "with a Gaussian mixture output, with and without layer normalization (section 6.5, Fig. 5)"
+    "Text-conditioned handwriting generation on generated cursive: a mixture density LSTM with "
+    "no LN, LN (eqs. 20-22) and LN on the recurrence only, batches of 8 (section 6.5, Fig. 5)"
 )
-VARIANTS: tuple[str, ...] = ("baseline", "layer_norm")
+VARIANTS: tuple[str, ...] = ("baseline", "layer_norm", "ln_recurrent")
 OFFSET_SCALE = 0.1  # pen units per offset unit: offsets are divided by it (std about 1)
+
+
+class Letter(NamedTuple):
+    """One letter shape of the generated cursive (sizes in pen units)."""
+
+    name: str
+    height: float
+    width: float
+    loop: float  # strength of the sideways swing; above about 0.5 it draws a loop
+    cycles: int  # up-and-down swings per letter
+    descender: bool  # drawn below the baseline
+
+
+LETTERS: tuple[Letter, ...] = (
+    Letter("a", 0.7, 0.8, 0.3, 1, False),
+    Letter("e", 0.6, 0.6, 0.9, 1, False),
+    Letter("l", 1.6, 0.5, 0.9, 1, False),
+    Letter("t", 1.3, 0.5, 0.0, 1, False),
+    Letter("m", 0.7, 1.0, 0.0, 2, False),
+    Letter("w", 0.7, 1.0, 0.6, 2, False),
+    Letter("g", 0.7, 0.7, 0.4, 1, True),
+    Letter("y", 0.8, 0.6, 0.0, 1, True),
+)
+
+
+class Lines(NamedTuple):
+    """Lines of handwriting: pen points and the letter each point belongs to.
+
+    Attributes:
+        points: float32 ``(N, T + 1, 3)``: a zero start point, then ``T`` points
+            ``(dx, dy, eos)`` in units of :data:`OFFSET_SCALE`.
+        letters: int64 ``(N, T)``: the index into :data:`LETTERS` of the letter that point
+            ``t + 1`` belongs to.
+    """
+
+    points: Tensor
+    letters: Tensor
 
 
 @dataclass
@@ -67,8 +127,8 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (the paper's sizes, for a GPU).
-        seq_len: points per training sequence (the model predicts ``seq_len`` points).
-        n_train, n_valid: generated training and validation sequences.
+        seq_len: points per training line (the model predicts ``seq_len`` points).
+        n_train, n_valid: generated training and held-out lines.
         hidden_size, num_layers: LSTM units per layer and stacked layers.
         n_mixtures: bivariate Gaussian components M of the output.
         batch_size, steps, eval_every, lr: Adam training schedule (batch 8 as the paper).
@@ -76,31 +136,47 @@ class Config:
             clips the derivatives too); 0 disables it.
         variants: from :data:`VARIANTS`.
         seeds: seeds of the models (initialization and batch order); the data are fixed.
-        data_seed: seed of the generated trajectories.
+        data_seed: seed of the generated lines.
+        num_threads: torch CPU threads during the run (None: leave as is).
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
     """
 
     scale: str = "quick"
-    seq_len: int = 80
-    n_train: int = 400
-    n_valid: int = 32
-    hidden_size: int = 48
+    seq_len: int = 100
+    n_train: int = 160
+    n_valid: int = 8
+    hidden_size: int = 32
     num_layers: int = 1
     n_mixtures: int = 5
     batch_size: int = 8
-    steps: int = 100
-    eval_every: int = 20
+    steps: int = 60
+    eval_every: int = 5
     lr: float = 5e-3
     grad_clip: float = 10.0
     variants: tuple[str, ...] = VARIANTS
     seeds: tuple[int, ...] = (0, 1, 2)
     data_seed: int = 2024
+    num_threads: int | None = 1
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"unknown variants {bad}; expected some of {VARIANTS}")
+        for name in ("seq_len", "n_train", "n_valid", "hidden_size", "num_layers",
+                     "n_mixtures", "batch_size", "steps", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
-        "seq_len": 700, "n_train": 12_000, "n_valid": 256, "hidden_size": 400, "num_layers": 3,
+        # Graves (2013) section 5.2 as the paper: 3 layers of 400, 20 components; Figure 5:
+        # batches of 8, sequences of 500 points
+        "seq_len": 500, "n_train": 12_000, "n_valid": 256, "hidden_size": 400, "num_layers": 3,
         "n_mixtures": 20, "steps": 20_000, "eval_every": 500, "lr": 1e-4, "grad_clip": 10.0,
+        "num_threads": None, "checkpoint": True,
     },
 }
 
@@ -113,77 +189,80 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
         >>> get_config("paper").hidden_size
         400
     """
-    cfg = make_config(Config, _PRESETS, scale, overrides)
-    for v in cfg.variants:
-        if v not in VARIANTS:
-            raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
-    return cfg
+    return make_config(Config, _PRESETS, scale, overrides)
 
 
 # ----------------------------------------------------------------------------- the data
 
 
-def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pen positions ``(n, 2)`` and end-of-stroke bits ``(n,)`` of one line of cursive."""
+def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pen positions ``(n, 2)``, end-of-stroke bits ``(n,)`` and letter indices ``(n,)``."""
     slant = rng.uniform(-0.2, 0.6)  # x shear per unit of height
     speed = rng.uniform(0.7, 1.4)  # a fast writer covers a letter in fewer points
-    xs, ys, eos = [], [], []
+    size = rng.uniform(0.8, 1.2)
+    xs, ys, eos, ids = [], [], [], []
     x0 = 0.0
     while len(xs) < n_points:
-        n_letters = int(rng.integers(2, 6))  # one word = one stroke
-        for _ in range(n_letters):
-            height = rng.uniform(0.5, 1.5)
-            width = rng.uniform(0.5, 1.0)
-            loop = rng.uniform(0.0, 1.0) if rng.uniform() < 0.6 else 0.0  # >~0.5: a loop
-            cycles = 2 if rng.uniform() < 0.25 else 1  # "m"- and "w"-like letters
-            n = max(4, int(round(cycles * rng.uniform(10, 16) / speed)))
-            phi = np.linspace(0.0, 2 * np.pi * cycles, n, endpoint=False)  # (n,)
+        for _ in range(int(rng.integers(2, 6))):  # one word = one stroke
+            k = int(rng.integers(len(LETTERS)))
+            let = LETTERS[k]
+            height = size * let.height * rng.uniform(0.9, 1.1)
+            width = size * let.width * rng.uniform(0.9, 1.1)
+            loop = max(0.0, let.loop + rng.uniform(-0.1, 0.1))
+            n = max(4, int(round(let.cycles * rng.uniform(11, 14) / speed)))
+            phi = np.linspace(0.0, 2 * np.pi * let.cycles, n, endpoint=False)  # (n,)
             y = 0.5 * height * (1 - np.cos(phi))  # up and down from the baseline
-            if rng.uniform() < 0.15:  # a descender, as in "g" or "y"
+            if let.descender:
                 y = -1.2 * y
-            x = x0 + width * phi / (2 * np.pi * cycles) - 0.35 * loop * width * np.sin(phi)
+            x = x0 + width * phi / (2 * np.pi * let.cycles) - 0.35 * loop * width * np.sin(phi)
             xs.extend(x + slant * y)
             ys.extend(y)
             eos.extend([0.0] * n)
+            ids.extend([k] * n)
             x0 += width
         eos[-1] = 1.0  # lift the pen after the word
-        x0 += rng.uniform(0.4, 0.9)  # the gap to the next word
+        x0 += size * rng.uniform(0.4, 0.9)  # the gap to the next word
     pts = np.stack([np.asarray(xs), np.asarray(ys)], axis=1)[:n_points]  # (n, 2)
     pts = pts + rng.normal(0.0, 0.01, size=pts.shape)  # a little tremor
-    return pts, np.asarray(eos[:n_points])
+    return pts, np.asarray(eos[:n_points]), np.asarray(ids[:n_points])
 
 
-def make_handwriting(n: int, seq_len: int, seed: int) -> Tensor:
-    """Generate ``n`` pen trajectories of ``seq_len`` points, deterministically from ``seed``.
+def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
+    """Write ``n`` lines of ``seq_len`` points, deterministically from ``seed``.
 
-    Each sequence starts with the zero point ``(0, 0, 0)`` (the model's first input), followed by
+    Each line starts with the zero point ``(0, 0, 0)`` (the model's first input), followed by
     ``seq_len`` points ``(dx, dy, eos)``: the pen's offset from the previous point in units of
-    :data:`OFFSET_SCALE` and 1 when the pen is lifted after this point. See the module docstring
-    for the model of handwriting.
+    :data:`OFFSET_SCALE` and 1 when the pen is lifted after this point. ``letters[:, t]`` is the
+    letter that point ``t + 1`` belongs to. See the module docstring for the model of
+    handwriting.
 
     Args:
-        n: number of sequences (>= 1).
-        seq_len: points per sequence (>= 2).
+        n: number of lines (>= 1).
+        seq_len: points per line (>= 2).
         seed: seed of numpy's generator.
 
     Returns:
-        float32 ``(n, seq_len + 1, 3)``.
+        :class:`Lines` with ``points`` float32 ``(n, seq_len + 1, 3)`` and ``letters`` int64
+        ``(n, seq_len)``.
 
     Example::
 
-        >>> make_handwriting(2, 50, seed=0).shape
-        torch.Size([2, 51, 3])
+        >>> lines = make_handwriting(2, 50, seed=0)
+        >>> lines.points.shape, lines.letters.shape
+        (torch.Size([2, 51, 3]), torch.Size([2, 50]))
     """
     for name, v, lo in (("n", n, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     rng = np.random.default_rng(seed)
-    out = np.zeros((n, seq_len + 1, 3), dtype=np.float32)
+    points = np.zeros((n, seq_len + 1, 3), dtype=np.float32)
+    letters = np.zeros((n, seq_len), dtype=np.int64)
     for k in range(n):
-        pts, eos = _line(rng, seq_len + 1)  # (seq_len + 1, 2), (seq_len + 1,)
-        out[k, 1:, :2] = np.diff(pts, axis=0) / OFFSET_SCALE
-        out[k, 1:, 2] = eos[1:]
-    return torch.from_numpy(out)
+        pts, eos, ids = _line(rng, seq_len + 1)  # (seq_len + 1, 2), (seq_len + 1,) twice
+        points[k, 1:, :2] = np.diff(pts, axis=0) / OFFSET_SCALE
+        points[k, 1:, 2] = eos[1:]
+        letters[k] = ids[1:]
+    return Lines(torch.from_numpy(points), torch.from_numpy(letters))
 
 
 def strokes(seq: Tensor | np.ndarray) -> list[np.ndarray]:
@@ -279,42 +358,329 @@ def mixture_nll(p: MixtureParams, target: Tensor) -> Tensor:
     return nll_xy + nll_eos
 
 
+def fit_gaussian_mixture(
+    xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40, reg: float = 1e-4
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fit a mixture of ``n_components`` bivariate Gaussians (full covariances) to the points
+    ``xy`` ``(N, 2)`` by expectation-maximization (at most ``iters`` steps), in float64.
+
+    The means start at distinct random points of ``xy`` and every covariance at the covariance
+    of all points; ``reg`` is added to the diagonal of each covariance at every step, so that
+    none collapses onto a single point.
+
+    Returns:
+        ``(weights (K,), means (K, 2), covariances (K, 2, 2))``.
+    """
+    x = np.asarray(xy, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != 2 or len(x) < n_components:
+        raise ValueError(f"xy must be (N >= {n_components}, 2) points, got {x.shape}")
+    rng = np.random.default_rng(seed)
+    means = x[rng.choice(len(x), n_components, replace=False)]  # (K, 2)
+    covs = np.repeat(np.cov(x.T)[None] + reg * np.eye(2), n_components, axis=0)  # (K, 2, 2)
+    weights = np.full(n_components, 1.0 / n_components)
+    prev = -np.inf
+    for _ in range(iters):
+        ll, r = _log_sum_exp(_mixture_log_density(x, weights, means, covs))  # (N,), (N, K)
+        nk = r.sum(0) + 1e-12  # (K,)
+        weights = nk / len(x)
+        means = (r.T @ x) / nk[:, None]  # (K, 2)
+        d0, d1 = x[:, :1] - means[:, 0], x[:, 1:] - means[:, 1]  # (N, K) each
+        s00, s01, s11 = ((r * d0 * d0).sum(0), (r * d0 * d1).sum(0), (r * d1 * d1).sum(0))
+        covs = np.stack([np.stack([s00, s01], -1), np.stack([s01, s11], -1)], -2)
+        covs = covs / nk[:, None, None] + reg * np.eye(2)  # (K, 2, 2)
+        if ll.mean() - prev < 1e-6:
+            break
+        prev = ll.mean()
+    return weights, means, covs
+
+
+def _log_sum_exp(log_p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``log sum_k exp(log_p[:, k])`` ``(N,)`` and the normalized weights ``(N, K)``."""
+    top = log_p.max(axis=1, keepdims=True)
+    e = np.exp(log_p - top)
+    total = e.sum(axis=1, keepdims=True)
+    return (np.log(total) + top)[:, 0], e / total
+
+
+def _mixture_log_density(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
+                         covs: np.ndarray) -> np.ndarray:
+    """``log(w_k N(x_n | mu_k, S_k))``, ``(N, K)``, for bivariate Gaussians."""
+    a, b, c = covs[:, 0, 0], covs[:, 0, 1], covs[:, 1, 1]  # (K,)
+    det = a * c - b * b
+    d = x[:, None, :] - means[None]  # (N, K, 2)
+    maha = (c * d[..., 0] ** 2 - 2 * b * d[..., 0] * d[..., 1] + a * d[..., 1] ** 2) / det
+    return np.log(weights) - np.log(2 * np.pi) - 0.5 * np.log(det) - 0.5 * maha
+
+
+def mixture_baseline_nll(
+    train: Lines, valid: Lines, n_components: int = 5, per_letter: bool = True, seed: int = 0,
+    max_points: int = 1500,
+) -> float:
+    """Held-out NLL per point (nats) of a memoryless predictor: a Gaussian mixture of the
+    offsets and a Bernoulli of the end-of-stroke bit, fitted to the training points.
+
+    The trivial predictor the networks must beat: it knows how offsets are distributed (with
+    ``per_letter``, for each letter of the text), but not where the pen is in the letter.
+
+    Args:
+        train, valid: lines from :func:`make_handwriting`.
+        n_components: Gaussians of each mixture (:func:`fit_gaussian_mixture`).
+        per_letter: fit one mixture and one Bernoulli per letter (else one for all points).
+        seed: seed of the initialization and of the subset.
+        max_points: at most this many training points per mixture (a random subset).
+    """
+    rng = np.random.default_rng(seed)
+    tr_xy = train.points[:, 1:, :2].reshape(-1, 2).double().numpy()  # (N T, 2)
+    tr_eos = train.points[:, 1:, 2].reshape(-1).double().numpy()
+    va_xy = valid.points[:, 1:, :2].reshape(-1, 2).double().numpy()
+    va_eos = valid.points[:, 1:, 2].reshape(-1).double().numpy()
+    tr_k = train.letters.reshape(-1).numpy() if per_letter else np.zeros(len(tr_xy), int)
+    va_k = valid.letters.reshape(-1).numpy() if per_letter else np.zeros(len(va_xy), int)
+    nll = np.zeros(len(va_xy))
+    for k in np.unique(va_k):
+        rows = np.flatnonzero(tr_k == k)
+        if len(rows) < n_components:
+            raise ValueError(f"letter {k} has {len(rows)} training points; too few to fit")
+        if len(rows) > max_points:
+            rows = rng.choice(rows, max_points, replace=False)
+        params = fit_gaussian_mixture(tr_xy[rows], n_components, seed=seed)
+        p = float(np.clip(tr_eos[rows].mean(), 1e-4, 1 - 1e-4))
+        m = va_k == k
+        log_xy = _log_sum_exp(_mixture_log_density(va_xy[m], *params))[0]
+        nll[m] = -log_xy - np.where(va_eos[m] > 0.5, np.log(p), np.log1p(-p))
+    return float(nll.mean())
+
+
+# ----------------------------------------------------------------------------- the LSTMs
+
+
+class _LNRecurrence(torch.autograd.Function):
+    """The time loop of one LSTM layer with LN on the recurrence (eqs. 20-22 after the input
+    term), with the backward pass through time written out: a dozen small operations per step
+    each way, where autograd records about twenty and replays each one backwards.
+
+    ``gi`` (T, B, 4H) is the input term plus every additive bias, for all steps; gate order
+    (i, f, g, o) as torch. Per step: ``a = W_hh h``, ``z = LN(a) g_hh + gi_t``,
+    ``c_t = f c + i g``, ``h_t = o tanh(LN(c_t) g_c + b_c)``. The backward carries ``dh`` and
+    ``dc`` from t = T-1 down to 0; the coefficients that do not depend on them (gate
+    derivatives, normalized a and c) are computed for all steps at once before the loop, the
+    row means of the layer-norm backward are products with a column of 1/n, and the weight and
+    gain gradients are sums over all steps after it.
+    """
+
+    @staticmethod
+    def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps):  # type: ignore[override]
+        T, B, G = gi.shape
+        H = G // 4
+        A, act = gi.new_empty(T, B, G), gi.new_empty(T, B, G)  # W_hh h_{t-1}, the gates
+        C, TC, HS = gi.new_empty(T, B, H), gi.new_empty(T, B, H), gi.new_empty(T, B, H)
+        i, f, g, o = act.split(H, dim=-1)  # (T, B, H) views, made once
+        w_t = w_hh.t()  # (H, 4H)
+        h, c = h0, c0
+        for t in range(T):
+            a = torch.mm(h, w_t, out=A[t])  # (B, 4H)
+            z = F.layer_norm(a, (G,), g_hh, None, eps).add_(gi[t])  # (B, 4H)
+            torch.sigmoid(z, out=act[t])
+            torch.tanh(z[:, 2 * H : 3 * H], out=g[t])
+            c = torch.addcmul(f[t] * c, i[t], g[t], out=C[t])  # (B, H)
+            tc = torch.tanh(F.layer_norm(c, (H,), g_c, b_c, eps), out=TC[t])  # (B, H)
+            h = torch.mul(o[t], tc, out=HS[t])  # (B, H)
+        ctx.eps = eps
+        ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, A, act, C, TC, HS)
+        return HS, HS[T - 1].clone(), C[T - 1].clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_hs, d_hT, d_cT):  # type: ignore[override]
+        h0, c0, w_hh, g_hh, g_c, A, act, C, TC, HS = ctx.saved_tensors
+        T, B, G = A.shape
+        H, eps = G // 4, ctx.eps
+
+        def normalized(x: Tensor) -> tuple[Tensor, Tensor]:
+            rs = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # (T, B, 1)
+            return (x - x.mean(-1, keepdim=True)) * rs, rs
+
+        a_hat, rs_a = normalized(A)  # (T, B, 4H)
+        c_hat, rs_c = normalized(C)  # (T, B, H)
+        i, f, g, o = act.split(H, dim=-1)  # (T, B, H) each
+        c_prev = torch.cat([c0[None], C[:-1]])  # (T, B, H)
+        dtc = o * (1 - TC * TC)  # d h_t / d LN(c_t), per unit
+        k_c = dtc * g_c  # dh -> the LN(c) backward's input
+        k_ifg = torch.stack([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], 2)
+        k_o = TC * o * (1 - o)  # (T, B, H)
+        mean_h = A.new_full((H, 1), 1.0 / H)  # row means as products: (B, H) @ (H, 1)
+        mean_g = A.new_full((G, 1), 1.0 / G)
+        DZ, DA, DH = A.new_empty(T, B, G), A.new_empty(T, B, G), A.new_empty(T, B, H)
+        dz_ifg, dz_o = DZ[..., : 3 * H].unflatten(-1, (3, H)), DZ[..., 3 * H :]
+        dh, dc = d_hT + d_hs[T - 1], d_cT.clone()  # (B, H)
+        for t in range(T - 1, -1, -1):
+            DH[t] = dh
+            u, ch = dh * k_c[t], c_hat[t]  # (B, H)
+            u = torch.addcmul(u - u @ mean_h, ch, (u * ch) @ mean_h, value=-1)
+            dc.addcmul_(u, rs_c[t])  # LN(c_t)'s backward
+            torch.mul(dc.unsqueeze(1), k_ifg[t], out=dz_ifg[t])  # d gi_t, i f g blocks
+            torch.mul(dh, k_o[t], out=dz_o[t])  # and the o block
+            dc.mul_(f[t])  # what reaches c_{t-1}
+            u, ah = DZ[t] * g_hh, a_hat[t]  # (B, 4H)
+            u = torch.addcmul(u - u @ mean_g, ah, (u * ah) @ mean_g, value=-1)
+            da = torch.mul(u, rs_a[t], out=DA[t])  # LN(W_hh h)'s backward
+            dh = torch.mm(da, w_hh)  # (B, H): dh_{t-1}
+            if t > 0:
+                dh += d_hs[t - 1]
+        h_prev = torch.cat([h0[None], HS[:-1]])  # (T, B, H)
+        d_w = DA.reshape(-1, G).t() @ h_prev.reshape(-1, H)  # (4H, H)
+        dcn = DH * dtc  # the gradient reaching LN(c_t)
+        return (DZ, dh, dc, d_w, (DZ * a_hat).sum((0, 1)), (dcn * c_hat).sum((0, 1)),
+                dcn.sum((0, 1)), None)
+
+
+class RecurrenceLNLSTM(nn.Module):
+    r"""One LSTM layer with layer normalization on the recurrence (eqs. 20-22 of the paper,
+    optionally without the LN of the input term); book chapter 6.5.
+
+    .. math::
+
+        (f_t, i_t, o_t, g_t) = \mathrm{LN}(W_h h_{t-1}; \alpha_1) + [\mathrm{LN}](W_x x_t) + b,
+        \qquad h_t = \sigma(o_t) \odot \tanh(\mathrm{LN}(c_t; \alpha_3, \beta_3)),
+
+    with :math:`c_t` as eq. 21. ``normalize_input=False`` (the default) leaves the input term
+    :math:`W_x x_t` un-normalized; with ``normalize_input=True`` the layer is eqs. 20-22
+    exactly, the same function as ``lnbook.LSTM(layer_norm=True)``. The time loop runs with a
+    hand-written backward pass (first-order only).
+
+    Args:
+        input_size: features of ``x_t``.
+        hidden_size: H.
+        normalize_input: layer-normalize ``W_x x_t`` too. Default: False.
+        eps: the LNs' epsilon. Default: 1e-5.
+
+    Shape:
+        - x: ``(T, B, input_size)``; state: ``(h_0, c_0)``, each ``(1, B, H)``, or None.
+        - Output: ``(output (T, B, H), (h_n, c_n))``, as :class:`torch.nn.LSTM`.
+
+    Example::
+
+        >>> lstm = RecurrenceLNLSTM(5, 8)
+        >>> out, (h, c) = lstm(torch.randn(7, 3, 5))
+        >>> out.shape
+        torch.Size([7, 3, 8])
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, normalize_input: bool = False,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        for name, v in (("input_size", input_size), ("hidden_size", hidden_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.normalize_input, self.eps = bool(normalize_input), float(eps)
+        G = 4 * hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(G, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(G, hidden_size))
+        self.bias = nn.Parameter(torch.empty(G))
+        self.ln_ih = LayerNorm(G, eps=eps) if normalize_input else None
+        self.ln_hh = LayerNorm(G, eps=eps, bias=False)  # its bias would duplicate `bias`
+        self.ln_c = LayerNorm(hidden_size, eps=eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Weights and bias uniform in +-1/sqrt(H) as torch's LSTM; LN gains 1, biases 0."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in (self.weight_ih, self.weight_hh, self.bias):
+            nn.init.uniform_(p, -bound, bound)
+        for m in (self.ln_ih, self.ln_hh, self.ln_c):
+            if m is not None:
+                m.reset_parameters()
+
+    def forward(
+        self, x: Tensor, state: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        if x.dim() != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must be (T, B, {self.input_size}), got {tuple(x.shape)}")
+        B, H, G = x.shape[1], self.hidden_size, 4 * self.hidden_size
+        if state is None:
+            h0 = c0 = x.new_zeros(B, H)
+        else:
+            h0, c0 = state[0].reshape(B, H), state[1].reshape(B, H)
+        gi = F.linear(x, self.weight_ih)  # (T, B, 4H)
+        if self.ln_ih is not None:
+            gi = F.layer_norm(gi, (G,), self.ln_ih.weight, self.ln_ih.bias, self.eps)
+        gi = gi + self.bias
+        hs, h, c = _LNRecurrence.apply(gi, h0, c0, self.weight_hh, self.ln_hh.weight,
+                                       self.ln_c.weight, self.ln_c.bias, self.eps)
+        return hs, (h[None], c[None])  # (T, B, H), ((1, B, H), (1, B, H))
+
+    @torch.no_grad()
+    def match_input_scale(self, x: Tensor) -> float:
+        """Scale ``weight_ih`` once so that the un-normalized input term ``W_x x`` has, on the
+        inputs ``x`` ``(T, B, input_size)``, the unit variance across the gates that LN would give
+        it (a data-dependent initialization); returns the factor applied. A no-op factor of 1
+        with ``normalize_input=True``.
+        """
+        if self.ln_ih is not None:
+            return 1.0
+        std = float(F.linear(x, self.weight_ih).var(-1, unbiased=False).mean().sqrt())
+        if not std > 0:
+            raise ValueError("the input term is zero on these inputs; cannot match its scale")
+        self.weight_ih.div_(std)
+        return 1.0 / std
+
+    def extra_repr(self) -> str:
+        return (f"{self.input_size}, {self.hidden_size}, "
+                f"normalize_input={self.normalize_input}, eps={self.eps}")
+
+
+def _lstm(variant: str, input_size: int, hidden_size: int) -> nn.Module:
+    if variant == "baseline":
+        return nn.LSTM(input_size, hidden_size)  # eqs. 17-19
+    if variant == "layer_norm":
+        return LSTM(input_size, hidden_size, layer_norm=True)  # eqs. 20-22
+    if variant == "ln_recurrent":
+        return RecurrenceLNLSTM(input_size, hidden_size, normalize_input=False)
+    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+
+
 # ----------------------------------------------------------------------------- the model
 
 
 class HandwritingModel(nn.Module):
-    """Stacked LSTMs with skip connections and a mixture density output (Graves 2013, sec. 4).
+    """Stacked LSTMs with skip connections and a mixture density output, reading the pen and
+    the letter being written (Graves 2013, sections 4-5; the paper's section 6.5).
 
-    Layer 1 reads the point ``x_t``; layer l > 1 reads ``x_t`` and layer l-1's output; the
-    output layer reads all layers' outputs and emits the ``6M + 1`` mixture parameters of
-    ``x_{t+1}``. Each layer is an :class:`lnbook.LSTM` (eqs. 20-22 with ``layer_norm=True``,
-    eqs. 17-19 without).
+    At step t the input is ``x_t = [pen point t (3), one-hot letter of point t + 1 (K)]``.
+    Layer 1 reads ``x_t``; layer l > 1 reads ``x_t`` and layer l-1's output; the output layer
+    reads all layers' outputs and emits the ``6M + 1`` mixture parameters of point t + 1.
 
     Args:
         hidden_size: LSTM units per layer.
         num_layers: stacked layers.
         n_mixtures: Gaussian components M.
-        layer_norm: layer-normalized LSTMs.
+        variant: one of :data:`VARIANTS` (which LSTM, see the module docstring).
+        n_letters: K, the size of the alphabet. Default: ``len(LETTERS)``.
 
     Shape:
-        - ``forward(seq)``: seq ``(B, T + 1, 3)`` (first point the zero start point); returns
-          the mean NLL per predicted point (a scalar).
+        - ``forward(points, letters)``: points ``(B, T + 1, 3)`` (first point the zero start
+          point), letters ``(B, T)``; returns the mean NLL per predicted point (a scalar).
         - :meth:`nll`: ``(B, T)`` per-point NLL. :meth:`sample`: ``(T, 3)``.
 
     Example::
 
-        >>> model = HandwritingModel(32, num_layers=2, n_mixtures=3)
-        >>> loss = model(make_handwriting(4, 30, seed=0))
+        >>> model = HandwritingModel(16, num_layers=2, n_mixtures=3, variant="layer_norm")
+        >>> loss = model(*make_handwriting(4, 30, seed=0))
     """
 
     def __init__(
-        self, hidden_size: int = 48, num_layers: int = 1, n_mixtures: int = 5,
-        layer_norm: bool = False,
+        self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
+        variant: str = "layer_norm", n_letters: int = len(LETTERS),
     ) -> None:
         super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         self.hidden_size, self.num_layers, self.n_mixtures = hidden_size, num_layers, n_mixtures
+        self.variant, self.n_letters = variant, n_letters
+        n_in = 3 + n_letters
         self.layers = nn.ModuleList(
-            LSTM(3 if k == 0 else 3 + hidden_size, hidden_size, layer_norm=layer_norm)
+            _lstm(variant, n_in if k == 0 else n_in + hidden_size, hidden_size)
             for k in range(num_layers)
         )
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
@@ -322,39 +688,67 @@ class HandwritingModel(nn.Module):
     def _run(
         self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3)``, and the states."""
+        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states."""
         inp, outs, new_states = x, [], []
         for k, lstm in enumerate(self.layers):
             y, st = lstm(inp, None if states is None else states[k])  # (T, B, H)
             outs.append(y)
             new_states.append(st)
-            inp = torch.cat([x, y], dim=-1)  # (T, B, 3 + H) skip connection from the input
+            inp = torch.cat([x, y], dim=-1)  # (T, B, 3 + K + H) skip connection from the input
         return self.head(torch.cat(outs, dim=-1)), new_states
 
-    def nll(self, seq: Tensor) -> Tensor:
-        """Per-point NLL ``(B, T)`` of ``seq[:, 1:]`` given the points before each."""
-        if not isinstance(seq, Tensor) or seq.dim() != 3 or seq.shape[-1] != 3:
-            shape = getattr(seq, "shape", seq)
-            raise ValueError(f"seq must be a (B, T + 1, 3) tensor, got {shape}")
-        y, _ = self._run(seq[:, :-1].transpose(0, 1))  # (T, B, 6M + 1)
-        p = split_mixture_params(y, self.n_mixtures)
-        return mixture_nll(p, seq[:, 1:].transpose(0, 1)).t()  # (B, T)
+    def _inputs(self, pen: Tensor, letters: Tensor) -> Tensor:
+        """``(T, B, 3 + K)`` inputs from pen points ``(B, T, 3)`` and letters ``(B, T)``."""
+        code = F.one_hot(letters, self.n_letters).to(pen.dtype)  # (B, T, K)
+        return torch.cat([pen, code], dim=-1).transpose(0, 1)
 
-    def forward(self, seq: Tensor) -> Tensor:
-        return self.nll(seq).mean()
+    def nll(self, points: Tensor, letters: Tensor) -> Tensor:
+        """Per-point NLL ``(B, T)`` of ``points[:, 1:]`` given the points before each."""
+        if not isinstance(points, Tensor) or points.dim() != 3 or points.shape[-1] != 3:
+            raise ValueError(f"points must be a (B, T + 1, 3) tensor, got "
+                             f"{getattr(points, 'shape', points)}")
+        B, T = points.shape[0], points.shape[1] - 1
+        if letters.shape != (B, T) or letters.dtype != torch.int64:
+            raise ValueError(f"letters must be int64 ({B}, {T}) for these points, got "
+                             f"{letters.dtype} {tuple(letters.shape)}")
+        if letters.min() < 0 or letters.max() >= self.n_letters:
+            raise ValueError(f"letters must lie in [0, {self.n_letters}), got "
+                             f"[{int(letters.min())}, {int(letters.max())}]")
+        y, _ = self._run(self._inputs(points[:, :-1], letters))  # (T, B, 6M + 1)
+        p = split_mixture_params(y, self.n_mixtures)
+        return mixture_nll(p, points[:, 1:].transpose(0, 1)).t()  # (B, T)
+
+    def forward(self, points: Tensor, letters: Tensor) -> Tensor:
+        return self.nll(points, letters).mean()
 
     @torch.no_grad()
-    def sample(self, steps: int, seed: int = 0, bias: float = 0.0) -> Tensor:
-        """Draw a trajectory of ``steps`` points, one point at a time.
+    def match_input_scales(self, points: Tensor, letters: Tensor) -> list[float]:
+        """Call :meth:`RecurrenceLNLSTM.match_input_scale` on every such layer with the inputs
+        it gets from these lines (layer by layer, since each one feeds the next); the factors.
+        """
+        x = self._inputs(points[:, :-1], letters)  # (T, B, 3 + K)
+        inp, factors = x, []
+        for lstm in self.layers:
+            if isinstance(lstm, RecurrenceLNLSTM):
+                factors.append(lstm.match_input_scale(inp))
+            y, _ = lstm(inp)  # (T, B, H)
+            inp = torch.cat([x, y], dim=-1)
+        return factors
+
+    @torch.no_grad()
+    def sample(self, letters: Tensor, seed: int = 0, bias: float = 0.0) -> Tensor:
+        """Write the letters ``letters`` (``(T,)``, one per point: the text and its timing),
+        one point at a time, feeding each sampled point back as the next input.
 
         ``bias`` >= 0 sharpens the samples as Graves (2013, section 5.4): the mixture weights'
         logits are scaled by ``1 + bias`` and the standard deviations shrink by ``exp(-bias)``.
         """
         g = torch.Generator().manual_seed(seed)
         dev = self.head.weight.device
-        x = torch.zeros(1, 1, 3, device=dev)  # (T=1, B=1, 3) the start point
+        pen = torch.zeros(1, 1, 3, device=dev)  # (B=1, T=1, 3) the start point
         states, out = None, []
-        for _ in range(steps):
+        for k in letters.tolist():
+            x = self._inputs(pen, torch.tensor([[k]], device=dev))  # (1, 1, 3 + K)
             y, states = self._run(x, states)  # (1, 1, 6M + 1)
             p = split_mixture_params(y[0, 0].cpu(), self.n_mixtures)
             j = int(torch.multinomial(torch.softmax(p.log_pi * (1 + bias), -1), 1, generator=g))
@@ -366,28 +760,76 @@ class HandwritingModel(nn.Module):
             eos = float(torch.rand(1, generator=g) < torch.sigmoid(p.eos_logit))
             pt = torch.tensor([float(dx), float(dy), eos])
             out.append(pt)
-            x = pt.to(dev).view(1, 1, 3)
-        return torch.stack(out)  # (steps, 3)
+            pen = pt.to(dev).view(1, 1, 3)
+        return torch.stack(out)  # (T, 3)
 
 
-def evaluate(model: HandwritingModel, data: Tensor, batch_size: int = 64) -> dict[str, float]:
-    """Mean NLL per point (nats) of ``model`` on ``data`` ``(N, T + 1, 3)``."""
+def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict[str, float]:
+    """Mean NLL per point (nats) of ``model`` on ``data``."""
     dev = model.head.weight.device
     total = 0.0
-    for i in range(0, len(data), batch_size):
-        total += float(model.nll(data[i : i + batch_size].to(dev)).sum())
-    return {"nll": total / (data.shape[0] * (data.shape[1] - 1))}
-
-
-def updates_to_reach(eval_steps: list[int], values: list[float], target: float) -> int | None:
-    """The first evaluation step at which ``values`` is at or below ``target`` (None if never)."""
-    for s, v in zip(eval_steps, values, strict=True):
-        if v <= target:
-            return s
-    return None
+    for i in range(0, len(data.points), batch_size):
+        pts = data.points[i : i + batch_size].to(dev)
+        total += float(model.nll(pts, data.letters[i : i + batch_size].to(dev)).sum())
+    return {"nll": total / data.letters.numel()}
 
 
 # ----------------------------------------------------------------------------- the experiment
+
+
+def crossing(steps: np.ndarray, values: np.ndarray, target: float) -> float:
+    """The update at which a falling curve first reaches ``target``, interpolated linearly
+    between the two evaluations around the crossing; NaN if it never does.
+
+    Example::
+
+        >>> crossing(np.array([0, 10, 20]), np.array([3.0, 2.0, 1.0]), 1.5)
+        15.0
+    """
+    steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    if steps.shape != values.shape or steps.ndim != 1:
+        raise ValueError(f"steps and values must be 1-D of one length, got {steps.shape} "
+                         f"and {values.shape}")
+    hit = np.flatnonzero(values <= target)
+    if len(hit) == 0:
+        return float("nan")
+    k = int(hit[0])
+    if k == 0:
+        return float(steps[0])
+    v0, v1 = values[k - 1], values[k]
+    return float(steps[k - 1] + (steps[k] - steps[k - 1]) * (v0 - target) / (v0 - v1))
+
+
+def race(results: Results, variant: str, reference: str = "baseline",
+         metric: str = "nll") -> dict[str, np.ndarray]:
+    """Updates each seed of ``variant`` needs to reach the final ``metric`` of the same seed of
+    ``reference`` (lower is better), and the speed-up this gives.
+
+    The target of seed s is ``reference``'s last value in seed s. Both curves are read with
+    :func:`crossing`: the first evaluation at or below the target, interpolated linearly
+    from the evaluation before it (``reference`` reaches its own target at its last
+    evaluation, unless its curve went below it earlier).
+
+    Returns:
+        ``{"target", "reference_updates", "updates", "speedup"}``, one value per seed:
+        ``updates`` is NaN where ``variant`` never reached the target within the run, and
+        ``speedup = reference_updates / updates`` (NaN there too).
+
+    Example::
+
+        >>> r = race(results, "layer_norm")  # doctest: +SKIP
+    """
+    steps, ref = results.curves(reference, metric)  # (E,), (seeds, E)
+    _, other = results.curves(variant, metric)
+    if ref.shape != other.shape:
+        raise ValueError(f"{variant!r} and {reference!r} have different curves: "
+                         f"{other.shape} vs {ref.shape}")
+    target = ref[:, -1]
+    u_ref = np.array([crossing(steps, r, t) for r, t in zip(ref, target, strict=True)])
+    u = np.array([crossing(steps, o, t) for o, t in zip(other, target, strict=True)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speedup = np.where(u > 0, u_ref / u, np.nan)
+    return {"target": target, "reference_updates": u_ref, "updates": u, "speedup": speedup}
 
 
 def _clip_hooks(model: nn.Module, clip: float) -> None:
@@ -398,61 +840,54 @@ def _clip_hooks(model: nn.Module, clip: float) -> None:
 
 def run(
     config: Config,
-    device: str = "auto",
+    device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
-    seeds: list[int] | tuple[int, ...] | None = None,
-    progress: bool | None = None,
-    keep_models: bool = False,
-) -> dict[str, Any]:
-    """Train both variants under every seed; NLL curves, final NLL and updates-to-reach.
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train every variant under every seed; return the sweep's :class:`Results`.
 
-    Args:
-        config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, then cpu) or a device name.
-        out: folder for ``handwriting.json`` and (at ``paper`` scale) checkpoints to resume.
-        seeds: overrides ``config.seeds``.
-        progress: tqdm bars (default: only in a terminal without ``CI``).
-        keep_models: also return the trained models of the first seed under ``"models"``
-            (``{variant: HandwritingModel}``, for sampling; not JSON, never written to disk).
-
-    Returns:
-        ``{"name", "config", "device", "histories": {variant: {seed: History dict}},
-        "final_nll": {variant: {seed: float}}}`` (plus ``"models"``, see ``keep_models``).
+    Every run records the held-out ``nll`` (nats per point) at each evaluation. Its ``info``
+    holds ``input_scales`` (the factors :meth:`HandwritingModel.match_input_scales` applied:
+    one per ``ln_recurrent`` layer, none for the other variants) and, for the first seed,
+    ``sample``: a line the trained model wrote for the letters of the first held-out line
+    (``(seq_len, 3)`` as a list). ``Results.info`` holds the held-out NLL of the memoryless
+    predictors (:func:`mixture_baseline_nll`): ``gmm_nll`` (one mixture for all points) and
+    ``gmm_letter_nll`` (one per letter).
     """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a handwriting.Config (get_config), "
+                        f"got {type(config).__name__}")
     seeds = tuple(config.seeds if seeds is None else seeds)
-    dev = resolve_device(device)
-    train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)
-    valid = make_handwriting(config.n_valid, config.seq_len, seed=config.data_seed + 1)
-    results: dict[str, Any] = {
-        "name": NAME, "config": asdict(config), "device": str(dev),
-        "histories": {}, "final_nll": {},
-    }
-    models: dict[str, HandwritingModel] = {}
-    for variant in config.variants:
-        results["histories"][variant], results["final_nll"][variant] = {}, {}
-        for seed in seeds:
-            torch.manual_seed(seed)
-            model = HandwritingModel(
-                config.hidden_size, config.num_layers, config.n_mixtures,
-                layer_norm=variant == "layer_norm",
-            )
+    threads = torch.get_num_threads()
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    try:
+        train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)
+        valid = make_handwriting(config.n_valid, config.seq_len, seed=config.data_seed + 1)
+        train_head = (train.points[: config.batch_size], train.letters[: config.batch_size])
+        trivial = {"gmm_nll": mixture_baseline_nll(train, valid, config.n_mixtures, False),
+                   "gmm_letter_nll": mixture_baseline_nll(train, valid, config.n_mixtures)}
+
+        def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+            torch.manual_seed(job.seed)
+            model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
+                                     variant=job.params)
+            scales = model.match_input_scales(*train_head)  # ln_recurrent only
             _clip_hooks(model, config.grad_clip)
             opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-            ckpt = None
-            if out is not None and config.scale == "paper":
-                ckpt = Path(out) / "checkpoints" / f"{NAME}_{variant}_seed{seed}.pt"
-            hist: History = fit(
-                model, Batches(train, batch_size=config.batch_size, seed=seed), opt,
-                steps=config.steps, eval_every=config.eval_every,
-                eval_fn=lambda m: evaluate(m, valid), device=dev, seed=seed, checkpoint=ckpt,
-                progress=progress,
-            )
-            results["histories"][variant][str(seed)] = hist.to_dict()
-            results["final_nll"][variant][str(seed)] = hist.metric("nll")[-1]
-            if seed == seeds[0]:
-                models[variant] = model
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    if keep_models:
-        results["models"] = models
-    return results
+            hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
+                       opt, steps=config.steps, eval_every=config.eval_every,
+                       eval_fn=lambda m: evaluate(m, valid), device=job.device, seed=job.seed,
+                       checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+            info: dict[str, Any] = {"input_scales": scales}
+            if job.seed == seeds[0]:  # a line written by the model, for the chapter's figure
+                model.eval()
+                sample = model.sample(valid.letters[0], seed=job.seed)  # (seq_len, 3)
+                info["sample"] = sample.cpu().numpy().round(4).tolist()
+            return hist, info
+
+        return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
+                     config=config, device=device, out=out, checkpoint=config.checkpoint,
+                     steps=config.steps, info=trivial)
+    finally:
+        torch.set_num_threads(threads)
