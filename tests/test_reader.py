@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import numpy as np
@@ -10,10 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lnbook import LSTM
 from lnbook.experiments import load_results
 from lnbook.experiments import reader as R
+from lnbook.experiments.protocol import Results, Run
 from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
-from lnbook.rnn import LSTM
+from lnbook.train import History
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +218,7 @@ def test_set_ln_gains_rescales_every_layer_norm_of_the_lstm():
     assert R.set_ln_gains(LSTM(4, 5, layer_norm=False), 0.1) == 0
 
 
-@pytest.mark.parametrize("variant", R.VARIANTS + ("bn_lstm_g1.0",))
+@pytest.mark.parametrize("variant", R.VARIANTS)
 def test_every_variant_maps_a_sequence_to_outputs_and_state(variant):
     torch.manual_seed(0)
     lstm = R.make_lstm(variant, 4, 5, max_steps=6)
@@ -250,9 +251,31 @@ def test_reader_masks_non_candidates_and_returns_cross_entropy():
         model.logits(data.passages, data.queries, data.candidates.long())
 
 
-def test_updates_to_reach():
-    assert R.updates_to_reach([0, 10, 20], [0.9, 0.5, 0.3], 0.5) == 10
-    assert R.updates_to_reach([0, 10, 20], [0.9, 0.5, 0.3], 0.1) is None
+def _results(curves: dict[str, list[list[float]]], chance: float = 0.25) -> Results:
+    """A Results with the given validation error curves (one list per seed), evals every 10."""
+    runs = []
+    for variant, per_seed in curves.items():
+        for seed, errors in enumerate(per_seed):
+            h = History(eval_steps=[10 * k for k in range(len(errors))],
+                        metrics=[{"error": e, "xent": 1.0} for e in errors])
+            runs.append(Run(variant, seed, h))
+    return Results("reader", {}, "cpu", runs, {"chance": chance})
+
+
+def test_target_updates_and_gain_gap_read_the_runs():
+    res = _results({
+        "lstm": [[0.8, 0.7, 0.5, 0.3], [0.8, 0.7, 0.6, 0.5]],  # final errors 0.3 and 0.5
+        "ln_lstm": [[0.8, 0.4, 0.2, 0.1], [0.8, 0.7, 0.7, 0.7]],
+        "ln_lstm_g0.1": [[0.8, 0.5, 0.3, 0.2], [0.8, 0.8, 0.8, 0.75]],
+    })
+    # halfway between chance error 0.75 and the baseline's mean final error 0.4
+    assert R.target_error(res) == pytest.approx(0.575)
+    np.testing.assert_array_equal(R.updates_to_target(res, "lstm", 0.575), [20.0, 30.0])
+    # seed 1 of LN never gets there: inf, slower than any seed that does
+    np.testing.assert_array_equal(R.updates_to_target(res, "ln_lstm", 0.575), [10.0, np.inf])
+    np.testing.assert_allclose(R.gain_gap(res, "ln_lstm_g0.1", "ln_lstm"), [0.1, 0.05])
+    with pytest.raises(KeyError, match="bn_lstm"):
+        R.updates_to_target(res, "bn_lstm", 0.5)
 
 
 # ----------------------------------------------------------------------------- experiment
@@ -261,7 +284,9 @@ def test_updates_to_reach():
 def test_get_config_presets_and_errors():
     quick, paper = R.get_config("quick"), R.get_config("paper")
     assert paper.hidden_size > quick.hidden_size and paper.steps > quick.steps
-    assert set(R.VARIANTS) <= set(quick.variants)
+    assert set(quick.variants) == set(R.VARIANTS) == set(paper.variants)
+    assert "bn_lstm_g1.0" in quick.variants  # recurrent BN at both gains at every scale
+    assert paper.sentences == 4 and paper.blank == "both"  # the corpus's 4-sentence passages
     with pytest.raises(ValueError, match="scale"):
         R.get_config("huge")
     with pytest.raises(ValueError, match="unknown Config fields"):
@@ -270,13 +295,29 @@ def test_get_config_presets_and_errors():
         R.get_config("quick", variants=("gru",))
 
 
-def test_run_writes_json_results(tmp_path):
+def test_run_returns_results_and_writes_json(tmp_path):
     cfg = R.get_config("quick", n_train=64, n_valid=32, hidden_size=8, embed_size=8,
                        batch_size=16, steps=2, eval_every=1, seeds=(0,))
+    threads = torch.get_num_threads()
     res = R.run(cfg, device="cpu", out=tmp_path, progress=False)
+    assert torch.get_num_threads() == threads  # the run's single thread is given back
+    assert isinstance(res, Results) and res.variants == list(R.VARIANTS)
     back = load_results(tmp_path / "reader.json")
-    assert json.loads(json.dumps(res)) == back
-    assert set(back["histories"]) == set(R.VARIANTS)
-    h = back["histories"]["ln_lstm"]["0"]
-    assert h["eval_steps"] == [0, 1, 2] and len(h["losses"]) == 2
-    assert 0.0 <= back["final_error"]["bn_lstm"]["0"] <= 1.0
+    assert back.to_dict() == res.to_dict()
+    h = back.select("ln_lstm")[0].history
+    assert h.eval_steps == [0, 1, 2] and len(h.losses) == 2
+    assert 0.0 <= back.final("bn_lstm", "error")[0] <= 1.0
+    valid = R.make_cloze(32, seed=cfg.data_seed + 1, n_entities=cfg.n_entities,
+                         sentences=cfg.sentences, n_relations=cfg.n_relations, blank=cfg.blank)
+    assert back.info["chance"] == pytest.approx(R.chance_level(valid))
+    assert back.info["frequency_baseline"] == pytest.approx(R.frequency_baseline_accuracy(valid))
+    # the two recurrent-BN variants start from different gains, so they train differently
+    assert back.select("bn_lstm")[0].history.losses != back.select("bn_lstm_g1.0")[0].history.losses
+
+
+def test_a_tiny_override_of_the_paper_preset_runs():
+    cfg = R.get_config("paper", n_train=32, n_valid=16, n_entities=8, embed_size=8,
+                       hidden_size=8, batch_size=8, steps=1, eval_every=1, seeds=(0,),
+                       variants=("ln_lstm",), checkpoint=False)
+    res = R.run(cfg, device="cpu", progress=False)
+    assert res.config["sentences"] == 4 and res.final("ln_lstm", "error").shape == (1,)

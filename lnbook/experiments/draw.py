@@ -4,7 +4,7 @@ Book chapter `06_4_draw`. DRAW (Gregor et al., 2015) writes an image onto a canv
 ``glimpses`` steps. At each step an encoder LSTM reads a small window of the image through a grid
 of Gaussian filters (the *filterbank*), proposes a Gaussian posterior over a latent ``z_t``, and a
 decoder LSTM turns a sample of ``z_t`` into a patch that another filterbank adds to the canvas.
-Both LSTMs are :class:`lnbook.rnn.DRAWLSTMCell`: the baseline follows eqs. 29-30, and the
+Both LSTMs are :class:`lnbook.DRAWLSTMCell`: the baseline follows eqs. 29-30, and the
 layer-normalized model normalizes only the cell state inside the output ``tanh`` (eq. 31).
 
 The training loss is the negative variational bound in nats per image,
@@ -13,25 +13,35 @@ The training loss is the negative variational bound in nats per image,
     L^z = sum_t KL(N(mu_t, sigma_t^2) || N(0, 1)),
 
 with D a product of Bernoullis over the pixels. Section 6.4 trains 64 glimpses and 256 LSTM
-units with Adam at batch size 128 (the ``paper`` preset); the ``quick`` preset is a miniature
-that runs on two CPU cores in seconds.
+units with Adam at batch size 128 on 28 x 28 images (the ``paper`` preset). The ``quick`` preset
+is a miniature that a CPU trains in seconds per run: the digits are averaged down to 14 x 14
+pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
+updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
+:func:`run` trains both variants for every seed through
+:func:`lnbook.experiments.protocol.sweep`; :func:`updates_to_bound` reads the speed off its
+:class:`~lnbook.experiments.protocol.Results`.
 """
 
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook import DRAWLSTMCell
+from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config
-from lnbook.rnn import DRAWLSTMCell
+from lnbook.experiments.protocol import Job, Results, make_config, sweep, updates_to_reach
+from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
@@ -46,11 +56,10 @@ __all__ = [
     "gaussian_kl",
     "DRAW",
     "mean_image_nll",
-    "updates_to_reach",
-    "speedup_table",
+    "updates_to_bound",
     "load_data",
     "build_model",
-    "checkpoint_path",
+    "model_path",
     "load_trained",
     "plot_canvas",
     "run",
@@ -69,7 +78,12 @@ class Config:
     """Settings of the DRAW experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (section 6.4's sizes, for a GPU).
+        scale: ``"quick"`` (seconds per run on a CPU) or ``"paper"`` (section 6.4's sizes).
+        image_size: side of the square images in pixels: 28 (MNIST as it is, the paper), or
+            14 or 7 (each pixel the mean of a 2 x 2 or 4 x 4 block, before binarizing).
+        binarize_threshold: pixels above it become 1; None draws each pixel once from
+            Bernoulli(intensity) with ``binarize_seed`` (the paper's fixed stochastic
+            binarization of Larochelle and Murray, 2011).
         glimpses: number of DRAW steps T (the paper: 64).
         enc_size, dec_size: LSTM units of the encoder and the decoder (the paper: 256).
         z_size: latent units per glimpse (Gregor et al. use 100 on MNIST).
@@ -79,39 +93,43 @@ class Config:
         steps: number of updates.
         eval_every: updates between two evaluations of the held-out bound.
         eval_images: held-out images scored at each evaluation (None: the whole test split).
-        binarize_seed: the one Bernoulli sample of the grey images used as the fixed binarized
-            set (the paper uses the fixed binarization of Larochelle and Murray, 2011).
+        binarize_seed: seed of the stochastic binarization (training split; test: + 1).
         data_source: passed to :func:`lnbook.data.load_mnist` (``"auto"`` falls back to the
             offline 5,000-image subset).
         seeds: training seeds, each run for every variant.
         variants: ``"baseline"`` (eqs. 29-30) and/or ``"layer_norm"`` (eq. 31).
-        checkpoint: save and resume each run under ``out/`` (used at paper scale).
+        checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
+        threads: torch CPU threads during the run (restored afterwards); None leaves them.
     """
 
     scale: str = "quick"
-    glimpses: int = 4
+    image_size: int = 14
+    binarize_threshold: float | None = 0.5
+    glimpses: int = 2
     enc_size: int = 64
     dec_size: int = 64
-    z_size: int = 10
-    read_n: int = 5
-    write_n: int = 5
+    z_size: int = 16
+    read_n: int = 14
+    write_n: int = 14
     batch_size: int = 64
-    lr: float = 1e-3
-    steps: int = 150
-    eval_every: int = 15
+    lr: float = 3e-3
+    steps: int = 600
+    eval_every: int = 25
     eval_images: int | None = 300
     binarize_seed: int = 0
     data_source: str = "auto"
     seeds: tuple[int, ...] = (0, 1, 2)
     variants: tuple[str, ...] = field(default=VARIANTS)
     checkpoint: bool = False
+    threads: int | None = 1
 
 
 _PRESETS: dict[str, dict] = {
     "quick": {},
     "paper": dict(
-        glimpses=64, enc_size=256, dec_size=256, z_size=100, read_n=2, write_n=5,
-        batch_size=128, steps=40_000, eval_every=1_000, eval_images=None, checkpoint=True,
+        image_size=28, binarize_threshold=None, glimpses=64, enc_size=256, dec_size=256,
+        z_size=100, read_n=2, write_n=5, batch_size=128, lr=1e-3, steps=40_000,
+        eval_every=1_000, eval_images=None, checkpoint=True, threads=None,
     ),  # 40,000 updates of 128 are about the 100 epochs of 50,000 images in Figure 4
 }
 
@@ -128,6 +146,11 @@ def get_config(scale: str = "quick", **overrides) -> Config:
     bad = set(cfg.variants) - set(VARIANTS)
     if bad:
         raise ValueError(f"variants must be drawn from {VARIANTS}, got {sorted(bad)}")
+    if cfg.image_size not in (7, 14, 28):
+        raise ValueError(f"image_size must be 28, 14 or 7 (a divisor of 28), got {cfg.image_size}")
+    t = cfg.binarize_threshold
+    if t is not None and not 0.0 <= t < 1.0:
+        raise ValueError(f"binarize_threshold must be None or lie in [0, 1), got {t!r}")
     return cfg
 
 
@@ -490,49 +513,22 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
     return float(-(x * p.log() + (1 - x) * (1 - p).log()).sum(1).mean())
 
 
-def updates_to_reach(eval_steps: list[int], values: list[float], target: float) -> int | None:
-    """The first evaluated update at which ``values`` (a bound, lower is better) is <= target.
+def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
+    """Per seed, the first evaluated update at which the held-out bound is <= ``target``.
 
-    Returns None when the curve never reaches the target.
+    Uses :func:`lnbook.experiments.protocol.updates_to_reach`; a seed that never gets there
+    counts as ``inf``. Returns ``(seeds,)`` floats, in the seed order of ``results``.
 
     Example::
 
-        >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
-        10
+        >>> updates_to_bound(results, "layer_norm", 45.0)  # doctest: +SKIP
+        array([250., 300., 275.])
     """
-    if len(eval_steps) != len(values):
-        raise ValueError(
-            f"eval_steps and values differ in length: {len(eval_steps)} vs {len(values)}"
-        )
-    for step, v in zip(eval_steps, values, strict=True):
-        if v <= target:
-            return int(step)
-    return None
-
-
-def speedup_table(results: dict) -> list[dict]:
-    """Per seed: the baseline's final held-out bound and the updates each model needs to reach it.
-
-    The target is the baseline's bound at its last evaluation; ``ratio`` is the baseline's
-    updates over layer norm's (> 1: layer norm gets there in fewer updates; None if it never
-    does).
-    """
-    rows = []
-    curves = results["curves"]
-    for seed in sorted(curves["baseline"], key=int):
-        base, ln = curves["baseline"][seed], curves["layer_norm"][seed]
-        target = base["bound"][-1]
-        n_base = updates_to_reach(base["eval_steps"], base["bound"], target)
-        n_ln = updates_to_reach(ln["eval_steps"], ln["bound"], target)
-        rows.append({
-            "seed": int(seed),
-            "baseline_final": target,
-            "layer_norm_final": ln["bound"][-1],
-            "baseline_updates": n_base,
-            "layer_norm_updates": n_ln,
-            "ratio": (n_base / n_ln) if (n_ln and n_base) else None,
-        })
-    return rows
+    out = []
+    for run in results.select(variant):
+        n = updates_to_reach(run.history.eval_steps, run.history.metric("bound"), target)
+        out.append(float("inf") if n is None else float(n))
+    return np.array(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -542,39 +538,44 @@ def speedup_table(results: dict) -> list[dict]:
 def load_data(config: Config) -> tuple[Tensor, Tensor, str]:
     """The fixed binarized training and held-out images of ``config``, and their source.
 
-    Each grey image is binarized once with a seeded Bernoulli sample (``binarize_seed`` for the
-    training split, ``binarize_seed + 1`` for the test split), then kept fixed.
+    The grey 28 x 28 images are averaged over blocks down to ``image_size`` pixels a side,
+    then binarized once (a threshold, or one seeded Bernoulli sample: ``binarize_seed`` for
+    the training split, ``binarize_seed + 1`` for the test split) and kept fixed.
 
     Returns:
-        ``(x_train (N, 784), x_test (M, 784), source)``; ``M`` is ``config.eval_images`` when set.
+        ``(x_train (N, S*S), x_test (M, S*S), source)`` with S = ``image_size``; ``M`` is
+        ``config.eval_images`` when set.
     """
-    from lnbook.data import binarize, load_mnist, warn_if_subset
-
     train = load_mnist(split="train", source=config.data_source)
     warn_if_subset(train, config.scale, "draw")
     test = load_mnist(split="test", source=config.data_source)
-    x_train = binarize(train.images, threshold=None, seed=config.binarize_seed)  # (N, 784)
-    x_test = binarize(test.images, threshold=None, seed=config.binarize_seed + 1)  # (M, 784)
+    xs = []
+    for images, seed in ((train.images, config.binarize_seed),
+                         (test.images, config.binarize_seed + 1)):
+        grey = F.avg_pool2d(images.view(-1, 1, 28, 28), 28 // config.image_size)  # (N,1,S,S)
+        xs.append(binarize(grey.flatten(1), config.binarize_threshold, seed=seed))  # (N, S*S)
+    x_train, x_test = xs
     if config.eval_images is not None:
         x_test = x_test[: config.eval_images]
     return x_train, x_test, train.source
 
 
 def build_model(config: Config, layer_norm: bool) -> DRAW:
-    """The DRAW model of ``config`` (28 x 28 images), with or without layer norm (eq. 31)."""
-    return DRAW(28, 28, config.glimpses, config.enc_size, config.dec_size, config.z_size,
+    """The DRAW model of ``config``, with or without layer norm on the cell state (eq. 31)."""
+    s = config.image_size
+    return DRAW(s, s, config.glimpses, config.enc_size, config.dec_size, config.z_size,
                 config.read_n, config.write_n, layer_norm=layer_norm)
 
 
-def checkpoint_path(out: str | Path, variant: str, seed: int) -> Path:
-    """Where :func:`run` keeps the checkpoint of one run (with ``config.checkpoint``)."""
-    return Path(out) / f"{NAME}_{variant}_seed{seed}.pt"
+def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
+    """Where :func:`run` (given ``out``) keeps the trained weights of one run."""
+    return Path(out) / "models" / f"{NAME}-{variant}-seed{seed}.pt"
 
 
 def load_trained(
-    config: Config, out: str | Path, variant: str, seed: int, device: str = "cpu"
+    config: Config, out: str | os.PathLike, variant: str, seed: int, device: str = "cpu"
 ) -> DRAW:
-    """Rebuild a model trained by :func:`run` (with ``config.checkpoint``) from its checkpoint.
+    """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights.
 
     Example::
 
@@ -582,40 +583,39 @@ def load_trained(
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    path = checkpoint_path(out, variant, seed)
+    path = model_path(out, variant, seed)
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint {path}; run() writes it when config.checkpoint")
-    state = torch.load(path, map_location=resolve_device(device), weights_only=True)
+        raise FileNotFoundError(f"no trained model {path}; run(config, out=...) writes it")
+    dev = resolve_device(device)
     model = build_model(config, layer_norm=(variant == "layer_norm"))
-    model.load_state_dict(state["model"])
-    return model.to(resolve_device(device)).eval()
+    model.load_state_dict(torch.load(path, map_location=dev, weights_only=True))
+    return model.to(dev).eval()
 
 
-def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0):
+def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) -> plt.Figure:
     """The canvas after each glimpse, one row per digit, for each model (chapter 6.4).
 
     For every model in ``models`` (a label such as ``"baseline"`` or ``"LN"`` -> a trained
-    :class:`DRAW`), the rows are the reconstructions of ``images`` (B, 784) glimpse by glimpse,
+    :class:`DRAW`), the rows are the reconstructions of ``images`` (B, H*W) glimpse by glimpse,
     then one sample from the prior; the last column holds the input (blank for the sample).
     At most 8 glimpses are shown, spread evenly. Returns the matplotlib figure.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if images.dim() != 2 or images.shape[1] != 784:
-        raise ValueError(f"images must have shape (B, 784), got {tuple(images.shape)}")
+    first = next(iter(models.values()))
+    h, w = first.height, first.width
+    if images.dim() != 2 or images.shape[1] != h * w:
+        raise ValueError(f"images must have shape (B, {h * w}), got {tuple(images.shape)}")
     frames = []
     for model in models.values():
         dev = next(model.parameters()).device
-        recon = model.reconstruct(images.to(dev))  # (T, B, 28, 28)
+        recon = model.reconstruct(images.to(dev))  # (T, B, H, W)
         gen = torch.Generator(device=dev).manual_seed(prior_seed)
-        prior = model.generate(1, generator=gen)  # (T, 1, 28, 28)
-        frames.append(torch.cat([recon, prior], 1).cpu().numpy())  # (T, B + 1, 28, 28)
+        prior = model.generate(1, generator=gen)  # (T, 1, H, W)
+        frames.append(torch.cat([recon, prior], 1).cpu().numpy())  # (T, B + 1, H, W)
     steps = frames[0].shape[0]
     cols = np.unique(np.linspace(0, steps - 1, min(steps, 8)).round().astype(int))
     n_rows = sum(f.shape[1] for f in frames)
-    fig, axes = plt.subplots(n_rows, len(cols) + 1, figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows),
-                             squeeze=False)
+    fig, axes = plt.subplots(n_rows, len(cols) + 1, squeeze=False,
+                             figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows))
     r = 0
     for label, f in zip(models, frames, strict=True):
         for b in range(f.shape[1]):
@@ -624,7 +624,7 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0):
                 if r == 0:
                     axes[r, j].set_title(f"glimpse {t + 1}", fontsize=8)
             is_digit = b < images.shape[0]
-            target = images[b].view(28, 28).cpu().numpy() if is_digit else np.zeros((28, 28))
+            target = images[b].view(h, w).cpu().numpy() if is_digit else np.zeros((h, w))
             axes[r, -1].imshow(target, cmap="gray_r", vmin=0, vmax=1)
             if r == 0:
                 axes[r, -1].set_title("input", fontsize=8)
@@ -633,7 +633,7 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0):
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.suptitle(f"Canvas after each glimpse (28x28 px): {', '.join(models)}", fontsize=10)
+    fig.suptitle(f"Canvas after each glimpse ({h}x{w} px): {', '.join(models)}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -641,71 +641,60 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0):
 def run(
     config: Config,
     device: str | torch.device = "auto",
-    out: str | Path | None = None,
+    out: str | os.PathLike | None = None,
     seeds: list[int] | tuple[int, ...] | None = None,
-) -> dict:
+    progress: bool | None = None,
+) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
+
+    Every run evaluates, before training and every ``eval_every`` updates, the held-out
+    ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one posterior sample
+    with fixed noise, :meth:`DRAW.evaluate_terms`).
 
     Args:
         config: from :func:`get_config`.
         device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
-        out: folder for ``draw.json`` (and, with ``config.checkpoint``, one checkpoint per run
-            to resume from).
+        out: folder for ``draw.json``, the finished runs, the trained weights
+            (:func:`model_path`, read back by :func:`load_trained`) and, with
+            ``config.checkpoint``, the checkpoints from which an interrupted sweep resumes.
         seeds: overrides ``config.seeds``.
+        progress: the sweep's progress bar (default: only in a terminal outside CI).
 
     Returns:
-        A JSON-serializable dict: ``config``, ``data_source``, ``n_train``, ``n_test``,
-        ``mean_image_nll`` (:func:`mean_image_nll`, a reference level),
-        ``histories[variant][seed]`` (:class:`lnbook.train.History` as a dict), ``curves``
-        (``eval_steps``, held-out ``bound`` and its ``kl`` part per variant and seed), ``final``
-        bounds and the :func:`speedup_table` rows (when both variants ran).
+        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds ``data_source``,
+        ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll`` (the trivial level).
     """
-    from lnbook.experiments.protocol import check_scale, save_results
-    from lnbook.train import Batches, fit
-
     if not isinstance(config, Config):
         raise TypeError(
             f"config must be a draw.Config (use get_config), got {type(config).__name__}"
         )
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    check_scale(config.scale)
-    dev = resolve_device(device)
     x_train, x_test, source = load_data(config)
-    x_test_dev = x_test.to(dev)
-    out_dir = Path(out) if out is not None else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    results: dict = {
-        "name": NAME, "config": asdict(config), "data_source": source,
-        "n_train": int(x_train.shape[0]), "n_test": int(x_test.shape[0]),
-        "mean_image_nll": mean_image_nll(x_train, x_test),
-        "histories": {}, "curves": {}, "final": {},
-    }
-    for variant in config.variants:
-        for key in ("histories", "curves", "final"):
-            results[key][variant] = {}
-        for seed in seeds:
-            torch.manual_seed(seed)
-            model = build_model(config, layer_norm=(variant == "layer_norm")).to(dev)
-            optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-            ckpt = None
-            if config.checkpoint and out_dir is not None:
-                ckpt = checkpoint_path(out_dir, variant, seed)
-            history = fit(
-                model, Batches(x_train, batch_size=config.batch_size, seed=seed), optimizer,
-                steps=config.steps, eval_every=config.eval_every,
-                eval_fn=lambda m: m.evaluate_terms(x_test_dev),
-                device=dev, seed=seed, checkpoint=ckpt,
-            )
-            bound = [m["bound"] for m in history.metrics]
-            results["histories"][variant][str(seed)] = history.to_dict()
-            results["curves"][variant][str(seed)] = {
-                "eval_steps": list(history.eval_steps), "bound": bound,
-                "kl": [m["kl"] for m in history.metrics],
-            }
-            results["final"][variant][str(seed)] = bound[-1]
-    if set(VARIANTS) <= set(config.variants):
-        results["speedup"] = speedup_table(results)
-    if out_dir is not None:
-        save_results(results, out_dir / f"{NAME}.json")
-    return results
+
+    def train_one(job: Job) -> History:
+        torch.manual_seed(job.seed)
+        model = build_model(config, layer_norm=(job.variant == "layer_norm"))
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        x_eval = x_test.to(job.device)
+        history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
+                      optimizer, steps=config.steps, eval_every=config.eval_every,
+                      eval_fn=lambda m: m.evaluate_terms(x_eval), device=job.device,
+                      seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+        if out is not None:
+            path = model_path(out, job.variant, job.seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), path)
+        return history
+
+    info = {"data_source": source, "n_train": int(x_train.shape[0]),
+            "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
+            "mean_image_nll": mean_image_nll(x_train, x_test)}
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)  # small tensors: more threads only add overhead
+    try:
+        return sweep(NAME, {v: v for v in config.variants},
+                     tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+                     device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
+                     info=info, progress=progress)
+    finally:
+        torch.set_num_threads(threads)

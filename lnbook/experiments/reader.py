@@ -21,15 +21,17 @@ The model (:class:`AttentiveReader`) reads the passage with one LSTM and the que
 attends from the query to every passage position, and scores the candidate entities of the
 passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without normalization),
 ``"bn_lstm"`` (:class:`~lnbook.experiments.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
-``"ln_lstm"`` (:class:`lnbook.LSTM` with layer normalization, gains 1.0) and ``"ln_lstm_g0.1"``
-(the same with every layer-norm gain set to 0.1 after construction, see :func:`set_ln_gains`).
+``"bn_lstm_g1.0"`` (the same started at gain 1.0), ``"ln_lstm"`` (:class:`lnbook.LSTM` with
+layer normalization, gains 1.0) and ``"ln_lstm_g0.1"`` (the same with every layer-norm gain set
+to 0.1 after construction, see :func:`set_ln_gains`). :func:`run` trains them through
+:func:`lnbook.experiments.protocol.sweep`; :func:`updates_to_target` and :func:`gain_gap` read
+the speed and the gain sensitivity off its :class:`~lnbook.experiments.protocol.Results`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,18 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config, save_results
+from lnbook import LSTM, LayerNorm
+from lnbook.experiments.protocol import Job, Results, make_config, sweep, updates_to_reach
 from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
-from lnbook.norms import LayerNorm
-from lnbook.rnn import LSTM
 from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
     "DESCRIPTION",
     "VARIANTS",
-    "ALL_VARIANTS",
     "RELATIONS",
     "Config",
     "get_config",
@@ -61,17 +60,19 @@ __all__ = [
     "make_lstm",
     "AttentiveReader",
     "evaluate",
-    "updates_to_reach",
+    "target_error",
+    "updates_to_target",
+    "gain_gap",
     "run",
 ]
 
 NAME = "reader"
 DESCRIPTION = (
     "Unidirectional attentive reader on a generated cloze corpus with anonymized, re-permuted "
-    "entities: LSTM, recurrent BN, LN-LSTM with gains 1.0 and 0.1 (section 6.2, Figure 2)"
+    "entities: LSTM, recurrent BN and LN-LSTM, each with gains 1.0 and 0.1 "
+    "(section 6.2, Figure 2)"
 )
-VARIANTS: tuple[str, ...] = ("lstm", "bn_lstm", "ln_lstm", "ln_lstm_g0.1")
-ALL_VARIANTS: tuple[str, ...] = VARIANTS + ("bn_lstm_g1.0",)  # + recurrent BN started at gain 1
+VARIANTS: tuple[str, ...] = ("lstm", "bn_lstm", "bn_lstm_g1.0", "ln_lstm", "ln_lstm_g0.1")
 RELATIONS: tuple[str, ...] = (
     "praised", "sued", "hired", "visited", "blamed", "thanked", "interviewed", "accused",
     "joined", "defeated", "called", "married", "replaced", "warned", "followed", "met",
@@ -85,33 +86,36 @@ class Config:
     """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
 
     Attributes:
-        scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (larger, for a GPU).
+        scale: ``"quick"`` (a CPU, in seconds per run) or ``"paper"`` (larger, for a GPU).
         n_train, n_valid: number of generated training and validation examples.
         n_entities: size of the pool of anonymized ids ``@entity0 ...``.
-        sentences: sentences per passage (the corpus of section 6.2 keeps 4); a passage
-            names as many entities as it has sentences, each of them twice.
+        sentences: sentences per passage (the corpus of section 6.2 keeps at most 4); a
+            passage names as many entities as it has sentences, each of them twice.
         blank: which entity a query blanks: ``"both"`` (subject or object) or ``"object"``.
         n_relations: relation words to draw from (at most ``len(RELATIONS)``).
         embed_size, hidden_size: word embedding and LSTM sizes.
         batch_size, steps, eval_every, lr: Adam training schedule.
-        bn_gain_init: initial gain of recurrent batch normalization (0.1 as Cooijmans et al.).
-        ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant.
-        variants: which LSTMs to train (from :data:`VARIANTS`, plus ``"bn_lstm_g1.0"``).
+        bn_gain_init: initial gain of the ``"bn_lstm"`` variant (0.1, as Cooijmans et al.);
+            ``"bn_lstm_g1.0"`` starts at 1.0.
+        ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant (``"ln_lstm"`` starts at 1).
+        variants: which LSTMs to train (from :data:`VARIANTS`).
         seeds: seeds of the models (initialization and batch order); the corpus is fixed.
         data_seed: seed of the corpus.
+        checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
+        threads: torch CPU threads during the run (restored afterwards); None leaves them.
     """
 
     scale: str = "quick"
     n_train: int = 6000
-    n_valid: int = 500
+    n_valid: int = 300
     n_entities: int = 4
-    sentences: int = 4
+    sentences: int = 3
     n_relations: int = 8
-    blank: str = "both"
-    embed_size: int = 32
-    hidden_size: int = 64
+    blank: str = "object"
+    embed_size: int = 16
+    hidden_size: int = 32
     batch_size: int = 64
-    steps: int = 200
+    steps: int = 250
     eval_every: int = 25
     lr: float = 1e-2
     bn_gain_init: float = 0.1
@@ -119,14 +123,17 @@ class Config:
     variants: tuple[str, ...] = VARIANTS
     seeds: tuple[int, ...] = (0, 1, 2)
     data_seed: int = 1234
+    checkpoint: bool = False
+    threads: int | None = 1
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
-        "n_train": 200_000, "n_valid": 5_000, "n_entities": 60,
-        "embed_size": 200, "hidden_size": 240, "batch_size": 64, "steps": 20_000,
-        "eval_every": 500, "lr": 1e-3, "variants": ALL_VARIANTS,
+        "n_train": 200_000, "n_valid": 5_000, "n_entities": 60, "sentences": 4,
+        "blank": "both", "embed_size": 200, "hidden_size": 240, "batch_size": 64,
+        "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": (0, 1, 2, 3, 4),
+        "checkpoint": True, "threads": None,
     },
 }
 
@@ -141,8 +148,8 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """
     cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
-        if v not in ALL_VARIANTS:
-            raise ValueError(f"unknown variant {v!r}; expected one of {ALL_VARIANTS}")
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
     if not 2 <= cfg.sentences <= cfg.n_entities:
         raise ValueError(
             f"sentences must lie in [2, n_entities={cfg.n_entities}] (one entity per sentence), "
@@ -362,7 +369,7 @@ def make_lstm(
         return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=bn_gain_init)
     if variant == "bn_lstm_g1.0":
         return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=1.0)
-    raise ValueError(f"unknown variant {variant!r}; expected one of {ALL_VARIANTS}")
+    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
 
 
 class AttentiveReader(nn.Module):
@@ -449,12 +456,45 @@ def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) ->
     return {"xent": loss / len(data), "error": wrong / len(data)}
 
 
-def updates_to_reach(eval_steps: list[int], values: list[float], target: float) -> int | None:
-    """The first evaluation step at which ``values`` is at or below ``target`` (None if never)."""
-    for s, v in zip(eval_steps, values, strict=True):
-        if v <= target:
-            return s
-    return None
+# ----------------------------------------------------------------------------- reading the runs
+
+
+def target_error(results: Results, baseline: str = "lstm") -> float:
+    """The target of "trains faster": halfway between chance and the baseline's final error.
+
+    Chance is guessing among the passage's entities (``results.info["chance"]`` is its
+    accuracy); the baseline's final error is its mean over seeds. The rule is fixed before
+    the runs; the level it gives depends on them only through the baseline.
+    """
+    chance_error = 1.0 - float(results.info["chance"])
+    return 0.5 * (chance_error + float(results.final(baseline, "error").mean()))
+
+
+def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
+    """Per seed, the first evaluated update with validation error <= ``target``.
+
+    Uses :func:`lnbook.experiments.protocol.updates_to_reach`; a seed that never gets there
+    counts as ``inf`` (slower than any seed that does). Returns ``(seeds,)`` floats.
+
+    Example::
+
+        >>> updates_to_target(results, "ln_lstm", 0.4)  # doctest: +SKIP
+        array([100., 125., inf])
+    """
+    out = []
+    for run in results.select(variant):
+        n = updates_to_reach(run.history.eval_steps, run.history.metric("error"), target)
+        out.append(float("inf") if n is None else float(n))
+    return np.array(out)
+
+
+def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
+    """Per seed, ``|final error(small gain) - final error(large gain)|``: gain sensitivity.
+
+    ``small`` and ``large`` are two variants of one LSTM that differ only in the initial gain
+    (``"ln_lstm_g0.1"`` and ``"ln_lstm"``, or ``"bn_lstm"`` and ``"bn_lstm_g1.0"``).
+    """
+    return np.abs(results.final(small, "error") - results.final(large, "error"))
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -462,59 +502,57 @@ def updates_to_reach(eval_steps: list[int], values: list[float], target: float) 
 
 def run(
     config: Config,
-    device: str = "auto",
+    device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: list[int] | tuple[int, ...] | None = None,
     progress: bool | None = None,
-) -> dict[str, Any]:
-    """Train every variant of ``config`` under every seed; validation curves and final errors.
+) -> Results:
+    """Train every variant of ``config`` under every seed through :func:`~protocol.sweep`.
+
+    Every run evaluates, before training and every ``eval_every`` updates, the validation
+    cross-entropy ``xent`` (nats) and ``error`` (fraction of queries answered wrongly).
 
     Args:
         config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, then cpu) or a device name.
-        out: folder for ``reader.json`` and (at ``paper`` scale) the checkpoints for resuming.
+        device: ``"auto"`` (cuda, then mps, then cpu) or a device.
+        out: folder for ``reader.json``, the finished runs and (with ``config.checkpoint``)
+            the checkpoints from which an interrupted sweep resumes.
         seeds: overrides ``config.seeds``.
-        progress: tqdm bars (default: only in a terminal without ``CI``).
+        progress: the sweep's progress bar (default: only in a terminal outside CI).
 
     Returns:
-        ``{"name", "config", "chance", "frequency_baseline", "histories": {variant: {seed:
-        History dict}}, "final_error": {variant: {seed: float}}, "min_error": ...}``.
+        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds the validation
+        accuracy of guessing (``chance``) and of the ``frequency_baseline`` heuristic.
     """
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    dev = resolve_device(device)
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
     kw = {"n_entities": config.n_entities, "sentences": config.sentences,
           "n_relations": config.n_relations, "blank": config.blank}
     train = make_cloze(config.n_train, seed=config.data_seed, **kw)
     valid = make_cloze(config.n_valid, seed=config.data_seed + 1, **kw)
-    results: dict[str, Any] = {
-        "name": NAME, "config": asdict(config), "device": str(dev),
-        "chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
-        "histories": {}, "final_error": {}, "min_error": {},
-    }
-    for variant in config.variants:
-        results["histories"][variant], results["final_error"][variant] = {}, {}
-        results["min_error"][variant] = {}
-        for seed in seeds:
-            torch.manual_seed(seed)
-            model = AttentiveReader(
-                len(train.vocab), config.n_entities, train.passages.shape[1],
-                train.queries.shape[1], config.embed_size, config.hidden_size, variant,
-                config.bn_gain_init, config.ln_small_gain,
-            )
-            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-            ckpt = None
-            if out is not None and config.scale == "paper":
-                ckpt = Path(out) / "checkpoints" / f"{NAME}_{variant}_seed{seed}.pt"
-            hist: History = fit(
-                model, Batches(*train.tensors(), batch_size=config.batch_size, seed=seed),
-                opt, steps=config.steps, eval_every=config.eval_every,
-                eval_fn=lambda m: evaluate(m, valid), device=dev, seed=seed, checkpoint=ckpt,
-                progress=progress,
-            )
-            errors = hist.metric("error")
-            results["histories"][variant][str(seed)] = hist.to_dict()
-            results["final_error"][variant][str(seed)] = errors[-1]
-            results["min_error"][variant][str(seed)] = min(errors)
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
+
+    def train_one(job: Job) -> History:
+        torch.manual_seed(job.seed)
+        model = AttentiveReader(
+            len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
+            config.hidden_size, job.variant, config.bn_gain_init, config.ln_small_gain,
+        )
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        return fit(model, Batches(*train.tensors(), batch_size=config.batch_size, seed=job.seed),
+                   opt, steps=config.steps, eval_every=config.eval_every,
+                   eval_fn=lambda m: evaluate(m, valid), device=job.device, seed=job.seed,
+                   checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+
+    info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
+            "n_train": len(train), "n_valid": len(valid)}
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)  # tiny matrices: more threads only add overhead
+    try:
+        return sweep(NAME, {v: v for v in config.variants},
+                     tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+                     device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
+                     info=info, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
