@@ -80,7 +80,7 @@ class Config:
     warmup: int = 0
     batch_size: int = 32
     steps: int = 40
-    eval_every: int = 10
+    eval_every: int = 20
     seeds: tuple[int, ...] = (0, 1, 2)
     checkpoint: bool = False
 
