@@ -25,7 +25,10 @@ from lnbook.experiments import (
     handwriting,
     mnist,
     order_embeddings,
+    placement,
+    qk_norm,
     reader,
+    rmsnorm,
     rnn_length,
     skip_thoughts,
 )
@@ -68,7 +71,7 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, order_embeddings, reader, skip_thoughts, draw, handwriting, mnist,
-              convnet)
+              convnet, rmsnorm, placement, qk_norm)
 }
 
 

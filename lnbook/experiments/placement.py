@@ -1,0 +1,216 @@
+"""Where the norm goes: Post-LN and Pre-LN, gradients at initialization and learning-rate warm-up.
+
+Book chapter `09_norm_placement` (Part II), claims P04-P05. Xiong et al. (2020) compare the
+original Transformer's Post-LN block, ``x <- LN(x + F(x))``, with the Pre-LN block,
+``x <- x + F(LN(x))`` (plus a final norm). They show that at initialization the gradients of
+the parameters near the output are large for Post-LN and well-behaved for Pre-LN, which is why
+Post-LN needs a learning-rate warm-up and Pre-LN can do without one. Two measurements:
+
+- :func:`gradient_profiles` (P04): the norm of the loss gradient of each block's parameters at
+  initialization (:func:`lnbook.transformer.layer_gradient_norms`), for several depths and
+  seeds, for both placements; no training;
+- :func:`run` (P05): both placements trained on the sort task with and without a linear
+  warm-up of the learning rate (:func:`lnbook.experiments.seq_tasks.linear_warmup`), several
+  seeds, through :func:`lnbook.experiments.protocol.sweep`.
+
+The ``quick`` preset uses a 2-block model (gradient profiles up to 8 blocks) and trains in
+seconds on a CPU; ``paper`` uses Xiong et al.'s base sizes (6 layers, width 512) and their
+warm-up of 4000 updates, on our synthetic task.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.transformer import POSITIONS, Transformer, TransformerConfig, layer_gradient_norms
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "Config",
+    "get_config",
+    "model_config",
+    "variant_name",
+    "gradient_profiles",
+    "run",
+]
+
+NAME = "placement"
+DESCRIPTION = (
+    "Post-LN vs Pre-LN Transformer: per-layer gradient norms at initialization for several "
+    "depths, and training with and without learning-rate warm-up (Xiong et al. 2020; P04-P05)"
+)
+
+
+@dataclass
+class Config:
+    """Settings of the placement experiments; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        positions: placements to train, from ``("post", "pre")``.
+        warmups: warm-up lengths in updates (0 = none), each trained with each placement.
+        task, size, symbols, n_train, n_test: the sequence task
+            (:func:`lnbook.experiments.seq_tasks.make_task`).
+        d_model, n_heads, n_layers: the trained Transformer (causal, d_ff = 4 d_model).
+        lr: peak learning rate of Adam.
+        batch_size, steps, eval_every: sequences per update, updates, updates between
+            evaluations.
+        seeds: seeds of the training runs.
+        grad_depths: numbers of blocks of the models whose gradients are measured at
+            initialization.
+        grad_seeds: seeds of those models.
+        grad_batch: training sequences in the batch whose loss gradient is measured.
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    """
+
+    scale: str = "quick"
+    positions: tuple[str, ...] = ("post", "pre")
+    warmups: tuple[int, ...] = (0, 20)
+    task: str = "sort"
+    size: int = 8
+    symbols: int = 8
+    n_train: int = 2000
+    n_test: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    lr: float = 3e-2
+    batch_size: int = 32
+    steps: int = 60
+    eval_every: int = 20
+    seeds: tuple[int, ...] = (0, 1, 2)
+    grad_depths: tuple[int, ...] = (2, 4, 8)
+    grad_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    grad_batch: int = 128
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        bad = [p for p in self.positions if p not in POSITIONS]
+        if bad or not self.positions:
+            raise ValueError(f"positions must be drawn from {POSITIONS}, got {self.positions}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if any(w < 0 or w > self.steps for w in self.warmups) or not self.warmups:
+            raise ValueError(f"warmups must lie in [0, steps={self.steps}], got {self.warmups}")
+        if any(d < 1 for d in self.grad_depths) or self.grad_batch < 1:
+            raise ValueError("grad_depths and grad_batch must be >= 1")
+        if min(self.steps, self.eval_every, self.batch_size) < 1 or not self.lr > 0:
+            raise ValueError("steps, eval_every and batch_size must be >= 1 and lr > 0")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "warmups": (0, 4000),
+        "size": 32,
+        "symbols": 64,
+        "n_train": 200_000,
+        "n_test": 2_000,
+        "d_model": 512,
+        "n_heads": 8,
+        "n_layers": 6,
+        "lr": 1e-3,
+        "batch_size": 64,
+        "steps": 20_000,
+        "eval_every": 500,
+        "grad_depths": (6, 12, 18),
+        "grad_batch": 512,
+        "checkpoint": True,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def model_config(config: Config, position: str, n_layers: int, seq_len: int
+                 ) -> TransformerConfig:
+    """The layer-normalized Transformer with ``position`` "post" or "pre" and ``n_layers``.
+
+    Post-LN has no final norm (its last block ends in one), Pre-LN has one, as usual.
+    """
+    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
+                             n_heads=config.n_heads, n_layers=n_layers, max_len=seq_len,
+                             norm="layer", position=position)
+
+
+def variant_name(position: str, warmup: int) -> str:
+    """The name of one trained variant, e.g. ``"post/warmup0"`` or ``"pre/warmup20"``."""
+    return f"{position}/warmup{warmup}"
+
+
+def gradient_profiles(
+    config: Config, param: str = "mlp.fc2.weight"
+) -> dict[str, dict[int, np.ndarray]]:
+    """Per-block gradient norms at initialization, for every placement, depth and seed (P04).
+
+    For each placement in ``("post", "pre")``, each depth in ``config.grad_depths`` and each
+    seed in ``config.grad_seeds``, a fresh model is built under ``torch.manual_seed(seed)``
+    and the gradient of the loss on the first ``grad_batch`` training sequences of the task is
+    taken (:func:`lnbook.transformer.layer_gradient_norms`). ``param`` names what is measured
+    in each block: a parameter (``"mlp.fc2.weight"``, the second feed-forward matrix) or a
+    group (``"block"``, ``"attention"``, ``"ffn"``).
+
+    Returns:
+        ``{position: {depth: norms (seeds, depth)}}``, block 1 (nearest the input) first.
+    """
+    task = make_task(config.task, config.grad_batch, 1, config.size, config.symbols)
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for position in POSITIONS:
+        out[position] = {}
+        for depth in config.grad_depths:
+            rows = []
+            for seed in config.grad_seeds:
+                torch.manual_seed(seed)
+                model = Transformer.from_config(
+                    model_config(config, position, depth, task.seq_len))
+                norms = layer_gradient_norms(model, task.x, task.y)
+                rows.append([block[param] for block in norms])
+            out[position][depth] = np.array(rows)  # (seeds, depth)
+    return out
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train every (placement, warm-up) variant with every seed (claim P05).
+
+    Variants are named by :func:`variant_name`. Each run uses Adam with peak rate
+    ``config.lr``, reached after ``warmup`` updates of linear warm-up (or at once for 0), and
+    records ``loss``, ``accuracy`` and ``max_logit`` on the held-out set at every evaluation;
+    ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. A run whose loss
+    stops being finite is marked ``diverged`` in its info (see
+    :func:`lnbook.experiments.seq_tasks.train_transformer`).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a placement.Config (get_config), got "
+                        f"{type(config).__name__}")
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+
+    def train_one(job: Job):
+        position, warmup = job.params
+        return train_transformer(
+            job, model_config(config, position, config.n_layers, task.seq_len), task,
+            lr=config.lr, steps=config.steps, batch_size=config.batch_size,
+            eval_every=config.eval_every, warmup=warmup)
+
+    variants = {variant_name(p, w): (p, w) for p in config.positions for w in config.warmups}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, checkpoint=config.checkpoint,
+                 steps=config.steps,
+                 info={"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})

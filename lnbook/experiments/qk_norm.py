@@ -1,0 +1,243 @@
+"""QK-norm and attention-logit growth: a learning-rate sweep with and without normalized q and k.
+
+Book chapter `11_qk_norm` (Part II), claims P08-P09. Dehghani et al. (2023) saw the attention
+logits of a large vision Transformer grow without bound during training and layer-normalized
+the queries and keys to stop it; Wortsman et al. (2024) reproduced the instability in small
+Transformers trained at high learning rates and showed that with qk-layernorm the final loss
+depends much less on the learning rate. This module trains the same small Pre-LN Transformer
+with and without ``qk_norm`` (:class:`lnbook.transformer.SelfAttention`) at every learning
+rate of a sweep and every seed, recording the largest attention logit on held-out data at each
+evaluation, and summarizes a sweep by the learning-rate sensitivity of Wortsman et al.
+(:func:`lr_sensitivity`).
+
+The ``quick`` preset trains for a few dozen updates on a CPU, without warm-up; ``paper`` uses a
+base-sized model, a longer run, a wider sweep and a warm-up, as Wortsman et al. do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.transformer import Transformer, TransformerConfig
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "Config",
+    "get_config",
+    "model_config",
+    "variant_name",
+    "by_lr",
+    "lr_sensitivity",
+    "qk_logit_bound",
+    "run",
+]
+
+NAME = "qk_norm"
+DESCRIPTION = (
+    "small Pre-LN Transformer over a learning-rate sweep with and without qk-layernorm: "
+    "largest attention logit and final loss (Dehghani et al. 2023, Wortsman et al. 2024; P08-P09)"
+)
+
+
+@dataclass
+class Config:
+    """Settings of the learning-rate sweep; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        lrs: Adam learning rates of the sweep, increasing.
+        qk_norms: which models to train: ``False`` (plain attention), ``True`` (qk-layernorm).
+        task, size, symbols, n_train, n_test: the sequence task
+            (:func:`lnbook.experiments.seq_tasks.make_task`).
+        d_model, n_heads, n_layers: the Pre-LN Transformer (causal, d_ff = 4 d_model).
+        warmup: updates of linear warm-up (0 = none).
+        batch_size, steps, eval_every: sequences per update, updates, updates between
+            evaluations.
+        seeds: seeds of the runs.
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    """
+
+    scale: str = "quick"
+    lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1)
+    qk_norms: tuple[bool, ...] = (False, True)
+    task: str = "sort"
+    size: int = 8
+    symbols: int = 8
+    n_train: int = 2000
+    n_test: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    warmup: int = 0
+    batch_size: int = 32
+    steps: int = 40
+    eval_every: int = 20
+    seeds: tuple[int, ...] = (0, 1, 2)
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if not self.lrs or any(lr <= 0 for lr in self.lrs) or list(self.lrs) != sorted(self.lrs):
+            raise ValueError(f"lrs must be positive and increasing, got {self.lrs}")
+        if not self.qk_norms or any(not isinstance(q, bool) for q in self.qk_norms):
+            raise ValueError(f"qk_norms must be a non-empty tuple of bools, got {self.qk_norms}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if not 0 <= self.warmup <= self.steps:
+            raise ValueError(f"warmup must lie in [0, steps={self.steps}], got {self.warmup}")
+        if min(self.steps, self.eval_every, self.batch_size) < 1:
+            raise ValueError("steps, eval_every and batch_size must be >= 1")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "lrs": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
+        "size": 32,
+        "symbols": 64,
+        "n_train": 200_000,
+        "n_test": 2_000,
+        "d_model": 512,
+        "n_heads": 8,
+        "n_layers": 6,
+        "warmup": 500,
+        "batch_size": 64,
+        "steps": 10_000,
+        "eval_every": 500,
+        "checkpoint": True,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def model_config(config: Config, qk_norm: bool, seq_len: int) -> TransformerConfig:
+    """The Pre-LN Transformer with or without qk-layernorm for this config."""
+    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
+                             n_heads=config.n_heads, n_layers=config.n_layers, max_len=seq_len,
+                             norm="layer", position="pre", qk_norm=qk_norm)
+
+
+def variant_name(qk_norm: bool, lr: float) -> str:
+    """The name of one variant, e.g. ``"plain/lr0.1"`` or ``"qk/lr0.01"``."""
+    return f"{'qk' if qk_norm else 'plain'}/lr{lr:g}"
+
+
+def by_lr(results: Results, qk_norm: bool, metric: str, stat: str = "final") -> np.ndarray:
+    """One number per (seed, learning rate) for one model: ``(seeds, len(lrs))``.
+
+    ``stat`` is ``"final"`` (the last evaluation), ``"max"`` or ``"min"`` (over training), or
+    ``"initial"`` (the evaluation before the first update).
+    """
+    lrs = results.config["lrs"]
+    cols = []
+    for lr in lrs:
+        name = variant_name(qk_norm, lr)
+        if stat == "final":
+            cols.append(results.final(name, metric))
+        elif stat == "initial":
+            cols.append([r.history.metric(metric)[0] for r in results.select(name)])
+        elif stat in ("min", "max"):
+            cols.append(results.best(name, metric, stat))
+        else:
+            raise ValueError(f"stat must be 'final', 'initial', 'min' or 'max', got {stat!r}")
+    return np.array(cols, dtype=float).T  # (seeds, lrs)
+
+
+def lr_sensitivity(final: np.ndarray, initial: np.ndarray) -> np.ndarray:
+    """Learning-rate sensitivity per seed: mean over rates of ``min(l, l0) - min over rates``.
+
+    Wortsman et al. (2024) summarize a loss-against-learning-rate curve by how far, on average
+    over the rates of the sweep, the final loss ``l`` lies above the best final loss of the
+    sweep, with a run that ends above its initial loss ``l0`` counted at ``l0`` (a failed run
+    cannot count worse than doing nothing). A model whose loss does not depend on the rate
+    scores 0. Arguments and result per seed: ``final`` and ``initial`` ``(seeds, rates)``,
+    result ``(seeds,)``.
+
+    Example::
+
+        >>> lr_sensitivity(np.array([[1.0, 2.0, 9.0]]), np.array([[3.0, 3.0, 3.0]]))
+        array([1.])
+    """
+    final, initial = np.asarray(final, dtype=float), np.asarray(initial, dtype=float)
+    if final.shape != initial.shape or final.ndim != 2:
+        raise ValueError(f"final and initial must both be (seeds, rates), got {final.shape} "
+                         f"and {initial.shape}")
+    clipped = np.minimum(final, initial)  # (seeds, rates)
+    return (clipped - clipped.min(axis=1, keepdims=True)).mean(axis=1)
+
+
+def qk_logit_bound(model: Transformer) -> float:
+    """The largest attention logit that a qk-normalized model can produce, from its gains.
+
+    A layer-normalized query is ``q = g_q * n + b_q`` with ``n`` of mean 0 and norm
+    ``sqrt(d_h)`` (before the gain), so ``|q| <= max|g_q| sqrt(d_h) + |b_q|``, the same for
+    keys, and every logit ``q . k / sqrt(d_h)`` is at most ``|q| |k| / sqrt(d_h)`` in absolute
+    value (Cauchy-Schwarz). Returns the largest of these bounds over the blocks (the learned
+    gains and biases of ``q_norm``/``k_norm`` set it; with gains 1 and biases 0 it is
+    ``sqrt(d_h)``).
+
+    Raises:
+        ValueError: for a model without ``qk_norm``.
+    """
+    if not model.config.qk_norm:
+        raise ValueError("qk_logit_bound needs a model built with qk_norm=True")
+    bounds = []
+    with torch.no_grad():
+        for block in model.blocks:
+            a = block.attn
+            root = math.sqrt(a.d_head)
+            size = [float(n.weight.abs().max()) * root + float(n.bias.norm())
+                    for n in (a.q_norm, a.k_norm)]
+            bounds.append(size[0] * size[1] / root)
+    return max(bounds)
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train the model with and without qk-layernorm at every learning rate and seed.
+
+    Variants are named by :func:`variant_name`. Every evaluation records, on the held-out set,
+    ``loss``, ``accuracy`` and ``max_logit`` (the largest attention logit of any block); each
+    qk-normalized run's info holds ``logit_bound``, :func:`qk_logit_bound` of the trained
+    model. ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. Runs whose loss
+    stops being finite are marked ``diverged`` (their later evaluations repeat the model at
+    initialization; see :func:`lnbook.experiments.seq_tasks.train_transformer`).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a qk_norm.Config (get_config), got "
+                        f"{type(config).__name__}")
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+
+    def train_one(job: Job):
+        qk, lr = job.params
+        def measure(model: Transformer) -> dict[str, float]:
+            return {"logit_bound": qk_logit_bound(model)} if qk else {}
+
+        return train_transformer(job, model_config(config, qk, task.seq_len), task, lr=lr,
+                                 steps=config.steps, batch_size=config.batch_size,
+                                 eval_every=config.eval_every, warmup=config.warmup,
+                                 measure=measure)
+
+    variants = {variant_name(q, lr): (q, lr) for q in config.qk_norms for lr in config.lrs}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, checkpoint=config.checkpoint,
+                 steps=config.steps,
+                 info={"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})

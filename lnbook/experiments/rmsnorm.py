@@ -1,0 +1,256 @@
+"""RMSNorm against layer norm: invariances, quality on a sequence task, and Pre-RMSNorm equivalence.
+
+Book chapter `08_rmsnorm` (Part II), claims P01-P03. Zhang and Sennrich (2019) drop the mean
+from layer norm: ``a_i / RMS(a) * g_i`` with ``RMS(a) = sqrt(mean(a^2))`` and no bias inside the
+norm. The chapter checks three things, and this module holds the code of each:
+
+- P01, invariances: :func:`rms_normalized_layer` is the RMS-normalized layer in the form that
+  :func:`lnbook.analysis.invariance_changes` takes as an extra ``layers`` entry, so Table 1 of
+  Ba et al. (2016) gains an RMSNorm row computed by the same code as the other rows;
+- P02, comparable quality: :func:`run` trains the same small Pre-norm Transformer with layer
+  norm and with RMSNorm on the sort task (:mod:`lnbook.experiments.seq_tasks`) over several
+  seeds (the cost half of P02 is measured by ``benchmarks/bench_rmsnorm.py``, not here);
+- P03, Jiang et al. (2023): :func:`prermsnorm_gaps` measures how far a Pre-LN Transformer and
+  its Pre-RMSNorm conversion (:func:`lnbook.transformer.to_pre_rmsnorm`) are apart, and how far
+  a naive swap of the norms would be.
+
+The ``quick`` preset trains in seconds on a CPU; ``paper`` uses the sizes of a base Transformer
+(Zhang and Sennrich train machine-translation and other models of that size; our task stays
+the synthetic one).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    make_config,
+    sweep,
+)
+from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.transformer import (
+    Transformer,
+    TransformerConfig,
+    center_residual_stream_,
+    residual_stream,
+    to_pre_rmsnorm,
+)
+from lnbook.variants import rms_norm
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "NORMS",
+    "Config",
+    "get_config",
+    "model_config",
+    "rms_normalized_layer",
+    "prermsnorm_gaps",
+    "run",
+]
+
+NAME = "rmsnorm"
+DESCRIPTION = (
+    "small Pre-norm Transformer on the sort task with layer norm vs RMSNorm, several seeds "
+    "(Zhang and Sennrich 2019; Part II, claim P02)"
+)
+NORMS = ("layer", "rms")
+
+
+@dataclass
+class Config:
+    """Settings of the LN-vs-RMSNorm comparison; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        norms: variants to train, from :data:`NORMS`.
+        task: ``"sort"`` or ``"recall"`` (:func:`lnbook.experiments.seq_tasks.make_task`).
+        size: sequence length to sort (or key-value pairs to recall).
+        symbols: content symbols of the task.
+        n_train, n_test: training and held-out sequences.
+        d_model, n_heads, n_layers: the Transformer (Pre-norm, causal, d_ff = 4 d_model).
+        lr: Adam's learning rate (constant).
+        batch_size, steps, eval_every: sequences per update, updates, updates between
+            evaluations.
+        seeds: seeds of the runs (initialization and batch order).
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    """
+
+    scale: str = "quick"
+    norms: tuple[str, ...] = NORMS
+    task: str = "sort"
+    size: int = 8
+    symbols: int = 8
+    n_train: int = 2000
+    n_test: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    lr: float = 1e-2
+    batch_size: int = 32
+    steps: int = 50
+    eval_every: int = 10
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        bad = [n for n in self.norms if n not in NORMS]
+        if bad or not self.norms:
+            raise ValueError(f"norms must be drawn from {NORMS}, got {self.norms}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
+            raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "size": 32,
+        "symbols": 64,
+        "n_train": 200_000,
+        "n_test": 2_000,
+        "d_model": 512,
+        "n_heads": 8,
+        "n_layers": 6,
+        "lr": 5e-4,
+        "batch_size": 64,
+        "steps": 20_000,
+        "eval_every": 500,
+        "checkpoint": True,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def model_config(config: Config, norm: str, seq_len: int) -> TransformerConfig:
+    """The Pre-norm Transformer of one variant (``norm`` "layer" or "rms") for this config."""
+    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
+                             n_heads=config.n_heads, n_layers=config.n_layers, max_len=seq_len,
+                             norm=norm, position="pre")
+
+
+def rms_normalized_layer(x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor) -> Tensor:
+    """The RMS-normalized layer of Zhang and Sennrich (2019): ``g * a / RMS(a) + b``.
+
+    With summed inputs ``a = x W^T`` ``(N, H)``; the bias is added after the norm (their
+    eq. for the layer output, ``f(a_bar + b)``; RMSNorm itself has none). The signature is the
+    one :func:`lnbook.analysis.invariance_changes` expects for an extra layer,
+    ``fn(x, weight, gain, bias) -> (N, H)``, so Table 1 gains an RMSNorm row (claim P01).
+
+    Example::
+
+        >>> from lnbook.analysis import invariance_table
+        >>> row = invariance_table(layers={"rms": rms_normalized_layer})["rms"]
+        >>> row["single_case_rescaling"], row["dataset_recentering"]
+        (True, False)
+    """
+    a = x @ weight.T  # (N, H) summed inputs
+    return rms_norm(a, a.shape[-1], weight=gain) + bias  # (N, H)
+
+
+def _perturb_(model: Transformer, generator: torch.Generator, scale: float) -> None:
+    """Add ``scale * N(0, 1)`` noise to every parameter (norm gains and biases included)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def prermsnorm_gaps(
+    seed: int = 0,
+    d_model: int = 32,
+    n_heads: int = 4,
+    n_layers: int = 2,
+    seq_len: int = 16,
+    vocab_size: int = 9,
+    batch: int = 8,
+    noise: float = 0.3,
+    dtype: torch.dtype = torch.float64,
+) -> dict[str, float]:
+    """How far apart a Pre-LN Transformer and its Pre-RMSNorm conversion are (claim P03).
+
+    A Pre-LN model (with a final norm) is built under ``seed``, then every parameter gets
+    ``noise * N(0, 1)`` added, so that the layer norms have gains other than 1 and nonzero
+    biases and the linear layers nonzero biases (at initialization they are 1 and 0, which
+    would make part of the check trivial). On random token ids it returns:
+
+    - ``converted``: max |logits(Pre-LN) - logits(to_pre_rmsnorm(Pre-LN))| / max |logits|,
+      the gap Jiang et al. (2023) say is zero up to rounding;
+    - ``naive``: the same for a Pre-RMSNorm model that simply takes the Pre-LN weights (the
+      norms' biases dropped, nothing centred): the gap the conversion removes;
+    - ``mean_before``, ``mean_after``: the largest |mean over D| of the residual stream
+      ``x_0 .. x_L`` before and after :func:`lnbook.transformer.center_residual_stream_`;
+    - ``centred_logits``: max |logits before - logits after centring| / max |logits| (the
+      centring leaves the function unchanged).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = Transformer(vocab_size, d_model, n_heads, n_layers, seq_len, dtype=dtype)
+    _perturb_(model, gen, noise)
+    model.eval()
+    idx = torch.randint(0, vocab_size, (batch, seq_len), generator=gen)  # (B, T)
+
+    def rel(a: Tensor, b: Tensor) -> float:
+        return float((a - b).abs().max() / a.abs().max())
+
+    with torch.no_grad():
+        ref = model(idx)  # (B, T, V)
+        converted = to_pre_rmsnorm(model)(idx)  # (B, T, V)
+        naive_model = Transformer.from_config(replace(model.config, norm="rms"), dtype=dtype)
+        state = {k: v for k, v in model.state_dict().items() if not k.endswith("norm1.bias")
+                 and not k.endswith("norm2.bias") and k != "final_norm.bias"}
+        naive_model.load_state_dict(state)
+        naive = naive_model(idx)  # (B, T, V)
+        before = max(float(x.mean(-1).abs().max()) for x in residual_stream(model, idx))
+        centred = center_residual_stream_(model)
+        after = max(float(x.mean(-1).abs().max()) for x in residual_stream(centred, idx))
+        centred_logits = centred(idx)  # (B, T, V)
+    return {"converted": rel(ref, converted), "naive": rel(ref, naive),
+            "mean_before": before, "mean_after": after,
+            "centred_logits": rel(ref, centred_logits)}
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed.
+
+    Variants are named by the norm (``"layer"``, ``"rms"``). Every run records, at each
+    evaluation on the held-out set, ``loss`` (nats per scored token), ``accuracy`` and
+    ``max_logit`` (:func:`lnbook.experiments.seq_tasks.sequence_metrics`);
+    ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss`` (the
+    position-wise unigram predictor that every run must beat).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a rmsnorm.Config (get_config), got "
+                        f"{type(config).__name__}")
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+
+    def train_one(job: Job):
+        return train_transformer(job, model_config(config, job.params, task.seq_len), task,
+                                 lr=config.lr, steps=config.steps,
+                                 batch_size=config.batch_size, eval_every=config.eval_every)
+
+    return sweep(NAME, {n: n for n in config.norms},
+                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
+                 info={"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})

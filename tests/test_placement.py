@@ -1,0 +1,61 @@
+"""The placement experiment (Part II, chapter 9): presets, gradient profiles at
+initialization, and a tiny warm-up sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook.experiments import placement
+from lnbook.experiments.seq_tasks import make_task
+from lnbook.transformer import Transformer, layer_gradient_norms
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_presets_names_and_validation():
+    quick, paper = placement.get_config("quick"), placement.get_config("paper")
+    assert quick.positions == ("post", "pre") and 0 in quick.warmups
+    assert paper.warmups == (0, 4000) and paper.n_layers == 6 and paper.checkpoint
+    assert placement.variant_name("post", 20) == "post/warmup20"
+    with pytest.raises(ValueError, match="positions"):
+        placement.get_config("quick", positions=("middle",))
+    with pytest.raises(ValueError, match="warmups"):
+        placement.get_config("quick", warmups=(0, 1000))
+    post = placement.model_config(quick, "post", 3, 16)
+    pre = placement.model_config(quick, "pre", 3, 16)
+    assert not post.has_final_norm() and pre.has_final_norm() and post.n_layers == 3
+
+
+def test_gradient_profiles_are_layer_gradient_norms_of_fresh_models():
+    cfg = placement.get_config("quick", grad_depths=(2, 3), grad_seeds=(0, 1), grad_batch=8,
+                               d_model=16, n_heads=2)
+    prof = placement.gradient_profiles(cfg)
+    assert set(prof) == {"post", "pre"} and prof["post"][3].shape == (2, 3)
+    task = make_task(cfg.task, 8, 1, cfg.size, cfg.symbols)
+    torch.manual_seed(1)
+    model = Transformer.from_config(placement.model_config(cfg, "pre", 2, task.seq_len))
+    direct = [b["mlp.fc2.weight"] for b in layer_gradient_norms(model, task.x, task.y)]
+    np.testing.assert_allclose(prof["pre"][2][1], direct, rtol=1e-6)
+    block = placement.gradient_profiles(cfg, param="block")
+    assert np.all(block["post"][2] > prof["post"][2])  # a block holds more than fc2
+
+
+def test_tiny_sweep_and_tiny_paper_run():
+    cfg = placement.get_config("quick", steps=3, eval_every=3, warmups=(0, 2), n_train=64,
+                               n_test=16, size=4, d_model=16, n_heads=2, seeds=(0,))
+    res = placement.run(cfg, device="cpu")
+    assert res.variants == ["post/warmup0", "post/warmup2", "pre/warmup0", "pre/warmup2"]
+    # the same seed and data: the warm-up is the only difference, and it changes the run
+    assert res.final("pre/warmup0", "loss") != res.final("pre/warmup2", "loss")
+    paper = placement.get_config("paper", steps=1, eval_every=1, warmups=(0, 1), n_train=32,
+                                 n_test=8, batch_size=8, d_model=16, n_heads=2, n_layers=1,
+                                 checkpoint=False)
+    assert len(placement.run(paper, device="cpu", seeds=[0]).runs) == 4

@@ -1,0 +1,74 @@
+"""The RMSNorm experiment (Part II, chapter 8): presets, the RMS layer of Table 1, the
+Pre-LN -> Pre-RMSNorm gaps, and a tiny sweep."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
+from lnbook.experiments import rmsnorm
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_presets_and_validation():
+    quick, paper = rmsnorm.get_config("quick"), rmsnorm.get_config("paper")
+    assert quick.norms == paper.norms == ("layer", "rms")
+    assert paper.d_model == 512 and paper.n_layers == 6 and paper.checkpoint
+    assert len(quick.seeds) == 5
+    assert rmsnorm.get_config("quick", steps=3).steps == 3
+    with pytest.raises(ValueError, match="norms"):
+        rmsnorm.get_config("quick", norms=("batch",))
+    with pytest.raises(ValueError, match="task"):
+        rmsnorm.get_config("quick", task="copy")
+    with pytest.raises(ValueError, match="unknown Config fields"):
+        rmsnorm.get_config("quick", stepz=3)
+    cfg = rmsnorm.model_config(quick, "rms", 16)
+    assert cfg.norm == "rms" and cfg.position == "pre" and cfg.vocab_size == quick.symbols + 1
+
+
+def test_rms_layer_is_the_formula_and_its_table_row():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(4, 5, generator=g,
+                                                                            dtype=torch.float64)
+    gain, bias = torch.rand(4, dtype=torch.float64) + 0.5, torch.randn(4, dtype=torch.float64)
+    a = x @ w.T
+    expected = gain * a / a.square().mean(1, keepdim=True).sqrt() + bias
+    torch.testing.assert_close(rmsnorm.rms_normalized_layer(x, w, gain, bias), expected)
+    row = invariance_table(seed=1, layers={"rms": rmsnorm.rms_normalized_layer})["rms"]
+    assert row == {**PAPER_TABLE_1["layer"], "weight_matrix_recentering": False}
+    changes = invariance_changes(seed=1, layers={"rms": rmsnorm.rms_normalized_layer})["rms"]
+    assert changes["dataset_recentering"] > 0.05 and changes["single_case_rescaling"] < 1e-12
+
+
+def test_prermsnorm_gaps_exact_in_float64_and_naive_swap_far():
+    gaps = rmsnorm.prermsnorm_gaps(seed=2, d_model=16, n_heads=2, n_layers=2, seq_len=8)
+    assert gaps["converted"] < 1e-12 and gaps["centred_logits"] < 1e-12
+    assert gaps["mean_after"] < 1e-12 < 0.1 < gaps["mean_before"]
+    assert gaps["naive"] > 1e-2
+    g32 = rmsnorm.prermsnorm_gaps(seed=2, d_model=16, n_heads=2, n_layers=2, seq_len=8,
+                                  dtype=torch.float32)
+    assert g32["converted"] < 1e-5
+
+
+def test_tiny_sweep_and_tiny_paper_run():
+    cfg = rmsnorm.get_config("quick", steps=2, eval_every=1, n_train=64, n_test=16, size=4,
+                             d_model=16, n_heads=2, n_layers=1, seeds=(0, 1))
+    res = rmsnorm.run(cfg, device="cpu")
+    assert res.variants == ["layer", "rms"] and res.seeds == [0, 1]
+    assert res.final("rms", "loss").shape == (2,)
+    assert res.info["baseline_loss"] < res.info["uniform_loss"]
+    paper = rmsnorm.get_config("paper", steps=1, eval_every=1, n_train=32, n_test=8,
+                               batch_size=8, d_model=16, n_heads=2, n_layers=1,
+                               checkpoint=False)
+    res = rmsnorm.run(paper, device="cpu", seeds=[0])
+    assert res.config["symbols"] == 64 and len(res.runs) == 2
+    with pytest.raises(TypeError, match="rmsnorm.Config"):
+        rmsnorm.run({"steps": 1})

@@ -1,0 +1,130 @@
+"""The shared parts of the Part II Transformer experiments: task, trivial baseline, warm-up,
+one training run (and what a diverged run leaves)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lnbook.data import IGNORE_INDEX
+from lnbook.experiments.protocol import Job
+from lnbook.experiments.seq_tasks import (
+    linear_warmup,
+    make_task,
+    position_unigram_loss,
+    sequence_metrics,
+    train_transformer,
+)
+from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _job(seed: int = 0) -> Job:
+    return Job("v", None, seed, torch.device("cpu"), None, None, f"v seed {seed}")
+
+
+def test_position_unigram_loss_against_a_hand_count():
+    y = torch.tensor([[IGNORE_INDEX, 0, 1], [IGNORE_INDEX, 0, 2], [IGNORE_INDEX, 1, 2]])
+    # position 1: counts (2, 1, 0) + 1 -> (3, 2, 1) / 6; position 2: (0, 1, 2) + 1 -> (1, 2, 3) / 6
+    p1, p2 = np.array([3, 2, 1]) / 6, np.array([1, 2, 3]) / 6
+    expected = -np.mean(np.log([p1[0], p1[0], p1[1], p2[1], p2[2], p2[2]]))
+    assert position_unigram_loss(y, y, 3) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="same T"):
+        position_unigram_loss(y, y[:, :2], 3)
+
+
+def test_make_task_shapes_held_out_set_and_baselines():
+    sort = make_task("sort", 500, 200, size=6, symbols=8, seed=3)
+    assert sort.x.shape == (500, 12) and sort.x_test.shape == (200, 12) and sort.seq_len == 12
+    assert sort.vocab_size == 9 and sort.uniform_loss == pytest.approx(math.log(8))
+    assert not torch.equal(sort.x[:200], sort.x_test)  # another seed for the held-out set
+    # sorted positions are order statistics: far from uniform, so the baseline is lower
+    assert sort.baseline_loss < sort.uniform_loss - 0.3
+    recall = make_task("recall", 500, 200, size=4, symbols=8)
+    assert recall.x.shape == (500, 10)
+    # the recalled value is uniform whatever its position: the baseline is log(8), up to noise
+    assert abs(recall.baseline_loss - math.log(8)) < 0.1
+    with pytest.raises(ValueError, match="task"):
+        make_task("copy", 10, 10, 4, 8)
+
+
+def test_sequence_metrics_loss_accuracy_and_max_logit():
+    task = make_task("sort", 32, 16, size=4, symbols=5)
+    torch.manual_seed(0)
+    model = Transformer(6, 16, 2, 1, task.seq_len).eval()
+    with torch.no_grad():
+        m = sequence_metrics(model, task.x_test, task.y_test)
+        logits = model(task.x_test)
+    assert m["loss"] == pytest.approx(float(sequence_loss(logits, task.y_test)), rel=1e-6)
+    scored = task.y_test != IGNORE_INDEX
+    acc = float((logits.argmax(-1)[scored] == task.y_test[scored]).float().mean())
+    assert m["accuracy"] == pytest.approx(acc)
+    assert m["max_logit"] == pytest.approx(float(model.blocks[0].attn.last_max_logit))
+
+
+def test_linear_warmup_ramps_then_holds_and_resumes():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = linear_warmup(torch.optim.Adam([p], lr=0.4), warmup=4)
+    used = []
+    for _ in range(6):
+        p.grad = torch.ones(3)
+        opt.step()
+        used.append(opt.param_groups[0]["lr"])
+    np.testing.assert_allclose(used, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+    # a resumed optimizer continues the ramp from its saved step count
+    q = torch.nn.Parameter(torch.zeros(3))
+    first = linear_warmup(torch.optim.Adam([q], lr=0.4), warmup=4)
+    q.grad = torch.ones(3)
+    first.step()
+    second = torch.optim.Adam([q], lr=0.4)
+    second.load_state_dict(first.state_dict())
+    linear_warmup(second, warmup=4)
+    q.grad = torch.ones(3)
+    second.step()
+    assert second.param_groups[0]["lr"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="warmup"):
+        linear_warmup(torch.optim.Adam([p], lr=0.1), warmup=0)
+
+
+def _tiny(task, qk=False):
+    return TransformerConfig(vocab_size=task.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                             max_len=task.seq_len, qk_norm=qk)
+
+
+def test_train_transformer_is_deterministic_and_learns():
+    task = make_task("sort", 256, 64, size=4, symbols=5)
+    kw = dict(lr=1e-2, steps=30, batch_size=32, eval_every=10)
+    h1, info = train_transformer(_job(1), _tiny(task), task, **kw)
+    h2, _ = train_transformer(_job(1), _tiny(task), task, **kw)
+    assert h1.losses == h2.losses and h1.metrics == h2.metrics
+    assert h1.eval_steps == [0, 10, 20, 30] and info == {"diverged": False, "diverged_at": None}
+    loss = h1.metric("loss")
+    assert loss[-1] < loss[0] - 0.3  # it learns something in 30 updates
+    _, measured = train_transformer(_job(1), _tiny(task), task, **{**kw, "steps": 2},
+                                    measure=lambda m: {"d": m.config.d_model})
+    assert measured["d"] == 16
+
+
+def test_a_diverged_run_is_recorded_not_raised():
+    task = make_task("sort", 64, 16, size=4, symbols=5)
+    hist, info = train_transformer(_job(0), _tiny(task), task, lr=float("inf"), steps=8,
+                                   batch_size=16, eval_every=2,
+                                   measure=lambda m: {"never": True})
+    assert info["diverged"] and info["diverged_at"] == 2  # the first update makes it inf
+    assert "never" not in info
+    assert hist.steps == [1] and len(hist.losses) == 1
+    assert hist.eval_steps == [0, 2, 4, 6, 8]
+    initial = hist.metrics[0]
+    for m in hist.metrics[1:]:  # counted at the initial loss, as Wortsman et al. do
+        assert m["loss"] == initial["loss"] and m["accuracy"] == initial["accuracy"]
