@@ -279,6 +279,9 @@ def test_run_tiny(tmp_path):
     assert res.info["timing"]["8"]["ratio"] > 0
     corpus, data = st.load_data(cfg)
     assert res.info["unigram"] == pytest.approx(st.unigram_loss(data))
+    again = st.run(st.get_config("quick", **{**TINY, "variants": ("baseline",)}), device="cpu",
+                   data=(corpus, data))  # the same data, passed in
+    assert again.select("baseline")[0].history.losses == res.select("baseline")[0].history.losses
     for v in ("baseline", "layer_norm"):
         steps, loss = res.curves(v, "heldout_loss")
         assert steps.tolist() == [0, 1, 2] and loss.shape == (1, 3)

@@ -655,6 +655,7 @@ def run(
     device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
+    data: tuple[Corpus, SkipThoughtData] | None = None,
 ) -> Results:
     """Train the baseline and the LN skip-thought models for every seed; probe before and after.
 
@@ -664,11 +665,12 @@ def run(
     encoder) and ``sec_per_update`` (median wall-clock seconds of one update).
     ``Results.info`` holds the corpus sizes, ``unigram`` (:func:`unigram_loss`) and
     ``timing``: :func:`time_per_update` at each state size of ``timing_hidden`` (keys are the
-    sizes as strings).
+    sizes as strings). ``data``: what :func:`load_data` returns for this config, if already
+    loaded.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a skip_thoughts.Config, got {type(config).__name__}")
-    corpus, data = load_data(config)
+    corpus, data = load_data(config) if data is None else data
     threads = torch.get_num_threads()
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
