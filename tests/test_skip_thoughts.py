@@ -255,6 +255,7 @@ def test_configs_and_registry():
     p = st.get_config("paper")
     assert p.hidden_size == 2400 and p.word_dim == 620 and p.probe_folds == 10
     assert p.batch_size == 128 and p.timing_hidden == (2400,) and p.checkpoint
+    assert p.steps == 1_000_000 and p.eval_every == 50_000
     q = st.get_config("quick")
     assert q.timing_hidden[0] == q.hidden_size
     assert st.get_config("quick", steps=5).steps == 5

@@ -599,15 +599,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
         # Kiros et al.: 20k words, 620-d word vectors, 2400-d GRUs, batch 128, Adam, sentences
-        # up to 30 words; checkpoints evaluated every 50,000 updates of 1M in the paper.
+        # up to 30 words; the paper trains for 1M updates and evaluates every 50,000.
         "vocab_size": 20_000,
         "max_tokens": 30,
         "word_dim": 620,
         "hidden_size": 2400,
         "batch_size": 128,
         "lr": 1e-3,
-        "steps": 20_000,
-        "eval_every": 1000,
+        "steps": 1_000_000,
+        "eval_every": 50_000,
         "probe_folds": 10,
         "timing_hidden": (2400,),
         "timing_updates": 20,
