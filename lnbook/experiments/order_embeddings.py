@@ -22,18 +22,28 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook import GRU
 from lnbook.data import load_mnist
-from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    Table,
+    best_step,
+    make_config,
+    sweep,
+    updates_to_reach,
+)
+from lnbook.train import History, fit
 
 NAME = "order_embeddings"
 DESCRIPTION = (
@@ -44,8 +54,12 @@ DESCRIPTION = (
 __all__ = [
     "NAME",
     "DESCRIPTION",
+    "PAPER_TABLE2",
+    "TABLE2_COLUMNS",
+    "VARIANTS",
     "Config",
     "get_config",
+    "load_data",
     "run",
     "CaptionData",
     "image_attributes",
@@ -62,8 +76,11 @@ __all__ = [
     "recall_metrics",
     "OrderEmbedding",
     "evaluate",
-    "curves",
-    "steps_to_reach",
+    "evaluate_splits",
+    "random_recall",
+    "time_to_best",
+    "on_test",
+    "table2",
 ]
 
 PAD, UNK = "<pad>", "<unk>"
@@ -89,11 +106,11 @@ _THICK = [
 ]
 _WIDTH = [["narrow", "slim", "squeezed"], ["", "", ""], ["wide", "broad", "stretched"]]
 _SLANT = [
-    ["leaning left", "slanted to the left", "tilted left"],
-    ["standing upright", "upright", "straight up"],
-    ["leaning right", "slanted to the right", "tilted right"],
+    ["leftward", "left-leaning", "left-tilted"],
+    ["upright", "straight", "vertical"],
+    ["rightward", "right-leaning", "right-tilted"],
 ]
-_OPENERS = ["a", "the", "a handwritten", "an image of a", "a picture of a", "this is a"]
+_OPENERS = ["a", "the", "this", "my"]
 _NOUNS = ["digit", "number", "numeral", "figure"]
 
 
@@ -358,7 +375,10 @@ def order_violation(captions: Tensor, images: Tensor) -> Tensor:
             f"{tuple(captions.shape)} and {tuple(images.shape)}"
         )
     diff = captions.unsqueeze(1) - images.unsqueeze(0)  # (Nc, Ni, D)
-    return diff.clamp(min=0).pow(2).sum(dim=2)
+    if torch.is_grad_enabled() and (captions.requires_grad or images.requires_grad):
+        return diff.clamp(min=0).pow(2).sum(dim=2)
+    diff.clamp_(min=0)  # no graph to keep: work in place (evaluation on large splits)
+    return diff.mul_(diff).sum(dim=2)
 
 
 def contrastive_loss(captions: Tensor, images: Tensor, margin: float = 0.05) -> Tensor:
@@ -474,8 +494,6 @@ class OrderEmbedding(nn.Module):
         margin: float = 0.05,
     ) -> None:
         super().__init__()
-        from lnbook.rnn import GRU
-
         self.margin = margin
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.gru = GRU(word_dim, hidden_size, layer_norm=layer_norm, batch_first=True)
@@ -484,7 +502,7 @@ class OrderEmbedding(nn.Module):
     def encode_captions(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """``(B, L)`` ids and ``(B,)`` lengths -> ``(B, D)`` non-negative unit vectors."""
         x = self.embed(tokens)  # (B, L, word_dim)
-        out, _ = self.gru(x, lengths=lengths)  # (B, L, D)
+        out, _ = self.gru(x)  # (B, L, D): the state at t depends on words <= t only
         last = out[torch.arange(out.shape[0], device=out.device), lengths.to(out.device) - 1]
         return F.normalize(last, dim=1).abs()  # (B, D)
 
@@ -499,7 +517,7 @@ class OrderEmbedding(nn.Module):
 
 
 @torch.no_grad()
-def evaluate(model: OrderEmbedding, data: CaptionData, chunk: int = 500) -> dict[str, float]:
+def evaluate(model: OrderEmbedding, data: CaptionData, chunk: int = 2000) -> dict[str, float]:
     """Recall@K and mean rank of ``model`` on one split (all its images and captions)."""
     device = next(model.parameters()).device
     caps = []
@@ -509,41 +527,100 @@ def evaluate(model: OrderEmbedding, data: CaptionData, chunk: int = 500) -> dict
         caps.append(model.encode_captions(tokens, lengths))
     caps = torch.cat(caps)  # (Nc, D)
     imgs = model.encode_images(data.images.to(device))  # (Ni, D)
-    rows = max(1, 2**22 // (imgs.shape[0] * imgs.shape[1]))  # chunks of ~16 MB
+    rows = max(1, 2**18 // (imgs.shape[0] * imgs.shape[1]))  # chunks of ~1 MB: in cache
     scores = torch.cat(
         [-order_violation(caps[k : k + rows], imgs).cpu() for k in range(0, caps.shape[0], rows)]
     )  # (Nc, Ni)
     return recall_metrics(scores, data.caption_image)
 
 
+def evaluate_splits(model: OrderEmbedding, data: CaptionData, splits: int) -> dict[str, float]:
+    """:func:`evaluate` on ``splits`` equal consecutive parts of ``data``, averaged (Table 2).
+
+    The paper reports the mean over 5 test splits of 1,000 images (and their 5,000 captions).
+    """
+    if not 1 <= splits <= len(data):
+        raise ValueError(f"splits must be in [1, {len(data)}], got {splits}")
+    n = len(data) // splits
+    parts = [evaluate(model, data.subset(torch.arange(s * n, (s + 1) * n))) for s in range(splits)]
+    return {k: sum(p[k] for p in parts) / splits for k in parts[0]}
+
+
+def random_recall(n_images: int, k: int) -> float:
+    """Image-retrieval Recall@k (percent) of a random ranking of ``n_images``: 100 k / n.
+
+    The trivial predictor every trained model must beat before two models are compared.
+    """
+    if not 1 <= k <= n_images:
+        raise ValueError(f"need 1 <= k <= n_images, got k={k}, n_images={n_images}")
+    return 100.0 * k / n_images
+
+
 # ----------------------------------------------------------------------------- experiment
+
+#: Table 2 of the paper (MS-COCO, mean over 5 test splits): R@K in percent, mean rank.
+PAPER_TABLE2: dict[str, dict[str, float]] = {
+    "OE (paper)": {"c_r1": 46.6, "c_r5": 79.3, "c_r10": 89.1, "c_mean_r": 5.2,
+                   "i_r1": 37.8, "i_r5": 73.6, "i_r10": 85.7, "i_mean_r": 7.9},
+    "OE + LN (paper)": {"c_r1": 48.5, "c_r5": 80.6, "c_r10": 89.8, "c_mean_r": 5.1,
+                        "i_r1": 38.9, "i_r5": 74.3, "i_r10": 86.3, "i_mean_r": 7.6},
+}
+TABLE2_COLUMNS = ("c_r1", "c_r5", "c_r10", "c_mean_r", "i_r1", "i_r5", "i_r10", "i_mean_r")
+VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> layer_norm
 
 
 @dataclass
 class Config:
-    """Sizes and schedule of the order-embedding experiment (``quick`` or ``paper``)."""
+    """Sizes and schedule of the order-embedding experiment; :func:`get_config` gives presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        n_train, n_val: images from MNIST's training split (no overlap).
+        n_test: images from MNIST's test split, cut into ``test_splits`` equal splits.
+        test_splits: the paper averages over 5 test splits of 1,000 images.
+        captions_per_image: generated captions per image (COCO has 5).
+        word_dim, hidden_size: word vectors and GRU state (= embedding dimension).
+        margin: the contrastive margin (0.05 in Vendrov et al.'s code).
+        batch_size, lr: Adam's mini-batch and step size.
+        steps, eval_every: updates per run, and updates between validation evaluations.
+        seeds: seeds of initialization and batch order.
+        variants: names from :data:`VARIANTS`.
+        data_seed: seed of the captions and of the train/validation split.
+        source: MNIST source for :func:`lnbook.data.load_mnist`.
+        num_threads: torch CPU threads during the run (None: leave as is).
+        checkpoint: checkpoint every run (and its best model) under ``out`` and resume.
+    """
 
     scale: str = "quick"
-    n_train: int = 3500
-    n_val: int = 300
+    n_train: int = 80
+    n_val: int = 100
     n_test: int = 1000
-    test_splits: int = 1  # the paper averages over 5 test splits of 1,000 images
+    test_splits: int = 5
     captions_per_image: int = 5
     word_dim: int = 32
     hidden_size: int = 32
     margin: float = 0.05
-    batch_size: int = 128
-    lr: float = 1e-3
+    batch_size: int = 32
+    lr: float = 1e-2
     steps: int = 150
-    eval_every: int = 25
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    variants: list[str] = field(default_factory=lambda: ["baseline", "layer_norm"])
+    eval_every: int = 10
+    seeds: tuple[int, ...] = (0, 1, 2)
+    variants: tuple[str, ...] = ("baseline", "layer_norm")
     data_seed: int = 0
     source: str = "auto"
-    num_threads: int | None = 1  # torch CPU threads during the run (None: leave as is)
+    num_threads: int | None = 1
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"variants must be drawn from {tuple(VARIANTS)}, got {bad}")
+        if self.n_test % self.test_splits:
+            raise ValueError(f"n_test={self.n_test} must split into {self.test_splits} equal "
+                             "test splits")
 
 
-_PRESETS: dict[str, dict] = {
+_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
         # Vendrov et al.'s sizes: 300-d words, 1024-d GRU = embedding, batch 128, Adam 1e-3,
@@ -551,146 +628,150 @@ _PRESETS: dict[str, dict] = {
         "n_train": 59_000,
         "n_val": 1_000,
         "n_test": 5_000,
-        "test_splits": 5,
         "word_dim": 300,
         "hidden_size": 1024,
+        "batch_size": 128,
+        "lr": 1e-3,
         "steps": 30_000,
         "eval_every": 300,
-        "seeds": [0],
+        "seeds": (0,),
         "num_threads": None,
+        "checkpoint": True,
     },
 }
 
 
-def get_config(scale: str = "quick", **overrides) -> Config:
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` (CPU, seconds) or ``paper`` (GPU, paper sizes) preset, with overrides."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
-def _run_one(
-    cfg: Config, splits: dict, variant: str, seed: int, device: torch.device, out: Path | None
-) -> dict:
-    from lnbook.train import fit
+def load_data(config: Config) -> dict[str, CaptionData]:
+    """The train, validation and test splits ``config`` asks for (:func:`load_caption_data`)."""
+    return load_caption_data(config.n_train, config.n_val, config.n_test,
+                             config.captions_per_image, seed=config.data_seed,
+                             source=config.source)
 
-    torch.manual_seed(seed)
-    vocab = splits["train"].vocab
-    model = OrderEmbedding(
-        len(vocab), cfg.word_dim, cfg.hidden_size, layer_norm=variant == "layer_norm",
-        margin=cfg.margin,
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    # Keep the model with the best validation rsum, as the paper does; at paper scale in a
-    # file next to the checkpoint, so that a resumed run still knows it.
-    ckpt = best_path = None
-    if out is not None and cfg.scale == "paper":
-        ckpt = str(out / f"{NAME}_{variant}_seed{seed}.pt")
-        best_path = out / f"{NAME}_{variant}_seed{seed}_best.pt"
-    best: dict = {"rsum": -math.inf, "state": None}
+
+def _train_one(config: Config, splits: dict[str, CaptionData], job: Job
+               ) -> tuple[History, dict[str, Any]]:
+    """One (variant, seed): train, keep the best validation model, test it (mean over splits)."""
+    torch.manual_seed(job.seed)
+    model = OrderEmbedding(len(splits["train"].vocab), config.word_dim, config.hidden_size,
+                           layer_norm=job.params, margin=config.margin)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    # the model with the best validation rsum, as the paper keeps it; next to the checkpoint,
+    # so that a resumed run still knows it
+    best_path = None
+    if job.checkpoint is not None:
+        best_path = job.checkpoint.with_name(f"{job.checkpoint.stem}-best.pt")
+        best_path.parent.mkdir(parents=True, exist_ok=True)
+    best: dict[str, Any] = {"rsum": -math.inf, "state": None}
     if best_path is not None and best_path.exists():
         best.update(torch.load(best_path, weights_only=True))
 
     def eval_fn(m: nn.Module) -> dict[str, float]:
         metrics = evaluate(m, splits["val"])  # type: ignore[arg-type]
         if metrics["rsum"] > best["rsum"]:
-            best["rsum"] = metrics["rsum"]
-            best["state"] = copy.deepcopy(m.state_dict())
+            best.update(rsum=metrics["rsum"], state=copy.deepcopy(m.state_dict()))
             if best_path is not None:
                 torch.save(best, best_path)
         return metrics
 
-    history = fit(
-        model, CaptionBatches(splits["train"], cfg.batch_size, seed=seed), opt, cfg.steps,
-        cfg.eval_every, eval_fn=eval_fn, device=device, seed=seed, checkpoint=ckpt,
-    )
-    h = history.to_dict()
-    rsums = [m["rsum"] for m in h["metrics"]]
-    k_best = max(range(len(rsums)), key=lambda k: rsums[k])  # first best
+    hist = fit(model, CaptionBatches(splits["train"], config.batch_size, seed=job.seed), opt,
+               config.steps, config.eval_every, eval_fn=eval_fn, device=job.device,
+               seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     model.load_state_dict(best["state"])
     model.eval()
-    test = splits["test"]
-    n_split = len(test) // cfg.test_splits
-    per_split = [
-        evaluate(model, test.subset(torch.arange(s * n_split, (s + 1) * n_split)))
-        for s in range(cfg.test_splits)
-    ]
-    test_mean = {k: sum(p[k] for p in per_split) / len(per_split) for k in per_split[0]}
-    times = sorted(h["step_times"] or [h["wall_time"] / cfg.steps])
-    return {
-        "history": h,
-        "best_step": h["eval_steps"][k_best],
-        "best_val": rsums[k_best],
-        "test": test_mean,
+    rsums = hist.metric("rsum")
+    times = sorted(hist.step_times or [hist.wall_time / config.steps])
+    return hist, {
+        "best_step": best_step(hist.eval_steps, rsums, mode="max"),
+        "best_val": max(rsums),
+        "test": evaluate_splits(model, splits["test"], config.test_splits),
         "sec_per_update": times[len(times) // 2],  # median: robust to a busy machine
     }
 
 
 def run(
     config: Config,
-    device: str = "auto",
-    out: str | Path | None = None,
-    seeds=None,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
     data: dict[str, CaptionData] | None = None,
-) -> dict:
+) -> Results:
     """Train the baseline and the LN order-embedding models for every seed.
 
-    For each run the validation R@K are computed every ``eval_every`` updates, the model with
-    the best validation ``rsum`` is kept and evaluated on the test split(s) (mean over splits,
-    as Table 2). Returns ``{"name", "config", "runs": {variant: {seed: {...}}}}`` with each
-    run's history, best validation step and score, test metrics and seconds per update;
-    written to ``out/order_embeddings.json`` when ``out`` is given. ``data``: the splits of
-    :func:`load_caption_data` for this config, if already loaded (else they are loaded here).
+    Every ``eval_every`` updates the validation R@K are recorded (``Results.curves``); each
+    run keeps its model with the best validation ``rsum`` and evaluates it on the test splits.
+    ``Results.info_of(variant, key)`` gives per seed ``best_step``, ``best_val``, ``test``
+    (the metrics of :func:`recall_metrics`, mean over the test splits) and ``sec_per_update``
+    (median wall-clock seconds of one update). ``data``: the splits of :func:`load_data`, if
+    already loaded.
     """
-    from lnbook.experiments.protocol import save_results
-
-    dev = resolve_device(device)
-    seeds = list(config.seeds if seeds is None else seeds)
-    outdir = Path(out) if out is not None else None
-    if outdir is not None:
-        outdir.mkdir(parents=True, exist_ok=True)
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be an order_embeddings.Config, got {type(config).__name__}")
+    splits = data if data is not None else load_data(config)
     threads = torch.get_num_threads()
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     try:
-        t0 = time.perf_counter()
-        splits = data if data is not None else load_caption_data(
-            config.n_train, config.n_val, config.n_test, config.captions_per_image,
-            seed=config.data_seed, source=config.source,
+        return sweep(
+            NAME, {v: VARIANTS[v] for v in config.variants},
+            tuple(config.seeds if seeds is None else seeds),
+            lambda job: _train_one(config, splits, job), config=config, device=device,
+            out=out, checkpoint=config.checkpoint, steps=config.steps,
+            info={"mnist_source": load_mnist(split="test", source=config.source).source,
+                  "vocab_size": len(splits["train"].vocab),
+                  "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()}},
         )
-        runs: dict[str, dict[str, dict]] = {}
-        for variant in config.variants:
-            if variant not in ("baseline", "layer_norm"):
-                raise ValueError(f"variants must be 'baseline' or 'layer_norm', got {variant!r}")
-            runs[variant] = {
-                str(s): _run_one(config, splits, variant, s, dev, outdir) for s in seeds
-            }
-        results = {
-            "name": NAME,
-            "config": asdict(config),
-            "device": str(dev),
-            "mnist_source": load_mnist(split="test", source=config.source).source,
-            "vocab_size": len(splits["train"].vocab),
-            "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()},
-            "runs": runs,
-            "wall_time": time.perf_counter() - t0,
-        }
     finally:
         torch.set_num_threads(threads)
-    if outdir is not None:
-        save_results(results, outdir / f"{NAME}.json")
-    return results
 
 
-def curves(results: dict, metric: str, variant: str) -> tuple[list[int], Tensor]:
-    """Validation ``metric`` of every seed of ``variant``: (eval steps, ``(seeds, evals)``)."""
-    runs = results["runs"][variant]
-    steps = next(iter(runs.values()))["history"]["eval_steps"]
-    vals = torch.tensor([[m[metric] for m in r["history"]["metrics"]] for r in runs.values()])
-    return steps, vals
+# ----------------------------------------------------------------------------- measurements
 
 
-def steps_to_reach(steps: list[int], values: list[float], target: float) -> int | None:
-    """First step whose value is >= ``target``, or None if the run never gets there."""
-    for s, v in zip(steps, values, strict=True):
-        if v >= target:
-            return s
-    return None
+def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseline",
+                 other: str = "layer_norm") -> dict[str, np.ndarray]:
+    """How soon ``other`` reaches the best validation score of ``baseline``, seed by seed.
+
+    The paper's measure (section 6.1): LN "converges to its best validation model in 60% of
+    the time it takes the baseline model". Per seed, with evaluations at ``eval_steps``:
+
+    - ``base_best_step``: the update of the baseline's best ``metric`` (higher is better);
+    - ``plateaued``: that update comes before the baseline's last evaluation (the run went on
+      long enough to have a best model that is not simply its last);
+    - ``other_steps``: the first update at which ``other`` is at least as good as that best
+      score (NaN if it never gets there);
+    - ``ratio``: ``other_steps / base_best_step`` (inf if never; < 1: ``other`` is sooner).
+
+    Returns:
+        A dict of arrays ``(seeds,)``.
+    """
+    steps, base = results.curves(baseline, metric)  # (E,), (seeds, E)
+    _, oth = results.curves(other, metric)
+    best_at = np.array([best_step(steps, row, mode="max") for row in base], dtype=float)
+    reach = [updates_to_reach(steps, row, float(b), mode="max")
+             for row, b in zip(oth, base.max(axis=1), strict=True)]
+    other_steps = np.array([np.nan if r is None else r for r in reach], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(np.isnan(other_steps), np.inf, other_steps / best_at)
+    return {"base_best_step": best_at, "plateaued": best_at < steps[-1],
+            "other_steps": other_steps, "ratio": ratio}
+
+
+def on_test(results: Results, variant: str, metric: str = "rsum") -> np.ndarray:
+    """The test ``metric`` of each seed's best validation model: ``(seeds,)``."""
+    return np.array([t[metric] for t in results.info_of(variant, "test")], dtype=float)
+
+
+def table2(results: Results, columns: tuple[str, ...] = TABLE2_COLUMNS) -> Table:
+    """Our test results (mean over seeds) under the paper's Table 2 rows, one row per model."""
+    rows = [[name, *(f"{vals[c]:.1f}" for c in columns)] for name, vals in PAPER_TABLE2.items()]
+    for v in results.variants:
+        rows.append([f"{v} (ours)", *(f"{on_test(results, v, c).mean():.1f}"
+                                       for c in columns)])
+    return Table(["model", *columns], rows, caption=(
+        "c_ = caption retrieval, i_ = image retrieval, R@K in percent, mean_r = mean rank; "
+        f"ours: mean over seeds {', '.join(map(str, results.seeds))}"))

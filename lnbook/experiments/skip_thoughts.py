@@ -18,19 +18,29 @@ cross-validated linear (ridge) classifier.
 from __future__ import annotations
 
 import collections
-import math
+import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from pydoc_data.topics import topics as help_topics
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.device import resolve_device
-from lnbook.experiments.protocol import make_config
+from lnbook import GRU
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    Table,
+    make_config,
+    sweep,
+    updates_to_reach,
+)
+from lnbook.train import Batches, History, fit
 
 NAME = "skip_thoughts"
 DESCRIPTION = (
@@ -42,8 +52,11 @@ DESCRIPTION = (
 __all__ = [
     "NAME",
     "DESCRIPTION",
+    "PAPER_TABLE3",
+    "VARIANTS",
     "Config",
     "get_config",
+    "load_data",
     "run",
     "Corpus",
     "split_sentences",
@@ -53,12 +66,16 @@ __all__ = [
     "encode",
     "SkipThoughtData",
     "make_data",
+    "unigram_loss",
+    "bag_of_words",
     "SkipThoughts",
     "stratified_folds",
     "probe_accuracy",
-    "evaluate",
+    "heldout_loss",
+    "probe_scores",
     "time_per_update",
-    "final_table",
+    "updates_to_target",
+    "probe_table",
 ]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
@@ -122,8 +139,6 @@ def load_corpus(min_tokens: int = 3, max_tokens: int = 20) -> Corpus:
     """
     if not 1 <= min_tokens <= max_tokens:
         raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
-    from pydoc_data.topics import topics as help_topics
-
     names = sorted(help_topics)
     sentences, topic = [], []
     for k, name in enumerate(names):
@@ -255,6 +270,45 @@ def make_data(
     )
 
 
+def unigram_loss(data: SkipThoughtData) -> float:
+    """Held-out loss (nats per word) of the best predictor that knows only word frequencies.
+
+    The trivial predictor the skip-thought models must beat before they are compared: it
+    predicts every word of the previous and the next sentence (and the ``<eos>`` that ends
+    each) from the words' frequencies among the training triples' targets, add-one smoothed
+    over the words a decoder can emit (all but ``<pad>`` and ``<bos>``), and is scored on the
+    held-out triples' targets, pooled over words as :func:`heldout_loss` pools them.
+    """
+    size = len(data.vocab)
+
+    def counts(triples: Tensor) -> Tensor:
+        ids = data.tokens[triples[:, [0, 2]].flatten()]  # (2N, L): previous and next
+        c = torch.bincount(ids[ids != 0], minlength=size).double()  # (V,)
+        c[3] += ids.shape[0]  # one <eos> per sentence
+        return c
+
+    train, held = counts(data.train_triples), counts(data.test_triples)
+    allowed = torch.ones(size, dtype=torch.bool)
+    allowed[[0, 2]] = False  # <pad>, <bos>
+    p = (train + 1.0)[allowed]
+    p = p / p.sum()
+    return float(-(held[allowed] * p.log()).sum() / held.sum())
+
+
+def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
+    """Word counts of each sentence: ``(N, L)`` ids -> ``(N, vocab_size)`` floats.
+
+    Padding (id 0) is not counted. The reference a sentence encoder's probe accuracy is read
+    against: what a linear probe gets from the words alone, in any order.
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be (N, L) word ids, got shape {tuple(tokens.shape)}")
+    counts = torch.zeros(tokens.shape[0], vocab_size)
+    counts.scatter_add_(1, tokens, torch.ones(tokens.shape, dtype=counts.dtype))  # (N, V)
+    counts[:, 0] = 0.0
+    return counts
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -292,8 +346,6 @@ class SkipThoughts(nn.Module):
         self, vocab_size: int, word_dim: int, hidden_size: int, layer_norm: bool = False
     ) -> None:
         super().__init__()
-        from lnbook.rnn import GRU
-
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.encoder = GRU(word_dim, hidden_size, layer_norm=layer_norm, batch_first=True)
         self.dec_prev = GRU(word_dim + hidden_size, hidden_size, layer_norm=layer_norm,
@@ -304,10 +356,9 @@ class SkipThoughts(nn.Module):
 
     def encode(self, tokens: Tensor) -> Tensor:
         """Sentence vectors ``(B, H)`` of right-padded word ids ``(B, L)``."""
-        lengths = _lengths(tokens)
-        tokens = tokens[:, : int(lengths.max())]
-        _, h_n = self.encoder(self.embed(tokens), lengths=lengths)  # (1, B, H)
-        return h_n[-1]
+        lengths = _lengths(tokens)  # (B,)
+        out, _ = self.encoder(self.embed(tokens[:, : int(lengths.max())]))  # (B, L, H)
+        return out[torch.arange(out.shape[0], device=out.device), lengths - 1]  # (B, H)
 
     def _decode_loss(self, decoder: nn.Module, s: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         """Summed cross entropy of ``target`` (B, L) given s (B, H), and the word count."""
@@ -318,7 +369,7 @@ class SkipThoughts(nn.Module):
         inp = torch.cat([torch.full_like(tgt[:, :1], 2), tgt[:, :-1]], dim=1)  # <bos> + shift
         x = self.embed(inp)  # (B, L, E)
         x = torch.cat([x, s.unsqueeze(1).expand(-1, L, -1)], dim=2)  # (B, L, E + H)
-        out, _ = decoder(x, lengths=n_words + 1)  # (B, L, H)
+        out, _ = decoder(x)  # (B, L, H)
         logits = self.out(out)  # (B, L, V)
         ce = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=0, reduction="sum")
         return ce, (n_words + 1).sum()
@@ -395,24 +446,28 @@ def probe_accuracy(
     return 100.0 * torch.stack(correct).mean().item()
 
 
-@torch.no_grad()
-def evaluate(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> dict[str, float]:
-    """Held-out loss (nats per word) and the two probe accuracies (percent).
+def heldout_loss(model: SkipThoughts, data: SkipThoughtData) -> float:
+    """The skip-thought objective (nats per predicted word) on the held-out triples."""
+    device = next(model.parameters()).device
+    tri, toks = data.test_triples, data.tokens.to(device)
+    with torch.no_grad():
+        return model(toks[tri[:, 0]], toks[tri[:, 1]], toks[tri[:, 2]]).item()
 
-    ``heldout_loss``: the skip-thought objective on the held-out triples; ``topic``: the topic
-    probe on held-out sentences; ``neighbour``: the neighbour probe on pairs of held-out
-    sentences, features ``[|u - v|, u * v]``.
+
+@torch.no_grad()
+def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> dict[str, float]:
+    """Accuracy (percent) of the two linear probes on the frozen sentence vectors.
+
+    ``topic``: which of the probed topics a held-out sentence comes from; ``neighbour``: are
+    two held-out sentences consecutive, from the features ``[|u - v|, u * v]``.
     """
     device = next(model.parameters()).device
-    tri = data.test_triples
     toks = data.tokens.to(device)
-    loss = model(toks[tri[:, 0]], toks[tri[:, 1]], toks[tri[:, 2]]).item()
     need = torch.unique(torch.cat([data.topic_ids, data.pairs.flatten()]))
     vec = torch.zeros(data.tokens.shape[0], model.out.in_features)
     vec[need] = model.encode(toks[need]).cpu()  # (N, H), only the probed rows are filled
     u, v = vec[data.pairs[:, 0]], vec[data.pairs[:, 1]]
     return {
-        "heldout_loss": loss,
         "topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
         "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels, folds),
     }
@@ -440,16 +495,18 @@ def time_per_update(
         model and the median over updates of the ratio of the LN update's time to the time of
         the baseline update just before it.
     """
-    from lnbook.train import Batches
-
+    if updates < 1:
+        raise ValueError(f"updates must be >= 1, got {updates}")
     dev = torch.device(device)
     tri = data.train_triples
     batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
                       batch_size=batch_size, seed=seed)
-    models, opts, times = {}, {}, {"baseline": [], "layer_norm": []}
+    models, opts = {}, {}
+    times: dict[str, list[float]] = {"baseline": [], "layer_norm": []}
     for v in times:
         torch.manual_seed(seed)
-        models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size, v == "layer_norm").to(dev)
+        models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size,
+                                 layer_norm=VARIANTS[v]).to(dev)
         opts[v] = torch.optim.Adam(models[v].parameters(), lr=1e-3)
 
     def sync() -> None:
@@ -457,7 +514,6 @@ def time_per_update(
             torch.cuda.synchronize(dev)
 
     clock = time.process_time if dev.type == "cpu" else time.perf_counter
-
     for step in range(updates + 1):
         batch = tuple(t.to(dev) for t in batches(step))
         for v in times:
@@ -478,146 +534,208 @@ def time_per_update(
 
 # ----------------------------------------------------------------------------- experiment
 
+#: Table 3 of the paper: SICK (Pearson r, Spearman rho, MSE), then accuracy (percent) on MR,
+#: CR, SUBJ and MPQA; the dagger row trained for a month (about 1.7M updates), the others 1M.
+PAPER_TABLE3: dict[str, dict[str, float]] = {
+    "Original (Kiros et al.)": {"SICK r": 0.848, "SICK rho": 0.778, "SICK MSE": 0.287,
+                                "MR": 75.5, "CR": 79.3, "SUBJ": 92.1, "MPQA": 86.9},
+    "Ours": {"SICK r": 0.842, "SICK rho": 0.767, "SICK MSE": 0.298,
+             "MR": 77.3, "CR": 81.8, "SUBJ": 92.6, "MPQA": 87.9},
+    "Ours + LN": {"SICK r": 0.854, "SICK rho": 0.785, "SICK MSE": 0.277,
+                  "MR": 79.5, "CR": 82.6, "SUBJ": 93.4, "MPQA": 89.0},
+    "Ours + LN (1 month)": {"SICK r": 0.858, "SICK rho": 0.788, "SICK MSE": 0.270,
+                           "MR": 79.4, "CR": 83.1, "SUBJ": 93.7, "MPQA": 89.3},
+}
+VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> layer_norm
+
 
 @dataclass
 class Config:
-    """Sizes and schedule of the skip-thought experiment (``quick`` or ``paper``)."""
+    """Sizes and schedule of the skip-thought experiment; :func:`get_config` gives presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        vocab_size: words kept besides the four special tokens.
+        max_tokens: sentences are cut to their first ``max_tokens`` words.
+        heldout: fraction of every topic (its end) held out from training.
+        probe_topics, probe_folds: classes of the topic probe, cross-validation folds.
+        word_dim, hidden_size: word vectors and GRU states (= sentence vector size).
+        batch_size, lr: Adam's mini-batch (triples) and step size.
+        steps, eval_every: updates per run, and updates between held-out evaluations.
+        timing_hidden: state sizes at which :func:`time_per_update` is measured.
+        timing_updates: interleaved updates per variant for each timing.
+        seeds: seeds of initialization and batch order.
+        variants: names from :data:`VARIANTS`.
+        num_threads: torch CPU threads during the run (None: leave as is).
+        checkpoint: checkpoint every run under ``out`` and resume from it.
+    """
 
     scale: str = "quick"
-    vocab_size: int = 500
-    max_tokens: int = 12
+    vocab_size: int = 300
+    max_tokens: int = 6
     heldout: float = 0.2
     probe_topics: int = 8
     probe_folds: int = 5
     word_dim: int = 32
-    hidden_size: int = 48
-    batch_size: int = 64
-    lr: float = 3e-3
-    steps: int = 48
-    eval_every: int = 16
-    timing_updates: int = 10  # updates per variant for the interleaved timing (C14)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    variants: list[str] = field(default_factory=lambda: ["baseline", "layer_norm"])
-    num_threads: int | None = 1  # torch CPU threads during the run (None: leave as is)
+    hidden_size: int = 32
+    batch_size: int = 32
+    lr: float = 1e-2
+    steps: int = 60
+    eval_every: int = 5
+    timing_hidden: tuple[int, ...] = (32, 256)
+    timing_updates: int = 5
+    seeds: tuple[int, ...] = (0, 1, 2)
+    variants: tuple[str, ...] = ("baseline", "layer_norm")
+    num_threads: int | None = 1
+    checkpoint: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"variants must be drawn from {tuple(VARIANTS)}, got {bad}")
 
 
-_PRESETS: dict[str, dict] = {
+_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
         # Kiros et al.: 20k words, 620-d word vectors, 2400-d GRUs, batch 128, Adam, sentences
-        # up to 30 words; checkpoints evaluated every 50,000 updates of 1M in the paper.
+        # up to 30 words; the paper trains for 1M updates and evaluates every 50,000.
         "vocab_size": 20_000,
         "max_tokens": 30,
         "word_dim": 620,
         "hidden_size": 2400,
         "batch_size": 128,
         "lr": 1e-3,
-        "steps": 20_000,
-        "eval_every": 1000,
+        "steps": 1_000_000,
+        "eval_every": 50_000,
         "probe_folds": 10,
+        "timing_hidden": (2400,),
         "timing_updates": 20,
-        "seeds": [0],
+        "seeds": (0,),
         "num_threads": None,
+        "checkpoint": True,
     },
 }
 
 
-def get_config(scale: str = "quick", **overrides) -> Config:
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` (CPU, seconds) or ``paper`` (GPU, the paper's sizes) preset, with overrides."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
+    """The corpus and the triples and probe sets ``config`` asks for."""
+    corpus = load_corpus(max_tokens=config.max_tokens)
+    return corpus, make_data(corpus, config.vocab_size, config.heldout, config.probe_topics)
+
+
+def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History, dict[str, Any]]:
+    """One (variant, seed): probe the untrained encoder, train, probe again."""
+    torch.manual_seed(job.seed)
+    model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size,
+                         layer_norm=job.params)
+    start = probe_scores(model, data, config.probe_folds)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    tri = data.train_triples
+    batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
+                      batch_size=config.batch_size, seed=job.seed)
+    hist = fit(model, batches, opt, config.steps, config.eval_every,
+               eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},  # type: ignore[arg-type]
+               device=job.device, seed=job.seed, checkpoint=job.checkpoint, bar=job.bar,
+               label=job.label)
+    model.eval()
+    final = probe_scores(model, data, config.probe_folds)
+    times = sorted(hist.step_times or [hist.wall_time / config.steps])
+    return hist, {"probe_start": start, "probe_final": final,
+                  "sec_per_update": times[len(times) // 2]}
+
+
 def run(
-    config: Config, device: str = "auto", out: str | Path | None = None, seeds=None
-) -> dict:
-    """Train the baseline and the LN skip-thought models for every seed; probe as they train.
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+    data: tuple[Corpus, SkipThoughtData] | None = None,
+) -> Results:
+    """Train the baseline and the LN skip-thought models for every seed; probe before and after.
 
-    Every ``eval_every`` updates (and before the first) the held-out loss and both probe
-    accuracies are recorded. Returns ``{"name", "config", "corpus", "timing", "runs": {variant:
-    {seed: {"history", "final", "sec_per_update"}}}}``; ``sec_per_update`` is the median time
-    of one update in that run (evaluation excluded), ``timing`` the interleaved measurement of
-    :func:`time_per_update`. Written to ``out/skip_thoughts.json`` when ``out`` is given;
-    at paper scale each run checkpoints to ``out/`` and resumes from there.
+    Every ``eval_every`` updates the held-out loss is recorded (``Results.curves(variant,
+    "heldout_loss")``). ``Results.info_of(variant, key)`` gives per seed ``probe_start`` and
+    ``probe_final`` (the probes of :func:`probe_scores` on the untrained and the trained
+    encoder) and ``sec_per_update`` (median wall-clock seconds of one update).
+    ``Results.info`` holds the corpus sizes, ``unigram`` (:func:`unigram_loss`) and
+    ``timing``: :func:`time_per_update` at each state size of ``timing_hidden`` (keys are the
+    sizes as strings). ``data``: what :func:`load_data` returns for this config, if already
+    loaded.
     """
-    from lnbook.experiments.protocol import save_results
-    from lnbook.train import Batches, fit
-
-    dev = resolve_device(device)
-    seeds = list(config.seeds if seeds is None else seeds)
-    outdir = Path(out) if out is not None else None
-    if outdir is not None:
-        outdir.mkdir(parents=True, exist_ok=True)
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a skip_thoughts.Config, got {type(config).__name__}")
+    corpus, data = load_data(config) if data is None else data
     threads = torch.get_num_threads()
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
     try:
-        t0 = time.perf_counter()
-        corpus = load_corpus(max_tokens=config.max_tokens)
-        data = make_data(corpus, config.vocab_size, config.heldout, config.probe_topics)
-        tri = data.train_triples
-        runs: dict[str, dict[str, dict]] = {}
-        for variant in config.variants:
-            if variant not in ("baseline", "layer_norm"):
-                raise ValueError(f"variants must be 'baseline' or 'layer_norm', got {variant!r}")
-            runs[variant] = {}
-            for seed in seeds:
-                torch.manual_seed(seed)
-                model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size,
-                                     layer_norm=variant == "layer_norm")
-                opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-                batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]],
-                                  data.tokens[tri[:, 2]], batch_size=config.batch_size, seed=seed)
-                ckpt = None
-                if outdir is not None and config.scale == "paper":
-                    ckpt = str(outdir / f"{NAME}_{variant}_seed{seed}.pt")
-                hist = fit(
-                    model, batches, opt, config.steps, config.eval_every,
-                    eval_fn=lambda m: evaluate(m, data, config.probe_folds),  # noqa: B023
-                    device=dev, seed=seed, checkpoint=ckpt,
-                ).to_dict()
-                times = sorted(hist["step_times"] or [hist["wall_time"] / config.steps])
-                runs[variant][str(seed)] = {
-                    "history": hist,
-                    "final": hist["metrics"][-1],
-                    "sec_per_update": times[len(times) // 2],
-                }
-        timing = time_per_update(data, config.word_dim, config.hidden_size, config.batch_size,
-                                 config.timing_updates, dev)
-        results = {
-            "name": NAME,
-            "config": asdict(config),
-            "device": str(dev),
-            "timing": timing,
+        timing = {str(h): time_per_update(data, config.word_dim, h, config.batch_size,
+                                          config.timing_updates)
+                  for h in config.timing_hidden}
+        info = {
             "corpus": {
                 "source": corpus.source,
                 "topics": len(corpus.topics),
                 "sentences": len(corpus),
                 "words": sum(len(s) for s in corpus.sentences),
-                "train_triples": int(tri.shape[0]),
+                "train_triples": int(data.train_triples.shape[0]),
                 "test_triples": int(data.test_triples.shape[0]),
                 "vocab": len(data.vocab),
                 "probe_topics": data.topic_names,
                 "topic_probe_sentences": int(data.topic_ids.numel()),
                 "neighbour_probe_pairs": int(data.pairs.shape[0]),
             },
-            "runs": runs,
-            "wall_time": time.perf_counter() - t0,
+            "unigram": unigram_loss(data),
+            "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
+            / len(data.topic_labels),
+            "timing": timing,
         }
+        return sweep(NAME, {v: VARIANTS[v] for v in config.variants},
+                     tuple(config.seeds if seeds is None else seeds),
+                     lambda job: _train_one(config, data, job), config=config, device=device,
+                     out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
     finally:
         torch.set_num_threads(threads)
-    if outdir is not None:
-        save_results(results, outdir / f"{NAME}.json")
-    return results
 
 
-def final_table(results: dict) -> dict[str, dict[str, tuple[float, float]]]:
-    """Mean and standard deviation over seeds of every final metric, per variant (Table 3)."""
-    table = {}
-    for variant, runs in results["runs"].items():
-        finals = [r["final"] | {"sec_per_update": r["sec_per_update"]} for r in runs.values()]
-        table[variant] = {}
-        for k in finals[0]:
-            x = torch.tensor([f[k] for f in finals], dtype=torch.float64)
-            sd = x.std().item() if len(x) > 1 else math.nan
-            table[variant][k] = (x.mean().item(), sd)
-    return table
+# ----------------------------------------------------------------------------- measurements
+
+
+def updates_to_target(results: Results, target: float,
+                      metric: str = "heldout_loss") -> dict[str, np.ndarray]:
+    """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (NaN: never)."""
+    out = {}
+    for v in results.variants:
+        steps, values = results.curves(v, metric)  # (E,), (seeds, E)
+        reach = [updates_to_reach(steps, row, target, mode="min") for row in values]
+        out[v] = np.array([np.nan if r is None else r for r in reach], dtype=float)
+    return out
+
+
+def probe_table(results: Results, fmt: str = ".1f") -> Table:
+    """Probe accuracies (percent) of the untrained and the trained encoders, one value per seed."""
+    rows = []
+    for v in results.variants:
+        cells = [v]
+        for when in ("probe_start", "probe_final"):
+            for probe in ("topic", "neighbour"):
+                vals = [p[probe] for p in results.info_of(v, when)]
+                cells.append(" / ".join(format(x, fmt) for x in vals))
+        rows.append(cells)
+    seeds = ", ".join(str(s) for s in results.seeds)
+    return Table(["variant", "topic (untrained)", "neighbour (untrained)", "topic (trained)",
+                  "neighbour (trained)"], rows, caption=f"percent; one value per seed ({seeds})")
+
+
+def paper_table3() -> Table:
+    """The paper's Table 3 as a small table."""
+    cols = list(next(iter(PAPER_TABLE3.values())))
+    return Table(["model", *cols], [[k, *(f"{v[c]:g}" for c in cols)]
+                                    for k, v in PAPER_TABLE3.items()],
+                 caption="Ba et al. (2016), Table 3: SICK correlations and MSE, accuracies in %")
