@@ -308,8 +308,10 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
 def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
     """Which part is off when no known mistake matches: read the output's own statistics."""
     dims = _dims(case.x, case.shape)
-    idx = tuple(int(i) for i in torch.unravel_index(
-        (y.to(_F64) - ref).abs().argmax(), tuple(y.shape)))
+    flat, idx = int((y.to(_F64) - ref).abs().argmax()), ()
+    for size in reversed(y.shape):  # the flat index as a tuple (no torch.unravel_index: its
+        flat, i = divmod(flat, size)  # first call imports sympy, seconds of start-up)
+        idx = (i, *idx)
     at = (f"largest difference {err:.2e} at index {idx}: expected {float(ref[idx]):.6g}, "
           f"got {float(y[idx]):.6g}")
     if case.plain:
@@ -671,9 +673,14 @@ def check_ln_mlp(
     def evaluate(m: nn.Module) -> dict[str, float]:
         return classification_metrics(m, xt, yt)
 
-    hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
-               eval_every=steps, eval_fn=evaluate, device="cpu", seed=seed,
-               loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only add overhead
+    try:
+        hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
+                   eval_every=steps, eval_fn=evaluate, device="cpu", seed=seed,
+                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
+    finally:
+        torch.set_num_threads(threads)
     trivial = prior_nll(y, yt)
     before, after = hist.metric("nll")[0], hist.metric("nll")[-1]
     error = hist.metric("error")[-1]
