@@ -8,10 +8,10 @@ layers, trained on the 8x8 digits. The reader calls one checker per exercise:
 - :func:`check_layer_norm` runs the reader's ``fn(x, normalized_shape, g, b, eps)`` on eight
   small cases (two dtypes, ``normalized_shape`` of length 1 and 2, rows whose variance is
   close to ``eps``, a constant row) against :func:`torch.nn.functional.layer_norm`;
-- :func:`check_layer_norm_backward` compares the reader's ``(dL/dx, dL/dg, dL/db)`` with
+- :func:`check_layer_norm_backward` compares the reader's ``(dL/da, dL/dg, dL/db)`` with
   autograd;
 - :func:`check_ln_mlp` looks where the reader's model applies layer normalization, then trains
-  it for a few hundred updates and asks for a held-out loss well below the trivial predictor's.
+  it for a hundred updates and asks for a held-out loss well below the trivial predictor's.
 
 On the first disagreement a checker raises :class:`ExerciseError` (an ``AssertionError``, so
 a wrong solution fails the book's build) whose message says *which part* is wrong (the shape,
@@ -66,7 +66,7 @@ class ExerciseError(AssertionError):
         exercise: the checker that raised it, e.g. ``"check_layer_norm"``.
         part: what is wrong, one short word: ``"error"``, ``"type"``, ``"shape"``, ``"dtype"``,
             ``"axes"``, ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"nan"``,
-            ``"dL/dx"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``, ``"output"``,
+            ``"dL/da"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``, ``"output"``,
             ``"training"`` or ``"other"``.
         case: the test case it was found on (shape, dtype, what it probes).
     """
@@ -127,6 +127,8 @@ class _Case:
     eps: float
     plain: bool = False  # g = 1 and b = 0: the output is the normalized x itself
     constant_row: int | None = None  # index of a row whose entries are all equal
+    probe: str = "other"  # the part this case tests, named when an unknown mistake shows here
+    hint: str = ""  # what a right answer does on this case
 
 
 def _forward_cases() -> list[_Case]:
@@ -147,18 +149,25 @@ def _forward_cases() -> list[_Case]:
     return [
         _Case("x (4, 8), normalized_shape (8,), g = 1, b = 0, float64", x, (8,), ones, zeros,
               1e-5, plain=True),
-        _Case("x (4, 8), normalized_shape (8,), a random gain g and bias b", x, (8,), g, b, 1e-5),
+        _Case("x (4, 8), normalized_shape (8,), a random gain g and bias b", x, (8,), g, b, 1e-5,
+              probe="gain/bias", hint="with g = 1 and b = 0 your output was right; the output "
+              "is g * x_hat + b, elementwise, with g and b of shape normalized_shape"),
         _Case("rows whose variance (about 1e-5) is close to eps = 1e-5",
-              1.0 + 3e-3 * randn(4, 8), (8,), g, b, 1e-5),
-        _Case("eps = 0.5 passed as the last argument", x, (8,), g, b, 0.5),
+              1.0 + 3e-3 * randn(4, 8), (8,), g, b, 1e-5, probe="eps",
+              hint="here eps is as large as the variance: sigma = sqrt(var + eps)"),
+        _Case("eps = 0.5 passed as the last argument", x, (8,), g, b, 0.5, probe="eps",
+              hint="use the eps argument, inside the square root: sqrt(var + eps)"),
         _Case("x (B, T, D) = (2, 3, 5), normalized_shape (5,): one mean per (b, t)", x3, (5,),
-              gain(5), randn(5), 1e-5),
+              gain(5), randn(5), 1e-5, probe="axes", hint="the statistics are taken over the "
+              "last dimension only, one (mu, sigma) per (b, t)"),
         _Case("x (B, T, D) = (2, 3, 5), normalized_shape (3, 5): one mean per b", x3, (3, 5),
-              gain(3, 5), randn(3, 5), 1e-5),
+              gain(3, 5), randn(3, 5), 1e-5, probe="axes", hint="the statistics are taken over "
+              "the last two dimensions together, one (mu, sigma) per b"),
         _Case("float32 input (16, 32): the output stays float32", (3.0 + 2.0 * randn(16, 32))
               .float(), (32,), gain(32).float(), randn(32).float(), 1e-5),
         _Case("a row whose 8 entries are all 7.0 (variance 0)", xc, (8,), g, b, 1e-5,
-              constant_row=1),
+              constant_row=1, probe="eps", hint="a constant row comes out as the bias b: "
+              "(x - mu) is 0 and sqrt(0 + eps) keeps the division finite"),
     ]
 
 
@@ -332,11 +341,7 @@ def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[
     if err < 1e-3:
         return "other", (f"close but not equal to torch ({at}). Rounding of this size "
                          f"suggests a different formula or an intermediate in lower precision")
-    if not case.plain and case.name.startswith("x (4, 8), normalized_shape (8,), a random"):
-        return "gain/bias", (f"with g = 1 and b = 0 your output was right, but with a random "
-                             f"gain and bias it is not: the output is g * x_hat + b, "
-                             f"elementwise, with g and b of shape normalized_shape; {at}")
-    return "other", at
+    return case.probe, (f"{case.hint}; {at}" if case.hint else at)
 
 
 def check_layer_norm(fn: ForwardFn) -> CheckReport:
@@ -370,72 +375,73 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
 # Exercise 3.2: the backward pass
 
 
-def _reference_grads(dy: Tensor, x: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
-    x, g = x.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
+def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
+    a, g = a.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
     b = torch.zeros_like(g, requires_grad=True)
-    y = F.layer_norm(x, (x.shape[-1],), g, b, eps)  # (N, D)
+    y = F.layer_norm(a, (a.shape[-1],), g, b, eps)  # (N, H)
     # the scalar sum(y * dy) has gradient dy with respect to y (passing dy as grad_outputs
     # would give the same numbers, but its first call imports sympy, seconds of start-up)
-    return torch.autograd.grad((y * dy).sum(), (x, g, b))
+    return torch.autograd.grad((y * dy).sum(), (a, g, b))
 
 
-def _backward_variants(dy: Tensor, x: Tensor, g: Tensor, eps: float) -> dict[str, Tensor]:
-    """The pieces of the backward, and each known mistake's dL/dx, dL/dg, dL/db (float64)."""
-    mu = x.mean(-1, keepdim=True)  # (N, 1)
-    var = ((x - mu) ** 2).mean(-1, keepdim=True)  # (N, 1) biased, as the forward
+def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, Tensor]:
+    """Each known mistake's dL/da, dL/dg or dL/db (float64), keyed ``"da: ..."`` etc."""
+    mu = a.mean(-1, keepdim=True)  # (N, 1)
+    var = ((a - mu) ** 2).mean(-1, keepdim=True)  # (N, 1) biased, as the forward
     sigma = (var + eps).sqrt()  # (N, 1)
-    x_hat = (x - mu) / sigma  # (N, D)
-    u = dy * g  # (N, D) dL/dx_hat
+    a_hat = (a - mu) / sigma  # (N, H)
+    u = dy * g  # (N, H) dL/da_hat
+    h = a.shape[-1]
 
-    def dx(u: Tensor, s: Tensor = sigma, mean_u: bool = True, proj: float = 1.0,
+    def da(u: Tensor, s: Tensor = sigma, mean_u: bool = True, proj: float = 1.0,
            times_sigma: bool = False) -> Tensor:
-        xh = (x - mu) / s  # (N, D) the x_hat that this (possibly wrong) sigma gives
+        ah = (a - mu) / s  # (N, H) the a_hat that this (possibly wrong) sigma gives
         m = u.mean(-1, keepdim=True) if mean_u else 0.0
-        bracket = u - m - proj * xh * (u * xh).mean(-1, keepdim=True)
+        bracket = u - m - proj * ah * (u * ah).mean(-1, keepdim=True)  # (N, H)
         return bracket * s if times_sigma else bracket / s
 
     return {
-        "dx: gain forgotten": dx(dy),
-        "dx: mean(u) term missing": dx(u, mean_u=False),
-        "dx: x_hat * mean(u x_hat) term missing": dx(u, proj=0.0),
-        "dx: both mean terms missing": dx(u, mean_u=False, proj=0.0),
-        "dx: sign of the x_hat term": dx(u, proj=-1.0),
-        "dx: times sigma": dx(u, times_sigma=True),
-        "dx: sigma without eps": dx(u, s=var.sqrt()),
-        "dx: unbiased sigma": dx(u, s=(var * x.shape[-1] / (x.shape[-1] - 1) + eps).sqrt()),
-        "dg: x instead of x_hat": (dy * x).sum(0),
-        "dg: x_hat forgotten": dy.sum(0),
-        "dg: mean over rows": (dy * x_hat).mean(0),
-        "dg: times g": (dy * x_hat * g).sum(0),
-        "dg: sigma without eps": (dy * (x - mu) / var.sqrt()).sum(0),
+        "da: gain forgotten": da(dy),
+        "da: mean(u) term missing": da(u, mean_u=False),
+        "da: a_hat term missing": da(u, proj=0.0),
+        "da: both terms missing": da(u, mean_u=False, proj=0.0),
+        "da: sign of the a_hat term": da(u, proj=-1.0),
+        "da: times sigma": da(u, times_sigma=True),
+        "da: sigma without eps": da(u, s=var.sqrt()),
+        "da: unbiased sigma": da(u, s=(var * h / (h - 1) + eps).sqrt()),
+        "dg: a instead of a_hat": (dy * a).sum(0),
+        "dg: a_hat forgotten": dy.sum(0),
+        "dg: mean over rows": (dy * a_hat).mean(0),
+        "dg: times g": (dy * a_hat * g).sum(0),
+        "dg: sigma without eps": (dy * (a - mu) / var.sqrt()).sum(0),
         "db: mean over rows": dy.mean(0),
         "db: times g": (dy * g).sum(0),
     }
 
 
 _BACKWARD_WHY = {
-    "dx: gain forgotten": "the gradient reaching x_hat is u = dL/dy * g; you used dL/dy itself",
-    "dx: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
-    "x_j moves by 1/D (so dL/dx must sum to 0 over each row)",
-    "dx: x_hat * mean(u x_hat) term missing": "the term - x_hat * mean(u * x_hat) is missing: "
-    "it comes from sigma, which x_j moves by x_hat_j / D",
-    "dx: both mean terms missing": "you kept only u / sigma: x also moves mu and sigma, which "
-    "adds - mean(u) - x_hat * mean(u * x_hat) inside the bracket",
-    "dx: sign of the x_hat term": "the x_hat term has the wrong sign: dL/dx = (u - mean(u) - "
-    "x_hat * mean(u * x_hat)) / sigma",
-    "dx: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
-    "dx: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps), and the "
+    "da: gain forgotten": "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
+    "da: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
+    "a_j moves by 1/H (so dL/da must sum to 0 over each row)",
+    "da: a_hat term missing": "the term - a_hat * mean(u * a_hat) is missing: it comes from "
+    "sigma, which a_j moves by a_hat_j / H",
+    "da: both terms missing": "you kept only u / sigma: a also moves mu and sigma, which adds "
+    "- mean(u) - a_hat * mean(u * a_hat) inside the bracket",
+    "da: sign of the a_hat term": "the a_hat term has the wrong sign: dL/da = (u - mean(u) - "
+    "a_hat * mean(u * a_hat)) / sigma",
+    "da: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
+    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps), and the "
     "backward must divide by the same sigma",
-    "dx: unbiased sigma": "your sigma uses the unbiased variance (D - 1); the forward divides by "
-    "D, and the backward must use the same sigma",
-    "dg: x instead of x_hat": "dL/dg multiplies dL/dy by x_hat, the normalized input, not by x",
-    "dg: x_hat forgotten": "dL/dg is the sum over rows of dL/dy * x_hat; you summed dL/dy alone "
-    "(that is dL/db)",
-    "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); you "
-    "averaged",
-    "dg: times g": "dL/dg is the sum over rows of dL/dy * x_hat, with no factor g",
-    "dg: sigma without eps": "your x_hat divides by a sigma with no eps; the forward's x_hat is "
-    "(x - mu) / sqrt(var + eps), and dL/dg = sum over rows of dL/dy * x_hat uses that one",
+    "da: unbiased sigma": "your sigma uses the unbiased variance (H - 1); the forward divides "
+    "by H, and the backward must use the same sigma",
+    "dg: a instead of a_hat": "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
+    "dg: a_hat forgotten": "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy "
+    "alone (that is dL/db)",
+    "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); "
+    "you averaged",
+    "dg: times g": "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
+    "dg: sigma without eps": "your a_hat divides by a sigma with no eps; the forward's a_hat is "
+    "(a - mu) / sqrt(var + eps), and dL/dg = sum over rows of dL/dy * a_hat uses that one",
     "db: mean over rows": "dL/db sums dL/dy over the rows of the batch; you averaged",
     "db: times g": "dL/db is the sum over rows of dL/dy, with no factor g",
 }
@@ -447,10 +453,10 @@ def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=gen, dtype=_F64)
 
-    return [
-        ("x (6, 10), a random gain, float64", 1.0 + 2.0 * randn(6, 10),
+    return [  # (what it tests, a, g, dy, eps)
+        ("a (6, 10), a random gain, float64", 1.0 + 2.0 * randn(6, 10),
          0.5 + torch.rand(10, generator=gen, dtype=_F64), randn(6, 10), 1e-5),
-        ("rows whose variance (about 1e-5) is close to eps = 1e-5, x (3, 16)",
+        ("a (3, 16) with rows whose variance (about 1e-5) is close to eps = 1e-5",
          1.0 + 3e-3 * randn(3, 16), 0.5 + torch.rand(16, generator=gen, dtype=_F64),
          randn(3, 16), 1e-5),
     ]
@@ -459,59 +465,67 @@ def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
 def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
     """Check the reader's hand-written backward of layer normalization (Exercise 3.2).
 
-    ``fn(dy, x, g, eps)`` gets ``x`` of shape ``(N, D)`` (normalized over its last dimension,
-    as ``y = g * x_hat + b``), the gain ``g`` ``(D,)`` and the upstream gradient ``dy = dL/dy``
-    ``(N, D)``, and returns ``(dL/dx (N, D), dL/dg (D,), dL/db (D,))``. They are compared with
-    autograd through :func:`torch.nn.functional.layer_norm` in float64; the first gradient
-    that disagrees is named, with the mistake when it is a known one.
+    ``fn(dy, a, g, eps)`` gets the summed inputs ``a`` of shape ``(N, H)`` (normalized over
+    their last dimension, ``y = g * a_hat + b``), the gain ``g`` ``(H,)`` and the upstream
+    gradient ``dy = dL/dy`` ``(N, H)``, and returns ``(dL/da (N, H), dL/dg (H,), dL/db (H,))``,
+    in the notation of chapter 3. They are compared with
+    autograd through :func:`torch.nn.functional.layer_norm` in float64 on two cases (one with
+    rows whose variance is close to ``eps``); the first gradient that disagrees is named, with
+    the mistake when it is a known one.
+
+    Args:
+        fn: the reader's backward, ``fn(dy, a, g, eps) -> (da, dg, db)``.
+
+    Returns:
+        A :class:`CheckReport` with one row per gradient and case.
 
     Raises:
         ExerciseError: ``err.part`` is ``"type"``, ``"shape"``, ``"dL/db"``, ``"dL/dg"`` or
-            ``"dL/dx"``.
+            ``"dL/da"``.
     """
     __tracebackhide__ = True
     name = "check_layer_norm_backward"
     if not callable(fn):
         raise TypeError(f"{name} takes your function, got {type(fn).__name__}")
     checks = []
-    for case, x, g, dy, eps in _backward_cases():
-        shown = f"fn(dy, x, g, {eps:g}) with dy and x of shape {_fmt_shape(x.shape)}"
-        got = _call(name, fn, (dy.clone(), x.clone(), g.clone(), eps), shown, case)
+    for case, a, g, dy, eps in _backward_cases():
+        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {_fmt_shape(a.shape)}"
+        got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
         if not (isinstance(got, Sequence) and len(got) == 3
                 and all(isinstance(t, Tensor) for t in got)):
-            raise ExerciseError(name, "type", "return three tensors, (dL/dx, dL/dg, dL/db)",
+            raise ExerciseError(name, "type", "return three tensors, (dL/da, dL/dg, dL/db)",
                                 case)
-        want = _reference_grads(dy, x, g, eps)
-        variants = _backward_variants(dy, x, g, eps)
-        for label, mine, ref in zip(("dL/dx", "dL/dg", "dL/db"), got, want, strict=True):
+        want = _reference_grads(dy, a, g, eps)
+        mistakes = _backward_mistakes(dy, a, g, eps)
+        for label, mine, ref in zip(("dL/da", "dL/dg", "dL/db"), got, want, strict=True):
             if tuple(mine.shape) != tuple(ref.shape):
                 hint = (" The gain and the bias are shared by every row, so their gradients "
-                        "sum the rows' contributions: .sum(0)." if label != "dL/dx" else "")
+                        "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
                 raise ExerciseError(name, "shape", f"{label} has shape {_fmt_shape(mine.shape)},"
                                     f" expected {_fmt_shape(ref.shape)}.{hint}", case)
-        checks += _compare_grads(name, case, got, want, variants)
+        checks += _compare_grads(name, case, got, want, mistakes)
     return CheckReport(name, checks)
 
 
 def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor],
-                   variants: dict[str, Tensor]) -> list[tuple[str, str]]:
+                   mistakes: dict[str, Tensor]) -> list[tuple[str, str]]:
     __tracebackhide__ = True
     rows = []
-    # the simplest first: dL/db, then dL/dg, then dL/dx
-    for i, label, key in ((2, "dL/db", "db"), (1, "dL/dg", "dg"), (0, "dL/dx", "dx")):
+    # the simplest first: dL/db, then dL/dg, then dL/da
+    for i, label, key in ((2, "dL/db", "db"), (1, "dL/dg", "dg"), (0, "dL/da", "da")):
         err = _max_diff(got[i], want[i])
         if err <= 1e-9:
             rows.append((f"{label}: {case}", f"max |yours - autograd| = {err:.1e}"))
             continue
-        for mistake, wrong in variants.items():
+        for mistake, wrong in mistakes.items():
             if (mistake.startswith(key) and _max_diff(wrong, want[i]) > 1e-8
                     and _max_diff(got[i], wrong) <= 1e-9):
                 raise ExerciseError(name, label, f"{label} is wrong: {_BACKWARD_WHY[mistake]}",
                                     case)
         extra = ""
-        if key == "dx":
+        if key == "da":
             sums = float(got[0].detach().to(_F64).sum(-1).abs().max())
-            extra = (f" A check that needs no reference: each row of dL/dx must sum to 0 "
+            extra = (f" A check that needs no reference: each row of dL/da must sum to 0 "
                      f"(adding a constant to a row changes nothing); yours sums to up to "
                      f"{sums:.2e}.")
         raise ExerciseError(name, label, f"{label} differs from autograd by up to {err:.2e}."
@@ -538,7 +552,19 @@ def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
     """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies.
 
     A classifier that ignores its input can do no better on average; a trained model must
-    beat it clearly before it counts as having learned anything.
+    beat it clearly before it counts as having learned anything. The frequencies are smoothed
+    by adding one to every class count, so that a class absent from ``y_train`` costs a
+    finite loss.
+
+    Args:
+        y_train: training labels ``(N,)``, integers in ``[0, classes)``.
+        y_test: held-out labels ``(M,)``.
+        classes: the number of classes.
+
+    Example::
+
+        >>> round(prior_nll(torch.tensor([0, 1, 2, 3]), torch.tensor([1]), classes=4), 4)
+        1.3863
     """
     counts = torch.bincount(y_train, minlength=classes).to(_F64) + 1.0  # add-one smoothing
     logp = (counts / counts.sum()).log()
@@ -628,6 +654,14 @@ def check_ln_mlp(
     3. trains the model with Adam (``steps`` updates of ``batch_size`` examples) on the
        digits' training split with :func:`lnbook.fit`, and asks for a held-out NLL below
        ``margin`` times that of the trivial predictor (:func:`prior_nll`).
+
+    Args:
+        model_fn: builds the reader's model, ``model_fn() -> nn.Module``.
+        steps: Adam updates of the training check.
+        batch_size: examples per update.
+        lr: Adam's step size.
+        seed: seeds the initialization (``model_fn`` runs under it) and the batch order.
+        margin: the held-out NLL must fall below ``margin`` x the trivial predictor's.
 
     Returns:
         A :class:`CheckReport`; ``figures`` holds ``nll_before``, ``nll_after``,

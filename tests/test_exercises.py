@@ -154,6 +154,21 @@ def test_wrong_forward_gets_its_diagnosis(fn, part, phrase):
     assert isinstance(info.value, AssertionError)  # a wrong solution fails an executed notebook
 
 
+def test_unknown_mistakes_are_blamed_on_the_part_their_case_probes():
+    def gain_twice(x, shape, g, b, eps=1e-5):  # no catalog entry; right when g = 1
+        return by_hand(x, shape, g * g, b, eps)
+
+    def both_dims_as_last(x, shape, g, b, eps=1e-5):  # right for one trailing dimension only
+        if len(shape) == 1:
+            return by_hand(x, shape, g, b, eps)
+        return by_hand(x.flip(-1), shape, g, b, eps).flip(-1) * 1.1
+
+    for fn, part in ((gain_twice, "gain/bias"), (both_dims_as_last, "axes")):
+        with pytest.raises(ex.ExerciseError) as info:
+            ex.check_layer_norm(fn)
+        assert info.value.part == part, str(info.value)
+
+
 def test_forward_checker_refuses_a_non_function():
     with pytest.raises(TypeError, match="takes your function"):
         ex.check_layer_norm(torch.zeros(3))
@@ -179,17 +194,17 @@ def backward(dy, x, g, eps=1e-5, *, mean_u=True, proj=1.0, gain=True, dg_x=False
 def test_right_backward_passes():
     report = ex.check_layer_norm_backward(backward)
     assert len(report.checks) == 6  # three gradients, two cases
-    assert [c.split(":")[0] for c, _ in report.checks[:3]] == ["dL/db", "dL/dg", "dL/dx"]
+    assert [c.split(":")[0] for c, _ in report.checks[:3]] == ["dL/db", "dL/dg", "dL/da"]
 
 
 @pytest.mark.parametrize("kwargs, part, phrase", [
-    ({"mean_u": False}, "dL/dx", "- mean(u) is missing"),
-    ({"proj": 0.0}, "dL/dx", "x_hat * mean(u * x_hat) is missing"),
-    ({"mean_u": False, "proj": 0.0}, "dL/dx", "only u / sigma"),
-    ({"proj": -1.0}, "dL/dx", "wrong sign"),
-    ({"gain": False}, "dL/dx", "u = dL/dy * g"),
+    ({"mean_u": False}, "dL/da", "- mean(u) is missing"),
+    ({"proj": 0.0}, "dL/da", "a_hat * mean(u * a_hat) is missing"),
+    ({"mean_u": False, "proj": 0.0}, "dL/da", "only u / sigma"),
+    ({"proj": -1.0}, "dL/da", "wrong sign"),
+    ({"gain": False}, "dL/da", "u = dL/dy * g"),
     ({"sigma_eps": False}, "dL/dg", "no eps"),
-    ({"dg_x": True}, "dL/dg", "not by x"),
+    ({"dg_x": True}, "dL/dg", "not by a"),
     ({"db_mean": True}, "dL/db", "you averaged"),
     ({"summed": False}, "shape", ".sum(0)"),
 ])
@@ -208,9 +223,9 @@ def test_backward_unknown_mistake_names_the_gradient_and_the_row_sums():
         dx, dg, db = backward(dy, x, g, eps)
         return dx + 0.01, dg, db
 
-    with pytest.raises(ex.ExerciseError, match="each row of dL/dx must sum to 0") as info:
+    with pytest.raises(ex.ExerciseError, match="each row of dL/da must sum to 0") as info:
         ex.check_layer_norm_backward(off)
-    assert info.value.part == "dL/dx"
+    assert info.value.part == "dL/da"
 
 
 def test_backward_must_return_three_tensors():
