@@ -1,0 +1,737 @@
+"""Checkers for the coding exercises of chapter 3: the reader's code against the reference.
+
+Book chapter 3 (`03_layer_norm`). Exercise 3.1 asks for layer normalization's forward pass
+(paper eq. 3 with the gain ``g`` and bias ``b`` of eq. 4), Exercise 3.2 for the backward pass
+the chapter derives, and Exercise 3.3 for a small MLP with layer normalization on its hidden
+layers, trained on the 8x8 digits. The reader calls one checker per exercise:
+
+- :func:`check_layer_norm` runs the reader's ``fn(x, normalized_shape, g, b, eps)`` on eight
+  small cases (two dtypes, ``normalized_shape`` of length 1 and 2, rows whose variance is
+  close to ``eps``, a constant row) against :func:`torch.nn.functional.layer_norm`;
+- :func:`check_layer_norm_backward` compares the reader's ``(dL/da, dL/dg, dL/db)`` with
+  autograd;
+- :func:`check_ln_mlp` looks where the reader's model applies layer normalization, then trains
+  it for a hundred updates and asks for a held-out loss well below the trivial predictor's.
+
+On the first disagreement a checker raises :class:`ExerciseError` (an ``AssertionError``, so
+a wrong solution fails the book's build) whose message says *which part* is wrong (the shape,
+the axes, the mean, the variance, the place of ``eps``, the gain or the bias; which gradient;
+where the LN sits) and how to fix it; ``err.part`` names the part. When everything agrees it
+returns a :class:`CheckReport`, shown in a notebook as a small table of the checks passed.
+
+Example::
+
+    >>> import torch.nn.functional as F
+    >>> report = check_layer_norm(F.layer_norm)  # torch's own layer norm passes
+    >>> len(report.checks)
+    8
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_digits_tensor
+from lnbook.experiments.protocol import Table, classification_metrics
+from lnbook.norms import BatchNorm, LayerNorm
+from lnbook.train import Batches, fit
+
+__all__ = [
+    "CheckReport",
+    "ExerciseError",
+    "check_layer_norm",
+    "check_layer_norm_backward",
+    "check_ln_mlp",
+    "digits_split",
+    "prior_nll",
+]
+
+ForwardFn = Callable[[Tensor, tuple[int, ...], Tensor, Tensor, float], Tensor]
+BackwardFn = Callable[[Tensor, Tensor, Tensor, float], Sequence[Tensor]]
+
+_F64 = torch.float64
+
+
+class ExerciseError(AssertionError):
+    """A checker found a mistake; ``part`` names what is wrong, the message says how to fix it.
+
+    Attributes:
+        exercise: the checker that raised it, e.g. ``"check_layer_norm"``.
+        part: what is wrong, one short word: ``"error"``, ``"type"``, ``"shape"``, ``"dtype"``,
+            ``"axes"``, ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"nan"``,
+            ``"dL/da"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``, ``"output"``,
+            ``"training"`` or ``"other"``.
+        case: the test case it was found on (shape, dtype, what it probes).
+    """
+
+    def __init__(self, exercise: str, part: str, message: str, case: str = "") -> None:
+        where = f"\n  (test case: {case})" if case else ""
+        super().__init__(f"{exercise}: {message}{where}")
+        self.exercise, self.part, self.case = exercise, part, case
+
+
+@dataclass
+class CheckReport:
+    """What a checker verified: one row per check, and the numbers it measured.
+
+    Attributes:
+        exercise: the checker's name.
+        checks: ``(what was checked, what was seen)`` per check, in order.
+        figures: numbers measured on the way (e.g. the held-out loss of :func:`check_ln_mlp`).
+    """
+
+    exercise: str
+    checks: list[tuple[str, str]]
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def table(self) -> Table:
+        """The checks as a :class:`lnbook.experiments.Table`."""
+        return Table(["check", "result"], self.checks,
+                     caption=f"{self.exercise}: all {len(self.checks)} checks passed")
+
+    def _repr_markdown_(self) -> str:
+        return self.table()._repr_markdown_()
+
+    def __str__(self) -> str:
+        return str(self.table())
+
+    __repr__ = __str__
+
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    return float((a.detach().to(_F64) - b.detach().to(_F64)).abs().max())
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.1: the forward pass
+
+
+@dataclass
+class _Case:
+    name: str
+    x: Tensor
+    shape: tuple[int, ...]
+    g: Tensor
+    b: Tensor
+    eps: float
+    plain: bool = False  # g = 1 and b = 0: the output is the normalized x itself
+    constant_row: int | None = None  # index of a row whose entries are all equal
+    probe: str = "other"  # the part this case tests, named when an unknown mistake shows here
+    hint: str = ""  # what a right answer does on this case
+
+
+def _forward_cases() -> list[_Case]:
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen, dtype=_F64)
+
+    def gain(*shape: int) -> Tensor:
+        return 0.5 + torch.rand(*shape, generator=gen, dtype=_F64)
+
+    x = 3.0 + 2.0 * randn(4, 8)  # (4, 8) mean about 3, variance about 4
+    g, b = gain(8), randn(8)  # (8,) a gain and a bias that differ from 1 and 0
+    x3 = 1.0 + 2.0 * randn(2, 3, 5)  # (B, T, D) = (2, 3, 5)
+    xc = randn(3, 8)
+    xc[1] = 7.0  # (3, 8) the middle row is constant
+    ones, zeros = torch.ones(8, dtype=_F64), torch.zeros(8, dtype=_F64)
+    return [
+        _Case("x (4, 8), normalized_shape (8,), g = 1, b = 0, float64", x, (8,), ones, zeros,
+              1e-5, plain=True),
+        _Case("x (4, 8), normalized_shape (8,), a random gain g and bias b", x, (8,), g, b, 1e-5,
+              probe="gain/bias", hint="with g = 1 and b = 0 your output was right; the output "
+              "is g * x_hat + b, elementwise, with g and b of shape normalized_shape"),
+        _Case("rows whose variance (about 1e-5) is close to eps = 1e-5",
+              1.0 + 3e-3 * randn(4, 8), (8,), g, b, 1e-5, probe="eps",
+              hint="here eps is as large as the variance: sigma = sqrt(var + eps)"),
+        _Case("eps = 0.5 passed as the last argument", x, (8,), g, b, 0.5, probe="eps",
+              hint="use the eps argument, inside the square root: sqrt(var + eps)"),
+        _Case("x (B, T, D) = (2, 3, 5), normalized_shape (5,): one mean per (b, t)", x3, (5,),
+              gain(5), randn(5), 1e-5, probe="axes", hint="the statistics are taken over the "
+              "last dimension only, one (mu, sigma) per (b, t)"),
+        _Case("x (B, T, D) = (2, 3, 5), normalized_shape (3, 5): one mean per b", x3, (3, 5),
+              gain(3, 5), randn(3, 5), 1e-5, probe="axes", hint="the statistics are taken over "
+              "the last two dimensions together, one (mu, sigma) per b"),
+        _Case("float32 input (16, 32): the output stays float32", (3.0 + 2.0 * randn(16, 32))
+              .float(), (32,), gain(32).float(), randn(32).float(), 1e-5),
+        _Case("a row whose 8 entries are all 7.0 (variance 0)", xc, (8,), g, b, 1e-5,
+              constant_row=1, probe="eps", hint="a constant row comes out as the bias b: "
+              "(x - mu) is 0 and sqrt(0 + eps) keeps the division finite"),
+    ]
+
+
+def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(range(x.dim() - len(shape), x.dim()))
+
+
+def _variant(
+    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, ddof: int = 0,
+    eps_at: str = "inside", center: bool = True, divide: str = "std", affine: str = "g*x+b",
+) -> Tensor:
+    """Layer normalization with one thing changed (a known mistake), in float64."""
+    x = x.to(_F64)
+    g, b = g.to(_F64), b.to(_F64)
+    n = math.prod(x.shape[d] for d in dims)
+    mu = x.mean(dim=dims, keepdim=True)
+    ss = ((x - mu) ** 2).sum(dim=dims, keepdim=True)
+    var = (x**2).mean(dim=dims, keepdim=True) if divide == "rms" else ss / max(n - ddof, 1)
+    if eps_at == "inside":
+        scale = var + eps
+        scale = scale if divide == "var" else scale.sqrt()
+    elif eps_at == "outside":
+        scale = var.sqrt() + eps
+    else:  # "none"
+        scale = var if divide == "var" else var.sqrt()
+    x_hat = ((x - mu) if center else x) / scale if divide != "none" else x - mu
+    return {"g*x+b": g * x_hat + b, "b*x+g": b * x_hat + g, "x+b": x_hat + b,
+            "g*x": g * x_hat, "x": x_hat, "(x+b)*g": (x_hat + b) * g}[affine]
+
+
+_VARIANCE_HINT = ("eq. 3 divides by D, the number of units normalized over: torch.var and "
+                  "Tensor.std default to unbiased=True (D - 1); pass unbiased=False (or "
+                  "correction=0), or write ((x - mu) ** 2).mean(dims, keepdim=True)")
+
+
+def _forward_mistakes(case: _Case) -> list[tuple[str, str, Tensor]]:
+    """``(part, diagnosis, output)`` for each known mistake, on ``case``."""
+    x, g, b, eps, shape = case.x, case.g, case.b, case.eps, case.shape
+    dims, k = _dims(x, shape), len(shape)
+    d = math.prod(shape)
+    out = [
+        ("axes", "you normalized each unit over the batch (dimension 0): that is batch "
+         "normalization (chapter 2). Layer normalization takes the mean and the variance of "
+         f"each example over its last len(normalized_shape) = {k} dimension(s)",
+         _variant(x, g, b, eps, (0,))),
+        ("axes", "you normalized over every dimension, the batch included: each example must "
+         f"get its own mean and variance, over the last {k} dimension(s) only",
+         _variant(x, g, b, eps, tuple(range(x.dim())))),
+    ]
+    if x.dim() > 2 and k == 1:
+        out.append(("axes", "you normalized over every dimension after the first; "
+                    f"normalized_shape {_fmt_shape(shape)} means the last dimension only "
+                    "(statistics per example AND per position)",
+                    _variant(x, g, b, eps, tuple(range(1, x.dim())))))
+    if k > 1:
+        out.append(("axes", "you normalized over the last dimension only; normalized_shape "
+                    f"{_fmt_shape(shape)} means the statistics are taken over the last {k} "
+                    f"dimensions together: dims = tuple(range(-{k}, 0))",
+                    _variant(x, g, b, eps, (x.dim() - 1,))))
+    out += [
+        ("variance", f"the variance is the unbiased one (divided by D - 1 = {d - 1}); "
+         + _VARIANCE_HINT, _variant(x, g, b, eps, dims, ddof=1)),
+        ("variance", "you divided by the variance sigma^2 + eps; divide by its square root, "
+         "sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims, divide="var")),
+        ("variance", "your sigma is the root mean square of x, not of x - mu: subtract the "
+         "mean before squaring (that is RMSNorm's statistic, Part II)",
+         _variant(x, g, b, eps, dims, divide="rms")),
+        ("mean", "the numerator is x, not x - mu: subtract the mean of each example before "
+         "dividing", _variant(x, g, b, eps, dims, center=False)),
+        ("variance", "you subtracted the mean but never divided by sigma = sqrt(var + eps)",
+         _variant(x, g, b, eps, dims, divide="none")),
+        ("eps", "eps is added to sigma, outside the square root; torch and the chapter add it "
+         "to the variance: sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims,
+                                                               eps_at="outside")),
+        ("eps", "eps is missing: sigma = sqrt(var + eps), so that a row of equal values "
+         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", _variant(x, g, b, eps, dims,
+                                                              eps_at="none")),
+    ]
+    if eps != 1e-5:
+        out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {eps:g}: use the "
+                    "eps argument", _variant(x, g, b, 1e-5, dims)))
+    out += [  # with g = 1 and b = 0 these equal the right answer and are skipped
+        ("gain/bias", "the gain and the bias are swapped: the output is g * x_hat + b "
+         "(g multiplies, b is added)", _variant(x, g, b, eps, dims, affine="b*x+g")),
+        ("gain/bias", "the gain g is never applied: the output is g * x_hat + b",
+         _variant(x, g, b, eps, dims, affine="x+b")),
+        ("gain/bias", "the bias b is never added: the output is g * x_hat + b",
+         _variant(x, g, b, eps, dims, affine="g*x")),
+        ("gain/bias", "neither the gain g nor the bias b is applied: the output is "
+         "g * x_hat + b", _variant(x, g, b, eps, dims, affine="x")),
+        ("gain/bias", "the bias is added before the gain multiplies, (x_hat + b) * g; the "
+         "output is g * x_hat + b", _variant(x, g, b, eps, dims, affine="(x+b)*g")),
+    ]
+    return out
+
+
+def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: str) -> Any:
+    __tracebackhide__ = True
+    try:
+        return fn(*args)
+    except Exception as e:  # the reader's code failed: say how it was called
+        raise ExerciseError(exercise, "error", f"your function raised {type(e).__name__}: {e}\n"
+                            f"  It was called as {shown}.", case) from e
+
+
+def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
+    __tracebackhide__ = True
+    name = "check_layer_norm"
+    x = case.x
+    shown = (f"fn(x, {_fmt_shape(case.shape)}, g, b, {case.eps:g}) with x of shape "
+             f"{_fmt_shape(x.shape)} and g, b of shape {_fmt_shape(case.shape)}")
+    y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
+              shown, case.name)
+    if not isinstance(y, Tensor):
+        raise ExerciseError(name, "type", f"return a torch.Tensor, got {type(y).__name__}",
+                            case.name)
+    if tuple(y.shape) != tuple(x.shape):
+        hint = ("did a mean or a sum drop the normalized dimensions? Use keepdim=True so that "
+                "mu and sigma broadcast against x, and return the normalized x, not its "
+                "statistics")
+        raise ExerciseError(name, "shape", f"the output has shape {_fmt_shape(y.shape)}, the "
+                            f"input {_fmt_shape(x.shape)}: layer normalization keeps the "
+                            f"shape; {hint}", case.name)
+    if y.dtype != x.dtype:
+        raise ExerciseError(name, "dtype", f"the output is {y.dtype} for a {x.dtype} input; "
+                            "keep the input's dtype (do not call .double() or .float() on the "
+                            "result)", case.name)
+    if case.constant_row is not None and not torch.isfinite(y[case.constant_row]).all():
+        raise ExerciseError(name, "eps", "the constant row came out as NaN or inf: its "
+                            "variance is 0, so sigma must be sqrt(var + eps) with eps inside "
+                            "the square root; the row's output is then exactly the bias b",
+                            case.name)
+    if not torch.isfinite(y).all():
+        raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
+                            case.name)
+    ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
+    tol = 1e-9 if x.dtype == _F64 else 2e-5
+    err = _max_diff(y, ref)
+    if err <= tol:
+        return f"max |yours - torch| = {err:.1e}"
+    for part, why, wrong in _forward_mistakes(case):
+        if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
+            raise ExerciseError(name, part, why, case.name)
+    raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
+
+
+def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
+    """Which part is off when no known mistake matches: read the output's own statistics."""
+    dims = _dims(case.x, case.shape)
+    flat, idx = int((y.to(_F64) - ref).abs().argmax()), ()
+    for size in reversed(y.shape):  # the flat index as a tuple (no torch.unravel_index: its
+        flat, i = divmod(flat, size)  # first call imports sympy, seconds of start-up)
+        idx = (i, *idx)
+    at = (f"largest difference {err:.2e} at index {idx}: expected {float(ref[idx]):.6g}, "
+          f"got {float(y[idx]):.6g}")
+    if case.plain:
+        y64 = y.to(_F64)
+        mean = float(y64.mean(dim=dims).abs().max())
+        if mean > 1e-6:
+            return "mean", (f"with g = 1 and b = 0 every example's output should have mean 0 "
+                            f"over the normalized dimensions; yours has means up to {mean:.3g}. "
+                            f"Subtract mu = x.mean(dims, keepdim=True) with dims the last "
+                            f"len(normalized_shape) dimensions; {at}")
+        var = y64.var(dim=dims, unbiased=False)
+        want = ref.var(dim=dims, unbiased=False)
+        if float((var - want).abs().max()) > 1e-6:
+            return "variance", (f"with g = 1 and b = 0 every example's output should have "
+                                f"(biased) variance {float(want.mean()):.6f} (1 up to eps); "
+                                f"yours ranges over {float(var.min()):.6g}-"
+                                f"{float(var.max()):.6g}. {_VARIANCE_HINT}; {at}")
+    if err < 1e-3:
+        return "other", (f"close but not equal to torch ({at}). Rounding of this size "
+                         f"suggests a different formula or an intermediate in lower precision")
+    return case.probe, (f"{case.hint}; {at}" if case.hint else at)
+
+
+def check_layer_norm(fn: ForwardFn) -> CheckReport:
+    """Check the reader's layer normalization forward pass (Exercise 3.1, chapter 3).
+
+    ``fn(x, normalized_shape, g, b, eps)`` must return ``g * (x - mu) / sqrt(var + eps) + b``
+    with ``mu`` and the biased ``var`` taken over the trailing ``normalized_shape`` dimensions
+    of ``x`` (paper eq. 3; ``normalized_shape`` is a tuple of ints, ``g`` and ``b`` have that
+    shape), in the dtype of ``x``. Eight cases are run, and on the first one that disagrees
+    with :func:`torch.nn.functional.layer_norm` an :class:`ExerciseError` says which part is
+    wrong.
+
+    Args:
+        fn: the reader's function, with :func:`torch.nn.functional.layer_norm`'s arguments.
+
+    Returns:
+        A :class:`CheckReport` listing the cases passed.
+
+    Raises:
+        ExerciseError: the first mistake found (``err.part``: ``"shape"``, ``"axes"``,
+            ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ...).
+    """
+    __tracebackhide__ = True
+    if not callable(fn):
+        raise TypeError(f"check_layer_norm takes your function, got {type(fn).__name__}")
+    checks = [(case.name, _check_forward_case(fn, case)) for case in _forward_cases()]
+    return CheckReport("check_layer_norm", checks)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.2: the backward pass
+
+
+def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
+    a, g = a.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
+    b = torch.zeros_like(g, requires_grad=True)
+    y = F.layer_norm(a, (a.shape[-1],), g, b, eps)  # (N, H)
+    # the scalar sum(y * dy) has gradient dy with respect to y (passing dy as grad_outputs
+    # would give the same numbers, but its first call imports sympy, seconds of start-up)
+    return torch.autograd.grad((y * dy).sum(), (a, g, b))
+
+
+def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, Tensor]:
+    """Each known mistake's dL/da, dL/dg or dL/db (float64), keyed ``"da: ..."`` etc."""
+    mu = a.mean(-1, keepdim=True)  # (N, 1)
+    var = ((a - mu) ** 2).mean(-1, keepdim=True)  # (N, 1) biased, as the forward
+    sigma = (var + eps).sqrt()  # (N, 1)
+    a_hat = (a - mu) / sigma  # (N, H)
+    u = dy * g  # (N, H) dL/da_hat
+    h = a.shape[-1]
+
+    def da(u: Tensor, s: Tensor = sigma, mean_u: bool = True, proj: float = 1.0,
+           times_sigma: bool = False) -> Tensor:
+        ah = (a - mu) / s  # (N, H) the a_hat that this (possibly wrong) sigma gives
+        m = u.mean(-1, keepdim=True) if mean_u else 0.0
+        bracket = u - m - proj * ah * (u * ah).mean(-1, keepdim=True)  # (N, H)
+        return bracket * s if times_sigma else bracket / s
+
+    return {
+        "da: gain forgotten": da(dy),
+        "da: mean(u) term missing": da(u, mean_u=False),
+        "da: a_hat term missing": da(u, proj=0.0),
+        "da: both terms missing": da(u, mean_u=False, proj=0.0),
+        "da: sign of the a_hat term": da(u, proj=-1.0),
+        "da: times sigma": da(u, times_sigma=True),
+        "da: sigma without eps": da(u, s=var.sqrt()),
+        "da: unbiased sigma": da(u, s=(var * h / (h - 1) + eps).sqrt()),
+        "dg: a instead of a_hat": (dy * a).sum(0),
+        "dg: a_hat forgotten": dy.sum(0),
+        "dg: mean over rows": (dy * a_hat).mean(0),
+        "dg: times g": (dy * a_hat * g).sum(0),
+        "dg: sigma without eps": (dy * (a - mu) / var.sqrt()).sum(0),
+        "db: mean over rows": dy.mean(0),
+        "db: times g": (dy * g).sum(0),
+    }
+
+
+_BACKWARD_WHY = {
+    "da: gain forgotten": "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
+    "da: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
+    "a_j moves by 1/H (so dL/da must sum to 0 over each row)",
+    "da: a_hat term missing": "the term - a_hat * mean(u * a_hat) is missing: it comes from "
+    "sigma, which a_j moves by a_hat_j / H",
+    "da: both terms missing": "you kept only u / sigma: a also moves mu and sigma, which adds "
+    "- mean(u) - a_hat * mean(u * a_hat) inside the bracket",
+    "da: sign of the a_hat term": "the a_hat term has the wrong sign: dL/da = (u - mean(u) - "
+    "a_hat * mean(u * a_hat)) / sigma",
+    "da: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
+    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps), and the "
+    "backward must divide by the same sigma",
+    "da: unbiased sigma": "your sigma uses the unbiased variance (H - 1); the forward divides "
+    "by H, and the backward must use the same sigma",
+    "dg: a instead of a_hat": "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
+    "dg: a_hat forgotten": "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy "
+    "alone (that is dL/db)",
+    "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); "
+    "you averaged",
+    "dg: times g": "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
+    "dg: sigma without eps": "your a_hat divides by a sigma with no eps; the forward's a_hat is "
+    "(a - mu) / sqrt(var + eps), and dL/dg = sum over rows of dL/dy * a_hat uses that one",
+    "db: mean over rows": "dL/db sums dL/dy over the rows of the batch; you averaged",
+    "db: times g": "dL/db is the sum over rows of dL/dy, with no factor g",
+}
+
+
+def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
+    gen = torch.Generator().manual_seed(1)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen, dtype=_F64)
+
+    return [  # (what it tests, a, g, dy, eps)
+        ("a (6, 10), a random gain, float64", 1.0 + 2.0 * randn(6, 10),
+         0.5 + torch.rand(10, generator=gen, dtype=_F64), randn(6, 10), 1e-5),
+        ("a (3, 16) with rows whose variance (about 1e-5) is close to eps = 1e-5",
+         1.0 + 3e-3 * randn(3, 16), 0.5 + torch.rand(16, generator=gen, dtype=_F64),
+         randn(3, 16), 1e-5),
+    ]
+
+
+def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
+    """Check the reader's hand-written backward of layer normalization (Exercise 3.2).
+
+    ``fn(dy, a, g, eps)`` gets the summed inputs ``a`` of shape ``(N, H)`` (normalized over
+    their last dimension, ``y = g * a_hat + b``), the gain ``g`` ``(H,)`` and the upstream
+    gradient ``dy = dL/dy`` ``(N, H)``, and returns ``(dL/da (N, H), dL/dg (H,), dL/db (H,))``,
+    in the notation of chapter 3. They are compared with
+    autograd through :func:`torch.nn.functional.layer_norm` in float64 on two cases (one with
+    rows whose variance is close to ``eps``); the first gradient that disagrees is named, with
+    the mistake when it is a known one.
+
+    Args:
+        fn: the reader's backward, ``fn(dy, a, g, eps) -> (da, dg, db)``.
+
+    Returns:
+        A :class:`CheckReport` with one row per gradient and case.
+
+    Raises:
+        ExerciseError: ``err.part`` is ``"type"``, ``"shape"``, ``"dL/db"``, ``"dL/dg"`` or
+            ``"dL/da"``.
+    """
+    __tracebackhide__ = True
+    name = "check_layer_norm_backward"
+    if not callable(fn):
+        raise TypeError(f"{name} takes your function, got {type(fn).__name__}")
+    checks = []
+    for case, a, g, dy, eps in _backward_cases():
+        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {_fmt_shape(a.shape)}"
+        got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
+        if not (isinstance(got, Sequence) and len(got) == 3
+                and all(isinstance(t, Tensor) for t in got)):
+            raise ExerciseError(name, "type", "return three tensors, (dL/da, dL/dg, dL/db)",
+                                case)
+        want = _reference_grads(dy, a, g, eps)
+        mistakes = _backward_mistakes(dy, a, g, eps)
+        for label, mine, ref in zip(("dL/da", "dL/dg", "dL/db"), got, want, strict=True):
+            if tuple(mine.shape) != tuple(ref.shape):
+                hint = (" The gain and the bias are shared by every row, so their gradients "
+                        "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
+                raise ExerciseError(name, "shape", f"{label} has shape {_fmt_shape(mine.shape)},"
+                                    f" expected {_fmt_shape(ref.shape)}.{hint}", case)
+        checks += _compare_grads(name, case, got, want, mistakes)
+    return CheckReport(name, checks)
+
+
+def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor],
+                   mistakes: dict[str, Tensor]) -> list[tuple[str, str]]:
+    __tracebackhide__ = True
+    rows = []
+    # the simplest first: dL/db, then dL/dg, then dL/da
+    for i, label, key in ((2, "dL/db", "db"), (1, "dL/dg", "dg"), (0, "dL/da", "da")):
+        err = _max_diff(got[i], want[i])
+        if err <= 1e-9:
+            rows.append((f"{label}: {case}", f"max |yours - autograd| = {err:.1e}"))
+            continue
+        for mistake, wrong in mistakes.items():
+            if (mistake.startswith(key) and _max_diff(wrong, want[i]) > 1e-8
+                    and _max_diff(got[i], wrong) <= 1e-9):
+                raise ExerciseError(name, label, f"{label} is wrong: {_BACKWARD_WHY[mistake]}",
+                                    case)
+        extra = ""
+        if key == "da":
+            sums = float(got[0].detach().to(_F64).sum(-1).abs().max())
+            extra = (f" A check that needs no reference: each row of dL/da must sum to 0 "
+                     f"(adding a constant to a row changes nothing); yours sums to up to "
+                     f"{sums:.2e}.")
+        raise ExerciseError(name, label, f"{label} differs from autograd by up to {err:.2e}."
+                            + extra, case)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.3: layer normalization in an MLP, trained
+
+
+def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The 8x8 digits, flattened: ``(x_train (1438, 64), y_train, x_test (359, 64), y_test)``.
+
+    The fixed 80/20 split of :func:`lnbook.data.load_digits_tensor` (offline, from the data
+    file inside scikit-learn); pixels in [0, 1], labels 0-9.
+    """
+    x, y = load_digits_tensor("train", flatten=True)
+    xt, yt = load_digits_tensor("test", flatten=True)
+    return x, y, xt, yt
+
+
+def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
+    """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies.
+
+    A classifier that ignores its input can do no better on average; a trained model must
+    beat it clearly before it counts as having learned anything. The frequencies are smoothed
+    by adding one to every class count, so that a class absent from ``y_train`` costs a
+    finite loss.
+
+    Args:
+        y_train: training labels ``(N,)``, integers in ``[0, classes)``.
+        y_test: held-out labels ``(M,)``.
+        classes: the number of classes.
+
+    Example::
+
+        >>> round(prior_nll(torch.tensor([0, 1, 2, 3]), torch.tensor([1]), classes=4), 4)
+        1.3863
+    """
+    counts = torch.bincount(y_train, minlength=classes).to(_F64) + 1.0  # add-one smoothing
+    logp = (counts / counts.sum()).log()
+    return float(-logp[y_test].mean())
+
+
+_NORMALIZERS = (LayerNorm, nn.LayerNorm)
+_BATCH_NORMS = (BatchNorm, nn.modules.batchnorm._BatchNorm)
+_ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.LeakyReLU, nn.SiLU,
+                nn.Softplus)
+
+
+def _leaf_order(model: nn.Module, x: Tensor) -> tuple[list[tuple[str, nn.Module]], Tensor]:
+    """The leaf modules of ``model`` in the order its forward pass calls them, and its output."""
+    calls: list[tuple[str, nn.Module]] = []
+    names = {m: n for n, m in model.named_modules()}
+    hooks = [m.register_forward_hook(lambda mod, _i, _o: calls.append((names[mod], mod)))
+             for m in model.modules() if not list(m.children())]
+    try:
+        out = model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls, out
+
+
+def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
+    __tracebackhide__ = True
+    kinds = [type(m).__name__ for _, m in calls]
+    seen = " -> ".join(kinds)
+    if any(isinstance(m, _BATCH_NORMS) for _, m in calls):
+        raise ExerciseError(name, "placement", f"your model uses batch normalization ({seen}); "
+                            "this exercise is about layer normalization, which (unlike BN) "
+                            "trains at batch size 1: use lnbook.LayerNorm or torch.nn.LayerNorm")
+    linears = [i for i, (_, m) in enumerate(calls) if isinstance(m, nn.Linear)]
+    lns = [i for i, (_, m) in enumerate(calls) if isinstance(m, _NORMALIZERS)]
+    if not lns:
+        raise ExerciseError(name, "placement", f"no LayerNorm module ran in the forward pass "
+                            f"({seen}). Put lnbook.LayerNorm(H) (or torch.nn.LayerNorm) between "
+                            "each hidden Linear and its non-linearity, as a module so that it "
+                            "can be found")
+    if not linears:
+        raise ExerciseError(name, "placement", f"no nn.Linear ran in the forward pass ({seen})")
+    if lns[-1] > linears[-1]:
+        raise ExerciseError(name, "placement", "a LayerNorm acts on the logits (after the last "
+                            f"Linear: {seen}). Leave the output layer un-normalized: normalized "
+                            "logits have variance 1, which caps the confidence of every "
+                            "prediction (chapter 6.6 computes the ceiling)")
+    for i in linears[:-1]:
+        lin = calls[i][1]
+        nxt = calls[i + 1][1] if i + 1 < len(calls) else None
+        if not isinstance(nxt, _NORMALIZERS):
+            after = type(nxt).__name__ if nxt is not None else "nothing"
+            more = (" The LayerNorm comes after the non-linearity; the paper normalizes the "
+                    "summed inputs, before it (eq. 4)." if isinstance(nxt, _ACTIVATIONS) and
+                    i + 2 < len(calls) and isinstance(calls[i + 2][1], _NORMALIZERS) else "")
+            raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} "
+                                f"(Linear {lin.in_features} -> {lin.out_features}) is followed "
+                                f"by {after}, not by a LayerNorm ({seen}). Every hidden layer's "
+                                f"summed inputs are normalized, between the Linear and the "
+                                f"non-linearity.{more}")
+        shape = tuple(nxt.normalized_shape)
+        if shape != (lin.out_features,):
+            raise ExerciseError(name, "placement", f"the LayerNorm {calls[i + 1][0]!r} after "
+                                f"Linear {lin.in_features} -> {lin.out_features} normalizes "
+                                f"over {_fmt_shape(shape)}; use ({lin.out_features},)")
+    return seen
+
+
+def check_ln_mlp(
+    model_fn: Callable[[], nn.Module],
+    steps: int = 100,
+    batch_size: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    margin: float = 0.5,
+) -> CheckReport:
+    """Check and train the reader's MLP with layer normalization (Exercise 3.3, chapter 3).
+
+    ``model_fn()`` builds a fresh model (it is called under ``torch.manual_seed(seed)``) that
+    maps a batch of flattened 8x8 digits ``(N, 64)`` to 10 logits ``(N, 10)``. The checker
+
+    1. runs one forward pass and lists the modules it calls: every hidden ``nn.Linear`` must
+       be followed directly by a ``LayerNorm`` over its outputs (the summed inputs, before
+       the non-linearity, paper eq. 4), and the logits must not be normalized;
+    2. checks that one example alone gives its row of a batch's output (batch size 1 works);
+    3. trains the model with Adam (``steps`` updates of ``batch_size`` examples) on the
+       digits' training split with :func:`lnbook.fit`, and asks for a held-out NLL below
+       ``margin`` times that of the trivial predictor (:func:`prior_nll`).
+
+    Args:
+        model_fn: builds the reader's model, ``model_fn() -> nn.Module``.
+        steps: Adam updates of the training check.
+        batch_size: examples per update.
+        lr: Adam's step size.
+        seed: seeds the initialization (``model_fn`` runs under it) and the batch order.
+        margin: the held-out NLL must fall below ``margin`` x the trivial predictor's.
+
+    Returns:
+        A :class:`CheckReport`; ``figures`` holds ``nll_before``, ``nll_after``,
+        ``error_after`` and ``trivial_nll`` (held-out, nats and fraction).
+
+    Raises:
+        ExerciseError: ``err.part`` is ``"error"``, ``"type"``, ``"output"``, ``"placement"``
+            or ``"training"``.
+    """
+    __tracebackhide__ = True
+    name = "check_ln_mlp"
+    if not callable(model_fn):
+        raise TypeError(f"{name} takes a function that builds your model, got "
+                        f"{type(model_fn).__name__}")
+    x, y, xt, yt = digits_split()
+    torch.manual_seed(seed)
+    model = _call(name, model_fn, (), "model_fn()", "")
+    if not isinstance(model, nn.Module):
+        raise ExerciseError(name, "type", f"model_fn() must return an nn.Module, got "
+                            f"{type(model).__name__}")
+    model.train()
+    calls, out = _call(name, _leaf_order, (model, x[:8]), "model(x) with x of shape (8, 64)",
+                       "")
+    if not isinstance(out, Tensor) or tuple(out.shape) != (8, 10):
+        got = _fmt_shape(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise ExerciseError(name, "output", f"for x of shape (8, 64) (8 flattened 8x8 digits) "
+                            f"the model must return 10 logits per image, (8, 10); got {got}")
+    if torch.allclose(out.sum(-1), torch.ones(8)) and bool((out >= 0).all()):
+        raise ExerciseError(name, "output", "the outputs are probabilities (rows sum to 1): "
+                            "return the logits and leave the softmax to F.cross_entropy")
+    seen = _check_placement(name, calls)
+    model.eval()  # (dropout, if any, off) the same weights, one image vs a batch
+    with torch.no_grad():
+        alone = model(x[:1])  # (1, 10) batch size 1
+        gap = _max_diff(alone[0], model(x[:8])[0])
+    model.train()
+    if gap > 1e-4:
+        raise ExerciseError(name, "output", f"one image alone and the same image in a batch of "
+                            f"8 get logits that differ by {gap:.2e}: something in the model "
+                            "mixes the examples of a batch")
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def evaluate(m: nn.Module) -> dict[str, float]:
+        return classification_metrics(m, xt, yt)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only add overhead
+    try:
+        hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
+                   eval_every=steps, eval_fn=evaluate, device="cpu", seed=seed,
+                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    trivial = prior_nll(y, yt)
+    before, after = hist.metric("nll")[0], hist.metric("nll")[-1]
+    error = hist.metric("error")[-1]
+    if not after < margin * trivial:
+        raise ExerciseError(name, "training", f"after {steps} Adam updates (batch {batch_size}, "
+                            f"lr {lr:g}) the held-out loss is {after:.3f} nats (from {before:.3f}),"
+                            f" not below {margin * trivial:.3f}, {margin:g} x the "
+                            f"{trivial:.3f} nats of always predicting the class frequencies. "
+                            "Check that the hidden layers have a non-linearity and that the "
+                            "model returns raw logits")
+    checks = [
+        ("modules called, in order", seen),
+        ("one image alone vs in a batch of 8", f"max difference {gap:.1e}"),
+        (f"held-out NLL after {steps} updates", f"{before:.3f} -> {after:.3f} nats "
+         f"(trivial predictor {trivial:.3f}; needed < {margin * trivial:.3f})"),
+        ("held-out error", f"{error:.3f}"),
+    ]
+    figures = {"nll_before": before, "nll_after": after, "error_after": error,
+               "trivial_nll": trivial}
+    return CheckReport(name, checks, figures)
