@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from lnbook.data import load_mnist
 from lnbook.experiments import convnet, load_results, mnist, save_results
 from lnbook.experiments.protocol import classification_metrics
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
@@ -19,13 +21,28 @@ def test_mnist_presets():
     quick, paper = mnist.get_config("quick"), mnist.get_config("paper")
     assert paper.hidden == (1000, 1000) and paper.n_train == 55_000
     assert quick.batch_sizes == paper.batch_sizes == (128, 4)
-    assert mnist.get_config("quick", steps=7).steps == 7
+    # equal examples seen at both batch sizes: batch 4 makes 32x the updates of batch 128
+    assert mnist.schedule(quick, 128) == (16, 2) and mnist.schedule(quick, 4) == (512, 64)
+    assert mnist.schedule(paper, 128) == (20_000, 500)
+    assert mnist.schedule(paper, 4) == (640_000, 16_000)
+    # giving steps alone asks for equal updates at every batch size
+    by_steps = mnist.get_config("quick", steps=7)
+    assert by_steps.examples is None and mnist.schedule(by_steps, 4) == (7, 20)
+    assert mnist.schedule(by_steps, 128) == (7, 20)
+    assert mnist.get_config("quick", steps=7, examples=256, eval_examples=128).examples == 256
+    assert mnist.get_config("quick", batch_sizes=(4, 16, 128)).examples == 2048
     with pytest.raises(ValueError, match="scale"):
         mnist.get_config("huge")
     with pytest.raises(ValueError, match="unknown Config fields"):
         mnist.get_config("quick", stepz=7)
     with pytest.raises(ValueError, match="norms"):
         mnist.get_config("quick", norms=("weight",))
+    with pytest.raises(ValueError, match="multiples of every batch size"):
+        mnist.get_config("quick", batch_sizes=(128, 3))
+    with pytest.raises(ValueError, match="multiples of every batch size"):
+        mnist.get_config("quick", examples=128, eval_examples=256)
+    with pytest.raises(ValueError, match="together"):
+        mnist.get_config("quick", examples=None)
 
 
 def test_mlp_normalizes_hidden_layers_only_for_ln_and_all_layers_for_bn():
@@ -64,7 +81,7 @@ def test_bn_at_batch_size_4_uses_the_unbiased_variance():
                                rtol=1e-4, atol=0)
 
 
-def test_mnist_run_tiny(tmp_path):
+def test_mnist_run_tiny_equal_updates(tmp_path):
     cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 4), steps=6, eval_every=3,
                            n_train=64, n_eval_train=32, n_test=32, seeds=(0, 1))
     res = mnist.run(cfg, device="cpu", out=tmp_path)
@@ -85,6 +102,98 @@ def test_mnist_run_tiny(tmp_path):
     assert res.runs[0].history.losses != res.runs[1].history.losses
     gap = mnist.mean_gap(np.array([[9.0, 1.0, 2.0]]), np.array([[0.0, 2.0, 0.0]]))
     assert gap.tolist() == [1.5]
+
+
+def test_mnist_run_tiny_equal_examples():
+    cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 2), examples=32,
+                           eval_examples=8, n_train=64, n_eval_train=20, n_test=32, seeds=(0, 1))
+    res = mnist.run(cfg, device="cpu")
+    # every batch size sees 32 examples, evaluated after 0, 8, 16, 24, 32 of them
+    for norm in mnist.NORMS:
+        assert mnist.examples_seen(res, norm, 8).tolist() == [0, 8, 16, 24, 32]
+        assert mnist.examples_seen(res, norm, 2).tolist() == [0, 8, 16, 24, 32]
+    assert [len(r.history.steps) for r in res.select("layer/bs2")] == [16, 16]
+    assert [len(r.history.steps) for r in res.select("layer/bs8")] == [4, 4]
+    # the trivial predictor: the most frequent training label, scored on the test images
+    y, y_test = load_mnist(split="train").labels[:64], load_mnist(split="test").labels[:32]
+    expected = float((y_test != torch.bincount(y, minlength=10).argmax()).float().mean())
+    assert res.info["majority_error"] == pytest.approx(expected)
+    # degradation: late (second-half) mean at the small batch minus the same at the big one
+    _, small = mnist.curves(res, "batch", 2, "test_error")
+    _, big = mnist.curves(res, "batch", 8, "test_error")
+    late = np.array([0, 8, 16, 24, 32]) > 16  # evaluations after 24 and 32 examples
+    np.testing.assert_allclose(mnist.degradation(res, "batch", "test_error", 2, 8),
+                               small[:, late].mean(1) - big[:, late].mean(1))
+    # the examples view counts examples where the results count updates
+    view = mnist.by_examples(res)
+    assert view.curves("layer/bs2", "train_nll")[0].tolist() == [0, 8, 16, 24, 32]
+    assert view.select("layer/bs2")[0].history.steps[:2] == [2, 4]
+    assert res.curves("layer/bs2", "train_nll")[0].tolist() == [0, 4, 8, 12, 16]
+    # every run measured its NLL in both modes; only batch norm tells them apart
+    for v in res.variants:
+        for rec in res.info_of(v, "nll_train_mode"), res.info_of(v, "nll_eval_mode"):
+            assert all(np.isfinite(rec))
+        train, ev = res.info_of(v, "nll_train_mode"), res.info_of(v, "nll_eval_mode")
+        if v.startswith("batch"):
+            assert all(abs(a - b) > 1e-4 for a, b in zip(train, ev, strict=True))
+        else:
+            np.testing.assert_allclose(train, ev, rtol=1e-5)
+
+
+def test_degradation_needs_equal_examples():
+    cfg = mnist.get_config("quick", hidden=(4,), norms=("none",), batch_sizes=(4, 2), steps=2,
+                           eval_every=1, n_train=16, n_eval_train=4, n_test=4, seeds=(0,))
+    res = mnist.run(cfg, device="cpu")
+    with pytest.raises(ValueError, match="same numbers of examples"):
+        mnist.degradation(res, "none", "test_error", 2, 4)
+
+
+def test_mode_nll_measures_batch_statistics_and_running_averages():
+    torch.manual_seed(0)
+    model = mnist.MLP((784, 6, 10), "batch").double()
+    bn = model.net[1]
+    with torch.no_grad():
+        bn.running_mean.fill_(0.3)
+        bn.running_var.fill_(2.0)
+    x, y = torch.rand(10, 784, dtype=torch.float64), torch.arange(10) % 10
+    got = mnist.mode_nll(model, x, y, batch_size=4)  # two whole batches: 8 examples
+    lin1, lin2, bn2 = model.net[0], model.net[3], model.net[4]
+
+    def norm(a, mean, var, eps):  # gain 1 and bias 0 at initialization
+        return (a - mean) / torch.sqrt(var + eps)
+
+    with torch.no_grad():  # Linear -> BN -> ReLU -> Linear -> BN, by hand
+        h = torch.relu(norm(lin1(x[:8]), bn.running_mean, bn.running_var, bn.eps))  # (8, 6)
+        ev = norm(lin2(h), bn2.running_mean, bn2.running_var, bn2.eps)  # (8, 10)
+        tr = []
+        for b in (x[:4], x[4:8]):  # each batch of 4 with its own (biased) statistics
+            a = lin1(b)  # (4, 6)
+            z = lin2(torch.relu(norm(a, a.mean(0), a.var(0, unbiased=False), bn.eps)))
+            tr.append(norm(z, z.mean(0), z.var(0, unbiased=False), bn2.eps))  # (4, 10)
+        logits_bn = torch.cat(tr)  # (8, 10)
+    assert got["nll_eval_mode"] == pytest.approx(float(F.cross_entropy(ev, y[:8])))
+    assert got["nll_train_mode"] == pytest.approx(float(F.cross_entropy(logits_bn, y[:8])))
+    assert got["logit_std"] == pytest.approx(float(ev.std(dim=1).mean()))
+    assert got["error_eval_mode"] == float((ev.argmax(1) != y[:8]).double().mean())
+    # the model's own running averages are untouched
+    assert torch.all(bn.running_mean == 0.3) and torch.all(bn.running_var == 2.0)
+    with pytest.raises(ValueError, match="at least one batch"):
+        mnist.mode_nll(model, x[:3], y[:3], batch_size=4)
+
+
+def test_paper_preset_runs_when_shrunk():
+    cfg = mnist.get_config("paper", hidden=(8, 8), batch_sizes=(8, 4), examples=16,
+                           eval_examples=8, n_train=64, n_eval_train=8, n_test=16, seeds=(0,),
+                           checkpoint=False)
+    assert cfg.scale == "paper" and mnist.schedule(cfg, 4) == (4, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # offline: the 5,000-image subset
+        res = mnist.run(cfg, device="cpu")
+    assert len(res.runs) == 6
+    for r in res.runs:
+        bs = int(r.variant.split("/bs")[1])
+        assert r.history.eval_steps == [0, 8 // bs, 16 // bs]
+        assert math.isfinite(r.info["nll_train_mode"])
 
 
 def test_save_results_is_strict_json(tmp_path):
