@@ -359,7 +359,7 @@ def test_run_tiny(tmp_path):
 
 
 def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
-    kw = {**TINY, "steps": 4, "variants": ("layer_norm",), "num_threads": 1}
+    kw = {**TINY, "steps": 4, "variants": ("layer_norm",), "threads": 1}
     cfg = oe.get_config("paper", **kw)
     first = oe.run(cfg, device="cpu", out=tmp_path)
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())

@@ -309,7 +309,7 @@ def test_paper_table3():
 
 
 def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
-    kw = {**TINY, "max_tokens": 12, "variants": ("baseline",), "num_threads": 1}
+    kw = {**TINY, "max_tokens": 12, "variants": ("baseline",), "threads": 1}
     first = st.run(st.get_config("paper", **kw), device="cpu", out=tmp_path)
     assert (tmp_path / "checkpoints" / "skip_thoughts-baseline-seed0.pt").exists()
     longer = st.run(st.get_config("paper", **{**kw, "steps": 3}), device="cpu", out=tmp_path)

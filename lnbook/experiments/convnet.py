@@ -43,6 +43,7 @@ from lnbook.experiments.protocol import (
     Job,
     Results,
     check_scale,
+    cpu_threads,
     make_config,
     sweep,
 )
@@ -247,7 +248,7 @@ class Config:
         boundary_width: width of the ring of positions counted as "near the boundary".
         seeds: seeds of the runs.
         source: MNIST source for :func:`lnbook.data.load_mnist`.
-        num_threads: torch CPU threads during the run (None: leave as is).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
     """
 
@@ -265,7 +266,7 @@ class Config:
     boundary_width: int = 4
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     source: str = "auto"
-    num_threads: int | None = 1
+    threads: int | None = 1
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -290,7 +291,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "steps": 10_000,
         "n_train": 55_000,
         "n_test": None,
-        "num_threads": None,
+        "threads": None,
         "checkpoint": True,
     },
 }
@@ -350,15 +351,10 @@ def run(
                    bar=job.bar, label=job.label)
         return hist, _test(model, xts.to(job.device), yt.to(job.device))
 
-    threads = torch.get_num_threads()
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    try:
+    with cpu_threads(config.threads):
         return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
                      train_one, config=config, device=device, out=out,
                      checkpoint=config.checkpoint, steps=config.steps, info=info)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def maps_of(results: Results, variant: str, key: str = "on") -> np.ndarray:

@@ -40,7 +40,14 @@ from torch import Tensor, nn
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import Job, Results, make_config, sweep, updates_to_reach
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    cpu_threads,
+    make_config,
+    sweep,
+    updates_to_reach,
+)
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -688,13 +695,8 @@ def run(
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
-    threads = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)  # small tensors: more threads only add overhead
-    try:
+    with cpu_threads(config.threads):
         return sweep(NAME, {v: v for v in config.variants},
                      tuple(config.seeds if seeds is None else seeds), train_one, config=config,
                      device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
                      info=info, progress=progress)
-    finally:
-        torch.set_num_threads(threads)

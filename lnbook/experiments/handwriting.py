@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from lnbook import LSTM, LayerNorm
-from lnbook.experiments.protocol import Job, Results, make_config, sweep
+from lnbook.experiments.protocol import Job, Results, cpu_threads, make_config, sweep
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -137,7 +137,7 @@ class Config:
         variants: from :data:`VARIANTS`.
         seeds: seeds of the models (initialization and batch order); the data are fixed.
         data_seed: seed of the generated lines.
-        num_threads: torch CPU threads during the run (None: leave as is).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
     """
 
@@ -156,7 +156,7 @@ class Config:
     variants: tuple[str, ...] = VARIANTS
     seeds: tuple[int, ...] = (0, 1, 2)
     data_seed: int = 2024
-    num_threads: int | None = 1
+    threads: int | None = 1
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -176,7 +176,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # batches of 8, sequences of 500 points
         "seq_len": 500, "n_train": 12_000, "n_valid": 256, "hidden_size": 400, "num_layers": 3,
         "n_mixtures": 20, "steps": 20_000, "eval_every": 500, "lr": 1e-4, "grad_clip": 10.0,
-        "num_threads": None, "checkpoint": True,
+        "threads": None, "checkpoint": True,
     },
 }
 
@@ -858,10 +858,7 @@ def run(
         raise TypeError(f"config must be a handwriting.Config (get_config), "
                         f"got {type(config).__name__}")
     seeds = tuple(config.seeds if seeds is None else seeds)
-    threads = torch.get_num_threads()
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    try:
+    with cpu_threads(config.threads):
         train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)
         valid = make_handwriting(config.n_valid, config.seq_len, seed=config.data_seed + 1)
         train_head = (train.points[: config.batch_size], train.letters[: config.batch_size])
@@ -889,5 +886,3 @@ def run(
         return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
                      config=config, device=device, out=out, checkpoint=config.checkpoint,
                      steps=config.steps, info=trivial)
-    finally:
-        torch.set_num_threads(threads)

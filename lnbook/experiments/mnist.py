@@ -38,6 +38,7 @@ from lnbook.experiments.protocol import (
     Run,
     check_scale,
     classification_metrics,
+    cpu_threads,
     make_config,
     sweep,
 )
@@ -94,6 +95,7 @@ class Config:
         seeds: seeds of the runs (initialization and batch order).
         source: MNIST source for :func:`lnbook.data.load_mnist`.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -113,6 +115,7 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2)
     source: str = "auto"
     checkpoint: bool = False
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -154,6 +157,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "n_eval_train": 10_000,
         "n_test": None,
         "checkpoint": True,
+        "threads": None,
     },
 }
 
@@ -401,7 +405,8 @@ def run(
     counts = torch.bincount(d["y"], minlength=10)  # (10,) training labels per class
     majority = float((d["y_test"] != counts.argmax()).float().mean())
     variants = {variant_name(n, bs): (n, bs) for bs in config.batch_sizes for n in config.norms}
-    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
-                 config=config, device=device, out=out, checkpoint=config.checkpoint,
-                 steps=lambda _, p: schedule(config, p[1])[0],
-                 info={"source": d["source"], "majority_error": majority})
+    with cpu_threads(config.threads):
+        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
+                     train_one, config=config, device=device, out=out,
+                     checkpoint=config.checkpoint, steps=lambda _, p: schedule(config, p[1])[0],
+                     info={"source": d["source"], "majority_error": majority})

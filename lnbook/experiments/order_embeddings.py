@@ -39,6 +39,7 @@ from lnbook.experiments.protocol import (
     Results,
     Table,
     best_step,
+    cpu_threads,
     make_config,
     sweep,
     updates_to_reach,
@@ -587,7 +588,7 @@ class Config:
         variants: names from :data:`VARIANTS`.
         data_seed: seed of the captions and of the train/validation split.
         source: MNIST source for :func:`lnbook.data.load_mnist`.
-        num_threads: torch CPU threads during the run (None: leave as is).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         checkpoint: checkpoint every run (and its best model) under ``out`` and resume.
     """
 
@@ -608,7 +609,7 @@ class Config:
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     data_seed: int = 0
     source: str = "auto"
-    num_threads: int | None = 1
+    threads: int | None = 1
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -635,7 +636,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "steps": 30_000,
         "eval_every": 300,
         "seeds": (0,),
-        "num_threads": None,
+        "threads": None,
         "checkpoint": True,
     },
 }
@@ -712,10 +713,7 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be an order_embeddings.Config, got {type(config).__name__}")
     splits = data if data is not None else load_data(config)
-    threads = torch.get_num_threads()
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    try:
+    with cpu_threads(config.threads):
         return sweep(
             NAME, {v: VARIANTS[v] for v in config.variants},
             tuple(config.seeds if seeds is None else seeds),
@@ -725,8 +723,6 @@ def run(
                   "vocab_size": len(splits["train"].vocab),
                   "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()}},
         )
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------- measurements

@@ -11,13 +11,14 @@ plots and the claims ledger all read. The shared measurements of learning curves
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "best_step",
     "check_scale",
     "classification_metrics",
+    "cpu_threads",
     "load_results",
     "make_config",
     "mean_after_start",
@@ -323,18 +325,38 @@ def classification_metrics(
 ) -> dict[str, float]:
     """Mean negative log likelihood (nats) and error rate of a classifier on ``(x, y)``.
 
-    ``model(x)`` returns logits ``(N, classes)``; evaluated in chunks of ``chunk`` examples on
-    the model's device. Call it under ``torch.no_grad()`` in eval mode (as ``fit``'s
-    ``eval_fn`` runs).
+    ``model(x)`` returns logits ``(N, classes)``; evaluated without gradients in chunks of
+    ``chunk`` examples on the model's device, in whatever mode the model is in (``fit``'s
+    ``eval_fn`` runs in eval mode).
     """
     dev = next(model.parameters()).device
     nll, wrong = 0.0, 0
-    for i in range(0, len(y), chunk):
-        xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
-        logits = model(xb)  # (chunk, classes)
-        nll += float(F.cross_entropy(logits, yb, reduction="sum"))
-        wrong += int((logits.argmax(1) != yb).sum())
+    with torch.no_grad():
+        for i in range(0, len(y), chunk):
+            xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
+            logits = model(xb)  # (chunk, classes)
+            nll += float(F.cross_entropy(logits, yb, reduction="sum"))
+            wrong += int((logits.argmax(1) != yb).sum())
     return {"nll": nll / len(y), "error": wrong / len(y)}
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None) -> Iterator[None]:
+    """Run the body with ``n`` torch CPU threads, then restore the previous count.
+
+    The book's quick models multiply small matrices, for which extra threads only add
+    overhead (and, on a busy machine, spin while they wait), so their presets use 1;
+    ``None`` leaves torch's setting alone (the paper presets, on a GPU or a big CPU).
+    """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"threads must be a positive int or None, got {n!r}")
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------

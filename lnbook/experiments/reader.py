@@ -40,7 +40,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
-from lnbook.experiments.protocol import Job, Results, make_config, sweep, updates_to_reach
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    cpu_threads,
+    make_config,
+    sweep,
+    updates_to_reach,
+)
 from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
 from lnbook.train import Batches, History, fit
 
@@ -546,13 +553,8 @@ def run(
 
     info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
             "n_train": len(train), "n_valid": len(valid)}
-    threads = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)  # tiny matrices: more threads only add overhead
-    try:
+    with cpu_threads(config.threads):
         return sweep(NAME, {v: v for v in config.variants},
                      tuple(config.seeds if seeds is None else seeds), train_one, config=config,
                      device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
                      info=info, progress=progress)
-    finally:
-        torch.set_num_threads(threads)

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from lnbook import RNN, BatchNormRNN
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
 from lnbook.train import History, fit
 
 __all__ = [
@@ -287,13 +287,8 @@ def run(
         raise TypeError(f"config must be an rnn_length.Config (get_config), "
                         f"got {type(config).__name__}")
     dev = resolve_device(device)
-    threads = torch.get_num_threads()
-    if config.threads is not None and dev.type == "cpu":
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         return _run(config, dev, tuple(config.seeds if seeds is None else seeds), out)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _test_len(config: Config, train_len: int) -> int:

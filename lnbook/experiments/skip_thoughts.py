@@ -36,6 +36,7 @@ from lnbook.experiments.protocol import (
     Job,
     Results,
     Table,
+    cpu_threads,
     make_config,
     sweep,
     updates_to_reach,
@@ -566,7 +567,7 @@ class Config:
         timing_updates: interleaved updates per variant for each timing.
         seeds: seeds of initialization and batch order.
         variants: names from :data:`VARIANTS`.
-        num_threads: torch CPU threads during the run (None: leave as is).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         checkpoint: checkpoint every run under ``out`` and resume from it.
     """
 
@@ -586,7 +587,7 @@ class Config:
     timing_updates: int = 5
     seeds: tuple[int, ...] = (0, 1, 2)
     variants: tuple[str, ...] = ("baseline", "layer_norm")
-    num_threads: int | None = 1
+    threads: int | None = 1
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -612,7 +613,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "timing_hidden": (2400,),
         "timing_updates": 20,
         "seeds": (0,),
-        "num_threads": None,
+        "threads": None,
         "checkpoint": True,
     },
 }
@@ -671,10 +672,7 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a skip_thoughts.Config, got {type(config).__name__}")
     corpus, data = load_data(config) if data is None else data
-    threads = torch.get_num_threads()
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
-    try:
+    with cpu_threads(config.threads):
         timing = {str(h): time_per_update(data, config.word_dim, h, config.batch_size,
                                           config.timing_updates)
                   for h in config.timing_hidden}
@@ -700,8 +698,6 @@ def run(
                      tuple(config.seeds if seeds is None else seeds),
                      lambda job: _train_one(config, data, job), config=config, device=device,
                      out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------- measurements
