@@ -21,6 +21,7 @@ def test_presets_and_validation():
     assert quick.depth == paper.depth == 8 and quick.init_scale == paper.init_scale == 0.5
     assert quick.data == "digits" and paper.data == "mnist" and paper.width == 1000
     assert paper.batch_size == 128 and max(paper.probe_updates) <= paper.steps
+    assert len(quick.seeds) == 3 and len(paper.seeds) == 5
     assert deep_mlp.get_config("quick", steps=7, probe_updates=(1, 7)).steps == 7
     assert EXPERIMENTS["deep_mlp"] is deep_mlp
     for bad, match in [({"norms": ("weight",)}, "norms"), ({"data": "cifar"}, "data"),

@@ -100,7 +100,8 @@ class Config:
         hist_range: ``(low, high)`` of the histograms, in log10 of the absolute value.
         hist_bins: bins of each histogram.
         n_eval_train: training examples on which the training NLL is measured.
-        seeds: seeds of the runs (initialization and batch order).
+        seeds: seeds of the runs (initialization and batch order); three at the quick scale,
+            which keeps the lab within its time budget on a CPU, five at the paper scale.
     """
 
     scale: str = "quick"
@@ -118,7 +119,7 @@ class Config:
     hist_range: tuple[float, float] = (-8.0, 2.0)
     hist_bins: int = 40
     n_eval_train: int = 512
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = (0, 1, 2)
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -158,6 +159,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "lr": 0.02,
         "probe_updates": (1, 100, 1000, 5000),
         "n_eval_train": 10_000,
+        "seeds": (0, 1, 2, 3, 4),
     },
 }
 
