@@ -1,6 +1,6 @@
 """The mini-experiments of the book: a registry of modules that share one protocol.
 
-Book chapters 3.1, 6.1-6.7, 7 and Part II. Every experiment module
+Book chapters 3.1, the lab 3.2, 6.1-6.7, 7 and Part II. Every experiment module
 ``lnbook.experiments.<name>`` defines
 
 - ``NAME: str`` and ``DESCRIPTION: str``,
@@ -21,6 +21,7 @@ from types import ModuleType
 
 from lnbook.experiments import (
     convnet,
+    deep_mlp,
     draw,
     handwriting,
     mnist,
@@ -70,8 +71,8 @@ __all__ = [
 
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (rnn_length, order_embeddings, reader, skip_thoughts, draw, handwriting, mnist,
-              convnet, rmsnorm, placement, qk_norm)
+    for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
+              mnist, convnet, rmsnorm, placement, qk_norm)
 }
 
 

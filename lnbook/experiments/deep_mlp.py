@@ -1,0 +1,423 @@
+"""Why normalization helps: a deep MLP with a poor start, watched layer by layer (lab 3.2).
+
+Book chapter `03_2_lab_why_it_helps`. The paper has no such experiment; the lab asks the
+question a learner asks first about section 1 of the paper ("why does normalizing help
+training?") on a network small enough to watch every layer. Three variants of one deep ReLU
+network, trained with plain SGD with momentum on the 8x8 digits of scikit-learn (or MNIST):
+
+- ``"none"``: no normalization;
+- ``"batch"``: batch normalization (eq. 2) of the summed inputs of every hidden layer;
+- ``"layer"``: layer normalization (eq. 3) of the summed inputs of every hidden layer.
+
+Both norms run on torch's fused kernels (:class:`torch.nn.BatchNorm1d`, and
+:class:`lnbook.norms.LayerNorm` with ``impl="torch"``): chapters 2 and 3 check lnbook's own
+implementations against them, and the fused ones keep the lab's 15 runs within seconds.
+
+The logits are not normalized in any variant (chapter 6.6 says why for LN; BN is left off them
+too, so that the three networks differ only in their hidden layers). Every weight matrix starts
+``init_scale`` times the He initialization (standard deviation ``init_scale * sqrt(2 /
+fan_in)``), which for ``init_scale < 1`` shrinks the signal of the plain network by that factor
+at every layer.
+
+While training, a :class:`LayerProbe` records, at a few chosen updates, per hidden layer: the
+histograms and root mean squares of the summed inputs ``a_l = W_l h_{l-1} (+ b_l)`` (before any
+normalization, so that the three networks are compared like with like) and of the gradient of
+the loss with respect to them, and per weight matrix the gradient norm and the size of the
+update relative to the weights (the update-to-weight ratio).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_digits_tensor, load_mnist
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    make_config,
+    sweep,
+)
+from lnbook.norms import LayerNorm
+from lnbook.train import Batches, History, fit
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "NORMS",
+    "PROBE_KEYS",
+    "Config",
+    "get_config",
+    "DeepMLP",
+    "LayerProbe",
+    "log_spread",
+    "prior_nll",
+    "probe_array",
+    "run",
+]
+
+NAME = "deep_mlp"
+DESCRIPTION = (
+    "lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD with no "
+    "norm / batch norm / layer norm on the 8x8 digits; per-layer activations, gradients and "
+    "update-to-weight ratios recorded during training"
+)
+NORMS = ("none", "batch", "layer")
+PROBE_KEYS = ("act_rms", "grad_rms", "grad_zero_frac", "act_hist", "grad_hist",
+              "weight_grad_norm", "update_ratio")
+"""What :class:`LayerProbe` records in a run's ``info`` at each probed update."""
+
+
+@dataclass
+class Config:
+    """Settings of the lab's deep-MLP experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        data: ``"digits"`` (scikit-learn's 1,797 8x8 digits, offline) or ``"mnist"``
+            (:func:`lnbook.data.load_mnist`, the offline subset when nothing else is there).
+        depth: hidden layers (each ``Linear -> norm -> ReLU``); a last ``Linear`` gives logits.
+        width: units per hidden layer.
+        init_scale: every weight matrix starts with standard deviation
+            ``init_scale * sqrt(2 / fan_in)`` (He initialization times this factor); biases 0.
+        norms: variants to train, from :data:`NORMS`.
+        batch_size: examples per update.
+        steps: SGD updates per run.
+        eval_every: updates between evaluations.
+        lr: SGD learning rate.
+        momentum: SGD momentum.
+        probe_updates: the updates (1 = the first, taken from the initial weights) at which
+            the probe records per-layer statistics.
+        hist_range: ``(low, high)`` of the histograms, in log10 of the absolute value.
+        hist_bins: bins of each histogram.
+        n_eval_train: training examples on which the training NLL is measured.
+        seeds: seeds of the runs (initialization and batch order); three at the quick scale,
+            which keeps the lab within its time budget on a CPU, five at the paper scale.
+    """
+
+    scale: str = "quick"
+    data: str = "digits"
+    depth: int = 8
+    width: int = 64
+    init_scale: float = 0.5
+    norms: tuple[str, ...] = NORMS
+    batch_size: int = 64
+    steps: int = 300
+    eval_every: int = 10
+    lr: float = 0.05
+    momentum: float = 0.9
+    probe_updates: tuple[int, ...] = (1, 30, 100, 300)
+    hist_range: tuple[float, float] = (-8.0, 2.0)
+    hist_bins: int = 40
+    n_eval_train: int = 512
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if self.data not in ("digits", "mnist"):
+            raise ValueError(f"data must be 'digits' or 'mnist', got {self.data!r}")
+        bad = [n for n in self.norms if n not in NORMS]
+        if bad:
+            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        if self.depth < 1 or self.width < 2:
+            raise ValueError(f"depth must be >= 1 and width >= 2, got {self.depth}, {self.width}")
+        if not self.init_scale > 0:
+            raise ValueError(f"init_scale must be positive, got {self.init_scale}")
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2 (BN needs two examples), got "
+                             f"{self.batch_size}")
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
+        if any(not 1 <= u <= self.steps for u in self.probe_updates):
+            raise ValueError(f"probe_updates must lie in [1, steps={self.steps}], got "
+                             f"{self.probe_updates}")
+        low, high = self.hist_range
+        if not (low < high and self.hist_bins >= 1):
+            raise ValueError(f"hist_range must be (low, high) with low < high and hist_bins >= 1, "
+                             f"got {self.hist_range}, {self.hist_bins}")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
+    # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
+    "paper": {
+        "data": "mnist",
+        "width": 1000,
+        "batch_size": 128,
+        "steps": 5000,
+        "eval_every": 100,
+        "lr": 0.02,
+        "probe_updates": (1, 100, 1000, 5000),
+        "n_eval_train": 10_000,
+        "seeds": (0, 1, 2, 3, 4),
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+class DeepMLP(nn.Module):
+    """A deep ReLU MLP, ``[Linear -> norm -> ReLU] * depth -> Linear``, with a scaled He init.
+
+    The norm is eq. 2 (:class:`torch.nn.BatchNorm1d`) or eq. 3 (:class:`lnbook.norms.LayerNorm`,
+    on torch's fused kernel) on the summed inputs of each hidden layer, or nothing.
+    A norm brings its own bias, so the linear maps in front of one have none. Lab chapter
+    ``03_2_lab_why_it_helps``.
+
+    Args:
+        sizes: widths, input first and classes last, e.g. ``(64, 64, ..., 64, 10)``.
+        norm: ``"none"``, ``"batch"`` or ``"layer"``.
+        init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
+
+    Shape:
+        - Input: ``(N, sizes[0])``; output: logits ``(N, sizes[-1])``, and with
+          ``return_summed=True`` also the list of summed inputs ``(N, sizes[l])`` of every
+          hidden layer, before its norm.
+
+    Example::
+
+        >>> model = DeepMLP((64, 32, 32, 10), norm="layer", init_scale=0.5)
+        >>> logits, summed = model(torch.rand(4, 64), return_summed=True)
+        >>> logits.shape, len(summed)
+        (torch.Size([4, 10]), 2)
+    """
+
+    def __init__(self, sizes: tuple[int, ...], norm: str = "none",
+                 init_scale: float = 1.0) -> None:
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if len(sizes) < 3:
+            raise ValueError(f"sizes needs an input, at least one hidden and an output width, "
+                             f"got {sizes}")
+        if not init_scale > 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        self.norm, self.init_scale, self.in_features = norm, float(init_scale), sizes[0]
+        hidden = list(zip(sizes[:-2], sizes[1:-1], strict=True))
+        self.linears = nn.ModuleList(
+            [nn.Linear(i, o, bias=norm == "none") for i, o in hidden]
+            + [nn.Linear(sizes[-2], sizes[-1])])
+        makers = {"none": lambda h: nn.Identity(), "batch": nn.BatchNorm1d,
+                  "layer": lambda h: LayerNorm(h, impl="torch")}
+        self.norms = nn.ModuleList([makers[norm](o) for _, o in hidden])
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """He-normal weights times ``init_scale``, zero biases; norms to gain 1, bias 0."""
+        for lin in self.linears:
+            nn.init.normal_(lin.weight, std=self.init_scale * math.sqrt(2.0 / lin.in_features))
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        for n in self.norms:
+            if hasattr(n, "reset_parameters"):
+                n.reset_parameters()
+
+    def forward(self, x: Tensor, return_summed: bool = False) -> Tensor | tuple[Tensor, list]:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"DeepMLP expects (N, {self.in_features}) inputs, got "
+                             f"{tuple(x.shape)}")
+        summed = []
+        h = x  # (N, D)
+        for lin, norm in zip(self.linears[:-1], self.norms, strict=True):
+            a = lin(h)  # (N, H) summed inputs, before the norm
+            summed.append(a)
+            h = torch.relu(norm(a))  # (N, H)
+        logits = self.linears[-1](h)  # (N, classes)
+        return (logits, summed) if return_summed else logits
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm!r}, init_scale={self.init_scale}"
+
+
+def _log_hist(t: Tensor, edges: np.ndarray) -> list[int]:
+    """Counts of log10 |t| in the bins ``edges`` (exact zeros left out; the ends clip)."""
+    v = t.detach().abs().flatten().double()
+    v = v[v > 0].log10().clamp(float(edges[0]), float(edges[-1]))
+    return np.histogram(v.cpu().numpy(), bins=edges)[0].tolist()
+
+
+class LayerProbe:
+    """Records per-layer statistics of a :class:`DeepMLP` at chosen updates of its training.
+
+    Attach it to the model's optimizer before training; route the forward pass of each update
+    through :meth:`forward`. At a probed update (1 = the first) it keeps the summed inputs with
+    their gradients, and after ``optimizer.step()`` it records, per hidden layer, the root mean
+    square (RMS) and a histogram of log10 |value| of the summed inputs and of the gradient of
+    the loss with respect to them, and per weight matrix the gradient's norm and the
+    update-to-weight ratio ``||W_after - W_before|| / ||W_before||`` (Frobenius norms). It uses
+    the optimizer's public step hooks, so any optimizer works.
+
+    Args:
+        model: the network.
+        optimizer: its optimizer (hooks are registered on it).
+        updates: update numbers to record (1-based).
+        edges: histogram bin edges, in log10 of the absolute value.
+
+    Example::
+
+        >>> model = DeepMLP((4, 8, 8, 3))
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> probe = LayerProbe(model, opt, updates=(1,), edges=np.linspace(-8, 2, 11))
+        >>> loss = F.cross_entropy(probe.forward(torch.randn(5, 4)), torch.zeros(5).long())
+        >>> loss.backward(); opt.step()
+        >>> probe.records["update_ratio"][0][0] > 0
+        True
+    """
+
+    def __init__(self, model: DeepMLP, optimizer: torch.optim.Optimizer,
+                 updates: tuple[int, ...] | list[int], edges: np.ndarray) -> None:
+        self.model, self.updates = model, sorted(set(int(u) for u in updates))
+        self.edges = np.asarray(edges, dtype=float)
+        self.done = 0  # updates finished
+        self.records: dict[str, list[Any]] = {k: [] for k in PROBE_KEYS}
+        self.records["probe_updates"] = []
+        self._summed: list[Tensor] | None = None
+        self._before: list[Tensor] | None = None
+        optimizer.register_step_pre_hook(self._pre_step)
+        optimizer.register_step_post_hook(self._post_step)
+
+    @property
+    def active(self) -> bool:
+        """Whether the update now under way is recorded."""
+        return self.done + 1 in self.updates
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The model's logits; on a probed update also keep the summed inputs' gradients."""
+        if not (self.active and self.model.training and torch.is_grad_enabled()):
+            return self.model(x)
+        logits, summed = self.model(x, return_summed=True)
+        for a in summed:
+            a.retain_grad()
+        self._summed = summed
+        return logits
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._summed is not None:
+            self._before = [lin.weight.detach().clone() for lin in self.model.linears]
+
+    def _post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.done += 1
+        if self._summed is None or self._before is None:
+            return
+        rec = self.records
+        rec["probe_updates"].append(self.done)
+        grads = [a.grad if a.grad is not None else torch.zeros_like(a) for a in self._summed]
+        rec["act_rms"].append([float(a.detach().pow(2).mean().sqrt()) for a in self._summed])
+        rec["grad_rms"].append([float(g.pow(2).mean().sqrt()) for g in grads])
+        rec["grad_zero_frac"].append([float((g == 0).double().mean()) for g in grads])
+        rec["act_hist"].append([_log_hist(a, self.edges) for a in self._summed])
+        rec["grad_hist"].append([_log_hist(g, self.edges) for g in grads])
+        lins = self.model.linears
+        rec["weight_grad_norm"].append(
+            [float(lin.weight.grad.norm()) if lin.weight.grad is not None else 0.0
+             for lin in lins])
+        rec["update_ratio"].append(
+            [float((lin.weight.detach() - w0).norm() / w0.norm())
+             for lin, w0 in zip(lins, self._before, strict=True)])
+        self._summed, self._before = None, None
+
+
+def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
+    """NLL (nats) on ``y_test`` of the trivial predictor that outputs the training class shares.
+
+    Example::
+
+        >>> round(prior_nll(torch.tensor([0, 1]), torch.tensor([0, 1]), classes=2), 4)
+        0.6931
+    """
+    counts = torch.bincount(y_train, minlength=classes).double()
+    p = (counts + 1.0) / (counts.sum() + classes)  # add-one, so no class has probability 0
+    return float(-p.log()[y_test].mean())
+
+
+def probe_array(results: Results, variant: str, key: str) -> np.ndarray:
+    """One probe record of every seed: ``(seeds, probed updates, layers[, bins])``."""
+    if key not in PROBE_KEYS:
+        raise KeyError(f"key must be one of {PROBE_KEYS}, got {key!r}")
+    return np.array(results.info_of(variant, key), dtype=float)
+
+
+def log_spread(values: np.ndarray) -> np.ndarray:
+    """log10(largest / smallest) over the last axis: how many decades the layers span.
+
+    Example::
+
+        >>> log_spread(np.array([[1.0, 10.0, 0.1]])).round(6).tolist()
+        [2.0]
+    """
+    values = np.asarray(values, dtype=float)
+    if np.any(values <= 0):
+        raise ValueError("log_spread needs positive values (RMS, norms)")
+    return np.log10(values.max(axis=-1) / values.min(axis=-1))
+
+
+def _data(config: Config) -> dict[str, Any]:
+    if config.data == "digits":
+        x, y = load_digits_tensor("train", flatten=True)  # (N, 64), (N,)
+        xt, yt = load_digits_tensor("test", flatten=True)
+        source = "sklearn digits"
+    else:
+        train, test = load_mnist(split="train"), load_mnist(split="test")
+        x, y, xt, yt = train.images, train.labels, test.images, test.labels  # (N, 784)
+        source = f"mnist ({train.source})"
+    return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": source}
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train every norm with every seed; return the sweep's results.
+
+    Each run records ``train_nll`` (on ``n_eval_train`` training examples), ``test_nll`` and
+    ``test_error`` at every evaluation, and in its ``info`` the :class:`LayerProbe` records
+    (:data:`PROBE_KEYS`, one entry per probed update, listed in ``info["probe_updates"]``).
+    ``Results.info`` holds the data source, the histogram edges and the NLL of the class-prior
+    predictor on the test set (``prior_nll``), the trivial baseline.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a deep_mlp.Config (get_config), got "
+                        f"{type(config).__name__}")
+    d = _data(config)
+    x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
+    sizes = (d["x"].shape[1], *([config.width] * config.depth), 10)
+    edges = np.linspace(*config.hist_range, config.hist_bins + 1)
+
+    def eval_fn(model: nn.Module) -> dict[str, float]:
+        tr = classification_metrics(model, x_eval, y_eval)
+        te = classification_metrics(model, d["x_test"], d["y_test"])
+        return {"train_nll": tr["nll"], "test_nll": te["nll"], "test_error": te["error"]}
+
+    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        torch.manual_seed(job.seed)
+        model = DeepMLP(sizes, job.params, config.init_scale)
+        opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+        probe = LayerProbe(model, opt, config.probe_updates, edges)
+        hist = fit(model, Batches(d["x"], d["y"], batch_size=config.batch_size, seed=job.seed),
+                   opt, steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+                   loss_fn=lambda m, b: F.cross_entropy(probe.forward(b[0]), b[1]),
+                   bar=job.bar, label=job.label)
+        return hist, probe.records
+
+    variants = {n: n for n in config.norms}
+    info = {"source": d["source"], "hist_edges": edges.tolist(),
+            "prior_nll": prior_nll(d["y"], d["y_test"]), "sizes": list(sizes)}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, checkpoint=False,
+                 steps=config.steps, info=info)
