@@ -183,3 +183,27 @@ def test_make_config_and_check_scale():
         P.make_config(C, {"quick": {}}, "quick", {"stepz": 1})
     with pytest.raises(ValueError, match="scale must be one of"):
         P.check_scale("huge")
+
+
+def test_cpu_threads_sets_and_restores():
+    before = torch.get_num_threads()
+    with P.cpu_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with P.cpu_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="positive int"):
+        with P.cpu_threads(0):
+            pass
+
+
+def test_sweep_trains_with_the_threads_it_is_given():
+    seen = []
+
+    def train_one(job):
+        seen.append(torch.get_num_threads())
+        return _train_one(job)
+
+    before = torch.get_num_threads()
+    P.sweep("toy", {"linear": "linear"}, [0], train_one, config=None, device="cpu", threads=1)
+    assert seen == [1] and torch.get_num_threads() == before

@@ -102,6 +102,7 @@ class Config:
         n_eval_train: training examples on which the training NLL is measured.
         seeds: seeds of the runs (initialization and batch order); three at the quick scale,
             which keeps the lab within its time budget on a CPU, five at the paper scale.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -120,6 +121,7 @@ class Config:
     hist_bins: int = 40
     n_eval_train: int = 512
     seeds: tuple[int, ...] = (0, 1, 2)
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -151,6 +153,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
     # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
     "paper": {
+        "threads": None,
         "data": "mnist",
         "width": 1000,
         "batch_size": 128,
@@ -420,4 +423,4 @@ def run(
             "prior_nll": prior_nll(d["y"], d["y_test"]), "sizes": list(sizes)}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, checkpoint=False,
-                 steps=config.steps, info=info)
+                 steps=config.steps, info=info, threads=config.threads)

@@ -69,6 +69,7 @@ class Config:
         grad_seeds: seeds of those models.
         grad_batch: training sequences in the batch whose loss gradient is measured.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -91,6 +92,7 @@ class Config:
     grad_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     grad_batch: int = 128
     checkpoint: bool = False
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -110,6 +112,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
+        "threads": None,
         "warmups": (0, 4000),
         "size": 32,
         "symbols": 64,
@@ -213,4 +216,4 @@ def run(
                  config=config, device=device, out=out, checkpoint=config.checkpoint,
                  steps=config.steps,
                  info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
+                       "baseline_loss": task.baseline_loss}, threads=config.threads)

@@ -432,6 +432,7 @@ def sweep(
     steps: int | Callable[[str, Any], int] | None = None,
     info: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    threads: int | None = None,
 ) -> Results:
     """Train every variant with every seed through ``train_one``; return one :class:`Results`.
 
@@ -453,6 +454,10 @@ def sweep(
             the progress bar.
         info: what to store about the whole sweep in ``Results.info``.
         progress: show the bar; default only in a terminal outside CI.
+        threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
+            torch's setting.
+        threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
+            torch's setting.
 
     Raises:
         SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
@@ -475,30 +480,31 @@ def sweep(
     runs: list[Run] = []
     finished: list[str] = []
     try:
-        for variant, params, seed in pairs:
-            label = _label(variant, seed)
-            done = _load_finished(folder, variant, seed, cfg) if folder is not None else None
-            if done is not None:
-                tqdm.write(f"{label}: finished earlier, read from "
-                           f"{_run_file(folder, variant, seed)}", file=sys.stderr)
-                runs.append(done)
+        with cpu_threads(threads):
+            for variant, params, seed in pairs:
+                label = _label(variant, seed)
+                done = _load_finished(folder, variant, seed, cfg) if folder is not None else None
+                if done is not None:
+                    tqdm.write(f"{label}: finished earlier, read from "
+                               f"{_run_file(folder, variant, seed)}", file=sys.stderr)
+                    runs.append(done)
+                    finished.append(label)
+                    bar.update(n_steps(variant, params))
+                    continue
+                ckpt = None
+                if folder is not None and checkpoint:
+                    ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
+                job = Job(variant, params, seed, dev, ckpt, bar, label)
+                try:
+                    got = train_one(job)
+                except KeyboardInterrupt:
+                    raise SweepInterrupted(finished, _saved_step(ckpt, label), folder) from None
+                hist, run_info = got if isinstance(got, tuple) else (got, {})
+                run = Run(variant, seed, hist, dict(run_info))
+                runs.append(run)
                 finished.append(label)
-                bar.update(n_steps(variant, params))
-                continue
-            ckpt = None
-            if folder is not None and checkpoint:
-                ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
-            job = Job(variant, params, seed, dev, ckpt, bar, label)
-            try:
-                got = train_one(job)
-            except KeyboardInterrupt:
-                raise SweepInterrupted(finished, _saved_step(ckpt, label), folder) from None
-            hist, run_info = got if isinstance(got, tuple) else (got, {})
-            run = Run(variant, seed, hist, dict(run_info))
-            runs.append(run)
-            finished.append(label)
-            if folder is not None:
-                save_results({"config": cfg, "run": run}, _run_file(folder, variant, seed))
+                if folder is not None:
+                    save_results({"config": cfg, "run": run}, _run_file(folder, variant, seed))
     finally:
         bar.close()
     results = Results(name, cfg, str(dev), runs, dict(info or {}))

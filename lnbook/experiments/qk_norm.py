@@ -64,6 +64,7 @@ class Config:
             evaluations.
         seeds: seeds of the runs.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -83,6 +84,7 @@ class Config:
     eval_every: int = 20
     seeds: tuple[int, ...] = (0, 1, 2)
     checkpoint: bool = False
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -101,6 +103,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
+        "threads": None,
         "lrs": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
         "size": 32,
         "symbols": 64,
@@ -240,4 +243,4 @@ def run(
                  config=config, device=device, out=out, checkpoint=config.checkpoint,
                  steps=config.steps,
                  info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
+                       "baseline_loss": task.baseline_loss}, threads=config.threads)

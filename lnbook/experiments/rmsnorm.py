@@ -82,6 +82,7 @@ class Config:
             evaluations.
         seeds: seeds of the runs (initialization and batch order).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -100,6 +101,7 @@ class Config:
     eval_every: int = 10
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     checkpoint: bool = False
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -117,6 +119,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
+        "threads": None,
         "size": 32,
         "symbols": 64,
         "n_train": 200_000,
@@ -253,4 +256,4 @@ def run(
                  tuple(config.seeds if seeds is None else seeds), train_one, config=config,
                  device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
                  info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
+                       "baseline_loss": task.baseline_loss}, threads=config.threads)
