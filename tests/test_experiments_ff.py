@@ -100,6 +100,13 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
     again = mnist.run(cfg, device="cpu", seeds=(0,))
     assert again.runs[0].history.losses == res.runs[0].history.losses
     assert res.runs[0].history.losses != res.runs[1].history.losses
+    # n_eval_train (32) below a batch size (48): mode_nll still gets one whole batch
+    big = mnist.get_config("quick", hidden=(8,), batch_sizes=(48,), norms=("batch",),
+                           steps=1, eval_every=1, n_train=64, n_eval_train=32, n_test=8,
+                           seeds=(0,))
+    info = mnist.run(big, device="cpu").runs[0].info
+    assert info["nll_train_mode"] > 0 and info["nll_eval_mode"] > 0
+    assert info["nll_train_mode"] != info["nll_eval_mode"]  # batch norm: the modes differ
     gap = mnist.mean_gap(np.array([[9.0, 1.0, 2.0]]), np.array([[0.0, 2.0, 0.0]]))
     assert gap.tolist() == [1.5]
 

@@ -370,7 +370,8 @@ def run(
     evaluation, ``train_nll`` and ``train_error`` (on ``n_eval_train`` training images) and
     ``test_nll`` and ``test_error``, in eval mode; a run at batch size B makes
     :func:`schedule` ``(config, B)`` updates. At the end each run's ``info`` holds
-    :func:`mode_nll` on the same training images at its own batch size. ``Results.info``
+    :func:`mode_nll` on the same training images at its own batch size (on the first B
+    training images when ``n_eval_train`` is smaller than B). ``Results.info``
     holds ``source`` (the data) and ``majority_error``, the test error of always predicting
     the most frequent training label (the trivial predictor every run must beat).
     """
@@ -400,7 +401,9 @@ def run(
                    device=job.device, seed=job.seed, checkpoint=job.checkpoint,
                    loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
                    bar=job.bar, label=job.label)
-        return hist, mode_nll(model, x_eval, y_eval, bs)
+        # at least one whole batch, even when n_eval_train is smaller than the batch size
+        n_mode = max(config.n_eval_train, bs)
+        return hist, mode_nll(model, d["x"][:n_mode], d["y"][:n_mode], bs)
 
     counts = torch.bincount(d["y"], minlength=10)  # (10,) training labels per class
     majority = float((d["y_test"] != counts.argmax()).float().mean())
