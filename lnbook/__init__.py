@@ -5,33 +5,33 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
 
 - :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``BatchNorm``, ``WeightNormLinear``
   (eqs. 1-3, 5, 15-16; chapters 2, 3, 4)
-- :mod:`lnbook.reference`: ``layer_norm_numpy``, eq. 3 in plain numpy (chapter 3)
-- :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers
-  (eqs. 4, 20-31; chapter 3.1 and the supplement)
-- :mod:`lnbook.analysis`: Table 1 recomputed, Fisher information and metrics (eqs. 5-14,
-  32-35; chapters 4, 5.1, 5.2)
+- :mod:`lnbook.reference`: ``layer_norm_numpy`` (eq. 3) and the paper's recurrent cells
+  (eqs. 4, 20-22, 26-28) in plain numpy (chapter 3, supplement)
+- :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers, drop-ins
+  for torch's (eqs. 4, 20-31; chapter 3.1 and the supplement)
+- :mod:`lnbook.bptt`: the LN-LSTM's backpropagation through time, derived by hand (supplement)
+- :mod:`lnbook.recurrent_bn`: batch normalization with per-step statistics and the recurrent
+  models built on it, the comparison of sections 3.1 and 6.2
+- :mod:`lnbook.analysis`: Table 1 recomputed, Fisher information and metrics, recurrent
+  dynamics (eqs. 5-14, 32-35; chapters 3.1, 4, 5.1, 5.2)
 - :mod:`lnbook.data`, :mod:`lnbook.train`, :mod:`lnbook.experiments`: MNIST, the training
   loop with checkpoint and resume, the mini-experiments of section 6 (chapters 6.1-6.7)
 """
 
-from lnbook import analysis, reference
-from lnbook.analysis import fisher_information, invariance_changes, invariance_table
+from lnbook import analysis, bptt, reference
+from lnbook.analysis import (
+    RecurrentDynamics,
+    fisher_information,
+    invariance_changes,
+    invariance_table,
+    recurrent_dynamics,
+)
+from lnbook.bptt import ln_lstm_recurrence
 from lnbook.data import MNISTData, binarize, load_mnist, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, layer_norm
-from lnbook.rnn import (
-    GRU,
-    LSTM,
-    RNN,
-    BatchNormRNN,
-    DRAWLSTMCell,
-    LNGRUCell,
-    LNLSTMCell,
-    LNRNNCell,
-    RecurrentDynamics,
-    SequenceBatchNorm,
-    recurrent_dynamics,
-)
+from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
+from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
 from lnbook.train import Batches, History, fit
 
 __version__ = "0.1.0"
@@ -52,14 +52,17 @@ __all__ = [
     "LNRNNCell",
     "LSTM",
     "RNN",
-    "RecurrentDynamics",
+    "RecurrentBNLSTM",
     "SequenceBatchNorm",
-    "recurrent_dynamics",
+    "bptt",
+    "ln_lstm_recurrence",
     # analysis (chapters 4, 5)
+    "RecurrentDynamics",
     "analysis",
     "fisher_information",
     "invariance_changes",
     "invariance_table",
+    "recurrent_dynamics",
     # data and training (chapter 6)
     "Batches",
     "History",

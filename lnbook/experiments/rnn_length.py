@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from lnbook.device import resolve_device
 from lnbook.experiments import make_config, save_results
-from lnbook.rnn import RNN, BatchNormRNN
+from lnbook.recurrent_bn import BatchNormRNN
+from lnbook.rnn import RNN
 from lnbook.train import fit
 
 NAME = "rnn_length"
