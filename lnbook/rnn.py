@@ -263,7 +263,17 @@ class _CellBase(nn.Module):
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size multiple of H)
 
-    def __init__(self, input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        bias: bool,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+        layer_norm: bool,
+        eps: float,
+        ln_impl: str,
+    ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.input_size = check_size("input_size", input_size)
@@ -974,13 +984,15 @@ class RNN(_RNNBase):
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
 
-    def _scan(self, x, mask, state, p):
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
         act, impl = _ACTS[self.nonlinearity], self.ln_impl
         b = _add(p["b_ih"], p["b_hh"])  # (H,) or None
         ln = _with_bias(p["ln"], b)
         gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
 
-        def step(t, s):
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
             h = rnn_step(gis[t], s[0], p["w_hh"], ln, act, impl)  # (B, H)
             return h, [h]
 
@@ -1095,7 +1107,9 @@ class LSTM(_RNNBase):
                 and p["w_hr"] is None and x.dtype in (torch.float32, torch.float64)
                 and not torch.compiler.is_compiling())
 
-    def _scan(self, x, mask, state, p):
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
         impl = self.ln_impl
         b = _add(p["b_ih"], p["b_hh"])  # (4H,) or None
         if p["ln_ih"] is None:
@@ -1113,7 +1127,7 @@ class LSTM(_RNNBase):
             return hs, [h, c]
         gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
 
-        def step(t, s):
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
             h, c = lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, p["ln_c"], p["w_hr"], impl)
             return h, [h, c]
 
@@ -1182,13 +1196,15 @@ class GRU(_RNNBase):
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
 
-    def _scan(self, x, mask, state, p):
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
         impl, H = self.ln_impl, self.hidden_size
         gis = gru_input(x, p["w_ih"], p["b_ih"], p["b_hh"], p["ln_ih"], p["ln_in"],
                         impl).unbind(0)  # T x (B, 3H)
         b_hn = None if p["b_hh"] is None else p["b_hh"][2 * H :]
 
-        def step(t, s):
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
             h = gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"], impl)  # (B, H)
             return h, [h]
 

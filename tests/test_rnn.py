@@ -636,6 +636,28 @@ def test_compile_fullgraph_training_step_and_export(cls, layer_norm):
     assert (out_e - out_m).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize("cls", [LSTM, GRU, RNN])
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_torch_func_grad_and_per_example_grads_equal_autograd(cls, layer_norm):
+    torch.manual_seed(0)
+    m = cls(3, 4, 2, bidirectional=True, layer_norm=layer_norm).to(F64)
+    randomize_ln(m)
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    xs = torch.randn(3, 5, 2, 3, dtype=F64)  # 3 examples, each (T, B, I)
+
+    def loss(p, x):
+        return torch.func.functional_call(m, p, (x,))[0].sin().sum()
+
+    got = torch.func.grad(loss)(params, xs[0])
+    want = dict(zip(params, torch.autograd.grad(loss(dict(m.named_parameters()), xs[0]),
+                                                list(m.parameters())), strict=True))
+    assert all((got[k] - want[k]).abs().max() <= 1e-12 for k in params)
+    per = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, xs)
+    for j in range(3):
+        g = torch.func.grad(loss)(params, xs[j])
+        assert all((per[k][j] - g[k]).abs().max() <= 1e-12 for k in params)
+
+
 # ---------------------------------------------------------------------------------------------
 # no compiler, no ctypes: lnbook runs wherever torch runs
 
