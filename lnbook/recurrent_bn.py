@@ -207,13 +207,12 @@ class BatchNormRNN(nn.Module):
         mask = None if lens is None else (
             torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
         act = torch.tanh if r.nonlinearity == "tanh" else torch.relu
-        b = r.bias_ih_l0 + r.bias_hh_l0  # (H,)
         gis = F.linear(x, r.weight_ih_l0).unbind(0)  # T x (B, H)
         outs = []
         for t in range(T):
             m = None if mask is None else mask[t]  # (B, 1)
             a = torch.addmm(gis[t], h, r.weight_hh_l0.t())  # (B, H)
-            h_new = act(self.bn(a, t, m) + b)  # (B, H)
+            h_new = act(self.bn(a, t, m) + r.bias_ih_l0 + r.bias_hh_l0)  # (B, H)
             h = h_new if m is None else torch.where(m, h_new, h)
             outs.append(h if m is None else h_new * m)
         out = torch.stack(outs)  # (T, B, H)

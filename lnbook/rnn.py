@@ -109,14 +109,6 @@ def _add(*ts: Tensor | None) -> Tensor | None:
     return out
 
 
-def _with_bias(norm: _Norm, extra: Tensor | None) -> _Norm:
-    """``norm`` with ``extra`` added to its bias: LN(v) + extra in one call."""
-    if norm is None:
-        return None
-    w, b, eps = norm
-    return w, _add(b, extra), eps
-
-
 def _compute_dtype(module: nn.Module, x: Tensor, param_dtype: torch.dtype) -> torch.dtype | None:
     """The dtype to run in under autocast, torch's choice for the module's twin; else None.
 
@@ -177,11 +169,16 @@ def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
 # the step functions: one place for the equations; cells and layers both call them
 
 
-def rnn_step(gi: Tensor, h: Tensor, w_hh: Tensor, ln: _Norm, act: Callable, impl: str) -> Tensor:
-    """Eq. 4: ``act(LN(a_t) + b)`` with ``a_t = gi + W_hh h``, or torch's ``act(a_t)`` without
-    LN (then ``gi`` holds both biases; with LN the biases are folded into ``ln``'s bias)."""
+def rnn_step(
+    gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: _Norm, act: Callable, impl: str
+) -> Tensor:
+    """Eq. 4: ``act(LN(a_t) + b)`` with ``a_t = gi + W_hh h``; without LN torch's ``act(a_t)``,
+    ``gi`` then holding both biases."""
     a = torch.addmm(gi, h, w_hh.t())  # (B, H) summed inputs a_t
-    return act(_ln(a, ln, impl))  # (B, H)
+    if ln is None:
+        return act(a)  # (B, H)
+    z = _ln(a, ln, impl)  # (B, H)
+    return act(z if b is None else z + b)
 
 
 def lstm_step(
@@ -224,9 +221,9 @@ def gru_input(
     if ln_ih is None:
         b = None if b_rz is None else torch.cat([b_rz, b_n])  # type: ignore[list-item]
         return gi if b is None else gi + b
-    rz = _ln(gi[..., : 2 * H], _with_bias(ln_ih, b_rz), impl)  # (*, 2H)
-    n = _ln(gi[..., 2 * H :], _with_bias(ln_in, b_n), impl)  # (*, H)
-    return torch.cat([rz, n], dim=-1)
+    rz = _ln(gi[..., : 2 * H], ln_ih, impl)  # (*, 2H)
+    n = _ln(gi[..., 2 * H :], ln_in, impl)  # (*, H)
+    return torch.cat([rz if b_rz is None else rz + b_rz, n if b_n is None else n + b_n], dim=-1)
 
 
 def gru_step(
@@ -246,7 +243,8 @@ def gru_step(
         hn = gh[:, 2 * H :] if b_hn is None else gh[:, 2 * H :] + b_hn  # (B, H)
     else:
         rz = torch.sigmoid(gi[:, : 2 * H] + _ln(gh[:, : 2 * H], ln_hh, impl))  # (B, 2H)
-        hn = _ln(gh[:, 2 * H :], _with_bias(ln_hn, b_hn), impl)  # (B, H)
+        hn = _ln(gh[:, 2 * H :], ln_hn, impl)  # (B, H)
+        hn = hn if b_hn is None else hn + b_hn
     r, z = rz[:, :H], rz[:, H:]
     n = torch.tanh(gi[:, 2 * H :] + r * hn)  # (B, H)
     return n + z * (h - n)  # (1 - z) n + z h
@@ -410,8 +408,7 @@ class LNRNNCell(_CellBase):
         ln = _norm_of(self.ln, dt)
         with _autocast_off(x.device.type, dt):
             gi = F.linear(x, w_ih, b if ln is None else None)  # (B, H)
-            out = rnn_step(gi, h, w_hh, _with_bias(ln, b), _ACTS[self.nonlinearity],
-                           self.ln_impl)
+            out = rnn_step(gi, h, w_hh, b, ln, _ACTS[self.nonlinearity], self.ln_impl)
         return out if batched else out.squeeze(0)
 
     def extra_repr(self) -> str:
@@ -503,8 +500,11 @@ class LNLSTMCell(_CellBase):
         b = _add(b_ih, b_hh)  # (4H,) or None
         ln_ih = _norm_of(self.ln_ih, dt)
         with _autocast_off(x.device.type, dt):
-            gi = F.linear(x, w_ih, b) if ln_ih is None else _ln(
-                F.linear(x, w_ih), _with_bias(ln_ih, b), self.ln_impl)  # (B, 4H)
+            if ln_ih is None:
+                gi = F.linear(x, w_ih, b)  # (B, 4H)
+            else:
+                gi = _ln(F.linear(x, w_ih), ln_ih, self.ln_impl)  # (B, 4H)
+                gi = gi if b is None else gi + b
             h, c = lstm_step(gi, h, c, w_hh, _norm_of(self.ln_hh, dt), _norm_of(self.ln_c, dt),
                              None, self.ln_impl)
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
@@ -988,12 +988,11 @@ class RNN(_RNNBase):
         self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
     ) -> tuple[Tensor, list[Tensor]]:
         act, impl = _ACTS[self.nonlinearity], self.ln_impl
-        b = _add(p["b_ih"], p["b_hh"])  # (H,) or None
-        ln = _with_bias(p["ln"], b)
+        b, ln = _add(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
         gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
 
         def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = rnn_step(gis[t], s[0], p["w_hh"], ln, act, impl)  # (B, H)
+            h = rnn_step(gis[t], s[0], p["w_hh"], b, ln, act, impl)  # (B, H)
             return h, [h]
 
         return _masked_loop(step, x.shape[0], state, mask)
@@ -1112,19 +1111,21 @@ class LSTM(_RNNBase):
     ) -> tuple[Tensor, list[Tensor]]:
         impl = self.ln_impl
         b = _add(p["b_ih"], p["b_hh"])  # (4H,) or None
+        if self._use_bptt(x, mask, p):
+            # every bias joins LN(W_ih x)'s own: one pass over (T, B, 4H), none inside the loop
+            (g_ih, b_ih_ln, eps_ih), (g_hh, b_hh_ln, eps_hh) = p["ln_ih"], p["ln_hh"]
+            ln_ih = (g_ih, _add(b, b_hh_ln, b_ih_ln), eps_ih)
+            gi = _ln(F.linear(x, p["w_ih"]), ln_ih, impl)  # (T, B, 4H)
+            g_c, b_c, eps_c = p["ln_c"]
+            hs, h, c = ln_lstm_recurrence(gi, state[0], state[1], p["w_hh"], g_hh, g_c, b_c,
+                                          eps_hh, eps_c)
+            return hs, [h, c]
         if p["ln_ih"] is None:
             gi = F.linear(x, p["w_ih"], b)  # (T, B, 4H)
-            ln_hh = None
-        else:  # every bias joins LN(W_ih x)'s own: LN(W_hh h) then needs none
-            ln_hh_w, ln_hh_b, ln_hh_eps = p["ln_hh"]
-            ln_ih = _with_bias(p["ln_ih"], _add(b, ln_hh_b))
-            gi = _ln(F.linear(x, p["w_ih"]), ln_ih, impl)  # (T, B, 4H)
-            ln_hh = (ln_hh_w, None, ln_hh_eps)
-        if self._use_bptt(x, mask, p):
-            g_c, b_c, eps_c = p["ln_c"]
-            hs, h, c = ln_lstm_recurrence(gi, state[0], state[1], p["w_hh"], ln_hh[0], g_c, b_c,
-                                          ln_hh[2], eps_c)
-            return hs, [h, c]
+        else:
+            gi = _ln(F.linear(x, p["w_ih"]), p["ln_ih"], impl)  # (T, B, 4H), one call
+            gi = gi if b is None else gi + b
+        ln_hh = p["ln_hh"]
         gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
 
         def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
