@@ -5,11 +5,15 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
 
 - :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``ChannelLayerNorm``, ``BatchNorm``,
   ``WeightNormLinear`` (eqs. 1-3, 5, 15-16; chapters 2, 3, 4, 6.7)
-- :mod:`lnbook.reference`: ``layer_norm_numpy``, eq. 3 in plain numpy (chapter 3)
-- :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers
-  (eqs. 4, 20-31; chapter 3.1 and the supplement)
-- :mod:`lnbook.analysis`: Table 1 recomputed, Fisher information and metrics (eqs. 5-14,
-  32-35; chapters 4, 5.1, 5.2)
+- :mod:`lnbook.reference`: ``layer_norm_numpy`` (eq. 3) and the paper's recurrent cells
+  (eqs. 4, 20-22, 26-28) in plain numpy (chapter 3, supplement)
+- :mod:`lnbook.rnn`: layer-normalized RNN, LSTM, GRU and DRAW cells and sequence layers, drop-ins
+  for torch's (eqs. 4, 20-31; chapter 3.1 and the supplement)
+- :mod:`lnbook.bptt`: the LN-LSTM's backpropagation through time, derived by hand (supplement)
+- :mod:`lnbook.recurrent_bn`: batch normalization with per-step statistics and the recurrent
+  models built on it, the comparison of sections 3.1 and 6.2
+- :mod:`lnbook.analysis`: Table 1 recomputed, Fisher information and metrics, recurrent
+  dynamics (eqs. 5-14, 32-35; chapters 3.1, 4, 5.1, 5.2)
 - :mod:`lnbook.data`, :mod:`lnbook.train`, :mod:`lnbook.experiments`: MNIST, the training
   loop with checkpoint and resume, the mini-experiments of section 6 (chapters 6.1-6.7)
 - :mod:`lnbook.variants`: ``rms_norm``, ``RMSNorm``, ``group_norm``, ``GroupNorm``, ``DyT``
@@ -18,8 +22,15 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
   qk-norm, DeepNorm, and the Pre-LN to Pre-RMSNorm conversion (Part II)
 """
 
-from lnbook import analysis, reference
-from lnbook.analysis import fisher_information, invariance_changes, invariance_table
+from lnbook import analysis, bptt, reference
+from lnbook.analysis import (
+    RecurrentDynamics,
+    fisher_information,
+    invariance_changes,
+    invariance_table,
+    recurrent_dynamics,
+)
+from lnbook.bptt import ln_lstm_recurrence
 from lnbook.data import (
     MNISTData,
     associative_recall,
@@ -32,19 +43,8 @@ from lnbook.data import (
 )
 from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm
-from lnbook.rnn import (
-    GRU,
-    LSTM,
-    RNN,
-    BatchNormRNN,
-    DRAWLSTMCell,
-    LNGRUCell,
-    LNLSTMCell,
-    LNRNNCell,
-    RecurrentDynamics,
-    SequenceBatchNorm,
-    recurrent_dynamics,
-)
+from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
+from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Block, Transformer, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
@@ -68,14 +68,17 @@ __all__ = [
     "LNRNNCell",
     "LSTM",
     "RNN",
-    "RecurrentDynamics",
+    "RecurrentBNLSTM",
     "SequenceBatchNorm",
-    "recurrent_dynamics",
+    "bptt",
+    "ln_lstm_recurrence",
     # analysis (chapters 4, 5)
+    "RecurrentDynamics",
     "analysis",
     "fisher_information",
     "invariance_changes",
     "invariance_table",
+    "recurrent_dynamics",
     # data and training (chapter 6)
     "Batches",
     "History",

@@ -6,7 +6,7 @@ a stored answer: every invariance and every Fisher matrix is computed from lnboo
 (:class:`~lnbook.norms.BatchNorm`, :class:`~lnbook.norms.WeightNormLinear`,
 :class:`~lnbook.norms.LayerNorm`) on random weights and data, in float64.
 
-Two parts:
+Three parts:
 
 - Invariance (section 5.1). :func:`normalized_layer` computes the argument of f in eq. 5,
   ``g_i / sigma_i * (a_i - mu_i) + b_i``, for each method; :func:`transform` applies one of the
@@ -22,6 +22,9 @@ Two parts:
   :func:`metric` is eq. 8's quadratic form; :func:`weight_scaling_curvature` measures the
   implicit learning-rate reduction; :func:`direction_change_demo` trains and watches the weight
   direction.
+- Recurrent dynamics (section 3.1). :func:`recurrent_dynamics` runs an
+  :class:`~lnbook.rnn.LNRNNCell` and records the size of its summed inputs, its hidden state and
+  the gradient reaching each step (claim C05, chapter 3.1).
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
+from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, check_floating
+from lnbook.rnn import LNRNNCell
 
 __all__ = [
     "METHODS",
@@ -58,6 +63,8 @@ __all__ = [
     "weight_scaling_curvature",
     "DirectionChange",
     "direction_change_demo",
+    "RecurrentDynamics",
+    "recurrent_dynamics",
 ]
 
 METHODS: tuple[str, ...] = ("batch", "weight", "layer")
@@ -657,3 +664,66 @@ def direction_change_demo(
         res.norms.append(norms)
         res.losses.append(losses)
     return res
+
+
+# ----------------------------------------------------------------------------------------------
+# measuring the hidden-to-hidden dynamics (chapter 3.1, claim C05)
+
+
+class RecurrentDynamics(NamedTuple):
+    """Per-step measurements of :func:`recurrent_dynamics`, each a float64 tensor ``(T,)``."""
+
+    summed_input_rms: Tensor  # root mean square of a_t over units and batch
+    hidden_rms: Tensor  # root mean square of h_t
+    grad_norm: Tensor  # ||dL/dh_t|| averaged over the batch, L = sum of h_T
+
+
+def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> RecurrentDynamics:
+    """Run ``cell`` over ``x`` and record the size of a_t, h_t and dL/dh_t at every step.
+
+    Chapter 3.1 (claim C05): a_t = W_ih x_t + W_hh h_{t-1} are the summed inputs of eq. 4 before
+    any normalization, and the gradient is that of L = sum(h_T) with respect to each h_t, which
+    shows how a signal from the last step reaches earlier steps. The cell's own LN submodule
+    (``cell.ln``, :class:`lnbook.LayerNorm`) normalizes a_t, as :class:`~lnbook.rnn.LNRNNCell`
+    does.
+
+    Args:
+        cell: an :class:`~lnbook.rnn.LNRNNCell` (with or without layer norm).
+        x: ``(T, B, input_size)``.
+        h0: ``(B, H)`` or None for zeros.
+
+    Returns:
+        :class:`RecurrentDynamics` with three ``(T,)`` tensors.
+
+    Example::
+
+        >>> d = recurrent_dynamics(LNRNNCell(3, 8), torch.randn(20, 4, 3))
+        >>> d.grad_norm.shape
+        torch.Size([20])
+    """
+    if not isinstance(cell, LNRNNCell):
+        raise TypeError(f"cell must be an lnbook.LNRNNCell, got {type(cell).__name__}")
+    check_floating(x, "x")
+    if x.dim() != 3 or x.shape[-1] != cell.input_size:
+        raise ValueError(f"x must have shape (T, B, {cell.input_size}), got {tuple(x.shape)}")
+    T, B = x.shape[0], x.shape[1]
+    h = x.new_zeros(B, cell.hidden_size) if h0 is None else h0  # (B, H)
+    act = torch.tanh if cell.nonlinearity == "tanh" else torch.relu
+    b = None if cell.bias_ih is None else cell.bias_ih + cell.bias_hh  # (H,)
+    a_rms, h_rms, hs = [], [], []
+    with torch.enable_grad():
+        for t in range(T):
+            a = F.linear(x[t], cell.weight_ih) + F.linear(h, cell.weight_hh)  # (B, H)
+            z = a if cell.ln is None else cell.ln(a)  # (B, H)
+            h = act(z if b is None else z + b)  # (B, H)
+            h.retain_grad()
+            hs.append(h)
+            a_rms.append(a.detach().pow(2).mean().sqrt())
+            h_rms.append(h.detach().pow(2).mean().sqrt())
+        hs[-1].sum().backward()
+    grad = torch.stack([hh.grad.norm(dim=1).mean() for hh in hs])  # type: ignore[union-attr]
+    cell.zero_grad(set_to_none=True)
+    f64 = torch.float64
+    return RecurrentDynamics(
+        torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64)
+    )

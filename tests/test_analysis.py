@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import lnbook
 from lnbook import analysis as A
 
 F64 = torch.float64
@@ -256,3 +257,21 @@ def test_direction_change_demo_slower_turn_for_larger_norm():
         assert all(b >= a - 1e-12 for a, b in zip(norms, norms[1:], strict=False))
     assert all(math.isfinite(v) for v in r.angles[0])
 
+
+# ----------------------------------------------------------------------------- recurrent dynamics
+
+
+def test_recurrent_dynamics_shapes_and_vanishing_gradient_of_a_plain_cell():
+    torch.manual_seed(0)
+    x = torch.randn(50, 8, 5)
+    plain = lnbook.LNRNNCell(5, 32, layer_norm=False)
+    with torch.no_grad():
+        plain.weight_hh.mul_(0.1)
+    d = A.recurrent_dynamics(plain, x)
+    assert d.summed_input_rms.shape == d.grad_norm.shape == d.hidden_rms.shape == (50,)
+    assert d.summed_input_rms.dtype == torch.float64
+    # the gradient of sum(h_T) with respect to h_T is a vector of ones: norm sqrt(H)
+    assert abs(d.grad_norm[-1].item() - 32**0.5) <= 1e-5
+    assert d.grad_norm[0] < 1e-3 * d.grad_norm[-1]  # tiny recurrent weights: vanishing
+    with pytest.raises(TypeError):
+        A.recurrent_dynamics(torch.nn.RNNCell(5, 32), x)  # type: ignore[arg-type]

@@ -92,17 +92,21 @@ def test_layernorm_benchmark_rejects_bad_settings():
 
 def test_lstm_benchmark_quick_run(tmp_path):
     path = tmp_path / "lstm.json"
-    out = bench_lstm.main(["--device", "cpu", "--quick", "--rounds", "3", "--out", str(path)])
+    out = bench_lstm.main(["--device", "cpu", "--quick", "--rounds", "3", "--clock", "cpu",
+                           "--threads", "1", "--out", str(path)])
     stored = json.loads(path.read_text())
-    assert stored["rows"] == out["rows"] and stored["target"] == bench_lstm.TARGET
+    assert stored["rows"] == out["rows"] and stored["machine"]["clock"] == "cpu"
     for r in stored["rows"]:
         t = r["all_seconds"]
         assert len(t["torch.nn.LSTM"]) == 3
-        pairs = zip(t["lnbook.LSTM(layer_norm=True)"], t["torch.nn.LSTM"], strict=True)
+        pairs = zip(t[bench_lstm.LN_HAND], t["torch.nn.LSTM"], strict=True)
         ours = [a / b for a, b in pairs]
         assert r["ratio_ln_lstm_vs_torch"] == sorted(ours)[1]  # the median of 3 rounds
         assert r["seconds"]["torch.nn.LSTM"] == sorted(t["torch.nn.LSTM"])[1]
-    assert stored["meets_target"] == all(r["ratio_ln_lstm_vs_torch"] <= 2.0 for r in stored["rows"])
+        assert r["meets_target"] == (r["ratio_ln_lstm_vs_torch"] <= r["target"])
+    assert stored["meets_targets"] == all(r["meets_target"] for r in stored["rows"])
+    with pytest.raises(ValueError, match="rounds"):
+        bench_lstm.main(["--quick", "--rounds", "0", "--out", ""])
 
 
 @pytest.mark.skipif(common.minor_faults() is None, reason="the OS does not count page faults")
@@ -134,5 +138,6 @@ def test_rmsnorm_benchmark_writes_consistent_ratios(tmp_path):
 
 
 def test_common_has_no_allocator_tuning():
-    src = (BENCH / "common.py").read_text() + (BENCH / "bench_layernorm.py").read_text()
+    src = "".join((BENCH / f).read_text() for f in ("common.py", "bench_layernorm.py",
+                                                     "bench_lstm.py", "bench_rmsnorm.py"))
     assert "mallopt" not in src and "ctypes" not in src

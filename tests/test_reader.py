@@ -1,4 +1,4 @@
-"""Tests of lnbook.experiments.reader (section 6.2) and recurrent_bn (Cooijmans et al., 2016)."""
+"""Tests of lnbook.experiments.reader (section 6.2); the BN-LSTM baseline: test_recurrent_bn."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from lnbook import LSTM
 from lnbook.experiments import load_results
 from lnbook.experiments import reader as R
 from lnbook.experiments.protocol import Results, Run
-from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
 from lnbook.train import History
 
 
@@ -114,97 +113,6 @@ def test_bad_corpus_arguments_raise():
         R.make_cloze(5, seed=0, blank="verb")
     with pytest.raises(ValueError, match="n must be"):
         R.make_cloze(0, seed=0)
-
-
-# ----------------------------------------------------------------------------- recurrent BN
-
-
-def _bn_lstm_reference(m: RecurrentBNLSTM, x: torch.Tensor, stats=None) -> torch.Tensor:
-    """Float64 loop over the equations; ``stats(t)`` gives the per-step (mean, var) triples
-    for (ih, hh, c) or None for the batch statistics of step t."""
-    x = x.double()
-    T, B, _ = x.shape
-    H = m.hidden_size
-    Wi, Wh = m.weight_ih.double(), m.weight_hh.double()
-    b = (m.bias_ih + m.bias_hh).double()
-
-    def bn(z, bnm, t, which):
-        if stats is None:
-            mu, var = z.mean(0), z.var(0, unbiased=False)
-        else:
-            mu, var = stats(t)[which]
-        return (z - mu) / torch.sqrt(var + bnm.eps) * bnm.weight.double() + bnm.bias.double()
-
-    h = torch.zeros(B, H, dtype=torch.float64)
-    c = torch.zeros(B, H, dtype=torch.float64)
-    outs = []
-    for t in range(T):
-        z = bn(h @ Wh.t(), m.bn_hh, t, 1) + bn(x[t] @ Wi.t(), m.bn_ih, t, 0) + b
-        i, f, g, o = z.chunk(4, 1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(bn(c, m.bn_c, t, 2))
-        outs.append(h)
-    return torch.stack(outs)
-
-
-def test_recurrent_bn_lstm_matches_float64_equations_with_per_step_batch_statistics():
-    torch.manual_seed(0)
-    m = RecurrentBNLSTM(5, 6, max_steps=4)
-    with torch.no_grad():  # break the symmetry of the default gains and biases
-        for bn in (m.bn_ih, m.bn_hh, m.bn_c):
-            bn.weight.uniform_(0.5, 1.5)
-        m.bn_c.bias.uniform_(-0.5, 0.5)
-    x = torch.randn(4, 7, 5) * torch.arange(1, 5).view(4, 1, 1)  # scale grows with t
-    out, (h, c) = m(x)
-    ref = _bn_lstm_reference(m, x)
-    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(h[0].double(), ref[-1], atol=1e-5, rtol=1e-5)
-    # separate statistics per step: the running means of W_x x differ step by step
-    rm = m.bn_ih.running_mean  # (max_steps, 4H)
-    expect = 0.1 * (x @ m.weight_ih.t()).mean(1)  # momentum 0.1 from zero, (T, 4H)
-    torch.testing.assert_close(rm, expect.detach(), atol=1e-5, rtol=1e-5)
-    assert int(m.bn_ih.steps_seen) == 4
-
-
-def test_recurrent_bn_eval_beyond_training_length_uses_last_step_statistics():
-    torch.manual_seed(1)
-    m = RecurrentBNLSTM(3, 4, max_steps=6)
-    m(torch.randn(3, 8, 3))  # trains statistics for steps 0, 1, 2 only
-    m.eval()
-    x = torch.randn(6, 2, 3)
-    out, _ = m(x)
-
-    def stats(t):
-        s = min(t, 2)  # beyond the trained steps: the statistics of the last trained step
-        return [(bn.running_mean[s].double(), bn.running_var[s].double())
-                for bn in (m.bn_ih, m.bn_hh, m.bn_c)]
-
-    torch.testing.assert_close(out.double(), _bn_lstm_reference(m, x, stats), atol=1e-5,
-                               rtol=1e-5)
-    # and the output at a given step does not depend on the rest of the batch in eval mode
-    out1, _ = m(x[:, :1])
-    torch.testing.assert_close(out1, out[:, :1], atol=1e-6, rtol=1e-6)
-
-
-def test_recurrent_bn_gains_start_at_0_1_and_gate_shifts_are_frozen():
-    m = RecurrentBNLSTM(3, 4, max_steps=5)
-    for bn in (m.bn_ih, m.bn_hh, m.bn_c):
-        assert torch.all(bn.weight == 0.1)
-    assert not m.bn_ih.bias.requires_grad and not m.bn_hh.bias.requires_grad
-    assert m.bn_c.bias.requires_grad
-    assert torch.all(RecurrentBNLSTM(3, 4, 5, gain_init=1.0).bn_c.weight == 1.0)
-
-
-def test_recurrent_bn_rejects_bad_input():
-    m = RecurrentBNLSTM(3, 4, max_steps=5)
-    with pytest.raises(ValueError, match=r"\(T, B, 3\)"):
-        m(torch.randn(5, 2, 4))
-    with pytest.raises(TypeError, match="floating-point"):
-        m(torch.zeros(5, 2, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="max_steps"):
-        m(torch.randn(6, 2, 3))  # longer than its statistics slots, in training mode
-    with pytest.raises(ValueError, match="hidden_size"):
-        RecurrentBNLSTM(3, 0, 5)
 
 
 # ----------------------------------------------------------------------------- model

@@ -45,10 +45,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
-from lnbook import LSTM, LayerNorm
+from lnbook.bptt import ln_lstm_recurrence
 from lnbook.experiments.protocol import Job, Results, cpu_threads, make_config, sweep
+from lnbook.norms import LayerNorm
+from lnbook.rnn import LSTM
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -454,86 +455,6 @@ def mixture_baseline_nll(
 # ----------------------------------------------------------------------------- the LSTMs
 
 
-class _LNRecurrence(torch.autograd.Function):
-    """The time loop of one LSTM layer with LN on the recurrence (eqs. 20-22 after the input
-    term), with the backward pass through time written out: a dozen small operations per step
-    each way, where autograd records about twenty and replays each one backwards.
-
-    ``gi`` (T, B, 4H) is the input term plus every additive bias, for all steps; gate order
-    (i, f, g, o) as torch. Per step: ``a = W_hh h``, ``z = LN(a) g_hh + gi_t``,
-    ``c_t = f c + i g``, ``h_t = o tanh(LN(c_t) g_c + b_c)``. The backward carries ``dh`` and
-    ``dc`` from t = T-1 down to 0; the coefficients that do not depend on them (gate
-    derivatives, normalized a and c) are computed for all steps at once before the loop, the
-    row means of the layer-norm backward are products with a column of 1/n, and the weight and
-    gain gradients are sums over all steps after it.
-    """
-
-    @staticmethod
-    def forward(ctx, gi, h0, c0, w_hh, g_hh, g_c, b_c, eps):  # type: ignore[override]
-        T, B, G = gi.shape
-        H = G // 4
-        A, act = gi.new_empty(T, B, G), gi.new_empty(T, B, G)  # W_hh h_{t-1}, the gates
-        C, TC, HS = gi.new_empty(T, B, H), gi.new_empty(T, B, H), gi.new_empty(T, B, H)
-        i, f, g, o = act.split(H, dim=-1)  # (T, B, H) views, made once
-        w_t = w_hh.t()  # (H, 4H)
-        h, c = h0, c0
-        for t in range(T):
-            a = torch.mm(h, w_t, out=A[t])  # (B, 4H)
-            z = F.layer_norm(a, (G,), g_hh, None, eps).add_(gi[t])  # (B, 4H)
-            torch.sigmoid(z, out=act[t])
-            torch.tanh(z[:, 2 * H : 3 * H], out=g[t])
-            c = torch.addcmul(f[t] * c, i[t], g[t], out=C[t])  # (B, H)
-            tc = torch.tanh(F.layer_norm(c, (H,), g_c, b_c, eps), out=TC[t])  # (B, H)
-            h = torch.mul(o[t], tc, out=HS[t])  # (B, H)
-        ctx.eps = eps
-        ctx.save_for_backward(h0, c0, w_hh, g_hh, g_c, A, act, C, TC, HS)
-        return HS, HS[T - 1].clone(), C[T - 1].clone()
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_hs, d_hT, d_cT):  # type: ignore[override]
-        h0, c0, w_hh, g_hh, g_c, A, act, C, TC, HS = ctx.saved_tensors
-        T, B, G = A.shape
-        H, eps = G // 4, ctx.eps
-
-        def normalized(x: Tensor) -> tuple[Tensor, Tensor]:
-            rs = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # (T, B, 1)
-            return (x - x.mean(-1, keepdim=True)) * rs, rs
-
-        a_hat, rs_a = normalized(A)  # (T, B, 4H)
-        c_hat, rs_c = normalized(C)  # (T, B, H)
-        i, f, g, o = act.split(H, dim=-1)  # (T, B, H) each
-        c_prev = torch.cat([c0[None], C[:-1]])  # (T, B, H)
-        dtc = o * (1 - TC * TC)  # d h_t / d LN(c_t), per unit
-        k_c = dtc * g_c  # dh -> the LN(c) backward's input
-        k_ifg = torch.stack([g * i * (1 - i), c_prev * f * (1 - f), i * (1 - g * g)], 2)
-        k_o = TC * o * (1 - o)  # (T, B, H)
-        mean_h = A.new_full((H, 1), 1.0 / H)  # row means as products: (B, H) @ (H, 1)
-        mean_g = A.new_full((G, 1), 1.0 / G)
-        DZ, DA, DH = A.new_empty(T, B, G), A.new_empty(T, B, G), A.new_empty(T, B, H)
-        dz_ifg, dz_o = DZ[..., : 3 * H].unflatten(-1, (3, H)), DZ[..., 3 * H :]
-        dh, dc = d_hT + d_hs[T - 1], d_cT.clone()  # (B, H)
-        for t in range(T - 1, -1, -1):
-            DH[t] = dh
-            u, ch = dh * k_c[t], c_hat[t]  # (B, H)
-            u = torch.addcmul(u - u @ mean_h, ch, (u * ch) @ mean_h, value=-1)
-            dc.addcmul_(u, rs_c[t])  # LN(c_t)'s backward
-            torch.mul(dc.unsqueeze(1), k_ifg[t], out=dz_ifg[t])  # d gi_t, i f g blocks
-            torch.mul(dh, k_o[t], out=dz_o[t])  # and the o block
-            dc.mul_(f[t])  # what reaches c_{t-1}
-            u, ah = DZ[t] * g_hh, a_hat[t]  # (B, 4H)
-            u = torch.addcmul(u - u @ mean_g, ah, (u * ah) @ mean_g, value=-1)
-            da = torch.mul(u, rs_a[t], out=DA[t])  # LN(W_hh h)'s backward
-            dh = torch.mm(da, w_hh)  # (B, H): dh_{t-1}
-            if t > 0:
-                dh += d_hs[t - 1]
-        h_prev = torch.cat([h0[None], HS[:-1]])  # (T, B, H)
-        d_w = DA.reshape(-1, G).t() @ h_prev.reshape(-1, H)  # (4H, H)
-        dcn = DH * dtc  # the gradient reaching LN(c_t)
-        return (DZ, dh, dc, d_w, (DZ * a_hat).sum((0, 1)), (dcn * c_hat).sum((0, 1)),
-                dcn.sum((0, 1)), None)
-
-
 class RecurrenceLNLSTM(nn.Module):
     r"""One LSTM layer with layer normalization on the recurrence (eqs. 20-22 of the paper,
     optionally without the LN of the input term); book chapter 6.5.
@@ -545,8 +466,8 @@ class RecurrenceLNLSTM(nn.Module):
 
     with :math:`c_t` as eq. 21. ``normalize_input=False`` (the default) leaves the input term
     :math:`W_x x_t` un-normalized; with ``normalize_input=True`` the layer is eqs. 20-22
-    exactly, the same function as ``lnbook.LSTM(layer_norm=True)``. The time loop runs with a
-    hand-written backward pass (first-order only).
+    exactly, the same function as ``lnbook.LSTM(layer_norm=True)``. The time loop and its
+    backward pass through time are :func:`lnbook.bptt.ln_lstm_recurrence`'s.
 
     Args:
         input_size: features of ``x_t``.
@@ -606,8 +527,9 @@ class RecurrenceLNLSTM(nn.Module):
         if self.ln_ih is not None:
             gi = F.layer_norm(gi, (G,), self.ln_ih.weight, self.ln_ih.bias, self.eps)
         gi = gi + self.bias
-        hs, h, c = _LNRecurrence.apply(gi, h0, c0, self.weight_hh, self.ln_hh.weight,
-                                       self.ln_c.weight, self.ln_c.bias, self.eps)
+        # the time loop and its backward through time: lnbook.bptt, as in lnbook.LSTM
+        hs, h, c = ln_lstm_recurrence(gi, h0, c0, self.weight_hh, self.ln_hh.weight,
+                                      self.ln_c.weight, self.ln_c.bias, self.eps, self.eps)
         return hs, (h[None], c[None])  # (T, B, H), ((1, B, H), (1, B, H))
 
     @torch.no_grad()

@@ -20,7 +20,7 @@ entity is mentioned equally often, so counting mentions does not give it away ei
 The model (:class:`AttentiveReader`) reads the passage with one LSTM and the query with another,
 attends from the query to every passage position, and scores the candidate entities of the
 passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without normalization),
-``"bn_lstm"`` (:class:`~lnbook.experiments.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
+``"bn_lstm"`` (:class:`~lnbook.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
 ``"bn_lstm_g1.0"`` (the same started at gain 1.0), ``"ln_lstm"`` (:class:`lnbook.LSTM` with
 layer normalization, gains 1.0) and ``"ln_lstm_g0.1"`` (the same with every layer-norm gain set
 to 0.1 after construction, see :func:`set_ln_gains`). :func:`run` trains them through
@@ -48,7 +48,7 @@ from lnbook.experiments.protocol import (
     sweep,
     updates_to_reach,
 )
-from lnbook.experiments.recurrent_bn import RecurrentBNLSTM
+from lnbook.recurrent_bn import RecurrentBNLSTM
 from lnbook.train import Batches, History, fit
 
 __all__ = [

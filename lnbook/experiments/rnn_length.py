@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook import RNN, BatchNormRNN
 from lnbook.device import resolve_device
 from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
+from lnbook.recurrent_bn import BatchNormRNN
+from lnbook.rnn import RNN
 from lnbook.train import History, fit
 
 __all__ = [
