@@ -22,7 +22,10 @@ from types import ModuleType
 from lnbook.experiments import (
     convnet,
     draw,
+    dyt,
+    group_norm,
     handwriting,
+    mistakes,
     mnist,
     order_embeddings,
     reader,
@@ -68,7 +71,7 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, order_embeddings, reader, skip_thoughts, draw, handwriting, mnist,
-              convnet)
+              convnet, group_norm, dyt, mistakes)
 }
 
 
