@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = bench(device, QUICK_SIZES if args.quick else SIZES, args.rounds, clock)
     desc = {**machine_description(device), "clock": args.clock}
     print(f"device {device}, torch {torch.__version__}, {desc['torch_threads']} threads, "
-          f"{desc['cpu']}, {args.clock} clock, load average {desc['load_average']}")
+          f"{desc['cpu']}, {args.clock} clock, load average {desc['load_average_1min']}")
     print(f"{'T':>4} {'B':>4} {'in':>4} {'H':>4} | {'torch LSTM ms':>13} {'LN-LSTM ms':>10} "
           f"{'ratio':>6} {'target':>6} {'loop ratio':>10} {'hand/loop':>9} {'noLN ratio':>10} | "
           f"{'GRU ratio':>9}")

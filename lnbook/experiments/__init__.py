@@ -23,7 +23,10 @@ from lnbook.experiments import (
     convnet,
     deep_mlp,
     draw,
+    dyt,
+    group_norm,
     handwriting,
+    mistakes,
     mnist,
     order_embeddings,
     placement,
@@ -72,7 +75,7 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
-              mnist, convnet, rmsnorm, placement, qk_norm)
+              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes)
 }
 
 

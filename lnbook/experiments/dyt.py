@@ -1,0 +1,312 @@
+"""Transformers without normalization: Dynamic Tanh against layer norm (Zhu et al., 2025).
+
+Part II, chapter `12_dyt` (claims P11 and P12). Two small Pre-LN Transformers
+(:class:`lnbook.transformer.Transformer`) learn the same synthetic sequence task
+(:func:`lnbook.data.sort_task` by default): one with layer norms (``norm="layer"``), one with
+every layer norm replaced by :class:`lnbook.DyT` (``norm="dyt"``), all else equal, with the same
+seeds, data order and learning rate.
+
+Two measurements:
+
+- P11, the shape of a trained layer norm's input-to-output map: for every layer norm of the
+  ``"layer"`` model, at initialization and after training, the (input, output) pairs of one
+  held-out batch (:func:`norm_pairs`; the output before the gain and bias, so the map shows
+  the normalization alone) and two least-squares fits to them, a line and a tanh
+  (:func:`fit_line_and_tanh`).
+- P12, the held-out loss of both models after the same number of updates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lnbook.data import associative_recall, copy_task, sort_task
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.norms import LayerNorm, layer_norm
+from lnbook.train import Batches, History, fit
+from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
+from lnbook.variants import DyT
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "NORMS",
+    "TASKS",
+    "Config",
+    "get_config",
+    "make_task",
+    "norm_pairs",
+    "token_scale_spread",
+    "fit_line_and_tanh",
+    "run",
+]
+
+NAME = "dyt"
+DESCRIPTION = (
+    "small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; shape of the "
+    "trained layer norms' input-output maps (Zhu et al. 2025)"
+)
+NORMS = ("layer", "dyt", "none")
+TASKS = ("sort", "copy", "recall")
+
+
+@dataclass
+class Config:
+    """Settings of the DyT experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        task: ``"sort"`` (:func:`lnbook.data.sort_task`), ``"copy"`` or ``"recall"``
+            (associative recall).
+        length: sequence length to sort or copy, or number of key-value pairs to recall.
+        vocab_size: number of content symbols (chance: ``log(vocab_size)`` nats per token).
+        n_train: training sequences (drawn once, with seed 0).
+        n_val: held-out sequences (seed 1) for the loss and the layer-norm pairs.
+        d_model, n_heads, n_layers: the Transformer's width, heads and blocks.
+        batch: sequences per update.
+        steps: Adam updates per run.
+        eval_every: updates between evaluations.
+        lr: Adam learning rate (the same for both norms: no retuning, as in the paper).
+        dyt_alpha_init: initial ``alpha`` of every DyT (the paper's default 0.5).
+        norms: the variants to train, from :data:`NORMS` (``"none"``: no norm at all).
+        n_probe: held-out sequences whose layer-norm inputs and outputs are fitted.
+        n_points: (input, output) pairs per layer norm kept for plotting (first seed).
+        seeds: seeds of the runs (initialization and data order).
+    """
+
+    scale: str = "quick"
+    task: str = "sort"
+    length: int = 6
+    vocab_size: int = 8
+    n_train: int = 8192
+    n_val: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 1
+    batch: int = 32
+    steps: int = 150
+    eval_every: int = 50
+    lr: float = 3e-3
+    dyt_alpha_init: float = 0.5
+    norms: tuple[str, ...] = ("layer", "dyt")
+    n_probe: int = 64
+    n_points: int = 1500
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if "layer" not in self.norms or any(n not in NORMS for n in self.norms):
+            raise ValueError(f"norms must include 'layer' and be drawn from {NORMS}, got "
+                             f"{self.norms}")
+        if self.n_probe > self.n_val:
+            raise ValueError(f"n_probe ({self.n_probe}) must be <= n_val ({self.n_val})")
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "length": 16,
+        "vocab_size": 32,
+        "n_train": 100_000,
+        "n_val": 2048,
+        "d_model": 128,
+        "n_heads": 8,
+        "n_layers": 6,
+        "batch": 128,
+        "steps": 5000,
+        "eval_every": 250,
+        "lr": 1e-3,
+        "n_probe": 256,
+        "seeds": (0, 1, 2, 3, 4),
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
+
+    Zhu et al. train ViTs, DiTs, LLaMA and wav2vec models; no preset here is theirs. ``paper``
+    only makes the sequences, vocabulary, model and run larger (it wants a GPU).
+    """
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def make_task(config: Config, n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """``n`` sequences of the configured task: ``(inputs, targets)`` (see :mod:`lnbook.data`)."""
+    if config.task == "sort":
+        return sort_task(n, config.length, config.vocab_size, seed=seed)
+    if config.task == "copy":
+        return copy_task(n, config.length, config.vocab_size, seed=seed)
+    return associative_recall(n, config.length, config.vocab_size, seed=seed)
+
+
+def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    """(input, normalized output) of every layer norm on the residual stream, flattened.
+
+    For each :class:`lnbook.LayerNorm` of ``model`` (found by
+    :func:`lnbook.transformer.norm_inputs_outputs`), the input values ``x`` (all tokens and
+    features of the batch, flattened) and the layer norm's output *before* its gain and bias,
+    ``(x - mu) / sqrt(sigma^2 + eps)`` with each token's own statistics: one point per
+    element. Query/key norms (which act inside attention) are left out.
+
+    Returns:
+        ``{layer name: (x, y)}``, float64 tensors of the same length.
+    """
+    out = {}
+    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
+        module = model.get_submodule(name)
+        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
+            continue
+        shape = module.normalized_shape
+        y = layer_norm(x, shape, eps=module.eps)  # (*, D) before gain and bias
+        out[name] = (x.flatten().double(), y.flatten().double())
+    return out
+
+
+def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
+    """How much the scale of a token's input differs between tokens, per layer norm.
+
+    For each layer norm of :func:`norm_pairs`, the standard deviation over the tokens of the
+    batch of ``log(sigma_t)``, where ``sigma_t`` is the standard deviation of token ``t``'s
+    input over its ``D`` features (the number layer norm divides token ``t`` by). 0 when every
+    token is divided by the same number: then the layer norm's map, pooled over tokens, is
+    one straight line; the larger the spread, the more the pooled points fan out.
+    """
+    out = {}
+    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
+        module = model.get_submodule(name)
+        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
+            continue
+        sigma = x.double().std(dim=-1, unbiased=False).flatten()  # (tokens,)
+        out[name] = float(sigma.log().std())
+    return out
+
+
+def fit_line_and_tanh(
+    x: Tensor, y: Tensor, grid: Tensor | None = None
+) -> dict[str, float]:
+    r"""Least-squares fits of a line and of a tanh to the points ``(x, y)``.
+
+    The line is :math:`y = a x + c`; the tanh is :math:`y = a \tanh(b (x - m)) + c`, with
+    ``m`` the mean of ``x``, ``(a, c)`` solved exactly for every ``b`` of ``grid`` (default:
+    100 values from 1e-3 to 1e2, log-spaced, in units of ``1 / std(x)``) and the best ``b``
+    kept. A tanh with a very small ``b`` is a line, so the tanh's error is at most the line's
+    (up to the grid); what the fits can tell apart is *how much* lower it is and whether the
+    best tanh bends within the data.
+
+    Returns:
+        ``line_mse`` and ``tanh_mse`` (mean squared residuals), ``var_y`` (the variance of
+        ``y``, the error of a constant), ``b`` (the best tanh's slope parameter), ``bend``
+        (``b * max |x - m|``: above 1 the fitted curve flattens within the data, its slope at
+        the extremes below 0.42 of the slope at the centre) and ``cut`` (``1 - tanh_mse /
+        line_mse``, the share of the line's error the tanh removes).
+    """
+    x, y = x.double().flatten(), y.double().flatten()
+    if x.shape != y.shape or x.numel() < 3:
+        raise ValueError(f"x and y must hold the same number (>= 3) of points, got "
+                         f"{x.numel()} and {y.numel()}")
+    m, sd = x.mean(), x.std()
+    grid = torch.logspace(-3, 2, 100, dtype=torch.float64) if grid is None else grid
+    yc = y - y.mean()  # (n,)
+    var_y = float(yc.square().mean())
+    # best a * f + c for features f: residual = var(y) - cov(f, y)^2 / var(f), exactly
+    feats = torch.cat([x[None], torch.tanh(grid[:, None] / sd * (x - m)[None])])  # (1+K, n)
+    fc = feats - feats.mean(dim=1, keepdim=True)  # (1+K, n)
+    cov = (fc * yc).mean(dim=1)  # (1+K,)
+    mse = (var_y - cov.square() / fc.square().mean(dim=1)).clamp_min(0.0)  # (1+K,)
+    line = float(mse[0])
+    best = int(mse[1:].argmin())
+    tanh = min(float(mse[1 + best]), line)
+    b = float(grid[best] / sd)
+    return {"line_mse": line, "tanh_mse": tanh, "var_y": var_y, "b": b,
+            "bend": b * float((x - m).abs().max()),
+            "cut": 1.0 - tanh / line if line > 0 else 0.0}
+
+
+def _fits(model: nn.Module, probe: Tensor) -> dict[str, dict[str, float]]:
+    return {name: fit_line_and_tanh(x, y) for name, (x, y) in norm_pairs(model, probe).items()}
+
+
+def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[float]]]:
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, (x, y) in norm_pairs(model, probe).items():
+        idx = torch.randperm(x.numel(), generator=g)[:n]
+        out[name] = [x[idx].tolist(), y[idx].tolist()]
+    return out
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train the layer-norm and the DyT Transformer with every seed; fit the norms' maps.
+
+    Every run records ``val_loss`` (mean cross-entropy per scored token, nats, on the held-out
+    sequences). The ``"layer"`` runs add to their info ``fits_init`` and ``fits_trained``
+    (:func:`fit_line_and_tanh` of every layer norm, by name) and, for the first seed,
+    ``points_init`` / ``points_trained`` (``n_points`` pairs per layer norm), and
+    ``spread_init`` / ``spread_trained`` (:func:`token_scale_spread`); the ``"dyt"`` runs add
+    ``alpha``, the learned alpha of every DyT, and ``input_std``, the standard deviation of
+    each DyT's input on the probe sequences. ``Results.info["chance"]`` is
+    ``log(vocab_size)``, the loss of guessing uniformly.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a dyt.Config (get_config), got {type(config).__name__}")
+    x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)
+    xv, yv = make_task(config, config.n_val, seed=1)
+    probe = xv[: config.n_probe]
+    run_seeds = tuple(config.seeds if seeds is None else seeds)
+
+    def eval_fn(model: nn.Module) -> dict[str, float]:
+        dev = next(model.parameters()).device
+        return {"val_loss": float(sequence_loss(model(xv.to(dev)), yv.to(dev)))}
+
+    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        torch.manual_seed(job.seed)
+        model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads,
+                            config.n_layers, x.shape[1], norm=job.params,
+                            dyt_alpha_init=config.dyt_alpha_init)
+        info: dict[str, Any] = {}
+        keep = job.params == "layer" and job.seed == run_seeds[0]
+        if job.params == "layer":
+            info["fits_init"] = _fits(model, probe)
+            info["spread_init"] = token_scale_spread(model, probe)
+            if keep:
+                info["points_init"] = _points(model, probe, config.n_points)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                   device=job.device, seed=job.seed,
+                   loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
+                   bar=job.bar, label=job.label)
+        model.cpu().eval()
+        if job.params == "layer":
+            info["fits_trained"] = _fits(model, probe)
+            info["spread_trained"] = token_scale_spread(model, probe)
+            if keep:
+                info["points_trained"] = _points(model, probe, config.n_points)
+        elif job.params == "dyt":
+            seen = norm_inputs_outputs(model, probe)
+            info["alpha"] = {n: float(m.alpha.detach()) for n, m in model.named_modules()
+                             if isinstance(m, DyT)}
+            info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
+        return hist, info
+
+    variants = {n: n for n in config.norms}
+    return sweep(NAME, variants, run_seeds, train_one, config=config, device=device,
+                 out=out, steps=config.steps,
+                 info={"chance": math.log(config.vocab_size), "task": config.task,
+                       "seq_len": int(x.shape[1])})

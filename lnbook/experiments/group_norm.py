@@ -1,0 +1,348 @@
+"""Batch, layer, instance and group norm as one family; batch norm at tiny batches (Wu, He 2018).
+
+Part II, chapter `10_group_norm` (claims P06 and P07). The four normalizations of a
+convolutional layer's summed inputs ``(N, C, H, W)`` differ only in the set of entries whose mean
+and variance normalize a given entry: batch norm takes one channel over ``(N, H, W)``, layer norm
+one example over ``(C, H, W)``, instance norm one example and channel over ``(H, W)``, group norm
+one example over a group of ``C / G`` channels and ``(H, W)``. :func:`statistics_set` reads that
+set off the computation itself (which inputs the output at one entry depends on).
+
+The experiment trains a small ConvNet on the 8x8 digits (:func:`lnbook.data.load_digits_tensor`)
+and asks how batch norm's test error depends on the number of examples its statistics are
+computed from. Wu and He vary the images per GPU (each GPU normalizes its own images, 32 down to
+2) and scale the learning rate with the total batch. Here the optimizer's batch is held fixed
+(``batch`` examples per update, the same learning rate, so every variant makes the same number
+of updates on the same examples) and batch norm computes its statistics over groups of
+``bn_batch`` of those examples, as ``batch / bn_batch`` workers would (:class:`GhostBatchNorm`).
+Only the normalization's batch size changes. Group, layer and instance norm compute nothing
+across examples, so one run per seed serves every batch size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_digits_tensor
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    make_config,
+    sweep,
+)
+from lnbook.train import Batches, History, fit
+from lnbook.variants import GroupNorm, group_norm
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "NORMS",
+    "Config",
+    "get_config",
+    "GhostBatchNorm",
+    "ConvNet",
+    "normalize",
+    "statistics_set",
+    "variant_name",
+    "run",
+]
+
+NAME = "group_norm"
+DESCRIPTION = (
+    "small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 examples against "
+    "group, layer and instance norm, at a fixed optimizer batch (Wu and He 2018)"
+)
+NORMS = ("batch", "group", "layer", "instance")
+
+
+@dataclass
+class Config:
+    """Settings of the batch-size experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        norms: the normalizations to train, from :data:`NORMS`.
+        bn_batches: batch sizes of batch norm's statistics (each must divide ``batch``).
+        batch: examples per update (the same for every variant).
+        channels: channels of the two conv layers.
+        groups: groups of group norm (Wu and He's default is 32 groups of wide layers; with
+            16 channels, 4 groups of 4).
+        steps: Adam updates per run.
+        eval_every: updates between evaluations.
+        lr: Adam learning rate.
+        seeds: seeds of the runs (initialization and data order).
+    """
+
+    scale: str = "quick"
+    norms: tuple[str, ...] = ("batch", "group")
+    bn_batches: tuple[int, ...] = (2, 8, 32)
+    batch: int = 32
+    channels: int = 16
+    groups: int = 4
+    steps: int = 60
+    eval_every: int = 30
+    lr: float = 3e-3
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        bad = [n for n in self.norms if n not in NORMS]
+        if bad or "batch" not in self.norms:
+            raise ValueError(f"norms must include 'batch' and be drawn from {NORMS}, got "
+                             f"{self.norms}")
+        if any(b < 2 or self.batch % b for b in self.bn_batches):
+            raise ValueError(f"every bn_batch must be >= 2 and divide batch={self.batch}, got "
+                             f"{self.bn_batches}")
+        if self.channels % self.groups:
+            raise ValueError(f"groups={self.groups} must divide channels={self.channels}")
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "norms": NORMS,
+        "bn_batches": (2, 4, 8, 16, 32),
+        "channels": 64,
+        "groups": 32,
+        "steps": 2000,
+        "eval_every": 100,
+        "lr": 1e-3,
+    },
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
+
+    ``paper`` trains all four normalizations at Wu and He's five batch sizes with Wu and He's
+    32 groups, on wider layers and for longer; the data stay the 1,438 training digits.
+    """
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+class GhostBatchNorm(nn.Module):
+    r"""Batch normalization whose statistics come from groups of ``batch_size`` examples.
+
+    The forward batch of ``N`` examples is split into ``N / batch_size`` consecutive groups;
+    in training mode each group is normalized with its own per-channel mean and biased variance
+    over ``(batch_size, H, W)``, as if every group sat on its own worker (Wu and He, 2018,
+    compute BN's statistics per GPU). The running averages move towards the mean over the
+    groups of their statistics (unbiased variance, as torch), and replace the statistics in
+    evaluation mode. With ``batch_size = N`` this is ordinary batch normalization (eq. 2 of the
+    paper), the same as :class:`torch.nn.BatchNorm2d`. Part II, chapter "One family: batch,
+    layer, instance and group norm" (claim P07).
+
+    Args:
+        num_features: number of channels ``C``.
+        batch_size: examples per group of statistics (>= 2); must divide ``N`` in training.
+        eps: added to the variance inside the square root. Default: 1e-5.
+        momentum: weight of the newest statistics in the running averages. Default: 0.1.
+
+    Shape:
+        - Input: ``(N, C, H, W)``; output: the same shape.
+
+    Example::
+
+        >>> bn = GhostBatchNorm(8, batch_size=2)
+        >>> y = bn(torch.randn(6, 8, 4, 4))  # three groups of two examples
+    """
+
+    def __init__(self, num_features: int, batch_size: int, eps: float = 1e-5,
+                 momentum: float = 0.1) -> None:
+        super().__init__()
+        if not (isinstance(batch_size, int) and batch_size >= 2):
+            raise ValueError(f"batch_size must be an int >= 2, got {batch_size!r}")
+        self.num_features, self.batch_size = int(num_features), batch_size
+        self.eps, self.momentum = float(eps), float(momentum)
+        self.weight = nn.Parameter(torch.empty(num_features))
+        self.bias = nn.Parameter(torch.empty(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Gain 1, bias 0, running mean 0 and running variance 1 (as torch)."""
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+        self.running_mean.zero_()
+        self.running_var.fill_(1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1] != self.num_features:
+            raise ValueError(f"expected input (N, {self.num_features}, H, W), got "
+                             f"{tuple(x.shape)}")
+        n, c, h, w = x.shape
+        view = (1, c, 1, 1)
+        if not self.training:
+            xc = x - self.running_mean.view(view)  # (N, C, H, W)
+            y = xc * torch.rsqrt(self.running_var.view(view) + self.eps)
+        else:
+            if n % self.batch_size:
+                raise ValueError(f"the batch of {n} examples does not split into groups of "
+                                 f"batch_size={self.batch_size}")
+            xg = x.view(n // self.batch_size, self.batch_size, c, h, w)  # (K, b, C, H, W)
+            mu = xg.mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1)
+            xc = xg - mu  # (K, b, C, H, W)
+            var = xc.square().mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1) biased
+            y = (xc * torch.rsqrt(var + self.eps)).view(n, c, h, w)  # (N, C, H, W)
+            with torch.no_grad():
+                m = self.batch_size * h * w  # values behind each statistic
+                self.running_mean.lerp_(mu.mean(dim=0).flatten(), self.momentum)
+                unbiased = var.mean(dim=0).flatten() * m / (m - 1)  # (C,)
+                self.running_var.lerp_(unbiased, self.momentum)
+        return y * self.weight.view(view) + self.bias.view(view)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, batch_size={self.batch_size}, eps={self.eps}"
+
+
+def _norm(norm: str, channels: int, groups: int, bn_batch: int) -> nn.Module:
+    if norm == "batch":
+        return GhostBatchNorm(channels, bn_batch)
+    n_groups = {"group": groups, "layer": 1, "instance": channels}[norm]
+    return GroupNorm(n_groups, channels)
+
+
+class ConvNet(nn.Module):
+    """``[conv3x3 -> norm -> ReLU -> maxpool 2] * 2 -> Linear`` for 8x8 images.
+
+    The convolutions have no bias (each norm has its own). Group norm uses ``groups`` groups,
+    layer norm is group norm with one group (over ``(C, H, W)``, gain and bias per channel),
+    instance norm group norm with ``C`` groups; batch norm is :class:`GhostBatchNorm` with
+    statistics over ``bn_batch`` examples.
+
+    Args:
+        norm: one of :data:`NORMS`.
+        channels: channels of both conv layers.
+        groups: groups of group norm (must divide ``channels``).
+        bn_batch: batch size of batch norm's statistics.
+
+    Shape:
+        - Input: ``(N, 1, 8, 8)``; output: logits ``(N, 10)``.
+
+    Example::
+
+        >>> net = ConvNet("group", channels=8, groups=2)
+        >>> net(torch.rand(4, 1, 8, 8)).shape
+        torch.Size([4, 10])
+    """
+
+    def __init__(self, norm: str, channels: int = 16, groups: int = 4, bn_batch: int = 32):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if channels % groups:
+            raise ValueError(f"groups={groups} must divide channels={channels}")
+        self.norm = norm
+        self.conv1 = nn.Conv2d(1, channels, 3, padding=1, bias=False)
+        self.norm1 = _norm(norm, channels, groups, bn_batch)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm2 = _norm(norm, channels, groups, bn_batch)
+        self.head = nn.Linear(channels * 2 * 2, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.shape[1:] != (1, 8, 8):
+            raise ValueError(f"ConvNet expects (N, 1, 8, 8) images, got {tuple(x.shape)}")
+        x = F.max_pool2d(F.relu(self.norm1(self.conv1(x))), 2)  # (N, C, 4, 4)
+        x = F.max_pool2d(F.relu(self.norm2(self.conv2(x))), 2)  # (N, C, 2, 2)
+        return self.head(x.flatten(1))  # (N, 10)
+
+
+def normalize(kind: str, x: Tensor, groups: int = 2, eps: float = 1e-5) -> Tensor:
+    """Normalize ``x`` ``(N, C, H, W)`` the way ``kind`` does, without gain and bias.
+
+    ``"batch"``: per channel over ``(N, H, W)`` (training mode); ``"layer"``: per example over
+    ``(C, H, W)``; ``"instance"``: per example and channel over ``(H, W)``; ``"group"``: per
+    example over ``groups`` groups of channels and ``(H, W)`` (:func:`lnbook.group_norm`).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must be (N, C, H, W), got {tuple(x.shape)}")
+    if kind == "batch":
+        mu = x.mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
+        var = x.var(dim=(0, 2, 3), unbiased=False, keepdim=True)  # (1, C, 1, 1)
+        return (x - mu) * torch.rsqrt(var + eps)
+    if kind not in NORMS:
+        raise ValueError(f"kind must be one of {NORMS}, got {kind!r}")
+    n_groups = {"group": groups, "layer": 1, "instance": x.shape[1]}[kind]
+    return group_norm(x, n_groups, eps=eps)
+
+
+def statistics_set(kind: str, shape: tuple[int, int, int, int], index: tuple[int, ...],
+                   groups: int = 2) -> Tensor:
+    """Which inputs the normalized output at ``index`` depends on: its statistics' set.
+
+    Read off the computation: the gradient of output ``index`` of :func:`normalize` with
+    respect to every input, on random float64 inputs; an entry is in the set when its
+    gradient is not zero. (A normalized output depends on the inputs only through its own
+    value and the mean and variance of its set.)
+
+    Returns:
+        A boolean tensor of ``shape`` ``(N, C, H, W)``.
+
+    Example::
+
+        >>> int(statistics_set("instance", (2, 3, 2, 2), (0, 1, 0, 0)).sum())
+        4
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+    y = normalize(kind, x, groups=groups)
+    (grad,) = torch.autograd.grad(y[index], x)
+    return grad != 0
+
+
+def variant_name(norm: str, bn_batch: int | None = None) -> str:
+    """``"batch/bs2"`` for batch norm with statistics over 2 examples; ``"group"`` etc."""
+    return f"batch/bs{bn_batch}" if norm == "batch" else norm
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train batch norm at every ``bn_batches`` size and the other norms once, per seed.
+
+    Every run records ``test_error`` and ``test_nll`` on the 359 test digits (evaluation mode:
+    batch norm uses its running averages) at every evaluation. ``Results.info`` holds the
+    test error of always answering the most frequent training digit (``majority_error``).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a group_norm.Config (get_config), got "
+                        f"{type(config).__name__}")
+    x, y = load_digits_tensor("train")  # (1438, 1, 8, 8), (1438,)
+    xt, yt = load_digits_tensor("test")  # (359, 1, 8, 8), (359,)
+    majority = int(torch.bincount(y).argmax())
+    majority_error = float((yt != majority).float().mean())
+
+    def eval_fn(model: nn.Module) -> dict[str, float]:
+        m = classification_metrics(model, xt, yt)
+        return {"test_nll": m["nll"], "test_error": m["error"]}
+
+    def train_one(job: Job) -> History:
+        norm, bn_batch = job.params
+        torch.manual_seed(job.seed)
+        model = ConvNet(norm, config.channels, config.groups, bn_batch)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                   device=job.device, seed=job.seed,
+                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), bar=job.bar,
+                   label=job.label)
+
+    variants: dict[str, tuple[str, int]] = {
+        variant_name("batch", b): ("batch", b) for b in config.bn_batches}
+    variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, steps=config.steps,
+                 info={"majority_error": majority_error, "n_train": len(y), "n_test": len(yt)})

@@ -1,0 +1,334 @@
+"""Common mistakes in layer normalization, each as a wrong and a right version; DeepNorm's update.
+
+Part II, chapter `13_common_mistakes` (claim P10). :func:`layer_norm_variant` computes eq. 3 of
+the paper (over the last dimension, without gain and bias) in the ways it is commonly got
+wrong: the unbiased variance, the one-pass variance ``E[x^2] - E[x]^2``, statistics in float16,
+``eps`` outside the square root. :class:`UnbiasedLayerNorm` and :func:`to_biased` show what
+loading weights across the biased and the unbiased variance does, on a small MLP trained on the
+8x8 digits (:func:`train_digits_mlp`). :func:`residual_placements` puts DeepNorm's constant in
+the three places it is put (Wang et al., 2022).
+
+The experiment (:func:`run`) measures the size of a model update in deep Post-LN
+Transformers, plain and with DeepNorm (:func:`lnbook.transformer.deepnorm_constants`): the
+change of the logits on a fixed batch of held-out sequences after each of the first Adam
+updates, at several depths.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_digits_tensor, sort_task
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.norms import LayerNorm, layer_norm
+from lnbook.train import Batches, History, fit
+from lnbook.transformer import Transformer, sequence_loss
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "KINDS",
+    "Config",
+    "get_config",
+    "layer_norm_variant",
+    "UnbiasedLayerNorm",
+    "DigitsMLP",
+    "train_digits_mlp",
+    "to_biased",
+    "residual_placements",
+    "variant_name",
+    "run",
+]
+
+NAME = "mistakes"
+DESCRIPTION = (
+    "size of the first model updates of deep Post-LN Transformers, plain and with DeepNorm "
+    "(Wang et al. 2022), at several depths"
+)
+KINDS = ("post", "deepnorm")
+
+
+# ---------------------------------------------------------------------------------------------
+# the wrong ways to compute eq. 3
+
+
+def layer_norm_variant(
+    x: Tensor,
+    eps: float = 1e-5,
+    *,
+    unbiased: bool = False,
+    one_pass: bool = False,
+    eps_inside: bool = True,
+    stats_dtype: torch.dtype | None = None,
+) -> Tensor:
+    r"""Eq. 3 over the last dimension, without gain and bias, right or in a common wrong way.
+
+    The right computation (every option at its default, ``stats_dtype=None``) is
+    ``(x - mu) / sqrt(var + eps)`` with the biased variance of the centred values (two passes:
+    the mean first), in float32 for half-precision inputs: what :func:`lnbook.layer_norm` and
+    :func:`torch.nn.functional.layer_norm` compute.
+
+    Args:
+        x: floating-point input ``(*, H)``.
+        eps: the constant that keeps the denominator away from 0.
+        unbiased: divide the sum of squares by ``H - 1`` (``torch.std``'s default) instead of
+            ``H``: every output shrinks by ``sqrt((H - 1) / H)``.
+        one_pass: the variance as ``E[x^2] - E[x]^2`` (one pass over the data); loses every
+            digit when the mean is large against the spread, and can turn negative.
+        eps_inside: False computes ``(x - mu) / (sqrt(var) + eps)``, whose gradient is NaN
+            for a constant row (the derivative of the square root at 0).
+        stats_dtype: the dtype of the statistics; ``torch.float16`` keeps half-precision
+            inputs in half precision, where ``x ** 2`` overflows above 256. None: float32 for
+            half inputs, the input's dtype otherwise.
+
+    Shape:
+        - Input: ``(*, H)``; output: the same shape and dtype.
+    """
+    if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1):
+        raise TypeError("x must be a floating-point tensor of shape (*, H)")
+    h = x.shape[-1]
+    if unbiased and h < 2:
+        raise ValueError(f"the unbiased variance needs H >= 2 values, got H={h}")
+    if stats_dtype is None:
+        stats_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    xs = x.to(stats_dtype)  # (*, H)
+    mu = xs.mean(dim=-1, keepdim=True)  # (*, 1)
+    if one_pass:
+        ss = xs.square().sum(dim=-1, keepdim=True) - h * mu.square()  # (*, 1) sum of squares
+    else:
+        ss = (xs - mu).square().sum(dim=-1, keepdim=True)  # (*, 1) two passes
+    var = ss / (h - 1 if unbiased else h)  # (*, 1)
+    denom = torch.sqrt(var + eps) if eps_inside else torch.sqrt(var) + eps  # (*, 1)
+    return ((xs - mu) / denom).to(x.dtype)
+
+
+class UnbiasedLayerNorm(nn.Module):
+    """Layer norm normalized with the *unbiased* variance: the mistake, as a module.
+
+    The same parameters (``weight``, ``bias``) and state dict as :class:`lnbook.LayerNorm`
+    over the last dimension, so weights load across the two without an error, and with a
+    different function: this one's outputs are ``sqrt((H - 1) / H)`` times LN's (before the
+    bias). :func:`to_biased` converts a model that uses it exactly.
+
+    Args:
+        hidden: the size ``H`` of the last dimension.
+        eps: added to the (unbiased) variance. Default: 1e-5.
+
+    Shape:
+        - Input: ``(*, H)``; output: the same shape.
+    """
+
+    def __init__(self, hidden: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.hidden, self.eps = int(hidden), float(eps)
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return layer_norm_variant(x, self.eps, unbiased=True) * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden}, eps={self.eps}, unbiased variance"
+
+
+class DigitsMLP(nn.Module):
+    """``Linear -> norm -> ReLU -> Linear -> norm -> ReLU -> Linear`` on flat 8x8 digits.
+
+    Args:
+        norm: ``"biased"`` (:class:`lnbook.LayerNorm`, the right one) or ``"unbiased"``
+            (:class:`UnbiasedLayerNorm`).
+        hidden: width ``H`` of the two hidden layers.
+        eps: eps of both norms.
+
+    Shape:
+        - Input: ``(N, 64)``; output: logits ``(N, 10)``.
+    """
+
+    def __init__(self, norm: str = "biased", hidden: int = 8, eps: float = 1e-5) -> None:
+        super().__init__()
+        if norm not in ("biased", "unbiased"):
+            raise ValueError(f"norm must be 'biased' or 'unbiased', got {norm!r}")
+        self.norm_kind, self.hidden = norm, int(hidden)
+
+        def make() -> nn.Module:
+            return LayerNorm(hidden, eps=eps) if norm == "biased" else UnbiasedLayerNorm(
+                hidden, eps=eps)
+
+        self.fc1, self.norm1 = nn.Linear(64, hidden), make()
+        self.fc2, self.norm2 = nn.Linear(hidden, hidden), make()
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.norm1(self.fc1(x)))  # (N, H)
+        h = F.relu(self.norm2(self.fc2(h)))  # (N, H)
+        return self.head(h)  # (N, 10)
+
+
+def train_digits_mlp(norm: str = "unbiased", hidden: int = 8, steps: int = 300,
+                     seed: int = 0, lr: float = 1e-2) -> DigitsMLP:
+    """A :class:`DigitsMLP` trained with Adam on the 1,438 training digits (batch 32).
+
+    A few hundred updates on a CPU take about a second; the model serves the chapter's
+    weight-loading demonstration, not a claim.
+    """
+    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
+    torch.manual_seed(seed)
+    model = DigitsMLP(norm, hidden)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    fit(model, Batches(x, y, batch_size=32, seed=seed), opt, steps=steps, eval_every=steps,
+        device="cpu", seed=seed, loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+        progress=False)
+    return model.eval()
+
+
+def to_biased(model: DigitsMLP) -> DigitsMLP:
+    """The :class:`DigitsMLP` with biased layer norms that computes what ``model`` computes.
+
+    ``model`` normalizes with the unbiased variance ``v_u = v * H / (H - 1)``. With the biased
+    variance ``v``, ``g (x - mu) / sqrt(v_u + eps) = g' (x - mu) / sqrt(v + eps')`` exactly for
+    ``g' = g * sqrt((H - 1) / H)`` and ``eps' = eps * (H - 1) / H``: the conversion rescales
+    the gains (and eps) and keeps everything else.
+    """
+    if model.norm_kind != "unbiased":
+        raise ValueError("to_biased converts a model built with norm='unbiased'")
+    h = model.hidden
+    c = (h - 1) / h
+    new = DigitsMLP("biased", h, eps=model.norm1.eps * c)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for name in ("norm1", "norm2"):
+        state[f"{name}.weight"] = state[f"{name}.weight"] * math.sqrt(c)
+    new.load_state_dict(state)
+    return new.eval()
+
+
+def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Tensor]:
+    """A Post-LN residual with DeepNorm's constant ``alpha`` in each of three places.
+
+    ``"residual"``: ``LN(alpha x + G(x))``, DeepNorm (Wang et al., 2022); ``"branch"``:
+    ``LN(x + alpha G(x))``; ``"output"``: ``alpha LN(x + G(x))``. ``branch`` is ``G(x)``;
+    LN is over the last dimension without gain and bias (eps 1e-5).
+    """
+    if x.shape != branch.shape:
+        raise ValueError(f"x and branch must have the same shape, got {tuple(x.shape)} and "
+                         f"{tuple(branch.shape)}")
+    d = x.shape[-1]
+    return {"residual": layer_norm(alpha * x + branch, d),
+            "branch": layer_norm(x + alpha * branch, d),
+            "output": alpha * layer_norm(x + branch, d)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the DeepNorm experiment
+
+
+@dataclass
+class Config:
+    """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        depths: numbers of blocks of the Post-LN stacks.
+        kinds: ``"post"`` (plain Post-LN) and/or ``"deepnorm"``.
+        d_model, n_heads: width and heads of every block.
+        length, vocab_size: the sort task's sequences (:func:`lnbook.data.sort_task`).
+        batch: sequences per update.
+        steps: Adam updates per run (the update size is measured after each).
+        lr: Adam learning rate (Adam's first update moves every parameter by about ``lr``).
+        n_probe: held-out sequences on which the logits are compared.
+        seeds: seeds of the runs.
+    """
+
+    scale: str = "quick"
+    depths: tuple[int, ...] = (2, 6, 18)
+    kinds: tuple[str, ...] = KINDS
+    d_model: int = 16
+    n_heads: int = 2
+    length: int = 6
+    vocab_size: int = 8
+    batch: int = 16
+    steps: int = 1
+    lr: float = 1e-3
+    n_probe: int = 64
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if any(k not in KINDS for k in self.kinds) or not self.kinds:
+            raise ValueError(f"kinds must be drawn from {KINDS}, got {self.kinds}")
+        if not self.depths or any(d < 1 for d in self.depths):
+            raise ValueError(f"depths must be positive, got {self.depths}")
+        if self.steps < 1:
+            raise ValueError("steps must be >= 1")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {"depths": (6, 18, 50, 100, 200), "d_model": 128, "n_heads": 4, "length": 16,
+              "vocab_size": 32, "batch": 64, "steps": 100, "lr": 5e-4, "n_probe": 256},
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
+
+    Wang et al. go to 1,000 layers on machine translation; ``paper`` goes to 200 blocks on
+    the sort task and follows the first 100 updates (it wants a GPU).
+    """
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def variant_name(kind: str, depth: int) -> str:
+    """``"post/L18"``, ``"deepnorm/L18"``."""
+    return f"{kind}/L{depth}"
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train every (kind, depth) stack for ``steps`` Adam updates, with every seed.
+
+    Every run records, before the first update and after each, ``update``: the root mean
+    square change of the logits on ``n_probe`` held-out sequences since initialization (Wang
+    et al.'s model update ``||F(x, theta_t) - F(x, theta_0)||``, per logit), and
+    ``val_loss``.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a mistakes.Config (get_config), got "
+                        f"{type(config).__name__}")
+    x, y = sort_task(4096, config.length, config.vocab_size, seed=0)  # (n, T)
+    xp, yp = sort_task(config.n_probe, config.length, config.vocab_size, seed=1)
+
+    def train_one(job: Job) -> History:
+        kind, depth = job.params
+        torch.manual_seed(job.seed)
+        model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads, depth,
+                            x.shape[1], norm="layer", position="post",
+                            deepnorm=(kind == "deepnorm")).to(job.device)
+        probe, targets = xp.to(job.device), yp.to(job.device)
+        with torch.no_grad():
+            start = model(probe)  # (n_probe, T, V) logits at initialization
+
+        def eval_fn(m: nn.Module) -> dict[str, float]:
+            logits = m(probe)  # (n_probe, T, V)
+            return {"update": float((logits - start).square().mean().sqrt()),
+                    "val_loss": float(sequence_loss(logits, targets))}
+
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+        return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+                   steps=config.steps, eval_every=1, eval_fn=eval_fn, device=job.device,
+                   seed=job.seed, loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
+                   bar=job.bar, label=job.label)
+
+    variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
+    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                 config=config, device=device, out=out, steps=config.steps)
