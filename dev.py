@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -72,18 +73,65 @@ def ensure_venv() -> None:
 
 def book() -> None:
     ensure_venv()
-    # every build executes every chapter (--all), and the claims ledger is made only of the
-    # records this build's chapters write (lnbook.ledger), never of an older build's
+    # every build executes every chapter, and the claims ledger is made only of the records
+    # this build's chapters write (lnbook.ledger), never of an older build's
     shutil.rmtree(ROOT / "_build" / "ledger", ignore_errors=True)
+    run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
     run(BIN / "jupyter-book", "build", ".", "--all", "--warningiserror", "--nitpick",
         "--keep-going")
+
+
+def _execute_one(data: object) -> tuple[int, str, float]:
+    """Execute one notebook into the cache (in a worker process); its status, path, seconds."""
+    from jupyter_cache.executors.basic import ExecutionWorkerLocalMProc
+
+    start = time.perf_counter()
+    status, uri = ExecutionWorkerLocalMProc()(data)
+    return status, uri, time.perf_counter() - start
+
+
+def execute_notebooks() -> None:
+    """Execute every notebook of book/ afresh into the build's Jupyter cache, several at once.
+
+    Runs inside .venv (jupyter-cache comes with myst-nb). Empties `_build/.jupyter_cache`,
+    then runs one kernel per notebook, as many at a time as the machine has cores (set
+    LNBOOK_WORKERS to change it), each in its notebook's folder as the build would. The build
+    that follows (`execute_notebooks: cache` in _config.yml) takes every notebook's outputs from
+    the cache and executes only what is not there, such as a notebook that failed here, so that
+    its error shows in the build as usual. Prints each notebook's time and the total.
+    """
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from jupyter_cache import get_cache
+    from jupyter_cache.executors.basic import ProcessData
+
+    cache = get_cache(ROOT / "_build" / ".jupyter_cache")
+    cache.clear_cache()
+    for record in cache.list_project_records():
+        cache.remove_nb_from_project(record.pk)
+    records = [cache.add_nb_to_project(str(p)) for p in sorted(BOOK.glob("*.ipynb"))]
+    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
+    print(f"+ executing {len(records)} notebooks, {workers} at a time", flush=True)
+    start, total = time.perf_counter(), 0.0
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        jobs = [pool.submit(_execute_one, ProcessData(r.pk, r.uri, cache, 300, False))
+                for r in records]
+        for job in as_completed(jobs):
+            status, uri, seconds = job.result()
+            total += seconds
+            state = "ok" if status == 0 else "FAILED (the build re-runs it and shows why)"
+            print(f"  {Path(uri).name}: {seconds:.1f} s, {state}", flush=True)
+    print(f"  executed in {time.perf_counter() - start:.0f} s with {workers} worker(s); "
+          f"{total:.0f} s of notebook time", flush=True)
 
 
 def test() -> None:
     ensure_venv()
     run(BIN / "ruff", "check", "lnbook", "tests", "book", "benchmarks")
+    # one worker per core; --dist loadfile keeps each notebook's cells in one worker, in order
     run(BIN / "python", "-m", "pytest", "tests", "book", "--nbval-lax", "--nbval-current-env",
-        "-p", "no:cacheprovider")
+        "-p", "no:cacheprovider", "-n", os.environ.get("LNBOOK_WORKERS", "auto"),
+        "--dist", "loadfile")
 
 
 def lab_command(python: str | Path, options: list[str]) -> list[str]:

@@ -144,7 +144,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
     ``apply(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c)`` returns ``hs (T, B, H)``, ``c_T
     (B, H)`` and the per-step tensors the backward reads (not differentiable; see
-    :func:`_forward`). Use :func:`ln_lstm_recurrence`, which returns ``hs, h_T, c_T`` only.
+    ``_forward``). Use :func:`ln_lstm_recurrence`, which returns ``hs, h_T, c_T`` only.
     The derivation is in this module's docstring.
     """
 
@@ -152,10 +152,12 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c):  # type: ignore[override]
+        """The loop over time steps, keeping what the backward pass reads."""
         return _forward(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c, keep=True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
+        """Save the inputs and the kept per-step tensors for :meth:`backward`."""
         gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c = inputs
         hs, c_T, *kept = output
         ctx.mark_non_differentiable(*kept)
@@ -165,6 +167,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_hs, d_cT, *_):  # type: ignore[override]
+        """Backpropagation through time, from t = T-1 down to 0 (the module's derivation)."""
         gi, h0, c0, w_hh, g_hh, g_c, b_c, hs, c_T, *kept = ctx.saved_tensors
         inputs = (gi, h0, c0, w_hh, g_hh, g_c, b_c)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
@@ -215,6 +218,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, *tangents):  # type: ignore[override]
+        """Not supported: raises ``NotImplementedError`` naming ``bptt="autograd"``."""
         raise NotImplementedError(
             "lnbook's hand-derived BPTT of the LN-LSTM has no forward-mode derivative "
             "(torch.func.jvp, jacfwd, forward AD); build the layer with "

@@ -1014,8 +1014,9 @@ class LSTM(_RNNBase):
     gradients needs ``bptt="autograd"``.
 
     Args:
-        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-        device, dtype: as :class:`RNN` and :class:`torch.nn.LSTM`.
+        input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
+            ``batch_first``, ``dropout``, ``bidirectional``, ``device`` and ``dtype`` too are
+            as in :class:`RNN` and :class:`torch.nn.LSTM`.
         proj_size: project h_t to this size with ``weight_hr_l{k}``, as torch. Default: 0.
         layer_norm: eqs. 20-22 instead of 17-19. Keyword-only, as every option below.
             Default: True.
@@ -1143,8 +1144,9 @@ class GRU(_RNNBase):
     :class:`torch.nn.GRU`.
 
     Args:
-        input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
-        device, dtype, and the keyword-only layer_norm, eps, ln_impl: as :class:`RNN`.
+        input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
+            ``batch_first``, ``dropout``, ``bidirectional``, ``device``, ``dtype`` and the
+            keyword-only ``layer_norm``, ``eps`` and ``ln_impl`` too are as in :class:`RNN`.
 
     Shape:
         As :class:`RNN`: ``(output (T, B, num_directions * H), h_n (num_layers *

@@ -152,16 +152,12 @@ def test_colab_cell_installs_from_the_configured_repository():
 # the HTML shows without a scroll bar) and cells of about 25 lines; 40 is a generous bound.
 MAX_LINE = 88
 MAX_CELL_LINES = 40
-REFLOW = pytest.mark.xfail(strict=False, reason="chapters are being reflowed")
-
-
 def code_cells(path: Path) -> list[tuple[int, str]]:
     """(index among all cells, source) of every code cell of a notebook."""
     nb = nbformat.read(path, as_version=4)
     return [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
 
 
-@REFLOW
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_code_lines_fit_the_page(path):
     long = [
@@ -176,7 +172,6 @@ def test_code_lines_fit_the_page(path):
     )
 
 
-@REFLOW
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_code_cells_are_short(path):
     long = [

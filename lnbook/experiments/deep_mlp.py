@@ -258,8 +258,8 @@ class LayerProbe:
     Attach it to the model's optimizer before training; route the forward pass of each update
     through :meth:`forward`. At a probed update (1 = the first) it keeps the summed inputs with
     their gradients, and after ``optimizer.step()`` it records, per hidden layer, the root mean
-    square (RMS) and a histogram of log10 |value| of the summed inputs and of the gradient of
-    the loss with respect to them, and per weight matrix the gradient's norm and the
+    square (RMS) and a histogram of ``log10(abs(value))`` of the summed inputs and of the
+    gradient of the loss with respect to them, and per weight matrix the gradient's norm and the
     update-to-weight ratio ``||W_after - W_before|| / ||W_before||`` (Frobenius norms). It uses
     the optimizer's public step hooks, so any optimizer works.
 

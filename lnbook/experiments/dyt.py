@@ -78,6 +78,7 @@ class Config:
         n_probe: held-out sequences whose layer-norm inputs and outputs are fitted.
         n_points: (input, output) pairs per layer norm kept for plotting (first seed).
         seeds: seeds of the runs (initialization and data order).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -98,6 +99,7 @@ class Config:
     n_probe: int = 64
     n_points: int = 1500
     seeds: tuple[int, ...] = (0, 1, 2)
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -115,6 +117,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
+        "threads": None,
         "length": 16,
         "vocab_size": 32,
         "n_train": 100_000,
@@ -307,6 +310,6 @@ def run(
 
     variants = {n: n for n in config.norms}
     return sweep(NAME, variants, run_seeds, train_one, config=config, device=device,
-                 out=out, steps=config.steps,
+                 out=out, steps=config.steps, threads=config.threads,
                  info={"chance": math.log(config.vocab_size), "task": config.task,
                        "seq_len": int(x.shape[1])})

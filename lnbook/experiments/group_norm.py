@@ -78,6 +78,7 @@ class Config:
         eval_every: updates between evaluations.
         lr: Adam learning rate.
         seeds: seeds of the runs (initialization and data order).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -90,6 +91,7 @@ class Config:
     eval_every: int = 30
     lr: float = 3e-3
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -109,6 +111,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
+        "threads": None,
         "norms": NORMS,
         "bn_batches": (2, 4, 8, 16, 32),
         "channels": 64,
@@ -345,4 +348,5 @@ def run(
     variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, steps=config.steps,
+                 threads=config.threads,
                  info={"majority_error": majority_error, "n_train": len(y), "n_test": len(yt)})

@@ -109,17 +109,14 @@ LETTERS: tuple[Letter, ...] = (
 
 
 class Lines(NamedTuple):
-    """Lines of handwriting: pen points and the letter each point belongs to.
-
-    Attributes:
-        points: float32 ``(N, T + 1, 3)``: a zero start point, then ``T`` points
-            ``(dx, dy, eos)`` in units of :data:`OFFSET_SCALE`.
-        letters: int64 ``(N, T)``: the index into :data:`LETTERS` of the letter that point
-            ``t + 1`` belongs to.
-    """
+    """Lines of handwriting: pen points and the letter each point belongs to."""
 
     points: Tensor
+    """float32 ``(N, T + 1, 3)``: a zero start point, then ``T`` points ``(dx, dy, eos)`` in
+    units of :data:`OFFSET_SCALE`."""
     letters: Tensor
+    """int64 ``(N, T)``: the index into :data:`LETTERS` of the letter that point ``t + 1``
+    belongs to."""
 
 
 @dataclass

@@ -243,6 +243,7 @@ class Config:
         lr: Adam learning rate (Adam's first update moves every parameter by about ``lr``).
         n_probe: held-out sequences on which the logits are compared.
         seeds: seeds of the runs.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
     """
 
     scale: str = "quick"
@@ -257,6 +258,7 @@ class Config:
     lr: float = 1e-3
     n_probe: int = 64
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -270,8 +272,9 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"depths": (6, 18, 50, 100, 200), "d_model": 128, "n_heads": 4, "length": 16,
-              "vocab_size": 32, "batch": 64, "steps": 100, "lr": 5e-4, "n_probe": 256},
+    "paper": {"threads": None, "depths": (6, 18, 50, 100, 200), "d_model": 128, "n_heads": 4,
+              "length": 16, "vocab_size": 32, "batch": 64, "steps": 100, "lr": 5e-4,
+              "n_probe": 256},
 }
 
 
@@ -331,4 +334,4 @@ def run(
 
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
-                 config=config, device=device, out=out, steps=config.steps)
+                 config=config, device=device, out=out, steps=config.steps, threads=config.threads)

@@ -514,7 +514,7 @@ def run(
     seeds: list[int] | tuple[int, ...] | None = None,
     progress: bool | None = None,
 ) -> Results:
-    """Train every variant of ``config`` under every seed through :func:`~protocol.sweep`.
+    """Train every variant under every seed through :func:`lnbook.experiments.protocol.sweep`.
 
     Every run evaluates, before training and every ``eval_every`` updates, the validation
     cross-entropy ``xent`` (nats) and ``error`` (fraction of queries answered wrongly).

@@ -192,14 +192,14 @@ def prermsnorm_gaps(
     biases and the linear layers nonzero biases (at initialization they are 1 and 0, which
     would make part of the check trivial). On random token ids it returns:
 
-    - ``converted``: max |logits(Pre-LN) - logits(to_pre_rmsnorm(Pre-LN))| / max |logits|,
-      the gap Jiang et al. (2023) say is zero up to rounding;
+    - ``converted``: the largest ``abs(logits(Pre-LN) - logits(to_pre_rmsnorm(Pre-LN)))``
+      over the largest ``abs(logits)``, the gap Jiang et al. (2023) say is zero up to rounding;
     - ``naive``: the same for a Pre-RMSNorm model that simply takes the Pre-LN weights (the
       norms' biases dropped, nothing centred): the gap the conversion removes;
-    - ``mean_before``, ``mean_after``: the largest |mean over D| of the residual stream
+    - ``mean_before``, ``mean_after``: the largest ``abs(mean over D)`` of the residual stream
       ``x_0 .. x_L`` before and after :func:`lnbook.transformer.center_residual_stream_`;
-    - ``centred_logits``: max |logits before - logits after centring| / max |logits| (the
-      centring leaves the function unchanged).
+    - ``centred_logits``: the largest ``abs(logits before - logits after centring)`` over the
+      largest ``abs(logits)`` (the centring leaves the function unchanged).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)

@@ -223,9 +223,10 @@ def error_per_step(model: SignModel, x: Tensor, y: Tensor, batch_stats: bool = F
 
 
 def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
-    """How much the last step's logit moves with each input: mean |d logit_T / d x_t|, ``(T,)``.
+    """How much the last step's logit moves with each input: mean ``abs(d logit_T / d x_t)``.
 
-    A perfect integrator weighs every input alike (a flat profile); a recurrence whose signal
+    Returns a ``(T,)`` tensor, averaged over the sequences of ``x``. A perfect integrator
+    weighs every input alike (a flat profile); a recurrence whose signal
     fades gives the early inputs less weight. Computed in eval mode.
     """
     was = model.training
@@ -239,7 +240,7 @@ def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
 
 
 def state_sum_corr(model: SignModel, x: Tensor) -> float:
-    """Pearson correlation of the state's norm ||h_t|| with the size of the sum |x_1 + ... + x_t|.
+    """Pearson correlation of the state's norm with the size of the sum ``abs(x_1 + ... + x_t)``.
 
     Over all steps and sequences of ``x`` (T, B, 1), in eval mode. An integrator that keeps
     the running sum as the size of its state has a high value; a layer that normalizes away the

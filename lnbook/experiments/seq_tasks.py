@@ -195,7 +195,7 @@ def train_transformer(
 ) -> tuple[History, dict[str, Any]]:
     """Train one model for one (variant, seed) job of a sweep; returns ``(history, info)``.
 
-    The model is built with :meth:`lnbook.Transformer.from_config` under
+    The model is built with :meth:`lnbook.transformer.Transformer.from_config` under
     ``torch.manual_seed(job.seed)`` and trained with Adam (``lr``, optional
     :func:`linear_warmup` over ``warmup`` updates) on mini-batches of ``task``'s training set
     shuffled with the job's seed, by :func:`lnbook.fit`; every ``eval_every`` updates
