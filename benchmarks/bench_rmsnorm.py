@@ -165,22 +165,10 @@ def format_table(out: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
-    try:
-        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"shapes must look like 4096x256,1024x1024, got {text!r}"
-        ) from None
-    if any(len(s) != 2 or min(s) <= 0 for s in shapes):
-        raise argparse.ArgumentTypeError(f"each shape must be ROWSxFEATURES > 0, got {text!r}")
-    return shapes  # type: ignore[return-value]
-
-
 def main(argv: list[str] | None = None) -> dict[str, object]:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
-    p.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES,
+    p.add_argument("--shapes", type=common.parse_shapes, default=DEFAULT_SHAPES,
                    help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
     p.add_argument("--repeats", type=int, default=BenchConfig.repeats, help="interleaved rounds")
     p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")

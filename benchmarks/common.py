@@ -13,6 +13,7 @@ a reader can see how much of a ratio is memory traffic.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 
@@ -80,3 +81,16 @@ def minor_faults() -> int | None:
     if resource is None:
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """``"4096x256,1024x1024"`` as ``((4096, 256), (1024, 1024))``: the ``--shapes`` option."""
+    try:
+        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"shapes must look like 4096x256,1024x1024, got {text!r}"
+        ) from None
+    if any(len(s) != 2 or min(s) <= 0 for s in shapes):
+        raise argparse.ArgumentTypeError(f"each shape must be ROWSxFEATURES > 0, got {text!r}")
+    return shapes  # type: ignore[return-value]
