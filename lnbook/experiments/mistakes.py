@@ -481,10 +481,10 @@ class StatsConfig:
     norms: tuple[str, ...] = STATS_NORMS
     hidden: int = 32
     depth: int = 3
-    batch: int = 32
-    steps: int = 300
+    batch: int = 64
+    steps: int = 150
     lr: float = 3e-3
-    eval_every: int = 50
+    eval_every: int = 25
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     threads: int | None = 1
 
