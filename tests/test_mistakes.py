@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lnbook import LayerNorm, layer_norm
+from lnbook.data import load_digits_tensor
 from lnbook.experiments import EXPERIMENTS
 from lnbook.experiments import mistakes as mk
 
@@ -131,3 +132,105 @@ def test_run_tiny_and_paper_override():
         mk.get_config("quick", kinds=("pre",))
     with pytest.raises(TypeError, match="mistakes.Config"):
         mk.run({"scale": "quick"})
+
+
+# ---------------------------------------------------------------------------------------------
+# the statistics' gradients and the gain and bias (Xu et al., 2019)
+
+
+def test_detach_norm_forward_is_layer_norm_and_backward_treats_statistics_as_constants():
+    x = _x(4, 12, scale=2.0, offset=0.5).requires_grad_()
+    up = _x(4, 12, seed=1)  # gradient from above
+    norm = mk.DetachNorm(12)
+    out = norm(x)
+    torch.testing.assert_close(out, F.layer_norm(x, (12,), eps=1e-5))
+    (g_det,) = torch.autograd.grad((out * up).sum(), x)
+    (g_ln,) = torch.autograd.grad((F.layer_norm(x, (12,), eps=1e-5) * up).sum(), x)
+    assert (g_det - g_ln).abs().max() > 0.1  # the statistics' gradients are missing
+    var = x.detach().var(-1, unbiased=False, keepdim=True)  # (4, 1)
+    torch.testing.assert_close(g_det, up / torch.sqrt(var + 1e-5))  # by hand
+    # autograd on mean and variance made constants gives the same
+    mu_c, sd_c = x.detach().mean(-1, keepdim=True), torch.sqrt(var + 1e-5)
+    (g_const,) = torch.autograd.grad((((x - mu_c) / sd_c) * up).sum(), x)
+    torch.testing.assert_close(g_det, g_const)
+    # the true gradient sums to 0 per row (invariance to shifts); the detached one does not
+    assert g_ln.sum(-1).abs().max() < 1e-10 and g_det.sum(-1).abs().min() > 1e-3
+
+
+def test_detach_norm_checks_input_and_keeps_half_precision():
+    norm = mk.DetachNorm(8)
+    assert list(norm.parameters()) == [] and "statistics detached" in repr(norm)
+    h = _x(3, 8, scale=300, dtype=torch.float16)
+    out = norm(h)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, F.layer_norm(h.float(), (8,)).half())
+    with pytest.raises(ValueError, match=r"\(\*, 8\)"):
+        norm(torch.ones(3, 5))
+    with pytest.raises(ValueError, match=r"\(\*, 8\)"):
+        norm(torch.ones(3, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="positive int"):
+        mk.DetachNorm(0)
+    with pytest.raises(ValueError, match="eps"):
+        mk.DetachNorm(4, eps=0.0)
+
+
+def test_norm_mlp_variants():
+    x = torch.rand(5, 64)
+    n_linear = (64 * 16 + 16) + 2 * (16 * 16 + 16) + (16 * 10 + 10)
+    for norm in mk.STATS_NORMS:
+        model = mk.NormMLP(norm, hidden=16, depth=3)
+        assert model(x).shape == (5, 10)
+        n = sum(p.numel() for p in model.parameters())
+        assert n == n_linear + (3 * 2 * 16 if norm == "layer" else 0)
+    simple = mk.NormMLP("simple", hidden=16).norms[0]
+    assert list(simple.parameters()) == []  # LayerNorm-simple: no gain, no bias
+    z = _x(6, 16, offset=3.0, dtype=torch.float32)
+    torch.testing.assert_close(simple(z), F.layer_norm(z, (16,), weight=None, bias=None))
+    assert isinstance(mk.NormMLP("none").norms[0], torch.nn.Identity)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        mk.NormMLP("batch")
+    with pytest.raises(ValueError, match="depth"):
+        mk.NormMLP("layer", depth=0)
+
+
+def _tiny_stats(**kw):
+    return mk.get_stats_config("quick", hidden=8, depth=2, steps=4, eval_every=2,
+                               seeds=(0, 1), **kw)
+
+
+def test_run_stats_tiny_layout_and_determinism():
+    cfg = _tiny_stats()
+    res = mk.run_stats(cfg, device="cpu")
+    assert res.variants == list(mk.STATS_NORMS) and res.seeds == [0, 1]
+    _, yv = load_digits_tensor("test", flatten=True)
+    _, y = load_digits_tensor("train", flatten=True)
+    maj = int(torch.bincount(y).argmax())
+    assert res.info["majority_class"] == maj
+    assert res.info["majority_error"] == pytest.approx(float((yv != maj).float().mean()))
+    for v in res.variants:
+        for metric in ("val_nll", "val_error", "train_nll", "train_error"):
+            steps, vals = res.curves(v, metric)
+            assert list(steps) == [0, 2, 4] and vals.shape == (2, 3)
+        assert all(len(g) == 2 for g in res.info_of(v, "weight_growth"))
+    _, nll = res.curves("layer", "val_nll")
+    assert nll[0, 0] > nll[0, -1]  # it learns
+    assert nll[0, -1] != nll[1, -1]  # seeds differ
+    again = mk.run_stats(_tiny_stats(norms=("detach",)), device="cpu", seeds=(1,))
+    assert again.final("detach", "val_nll")[0] == res.final("detach", "val_nll")[1]
+
+
+def test_stats_config_validation_and_paper_preset():
+    paper = mk.get_stats_config("paper")
+    assert paper.threads is None and len(paper.seeds) == 10 and paper.hidden == 256
+    assert mk.get_stats_config("quick").threads == 1
+    tiny = mk.get_stats_config("paper", hidden=8, depth=1, steps=1, eval_every=1, seeds=(0,),
+                               norms=("simple",))
+    assert len(mk.run_stats(tiny, device="cpu").runs) == 1
+    for bad, match in ((dict(norms=("batch",)), "norms"), (dict(norms=()), "norms"),
+                       (dict(steps=0), "steps"), (dict(depth=0), "depth"),
+                       (dict(lr=0.0), "lr"), (dict(seeds=()), "seeds"),
+                       (dict(width=3), "unknown Config fields")):
+        with pytest.raises(ValueError, match=match):
+            mk.get_stats_config("quick", **bad)
+    with pytest.raises(TypeError, match="StatsConfig"):
+        mk.run_stats(mk.get_config("quick"))

@@ -1,17 +1,23 @@
-"""Common mistakes in layer normalization, each as a wrong and a right version; DeepNorm's update.
+"""Common mistakes in layer normalization, each as a wrong and a right version; DeepNorm's update;
+what the statistics' gradients and the gain and bias do.
 
-Part II, chapter `13_common_mistakes` (claim P10). :func:`layer_norm_variant` computes eq. 3 of
-the paper (over the last dimension, without gain and bias) in the ways it is commonly got
-wrong: the unbiased variance, the one-pass variance ``E[x^2] - E[x]^2``, statistics in float16,
-``eps`` outside the square root. :class:`UnbiasedLayerNorm` and :func:`to_biased` show what
-loading weights across the biased and the unbiased variance does, on a small MLP trained on the
-8x8 digits (:func:`train_digits_mlp`). :func:`residual_placements` puts DeepNorm's constant in
-the three places it is put (Wang et al., 2022).
+Part II, chapter `13_common_mistakes` (claims P10, P13, P14). :func:`layer_norm_variant`
+computes eq. 3 of the paper (over the last dimension, without gain and bias) in the ways it is
+commonly got wrong: the unbiased variance, the one-pass variance ``E[x^2] - E[x]^2``,
+statistics in float16, ``eps`` outside the square root. :class:`UnbiasedLayerNorm` and
+:func:`to_biased` show what loading weights across the biased and the unbiased variance does,
+on a small MLP trained on the 8x8 digits (:func:`train_digits_mlp`). :func:`residual_placements`
+puts DeepNorm's constant in the three places it is put (Wang et al., 2022).
 
 The experiment (:func:`run`) measures the size of a model update in deep Post-LN
 Transformers, plain and with DeepNorm (:func:`lnbook.transformer.deepnorm_constants`): the
 change of the logits on a fixed batch of held-out sequences after each of the first Adam
 updates, at several depths.
+
+The second experiment (:func:`run_stats`) trains an MLP on the 8x8 digits with four norms
+(Xu et al., 2019): layer norm with gain and bias, LayerNorm-simple (without them),
+:class:`DetachNorm` (LayerNorm-simple whose mean and variance are constants to the backward
+pass) and no norm, and measures held-out and training loss and error.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.experiments.protocol import (
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    make_config,
+    sweep,
+)
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
@@ -45,6 +58,13 @@ __all__ = [
     "residual_placements",
     "variant_name",
     "run",
+    "STATS_NORMS",
+    "NORM_LABELS",
+    "DetachNorm",
+    "NormMLP",
+    "StatsConfig",
+    "get_stats_config",
+    "run_stats",
 ]
 
 NAME = "mistakes"
@@ -335,3 +355,216 @@ def run(
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# the statistics' gradients and the gain and bias (Xu et al., 2019)
+
+STATS_NORMS = ("layer", "simple", "detach", "none")
+NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
+               "none": "no norm"}
+
+
+class DetachNorm(nn.Module):
+    r"""Layer norm whose mean and variance are constants to the backward pass (DetachNorm).
+
+    The forward pass is eq. 3 of the paper over the last dimension without gain and bias,
+    ``(x - mu) / sqrt(var + eps)`` (what LayerNorm-simple computes); the statistics are
+    detached, so the gradient with respect to ``x`` is the upstream gradient divided by
+    ``sqrt(var + eps)``, without the projections that remove its components along
+    :math:`\mathbf{1}` and along the output. Xu et al. (2019) use it to separate the forward
+    normalization from the gradients through the statistics; chapter ``13_common_mistakes``,
+    section 8. Statistics of half-precision inputs are computed in float32.
+
+    Args:
+        normalized_shape: the size ``H`` of the last dimension.
+        eps: added to the variance inside the square root. Default: 1e-5.
+
+    Shape:
+        - Input: ``(*, H)``; output: the same shape and dtype.
+
+    Example::
+
+        >>> norm = DetachNorm(16)
+        >>> y = norm(torch.randn(4, 16))  # same values as F.layer_norm(x, (16,))
+    """
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, int) or (
+                normalized_shape < 1):
+            raise ValueError(f"normalized_shape must be a positive int, got {normalized_shape!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps!r}")
+        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Nothing to reset: DetachNorm has no parameters (no gain, no bias)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1
+                and x.shape[-1] == self.normalized_shape):
+            raise ValueError(f"DetachNorm({self.normalized_shape}) expects a floating-point "
+                             f"tensor of shape (*, {self.normalized_shape}), got "
+                             f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        xs = x.float() if half else x  # (*, H)
+        mu = xs.mean(dim=-1, keepdim=True).detach()  # (*, 1) a constant to the backward
+        var = (xs - mu).square().mean(dim=-1, keepdim=True).detach()  # (*, 1)
+        return ((xs - mu) / torch.sqrt(var + self.eps)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, statistics detached"
+
+
+class NormMLP(nn.Module):
+    """``depth`` times ``Linear -> norm -> ReLU``, then ``Linear``, on flat 8x8 digits.
+
+    Args:
+        norm: ``"layer"`` (:class:`lnbook.LayerNorm` with gain and bias), ``"simple"``
+            (LayerNorm-simple: ``LayerNorm(elementwise_affine=False)``), ``"detach"``
+            (:class:`DetachNorm`) or ``"none"`` (no normalization).
+        hidden: width ``H`` of the hidden layers.
+        depth: number of hidden layers.
+        eps: eps of the norms.
+
+    Shape:
+        - Input: ``(N, 64)``; output: logits ``(N, 10)``.
+    """
+
+    def __init__(self, norm: str = "layer", hidden: int = 32, depth: int = 3,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        if norm not in STATS_NORMS:
+            raise ValueError(f"norm must be one of {STATS_NORMS}, got {norm!r}")
+        if hidden < 1 or depth < 1:
+            raise ValueError(f"hidden and depth must be >= 1, got {hidden} and {depth}")
+        self.norm_kind = norm
+
+        def make() -> nn.Module:
+            if norm == "layer":
+                return LayerNorm(hidden, eps=eps, impl="torch")
+            if norm == "simple":
+                return LayerNorm(hidden, eps=eps, elementwise_affine=False, impl="torch")
+            return DetachNorm(hidden, eps=eps) if norm == "detach" else nn.Identity()
+
+        sizes = [64] + [hidden] * depth
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        self.norms = nn.ModuleList(make() for _ in range(depth))
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer, norm in zip(self.layers, self.norms, strict=True):
+            x = F.relu(norm(layer(x)))  # (N, H)
+        return self.head(x)  # (N, 10)
+
+
+@dataclass
+class StatsConfig:
+    """Settings of the norm-ablation experiment on the digits; :func:`get_stats_config`.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        norms: which of :data:`STATS_NORMS` to train.
+        hidden, depth: width and number of hidden layers of the :class:`NormMLP`.
+        batch: examples per update.
+        steps: Adam updates per run.
+        lr: Adam learning rate.
+        eval_every: evaluate held-out and training loss every this many updates.
+        seeds: seeds of the runs (initialization and data order).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+    """
+
+    scale: str = "quick"
+    norms: tuple[str, ...] = STATS_NORMS
+    hidden: int = 32
+    depth: int = 3
+    batch: int = 64
+    steps: int = 150
+    lr: float = 3e-3
+    eval_every: int = 25
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if not self.norms or any(n not in STATS_NORMS for n in self.norms):
+            raise ValueError(f"norms must be drawn from {STATS_NORMS}, got {self.norms}")
+        for name in ("hidden", "depth", "batch", "steps", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+
+
+_STATS_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {"threads": None, "hidden": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
+              "eval_every": 500, "seeds": tuple(range(10))},
+}
+
+
+def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
+    """The ``quick`` or ``paper`` preset of :func:`run_stats`, with ``overrides``.
+
+    Xu et al. compare the norms in Transformers and other models on translation, language
+    modelling and classification; ``paper`` keeps the digits and makes the MLP wider, deeper
+    and longer trained, with ten seeds.
+    """
+    return make_config(StatsConfig, _STATS_PRESETS, scale, overrides)
+
+
+def run_stats(
+    config: StatsConfig,
+    device: str | torch.device = "auto",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed.
+
+    Every run records ``val_nll`` / ``val_error`` on the 359 held-out digits and
+    ``train_nll`` / ``train_error`` on the 1,438 training digits (mean nats, error rate),
+    before the first update and every ``eval_every`` updates, and in its ``info``
+    ``weight_growth``: the Frobenius norm of each hidden layer's weight at the end over its
+    norm at initialization (one value per hidden layer). ``Results.info`` holds
+    ``majority_error``: the held-out error of always predicting the most frequent training
+    class (the trivial predictor).
+    """
+    if not isinstance(config, StatsConfig):
+        raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
+                        f"{type(config).__name__}")
+    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
+    xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
+    majority = int(torch.bincount(y).argmax())
+    majority_error = float((yv != majority).float().mean())
+
+    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+        torch.manual_seed(job.seed)
+        model = NormMLP(job.params, config.hidden, config.depth).to(job.device)
+        norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
+
+        def eval_fn(m: nn.Module) -> dict[str, float]:
+            val = classification_metrics(m, xv, yv)
+            train = classification_metrics(m, x, y)
+            return {"val_nll": val["nll"], "val_error": val["error"],
+                    "train_nll": train["nll"], "train_error": train["error"]}
+
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+        history = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+                      steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                      device=job.device, seed=job.seed,
+                      loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                      bar=job.bar, label=job.label, checkpoint=job.checkpoint)
+        growth = [float(layer.weight.detach().norm()) / n0
+                  for layer, n0 in zip(model.layers, norms_init, strict=True)]
+        return history, {"weight_growth": growth}
+
+    variants = {n: n for n in config.norms}
+    return sweep(f"{NAME}_stats", variants, tuple(config.seeds if seeds is None else seeds),
+                 train_one, config=config, device=device, out=out, steps=config.steps,
+                 threads=config.threads,
+                 info={"majority_class": majority, "majority_error": majority_error})
