@@ -115,16 +115,17 @@ class SequenceBatchNorm(nn.Module):
                     f"step t={t} is beyond max_steps={self.max_steps} statistics slots; "
                     "create the layer with a larger max_steps"
                 )
-            if mask is None:
-                xs = x
-            else:
-                xs = x[mask.reshape(-1).bool()]  # (n, F) the real rows
+            xs = x if mask is None else x[mask.reshape(-1).bool()]  # (n, F) the real rows
             n = xs.shape[0]
             if n < 2:
                 raise ValueError(
                     f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
                     f"got {n}"
                 )
+            if mask is None:  # torch's batch norm, on row t of the running averages (in place)
+                self.steps_seen.clamp_(min=t + 1)
+                return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
+                                    self.bias, True, self.momentum, self.eps)  # (B, F)
             mean = xs.mean(0)  # (F,)
             var = ((xs - mean) ** 2).mean(0)  # (F,) biased
             with torch.no_grad():
@@ -136,7 +137,8 @@ class SequenceBatchNorm(nn.Module):
         else:
             seen = int(self.steps_seen)
             s = min(t, seen - 1) if seen > 0 else min(t, self.max_steps - 1)
-            mean, var = self.running_mean[s], self.running_var[s]
+            return F.batch_norm(x, self.running_mean[s], self.running_var[s], self.weight,
+                                self.bias, False, 0.0, self.eps)  # (B, F)
         y = (x - mean) * torch.rsqrt(var + self.eps)  # (B, F)
         return y * self.weight + self.bias
 
