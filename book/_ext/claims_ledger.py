@@ -97,6 +97,13 @@ class _Figures(string.Formatter):
         return _fmt(value, format_spec)
 
 
+def _plain(text: str) -> str:
+    """``text`` with runs of white space as one space and Sphinx's curly quotes made straight."""
+    text = text.translate(str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"',
+                                         "\u201d": '"'}))
+    return " ".join(text.split())
+
+
 def _section_anchor(app, chapter: str, where: str) -> str | None:
     """The HTML id of the section titled ``where`` in ``book/<chapter>``, if there is one."""
     docname = f"book/{chapter}"
@@ -105,7 +112,7 @@ def _section_anchor(app, chapter: str, where: str) -> str | None:
     doctree = app.env.get_doctree(docname)
     for section in doctree.findall(nodes.section):
         title = section.next_node(nodes.title)
-        if title is not None and " ".join(title.astext().split()) == where and section["ids"]:
+        if title is not None and _plain(title.astext()) == _plain(where) and section["ids"]:
             return section["ids"][0]
     return None
 
