@@ -18,10 +18,11 @@ normalization:
 - :class:`DRAWLSTMCell`: eqs. 29-31, LN only on the cell state.
 
 The sequence layers compute the input projection W_ih x (and its layer norm) for all time steps
-in one call, then run a time loop of the step functions below, the same ones the cells run.
-:class:`LSTM` with layer normalization runs that loop, by default, through the hand-derived
-backpropagation through time of :mod:`lnbook.bptt` (``bptt="hand"``); while compiling
-(``torch.compile``, ``torch.export``) and with padding it runs the step-by-step loop instead.
+in one call, then run a time loop of the step functions below, the same ones the cells run,
+differentiated by autograd. :class:`LSTM` with layer normalization can run that loop through the
+hand-derived backpropagation through time of :mod:`lnbook.bptt` instead (``bptt="hand"``, the
+supplement's topic; measured slower than autograd's loop on a CPU, see ``benchmarks/``); while
+compiling (``torch.compile``, ``torch.export``) and with padding it runs the step loop.
 
 The implementation of the LayerNorm submodules (``impl`` of :func:`lnbook.layer_norm`) is
 chosen in one place: the keyword ``ln_impl`` of every class, whose default is :data:`LN_IMPL`.
@@ -1003,13 +1004,14 @@ class LSTM(_RNNBase):
     ``layer_norm=False`` it is :class:`torch.nn.LSTM` (same parameter names, outputs and
     gradients, ``proj_size`` included).
 
-    With layer normalization and ``bptt="hand"`` (the default) each layer's time loop runs
+    By default (``bptt="autograd"``) the time loop is the step-by-step loop of autograd
+    operations. With layer normalization and ``bptt="hand"`` each layer's loop runs instead
     through :func:`lnbook.bptt.ln_lstm_recurrence`, whose backward pass through time is written
-    out by hand (the same numbers as the step-by-step loop, to rounding; the Supplement's
-    "Speed" section measures what it buys). The step-by-step loop of autograd operations runs
-    instead with ``bptt="autograd"``, with padding (``lengths`` or a PackedSequence), with
-    ``proj_size``, for dtypes other than float32 and float64, and while ``torch.compile`` or
-    ``torch.export`` trace the layer. Both support ``torch.func``, second derivatives and
+    out by hand (the same numbers as the step loop, to rounding; the Supplement's "Speed"
+    section measures it: on a CPU it was slower than autograd's loop, so it is not the
+    default), except with padding (``lengths`` or a PackedSequence), with ``proj_size``, for
+    dtypes other than float32 and float64, and while ``torch.compile`` or ``torch.export``
+    trace the layer. Both support ``torch.func``, second derivatives and
     ``gradgradcheck``; forward-mode AD through a layer whose parameters also require reverse
     gradients needs ``bptt="autograd"``.
 
@@ -1023,8 +1025,8 @@ class LSTM(_RNNBase):
         forget_bias: added to every ``bias_ih_l{k}[H:2H]`` after initialization. Default: 0.0.
         eps: LN epsilon. Default: 1e-5.
         ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
-        bptt: ``"hand"`` (the hand-derived BPTT where it applies) or ``"autograd"`` (always the
-            step-by-step loop). Default: ``"hand"``.
+        bptt: ``"autograd"`` (always the step-by-step loop) or ``"hand"`` (the hand-derived
+            BPTT where it applies). Default: ``"autograd"``.
 
     Shape:
         - input: as :class:`RNN`; hx: ``(h_0, c_0)``, h_0 ``(num_layers * num_directions, B,
@@ -1061,7 +1063,7 @@ class LSTM(_RNNBase):
         forget_bias: float = 0.0,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        bptt: Literal["hand", "autograd"] = "hand",
+        bptt: Literal["hand", "autograd"] = "autograd",
     ) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
@@ -1131,7 +1133,7 @@ class LSTM(_RNNBase):
         s = super().extra_repr()
         if self.forget_bias:
             s += f", forget_bias={self.forget_bias}"
-        return s if self.bptt == "hand" else s + f", bptt={self.bptt!r}"
+        return s if self.bptt == "autograd" else s + f", bptt={self.bptt!r}"
 
 
 class GRU(_RNNBase):

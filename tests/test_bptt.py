@@ -140,7 +140,7 @@ def lstm_grads(lstm, x, state, weights):
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_lstm_hand_bptt_equals_step_loop(bidirectional):
     torch.manual_seed(3)
-    lstm = LSTM(I, H, 2, bidirectional=bidirectional).to(F64)
+    lstm = LSTM(I, H, 2, bidirectional=bidirectional, bptt="hand").to(F64)
     randomize_ln(lstm)
     D = 2 if bidirectional else 1
     x = torch.randn(9, 4, I, dtype=F64)
@@ -163,17 +163,18 @@ def test_lstm_uses_the_hand_bptt_only_where_it_applies(monkeypatch):
     def run(m, **kw):
         m(x.to(m.weight_ih_l0.dtype), **kw)[0].sum().backward()
 
-    run(LSTM(I, H))
+    run(LSTM(I, H, bptt="hand"))
     assert len(calls) == 1
-    run(LSTM(I, H, bidirectional=True))
+    run(LSTM(I, H, bidirectional=True, bptt="hand"))
     assert len(calls) == 3  # one per direction
-    run(LSTM(I, H), lengths=[4, 3])  # padding: the loop masks each step
+    run(LSTM(I, H, bptt="hand"), lengths=[4, 3])  # padding: the loop masks each step
+    run(LSTM(I, H))  # the default: autograd's step loop
     run(LSTM(I, H, bptt="autograd"))
-    run(LSTM(I, H, layer_norm=False))
-    run(LSTM(I, H, proj_size=2))
-    run(LSTM(I, H).to(torch.bfloat16))
+    run(LSTM(I, H, layer_norm=False, bptt="hand"))
+    run(LSTM(I, H, proj_size=2, bptt="hand"))
+    run(LSTM(I, H, bptt="hand").to(torch.bfloat16))
     with torch.no_grad():
-        LSTM(I, H)(x)  # nothing to differentiate: the plain loop
+        LSTM(I, H, bptt="hand")(x)  # nothing to differentiate: the plain loop
     assert len(calls) == 3
     with pytest.raises(ValueError, match="bptt"):
         LSTM(I, H, bptt="fused")
@@ -184,7 +185,7 @@ def test_lstm_falls_back_to_the_step_loop_while_compiling(monkeypatch):
     real = bptt.LNLSTMRecurrence.apply
     monkeypatch.setattr(bptt.LNLSTMRecurrence, "apply", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    LSTM(I, H)(torch.randn(3, 2, I))[0].sum().backward()
+    LSTM(I, H, bptt="hand")(torch.randn(3, 2, I))[0].sum().backward()
     assert not calls
 
 
