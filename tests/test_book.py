@@ -15,11 +15,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 import yaml
+from jupyter_cache import get_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -214,3 +216,29 @@ def test_cite_keys_exist_in_bibliography():
         for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", markdown_text(path)):
             for key in (k.strip() for k in group.split(",")):
                 assert key in keys, f"{path.name}: cite key {key!r} not in references.bib"
+
+
+def test_execute_notebooks_fills_the_cache_that_the_build_reads(tmp_path, monkeypatch, capsys):
+    """`dev.py book` runs the notebooks in parallel into the Jupyter cache; a notebook that ran
+    is found there by its content (as Jupyter Book looks it up), one that failed is not (so the
+    build executes it again and shows its error)."""
+    dev = load_dev()
+    monkeypatch.setitem(sys.modules, "lnbook_dev", dev)  # the workers unpickle its function
+    book = tmp_path / "book"
+    book.mkdir()
+    for name, source in (("good", "print(6 * 7)"), ("bad", "raise ValueError('boom')")):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        nbformat.write(nb, book / f"{name}.ipynb")
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev, "BOOK", book)
+    monkeypatch.setenv("LNBOOK_WORKERS", "2")
+    dev.execute_notebooks()
+    printed = capsys.readouterr().out
+    assert "good.ipynb" in printed and "bad.ipynb" in printed and "FAILED" in printed
+    cache = get_cache(tmp_path / "_build" / ".jupyter_cache")
+    _, good = cache.merge_match_into_notebook(nbformat.read(book / "good.ipynb", 4))
+    assert good.cells[0].outputs[0]["text"] == "42\n"
+    with pytest.raises(KeyError):
+        cache.match_cache_notebook(nbformat.read(book / "bad.ipynb", 4))
