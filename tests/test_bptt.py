@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from helpers import randomize_ln
 from torch.func import functional_call, grad, jacrev, vmap
 
-import lnbook
 from lnbook import bptt
 from lnbook.rnn import LSTM
 
@@ -22,15 +21,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def randomize_ln(module: nn.Module, seed: int = 1) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, lnbook.LayerNorm):
-                m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g, dtype=m.weight.dtype))
-                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g, dtype=m.bias.dtype))
 
 
 def recurrence_args(seed: int, T: int = 6, B: int = 3, h: int = 4, dtype=F64, bias=True):

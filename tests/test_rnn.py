@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import randomize_ln
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
@@ -39,17 +40,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def randomize_ln(module: nn.Module, seed: int = 1) -> None:
-    """Give every LayerNorm a random, non-default gain and bias."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, lnbook.LayerNorm):
-                m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g, dtype=F64))
-                if m.bias is not None:
-                    m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g, dtype=F64))
 
 
 def step_cell(cell: nn.Module, xs: torch.Tensor, lstm: bool):

@@ -1,0 +1,23 @@
+"""Helpers shared by several test files (not tests themselves)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import lnbook
+
+
+def randomize_ln(module: nn.Module, seed: int = 1) -> None:
+    """Give every LayerNorm inside ``module`` a random gain in [0.5, 1.5) and a random bias.
+
+    At initialization they are 1 and 0, which would let a check against the paper's equations
+    pass with the gains or biases in the wrong place.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, lnbook.LayerNorm):
+                m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g, dtype=m.weight.dtype))
+                if m.bias is not None:
+                    m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g, dtype=m.bias.dtype))
