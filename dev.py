@@ -17,6 +17,7 @@ more, `sync` (nbformat, PyYAML), runs `sync_notebooks()` with .venv's Python aft
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -90,15 +91,33 @@ def _execute_one(data: object) -> tuple[int, str, float]:
     return status, uri, time.perf_counter() - start
 
 
+def runs_alone(path: Path) -> bool:
+    """True if the notebook asks to execute with the machine to itself.
+
+    Such a notebook sets `"lnbook": {"run_alone": true}` in its metadata because its sweeps
+    train several runs at once in worker processes (`workers=` of lnbook's experiments), so
+    it uses every core itself; beside another notebook it would only wait for a core.
+    """
+    return bool(json.loads(path.read_text()).get("metadata", {}).get("lnbook", {})
+                .get("run_alone", False))
+
+
+def _one_thread() -> None:
+    """Pool initializer: each kernel started from this worker gets one torch thread."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
 def execute_notebooks() -> None:
     """Execute every notebook of book/ afresh into the build's Jupyter cache, several at once.
 
     Runs inside .venv (jupyter-cache comes with myst-nb). Empties `_build/.jupyter_cache`,
-    then runs one kernel per notebook, as many at a time as the machine has cores (set
-    LNBOOK_WORKERS to change it), each in its notebook's folder as the build would. The build
-    that follows (`execute_notebooks: cache` in _config.yml) takes every notebook's outputs from
-    the cache and executes only what is not there, such as a notebook that failed here, so that
-    its error shows in the build as usual. Prints each notebook's time and the total.
+    then executes the notebooks that run alone (see `runs_alone`) one after another, then
+    the others, as many at a time as the machine has cores (set LNBOOK_WORKERS to change it),
+    each kernel with one torch thread (OMP_NUM_THREADS=1) when several share the machine.
+    Each runs in its notebook's folder as the build would. The build that follows
+    (`execute_notebooks: cache` in _config.yml) takes every notebook's outputs from the cache
+    and executes only what is not there, such as a notebook that failed here, so that its
+    error shows in the build as usual. Prints each notebook's time and the total.
     """
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -110,17 +129,22 @@ def execute_notebooks() -> None:
     for record in cache.list_project_records():
         cache.remove_nb_from_project(record.pk)
     records = [cache.add_nb_to_project(str(p)) for p in sorted(BOOK.glob("*.ipynb"))]
+    alone = [r for r in records if runs_alone(Path(r.uri))]
+    shared = [r for r in records if r not in alone]
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
-    print(f"+ executing {len(records)} notebooks, {workers} at a time", flush=True)
+    print(f"+ executing {len(records)} notebooks: {len(alone)} alone, then the others "
+          f"{workers} at a time", flush=True)
     start, total = time.perf_counter(), 0.0
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        jobs = [pool.submit(_execute_one, ProcessData(r.pk, r.uri, cache, 300, False))
-                for r in records]
-        for job in as_completed(jobs):
-            status, uri, seconds = job.result()
-            total += seconds
-            state = "ok" if status == 0 else "FAILED (the build re-runs it and shows why)"
-            print(f"  {Path(uri).name}: {seconds:.1f} s, {state}", flush=True)
+    for group, n, init in ((alone, 1, None),
+                           (shared, workers, _one_thread if workers > 1 else None)):
+        with ProcessPoolExecutor(max_workers=n, initializer=init) as pool:
+            jobs = [pool.submit(_execute_one, ProcessData(r.pk, r.uri, cache, 300, False))
+                    for r in group]
+            for job in as_completed(jobs):
+                status, uri, seconds = job.result()
+                total += seconds
+                state = "ok" if status == 0 else "FAILED (the build re-runs it and shows why)"
+                print(f"  {Path(uri).name}: {seconds:.1f} s, {state}", flush=True)
     print(f"  executed in {time.perf_counter() - start:.0f} s with {workers} worker(s); "
           f"{total:.0f} s of notebook time", flush=True)
 

@@ -14,6 +14,7 @@ bad options exit with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from collections.abc import Sequence
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None,
                      help="folder for NAME.json, finished runs and checkpoints (resumable)")
     run.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds")
+    run.add_argument("--workers", type=int, default=None,
+                     help="train this many runs at once, one process each, on a CPU "
+                          "(experiments whose config has `workers`; same results)")
     return parser
 
 
@@ -52,6 +56,8 @@ def _resume_command(args: argparse.Namespace) -> str:
            "--device", args.device, "--out", args.out]
     if args.seeds:
         cmd += ["--seeds", *map(str, args.seeds)]
+    if args.workers is not None:
+        cmd += ["--workers", str(args.workers)]
     return shlex.join(cmd)
 
 
@@ -72,7 +78,17 @@ def _run(args: argparse.Namespace) -> int:
         print(f"lnbook: bad --device: {e}", file=sys.stderr)
         return 2
     module = load_experiment(args.name)
-    config = module.get_config(args.scale)
+    overrides = {}
+    if args.workers is not None:
+        if "workers" not in {f.name for f in dataclasses.fields(module.Config)}:
+            print(f"lnbook: {args.name} trains one run at a time (its config has no workers)",
+                  file=sys.stderr)
+            return 2
+        if args.workers < 1:
+            print(f"lnbook: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+            return 2
+        overrides["workers"] = args.workers
+    config = module.get_config(args.scale, **overrides)
     where = f", saving to {args.out}" if args.out else " (nothing saved: no --out)"
     print(f"running {args.name} at scale {args.scale} on {device}{where}", flush=True)
     try:

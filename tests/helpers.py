@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import lnbook
+from lnbook.experiments import Results
 
 
 def randomize_ln(module: nn.Module, seed: int = 1) -> None:
@@ -21,3 +22,11 @@ def randomize_ln(module: nn.Module, seed: int = 1) -> None:
                 m.weight.copy_(0.5 + torch.rand(m.weight.shape, generator=g, dtype=m.weight.dtype))
                 if m.bias is not None:
                     m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g, dtype=m.bias.dtype))
+
+
+def assert_same_runs(one: Results, two: Results) -> None:
+    """The two sweeps trained the same runs, in the same order, to the same numbers."""
+    assert [(r.variant, r.seed) for r in two.runs] == [(r.variant, r.seed) for r in one.runs]
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
+        assert a.info == b.info

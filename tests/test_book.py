@@ -218,6 +218,40 @@ def test_cite_keys_exist_in_bibliography():
                 assert key in keys, f"{path.name}: cite key {key!r} not in references.bib"
 
 
+def test_notebooks_that_train_in_processes_execute_alone_and_first(tmp_path, monkeypatch):
+    """A notebook with `run_alone` metadata gets the machine to itself (and torch's default
+    threads) before the others run, two at a time, one torch thread per kernel."""
+    dev = load_dev()
+    monkeypatch.setitem(sys.modules, "lnbook_dev", dev)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    book = tmp_path / "book"
+    book.mkdir()
+    probe = "import os, time\nprint(os.environ.get('OMP_NUM_THREADS'), time.time())"
+    for name in ("alone", "shared1", "shared2"):
+        # the cache finds a notebook by its code, so each one's code must differ
+        cell = nbformat.v4.new_code_cell(f"# {name}\n{probe}")
+        nb = nbformat.v4.new_notebook(cells=[cell])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        if name == "alone":
+            nb.metadata["lnbook"] = {"run_alone": True}
+        nbformat.write(nb, book / f"{name}.ipynb")
+    assert dev.runs_alone(book / "alone.ipynb") and not dev.runs_alone(book / "shared1.ipynb")
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev, "BOOK", book)
+    monkeypatch.setenv("LNBOOK_WORKERS", "2")
+    dev.execute_notebooks()
+    cache = get_cache(tmp_path / "_build" / ".jupyter_cache")
+    seen = {}
+    for name in ("alone", "shared1", "shared2"):
+        _, nb = cache.merge_match_into_notebook(nbformat.read(book / f"{name}.ipynb", 4))
+        threads, when = nb.cells[0].outputs[0]["text"].split()
+        seen[name] = (threads, float(when))
+    assert seen["alone"][0] == "None"
+    assert seen["shared1"][0] == seen["shared2"][0] == "1"
+    assert seen["alone"][1] < min(seen["shared1"][1], seen["shared2"][1])
+
+
 def test_execute_notebooks_fills_the_cache_that_the_build_reads(tmp_path, monkeypatch, capsys):
     """`dev.py book` runs the notebooks in parallel into the Jupyter cache; a notebook that ran
     is found there by its content (as Jupyter Book looks it up), one that failed is not (so the

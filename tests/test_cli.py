@@ -17,6 +17,7 @@ from lnbook.experiments import (
     Results,
     Run,
     SweepInterrupted,
+    draw,
     load_experiment,
     save_results,
 )
@@ -85,6 +86,26 @@ def test_interrupt_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "a seed 3: finished" in err and "a seed 4: checkpoint at update 40 of 100" in err
     assert f"python -m lnbook run tiny --scale paper --device auto --out {tmp_path}" in err
+
+
+def test_workers_reach_the_config_and_the_resume_command(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def run(config, device="auto", out=None, seeds=None):
+        seen["config"] = config
+        raise SweepInterrupted([], [], tmp_path)
+
+    fake = types.SimpleNamespace(NAME="draw", Config=draw.Config, get_config=draw.get_config,
+                                 run=run)
+    real = cli.load_experiment
+    monkeypatch.setattr(cli, "load_experiment", lambda n: fake if n == "draw" else real(n))
+    assert cli.main(["run", "draw", "--out", str(tmp_path), "--workers", "2"]) == 130
+    assert seen["config"].workers == 2
+    assert "--workers 2" in capsys.readouterr().err
+    assert cli.main(["run", "draw", "--workers", "0"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
+    assert cli.main(["run", "mnist", "--workers", "2"]) == 2  # mnist trains one at a time
+    assert "has no workers" in capsys.readouterr().err
 
 
 def test_registry_loads_and_rejects():

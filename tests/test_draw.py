@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_same_runs
 
 from lnbook.data import load_mnist
 from lnbook.experiments import draw, load_results
@@ -313,3 +314,11 @@ def test_plot_canvas_lays_out_one_row_per_digit_and_prior_sample_per_model():
     with pytest.raises(ValueError, match=r"\(B, 196\)"):
         draw.plot_canvas(models, torch.rand(2, 784))
     matplotlib.pyplot.close(fig)
+
+
+def test_two_workers_give_the_same_runs():
+    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
+    one = draw.run(draw.get_config("quick", **{**_TINY, "steps": 2}), device="cpu", seeds=[0, 1])
+    two = draw.run(draw.get_config("quick", **{**_TINY, "steps": 2, "workers": 2}), device="cpu",
+                   seeds=[0, 1])
+    assert_same_runs(one, two)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same_runs
 
 from lnbook.experiments import placement
 from lnbook.experiments.seq_tasks import make_task
@@ -59,3 +60,12 @@ def test_tiny_sweep_and_tiny_paper_run():
                                  n_test=8, batch_size=8, d_model=16, n_heads=2, n_layers=1,
                                  checkpoint=False)
     assert len(placement.run(paper, device="cpu", seeds=[0]).runs) == 4
+
+
+def test_two_workers_give_the_same_runs():
+    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
+    kw = dict(steps=3, eval_every=3, warmups=(0,), positions=("pre",), n_train=64,
+              n_test=16, size=4, d_model=16, n_heads=2, seeds=(0, 1))
+    one = placement.run(placement.get_config("quick", **kw), device="cpu")
+    two = placement.run(placement.get_config("quick", **kw, workers=2), device="cpu")
+    assert_same_runs(one, two)

@@ -3,8 +3,12 @@ and what an interrupted sweep leaves on disk."""
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +172,45 @@ def test_interrupt_without_out_says_nothing_was_saved():
     with pytest.raises(P.SweepInterrupted, match="nothing was saved"):
         P.sweep("toy", {"linear": "linear"}, [0], lambda j: _train_one(j, stop_at=3),
                 config=None, device="cpu")
+
+
+def test_workers_train_in_processes_to_the_same_results(tmp_path):
+    variants, seeds = {"linear": "linear", "mlp": "mlp"}, [0, 1, 2]
+    one = P.sweep("toy", variants, seeds, _train_one, config={"x": 1}, device="cpu", steps=12)
+    two = P.sweep("toy", variants, seeds, _train_one, config={"x": 1}, device="cpu", steps=12,
+                  out=tmp_path, workers=2, threads=1)
+    assert [(r.variant, r.seed) for r in two.runs] == [(r.variant, r.seed) for r in one.runs]
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 6  # each worker kept its run
+    with pytest.raises(TypeError, match="must be picklable"):
+        P.sweep("toy", variants, seeds, lambda job: _train_one(job), config=None,
+                device="cpu", workers=2)
+    with pytest.raises(ValueError, match="workers must be a positive int"):
+        P.sweep("toy", variants, seeds, _train_one, config=None, workers=0)
+
+
+def test_an_interrupt_in_a_worker_stops_the_sweep(tmp_path):
+    with pytest.raises(P.SweepInterrupted) as stop:
+        P.sweep("toy", {"linear": "linear"}, [0, 1],
+                functools.partial(_train_one, stop_at=3), config=None, device="cpu",
+                out=tmp_path, checkpoint=True, workers=2)
+    assert stop.value.out == tmp_path and stop.value.finished == []
+
+
+def test_workers_from_an_unguarded_script_get_a_clear_error(tmp_path):
+    """Worker processes import the main module: a script must guard its sweep."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_protocol import P, _train_one\n"
+        "P.sweep('toy', {'linear': 'linear'}, [0, 1], _train_one, config=None,\n"
+        "        device='cpu', workers=2)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert 'if __name__ == "__main__":' in done.stderr and "workers=1" in done.stderr
 
 
 @dataclass

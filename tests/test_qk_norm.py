@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same_runs
 
 from lnbook.experiments import qk_norm
 from lnbook.experiments.protocol import Results, Run
@@ -86,3 +87,12 @@ def test_tiny_sweep_and_tiny_paper_run():
                                n_train=32, n_test=8, batch_size=8, d_model=16, n_heads=2,
                                n_layers=1, checkpoint=False)
     assert len(qk_norm.run(paper, device="cpu", seeds=[0]).runs) == 2
+
+
+def test_two_workers_give_the_same_runs():
+    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
+    kw = dict(lrs=(0.1,), steps=2, eval_every=1, n_train=64, n_test=16, size=4, d_model=16,
+              n_heads=2, n_layers=1, seeds=(0, 1))
+    one = qk_norm.run(qk_norm.get_config("quick", **kw), device="cpu")
+    two = qk_norm.run(qk_norm.get_config("quick", **kw, workers=2), device="cpu")
+    assert_same_runs(one, two)

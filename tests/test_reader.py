@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_same_runs
 
 from lnbook import LSTM
 from lnbook.experiments import load_results
@@ -229,3 +230,13 @@ def test_a_tiny_override_of_the_paper_preset_runs():
                        variants=("ln_lstm",), checkpoint=False)
     res = R.run(cfg, device="cpu", progress=False)
     assert res.config["sentences"] == 4 and res.final("ln_lstm", "error").shape == (1,)
+
+
+def test_two_workers_give_the_same_runs():
+    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
+    kw = dict(n_train=64, n_valid=32, hidden_size=8, embed_size=8, batch_size=16, steps=2,
+              eval_every=1, seeds=(0, 1), variants=("lstm", "ln_lstm"))
+    cfg = R.get_config("quick", **kw)
+    one = R.run(cfg, device="cpu", progress=False)
+    two = R.run(R.get_config("quick", **{**kw, "workers": 2}), device="cpu", progress=False)
+    assert_same_runs(one, two)

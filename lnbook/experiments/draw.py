@@ -29,6 +29,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -43,7 +44,6 @@ from lnbook.device import resolve_device
 from lnbook.experiments.protocol import (
     Job,
     Results,
-    cpu_threads,
     make_config,
     sweep,
     updates_to_reach,
@@ -107,6 +107,9 @@ class Config:
         variants: ``"baseline"`` (eqs. 29-30) and/or ``"layer_norm"`` (eq. 31).
         checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
     scale: str = "quick"
@@ -129,6 +132,7 @@ class Config:
     variants: tuple[str, ...] = field(default=VARIANTS)
     checkpoint: bool = False
     threads: int | None = 1
+    workers: int = 1
 
 
 _PRESETS: dict[str, dict] = {
@@ -676,27 +680,29 @@ def run(
             f"config must be a draw.Config (use get_config), got {type(config).__name__}"
         )
     x_train, x_test, source = load_data(config)
-
-    def train_one(job: Job) -> History:
-        torch.manual_seed(job.seed)
-        model = build_model(config, layer_norm=(job.variant == "layer_norm"))
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-        x_eval = x_test.to(job.device)
-        history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
-                      optimizer, steps=config.steps, eval_every=config.eval_every,
-                      eval_fn=lambda m: m.evaluate_terms(x_eval), device=job.device,
-                      seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-        if out is not None:
-            path = model_path(out, job.variant, job.seed)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(model.state_dict(), path)
-        return history
-
+    train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
-    with cpu_threads(config.threads):
-        return sweep(NAME, {v: v for v in config.variants},
-                     tuple(config.seeds if seeds is None else seeds), train_one, config=config,
-                     device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
-                     info=info, progress=progress)
+    return sweep(NAME, {v: v for v in config.variants},
+                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
+                 info=info, progress=progress, threads=config.threads, workers=config.workers)
+
+
+def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
+               out: str | os.PathLike | None) -> History:
+    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
+    torch.manual_seed(job.seed)
+    model = build_model(config, layer_norm=(job.variant == "layer_norm"))
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    x_eval = x_test.to(job.device)
+    history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
+                  optimizer, steps=config.steps, eval_every=config.eval_every,
+                  eval_fn=lambda m: m.evaluate_terms(x_eval), device=job.device,
+                  seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    if out is not None:
+        path = model_path(out, job.variant, job.seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), path)
+    return history

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
-from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.experiments.seq_tasks import TASKS, SequenceTask, make_task, train_transformer
+from lnbook.train import History
 from lnbook.transformer import POSITIONS, Transformer, TransformerConfig, layer_gradient_norms
 
 __all__ = [
@@ -70,6 +72,9 @@ class Config:
         grad_batch: training sequences in the batch whose loss gradient is measured.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
     scale: str = "quick"
@@ -93,6 +98,7 @@ class Config:
     grad_batch: int = 128
     checkpoint: bool = False
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -204,16 +210,20 @@ def run(
                         f"{type(config).__name__}")
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
 
-    def train_one(job: Job):
-        position, warmup = job.params
-        return train_transformer(
-            job, model_config(config, position, config.n_layers, task.seq_len), task,
-            lr=config.lr, steps=config.steps, batch_size=config.batch_size,
-            eval_every=config.eval_every, warmup=warmup)
-
     variants = {variant_name(p, w): (p, w) for p in config.positions for w in config.warmups}
+    train_one = partial(_train_one, config=config, task=task)
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, checkpoint=config.checkpoint,
                  steps=config.steps,
                  info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss}, threads=config.threads)
+                       "baseline_loss": task.baseline_loss}, threads=config.threads,
+                 workers=config.workers)
+
+
+def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
+    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
+    position, warmup = job.params
+    return train_transformer(
+        job, model_config(config, position, config.n_layers, task.seq_len), task,
+        lr=config.lr, steps=config.steps, batch_size=config.batch_size,
+        eval_every=config.eval_every, warmup=warmup)

@@ -15,10 +15,14 @@ import contextlib
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
+import pickle
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,6 +437,7 @@ def sweep(
     info: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     threads: int | None = None,
+    workers: int = 1,
 ) -> Results:
     """Train every variant with every seed through ``train_one``; return one :class:`Results`.
 
@@ -456,8 +461,11 @@ def sweep(
         progress: show the bar; default only in a terminal outside CI.
         threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
             torch's setting.
-        threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
-            torch's setting.
+        workers: how many runs train at once, each in its own process, on a CPU device (on
+            a GPU, or with one run to train, they train one after another). Results are the
+            same as with 1: every run seeds itself. ``train_one`` must then be picklable (a
+            module-level function, or a :func:`functools.partial` of one), and the bar moves
+            when a run finishes. Each worker starts a fresh Python (about 2 s).
 
     Raises:
         SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
@@ -467,6 +475,8 @@ def sweep(
         raise ValueError("variants is empty: name at least one variant to train")
     if not seeds:
         raise ValueError("seeds is empty: give at least one seed")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
     dev = resolve_device(device)
     folder = Path(out) if out is not None else None
     cfg = _jsonable(config)
@@ -477,40 +487,95 @@ def sweep(
 
     total = sum(n_steps(v, p) for v, p, _ in pairs) if steps is not None else None
     bar = tqdm(total=total, disable=not progress_enabled(progress), desc=name, unit="update")
-    runs: list[Run] = []
-    finished: list[str] = []
+    done: dict[int, Run] = {}  # index in `pairs` -> finished run
+    jobs: dict[int, tuple[Job, Path | None]] = {}  # the runs still to train, and their files
+    for i, (variant, params, seed) in enumerate(pairs):
+        label = _label(variant, seed)
+        run_file = _run_file(folder, variant, seed) if folder is not None else None
+        found = _load_finished(folder, variant, seed, cfg) if folder is not None else None
+        if found is not None:
+            tqdm.write(f"{label}: finished earlier, read from {run_file}", file=sys.stderr)
+            done[i] = found
+            bar.update(n_steps(variant, params))
+            continue
+        ckpt = None
+        if folder is not None and checkpoint:
+            ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
+        jobs[i] = (Job(variant, params, seed, dev, ckpt, bar, label), run_file)
     try:
-        with cpu_threads(threads):
-            for variant, params, seed in pairs:
-                label = _label(variant, seed)
-                done = _load_finished(folder, variant, seed, cfg) if folder is not None else None
-                if done is not None:
-                    tqdm.write(f"{label}: finished earlier, read from "
-                               f"{_run_file(folder, variant, seed)}", file=sys.stderr)
-                    runs.append(done)
-                    finished.append(label)
-                    bar.update(n_steps(variant, params))
-                    continue
-                ckpt = None
-                if folder is not None and checkpoint:
-                    ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
-                job = Job(variant, params, seed, dev, ckpt, bar, label)
+        if workers > 1 and dev.type == "cpu" and len(jobs) > 1:
+            _train_in_processes(jobs, done, train_one, threads, cfg, min(workers, len(jobs)),
+                                bar, lambda i: n_steps(*pairs[i][:2]), folder)
+        else:
+            for i, (job, run_file) in jobs.items():
                 try:
-                    got = train_one(job)
+                    done[i] = _train_job(train_one, job, threads, cfg, run_file)
                 except KeyboardInterrupt:
-                    raise SweepInterrupted(finished, _saved_step(ckpt, label), folder) from None
-                hist, run_info = got if isinstance(got, tuple) else (got, {})
-                run = Run(variant, seed, hist, dict(run_info))
-                runs.append(run)
-                finished.append(label)
-                if folder is not None:
-                    save_results({"config": cfg, "run": run}, _run_file(folder, variant, seed))
+                    raise SweepInterrupted([_label(r.variant, r.seed) for r in done.values()],
+                                           _saved_step(job.checkpoint, job.label),
+                                           folder) from None
     finally:
         bar.close()
-    results = Results(name, cfg, str(dev), runs, dict(info or {}))
+    results = Results(name, cfg, str(dev), [done[i] for i in sorted(done)], dict(info or {}))
     if folder is not None:
         save_results(results, folder / f"{name}.json")
     return results
+
+
+def _train_job(train_one: Callable[[Job], Any], job: Job, threads: int | None, cfg: Any,
+               run_file: Path | None) -> Run:
+    """Train one job (in this process or a worker's) and keep the finished run on disk."""
+    with cpu_threads(threads):
+        got = train_one(job)
+    hist, run_info = got if isinstance(got, tuple) else (got, {})
+    run = Run(job.variant, job.seed, hist, dict(run_info))
+    if run_file is not None:  # written here, so a worker's run survives an interrupted parent
+        save_results({"config": cfg, "run": run}, run_file)
+    return run
+
+
+def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
+                        train_one: Callable[[Job], Any], threads: int | None, cfg: Any,
+                        workers: int, bar: tqdm, n_steps: Callable[[int], int],
+                        folder: Path | None) -> None:
+    """Train ``jobs`` in ``workers`` fresh processes, filling ``done`` as runs finish."""
+    try:
+        pickle.dumps(train_one)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(
+            f"with workers > 1 every run trains in another process, so train_one must be "
+            f"picklable (a module-level function, or a functools.partial of one); "
+            f"{train_one!r} is not: {exc}"
+        ) from None
+    quiet = tqdm(disable=True)  # a worker cannot draw on the parent's bar
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    futures = {pool.submit(_train_job, train_one, dataclasses.replace(job, bar=quiet),
+                           threads, cfg, run_file): i for i, (job, run_file) in jobs.items()}
+    try:
+        for future in as_completed(futures):
+            i = futures[future]
+            done[i] = future.result()  # a worker's exception is raised here
+            bar.set_description(f"{jobs[i][0].label} done")
+            bar.update(n_steps(i))
+    except BaseException as exc:
+        # runs not started are dropped; running ones finish (and save) in the background
+        pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(exc, BrokenProcessPool):
+            raise RuntimeError(
+                "a worker process of the sweep stopped before its run finished. Called from a "
+                "script, the sweep must run under `if __name__ == \"__main__\":` (each worker "
+                "imports the main module); workers=1 trains in this process instead"
+            ) from exc
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        # a worker that got the Ctrl-C as well saves its checkpoint first (fit does)
+        running = [f for f in futures if not f.done()]
+        wait(running, timeout=10)
+        saved = [s for f in running
+                 for s in _saved_step(jobs[futures[f]][0].checkpoint, jobs[futures[f]][0].label)]
+        finished = [_label(r.variant, r.seed) for r in done.values()]
+        raise SweepInterrupted(finished, saved, folder) from None
+    pool.shutdown()
 
 
 def _load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:

@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
-from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.experiments.seq_tasks import TASKS, SequenceTask, make_task, train_transformer
+from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = [
@@ -65,6 +67,9 @@ class Config:
         seeds: seeds of the runs.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
     scale: str = "quick"
@@ -85,6 +90,7 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2)
     checkpoint: bool = False
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -228,19 +234,24 @@ def run(
                         f"{type(config).__name__}")
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
 
-    def train_one(job: Job):
-        qk, lr = job.params
-        def measure(model: Transformer) -> dict[str, float]:
-            return {"logit_bound": qk_logit_bound(model)} if qk else {}
-
-        return train_transformer(job, model_config(config, qk, task.seq_len), task, lr=lr,
-                                 steps=config.steps, batch_size=config.batch_size,
-                                 eval_every=config.eval_every, warmup=config.warmup,
-                                 measure=measure)
-
     variants = {variant_name(q, lr): (q, lr) for q in config.qk_norms for lr in config.lrs}
+    train_one = partial(_train_one, config=config, task=task)
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, checkpoint=config.checkpoint,
                  steps=config.steps,
                  info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss}, threads=config.threads)
+                       "baseline_loss": task.baseline_loss}, threads=config.threads,
+                 workers=config.workers)
+
+
+def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
+    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
+    qk, lr = job.params
+    return train_transformer(job, model_config(config, qk, task.seq_len), task, lr=lr,
+                             steps=config.steps, batch_size=config.batch_size,
+                             eval_every=config.eval_every, warmup=config.warmup,
+                             measure=_logit_bound if qk else None)
+
+
+def _logit_bound(model: Transformer) -> dict[str, float]:
+    return {"logit_bound": qk_logit_bound(model)}

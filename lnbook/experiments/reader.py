@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,6 @@ from lnbook import LSTM, LayerNorm
 from lnbook.experiments.protocol import (
     Job,
     Results,
-    cpu_threads,
     make_config,
     sweep,
     updates_to_reach,
@@ -110,6 +110,9 @@ class Config:
         data_seed: seed of the corpus.
         checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
     scale: str = "quick"
@@ -132,6 +135,7 @@ class Config:
     data_seed: int = 1234
     checkpoint: bool = False
     threads: int | None = 1
+    workers: int = 1
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -537,24 +541,26 @@ def run(
           "n_relations": config.n_relations, "blank": config.blank}
     train = make_cloze(config.n_train, seed=config.data_seed, **kw)
     valid = make_cloze(config.n_valid, seed=config.data_seed + 1, **kw)
-    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
-
-    def train_one(job: Job) -> History:
-        torch.manual_seed(job.seed)
-        model = AttentiveReader(
-            len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
-            config.hidden_size, job.variant, config.bn_gain_init, config.ln_small_gain,
-        )
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        return fit(model, Batches(*train.tensors(), batch_size=config.batch_size, seed=job.seed),
-                   opt, steps=config.steps, eval_every=config.eval_every,
-                   eval_fn=lambda m: evaluate(m, valid), device=job.device, seed=job.seed,
-                   checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    train_one = partial(_train_one, config=config, train=train, valid=valid)
 
     info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
             "n_train": len(train), "n_valid": len(valid)}
-    with cpu_threads(config.threads):
-        return sweep(NAME, {v: v for v in config.variants},
-                     tuple(config.seeds if seeds is None else seeds), train_one, config=config,
-                     device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
-                     info=info, progress=progress)
+    return sweep(NAME, {v: v for v in config.variants},
+                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
+                 info=info, progress=progress, threads=config.threads, workers=config.workers)
+
+
+def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> History:
+    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
+    torch.manual_seed(job.seed)
+    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
+    model = AttentiveReader(
+        len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
+        config.hidden_size, job.variant, config.bn_gain_init, config.ln_small_gain,
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    return fit(model, Batches(*train.tensors(), batch_size=config.batch_size, seed=job.seed),
+               opt, steps=config.steps, eval_every=config.eval_every,
+               eval_fn=partial(evaluate, data=valid), device=job.device, seed=job.seed,
+               checkpoint=job.checkpoint, bar=job.bar, label=job.label)
