@@ -464,7 +464,7 @@ def sweep(
         workers: how many runs train at once, each in its own process, on a CPU device (on
             a GPU, or with one run to train, they train one after another). Results are the
             same as with 1: every run seeds itself. ``train_one`` must then be picklable (a
-            module-level function, or a :func:`functools.partial` of one), and the bar moves
+            module-level function, or a ``functools.partial`` of one), and the bar moves
             when a run finishes. Each worker starts a fresh Python (about 2 s).
 
     Raises:
