@@ -19,14 +19,18 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
-from lnbook.experiments.seq_tasks import TASKS, SequenceTask, make_task, train_transformer
+from lnbook.experiments.protocol import Job, Results, check_scale, make_config
+from lnbook.experiments.seq_tasks import (
+    TASKS,
+    SequenceTask,
+    sweep_task,
+    train_transformer,
+)
 from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig
 
@@ -232,16 +236,8 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a qk_norm.Config (get_config), got "
                         f"{type(config).__name__}")
-    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
-
     variants = {variant_name(q, lr): (q, lr) for q in config.qk_norms for lr in config.lrs}
-    train_one = partial(_train_one, config=config, task=task)
-    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
-                 config=config, device=device, out=out, checkpoint=config.checkpoint,
-                 steps=config.steps,
-                 info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss}, threads=config.threads,
-                 workers=config.workers)
+    return sweep_task(NAME, variants, _train_one, config, device, out, seeds)
 
 
 def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:

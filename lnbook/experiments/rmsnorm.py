@@ -33,9 +33,9 @@ from lnbook.experiments.protocol import (
     Results,
     check_scale,
     make_config,
-    sweep,
 )
-from lnbook.experiments.seq_tasks import TASKS, make_task, train_transformer
+from lnbook.experiments.seq_tasks import TASKS, SequenceTask, sweep_task, train_transformer
+from lnbook.train import History
 from lnbook.transformer import (
     Transformer,
     TransformerConfig,
@@ -83,6 +83,9 @@ class Config:
         seeds: seeds of the runs (initialization and batch order).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
     scale: str = "quick"
@@ -102,6 +105,7 @@ class Config:
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     checkpoint: bool = False
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -245,15 +249,12 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a rmsnorm.Config (get_config), got "
                         f"{type(config).__name__}")
-    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    return sweep_task(NAME, {n: n for n in config.norms}, _train_one, config, device, out,
+                      seeds)
 
-    def train_one(job: Job):
-        return train_transformer(job, model_config(config, job.params, task.seq_len), task,
-                                 lr=config.lr, steps=config.steps,
-                                 batch_size=config.batch_size, eval_every=config.eval_every)
 
-    return sweep(NAME, {n: n for n in config.norms},
-                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
-                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
-                 info={"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss}, threads=config.threads)
+def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
+    """Train one (norm, seed) of :func:`run` (module level, so a worker process can)."""
+    return train_transformer(job, model_config(config, job.params, task.seq_len), task,
+                             lr=config.lr, steps=config.steps, batch_size=config.batch_size,
+                             eval_every=config.eval_every)

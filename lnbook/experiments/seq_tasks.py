@@ -21,15 +21,17 @@ model on the same task in the same way:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
-from lnbook.experiments.protocol import Job
+from lnbook.experiments.protocol import Job, Results, sweep
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
@@ -41,6 +43,7 @@ __all__ = [
     "sequence_metrics",
     "linear_warmup",
     "train_transformer",
+    "sweep_task",
 ]
 
 TASKS = ("sort", "recall")
@@ -255,3 +258,29 @@ def train_transformer(
         hist.eval_steps.append(s)
         hist.metrics.append(done[0] if done else {**initial, "max_logit": last_logit})
     return hist, {"diverged": True, "diverged_at": at}
+
+
+def sweep_task(
+    name: str,
+    variants: Mapping[str, Any],
+    train_one: Callable[..., tuple[History, dict[str, Any]]],
+    config: Any,
+    device: str | torch.device,
+    out: str | os.PathLike | None,
+    seeds: Sequence[int] | None,
+) -> Results:
+    """The sweep of a Part II experiment on ``config``'s sequence task (:func:`make_task`).
+
+    Makes the task once, then runs :func:`lnbook.experiments.protocol.sweep` with
+    ``train_one(job, config=config, task=task)`` (a module-level function, so that
+    ``config.workers > 1`` can train runs in worker processes) and ``config``'s seeds (or
+    ``seeds``), checkpointing, steps, threads and workers. ``Results.info`` holds the task's
+    name, ``uniform_loss`` and ``baseline_loss`` (the predictor every run must beat).
+    """
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    return sweep(name, variants, tuple(config.seeds if seeds is None else seeds),
+                 partial(train_one, config=config, task=task), config=config, device=device,
+                 out=out, checkpoint=config.checkpoint, steps=config.steps,
+                 info={"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss},
+                 threads=config.threads, workers=config.workers)
