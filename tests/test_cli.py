@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,3 +149,28 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "none/bs128 seed 0: finished earlier, read from" in again.stderr
     assert (tmp_path / "mnist.json").exists()
+
+
+def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
+    """A terminal's Ctrl-C reaches the workers too: no traceback from any process, no new run
+    started after it, and the message lists what was saved."""
+    cmd = [sys.executable, "-m", "lnbook", "run", "qk_norm", "--device", "cpu", "--out",
+           str(tmp_path), "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as in a terminal
+    try:
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "runs").glob("*.json")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no run finished in 300 s"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "resume with:" in err and "--workers 2" in err
+    saved = {p.stem for p in (tmp_path / "runs").glob("*.json")}
+    listed = set(re.findall(r"(\S+) seed (\d+): finished", err))
+    assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved
+    assert len(saved) < 18  # it stopped: not every run of the sweep was trained

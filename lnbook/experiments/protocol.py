@@ -21,7 +21,7 @@ import pickle
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -465,7 +465,7 @@ def sweep(
             a GPU, or with one run to train, they train one after another). Results are the
             same as with 1: every run seeds itself. ``train_one`` must then be picklable (a
             module-level function, or a ``functools.partial`` of one), and the bar moves
-            when a run finishes. Each worker starts a fresh Python (about 2 s).
+            when a run finishes. Each worker starts a fresh Python (a few seconds).
 
     Raises:
         SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
@@ -549,16 +549,28 @@ def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int
         ) from None
     quiet = tqdm(disable=True)  # a worker cannot draw on the parent's bar
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
-    futures = {pool.submit(_train_job, train_one, dataclasses.replace(job, bar=quiet),
-                           threads, cfg, run_file): i for i, (job, run_file) in jobs.items()}
+    waiting = list(jobs)  # indices not yet handed to a worker, in order
+    running: dict[Future, int] = {}  # at most `workers`: nothing queued that Ctrl-C must undo
+
+    def start_next() -> None:
+        i = waiting.pop(0)
+        job, run_file = jobs[i]
+        running[pool.submit(_train_job, train_one, dataclasses.replace(job, bar=quiet),
+                            threads, cfg, run_file)] = i
+
     try:
-        for future in as_completed(futures):
-            i = futures[future]
-            done[i] = future.result()  # a worker's exception is raised here
-            bar.set_description(f"{jobs[i][0].label} done")
-            bar.update(n_steps(i))
+        while waiting and len(running) < workers:
+            start_next()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                i = running.pop(future)
+                done[i] = future.result()  # a worker's exception is raised here
+                bar.set_description(f"{jobs[i][0].label} done")
+                bar.update(n_steps(i))
+                if waiting:
+                    start_next()
     except BaseException as exc:
-        # runs not started are dropped; running ones finish (and save) in the background
         pool.shutdown(wait=False, cancel_futures=True)
         if isinstance(exc, BrokenProcessPool):
             raise RuntimeError(
@@ -568,12 +580,17 @@ def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int
             ) from exc
         if not isinstance(exc, KeyboardInterrupt):
             raise
-        # a worker that got the Ctrl-C as well saves its checkpoint first (fit does)
-        running = [f for f in futures if not f.done()]
+        # workers that got the Ctrl-C too (a terminal sends it to them all) save a checkpoint
+        # and stop; runs whose worker did not (Jupyter interrupts the kernel only) go on in
+        # the background and save their results when they finish
         wait(running, timeout=10)
-        saved = [s for f in running
-                 for s in _saved_step(jobs[futures[f]][0].checkpoint, jobs[futures[f]][0].label)]
-        finished = [_label(r.variant, r.seed) for r in done.values()]
+        saved = []
+        for future, i in running.items():
+            if future.done() and future.exception() is None:
+                done[i] = future.result()
+            else:
+                saved += _saved_step(jobs[i][0].checkpoint, jobs[i][0].label)
+        finished = [_label(r.variant, r.seed) for _, r in sorted(done.items())]
         raise SweepInterrupted(finished, saved, folder) from None
     pool.shutdown()
 
