@@ -173,4 +173,6 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
     saved = {p.stem for p in (tmp_path / "runs").glob("*.json")}
     listed = set(re.findall(r"(\S+) seed (\d+): finished", err))
     assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved
-    assert len(saved) < 18  # it stopped: not every run of the sweep was trained
+    cfg = load_experiment("qk_norm").get_config()
+    total = len(cfg.qk_norms) * len(cfg.lrs) * len(cfg.seeds)  # 24 runs in the sweep
+    assert 1 <= len(saved) < total  # it stopped: not every run was trained
