@@ -586,10 +586,13 @@ def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int
         wait(running, timeout=10)
         saved = []
         for future, i in running.items():
+            job, run_file = jobs[i]
             if future.done() and future.exception() is None:
                 done[i] = future.result()
+            elif run_file is not None and run_file.exists():  # saved just before the Ctrl-C
+                done[i] = Run.from_dict(json.loads(run_file.read_text())["run"])
             else:
-                saved += _saved_step(jobs[i][0].checkpoint, jobs[i][0].label)
+                saved += _saved_step(job.checkpoint, job.label)
         finished = [_label(r.variant, r.seed) for _, r in sorted(done.items())]
         raise SweepInterrupted(finished, saved, folder) from None
     pool.shutdown()
