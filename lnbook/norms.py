@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "LN_IMPL",
     "layer_norm",
     "LayerNorm",
     "ChannelLayerNorm",
@@ -44,6 +45,14 @@ __all__ = [
 _ShapeLike = int | Sequence[int] | torch.Size
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _IMPLS = ("autograd", "torch")
+
+LN_IMPL: Literal["autograd", "torch"] = "torch"
+"""The default ``impl`` of :func:`layer_norm` inside lnbook's larger modules (the recurrent
+layers of :mod:`lnbook.rnn`, the Transformer of :mod:`lnbook.transformer`): ``"torch"`` (the
+argument checks of :func:`layer_norm`, then torch's fused kernel, several times faster at the
+experiments' small sizes) or ``"autograd"`` (lnbook's own forward and hand-derived backward of
+chapter 3). Both give the same numbers to rounding; each module's ``ln_impl`` keyword overrides
+it. :class:`LayerNorm` itself defaults to ``"autograd"``, the code chapter 3 teaches."""
 
 # ----------------------------------------------------------------------------------------------
 # input checks, shared by every lnbook layer (lnbook.rnn and the experiments import them)

@@ -25,7 +25,8 @@ supplement's topic; measured slower than autograd's loop on a CPU, see ``benchma
 compiling (``torch.compile``, ``torch.export``) and with padding it runs the step loop.
 
 The implementation of the LayerNorm submodules (``impl`` of :func:`lnbook.layer_norm`) is
-chosen in one place: the keyword ``ln_impl`` of every class, whose default is :data:`LN_IMPL`.
+chosen in one place: the keyword ``ln_impl`` of every class, whose default is
+:data:`lnbook.norms.LN_IMPL`.
 """
 
 from __future__ import annotations
@@ -45,10 +46,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from lnbook.bptt import ln_lstm_recurrence
 
 # the input checks of lnbook.norms, used by every recurrent module (kept in one place there)
-from lnbook.norms import LayerNorm, check_floating, check_size, layer_norm
+from lnbook.norms import LN_IMPL, LayerNorm, check_floating, check_size, layer_norm
 
 __all__ = [
-    "LN_IMPL",
     "LNRNNCell",
     "LNLSTMCell",
     "LNGRUCell",
@@ -58,11 +58,6 @@ __all__ = [
     "GRU",
 ]
 
-LN_IMPL: Literal["autograd", "torch"] = "torch"
-"""The default ``impl`` of :func:`lnbook.layer_norm` inside every recurrent module: ``"torch"``
-(the argument checks of :func:`lnbook.layer_norm`, then torch's fused kernel) or ``"autograd"``
-(lnbook's own forward and hand-derived backward of chapter 3). Both give the same numbers to
-rounding; each module's ``ln_impl`` keyword overrides it."""
 
 _Lengths = Tensor | Sequence[int] | None
 _Norm = tuple[Tensor, Tensor | None, float] | None  # (gain, bias, eps) of one LN, or no LN
@@ -360,7 +355,7 @@ class LNRNNCell(_CellBase):
         layer_norm: normalize a_t with the submodule ``ln`` (:class:`lnbook.LayerNorm`).
             Keyword-only, as every option below. Default: True.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
+        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
 
     Shape:
         - input: ``(B, input_size)`` or ``(input_size,)``; hx: ``(B, H)`` or ``(H,)`` (zeros if
@@ -434,7 +429,7 @@ class LNLSTMCell(_CellBase):
             initialization (1.0 is a common choice that keeps memories early in training).
             Default: 0.0, torch's initialization exactly.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
+        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(h, c)``, each ``(B, H)`` (zeros if None).
@@ -551,7 +546,7 @@ class LNGRUCell(_CellBase):
         device, dtype: of the parameters, as torch.
         layer_norm: use the LN submodules. Keyword-only, as every option below. Default: True.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
+        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(B, H)`` (zeros if None). Output: ``(B, H)``.
@@ -924,7 +919,7 @@ class RNN(_RNNBase):
         layer_norm: normalize the summed inputs (eq. 4). Keyword-only, as every option below.
             Default: True.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
+        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
 
     Shape:
         - input: ``(T, B, input_size)`` (or ``(B, T, input_size)`` with ``batch_first``, or
@@ -1024,7 +1019,7 @@ class LSTM(_RNNBase):
             Default: True.
         forget_bias: added to every ``bias_ih_l{k}[H:2H]`` after initialization. Default: 0.0.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`LN_IMPL`.
+        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
         bptt: ``"autograd"`` (always the step-by-step loop) or ``"hand"`` (the hand-derived
             BPTT where it applies). Default: ``"autograd"``.
 

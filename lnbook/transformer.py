@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.norms import LayerNorm
+from lnbook.norms import LN_IMPL, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
 __all__ = [
@@ -58,6 +58,7 @@ NormKind = Literal["layer", "rms", "dyt", "none"]
 Position = Literal["pre", "post"]
 NORMS = ("layer", "rms", "dyt", "none")
 POSITIONS = ("pre", "post")
+LN_IMPLS = ("autograd", "torch")  # the values of ln_impl (impl of lnbook.layer_norm)
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
@@ -78,18 +79,20 @@ def make_norm(
     *,
     eps: float = 1e-5,
     dyt_alpha_init: float = 0.5,
+    ln_impl: Literal["autograd", "torch"] = LN_IMPL,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
     """The normalization named by ``kind`` over the last dimension of size ``d_model``.
 
-    ``"layer"`` is :class:`lnbook.LayerNorm` (gain and bias), ``"rms"`` :class:`lnbook.RMSNorm`
-    (gain only), ``"dyt"`` :class:`lnbook.DyT` (no statistics), ``"none"`` :class:`nn.Identity`.
+    ``"layer"`` is :class:`lnbook.LayerNorm` (gain and bias, ``impl=ln_impl``), ``"rms"``
+    :class:`lnbook.RMSNorm` (gain only), ``"dyt"`` :class:`lnbook.DyT` (no statistics),
+    ``"none"`` :class:`nn.Identity`.
     """
     _check_choice(kind, "norm", NORMS)
     kw = {"device": device, "dtype": dtype}
     if kind == "layer":
-        return LayerNorm(d_model, eps=eps, **kw)
+        return LayerNorm(d_model, eps=eps, impl=ln_impl, **kw)
     if kind == "rms":
         return RMSNorm(d_model, eps=eps, **kw)
     if kind == "dyt":
@@ -129,6 +132,7 @@ class SelfAttention(nn.Module):
         causal: position t attends to positions <= t only. Default: True.
         bias: the projections have biases. Default: True.
         eps: eps of the query/key layer norms. Default: 1e-5.
+        ln_impl: ``impl`` of the query/key layer norms. Default: :data:`lnbook.norms.LN_IMPL`.
         device, dtype: of the parameters.
 
     Shape:
@@ -152,10 +156,12 @@ class SelfAttention(nn.Module):
         causal: bool = True,
         bias: bool = True,
         eps: float = 1e-5,
+        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
         d_model, n_heads = _positive_int(d_model, "d_model"), _positive_int(n_heads, "n_heads")
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
@@ -169,8 +175,8 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias, **kw)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, **kw)
         if self.qk_norm:
-            self.q_norm: nn.Module = LayerNorm(self.d_head, eps=eps, **kw)
-            self.k_norm: nn.Module = LayerNorm(self.d_head, eps=eps, **kw)
+            self.q_norm: nn.Module = LayerNorm(self.d_head, eps=eps, impl=ln_impl, **kw)
+            self.k_norm: nn.Module = LayerNorm(self.d_head, eps=eps, impl=ln_impl, **kw)
         else:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         self.attn_dropout = nn.Dropout(dropout)
@@ -277,6 +283,8 @@ class Block(nn.Module):
         eps: eps of the layer and RMS norms. Default: 1e-5.
         dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
         bias: the linear layers have biases. Default: True.
+        ln_impl: ``impl`` of every layer norm (:func:`lnbook.layer_norm`); both give the same
+            numbers to rounding. Default: :data:`lnbook.norms.LN_IMPL`.
         device, dtype: of the parameters.
 
     Shape:
@@ -304,11 +312,13 @@ class Block(nn.Module):
         eps: float = 1e-5,
         dyt_alpha_init: float = 0.5,
         bias: bool = True,
+        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         _check_choice(norm, "norm", NORMS)
+        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
         _check_choice(position, "position", POSITIONS)
         for name, v in (("deepnorm_alpha", deepnorm_alpha), ("deepnorm_beta", deepnorm_beta)):
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
@@ -322,10 +332,10 @@ class Block(nn.Module):
         self.deepnorm_alpha = None if deepnorm_alpha is None else float(deepnorm_alpha)
         self.deepnorm_beta = None if deepnorm_beta is None else float(deepnorm_beta)
         kw = {"device": device, "dtype": dtype}
-        nkw = {"eps": eps, "dyt_alpha_init": dyt_alpha_init, **kw}
+        nkw = {"eps": eps, "dyt_alpha_init": dyt_alpha_init, "ln_impl": ln_impl, **kw}
         self.norm1 = make_norm(norm, d_model, **nkw)
         self.attn = SelfAttention(d_model, n_heads, qk_norm=qk_norm, dropout=dropout,
-                                  causal=causal, bias=bias, eps=eps, **kw)
+                                  causal=causal, bias=bias, eps=eps, ln_impl=ln_impl, **kw)
         self.norm2 = make_norm(norm, d_model, **nkw)
         self.mlp = MLP(d_model, d_ff, bias=bias, **kw)
         self.dropout = nn.Dropout(dropout)
@@ -389,6 +399,7 @@ class TransformerConfig:
     eps: float = 1e-5
     dyt_alpha_init: float = 0.5
     bias: bool = True
+    ln_impl: str = LN_IMPL  # how the layer norms compute, not what: same numbers to rounding
 
     def has_final_norm(self) -> bool:
         """Whether a norm follows the last block: ``final_norm``, or the usual choice for the
@@ -426,6 +437,9 @@ class Transformer(nn.Module):
         eps: eps of the layer and RMS norms. Default: 1e-5.
         dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
         bias: linear layers have biases. Default: True.
+        ln_impl: ``impl`` of every layer norm (:func:`lnbook.layer_norm`): ``"torch"``,
+            torch's fused kernel, or ``"autograd"``, chapter 3's code; the same numbers to
+            rounding. Default: :data:`lnbook.norms.LN_IMPL`.
         device, dtype: of the parameters.
 
     The arguments are kept in ``config`` (a :class:`TransformerConfig`);
@@ -461,10 +475,12 @@ class Transformer(nn.Module):
         eps: float = 1e-5,
         dyt_alpha_init: float = 0.5,
         bias: bool = True,
+        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
         cfg = TransformerConfig(
             vocab_size=_positive_int(vocab_size, "vocab_size"),
             d_model=_positive_int(d_model, "d_model"),
@@ -474,7 +490,7 @@ class Transformer(nn.Module):
             d_ff=d_ff, norm=norm, position=position, qk_norm=bool(qk_norm),
             final_norm=final_norm, dropout=float(dropout), causal=bool(causal),
             deepnorm=bool(deepnorm), eps=float(eps), dyt_alpha_init=float(dyt_alpha_init),
-            bias=bool(bias),
+            bias=bool(bias), ln_impl=ln_impl,
         )
         _check_choice(norm, "norm", NORMS)
         _check_choice(position, "position", POSITIONS)
@@ -490,11 +506,12 @@ class Transformer(nn.Module):
             Block(cfg.d_model, cfg.n_heads, cfg.d_ff, norm=norm, position=position,
                   qk_norm=cfg.qk_norm, dropout=cfg.dropout, causal=cfg.causal,
                   deepnorm_alpha=alpha, deepnorm_beta=beta, eps=cfg.eps,
-                  dyt_alpha_init=cfg.dyt_alpha_init, bias=cfg.bias, **kw)
+                  dyt_alpha_init=cfg.dyt_alpha_init, bias=cfg.bias, ln_impl=ln_impl, **kw)
             for _ in range(cfg.n_layers)
         )
         self.final_norm = (
-            make_norm(norm, cfg.d_model, eps=cfg.eps, dyt_alpha_init=cfg.dyt_alpha_init, **kw)
+            make_norm(norm, cfg.d_model, eps=cfg.eps, dyt_alpha_init=cfg.dyt_alpha_init,
+                      ln_impl=ln_impl, **kw)
             if cfg.has_final_norm() else nn.Identity()
         )
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.bias, **kw)

@@ -89,6 +89,21 @@ def test_tiny_sweep_and_tiny_paper_run():
     assert len(qk_norm.run(paper, device="cpu", seeds=[0]).runs) == 2
 
 
+def test_ln_impl_moves_the_runs_by_rounding_only():
+    """ln_impl="autograd" (chapter 3's code) reaches the models; at a stable rate the runs
+    agree with torch's kernel to rounding (chapter 11 uses it to measure what rounding moves)."""
+    kw = dict(lrs=(0.01,), steps=3, eval_every=3, n_train=64, n_test=16, size=4, d_model=16,
+              n_heads=2, n_layers=1, seeds=(0,), qk_norms=(True,))
+    assert qk_norm.get_config("quick").ln_impl == "torch"
+    taught = qk_norm.get_config("quick", ln_impl="autograd", **kw)
+    assert qk_norm.model_config(taught, True, 8).ln_impl == "autograd"
+    with pytest.raises(ValueError, match="ln_impl must be one of"):
+        qk_norm.get_config("quick", ln_impl="fused")
+    a = qk_norm.by_lr(qk_norm.run(taught, device="cpu"), True, "loss")
+    b = qk_norm.by_lr(qk_norm.run(qk_norm.get_config("quick", **kw), device="cpu"), True, "loss")
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
 def test_two_workers_give_the_same_runs():
     """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
     kw = dict(lrs=(0.1,), steps=2, eval_every=1, n_train=64, n_test=16, size=4, d_model=16,

@@ -263,6 +263,31 @@ def test_state_dict_round_trip_and_from_config():
         f"blocks.{i}.norm{j}.alpha" for i in range(L) for j in (1, 2)}
 
 
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_ln_impl_changes_how_not_what(position):
+    """ln_impl="torch" (torch's kernel, the default) and "autograd" (chapter 3's code) build
+    the same parameters from a seed and give the same outputs and gradients in float64; their
+    state dicts load into each other."""
+    kw = {"position": position, "qk_norm": True}
+    fast, taught = model(ln_impl="torch", **kw), model(ln_impl="autograd", **kw)
+    assert TransformerConfig(V, D, H, L, T).ln_impl == "torch" == model().config.ln_impl
+    lns = [m for m in taught.modules() if isinstance(m, LayerNorm)]
+    assert len(lns) == 2 * L * 2 + (position == "pre") and {m.impl for m in lns} == {"autograd"}
+    assert {m.impl for m in fast.modules() if isinstance(m, LayerNorm)} == {"torch"}
+    perturb_(fast)
+    taught.load_state_dict(fast.state_dict())
+    outs = []
+    for m in (fast, taught):
+        loss = sequence_loss(m(tokens()), tokens(1))
+        outs.append((loss, torch.autograd.grad(loss, list(m.parameters()))))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-12, atol=1e-12)
+    for g_fast, g_taught in zip(outs[0][1], outs[1][1], strict=True):
+        torch.testing.assert_close(g_fast, g_taught, rtol=1e-10, atol=1e-12)
+    assert Transformer.from_config(taught.config).config.ln_impl == "autograd"
+    with pytest.raises(ValueError, match="ln_impl must be one of"):
+        Transformer(V, D, H, L, T, ln_impl="fused")
+
+
 def test_deepnorm_constants_and_initialization():
     alpha, beta = deepnorm_constants(6)
     assert alpha == pytest.approx(12 ** 0.25) and beta == pytest.approx(48 ** -0.25)

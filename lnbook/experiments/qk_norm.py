@@ -31,8 +31,9 @@ from lnbook.experiments.seq_tasks import (
     sweep_task,
     train_transformer,
 )
+from lnbook.norms import LN_IMPL
 from lnbook.train import History
-from lnbook.transformer import Transformer, TransformerConfig
+from lnbook.transformer import LN_IMPLS, Transformer, TransformerConfig
 
 __all__ = [
     "NAME",
@@ -70,6 +71,9 @@ class Config:
             evaluations.
         seeds: seeds of the runs.
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        ln_impl: ``impl`` of the models' layer norms (:data:`lnbook.norms.LN_IMPL`): changes
+            the runs at rounding level only, which is how the chapter shows which of its
+            comparisons rounding can move.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         workers: runs trained at once, each in its own process, on a CPU (see
             :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
@@ -93,11 +97,14 @@ class Config:
     eval_every: int = 20
     seeds: tuple[int, ...] = (0, 1, 2)
     checkpoint: bool = False
+    ln_impl: str = LN_IMPL
     threads: int | None = 1
     workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
+        if self.ln_impl not in LN_IMPLS:
+            raise ValueError(f"ln_impl must be one of {LN_IMPLS}, got {self.ln_impl!r}")
         if not self.lrs or any(lr <= 0 for lr in self.lrs) or list(self.lrs) != sorted(self.lrs):
             raise ValueError(f"lrs must be positive and increasing, got {self.lrs}")
         if not self.qk_norms or any(not isinstance(q, bool) for q in self.qk_norms):
@@ -140,7 +147,8 @@ def model_config(config: Config, qk_norm: bool, seq_len: int) -> TransformerConf
     """The Pre-LN Transformer with or without qk-layernorm for this config."""
     return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
                              n_heads=config.n_heads, n_layers=config.n_layers, max_len=seq_len,
-                             norm="layer", position="pre", qk_norm=qk_norm)
+                             norm="layer", position="pre", qk_norm=qk_norm,
+                             ln_impl=config.ln_impl)
 
 
 def variant_name(qk_norm: bool, lr: float) -> str:
