@@ -168,6 +168,38 @@ def test_finished_runs_are_not_reused_under_another_config(tmp_path, capsys):
     assert "finished earlier" not in capsys.readouterr().err
 
 
+def test_checkpoints_are_resumed_under_their_own_config_only(tmp_path, capsys):
+    """A finished run's checkpoint is kept; another config (here the learning rate that
+    train_one reads from it) must start afresh, not resume it and return the old run as its
+    own. Changing only steps, threads or workers continues the run."""
+    def train_one(job, cfg):
+        torch.manual_seed(job.seed)
+        model = nn.Linear(3, 1, bias=False)
+        x, y = _regression_data()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+        mse = lambda m, b: ((m(b[0]) - b[1]) ** 2).mean()  # noqa: E731
+        return fit(model, Batches(x, y, batch_size=8, seed=job.seed), opt, steps=cfg["steps"],
+                   eval_every=4, loss_fn=mse, eval_fn=lambda m: {"mse": float(mse(m, (x, y)))},
+                   device=job.device, seed=job.seed, checkpoint=job.checkpoint, bar=job.bar,
+                   label=job.label)
+
+    def losses(cfg, out):
+        r = P.sweep("toy", {"linear": "linear"}, [0], lambda j: train_one(j, cfg), config=cfg,
+                    device="cpu", out=out, checkpoint=True)
+        return r.runs[0].history.losses
+
+    slow, fast = {"lr": 0.01, "steps": 8}, {"lr": 0.05, "steps": 8}
+    first = losses(slow, tmp_path)
+    (tmp_path / "runs" / "linear-seed0.json").unlink()  # the checkpoint alone is left
+    assert losses(fast, tmp_path) == losses(fast, tmp_path / "fresh") != first
+    assert "resuming" not in capsys.readouterr().err
+    (tmp_path / "runs" / "linear-seed0.json").unlink()
+    longer = losses({**fast, "steps": 12, "workers": 2, "threads": 1}, tmp_path)
+    assert "linear seed 0: resuming from update 8 of 12" in capsys.readouterr().err
+    assert longer[:8] == losses(fast, tmp_path / "fresh") and len(longer) == 12
+    assert len(list((tmp_path / "checkpoints").glob("toy-linear-seed0-*.pt"))) == 2
+
+
 def test_interrupt_without_out_says_nothing_was_saved():
     with pytest.raises(P.SweepInterrupted, match="nothing was saved"):
         P.sweep("toy", {"linear": "linear"}, [0], lambda j: _train_one(j, stop_at=3),

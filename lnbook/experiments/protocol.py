@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import multiprocessing
@@ -419,6 +420,19 @@ def _run_file(out: Path, variant: str, seed: int) -> Path:
     return out / "runs" / f"{_file_stem(variant, seed)}.json"
 
 
+# Config fields whose change continues a run from its checkpoint instead of starting another:
+# train longer, evaluate or checkpoint at other times, use more processes or threads.
+_CONTINUES = ("steps", "eval_every", "checkpoint", "threads", "workers")
+
+
+def _checkpoint_file(out: Path, name: str, variant: str, seed: int, cfg: Any) -> Path:
+    """The checkpoint of one run, named after the config it was trained under (a digest of
+    every field but :data:`_CONTINUES`), so that a run of another config never resumes it."""
+    kept = {k: v for k, v in cfg.items() if k not in _CONTINUES} if isinstance(cfg, dict) else cfg
+    digest = hashlib.sha1(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:8]
+    return out / "checkpoints" / f"{name}-{_file_stem(variant, seed)}-{digest}.pt"
+
+
 def _label(variant: str, seed: int) -> str:
     return f"{variant} seed {seed}"
 
@@ -454,6 +468,9 @@ def sweep(
         device: ``"auto"`` (cuda, mps, cpu) or a device.
         out: folder for ``<name>.json``, the finished runs (``runs/``) and the checkpoints
             (``checkpoints/``, when ``checkpoint`` is True); None keeps everything in memory.
+            A checkpoint's name carries a digest of the config, so a run resumes only a
+            checkpoint of its own config (``steps``, ``eval_every``, ``checkpoint``,
+            ``threads`` and ``workers`` may differ: training longer continues the run).
         checkpoint: give every job a checkpoint file under ``out`` (paper-scale runs).
         steps: updates per run (an int, or ``(variant, params) -> int``), for the total of
             the progress bar.
@@ -500,7 +517,7 @@ def sweep(
             continue
         ckpt = None
         if folder is not None and checkpoint:
-            ckpt = folder / "checkpoints" / f"{name}-{_file_stem(variant, seed)}.pt"
+            ckpt = _checkpoint_file(folder, name, variant, seed, cfg)
         jobs[i] = (Job(variant, params, seed, dev, ckpt, bar, label), run_file)
     try:
         if workers > 1 and dev.type == "cpu" and len(jobs) > 1:
@@ -603,7 +620,11 @@ def _load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
     if not path.exists():
         return None
     saved = json.loads(path.read_text())
-    if saved.get("config") != cfg:
+
+    def what(c: Any) -> Any:  # the results do not depend on workers
+        return {k: v for k, v in c.items() if k != "workers"} if isinstance(c, dict) else c
+
+    if what(saved.get("config")) != what(cfg):
         return None  # trained under another config: train again
     return Run.from_dict(saved["run"])
 
