@@ -44,7 +44,7 @@ __all__ = [
 
 _ShapeLike = int | Sequence[int] | torch.Size
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_IMPLS = ("autograd", "torch")
+LN_IMPLS = ("autograd", "torch")  # the values of impl (of ln_impl in larger modules)
 
 LN_IMPL: Literal["autograd", "torch"] = "torch"
 """The default ``impl`` of :func:`layer_norm` inside lnbook's larger modules (the recurrent
@@ -136,7 +136,7 @@ def as_normalized_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
 
 
 def _check_impl(impl: object) -> None:
-    if impl not in _IMPLS:
+    if impl not in LN_IMPLS:
         raise ValueError(f"impl must be 'autograd' or 'torch', got {impl!r}")
 
 

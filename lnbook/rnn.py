@@ -46,7 +46,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from lnbook.bptt import ln_lstm_recurrence
 
 # the input checks of lnbook.norms, used by every recurrent module (kept in one place there)
-from lnbook.norms import LN_IMPL, LayerNorm, check_floating, check_size, layer_norm
+from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm, check_floating, check_size, layer_norm
 
 __all__ = [
     "LNRNNCell",
@@ -75,7 +75,7 @@ def _check_nonlinearity(nonlinearity: str) -> str:
 
 
 def _check_impl(ln_impl: str) -> str:
-    if ln_impl not in ("autograd", "torch"):
+    if ln_impl not in LN_IMPLS:
         raise ValueError(f"ln_impl must be 'autograd' or 'torch', got {ln_impl!r}")
     return ln_impl
 

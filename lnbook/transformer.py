@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.norms import LN_IMPL, LayerNorm
+from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
 __all__ = [
@@ -58,7 +58,6 @@ NormKind = Literal["layer", "rms", "dyt", "none"]
 Position = Literal["pre", "post"]
 NORMS = ("layer", "rms", "dyt", "none")
 POSITIONS = ("pre", "post")
-LN_IMPLS = ("autograd", "torch")  # the values of ln_impl (impl of lnbook.layer_norm)
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 

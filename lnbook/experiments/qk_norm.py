@@ -31,9 +31,9 @@ from lnbook.experiments.seq_tasks import (
     sweep_task,
     train_transformer,
 )
-from lnbook.norms import LN_IMPL
+from lnbook.norms import LN_IMPL, LN_IMPLS
 from lnbook.train import History
-from lnbook.transformer import LN_IMPLS, Transformer, TransformerConfig
+from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = [
     "NAME",
