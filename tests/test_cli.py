@@ -169,10 +169,10 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "Traceback" not in err and "resume with:" in err and "--workers 2" in err
+    assert "Traceback" not in err and "resume with:" in err and "--workers 2" in err, err
     saved = {p.stem for p in (tmp_path / "runs").glob("*.json")}
     listed = set(re.findall(r"(\S+) seed (\d+): finished", err))
-    assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved
+    assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved, err
     cfg = load_experiment("qk_norm").get_config()
     total = len(cfg.qk_norms) * len(cfg.lrs) * len(cfg.seeds)  # 24 runs in the sweep
-    assert 1 <= len(saved) < total  # it stopped: not every run was trained
+    assert 1 <= len(saved) < total, err  # it stopped: not every run was trained
