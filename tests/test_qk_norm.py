@@ -61,6 +61,19 @@ def test_by_lr_orders_seeds_by_rate():
         qk_norm.by_lr(res, True, "loss", "median")
 
 
+def test_compare_within_rounding_has_three_outcomes():
+    f = qk_norm.compare_within_rounding
+    assert f(np.array([0.031, 0.089, -0.007]), 0.027) == "undecided"  # chapter 11's case
+    assert f(np.array([0.05, 0.09, 0.04]), 0.027) == "lower on every seed"
+    assert f(np.array([0.05, -0.03, 0.04]), 0.027) == "higher on some seed"
+    assert f(np.array([0.01]), 0.0) == "lower on every seed"
+    assert f(np.array([0.0]), 0.0) == "undecided"  # a tie decides nothing
+    with pytest.raises(ValueError, match="band must be"):
+        f(np.array([0.1]), -0.1)
+    with pytest.raises(ValueError, match="margin must be"):
+        f(np.array([np.nan]), 0.1)
+
+
 def test_qk_logit_bound_holds_for_any_gains():
     torch.manual_seed(0)
     model = Transformer(9, 16, 2, 2, 12, qk_norm=True)

@@ -44,6 +44,7 @@ __all__ = [
     "variant_name",
     "by_lr",
     "lr_sensitivity",
+    "compare_within_rounding",
     "qk_logit_bound",
     "run",
 ]
@@ -198,6 +199,32 @@ def lr_sensitivity(final: np.ndarray, initial: np.ndarray) -> np.ndarray:
                          f"and {initial.shape}")
     clipped = np.minimum(final, initial)  # (seeds, rates)
     return (clipped - clipped.min(axis=1, keepdims=True)).mean(axis=1)
+
+
+def compare_within_rounding(margin: np.ndarray, band: float) -> str:
+    """Read per-seed margins ``plain - qk-norm`` against what rounding alone can move (P09).
+
+    ``band`` is the largest change that a rounding-level change of the computation (the same
+    runs with another layer-norm implementation) makes to the quantity compared. Returns
+    ``"lower on every seed"`` when every margin exceeds it, ``"higher on some seed"`` when a
+    margin is below ``-band``, and ``"undecided"`` otherwise: a margin inside the band is one
+    that the machine's rounding could flip. Chapter "QK-norm and attention-logit growth".
+
+    Example::
+
+        >>> compare_within_rounding(np.array([0.03, 0.09, -0.01]), 0.02)
+        'undecided'
+    """
+    margin = np.asarray(margin, dtype=float)
+    if margin.ndim != 1 or margin.size == 0 or not np.isfinite(margin).all():
+        raise ValueError(f"margin must be a non-empty 1-d array of finite numbers, got {margin}")
+    if not (np.isfinite(band) and band >= 0):
+        raise ValueError(f"band must be a finite number >= 0, got {band!r}")
+    if np.all(margin > band):
+        return "lower on every seed"
+    if np.any(margin < -band):
+        return "higher on some seed"
+    return "undecided"
 
 
 def qk_logit_bound(model: Transformer) -> float:
