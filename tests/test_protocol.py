@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,6 +209,27 @@ def test_interrupt_without_out_says_nothing_was_saved():
     with pytest.raises(P.SweepInterrupted, match="nothing was saved"):
         P.sweep("toy", {"linear": "linear"}, [0], lambda j: _train_one(j, stop_at=3),
                 config=None, device="cpu")
+
+
+def _ctrl_c_interrupts(job: P.Job) -> tuple[History, dict]:
+    """A run that reports whether Ctrl-C would interrupt it where it trains."""
+    raises = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    return _train_one(job, steps=4), {"ctrl_c_interrupts": raises}
+
+
+def test_workers_ignore_ctrl_c_between_runs_and_not_during_them():
+    """A terminal's Ctrl-C reaches every worker. One that is waiting for (or unpickling) its
+    next run must go on serving, without a KeyboardInterrupt traceback; one that is training
+    must be interrupted, so that its run saves a checkpoint."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=P._worker_ignores_ctrl_c) as pool:
+        pid = pool.submit(os.getpid).result()
+        os.kill(pid, signal.SIGINT)  # the worker is idle, between runs
+        time.sleep(0.5)
+        assert pool.submit(os.getpid).result() == pid  # the same worker, still serving
+    r = P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0], _ctrl_c_interrupts,
+                config=None, device="cpu", workers=2)
+    assert [run.info["ctrl_c_interrupts"] for run in r.runs] == [True, True]
 
 
 def test_workers_train_in_processes_to_the_same_results(tmp_path):

@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -551,6 +552,24 @@ def _train_job(train_one: Callable[[Job], Any], job: Job, threads: int | None, c
     return run
 
 
+def _worker_ignores_ctrl_c() -> None:
+    """Pool initializer: between runs a worker ignores Ctrl-C. A terminal sends it to every
+    process of the group; a worker that is waiting for a run, or unpickling one, has nothing
+    to save, and a KeyboardInterrupt there would end it with a traceback (the parent stops
+    the sweep and reports)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _train_job_in_worker(*args: Any) -> Run:
+    """:func:`_train_job` in a worker, where Ctrl-C interrupts the run (which then saves its
+    checkpoint, as in the parent), and only while the run trains."""
+    ignore = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _train_job(*args)
+    finally:
+        signal.signal(signal.SIGINT, ignore)
+
+
 def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
                         train_one: Callable[[Job], Any], threads: int | None, cfg: Any,
                         workers: int, bar: tqdm, n_steps: Callable[[int], int],
@@ -565,14 +584,15 @@ def _train_in_processes(jobs: dict[int, tuple[Job, Path | None]], done: dict[int
             f"{train_one!r} is not: {exc}"
         ) from None
     quiet = tqdm(disable=True)  # a worker cannot draw on the parent's bar
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_ignores_ctrl_c)
     waiting = list(jobs)  # indices not yet handed to a worker, in order
     running: dict[Future, int] = {}  # at most `workers`: nothing queued that Ctrl-C must undo
 
     def start_next() -> None:
         i = waiting.pop(0)
         job, run_file = jobs[i]
-        running[pool.submit(_train_job, train_one, dataclasses.replace(job, bar=quiet),
+        running[pool.submit(_train_job_in_worker, train_one, dataclasses.replace(job, bar=quiet),
                             threads, cfg, run_file)] = i
 
     try:
