@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear, check_floating
+from lnbook.checks import check_choice, check_floating
+from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
 __all__ = [
@@ -93,12 +94,6 @@ _FAMILIES = ("softmax", "bernoulli")
 _EPS = 1e-12  # inside the square root of BN and LN; float64 keeps the invariances to ~1e-12
 
 
-def _check_choice(value: object, choices: Sequence[str], what: str) -> str:
-    if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}; valid choices are {', '.join(choices)}")
-    return value  # type: ignore[return-value]
-
-
 def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -148,7 +143,7 @@ def normalized_layer(
         >>> normalized_layer("layer", x, w, g, b).shape
         torch.Size([8, 3])
     """
-    _check_choice(method, _ALL_METHODS, "method")
+    check_choice("method", method, _ALL_METHODS)
     _check_matrix(x, "x")
     _check_matrix(weight, "weight", cols=x.shape[1])
     h = weight.shape[0]
@@ -196,7 +191,7 @@ def transform(
         weight: W ``(H, D)``.
         generator: source of the random factors (None: torch's global generator).
     """
-    _check_choice(name, TRANSFORMATIONS, "transformation")
+    check_choice("transformation", name, TRANSFORMATIONS)
     _check_matrix(x, "x")
     _check_matrix(weight, "weight", cols=x.shape[1])
     kw = {"dtype": x.dtype, "device": x.device}
@@ -261,9 +256,9 @@ def invariance_changes(
     """
     layers = dict(layers or {})
     for m in methods:
-        _check_choice(m, _ALL_METHODS, "method")
+        check_choice("method", m, _ALL_METHODS)
     for t in transformations:
-        _check_choice(t, TRANSFORMATIONS, "transformation")
+        check_choice("transformation", t, TRANSFORMATIONS)
     for name, fn in layers.items():
         if not callable(fn):
             raise TypeError(f"layers[{name!r}] must be callable fn(x, weight, gain, bias)")
@@ -326,7 +321,7 @@ def reparameterization_residual(
     Returns:
         ``||y - fit||_F / ||y - mean(y)||_F``: ~1e-15 for an affine layer, order 0.1 otherwise.
     """
-    _check_choice(method, _ALL_METHODS, "method")
+    check_choice("method", method, _ALL_METHODS)
     x, w, g, b, gen = _random_layer(seed, n, d, h)
     if method == "batch":
         bn = BatchNorm(h, eps=_EPS, momentum=1.0).double()
@@ -350,7 +345,7 @@ def reparameterization_residual(
 
 
 def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
-    _check_choice(method, ("none", "batch", "weight", "layer"), "method")
+    check_choice("method", method, ("none", "batch", "weight", "layer"))
     _check_matrix(x, "x")
     cols = x.shape[1] + (1 if method == "none" else 2)
     if not isinstance(theta, Tensor) or theta.dim() != 2 or theta.shape[1] != cols:
@@ -387,7 +382,7 @@ def glm_log_probs(
     Returns:
         softmax: ``(N, H)`` log P(y = k | x); bernoulli: ``(N, H, 2)`` log P(y_i = v | x).
     """
-    _check_choice(family, _FAMILIES, "family")
+    check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
     z = _summed(theta, x, method)  # (N, H)
     if family == "softmax":
@@ -455,7 +450,7 @@ def fisher_information(
         >>> fisher_information(theta, x, "layer").shape
         torch.Size([10, 10])
     """
-    _check_choice(family, _FAMILIES, "family")
+    check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
     flat = theta.detach().reshape(-1)
 
@@ -559,7 +554,7 @@ def weight_scaling_curvature(
         of a fixed log-likelihood with respect to the scaled weights, and the largest change of
         any log-probability.
     """
-    _check_choice(method, ("batch", "weight", "layer"), "method")
+    check_choice("method", method, ("batch", "weight", "layer"))
     _check_theta(theta, x, method)
     if not (isinstance(unit, int) and 0 <= unit < theta.shape[0]):
         raise ValueError(f"unit must be an int in [0, {theta.shape[0]}), got {unit!r}")
@@ -629,7 +624,7 @@ def direction_change_demo(
     Returns:
         a :class:`DirectionChange` with angle, norm and loss curves (``steps + 1`` points each).
     """
-    _check_choice(method, ("batch", "weight", "layer"), "method")
+    check_choice("method", method, ("batch", "weight", "layer"))
     if not scales or any(not (isinstance(s, float | int) and s > 0) for s in scales):
         raise ValueError(f"scales must be a non-empty sequence of positive numbers, got {scales!r}")
     if not (isinstance(steps, int) and steps >= 1):

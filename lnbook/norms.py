@@ -12,21 +12,32 @@ with a different choice of mu and sigma:
   (:class:`ChannelLayerNorm`: over the channels at each position of a feature map),
 - weight normalization: mu_i = 0 and sigma_i = ||w_i||_2.
 
-The input checks every lnbook layer makes live here too (:func:`check_floating`,
-:func:`check_size`, :func:`check_shape`, :func:`check_eps`), so that a wrong input gets the
-same clear message everywhere. A norm here knows nothing of training loops or experiments.
+The input checks are :mod:`lnbook.checks`'s (re-exported here under their old names), so that a
+wrong input gets the same clear message everywhere. A norm here knows nothing of training
+loops or experiments.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lnbook.checks import (
+    as_normalized_shape,
+    check_bool,
+    check_choice,
+    check_eps,
+    check_floating,
+    check_param,
+    check_shape,
+    check_size,
+    check_trailing,
+)
 
 __all__ = [
     "LN_IMPL",
@@ -54,93 +65,8 @@ experiments' small sizes) or ``"autograd"`` (lnbook's own forward and hand-deriv
 chapter 3). Both give the same numbers to rounding; each module's ``ln_impl`` keyword overrides
 it. :class:`LayerNorm` itself defaults to ``"autograd"``, the code chapter 3 teaches."""
 
-# ----------------------------------------------------------------------------------------------
-# input checks, shared by every lnbook layer (lnbook.rnn and the experiments import them)
-
-
-def check_floating(x: object, what: str = "input") -> None:
-    """Raise ``TypeError`` unless ``x`` is a floating-point :class:`torch.Tensor`.
-
-    Args:
-        x: the object to check.
-        what: its name in the message, e.g. ``"input"`` or ``"hx"``.
-
-    Example::
-
-        >>> check_floating(torch.ones(2), "input")  # passes
-    """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{what} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-            f"got dtype {x.dtype}; convert it with .float() first"
-        )
-
-
-def check_size(name: str, value: object, minimum: int = 1) -> int:
-    """Return ``value`` as an int if it is an integer ``>= minimum``; else raise ``ValueError``.
-
-    ``bool`` is refused (``True`` is not a size). Use ``minimum=0`` for sizes that may be 0,
-    such as ``proj_size``.
-
-    Example::
-
-        >>> check_size("hidden_size", 256)
-        256
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        want = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"{name} must be {want}, got {value!r}")
-    return int(value)
-
-
-def check_shape(x: Tensor, shape: Sequence[int | None], what: str = "input") -> None:
-    """Raise ``ValueError`` unless ``x`` has exactly ``shape`` (``None``: any size there).
-
-    Example::
-
-        >>> check_shape(torch.zeros(4, 3), (None, 3), "hx")  # passes
-    """
-    if x.dim() != len(shape) or any(
-        s is not None and s != n for s, n in zip(shape, x.shape, strict=True)
-    ):
-        want = "(" + ", ".join("*" if s is None else str(s) for s in shape)
-        want += ",)" if len(shape) == 1 else ")"
-        raise ValueError(f"{what} must have shape {want}, got {tuple(x.shape)}")
-
-
-def check_eps(eps: object) -> float:
-    """Return ``eps`` as a float if it is finite and > 0; else raise ``ValueError``."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (
-        eps > 0 and math.isfinite(eps)
-    ):
-        raise ValueError(f"eps must be a finite number > 0 (keeps sigma away from 0), got {eps!r}")
-    return float(eps)
-
-
-def as_normalized_shape(normalized_shape: _ShapeLike) -> tuple[int, ...]:
-    """``normalized_shape`` (an int or a sequence of ints, as torch takes it) as a tuple."""
-    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
-        shape = (int(normalized_shape),)
-    else:
-        try:
-            shape = tuple(int(s) for s in normalized_shape)  # type: ignore[union-attr]
-        except TypeError:
-            raise TypeError(
-                f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-            ) from None
-    if len(shape) == 0 or any(s <= 0 for s in shape):
-        raise ValueError(f"normalized_shape must hold one or more positive sizes, got {shape}")
-    return shape
-
-
 def _check_impl(impl: object) -> None:
-    if impl not in LN_IMPLS:
-        raise ValueError(f"impl must be 'autograd' or 'torch', got {impl!r}")
-
-
-_check_floating = check_floating  # the names other modules used before the checks were public
+    check_choice("impl", impl, LN_IMPLS)
 
 
 def _check_layer_norm_args(
@@ -148,20 +74,9 @@ def _check_layer_norm_args(
 ) -> None:
     check_floating(x)
     check_eps(eps)
-    k = len(shape)
-    if x.dim() < k or tuple(x.shape[x.dim() - k :]) != shape:
-        raise ValueError(
-            f"normalized_shape {shape} must match the trailing dimensions of the input, "
-            f"but the input has shape {tuple(x.shape)}"
-        )
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is None:
-            continue
-        check_floating(p, name)
-        if tuple(p.shape) != shape:
-            raise ValueError(
-                f"{name} must have shape normalized_shape={shape}, got {tuple(p.shape)}"
-            )
+    check_trailing(x, shape)
+    check_param(weight, "weight", shape)
+    check_param(bias, "bias", shape)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -405,7 +320,8 @@ class LayerNorm(nn.Module):
         self.normalized_shape = as_normalized_shape(normalized_shape)
         self.eps = check_eps(eps)
         _check_impl(impl)
-        self.elementwise_affine = elementwise_affine
+        self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
+        check_bool("bias", bias)
         self.impl = impl
         kw = {"device": device, "dtype": dtype}
         if elementwise_affine:
@@ -552,7 +468,8 @@ class BatchNorm(nn.Module):
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
         self.num_features, self.eps, self.momentum = num_features, eps, float(momentum)
-        self.unbiased, self.affine = unbiased, affine
+        self.unbiased = check_bool("unbiased", unbiased)
+        self.affine = check_bool("affine", affine)
         kw = {"device": device, "dtype": dtype}
         if affine:
             self.weight = nn.Parameter(torch.empty(num_features, **kw))
@@ -655,6 +572,7 @@ class WeightNormLinear(nn.Module):
         super().__init__()
         self.in_features = check_size("in_features", in_features)
         self.out_features = check_size("out_features", out_features)
+        check_bool("bias", bias)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.gain = nn.Parameter(torch.empty(out_features, **kw))

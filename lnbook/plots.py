@@ -19,17 +19,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from lnbook.checks import check_size
 from lnbook.experiments.protocol import Results
 
 __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 
 _Method = Literal["batch", "layer"]
-
-
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 def statistics_mask(
@@ -57,8 +52,8 @@ def statistics_mask(
         >>> statistics_mask("layer", 3, 4, example=1).sum()
         4
     """
-    batch = _check_positive_int(batch, "batch")
-    units = _check_positive_int(units, "units")
+    batch = check_size("batch", batch)
+    units = check_size("units", units)
     if not (isinstance(example, numbers.Integral) and 0 <= example < batch):
         raise ValueError(f"example must be an int in [0, {batch}), got {example!r}")
     if not (isinstance(unit, numbers.Integral) and 0 <= unit < units):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from lnbook.norms import check_floating, check_size
+from lnbook.checks import check_floating, check_size
 from lnbook.rnn import RNN
 
 __all__ = ["SequenceBatchNorm", "BatchNormRNN", "RecurrentBNLSTM"]

@@ -46,7 +46,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from lnbook.bptt import ln_lstm_recurrence
 
 # the input checks of lnbook.norms, used by every recurrent module (kept in one place there)
-from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm, check_floating, check_size, layer_norm
+from lnbook.checks import check_bool, check_choice, check_floating, check_size
+from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm, layer_norm
 
 __all__ = [
     "LNRNNCell",
@@ -69,15 +70,11 @@ _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torc
 
 
 def _check_nonlinearity(nonlinearity: str) -> str:
-    if nonlinearity not in _ACTS:
-        raise ValueError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
-    return nonlinearity
+    return check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
 
 
 def _check_impl(ln_impl: str) -> str:
-    if ln_impl not in LN_IMPLS:
-        raise ValueError(f"ln_impl must be 'autograd' or 'torch', got {ln_impl!r}")
-    return ln_impl
+    return check_choice("ln_impl", ln_impl, LN_IMPLS)
 
 
 def _ln(x: Tensor, norm: _Norm, impl: str) -> Tensor:
@@ -264,7 +261,8 @@ class _CellBase(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.input_size = check_size("input_size", input_size)
         self.hidden_size = H = check_size("hidden_size", hidden_size)
-        self.bias, self.layer_norm = bool(bias), bool(layer_norm)
+        self.bias = check_bool("bias", bias)
+        self.layer_norm = check_bool("layer_norm", layer_norm)
         self.ln_impl = _check_impl(ln_impl)
         G = self._gates * H
         self.weight_ih = nn.Parameter(torch.empty(G, input_size, **kw))
@@ -674,15 +672,17 @@ class _RNNBase(nn.Module):
             warnings.warn(
                 "dropout acts between stacked layers (not after the last one, as in torch), so "
                 f"dropout={dropout} with num_layers=1 does nothing", stacklevel=3)
-        if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
-            raise ValueError(f"proj_size must be an int >= 0, got {proj_size!r}")
+        check_size("proj_size", proj_size, minimum=0)
         if proj_size >= hidden_size:
             raise ValueError(f"proj_size must be smaller than hidden_size={hidden_size}, "
                              f"got {proj_size}")
-        self.bias, self.batch_first = bool(bias), bool(batch_first)
-        self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
+        self.bias = check_bool("bias", bias)
+        self.batch_first = check_bool("batch_first", batch_first)
+        self.dropout = float(dropout)
+        self.bidirectional = check_bool("bidirectional", bidirectional)
         self.proj_size = proj_size
-        self.layer_norm, self.ln_impl = bool(layer_norm), _check_impl(ln_impl)
+        self.layer_norm = check_bool("layer_norm", layer_norm)
+        self.ln_impl = _check_impl(ln_impl)
         G, D = self._gates * H, 2 if bidirectional else 1
         H_out = proj_size if proj_size > 0 else H
         for k in range(num_layers):

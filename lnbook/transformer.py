@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice, check_size
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
@@ -61,17 +62,6 @@ POSITIONS = ("pre", "post")
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) and value > 0):
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-
-
 def make_norm(
     kind: NormKind,
     d_model: int,
@@ -88,7 +78,7 @@ def make_norm(
     :class:`lnbook.RMSNorm` (gain only), ``"dyt"`` :class:`lnbook.DyT` (no statistics),
     ``"none"`` :class:`nn.Identity`.
     """
-    _check_choice(kind, "norm", NORMS)
+    check_choice("norm", kind, NORMS)
     kw = {"device": device, "dtype": dtype}
     if kind == "layer":
         return LayerNorm(d_model, eps=eps, impl=ln_impl, **kw)
@@ -106,7 +96,7 @@ def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     LN(alpha x_l + G(x_l))) and beta = (8N)^(-1/4) (the gain of the initialization of the
     value, output and feed-forward projections) for a decoder-only model of N layers.
     """
-    n = _positive_int(n_layers, "n_layers")
+    n = check_size("n_layers", n_layers)
     return (2 * n) ** 0.25, (8 * n) ** -0.25
 
 
@@ -160,8 +150,8 @@ class SelfAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
-        d_model, n_heads = _positive_int(d_model, "d_model"), _positive_int(n_heads, "n_heads")
+        check_choice("ln_impl", ln_impl, LN_IMPLS)
+        d_model, n_heads = check_size("d_model", d_model), check_size("n_heads", n_heads)
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
         if not 0.0 <= dropout < 1.0:
@@ -240,7 +230,7 @@ class MLP(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        d_ff = 4 * d_model if d_ff is None else _positive_int(d_ff, "d_ff")
+        d_ff = 4 * d_model if d_ff is None else check_size("d_ff", d_ff)
         kw = {"device": device, "dtype": dtype}
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias, **kw)
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias, **kw)
@@ -316,9 +306,9 @@ class Block(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_choice(norm, "norm", NORMS)
-        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
-        _check_choice(position, "position", POSITIONS)
+        check_choice("norm", norm, NORMS)
+        check_choice("ln_impl", ln_impl, LN_IMPLS)
+        check_choice("position", position, POSITIONS)
         for name, v in (("deepnorm_alpha", deepnorm_alpha), ("deepnorm_beta", deepnorm_beta)):
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be None or a finite number > 0, got {v!r}")
@@ -479,20 +469,20 @@ class Transformer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_choice(ln_impl, "ln_impl", LN_IMPLS)
+        check_choice("ln_impl", ln_impl, LN_IMPLS)
         cfg = TransformerConfig(
-            vocab_size=_positive_int(vocab_size, "vocab_size"),
-            d_model=_positive_int(d_model, "d_model"),
-            n_heads=_positive_int(n_heads, "n_heads"),
-            n_layers=_positive_int(n_layers, "n_layers"),
-            max_len=_positive_int(max_len, "max_len"),
+            vocab_size=check_size("vocab_size", vocab_size),
+            d_model=check_size("d_model", d_model),
+            n_heads=check_size("n_heads", n_heads),
+            n_layers=check_size("n_layers", n_layers),
+            max_len=check_size("max_len", max_len),
             d_ff=d_ff, norm=norm, position=position, qk_norm=bool(qk_norm),
             final_norm=final_norm, dropout=float(dropout), causal=bool(causal),
             deepnorm=bool(deepnorm), eps=float(eps), dyt_alpha_init=float(dyt_alpha_init),
             bias=bool(bias), ln_impl=ln_impl,
         )
-        _check_choice(norm, "norm", NORMS)
-        _check_choice(position, "position", POSITIONS)
+        check_choice("norm", norm, NORMS)
+        check_choice("position", position, POSITIONS)
         if cfg.deepnorm and position != "post":
             raise ValueError(f"deepnorm=True needs position='post', got position={position!r}")
         self.config = cfg

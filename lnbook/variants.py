@@ -32,7 +32,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from lnbook.norms import as_normalized_shape, check_floating
+from lnbook.checks import (
+    as_normalized_shape,
+    check_bool,
+    check_eps,
+    check_floating,
+    check_param,
+    check_size,
+    check_trailing,
+)
 
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
@@ -43,33 +51,6 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 def _upcast(x: Tensor) -> Tensor:
     """float32 for float16/bfloat16 inputs (statistics in half precision overflow or round away)."""
     return x.float() if x.dtype in _LOW_PRECISION else x
-
-
-def _check_eps(eps: float | None, allow_none: bool = False) -> None:
-    if eps is None and allow_none:
-        return
-    if isinstance(eps, bool) or not (
-        isinstance(eps, numbers.Real) and math.isfinite(eps) and eps > 0
-    ):
-        what = "None or a finite number > 0" if allow_none else "a finite number > 0"
-        raise ValueError(f"eps must be {what} (keeps the denominator away from 0), got {eps!r}")
-
-
-def _check_param(p: Tensor | None, name: str, shape: tuple[int, ...]) -> None:
-    if p is None:
-        return
-    check_floating(p, name)
-    if tuple(p.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(p.shape)}")
-
-
-def _check_trailing(x: Tensor, shape: tuple[int, ...]) -> None:
-    k = len(shape)
-    if x.dim() < k or tuple(x.shape[x.dim() - k :]) != shape:
-        raise ValueError(
-            f"normalized_shape {shape} must match the trailing dimensions of the input, "
-            f"but the input has shape {tuple(x.shape)}"
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,9 +100,9 @@ def rms_norm(
     """
     shape = as_normalized_shape(normalized_shape)
     check_floating(input)
-    _check_trailing(input, shape)
-    _check_param(weight, "weight", shape)
-    _check_eps(eps, allow_none=True)
+    check_trailing(input, shape)
+    check_param(weight, "weight", shape)
+    check_eps(eps, allow_none=True)
     dims = tuple(range(-len(shape), 0))
     xf = _upcast(input)  # (*, *shape) float32 for half inputs
     if eps is None:
@@ -173,9 +154,9 @@ class RMSNorm(nn.Module):
     ) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
-        _check_eps(eps, allow_none=True)
+        check_eps(eps, allow_none=True)
         self.eps = None if eps is None else float(eps)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
         if self.elementwise_affine:
             self.weight = nn.Parameter(
                 torch.empty(self.normalized_shape, device=device, dtype=dtype)
@@ -251,19 +232,16 @@ def group_norm(
             f"group_norm expects input of shape (N, C, *) with at least 2 dimensions, "
             f"got shape {tuple(input.shape)}"
         )
-    if isinstance(num_groups, bool) or not (
-        isinstance(num_groups, numbers.Integral) and num_groups > 0
-    ):
-        raise ValueError(f"num_groups must be a positive int, got {num_groups!r}")
+    check_size("num_groups", num_groups)
     n, c = input.shape[0], input.shape[1]
     if c % num_groups != 0:
         raise ValueError(
             f"the number of channels C = input.shape[1] = {c} must be divisible by "
             f"num_groups = {num_groups}; input shape {tuple(input.shape)}"
         )
-    _check_param(weight, "weight", (c,))
-    _check_param(bias, "bias", (c,))
-    _check_eps(eps)
+    check_param(weight, "weight", (c,))
+    check_param(bias, "bias", (c,))
+    check_eps(eps)
     group_size = (c // num_groups) * math.prod(input.shape[2:])  # values per group
     xf = _upcast(input).reshape(n, num_groups, group_size)  # (N, G, C/G * prod(*))
     mu = xf.mean(dim=-1, keepdim=True)  # (N, G, 1)
@@ -319,16 +297,16 @@ class GroupNorm(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        for name, v in (("num_groups", num_groups), ("num_channels", num_channels)):
-            if isinstance(v, bool) or not (isinstance(v, numbers.Integral) and v > 0):
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_size("num_groups", num_groups)
+        check_size("num_channels", num_channels)
         if num_channels % num_groups != 0:
             raise ValueError(
                 f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
             )
-        _check_eps(eps)
+        check_eps(eps)
         self.num_groups, self.num_channels = int(num_groups), int(num_channels)
-        self.eps, self.affine = float(eps), bool(affine)
+        self.eps, self.affine = float(eps), check_bool("affine", affine)
+        check_bool("bias", bias)
         if self.affine:
             self.weight = nn.Parameter(torch.empty(num_channels, device=device, dtype=dtype))
             if bias:
@@ -458,7 +436,7 @@ class DyT(nn.Module):
 
     def forward(self, input: Tensor) -> Tensor:
         check_floating(input)
-        _check_trailing(input, self.normalized_shape)
+        check_trailing(input, self.normalized_shape)
         return dyt(input, self.alpha, self.weight, self.bias)
 
     def extra_repr(self) -> str:

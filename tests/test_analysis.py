@@ -117,7 +117,7 @@ def test_reparameterization_residual_affine_for_bn_wn_not_ln():
 
 
 def test_bad_names_and_shapes_raise_value_error_listing_choices():
-    with pytest.raises(ValueError, match="batch, weight, layer"):
+    with pytest.raises(ValueError, match="'batch', 'weight', 'layer'"):
         A.invariance_changes(methods=("group",))
     with pytest.raises(ValueError, match="weight_matrix_rescaling"):
         A.transform("rotate", torch.ones(3, 2, dtype=F64), torch.ones(2, 2, dtype=F64))
@@ -128,11 +128,11 @@ def test_bad_names_and_shapes_raise_value_error_listing_choices():
         A.normalized_layer("layer", torch.ones(3, 5, dtype=F64), torch.ones(4, 5, dtype=F64),
                            torch.ones(3, dtype=F64), torch.zeros(4, dtype=F64))
     x, theta = _glm(0)
-    with pytest.raises(ValueError, match="softmax, bernoulli"):
+    with pytest.raises(ValueError, match="'softmax', 'bernoulli'"):
         A.fisher_information(theta, x, "layer", family="poisson")
     with pytest.raises(ValueError, match=r"\(H, 5\)"):
         A.fisher_information(theta, x, "none")  # theta has a gain column: wrong for plain GLM
-    with pytest.raises(ValueError, match="none, batch, weight, layer"):
+    with pytest.raises(ValueError, match="'none', 'batch', 'weight', 'layer'"):
         A.fisher_information(theta, x, "group")
     with pytest.raises(ValueError, match="direction"):
         A.metric(torch.eye(3, dtype=F64), torch.ones(4, dtype=F64))

@@ -16,7 +16,6 @@ from torch.func import functional_call, grad, grad_and_value, jacrev, jvp, vmap
 
 import lnbook
 from lnbook import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm, norms
-from lnbook.norms import check_eps, check_floating, check_shape, check_size
 from lnbook.reference import layer_norm_numpy
 
 SHAPES = [  # (input shape, normalized_shape): over 1, 2 and 3 trailing dims, odd sizes
@@ -608,34 +607,6 @@ def test_norms_uses_no_private_torch_api():
     src = Path(norms.__file__).read_text()
     for private in ("torch._C", "_functorch", "torch.ops", "ctypes", "_get_current_graph_task"):
         assert private not in src, private
-
-
-# ----------------------------------------------------------------------------- input checks
-
-
-def test_shared_input_checks_name_what_was_expected():
-    check_floating(torch.ones(2, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="hx must be a torch.Tensor, got list"):
-        check_floating([1.0], "hx")
-    with pytest.raises(TypeError, match="hx must be a floating-point.*torch.int32"):
-        check_floating(torch.ones(2, dtype=torch.int32), "hx")
-    assert norms._check_floating is check_floating  # the old name still works
-    assert check_size("hidden_size", np.int64(4)) == 4
-    assert check_size("proj_size", 0, minimum=0) == 0
-    for bad in (0, -3, 2.0, True, "4"):
-        with pytest.raises(ValueError, match="hidden_size must be a positive int"):
-            check_size("hidden_size", bad)
-    with pytest.raises(ValueError, match="proj_size must be an int >= 0, got -1"):
-        check_size("proj_size", -1, minimum=0)
-    check_shape(torch.zeros(3, 4), (None, 4), "h0")
-    with pytest.raises(ValueError, match=r"h0 must have shape \(\*, 5\), got \(3, 4\)"):
-        check_shape(torch.zeros(3, 4), (None, 5), "h0")
-    with pytest.raises(ValueError, match=r"c0 must have shape \(4,\), got \(1, 4\)"):
-        check_shape(torch.zeros(1, 4), (4,), "c0")
-    assert check_eps(1e-5) == 1e-5
-    for bad in (0, -1.0, float("inf"), float("nan"), True, None):
-        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
-            check_eps(bad)
 
 
 # ----------------------------------------------------------------------------- ChannelLayerNorm

@@ -47,18 +47,20 @@ def test_mask_shapes_and_counts() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "kwargs,error,match",
     [
-        ({"method": "group", "batch": 2, "units": 2}, "method must be"),
-        ({"method": "layer", "batch": 0, "units": 2}, "batch must be a positive int"),
-        ({"method": "layer", "batch": 2, "units": 2.5}, "units must be a positive int"),
-        ({"method": "layer", "batch": True, "units": 2}, "batch must be a positive int"),
-        ({"method": "layer", "batch": 2, "units": 2, "example": 2}, r"example must be .*\[0, 2\)"),
-        ({"method": "batch", "batch": 2, "units": 3, "unit": -1}, r"unit must be .*\[0, 3\)"),
+        ({"method": "group", "batch": 2, "units": 2}, ValueError, "method must be"),
+        ({"method": "layer", "batch": 0, "units": 2}, ValueError, "batch must be a positive int"),
+        ({"method": "layer", "batch": 2, "units": 2.5}, TypeError, "units must be a positive int"),
+        ({"method": "layer", "batch": True, "units": 2}, TypeError, "batch must be a positive int"),
+        ({"method": "layer", "batch": 2, "units": 2, "example": 2}, ValueError,
+         r"example must be .*\[0, 2\)"),
+        ({"method": "batch", "batch": 2, "units": 3, "unit": -1}, ValueError,
+         r"unit must be .*\[0, 3\)"),
     ],
 )
-def test_bad_arguments_raise(kwargs: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_raise(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
         statistics_mask(**kwargs)
 
 

@@ -1,0 +1,100 @@
+"""lnbook.checks: one set of argument checks, with torch's exception types for torch's mistakes."""
+
+import numpy as np
+import pytest
+import torch
+
+import lnbook
+from lnbook import norms
+from lnbook.checks import (
+    ShapeError,
+    as_normalized_shape,
+    check_bool,
+    check_choice,
+    check_eps,
+    check_floating,
+    check_shape,
+    check_size,
+)
+
+
+def test_floating_names_what_was_expected():
+    check_floating(torch.ones(2, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="hx must be a torch.Tensor, got list"):
+        check_floating([1.0], "hx")
+    with pytest.raises(TypeError, match="hx must be a floating-point.*torch.int32"):
+        check_floating(torch.ones(2, dtype=torch.int32), "hx")
+    assert not hasattr(norms, "_check_floating")  # no alias kept for an old private name
+    assert norms.check_floating is check_floating  # the public name in norms is the same one
+
+
+def test_size_refuses_wrong_types_with_type_error_and_small_values_with_value_error():
+    assert check_size("hidden_size", np.int64(4)) == 4
+    assert check_size("proj_size", 0, minimum=0) == 0
+    for bad in (2.0, True, "4", None):
+        with pytest.raises(TypeError, match="hidden_size must be a positive int"):
+            check_size("hidden_size", bad)
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+            check_size("hidden_size", bad)
+    with pytest.raises(ValueError, match="proj_size must be an int >= 0, got -1"):
+        check_size("proj_size", -1, minimum=0)
+
+
+def test_bool_refuses_ints_and_strings():
+    assert check_bool("batch_first", False) is False
+    for bad in (0, 1, "False", "True", None, np.bool_(True)):
+        with pytest.raises(TypeError, match="batch_first must be a bool"):
+            check_bool("batch_first", bad)
+
+
+def test_shape_error_is_both_value_error_and_runtime_error():
+    check_shape(torch.zeros(3, 4), (None, 4), "h0")
+    with pytest.raises(ShapeError, match=r"h0 must have shape \(\*, 5\), got \(3, 4\)"):
+        check_shape(torch.zeros(3, 4), (None, 5), "h0")
+    with pytest.raises(RuntimeError, match=r"c0 must have shape \(4,\), got \(1, 4\)"):
+        check_shape(torch.zeros(1, 4), (4,), "c0")
+    with pytest.raises(ValueError):
+        check_shape(torch.zeros(1, 4), (4,), "c0")
+
+
+def test_eps_and_choice():
+    assert check_eps(1e-5) == 1e-5
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+            check_eps(bad)
+    for bad in (True, None, "1e-5"):
+        with pytest.raises(TypeError, match="eps must be a finite number > 0"):
+            check_eps(bad)
+    assert check_eps(None, allow_none=True) is None
+    assert check_choice("norm", "rms", ("layer", "rms")) == "rms"
+    with pytest.raises(ValueError, match="norm must be one of 'layer', 'rms', got 'batch'"):
+        check_choice("norm", "batch", ("layer", "rms"))
+
+
+def test_normalized_shape_refuses_a_string():
+    assert as_normalized_shape(8) == (8,)
+    assert as_normalized_shape([4, 8]) == (4, 8)
+    assert as_normalized_shape(torch.Size([3])) == (3,)
+    for bad in ("12", b"12", 2.0, [2.0], True, [True], None):
+        with pytest.raises(TypeError, match="normalized_shape must be an int or a sequence"):
+            as_normalized_shape(bad)
+    for bad in ((), (0,), (4, -1)):
+        with pytest.raises(ValueError, match="positive sizes"):
+            as_normalized_shape(bad)
+
+
+def test_layers_are_as_strict_as_torch():
+    # torch.nn.LayerNorm('12') raises; so does lnbook's (it used to become (1, 2))
+    with pytest.raises(TypeError):
+        lnbook.LayerNorm("12")
+    for kw in ({"elementwise_affine": 1}, {"bias": "False"}):
+        with pytest.raises(TypeError, match="must be a bool"):
+            lnbook.LayerNorm(4, **kw)
+    with pytest.raises(TypeError, match="affine must be a bool"):
+        lnbook.BatchNorm(4, affine=0)
+    # a shape mismatch is a RuntimeError, as torch's F.layer_norm raises for it
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.layer_norm(torch.ones(2, 3), (4,))
+    with pytest.raises(RuntimeError, match="trailing dimensions"):
+        lnbook.layer_norm(torch.ones(2, 3), 4)
