@@ -27,6 +27,7 @@ package imports it.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -487,6 +488,7 @@ def kernel_weight_grad_error(
     dtype: torch.dtype = torch.bfloat16,
     impl: Literal["lnbook", "torch"] = "lnbook",
     seed: int = 0,
+    weight_dtype: torch.dtype | None = None,
 ) -> float:
     r"""Largest relative error over columns of the weight gradient that a layer-norm kernel
     returns for ``dtype`` inputs and weights, against float64.
@@ -501,13 +503,17 @@ def kernel_weight_grad_error(
         dtype: float16 or bfloat16, for input and weight.
         impl: ``"lnbook"`` (:func:`lnbook.layer_norm`, the backward of chapter 3) or
             ``"torch"`` (:func:`torch.nn.functional.layer_norm`).
+        seed: seeds the generator of the standard normal input.
+        weight_dtype: the weight's dtype; None for ``dtype`` (a model stored in low
+            precision), ``torch.float32`` for the weights of mixed precision (autocast).
 
     Returns:
         :math:`\max_j |G_j - G^{64}_j| / G^{64}_j`.
     """
     check_choice("impl", impl, ("lnbook", "torch"))
     x = _rows(0.0, 1.0, rows, dim, seed).to(_check_dtype(dtype))  # (R, D)
-    w = torch.ones(dim, dtype=dtype, requires_grad=True)  # (D,)
+    wdt = dtype if weight_dtype is None else _check_dtype(weight_dtype, "weight_dtype")
+    w = torch.ones(dim, dtype=wdt, requires_grad=True)  # (D,)
     fn: Callable[..., Tensor] = layer_norm if impl == "lnbook" else F.layer_norm
     y = fn(x, (dim,), w)  # (R, D) in dtype
     y.backward(y.detach())
@@ -587,7 +593,10 @@ def autocast_report(
         params = list(fn.parameters()) if isinstance(fn, nn.Module) else [w]
         for p in params:
             p.grad = None
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast("cpu", dtype=dtype), warnings.catch_warnings():
+            # F.rms_norm warns that a float32 weight with a low-precision input cannot use
+            # its fused kernel; it computes the same values without it
+            warnings.filterwarnings("ignore", "Mismatch dtype", UserWarning)
             h = lin(z)  # (R, D) in dtype
             out = fn(h)  # (R, D)
         out.float().sum().backward()
