@@ -262,17 +262,22 @@ def variance_error(
     return ((got - ref).abs() / ref).max().item()
 
 
-def two_pass_bound(mean_over_std: float, dtype: torch.dtype) -> float:
-    r"""A bound on the relative error of the two-pass :func:`variance`.
+def two_pass_bound(mean_over_std: float, dtype: torch.dtype, dim: int = 1024) -> float:
+    r"""A bound on the relative error of the two-pass :func:`variance` of rows of ``dim``.
 
-    The mean is off by :math:`\delta \le u |\mu| (1 + u)`; the centred values, their squares and
-    their mean are rounded once each, :math:`(1 + u)^3 - 1 \le 3u (1 + u)^2`; the mean's error adds
-    :math:`(\delta / \sigma)^2` to the result. So the relative error is at most
-    :math:`(1 + u)^3 (1 + (u (1 + u) (\mu / \sigma + 1))^2) - 1`, with one more :math:`u` of
-    headroom for the rounding of the sample's own mean and spread (``+1`` and a factor 2).
+    torch sums a row in float32 (also for float16 and bfloat16 inputs), which errs by at most
+    :math:`\gamma_{D}` relative in any order (:func:`recursive_sum_bound`), and rounds the mean
+    to ``dtype``: the mean is off by :math:`\delta \le (u + \gamma_D)(1 + u)(|\mu| +
+    \sigma)` (the sample's own mean lies within about :math:`\sigma` of :math:`\mu`). The
+    centred values, their squares and their mean are rounded once each,
+    :math:`(1 + u)^3 - 1`, and the mean's error adds :math:`(\delta / \sigma)^2` to the
+    result. With a factor 2 of headroom for the float32 sums inside the means:
+    :math:`2\,((1 + u)^3 (1 + (\delta/\sigma)^2) - 1)`. For float32 rows the
+    :math:`\gamma_D` of an arbitrary summation order dominates, and the bound is loose.
     """
     u = unit_roundoff(dtype)
-    shift = (u * (1 + u) * (abs(mean_over_std) + 1)) ** 2
+    g = recursive_sum_bound(check_size("dim", dim), torch.float32)
+    shift = ((u + g) * (1 + u) * (abs(mean_over_std) + 1)) ** 2
     return 2 * ((1 + u) ** 3 * (1 + shift) - 1)
 
 
