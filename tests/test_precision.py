@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+import lnbook
 from lnbook import precision as P
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -127,6 +128,10 @@ def test_gain_before_the_cast_is_correctly_rounded_and_after_is_not():
         assert c.exact_before > 0.999 and c.exact_after < 0.9
         assert 0.1 < c.differ < 0.5
         assert c.after.dtype == c.before.dtype == BF16
+    # torch's kernel and lnbook.layer_norm apply the gain before the cast: one rounding
+    ref = P.gain_cast_order(x, w).reference
+    for f in (torch.nn.functional.layer_norm, lnbook.layer_norm):
+        assert P.half_ulps(f(x, (512,), w.to(BF16)), ref, BF16).max().item() <= 1.001
     same = P.gain_cast_order(x, torch.ones(512))  # a gain of 1 multiplies exactly
     assert same.differ == 0.0 and torch.equal(same.before, same.after)
     with pytest.raises(TypeError, match="float16 or bfloat16"):
