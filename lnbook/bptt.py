@@ -2,11 +2,12 @@ r"""Backpropagation through time for one layer-normalized LSTM layer, derived by
 
 Paper eqs. 20-22; book chapter Supplement (`supplement`), section "Speed". :class:`lnbook.LSTM`
 runs each layer's time loop through :func:`ln_lstm_recurrence` when it is built with
-``bptt="hand"``; its default, ``bptt="autograd"``, lets autograd differentiate the step-by-step
-loop instead. Autograd would record about twenty operations per step and replay each one backwards; here the
-backward pass is written out once, as it is derived below, so that each step costs a handful of
-whole-row operations, the per-step tensors are kept in four stacked buffers, and the largest
-products (``dW_hh``, the layer-norm gains) are one reduction over all steps at the end.
+``bptt="hand"``; its default, ``bptt="autograd"``, lets autograd differentiate the
+step-by-step loop instead. Autograd records about twenty operations per step and replays each
+one backwards; here the backward pass is written out once, as it is derived below, so that
+each step costs a handful of whole-row operations, the per-step tensors are kept in four
+stacked buffers, and the largest products (``dW_hh``, the layer-norm gains) are one reduction
+over all steps at the end.
 Everything is public torch: an :class:`torch.autograd.Function` with ``setup_context`` and
 ``generate_vmap_rule=True``, so ``torch.func.grad``, ``vjp``, ``jacrev`` and ``vmap`` go through
 it. ``torch.compile`` and ``torch.export`` never see it: :class:`lnbook.LSTM` runs the
