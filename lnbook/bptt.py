@@ -73,7 +73,9 @@ def _gate_scale(H: int, like: Tensor) -> Tensor:
 def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """x^ (B, D) and 1 / sigma (B, 1) of eq. 3 over the last dimension, in ``x``'s dtype."""
     x_hat, rstd = normalize(x, eps)
-    return x_hat.to(x.dtype), rstd.to(x.dtype)
+    if x_hat.dtype != x.dtype:  # float32 statistics of a half-precision x
+        x_hat, rstd = x_hat.to(x.dtype), rstd.to(x.dtype)
+    return x_hat, rstd
 
 
 def _forward(

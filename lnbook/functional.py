@@ -168,7 +168,8 @@ def normalize(
     _check_rows(x)
     if stats_dtype is None:
         stats_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    x = x.to(stats_dtype)  # (R, D)
+    if x.dtype != stats_dtype:
+        x = x.to(stats_dtype)  # (R, D)
     d = x.shape[1]
     n = d - 1 if unbiased else d
     if n < 1:
@@ -190,6 +191,9 @@ def normalize(
         mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
         xc = xc.sub_(mu_err) if own else xc - mu_err  # (R, D) exactly centred
         ss = torch.linalg.vector_norm(xc, dim=1, keepdim=True).square()  # (R, 1)
+    if own and eps_inside:  # the same ops on the (R, 1) temporaries, without new tensors
+        rstd = ss.div_(n).add_(eps).rsqrt_()  # (R, 1) 1 / sigma
+        return xc.mul_(rstd), rstd
     rstd = _rstd(ss / n, eps, eps_inside)  # (R, 1) 1 / sigma
     return (xc.mul_(rstd) if own else xc * rstd), rstd
 
@@ -301,9 +305,20 @@ def layer_norm_backward(
     d = grad_y.shape[1]
     n = d - 1 if unbiased else d
     w = weight
+    if not params:  # dL/dx alone (the hand BPTT's many small rows): the fewest operations
+        u = grad_y if w is None else grad_y * w  # (R, D)
+        if detach:
+            return u * rstd, None, None
+        s_ux = torch.linalg.vecdot(u, x_hat).unsqueeze(1)  # (R, 1) sum(u * x_hat)
+        if not eps_inside:
+            s_ux = s_ux / (1 - eps * rstd)
+        grad_x = torch.addcmul(u, x_hat, s_ux, value=-1.0 / n)  # (R, D) u - x_hat mean(u x_hat)
+        if center:
+            grad_x = grad_x.sub_(u.sum(dim=1, keepdim=True), alpha=1.0 / d)  # - mean(u)
+        return grad_x.mul_(rstd), None, None
     gy_x_hat = grad_y * x_hat  # (R, D) dL/dy * x_hat
-    grad_w = gy_x_hat.sum(dim=0) if params else None  # (D,)
-    grad_b = grad_y.sum(dim=0) if params else None  # (D,)
+    grad_w = gy_x_hat.sum(dim=0)  # (D,)
+    grad_b = grad_y.sum(dim=0)  # (D,)
     if detach:  # mu and sigma are constants: u / sigma
         del gy_x_hat
         return (grad_y if w is None else grad_y * w) * rstd, grad_w, grad_b

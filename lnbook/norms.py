@@ -172,6 +172,9 @@ def layer_norm(
 
     .. math:: y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot g + b
 
+    The mathematics (forward and backward, on rows) is :mod:`lnbook.functional`'s; this
+    function checks the arguments and makes rows of ``x``.
+
     Args:
         x: floating-point input ``(*, *normalized_shape)``.
         normalized_shape: the trailing dimensions to normalize over.
