@@ -174,10 +174,11 @@ def normalize(
     n = d - 1 if unbiased else d
     if n < 1:
         raise ShapeError(f"the unbiased variance needs D >= 2 values per row, got D={d}")
-    if detach:  # the statistics without a graph; autograd sees (x - mu) * rstd only
-        with torch.no_grad():
-            mu, rstd = _statistics(x, eps, center, n, eps_inside, one_pass)
-        return (x - mu if center else x) * rstd, rstd
+    if detach:  # the values without a graph, plus (x - x.detach()) * rstd: exactly 0, whose
+        with torch.no_grad():  # gradient is that of (x - mu) * rstd with mu and rstd constant
+            x_hat, rstd = normalize(x, eps, center=center, unbiased=unbiased,
+                                    eps_inside=eps_inside, one_pass=one_pass)
+        return x_hat + (x - x.detach()) * rstd, rstd
     own = not torch.is_grad_enabled()  # no graph: temporaries may be written over
     if not center:  # RMSNorm: the root mean square, no temporary x^2
         ms = torch.linalg.vector_norm(x, dim=1, keepdim=True).square() / n  # (R, 1)
@@ -201,24 +202,6 @@ def normalize(
 def _rstd(var: Tensor, eps: float, eps_inside: bool) -> Tensor:
     """``1 / sqrt(var + eps)``, or ``1 / (sqrt(var) + eps)``: (R, 1)."""
     return torch.rsqrt(var + eps) if eps_inside else (var.sqrt() + eps).reciprocal()
-
-
-def _statistics(
-    x: Tensor, eps: float, center: bool, n: int, eps_inside: bool, one_pass: bool
-) -> tuple[Tensor, Tensor]:
-    """The mean subtracted (R, 1) (0 without ``center``) and rstd (R, 1), as normalize's."""
-    if not center:
-        ms = torch.linalg.vector_norm(x, dim=1, keepdim=True).square() / n
-        return torch.zeros_like(ms), _rstd(ms, eps, eps_inside)
-    mu = x.mean(dim=1, keepdim=True)  # (R, 1)
-    xc = x - mu  # (R, D)
-    if one_pass:
-        ss = x.square().sum(dim=1, keepdim=True) - x.shape[1] * mu.square()
-    else:
-        mu_err = xc.mean(dim=1, keepdim=True)
-        mu = mu + mu_err
-        ss = torch.linalg.vector_norm(xc.sub_(mu_err), dim=1, keepdim=True).square()
-    return mu, _rstd(ss / n, eps, eps_inside)
 
 
 def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
