@@ -22,14 +22,14 @@ for any set of normalized dimensions and :func:`from_rows` puts them back. The v
 book teaches are keyword arguments of :func:`normalize` and :func:`layer_norm_backward`; the
 default is always the paper's (and torch's) choice:
 
-===================  ============================================================================
-``center=False``     no mean: ``mu = 0`` and sigma the root mean square (RMSNorm, Part II)
-``unbiased=True``    the variance divided by ``D - 1`` (``torch.var``'s default; a mistake)
-``eps_inside=False`` ``(x - mu) / (sigma + eps)`` (older code; a mistake, NaN gradient at sigma 0)
-``one_pass=True``    ``sigma^2 = E[x^2] - E[x]^2`` (a mistake: cancels in float32 at a large mean)
-``detach=True``      mu and sigma are constants to autograd (DetachNorm, Xu et al. 2019)
-``stats_dtype``      the statistics' dtype: float32 for float16/bfloat16 inputs unless told
-===================  ============================================================================
+====================  ===========================================================================
+``center=False``      no mean: ``mu = 0`` and sigma the root mean square (RMSNorm, Part II)
+``unbiased=True``     the variance divided by ``D - 1`` (``torch.var``'s default; a mistake)
+``eps_inside=False``  ``(x - mu) / (sigma + eps)`` (older code; a mistake, NaN gradient at 0)
+``one_pass=True``     ``sigma^2 = E[x^2] - E[x]^2`` (a mistake: cancels in float32 at a large mean)
+``detach=True``       mu and sigma are constants to autograd (DetachNorm, Xu et al. 2019)
+``stats_dtype``       the statistics' dtype: float32 for float16/bfloat16 inputs unless told
+====================  ===========================================================================
 
 The right computation is numerically careful: two passes (the mean, then the mean of what the
 first mean missed, then the variance of the centred row; never ``E[x^2] - E[x]^2``), in float32
