@@ -3,6 +3,8 @@
 The package behind the executable textbook in ``book/``. Its modules follow the book (see
 CONTRIBUTING.md for the map, and the book's API page for every public object):
 
+- :mod:`lnbook.functional`: layer norm's mathematics once, on rows: eq. 3 with the variants the
+  book teaches as keywords, and the backward derived in chapter 3
 - :mod:`lnbook.norms`: ``layer_norm``, ``LayerNorm``, ``ChannelLayerNorm``, ``BatchNorm``,
   ``WeightNormLinear`` (eqs. 1-3, 5, 15-16; chapters 2, 3, 4, 6.7)
 - :mod:`lnbook.reference`: ``layer_norm_numpy`` (eq. 3) and the paper's recurrent cells
@@ -22,7 +24,7 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
   qk-norm, DeepNorm, and the Pre-LN to Pre-RMSNorm conversion (Part II)
 """
 
-from lnbook import analysis, bptt, reference
+from lnbook import analysis, bptt, functional, reference
 from lnbook.analysis import (
     RecurrentDynamics,
     fisher_information,
@@ -58,6 +60,7 @@ __all__ = [
     "LayerNorm",
     "WeightNormLinear",
     "layer_norm",
+    "functional",
     "reference",
     # recurrent (chapter 3.1, supplement)
     "BatchNormRNN",

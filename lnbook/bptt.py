@@ -1,11 +1,13 @@
 r"""Backpropagation through time for one layer-normalized LSTM layer, derived by hand.
 
 Paper eqs. 20-22; book chapter Supplement (`supplement`), section "Speed". :class:`lnbook.LSTM`
-runs each layer's time loop through :func:`ln_lstm_recurrence` by default (``bptt="hand"``).
-Autograd would record about twenty operations per step and replay each one backwards; here the
-backward pass is written out once, as it is derived below, so that each step costs a handful of
-whole-row operations, the per-step tensors are kept in four stacked buffers, and the largest
-products (``dW_hh``, the layer-norm gains) are one reduction over all steps at the end.
+runs each layer's time loop through :func:`ln_lstm_recurrence` when it is built with
+``bptt="hand"``; its default, ``bptt="autograd"``, lets autograd differentiate the
+step-by-step loop instead. Autograd records about twenty operations per step and replays each
+one backwards; here the backward pass is written out once, as it is derived below, so that
+each step costs a handful of whole-row operations, the per-step tensors are kept in four
+stacked buffers, and the largest products (``dW_hh``, the layer-norm gains) are one reduction
+over all steps at the end.
 Everything is public torch: an :class:`torch.autograd.Function` with ``setup_context`` and
 ``generate_vmap_rule=True``, so ``torch.func.grad``, ``vjp``, ``jacrev`` and ``vmap`` go through
 it. ``torch.compile`` and ``torch.export`` never see it: :class:`lnbook.LSTM` runs the
@@ -28,7 +30,8 @@ on the i, f, o columns and 2 on the g columns) gives all four gates: with ``gg``
 The backward pass, from t = T-1 down to 0, carries ``dh`` (the gradient reaching h_t: from the
 output at t and from step t+1) and ``dc`` (reaching c_t from step t+1). With ``tc = tanh(LN(c_t))``
 and the layer-norm backward of chapter 3, ``LNback(dy; x^, g, sigma) = (u - mean(u) -
-x^ mean(u x^)) / sigma`` for ``u = dy * g``::
+x^ mean(u x^)) / sigma`` for ``u = dy * g`` (:func:`lnbook.functional.layer_norm_backward`;
+the forward's ``x^`` and ``1 / sigma`` are :func:`lnbook.functional.normalize`'s)::
 
     dLNc   = dh * o * (1 - tc^2)                 the gradient reaching LN(c_t)
     dc    += LNback(dLNc; c^_t, g_c)             c_t feeds h_t through its LN
@@ -56,6 +59,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lnbook.functional import layer_norm_backward, normalize
+
 __all__ = ["LNLSTMRecurrence", "ln_lstm_recurrence"]
 
 
@@ -66,10 +71,11 @@ def _gate_scale(H: int, like: Tensor) -> Tensor:
 
 
 def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """x^ = (x - mu) / sigma and 1 / sigma over the last dimension, two passes (eq. 16)."""
-    xc = x - x.mean(-1, keepdim=True)  # (B, D)
-    rstd = torch.rsqrt((xc * xc).mean(-1, keepdim=True) + eps)  # (B, 1)
-    return xc * rstd, rstd
+    """x^ (B, D) and 1 / sigma (B, 1) of eq. 3 over the last dimension, in ``x``'s dtype."""
+    x_hat, rstd = normalize(x, eps)
+    if x_hat.dtype != x.dtype:  # float32 statistics of a half-precision x
+        x_hat, rstd = x_hat.to(x.dtype), rstd.to(x.dtype)
+    return x_hat, rstd
 
 
 def _forward(
@@ -131,12 +137,8 @@ def _forward(
 
 
 def _ln_backward(dy: Tensor, g: Tensor, x_hat: Tensor, rstd: Tensor) -> Tensor:
-    """Chapter 3's layer-norm backward over the last dimension (D numbers per row):
-    ``(u - mean(u) - x^ mean(u x^)) / sigma`` with ``u = dy * g``."""
-    D = x_hat.shape[-1]
-    u = dy * g
-    s1, s2 = u.sum(-1, keepdim=True), torch.linalg.vecdot(u, x_hat).unsqueeze(-1)  # (B, 1)
-    return torch.addcmul(u, x_hat, s2, value=-1.0 / D).sub_(s1, alpha=1.0 / D).mul_(rstd)
+    """Chapter 3's ``LNback``: dL/dx of a layer norm over the last dimension, (B, D)."""
+    return layer_norm_backward(dy, x_hat, rstd, g, params=False)[0]
 
 
 class LNLSTMRecurrence(torch.autograd.Function):

@@ -1,17 +1,25 @@
 """Checkers for the coding exercises of chapter 3: the reader's code against the reference.
 
 Book chapter 3 (`03_layer_norm`). Exercise 3.1 asks for layer normalization's forward pass
-(paper eq. 3 with the gain ``g`` and bias ``b`` of eq. 4), Exercise 3.2 for the backward pass
-the chapter derives, and Exercise 3.3 for a small MLP with layer normalization on its hidden
-layers, trained on the 8x8 digits. The reader calls one checker per exercise:
+(paper eq. 3 with the gain ``g`` and bias ``b`` of eq. 15), Exercise 3.2 for the backward
+pass the chapter derives, and Exercise 3.3 for a small MLP with layer normalization on its two
+hidden layers, trained on the 8x8 digits. The reader calls one checker per exercise:
 
-- :func:`check_layer_norm` runs the reader's ``fn(x, normalized_shape, g, b, eps)`` on eight
+- :func:`check_layer_norm` runs the reader's ``fn(x, normalized_shape, g, b, eps)`` on nine
   small cases (two dtypes, ``normalized_shape`` of length 1 and 2, rows whose variance is
-  close to ``eps``, a constant row) against :func:`torch.nn.functional.layer_norm`;
+  close to ``eps``, a float32 input with mean 1e4 where the one-pass variance
+  ``E[x^2] - E[x]^2`` fails, a constant row) against :func:`torch.nn.functional.layer_norm`,
+  and on the float64 cases compares the gradient with respect to ``x`` too (detached
+  statistics give the right values and the wrong gradient);
 - :func:`check_layer_norm_backward` compares the reader's ``(dL/da, dL/dg, dL/db)`` with
-  autograd;
-- :func:`check_ln_mlp` looks where the reader's model applies layer normalization, then trains
-  it for a hundred updates and asks for a held-out loss well below the trivial predictor's.
+  autograd, and names the known mistakes (eps outside the square root, the unbiased variance,
+  a swapped return order, a missing 1/sigma, a missing term, ...);
+- :func:`check_ln_mlp` looks where the reader's model applies layer normalization (two hidden
+  layers), then trains it for a hundred updates and asks for a held-out loss well below the
+  trivial predictor's.
+
+The wrong answers the checkers recognize are computed with :mod:`lnbook.functional` (its
+keywords are the mistakes of the forward pass); the reference is torch's own layer norm.
 
 On the first disagreement a checker raises :class:`ExerciseError` (an ``AssertionError``, so
 a wrong solution fails the book's build) whose message says *which part* is wrong (the shape,
@@ -24,11 +32,12 @@ Example::
     >>> import torch.nn.functional as F
     >>> report = check_layer_norm(F.layer_norm)  # torch's own layer norm passes
     >>> len(report.checks)
-    8
+    9
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +49,7 @@ from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
 from lnbook.experiments.protocol import Table, classification_metrics
+from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.train import Batches, fit
 
@@ -66,8 +76,8 @@ class ExerciseError(AssertionError):
         exercise: the checker that raised it, e.g. ``"check_layer_norm"``.
         part: what is wrong, one short word: ``"error"``, ``"type"``, ``"shape"``, ``"dtype"``,
             ``"axes"``, ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"nan"``,
-            ``"dL/da"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``, ``"output"``,
-            ``"training"`` or ``"other"``.
+            ``"gradient"``, ``"order"``, ``"dL/da"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``,
+            ``"output"``, ``"training"`` or ``"other"``.
         case: the test case it was found on (shape, dtype, what it probes).
     """
 
@@ -129,6 +139,11 @@ class _Case:
     constant_row: int | None = None  # index of a row whose entries are all equal
     probe: str = "other"  # the part this case tests, named when an unknown mistake shows here
     hint: str = ""  # what a right answer does on this case
+    tol: float | None = None  # largest difference from torch allowed (None: by dtype)
+
+    @property
+    def tolerance(self) -> float:
+        return self.tol if self.tol is not None else 1e-9 if self.x.dtype == _F64 else 2e-5
 
 
 def _forward_cases() -> list[_Case]:
@@ -165,6 +180,9 @@ def _forward_cases() -> list[_Case]:
               "the last two dimensions together, one (mu, sigma) per b"),
         _Case("float32 input (16, 32): the output stays float32", (3.0 + 2.0 * randn(16, 32))
               .float(), (32,), gain(32).float(), randn(32).float(), 1e-5),
+        _Case("float32 input (8, 32) with mean 1e4 and spread 1", (1e4 + randn(8, 32)).float(),
+              (32,), gain(32).float(), randn(32).float(), 1e-5, probe="variance", tol=1e-2,
+              hint=_ONE_PASS_HINT),
         _Case("a row whose 8 entries are all 7.0 (variance 0)", xc, (8,), g, b, 1e-5,
               constant_row=1, probe="eps", hint="a constant row comes out as the bias b: "
               "(x - mu) is 0 and sqrt(0 + eps) keeps the division finite"),
@@ -178,26 +196,36 @@ def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
 def _variant(
     x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, ddof: int = 0,
     eps_at: str = "inside", center: bool = True, divide: str = "std", affine: str = "g*x+b",
+    one_pass: bool = False, detach: bool = False, dtype: torch.dtype = _F64,
 ) -> Tensor:
-    """Layer normalization with one thing changed (a known mistake), in float64."""
-    x = x.to(_F64)
-    g, b = g.to(_F64), b.to(_F64)
-    n = math.prod(x.shape[d] for d in dims)
-    mu = x.mean(dim=dims, keepdim=True)
-    ss = ((x - mu) ** 2).sum(dim=dims, keepdim=True)
-    var = (x**2).mean(dim=dims, keepdim=True) if divide == "rms" else ss / max(n - ddof, 1)
-    if eps_at == "inside":
-        scale = var + eps
-        scale = scale if divide == "var" else scale.sqrt()
-    elif eps_at == "outside":
-        scale = var.sqrt() + eps
-    else:  # "none"
-        scale = var if divide == "var" else var.sqrt()
-    x_hat = ((x - mu) if center else x) / scale if divide != "none" else x - mu
+    """Layer normalization with one thing changed (a known mistake), in ``dtype``.
+
+    The statistics are :func:`lnbook.functional.normalize`'s, over ``dims``, with its
+    keywords for the variance, eps and detached statistics; the other mistakes are made from
+    its ``x_hat`` and ``rstd``.
+    """
+    x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
+    rows = as_rows(x, dims)  # (R, D)
+    kw = {"unbiased": ddof == 1, "eps_inside": eps_at != "outside", "one_pass": one_pass,
+          "detach": detach}
+    x_hat, rstd = normalize(rows, 0.0 if eps_at == "none" else eps, **kw)  # (R, D), (R, 1)
+    if divide == "rms":  # (x - mu) / sqrt(mean(x^2) + eps): sigma of x, not of x - mu
+        x_hat = x_hat / rstd * normalize(rows, eps, center=False)[1]
+    elif divide == "var":  # (x - mu) / (var + eps)
+        x_hat = x_hat * rstd
+    elif divide == "none":  # x - mu
+        x_hat = x_hat / rstd
+    if not center:  # x / sigma
+        x_hat = rows * rstd
+    x_hat = from_rows(x_hat, x.shape, dims)
     return {"g*x+b": g * x_hat + b, "b*x+g": b * x_hat + g, "x+b": x_hat + b,
             "g*x": g * x_hat, "x": x_hat, "(x+b)*g": (x_hat + b) * g}[affine]
 
 
+_ONE_PASS_HINT = ("at a mean of 1e4 and a spread of 1, E[x^2] - E[x]^2 (the one-pass variance) "
+                  "subtracts two numbers near 1e8 that agree in every digit float32 keeps, and "
+                  "what is left is rounding (or negative: NaN). Take the mean first, then the "
+                  "mean of (x - mu) ** 2: two passes")
 _VARIANCE_HINT = ("eq. 3 divides by D, the number of units normalized over: torch.var and "
                   "Tensor.std default to unbiased=True (D - 1); pass unbiased=False (or "
                   "correction=0), or write ((x - mu) ** 2).mean(dims, keepdim=True)")
@@ -246,6 +274,10 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, Tensor]]:
          "gives 0 / sqrt(eps) = 0 instead of 0 / 0", _variant(x, g, b, eps, dims,
                                                               eps_at="none")),
     ]
+    if x.dtype == torch.float32:
+        out.append(("variance", "your variance is E[x^2] - E[x]^2, computed in one pass: "
+                    + _ONE_PASS_HINT, _variant(x, g, b, eps, dims, one_pass=True,
+                                               dtype=torch.float32)))
     if eps != 1e-5:
         out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {eps:g}: use the "
                     "eps argument", _variant(x, g, b, 1e-5, dims)))
@@ -301,17 +333,60 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
                             "the square root; the row's output is then exactly the bias b",
                             case.name)
     if not torch.isfinite(y).all():
+        if case.probe == "variance":  # a large mean: the one-pass variance turned negative
+            raise ExerciseError(name, "variance", "the output holds NaN or inf for finite "
+                                f"input: {case.hint}", case.name)
         raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
                             case.name)
     ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    tol = 1e-9 if x.dtype == _F64 else 2e-5
+    tol = case.tolerance
     err = _max_diff(y, ref)
     if err <= tol:
-        return f"max |yours - torch| = {err:.1e}"
+        seen = f"max |yours - torch| = {err:.1e}"
+        if x.dtype == _F64:  # the values are right: now the gradient with respect to x
+            seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
+        return seen
     for part, why, wrong in _forward_mistakes(case):
         if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
             raise ExerciseError(name, part, why, case.name)
     raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
+
+
+_DETACHED = ("your output is right but its gradient with respect to x is not: {what}. The "
+             "mean and the variance depend on x, and the gradient flows through them too "
+             "(chapter 3: they remove the components of the gradient along 1 and along x_hat); "
+             "compute them from x with torch operations, without .detach(), .item(), .data, "
+             "torch.no_grad() or numpy")
+
+
+def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
+    """Autograd through the reader's function against torch's: dL/dx for L = sum(y * r)."""
+    __tracebackhide__ = True
+    name = "check_layer_norm"
+    gen = torch.Generator().manual_seed(7)
+    r = torch.randn(case.x.shape, generator=gen, dtype=_F64)  # dL/dy
+    x = case.x.clone().requires_grad_()
+    y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
+              shown + ", x requiring a gradient", case.name)
+    if not (isinstance(y, Tensor) and y.requires_grad):
+        raise ExerciseError(name, "gradient", _DETACHED.format(
+            what="no gradient reaches x at all"), case.name)
+    (mine,) = torch.autograd.grad((y * r).sum(), x)
+    x64 = case.x.to(_F64).clone().requires_grad_()
+    ref = F.layer_norm(x64, case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
+    (want,) = torch.autograd.grad((ref * r).sum(), x64)
+    err = _max_diff(mine, want)
+    if err <= 1e-8:
+        return err
+    x64 = case.x.to(_F64).clone().requires_grad_()
+    dims = _dims(case.x, case.shape)
+    detached = _variant(x64, case.g, case.b, case.eps, dims, detach=True)
+    (wrong,) = torch.autograd.grad((detached * r).sum(), x64)
+    what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient with "
+            "the mean and the variance detached (treated as constants)"
+            if _max_diff(mine, wrong) <= 1e-8 else
+            f"it differs from torch's by up to {err:.2e}")
+    raise ExerciseError(name, "gradient", _DETACHED.format(what=what), case.name)
 
 
 def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
@@ -350,9 +425,12 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
     ``fn(x, normalized_shape, g, b, eps)`` must return ``g * (x - mu) / sqrt(var + eps) + b``
     with ``mu`` and the biased ``var`` taken over the trailing ``normalized_shape`` dimensions
     of ``x`` (paper eq. 3; ``normalized_shape`` is a tuple of ints, ``g`` and ``b`` have that
-    shape), in the dtype of ``x``. Eight cases are run, and on the first one that disagrees
+    shape), in the dtype of ``x``. Nine cases are run (one in float32 with mean 1e4, where
+    the one-pass variance ``E[x^2] - E[x]^2`` cancels), and on the first one that disagrees
     with :func:`torch.nn.functional.layer_norm` an :class:`ExerciseError` says which part is
-    wrong.
+    wrong. On the float64 cases the gradient of ``sum(y * r)`` with respect to ``x`` (through
+    the reader's function, by autograd) is compared with torch's too: statistics detached
+    from the graph give the right values and the wrong gradient.
 
     Args:
         fn: the reader's function, with :func:`torch.nn.functional.layer_norm`'s arguments.
@@ -362,7 +440,7 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
 
     Raises:
         ExerciseError: the first mistake found (``err.part``: ``"shape"``, ``"axes"``,
-            ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ...).
+            ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"gradient"``, ...).
     """
     __tracebackhide__ = True
     if not callable(fn):
@@ -376,6 +454,7 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
 
 
 def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
+    """Autograd's ``(dL/da, dL/dg, dL/db)`` through torch's layer norm, for ``L = sum(y * dy)``."""
     a, g = a.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
     b = torch.zeros_like(g, requires_grad=True)
     y = F.layer_norm(a, (a.shape[-1],), g, b, eps)  # (N, H)
@@ -384,41 +463,57 @@ def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tens
     return torch.autograd.grad((y * dy).sum(), (a, g, b))
 
 
-def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, Tensor]:
-    """Each known mistake's dL/da, dL/dg or dL/db (float64), keyed ``"da: ..."`` etc."""
-    mu = a.mean(-1, keepdim=True)  # (N, 1)
-    var = ((a - mu) ** 2).mean(-1, keepdim=True)  # (N, 1) biased, as the forward
-    sigma = (var + eps).sqrt()  # (N, 1)
-    a_hat = (a - mu) / sigma  # (N, H)
-    u = dy * g  # (N, H) dL/da_hat
-    h = a.shape[-1]
+_Grads = tuple[Tensor, Tensor, Tensor]
 
-    def da(u: Tensor, s: Tensor = sigma, mean_u: bool = True, proj: float = 1.0,
-           times_sigma: bool = False) -> Tensor:
-        ah = (a - mu) / s  # (N, H) the a_hat that this (possibly wrong) sigma gives
-        m = u.mean(-1, keepdim=True) if mean_u else 0.0
-        bracket = u - m - proj * ah * (u * ah).mean(-1, keepdim=True)  # (N, H)
-        return bracket * s if times_sigma else bracket / s
+
+def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, _Grads]:
+    """What a reader who makes each known mistake returns, ``(dL/da, dL/dg, dL/db)`` (float64).
+
+    Every gradient is :func:`lnbook.functional.layer_norm_backward` of the statistics
+    :func:`lnbook.functional.normalize` gives, right or with the mistake's variant (a sigma
+    without eps, with eps outside the root, from the unbiased variance), or the right one with
+    one term changed. Keys start with the gradient the mistake is in: ``"da: ..."`` etc.
+    """
+    a_hat, rstd = normalize(a, eps)  # (N, H), (N, 1): eq. 3
+    da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
+    no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
+
+    def with_stats(**variant: Any) -> _Grads:  # the whole backward from other statistics
+        back = {k: v for k, v in variant.items() if k not in ("backward", "eps")}
+        x_hat, r = normalize(a, variant.get("eps", eps), **back)
+        return layer_norm_backward(dy, x_hat, r, g, **variant.get("backward", {}))
 
     return {
-        "da: gain forgotten": da(dy),
-        "da: mean(u) term missing": da(u, mean_u=False),
-        "da: a_hat term missing": da(u, proj=0.0),
-        "da: both terms missing": da(u, mean_u=False, proj=0.0),
-        "da: sign of the a_hat term": da(u, proj=-1.0),
-        "da: times sigma": da(u, times_sigma=True),
-        "da: sigma without eps": da(u, s=var.sqrt()),
-        "da: unbiased sigma": da(u, s=(var * h / (h - 1) + eps).sqrt()),
-        "dg: a instead of a_hat": (dy * a).sum(0),
-        "dg: a_hat forgotten": dy.sum(0),
-        "dg: mean over rows": (dy * a_hat).mean(0),
-        "dg: times g": (dy * a_hat * g).sum(0),
-        "dg: sigma without eps": (dy * (a - mu) / var.sqrt()).sum(0),
-        "db: mean over rows": dy.mean(0),
-        "db: times g": (dy * g).sum(0),
+        "da: gain forgotten": (layer_norm_backward(dy, a_hat, rstd)[0], dg, db),
+        "da: mean(u) term missing": (
+            layer_norm_backward(dy, a_hat, rstd, g, center=False)[0], dg, db),
+        "da: a_hat term missing": (no_proj, dg, db),
+        "da: both terms missing": (
+            layer_norm_backward(dy, a_hat, rstd, g, detach=True)[0], dg, db),
+        "da: sign of the a_hat term": (2 * no_proj - da, dg, db),
+        "da: times sigma": (da / rstd.square(), dg, db),
+        "da: 1/sigma missing": (da / rstd, dg, db),
+        "da: sigma without eps": with_stats(eps=0.0),
+        "da: eps outside the root": with_stats(eps_inside=False),
+        "da: eps outside the root, derived": with_stats(
+            eps_inside=False, backward={"eps_inside": False, "eps": eps}),
+        "da: unbiased sigma": with_stats(unbiased=True),
+        "da: unbiased sigma, derived": with_stats(unbiased=True, backward={"unbiased": True}),
+        "dg: a instead of a_hat": (da, (dy * a).sum(0), db),
+        "dg: a_hat forgotten": (da, dy.sum(0), db),
+        "dg: mean over rows": (da, (dy * a_hat).mean(0), db),
+        "dg: times g": (da, (dy * a_hat * g).sum(0), db),
+        "db: mean over rows": (da, dg, dy.mean(0)),
+        "db: times g": (da, dg, (dy * g).sum(0)),
     }
 
 
+_SAME_SIGMA = "; the backward must use the forward's sigma and a_hat, in dL/da and in dL/dg"
+_EPS_OUTSIDE = ("your sigma is sqrt(var) + eps, with eps outside the square root; the forward "
+                "(eq. 3 as torch computes it) uses sigma = sqrt(var + eps)" + _SAME_SIGMA)
+_UNBIASED = ("your sigma comes from the unbiased variance (divided by H - 1, torch.var's "
+             "default); eq. 3 divides by H (unbiased=False, or ((a - mu) ** 2).mean(-1))"
+             + _SAME_SIGMA)
 _BACKWARD_WHY = {
     "da: gain forgotten": "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
     "da: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
@@ -430,18 +525,21 @@ _BACKWARD_WHY = {
     "da: sign of the a_hat term": "the a_hat term has the wrong sign: dL/da = (u - mean(u) - "
     "a_hat * mean(u * a_hat)) / sigma",
     "da: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
-    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps), and the "
-    "backward must divide by the same sigma",
-    "da: unbiased sigma": "your sigma uses the unbiased variance (H - 1); the forward divides "
-    "by H, and the backward must use the same sigma",
+    "da: 1/sigma missing": "the bracket (u - mean(u) - a_hat * mean(u * a_hat)) is not divided "
+    "by sigma: dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot "
+    "see this mistake",
+    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps)"
+    + _SAME_SIGMA,
+    "da: eps outside the root": _EPS_OUTSIDE,
+    "da: eps outside the root, derived": _EPS_OUTSIDE,
+    "da: unbiased sigma": _UNBIASED,
+    "da: unbiased sigma, derived": _UNBIASED,
     "dg: a instead of a_hat": "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
     "dg: a_hat forgotten": "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy "
     "alone (that is dL/db)",
     "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); "
     "you averaged",
     "dg: times g": "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
-    "dg: sigma without eps": "your a_hat divides by a sigma with no eps; the forward's a_hat is "
-    "(a - mu) / sqrt(var + eps), and dL/dg = sum over rows of dL/dy * a_hat uses that one",
     "db: mean over rows": "dL/db sums dL/dy over the rows of the batch; you averaged",
     "db: times g": "dL/db is the sum over rows of dL/dy, with no factor g",
 }
@@ -471,7 +569,12 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
     in the notation of chapter 3. They are compared with
     autograd through :func:`torch.nn.functional.layer_norm` in float64 on two cases (one with
     rows whose variance is close to ``eps``); the first gradient that disagrees is named, with
-    the mistake when it is a known one.
+    the mistake when it is a known one: eps outside the square root, the unbiased variance,
+    a sigma without eps, a missing 1/sigma, a missing or sign-flipped term, a forgotten gain,
+    a mean over rows instead of a sum, or the three returned in another order. An unknown
+    mistake in ``dL/da`` gets two checks the reader can run without a reference (the row sums,
+    which are necessary, and a finite difference, which is sufficient) with the reader's
+    numbers.
 
     Args:
         fn: the reader's backward, ``fn(dy, a, g, eps) -> (da, dg, db)``.
@@ -480,8 +583,8 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
         A :class:`CheckReport` with one row per gradient and case.
 
     Raises:
-        ExerciseError: ``err.part`` is ``"type"``, ``"shape"``, ``"dL/db"``, ``"dL/dg"`` or
-            ``"dL/da"``.
+        ExerciseError: ``err.part`` is ``"type"``, ``"order"``, ``"shape"``, ``"dL/db"``,
+            ``"dL/dg"`` or ``"dL/da"``.
     """
     __tracebackhide__ = True
     name = "check_layer_norm_backward"
@@ -496,6 +599,7 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
             raise ExerciseError(name, "type", "return three tensors, (dL/da, dL/dg, dL/db)",
                                 case)
         want = _reference_grads(dy, a, g, eps)
+        _check_order(name, case, got, want)
         mistakes = _backward_mistakes(dy, a, g, eps)
         for label, mine, ref in zip(("dL/da", "dL/dg", "dL/db"), got, want, strict=True):
             if tuple(mine.shape) != tuple(ref.shape):
@@ -503,12 +607,34 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
                         "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
                 raise ExerciseError(name, "shape", f"{label} has shape {_fmt_shape(mine.shape)},"
                                     f" expected {_fmt_shape(ref.shape)}.{hint}", case)
-        checks += _compare_grads(name, case, got, want, mistakes)
+        checks += _compare_grads(name, case, got, want, mistakes, (dy, a, g, eps))
     return CheckReport(name, checks)
 
 
+_LABELS = ("dL/da", "dL/dg", "dL/db")
+
+
+def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor]) -> None:
+    """Raise if the three gradients are returned in another order than (dL/da, dL/dg, dL/db)."""
+    __tracebackhide__ = True
+
+    def fits(mine: Tensor, ref: Tensor, values: bool) -> bool:
+        return tuple(mine.shape) == tuple(ref.shape) and (
+            not values or _max_diff(mine, ref) <= 1e-9)
+
+    for values in (True, False):  # first the right numbers in another order, then the shapes
+        if all(fits(m, r, values) for m, r in zip(got, want, strict=True)):
+            return
+        for perm in itertools.permutations(range(3)):
+            if perm != (0, 1, 2) and all(fits(got[i], want[p], values)
+                                         for i, p in enumerate(perm)):
+                order = ", ".join(_LABELS[p] for p in perm)
+                raise ExerciseError(name, "order", f"the return order is swapped: you "
+                                    f"returned ({order}); return (dL/da, dL/dg, dL/db)", case)
+
+
 def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor],
-                   mistakes: dict[str, Tensor]) -> list[tuple[str, str]]:
+                   mistakes: dict[str, _Grads], inputs: tuple) -> list[tuple[str, str]]:
     __tracebackhide__ = True
     rows = []
     # the simplest first: dL/db, then dL/dg, then dL/da
@@ -517,20 +643,39 @@ def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[T
         if err <= 1e-9:
             rows.append((f"{label}: {case}", f"max |yours - autograd| = {err:.1e}"))
             continue
-        for mistake, wrong in mistakes.items():
-            if (mistake.startswith(key) and _max_diff(wrong, want[i]) > 1e-8
-                    and _max_diff(got[i], wrong) <= 1e-9):
-                raise ExerciseError(name, label, f"{label} is wrong: {_BACKWARD_WHY[mistake]}",
-                                    case)
-        extra = ""
-        if key == "da":
-            sums = float(got[0].detach().to(_F64).sum(-1).abs().max())
-            extra = (f" A check that needs no reference: each row of dL/da must sum to 0 "
-                     f"(adding a constant to a row changes nothing); yours sums to up to "
-                     f"{sums:.2e}.")
+        # a known mistake: first one that gives all three of your gradients, then one that
+        # gives this one (your other gradients may hold a second mistake)
+        for whole in (True, False):
+            for mistake, wrong in mistakes.items():
+                same = range(3) if whole else (i,)
+                if (_max_diff(wrong[i], want[i]) > 1e-8
+                        and all(_max_diff(got[k], wrong[k]) <= 1e-9 for k in same)
+                        and (whole or mistake.startswith(key))):
+                    raise ExerciseError(name, label, f"{label} is wrong: "
+                                        f"{_BACKWARD_WHY[mistake]}", case)
+        extra = _self_checks(got[0], *inputs) if key == "da" else ""
         raise ExerciseError(name, label, f"{label} differs from autograd by up to {err:.2e}."
                             + extra, case)
     return rows
+
+
+def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> str:
+    """Two checks of dL/da that need no reference, with the reader's numbers."""
+    sums = float(da.detach().to(_F64).sum(-1).abs().max())
+    v = torch.randn(a.shape, generator=torch.Generator().manual_seed(3), dtype=_F64)
+    h = 1e-6
+
+    def loss(t: Tensor) -> float:
+        return float((F.layer_norm(t, (a.shape[-1],), g, None, eps) * dy).sum())
+
+    fd = (loss(a + h * v) - loss(a - h * v)) / (2 * h)  # dL along v, by finite difference
+    yours = float((da.detach().to(_F64) * v).sum())
+    return (f" Two checks you can run without a reference: each row of dL/da must sum to 0 "
+            f"(adding a constant to a row of a changes nothing); yours sum to up to {sums:.2e}. "
+            f"That is necessary, not sufficient (dL/da without its 1/sigma sums to 0 too), so "
+            f"also compare with a finite difference: for a random direction v and L = "
+            f"sum(dL/dy * y), (L(a + h v) - L(a - h v)) / (2 h) must equal sum(dL/da * v); "
+            f"here {fd:.6g} (h = {h:g}) against your {yours:.6g}.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -619,7 +764,7 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
         if not isinstance(nxt, _NORMALIZERS):
             after = type(nxt).__name__ if nxt is not None else "nothing"
             more = (" The LayerNorm comes after the non-linearity; the paper normalizes the "
-                    "summed inputs, before it (eq. 4)." if isinstance(nxt, _ACTIVATIONS) and
+                    "summed inputs, before it (eq. 3)." if isinstance(nxt, _ACTIVATIONS) and
                     i + 2 < len(calls) and isinstance(calls[i + 2][1], _NORMALIZERS) else "")
             raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} "
                                 f"(Linear {lin.in_features} -> {lin.out_features}) is followed "
@@ -631,6 +776,10 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
             raise ExerciseError(name, "placement", f"the LayerNorm {calls[i + 1][0]!r} after "
                                 f"Linear {lin.in_features} -> {lin.out_features} normalizes "
                                 f"over {_fmt_shape(shape)}; use ({lin.out_features},)")
+    if len(linears) - 1 < 2:
+        raise ExerciseError(name, "placement", f"the exercise asks for two hidden layers, each "
+                            "Linear -> LayerNorm -> non-linearity, then an output Linear; your "
+                            f"model has {len(linears) - 1} ({seen})")
     return seen
 
 
@@ -647,9 +796,10 @@ def check_ln_mlp(
     ``model_fn()`` builds a fresh model (it is called under ``torch.manual_seed(seed)``) that
     maps a batch of flattened 8x8 digits ``(N, 64)`` to 10 logits ``(N, 10)``. The checker
 
-    1. runs one forward pass and lists the modules it calls: every hidden ``nn.Linear`` must
-       be followed directly by a ``LayerNorm`` over its outputs (the summed inputs, before
-       the non-linearity, paper eq. 4), and the logits must not be normalized;
+    1. runs one forward pass and lists the modules it calls: there must be two hidden
+       layers, every hidden ``nn.Linear`` followed directly by a ``LayerNorm`` over its
+       outputs (the summed inputs, before the non-linearity, normalized with the statistics
+       of paper eq. 3), and the logits must not be normalized;
     2. checks that one example alone gives its row of a batch's output (batch size 1 works);
     3. trains the model with Adam (``steps`` updates of ``batch_size`` examples) on the
        digits' training split with :func:`lnbook.fit`, and asks for a held-out NLL below

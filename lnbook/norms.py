@@ -38,6 +38,7 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
+from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize
 
 __all__ = [
     "LN_IMPL",
@@ -80,77 +81,16 @@ def _check_layer_norm_args(
 
 
 # ----------------------------------------------------------------------------------------------
-# layer normalization: the forward of eq. 3 and the backward derived in chapter 3
-
-
-def _rows(t: Tensor, d: int) -> Tensor:
-    """``t`` as (rows, D), in float32 if it is float16/bfloat16 (statistics never in half)."""
-    return (t.float() if t.dtype in _LOW_PRECISION else t).reshape(-1, d)
-
-
-def _normalize_rows(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """Eq. 3 for each row of ``x`` (R, D): ``x_hat = (x - mu) / sigma`` and ``1 / sigma``.
-
-    Two passes: the mean is taken, the row centred, and the mean of the centred row (the
-    rounding error of the first mean, which at a mean of 1e4 in float32 is not small next to
-    sigma) taken away, before the biased variance of eq. 3 is formed. No E[x^2] - E[x]^2. A
-    constant row gives x_hat = 0 exactly. Writes over its own temporaries only where autograd
-    records nothing (inside the Function's forward); with a graph, every op is out of place.
-    """
-    d = x.shape[1]
-    in_place = not torch.is_grad_enabled()
-    mu = x.mean(dim=1, keepdim=True)  # (R, 1)
-    xc = x - mu  # (R, D) centred first
-    mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
-    xc = xc.sub_(mu_err) if in_place else xc - mu_err  # (R, D) exactly centred
-    var = torch.linalg.vector_norm(xc, dim=1, keepdim=True).square() / d  # (R, 1) biased
-    rstd = torch.rsqrt(var + eps)  # (R, 1) 1 / sigma
-    return (xc.mul_(rstd) if in_place else xc * rstd), rstd
-
-
-def _layer_norm_backward(
-    grad_y: Tensor, x_hat: Tensor, rstd: Tensor, w: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward of eq. 3 derived in chapter 3, for rows (R, D).
-
-    With u = dL/dy * g:  dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma,
-    dL/dg = sum over rows of dL/dy * x_hat,  dL/db = sum over rows of dL/dy.
-    Returns (dL/dx (R, D), dL/dg (D,), dL/db (D,)). Every op is a differentiable torch op, so
-    autograd differentiates this backward again (second derivatives). The buffer of dL/dx is
-    made by an op that reads every input (x_hat, dL/dy and, through the row means, g) before
-    it is written in place (``sub_``, ``add_``, ``mul_``), so that the in-place steps are valid
-    under ``torch.func.vmap`` whichever of the inputs is batched.
-    """
-    d = grad_y.shape[1]
-    gy_x_hat = grad_y * x_hat  # (R, D) dL/dy * x_hat
-    grad_w = gy_x_hat.sum(dim=0)  # (D,)
-    grad_b = grad_y.sum(dim=0)  # (D,)
-    if w is None:  # u = dL/dy
-        mean_u = grad_y.mean(dim=1, keepdim=True)  # (R, 1)
-        mean_ux = gy_x_hat.mean(dim=1, keepdim=True)  # (R, 1)
-    else:  # row means of u = dL/dy * g and of u * x_hat, as products with g
-        mean_u = (grad_y @ w).unsqueeze(1) / d  # (R, 1)
-        mean_ux = (gy_x_hat @ w).unsqueeze(1) / d  # (R, 1)
-    del gy_x_hat  # freed before the next (R, D) tensor is made, which can reuse its memory
-    if w is None:
-        grad_x = (x_hat * mean_ux).sub_(grad_y)  # (R, D) x_hat * mean(u x_hat) - u
-    else:
-        grad_x = torch.addcmul(x_hat * mean_ux, grad_y, w, value=-1)  # (R, D) the same
-    grad_x = grad_x.add_(mean_u).mul_(-rstd)  # (u - mean(u) - x_hat * mean(u x_hat)) / sigma
-    return grad_x, grad_w, grad_b
+# layer normalization: eq. 3 and the backward of chapter 3, from lnbook.functional
 
 
 def _layer_norm_forward(
     x: Tensor, weight: Tensor | None, bias: Tensor | None, d: int, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     """y = x_hat * g + b (eqs. 3, 15-16) for x of any shape (*, D...); also x_hat and rstd."""
-    x_hat, rstd = _normalize_rows(_rows(x, d), eps)  # (R, D), (R, 1)
-    w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
-    b = None if bias is None else bias.reshape(d).to(x_hat.dtype)  # (D,)
-    if w is not None:
-        y = torch.addcmul(b, x_hat, w) if b is not None else x_hat * w  # (R, D)
-    else:
-        y = x_hat + b if b is not None else x_hat.clone()  # (R, D): y is not x_hat itself
+    w = None if weight is None else weight.reshape(d)  # (D,)
+    b = None if bias is None else bias.reshape(d)  # (D,)
+    y, x_hat, rstd = layer_norm_forward(x.reshape(-1, d), w, b, eps)  # (R, D), (R, D), (R, 1)
     return y.reshape(x.shape).to(x.dtype), x_hat, rstd
 
 
@@ -195,9 +135,10 @@ class _LayerNormFunction(torch.autograd.Function):
         x, weight, x_hat, rstd = ctx.saved_tensors
         d = x_hat.shape[1]
         if torch.is_grad_enabled():  # a graph of this backward is wanted: x_hat, rstd from x
-            x_hat, rstd = _normalize_rows(_rows(x, d), ctx.eps)
+            x_hat, rstd = normalize(x.reshape(-1, d), ctx.eps)
         w = None if weight is None else weight.reshape(d).to(x_hat.dtype)  # (D,)
-        grad_x, grad_w, grad_b = _layer_norm_backward(_rows(grad_y, d), x_hat, rstd, w)
+        grad_x, grad_w, grad_b = layer_norm_backward(
+            grad_y.reshape(-1, d).to(x_hat.dtype), x_hat, rstd, w)
         # needs_input_grad can read False for a parameter while torch.compile traces
         # torch.func.grad, so every gradient an input can take is returned there
         need = (True,) * 3 if torch.compiler.is_compiling() else ctx.needs_input_grad
@@ -230,6 +171,9 @@ def layer_norm(
     summed inputs, taken over the trailing ``normalized_shape`` dimensions:
 
     .. math:: y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot g + b
+
+    The mathematics (forward and backward, on rows) is :mod:`lnbook.functional`'s; this
+    function checks the arguments and makes rows of ``x``.
 
     Args:
         x: floating-point input ``(*, *normalized_shape)``.

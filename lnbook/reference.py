@@ -4,6 +4,9 @@ No autograd, no dtype tricks, float64:
 
 - :func:`layer_norm_numpy`: the three lines of eq. 3 and the gain and bias of eq. 4 (chapter 3).
   The package's :func:`lnbook.layer_norm` and :class:`lnbook.LayerNorm` are tested against it.
+  It is the one layer norm of the package that does not call :mod:`lnbook.functional`, on
+  purpose: a check that shared the code it checks would share its mistakes, so this stays an
+  independent computation (numpy, float64, the formula as the paper writes it).
 - The recurrent cells of the supplement written literally in the paper's order and notation
   (Supplement chapter): :func:`lstm_step_paper` (eqs. 20-22, and 29-31 or 17-19 without some
   LNs), :func:`gru_step_paper` (eqs. 26-28) and :func:`rnn_step_paper` (eq. 4). The functions

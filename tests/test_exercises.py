@@ -8,6 +8,7 @@ passes everything, or blames the wrong part, fails here.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -113,6 +114,31 @@ def crashes(x, shape, g, b, eps=1e-5):
     return x.mean(dim=-1, keepdim=True) @ g  # a shape error
 
 
+def one_pass(x, shape, g, b, eps=1e-5):  # E[x^2] - E[x]^2: right in exact arithmetic
+    dims = dims_of(x, shape)
+    mu = x.mean(dim=dims, keepdim=True)
+    var = (x * x).mean(dim=dims, keepdim=True) - mu * mu
+    return g * (x - mu) / torch.sqrt(var + eps) + b
+
+
+def one_pass_clamped(x, shape, g, b, eps=1e-5):  # no NaN, still the cancellation
+    dims = dims_of(x, shape)
+    mu = x.mean(dim=dims, keepdim=True)
+    var = ((x * x).mean(dim=dims, keepdim=True) - mu * mu).clamp_min(0)
+    return g * (x - mu) / torch.sqrt(var + eps) + b
+
+
+def detached(x, shape, g, b, eps=1e-5):  # the right values, the statistics cut from the graph
+    dims = dims_of(x, shape)
+    mu = x.mean(dim=dims, keepdim=True).detach()
+    var = ((x - mu) ** 2).mean(dim=dims, keepdim=True).detach()
+    return g * (x - mu) / torch.sqrt(var + eps) + b
+
+
+def through_numpy(x, shape, g, b, eps=1e-5):  # the right values, no graph at all
+    return torch.from_numpy(by_hand(x.detach(), shape, g, b, eps).numpy())
+
+
 def unbiased_eps_outside(x, shape, g, b, eps=1e-5):  # two slips at once: no catalog entry
     dims = dims_of(x, shape)
     return g * (x - x.mean(dim=dims, keepdim=True)) / (x.std(dim=dims, keepdim=True) + eps) + b
@@ -122,10 +148,12 @@ def unbiased_eps_outside(x, shape, g, b, eps=1e-5):  # two slips at once: no cat
                          ids=["torch", "lnbook", "by_hand"])
 def test_right_forward_passes(fn):
     report = ex.check_layer_norm(fn)
-    assert len(report.checks) == 8
+    assert len(report.checks) == 9
     assert all("max |yours - torch|" in seen for _, seen in report.checks)
+    # the float64 cases compare the gradient with respect to x too
+    assert sum("; gradient" in seen for _, seen in report.checks) == 7
     md = report._repr_markdown_()
-    assert "| check | result |" in md and "all 8 checks passed" in md
+    assert "| check | result |" in md and "all 9 checks passed" in md
 
 
 @pytest.mark.parametrize("fn, part, phrase", [
@@ -145,6 +173,10 @@ def test_right_forward_passes(fn):
     (nan_on_constant_rows, "eps", "constant row"),
     (crashes, "error", "It was called as fn(x, (8,), g, b, 1e-05)"),
     (unbiased_eps_outside, "variance", "unbiased=False"),
+    (one_pass, "variance", "E[x^2] - E[x]^2"),
+    (one_pass_clamped, "variance", "E[x^2] - E[x]^2"),
+    (detached, "gradient", "the mean and the variance detached"),
+    (through_numpy, "gradient", "no gradient reaches x"),
 ])
 def test_wrong_forward_gets_its_diagnosis(fn, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
@@ -178,17 +210,33 @@ def test_forward_checker_refuses_a_non_function():
 
 
 def backward(dy, x, g, eps=1e-5, *, mean_u=True, proj=1.0, gain=True, dg_x=False,
-             db_mean=False, summed=True, sigma_eps=True):
+             db_mean=False, summed=True, sigma_eps=True, eps_outside=False, unbiased=False,
+             divide=True, order=(0, 1, 2)):
     mu = x.mean(-1, keepdim=True)
     var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    if unbiased:
+        var = x.var(-1, keepdim=True)  # torch.var's default: divided by H - 1
     sigma = (var + eps).sqrt() if sigma_eps else var.sqrt()
+    if eps_outside:
+        sigma = var.sqrt() + eps
     x_hat = (x - mu) / sigma
     u = dy * g if gain else dy
     m = u.mean(-1, keepdim=True) if mean_u else 0.0
-    dx = (u - m - proj * x_hat * (u * x_hat).mean(-1, keepdim=True)) / sigma
+    dx = u - m - proj * x_hat * (u * x_hat).mean(-1, keepdim=True)
+    dx = dx / sigma if divide else dx
     dg = (dy * (x if dg_x else x_hat))
     db = dy.mean(0) if db_mean else dy.sum(0)
-    return dx, dg.sum(0) if summed else dg, db
+    out = (dx, dg.sum(0) if summed else dg, db)
+    return tuple(out[k] for k in order)
+
+
+def by_autograd(forward):
+    """A reader's backward that is autograd through their own (wrong) forward."""
+    def grads(dy, x, g, eps):
+        x, g = x.clone().requires_grad_(), g.clone().requires_grad_()
+        b = torch.zeros_like(g, requires_grad=True)
+        return torch.autograd.grad((forward(x, (x.shape[-1],), g, b, eps) * dy).sum(), (x, g, b))
+    return grads
 
 
 def test_right_backward_passes():
@@ -207,6 +255,13 @@ def test_right_backward_passes():
     ({"dg_x": True}, "dL/dg", "not by a"),
     ({"db_mean": True}, "dL/db", "you averaged"),
     ({"summed": False}, "shape", ".sum(0)"),
+    ({"eps_outside": True}, "dL/dg", "eps outside the square root"),
+    ({"unbiased": True}, "dL/dg", "unbiased variance"),
+    ({"divide": False}, "dL/da", "not divided by sigma"),
+    ({"order": (1, 0, 2)}, "order", "returned (dL/dg, dL/da, dL/db)"),
+    ({"order": (0, 2, 1)}, "order", "returned (dL/da, dL/db, dL/dg)"),
+    ({"order": (2, 1, 0)}, "order", "returned (dL/db, dL/dg, dL/da)"),
+    ({"order": (1, 0, 2), "proj": 0.0}, "order", "swapped"),  # wrong and in the wrong order
 ])
 def test_wrong_backward_gets_its_diagnosis(kwargs, part, phrase):
     def wrong(dy, x, g, eps):
@@ -216,6 +271,32 @@ def test_wrong_backward_gets_its_diagnosis(kwargs, part, phrase):
         ex.check_layer_norm_backward(wrong)
     assert info.value.part == part, str(info.value)
     assert phrase in str(info.value)
+
+
+@pytest.mark.parametrize("forward, phrase", [
+    (eps_outside, "eps outside the square root"), (unbiased, "unbiased variance")])
+def test_backward_of_a_wrong_forward_is_named(forward, phrase):
+    # the exact derivative of a wrong forward: what autograd gives through the reader's forward
+    with pytest.raises(ex.ExerciseError) as info:
+        ex.check_layer_norm_backward(by_autograd(forward))
+    assert info.value.part == "dL/dg", str(info.value)
+    assert phrase in str(info.value)
+
+
+def test_row_sum_hint_does_not_pass_a_wrong_answer():
+    # rows that sum to 0 and are orthogonal to a_hat, but 1.5 times too large: no catalog entry
+    def too_large(dy, x, g, eps):
+        dx, dg, db = backward(dy, x, g, eps)
+        return 1.5 * dx, dg, db
+
+    with pytest.raises(ex.ExerciseError) as info:
+        ex.check_layer_norm_backward(too_large)
+    msg = str(info.value)
+    assert info.value.part == "dL/da"
+    assert "necessary, not sufficient" in msg and "finite difference" in msg
+    fd, yours = (float(v) for v in
+                 re.search(r"here (\S+) \(h = 1e-06\) against your (\S+)\.", msg).groups())
+    assert abs(yours / fd - 1.5) < 1e-4  # the finite difference shows the factor
 
 
 def test_backward_unknown_mistake_names_the_gradient_and_the_row_sums():
@@ -274,7 +355,9 @@ def test_right_mlp_passes_and_learns():
     (lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
      "placement", "no LayerNorm"),
     (lambda: nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 10)),
-     "placement", "after the non-linearity"),
+     "placement", "before it (eq. 3)"),
+    (lambda: nn.Sequential(nn.Linear(64, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 10)),
+     "placement", "two hidden layers"),
     (lambda: nn.Sequential(nn.Linear(64, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 10),
                            nn.LayerNorm(10)), "placement", "logits"),
     (lambda: nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(),

@@ -15,7 +15,15 @@ from torch import nn
 from torch.func import functional_call, grad, grad_and_value, jacrev, jvp, vmap
 
 import lnbook
-from lnbook import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm, norms
+from lnbook import (
+    BatchNorm,
+    ChannelLayerNorm,
+    LayerNorm,
+    WeightNormLinear,
+    functional,
+    layer_norm,
+    norms,
+)
 from lnbook.reference import layer_norm_numpy
 
 SHAPES = [  # (input shape, normalized_shape): over 1, 2 and 3 trailing dims, odd sizes
@@ -478,7 +486,7 @@ class _ConstantXHat(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, _g1, _g2):
         w, x_hat, rstd = ctx.saved_tensors
-        gx, gw, gb = norms._layer_norm_backward(gy, x_hat, rstd, w)
+        gx, gw, gb = functional.layer_norm_backward(gy, x_hat, rstd, w)
         return gx, gw, gb
 
 
@@ -603,8 +611,9 @@ def test_forward_mode_ad_is_refused_with_a_message_that_names_impl_torch():
     torch.testing.assert_close(tangent, fd, atol=1e-7, rtol=0)
 
 
-def test_norms_uses_no_private_torch_api():
-    src = Path(norms.__file__).read_text()
+@pytest.mark.parametrize("module", [norms, functional])
+def test_norms_uses_no_private_torch_api(module):
+    src = Path(module.__file__).read_text()
     for private in ("torch._C", "_functorch", "torch.ops", "ctypes", "_get_current_graph_task"):
         assert private not in src, private
 

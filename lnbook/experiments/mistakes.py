@@ -4,7 +4,9 @@ what the statistics' gradients and the gain and bias do.
 Part II, chapter `13_common_mistakes` (claims P10, P13, P14). :func:`layer_norm_variant`
 computes eq. 3 of the paper (over the last dimension, without gain and bias) in the ways it is
 commonly got wrong: the unbiased variance, the one-pass variance ``E[x^2] - E[x]^2``,
-statistics in float16, ``eps`` outside the square root. :class:`UnbiasedLayerNorm` and
+statistics in float16, ``eps`` outside the square root, detached statistics. Every variant is
+a keyword of :func:`lnbook.functional.normalize` (the one place layer norm's statistics are
+computed, also for the checkers of :mod:`lnbook.exercises`). :class:`UnbiasedLayerNorm` and
 :func:`to_biased` show what loading weights across the biased and the unbiased variance does,
 on a small MLP trained on the 8x8 digits (:func:`train_digits_mlp`). :func:`residual_placements`
 puts DeepNorm's constant in the three places it is put (Wang et al., 2022).
@@ -40,6 +42,7 @@ from lnbook.experiments.protocol import (
     make_config,
     sweep,
 )
+from lnbook.functional import normalize
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
@@ -87,13 +90,15 @@ def layer_norm_variant(
     one_pass: bool = False,
     eps_inside: bool = True,
     stats_dtype: torch.dtype | None = None,
+    detach: bool = False,
 ) -> Tensor:
     r"""Eq. 3 over the last dimension, without gain and bias, right or in a common wrong way.
 
     The right computation (every option at its default, ``stats_dtype=None``) is
     ``(x - mu) / sqrt(var + eps)`` with the biased variance of the centred values (two passes:
     the mean first), in float32 for half-precision inputs: what :func:`lnbook.layer_norm` and
-    :func:`torch.nn.functional.layer_norm` compute.
+    :func:`torch.nn.functional.layer_norm` compute. Each option is the keyword of the same
+    name of :func:`lnbook.functional.normalize`, which computes it.
 
     Args:
         x: floating-point input ``(*, H)``.
@@ -107,6 +112,8 @@ def layer_norm_variant(
         stats_dtype: the dtype of the statistics; ``torch.float16`` keeps half-precision
             inputs in half precision, where ``x ** 2`` overflows above 256. None: float32 for
             half inputs, the input's dtype otherwise.
+        detach: the mean and the variance are constants to autograd (:class:`DetachNorm`);
+            the values are unchanged, the gradient loses its projections.
 
     Shape:
         - Input: ``(*, H)``; output: the same shape and dtype.
@@ -116,17 +123,9 @@ def layer_norm_variant(
     h = x.shape[-1]
     if unbiased and h < 2:
         raise ValueError(f"the unbiased variance needs H >= 2 values, got H={h}")
-    if stats_dtype is None:
-        stats_dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    xs = x.to(stats_dtype)  # (*, H)
-    mu = xs.mean(dim=-1, keepdim=True)  # (*, 1)
-    if one_pass:
-        ss = xs.square().sum(dim=-1, keepdim=True) - h * mu.square()  # (*, 1) sum of squares
-    else:
-        ss = (xs - mu).square().sum(dim=-1, keepdim=True)  # (*, 1) two passes
-    var = ss / (h - 1 if unbiased else h)  # (*, 1)
-    denom = torch.sqrt(var + eps) if eps_inside else torch.sqrt(var) + eps  # (*, 1)
-    return ((xs - mu) / denom).to(x.dtype)
+    x_hat, _ = normalize(x.reshape(-1, h), eps, unbiased=unbiased, one_pass=one_pass,
+                         eps_inside=eps_inside, stats_dtype=stats_dtype, detach=detach)
+    return x_hat.reshape(x.shape).to(x.dtype)
 
 
 class UnbiasedLayerNorm(nn.Module):
@@ -408,11 +407,7 @@ class DetachNorm(nn.Module):
             raise ValueError(f"DetachNorm({self.normalized_shape}) expects a floating-point "
                              f"tensor of shape (*, {self.normalized_shape}), got "
                              f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
-        half = x.dtype in (torch.float16, torch.bfloat16)
-        xs = x.float() if half else x  # (*, H)
-        mu = xs.mean(dim=-1, keepdim=True).detach()  # (*, 1) a constant to the backward
-        var = (xs - mu).square().mean(dim=-1, keepdim=True).detach()  # (*, 1)
-        return ((xs - mu) / torch.sqrt(var + self.eps)).to(x.dtype)
+        return layer_norm_variant(x, self.eps, detach=True)  # (*, H)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, statistics detached"
