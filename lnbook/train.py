@@ -179,6 +179,9 @@ class UnreadableFile(RuntimeError):
         self.path, self.reason, self.remedy = Path(path), reason, remedy
         super().__init__(f"cannot read {self.path}: {reason}; {remedy}")
 
+    def __reduce__(self) -> tuple[type, tuple[Path, str, str]]:  # raised in a worker process
+        return type(self), (self.path, self.reason, self.remedy)
+
 
 def load_checkpoint(path: str | os.PathLike,
                     map_location: str | torch.device = "cpu") -> dict[str, Any]:

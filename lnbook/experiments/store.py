@@ -38,9 +38,12 @@ class OutConflict(FileExistsError):
         self.files, self.folder = files, folder
         shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         super().__init__(
-            f"{folder} holds {len(files)} finished run(s) of another config ({shown}); they are "
-            f"kept and nothing was trained: write to another folder (--out), or move those "
-            f"files away to train them again")
+            f"{folder} holds finished results of another config ({len(files)} files: {shown}); "
+            f"they are kept and nothing was trained: write to another folder (--out), or move "
+            f"those files away to train them again")
+
+    def __reduce__(self) -> tuple[type, tuple[list[Path], Path]]:
+        return type(self), (self.files, self.folder)
 
 
 def config_digest(cfg: Any) -> str:
