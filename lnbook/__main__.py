@@ -175,7 +175,7 @@ def _executor(spec: str | None) -> Iterator[Executor | None]:
     except ImportError:
         raise MissingExtra("--executor dask", "dask.distributed", extra="cluster") from None
     try:
-        client = Client(address, timeout=10)
+        client = Client(address, timeout=30)
     except (OSError, TimeoutError) as exc:
         raise _Usage(f"cannot reach the Dask scheduler at {address}: {exc}") from None
     try:
