@@ -321,3 +321,24 @@ def test_sweep_trains_with_the_threads_it_is_given():
     before = torch.get_num_threads()
     P.sweep("toy", {"linear": "linear"}, [0], train_one, config=None, device="cpu", threads=2)
     assert seen == [2] and torch.get_num_threads() == before
+
+
+def test_every_name_stays_importable_where_it_was():
+    """protocol.py is now one module per job; its names, and Table, keep their addresses."""
+    import lnbook
+    import lnbook.experiments as E
+    from lnbook.experiments import job, metrics, presets, results, runner, store, workers
+    from lnbook.table import Table
+
+    moved = {"sweep": runner, "Job": job, "SweepInterrupted": job, "cpu_threads": job,
+             "Run": results, "Results": results, "save_results": results,
+             "load_results": results, "updates_to_reach": metrics, "best_step": metrics,
+             "mean_after_start": metrics, "classification_metrics": metrics,
+             "SCALES": presets, "check_scale": presets, "make_config": presets,
+             "OutConflict": store}
+    for name, module in moved.items():
+        assert getattr(P, name) is getattr(module, name), name
+        assert getattr(E, name) is getattr(module, name), name
+    assert set(P.__all__) >= set(moved) | {"Table"}
+    assert P.Table is E.Table is lnbook.Table is Table
+    assert P._worker_ignores_ctrl_c is workers._worker_ignores_ctrl_c
