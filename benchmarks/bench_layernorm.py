@@ -22,17 +22,23 @@ description of the machine.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import load_average, machine_description, minor_faults, parse_shapes, sync
+from common import (
+    check_timing,
+    load_average,
+    machine_description,
+    minor_faults,
+    norm_parser,
+    parse_norm_args,
+    report,
+    sync,
+)
 
 import lnbook
 
@@ -155,13 +161,7 @@ def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device
 
 def run(cfg: BenchConfig) -> dict[str, object]:
     """Benchmark every shape of ``cfg``; return the JSON-serializable results."""
-    if cfg.repeats < 1 or cfg.inner < 1 or cfg.warmup < 0:
-        raise ValueError(
-            f"repeats and inner must be >= 1 and warmup >= 0, got {cfg.repeats}, {cfg.inner}, "
-            f"{cfg.warmup}"
-        )
-    if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
-        raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
+    check_timing(cfg)
     bad = [i for i in cfg.impls if i not in IMPLS]
     if bad or "torch" not in cfg.impls:
         raise ValueError(f"impls must include 'torch' and be drawn from {IMPLS}, got {cfg.impls}")
@@ -209,35 +209,17 @@ def format_table(out: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
-    p.add_argument("--shapes", type=parse_shapes, default=DEFAULT_SHAPES,
-                   help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
+    p = norm_parser(__doc__.split("\n", 1)[0], DEFAULT_SHAPES, BenchConfig, "layernorm.json",
+                    note="")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help=f"comma-separated, from {', '.join(IMPLS)} ('torch' is the baseline)")
-    p.add_argument("--repeats", type=int, default=BenchConfig.repeats, help="interleaved rounds")
-    p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
-    p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--note", default="", help="a note on the machine, stored with the results")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"),
-                   help="folder for layernorm.json ('' to skip writing)")
-    args = p.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    args = parse_norm_args(p, argv)
     cfg = BenchConfig(shapes=args.shapes, impls=tuple(args.impls.split(",")),
                       repeats=args.repeats, inner=args.inner, warmup=args.warmup,
                       dtype=args.dtype, device=args.device, note=args.note)
     out = run(cfg)
-    print(json.dumps(out["machine"], indent=None))
-    print(format_table(out))
-    print("meets targets (autograd <= 3x, impl='torch' <= 1.1x):", out["meets_targets"])
-    if args.out:
-        path = Path(args.out) / "layernorm.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {path}")
+    report(out, [format_table(out), "meets targets (autograd <= 3x, impl='torch' <= 1.1x): "
+                 f"{out['meets_targets']}"], args.out, "layernorm.json")
     return out
 
 

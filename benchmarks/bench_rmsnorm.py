@@ -22,14 +22,11 @@ RMSNorm is faster; ``saving`` is ``1 - ratio``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import common
 import torch
@@ -126,13 +123,7 @@ def bench_shape(rows: int, features: int, cfg: BenchConfig, device: torch.device
 
 def run(cfg: BenchConfig) -> dict[str, object]:
     """Benchmark every shape of ``cfg``; return the JSON-serializable results."""
-    if cfg.repeats < 1 or cfg.inner < 1 or cfg.warmup < 0:
-        raise ValueError(
-            f"repeats and inner must be >= 1 and warmup >= 0, got {cfg.repeats}, {cfg.inner}, "
-            f"{cfg.warmup}"
-        )
-    if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
-        raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
+    common.check_timing(cfg)
     device = lnbook.resolve_device(cfg.device)
     results = [bench_shape(r, f, cfg, device) for r, f in cfg.shapes]
     return {
@@ -166,32 +157,14 @@ def format_table(out: dict[str, object]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
-    p.add_argument("--shapes", type=common.parse_shapes, default=DEFAULT_SHAPES,
-                   help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
-    p.add_argument("--repeats", type=int, default=BenchConfig.repeats, help="interleaved rounds")
-    p.add_argument("--inner", type=int, default=BenchConfig.inner, help="calls per round")
-    p.add_argument("--warmup", type=int, default=BenchConfig.warmup, help="untimed rounds")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--note", default=None, help="free text stored with the machine")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"),
-                   help="folder for rmsnorm.json ('' to skip writing)")
-    args = p.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    p = common.norm_parser(__doc__.split("\n", 1)[0], DEFAULT_SHAPES, BenchConfig,
+                           "rmsnorm.json")
+    args = common.parse_norm_args(p, argv)
     cfg = BenchConfig(shapes=args.shapes, repeats=args.repeats, inner=args.inner,
                       warmup=args.warmup, dtype=args.dtype, device=args.device, note=args.note)
     out = run(cfg)
-    print(json.dumps(out["machine"], indent=None))
-    print(format_table(out))
-    print("median ratio RMSNorm / LayerNorm:", out["median_ratio_rms_to_ln"])
-    if args.out:
-        path = Path(args.out) / "rmsnorm.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {path}")
+    common.report(out, [format_table(out), "median ratio RMSNorm / LayerNorm: "
+                        f"{out['median_ratio_rms_to_ln']}"], args.out, "rmsnorm.json")
     return out
 
 

@@ -1,4 +1,5 @@
-"""What both benchmark scripts share: the machine's description, device sync, page faults.
+"""What the benchmark scripts share: the machine's description, device sync, page faults, and
+the options and output of the two norm benchmarks (:func:`norm_parser`, :func:`report`).
 
 Timing on a CPU has one trap that has nothing to do with the arithmetic being timed: a fresh
 tensor's memory has to be mapped in by the operating system, page by page, the first time it is
@@ -14,8 +15,11 @@ a reader can see how much of a ratio is memory traffic.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -94,3 +98,60 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     if any(len(s) != 2 or min(s) <= 0 for s in shapes):
         raise argparse.ArgumentTypeError(f"each shape must be ROWSxFEATURES > 0, got {text!r}")
     return shapes  # type: ignore[return-value]
+
+
+def check_timing(cfg: Any) -> None:
+    """``cfg.repeats`` and ``cfg.inner`` >= 1, ``cfg.warmup`` >= 0, ``cfg.dtype`` a float
+    type's name; else ``ValueError``."""
+    if cfg.repeats < 1 or cfg.inner < 1 or cfg.warmup < 0:
+        raise ValueError(
+            f"repeats and inner must be >= 1 and warmup >= 0, got {cfg.repeats}, {cfg.inner}, "
+            f"{cfg.warmup}"
+        )
+    if cfg.dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
+
+
+RESULTS = Path(__file__).parent / "results"  # where the book's Performance page reads
+
+
+def norm_parser(description: str, default_shapes: tuple[tuple[int, int], ...], config: Any,
+                file_name: str, note: str | None = None) -> argparse.ArgumentParser:
+    """The options of a benchmark of norms over ``(rows, features)`` shapes: ``--device``,
+    ``--shapes``, ``--repeats``, ``--inner``, ``--warmup`` (defaults from the ``config``
+    dataclass), ``--dtype``, ``--threads``, ``--note`` and ``--out`` (a folder for
+    ``file_name``)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, else cpu), cpu, cuda")
+    p.add_argument("--shapes", type=parse_shapes, default=default_shapes,
+                   help="comma-separated ROWSxFEATURES, e.g. 4096x256,64x16384")
+    p.add_argument("--repeats", type=int, default=config.repeats, help="interleaved rounds")
+    p.add_argument("--inner", type=int, default=config.inner, help="calls per round")
+    p.add_argument("--warmup", type=int, default=config.warmup, help="untimed rounds")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--note", default=note, help="a note on the machine, stored with the results")
+    p.add_argument("--out", default=str(RESULTS),
+                   help=f"folder for {file_name} ('' to skip writing)")
+    return p
+
+
+def parse_norm_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``, and set torch's CPU threads when ``--threads`` is given."""
+    args = p.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def report(out: dict[str, Any], lines: list[str], folder: str, file_name: str) -> None:
+    """Print the machine and ``lines`` (the table, the verdict), then write ``out`` as JSON
+    to ``folder/file_name`` unless ``folder`` is empty."""
+    print(json.dumps(out["machine"], indent=None))
+    for line in lines:
+        print(line)
+    if folder:
+        path = Path(folder) / file_name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")

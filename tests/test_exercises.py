@@ -18,15 +18,6 @@ from torch import nn
 import lnbook
 from lnbook import exercises as ex
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: extra threads only add overhead (and spin on a busy CPU)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 # --- Exercise 3.1: the forward pass -----------------------------------------------------------
 
 

@@ -17,15 +17,6 @@ from lnbook.experiments.protocol import Results, Run
 from lnbook.train import History
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: with two threads on a busy machine each small op waits for the other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def lines() -> HW.Lines:
     return HW.make_handwriting(40, 300, seed=5)

@@ -14,16 +14,6 @@ from lnbook.experiments import Results, Run, load_experiment, load_results
 from lnbook.experiments import order_embeddings as oe
 from lnbook.train import History
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ----------------------------------------------------------------------------- loss, metrics
 
 

@@ -13,14 +13,6 @@ from lnbook.experiments.seq_tasks import make_task
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_presets_names_and_validation():
     quick, paper = placement.get_config("quick"), placement.get_config("paper")
     assert quick.positions == ("post", "pre") and 0 in quick.warmups

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lnbook.experiments import protocol as P
+from lnbook.experiments.store import config_digest
 from lnbook.train import Batches, History, fit
 
 
@@ -149,12 +150,15 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path, capsys):
 
     with pytest.raises(P.SweepInterrupted) as stop:
         P.sweep("toy", variants, seeds, stops_in_third_run, config={"x": 1}, device="cpu",
-                out=tmp_path, checkpoint=True)
+                out=tmp_path, checkpoint=True, steps=12)
     assert isinstance(stop.value, KeyboardInterrupt)
     assert stop.value.finished == ["linear seed 0", "linear seed 1"]
     assert stop.value.saved == [("mlp seed 0", 10, 12)]  # saved at the interrupt, not at 8
     text = stop.value.describe()
-    assert "mlp seed 0: checkpoint at update 10 of 12" in text and "linear seed 1: finished" in text
+    assert "mlp seed 0: checkpoint at update 10 of its 12 updates" in text
+    assert "linear seed 1: finished" in text
+    # the sweep's count, as its bar shows it: 2 runs of 12 and 10 updates of the third
+    assert stop.value.progress == (34, 48) and "at update 34 of 48 of the sweep" in text
     resumed = P.sweep("toy", variants, seeds, _train_one, config={"x": 1}, device="cpu",
                       out=tmp_path, checkpoint=True)
     err = capsys.readouterr().err
@@ -165,11 +169,19 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path, capsys):
         assert a.history.metrics == b.history.metrics
 
 
-def test_finished_runs_are_not_reused_under_another_config(tmp_path, capsys):
+def test_finished_runs_of_another_config_are_kept_not_overwritten(tmp_path, capsys):
     P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 1}, device="cpu",
             out=tmp_path)
-    P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 2}, device="cpu",
-            out=tmp_path)
+    kept = {p: p.read_bytes() for p in [tmp_path / "toy.json", *tmp_path.glob("runs/*")]}
+    calls = []
+    with pytest.raises(P.OutConflict, match="another folder") as conflict:
+        P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0], lambda j: calls.append(j),
+                config={"lr": 2}, device="cpu", out=tmp_path)
+    assert isinstance(conflict.value, FileExistsError) and calls == []  # nothing trained
+    assert set(conflict.value.files) == set(kept)  # the run and the sweep's results
+    assert {p: p.read_bytes() for p in kept} == kept
+    saved = json.loads((tmp_path / "runs" / "linear-seed0.json").read_text())
+    assert saved["digest"] == config_digest({"lr": 1}) != config_digest({"lr": 2})
     assert "finished earlier" not in capsys.readouterr().err
 
 
@@ -195,7 +207,8 @@ def test_checkpoints_are_resumed_under_their_own_config_only(tmp_path, capsys):
 
     slow, fast = {"lr": 0.01, "steps": 8}, {"lr": 0.05, "steps": 8}
     first = losses(slow, tmp_path)
-    (tmp_path / "runs" / "linear-seed0.json").unlink()  # the checkpoint alone is left
+    for finished in (tmp_path / "runs" / "linear-seed0.json", tmp_path / "toy.json"):
+        finished.unlink()  # the checkpoint alone is left
     assert losses(fast, tmp_path) == losses(fast, tmp_path / "fresh") != first
     assert "resuming" not in capsys.readouterr().err
     (tmp_path / "runs" / "linear-seed0.json").unlink()
@@ -288,8 +301,8 @@ def test_make_config_and_check_scale():
 
 def test_cpu_threads_sets_and_restores():
     before = torch.get_num_threads()
-    with P.cpu_threads(1):
-        assert torch.get_num_threads() == 1
+    with P.cpu_threads(before + 1):
+        assert torch.get_num_threads() == before + 1
     assert torch.get_num_threads() == before
     with P.cpu_threads(None):
         assert torch.get_num_threads() == before
@@ -306,5 +319,26 @@ def test_sweep_trains_with_the_threads_it_is_given():
         return _train_one(job)
 
     before = torch.get_num_threads()
-    P.sweep("toy", {"linear": "linear"}, [0], train_one, config=None, device="cpu", threads=1)
-    assert seen == [1] and torch.get_num_threads() == before
+    P.sweep("toy", {"linear": "linear"}, [0], train_one, config=None, device="cpu", threads=2)
+    assert seen == [2] and torch.get_num_threads() == before
+
+
+def test_every_name_stays_importable_where_it_was():
+    """protocol.py is now one module per job; its names, and Table, keep their addresses."""
+    import lnbook
+    import lnbook.experiments as E
+    from lnbook.experiments import job, metrics, presets, results, runner, store, workers
+    from lnbook.table import Table
+
+    moved = {"sweep": runner, "Job": job, "SweepInterrupted": job, "cpu_threads": job,
+             "Run": results, "Results": results, "save_results": results,
+             "load_results": results, "updates_to_reach": metrics, "best_step": metrics,
+             "mean_after_start": metrics, "classification_metrics": metrics,
+             "SCALES": presets, "check_scale": presets, "make_config": presets,
+             "OutConflict": store}
+    for name, module in moved.items():
+        assert getattr(P, name) is getattr(module, name), name
+        assert getattr(E, name) is getattr(module, name), name
+    assert set(P.__all__) >= set(moved) | {"Table"}
+    assert P.Table is E.Table is lnbook.Table is Table
+    assert P._worker_ignores_ctrl_c is workers._worker_ignores_ctrl_c

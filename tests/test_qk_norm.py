@@ -16,14 +16,6 @@ from lnbook.train import History
 from lnbook.transformer import Transformer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_presets_names_and_validation():
     quick, paper = qk_norm.get_config("quick"), qk_norm.get_config("paper")
     assert quick.qk_norms == (False, True) and quick.warmup == 0

@@ -10,14 +10,6 @@ from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
 from lnbook.experiments import rmsnorm
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_presets_and_validation():
     quick, paper = rmsnorm.get_config("quick"), rmsnorm.get_config("paper")
     assert quick.norms == paper.norms == ("layer", "rms")

@@ -33,15 +33,6 @@ CELL_TWINS = [
 LAYER_TWINS = [(RNN, nn.RNN), (LSTM, nn.LSTM), (GRU, nn.GRU)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tensors here are tiny: one CPU thread is fastest (restored afterwards)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def step_cell(cell: nn.Module, xs: torch.Tensor, lstm: bool):
     """Run a cell over (T, B, I) step by step; return stacked h and the last state."""
     state, outs = None, []

@@ -23,15 +23,6 @@ from lnbook.experiments.seq_tasks import (
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _job(seed: int = 0) -> Job:
     return Job("v", None, seed, torch.device("cpu"), None, None, f"v seed {seed}")
 

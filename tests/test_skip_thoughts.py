@@ -11,15 +11,6 @@ import torch
 from lnbook.experiments import load_experiment
 from lnbook.experiments import skip_thoughts as st
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one CPU thread is faster, and immune to a busy machine's other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 TEXT = """The "if" statement
 ******************
 

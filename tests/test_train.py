@@ -10,7 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lnbook.norms import BatchNorm, LayerNorm
-from lnbook.train import Batches, History, fit, progress_enabled
+from lnbook.train import (
+    Batches,
+    History,
+    UnreadableFile,
+    fit,
+    load_checkpoint,
+    progress_enabled,
+)
 
 
 def test_batches_are_a_function_of_the_step():
@@ -167,6 +174,28 @@ def test_resume_of_a_finished_run_and_longer_runs(tmp_path):
     assert longer.losses == ref.losses
     with pytest.raises(ValueError, match="beyond steps"):
         _train(4, checkpoint=ckpt)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not a checkpoint"])
+def test_an_unreadable_checkpoint_is_named_with_what_to_do(tmp_path, damage):
+    ckpt = tmp_path / "run.pt"
+    _train(6, checkpoint=ckpt)
+    good = ckpt.read_bytes()
+    if damage == "truncated":  # the disk filled up, a copy was cut short
+        ckpt.write_bytes(good[: len(good) // 2])
+    elif damage == "empty":
+        ckpt.write_bytes(b"")
+    else:
+        torch.save({"weights": torch.zeros(2)}, ckpt)
+    with pytest.raises(UnreadableFile) as unreadable:
+        _train(9, checkpoint=ckpt)
+    assert isinstance(unreadable.value, RuntimeError)  # what torch raised for a truncated one
+    assert unreadable.value.path == ckpt
+    text = str(unreadable.value)
+    assert text.startswith(f"cannot read {ckpt}: ") and "\n" not in text
+    assert "delete it to train that run from the start" in text
+    ckpt.write_bytes(good)
+    assert load_checkpoint(ckpt)["step"] == 6
 
 
 def test_same_seed_same_run_other_seed_other_run():

@@ -7,9 +7,14 @@ Book chapters 3.1, the lab 3.2, 6.1-6.7, 7 and Part II. Every experiment module
 - a ``@dataclass Config`` with a field ``scale``,
 - ``get_config(scale="quick", **overrides) -> Config`` (``scale`` is ``"quick"`` or ``"paper"``),
 - ``run(config, device="auto", out=None, seeds=None) -> Results``, which trains its variants x
-  seeds through :func:`lnbook.experiments.protocol.sweep` and returns one
-  :class:`~lnbook.experiments.protocol.Results` (also written to ``out/<NAME>.json`` when
+  seeds through :func:`lnbook.experiments.runner.sweep` and returns one
+  :class:`~lnbook.experiments.results.Results` (also written to ``out/<NAME>.json`` when
   ``out`` is given, with the finished runs and checkpoints from which a sweep resumes).
+
+The shared machinery lives one job per module: ``presets``, ``results``, ``metrics``,
+``store`` (the ``out`` folder), ``job``, ``workers`` and ``runner`` (the sweep);
+:mod:`.protocol` gathers them under their old name, and every public name is importable from
+here too.
 
 The command line (``python -m lnbook run NAME``) and the notebooks find them in
 :data:`EXPERIMENTS`, a plain mapping from name to module. Experiments never import each other.
@@ -36,33 +41,32 @@ from lnbook.experiments import (
     rnn_length,
     skip_thoughts,
 )
-from lnbook.experiments.protocol import (
-    SCALES,
-    Job,
-    Results,
-    Run,
-    SweepInterrupted,
-    Table,
+from lnbook.experiments.job import Job, SweepInterrupted, cpu_threads
+from lnbook.experiments.metrics import (
     best_step,
-    check_scale,
-    load_results,
-    make_config,
+    classification_metrics,
     mean_after_start,
-    save_results,
-    sweep,
     updates_to_reach,
 )
+from lnbook.experiments.presets import SCALES, check_scale, make_config
+from lnbook.experiments.results import Results, Run, load_results, save_results
+from lnbook.experiments.runner import sweep, using_executor
+from lnbook.experiments.store import OutConflict
+from lnbook.table import Table
 
 __all__ = [
     "EXPERIMENTS",
     "SCALES",
     "Job",
+    "OutConflict",
     "Results",
     "Run",
     "SweepInterrupted",
     "Table",
     "best_step",
     "check_scale",
+    "classification_metrics",
+    "cpu_threads",
     "load_experiment",
     "load_results",
     "make_config",
@@ -70,6 +74,7 @@ __all__ = [
     "save_results",
     "sweep",
     "updates_to_reach",
+    "using_executor",
 ]
 
 EXPERIMENTS: dict[str, ModuleType] = {

@@ -1,0 +1,83 @@
+"""The measurements of learning curves that the chapters share, written once.
+
+:func:`updates_to_reach` (how soon a curve gets to a target), :func:`mean_after_start` (the
+area under it, the book's measure of "converges faster"), :func:`best_step`, and
+:func:`classification_metrics` (the negative log likelihood and error rate of a classifier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["best_step", "classification_metrics", "mean_after_start", "updates_to_reach"]
+
+
+def _pick(mode: str) -> Callable[[Sequence[float]], float]:
+    """``min`` for ``mode="min"``, ``max`` for ``"max"``; anything else raises ``ValueError``."""
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    return min if mode == "min" else max
+
+
+def updates_to_reach(steps: Sequence[int], values: Sequence[float], target: float,
+                     mode: str = "min") -> int | None:
+    """The first evaluation step at which ``values`` reaches ``target``, or None if never.
+
+    With ``mode="min"`` (a loss or an error) reaching means ``value <= target``; with
+    ``mode="max"`` (an accuracy or a recall) it means ``value >= target``.
+
+    Example::
+
+        >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
+        10
+    """
+    if len(steps) != len(values):
+        raise ValueError(f"steps and values differ in length: {len(steps)} vs {len(values)}")
+    _pick(mode)
+    for s, v in zip(steps, values, strict=True):
+        if (v <= target) if mode == "min" else (v >= target):
+            return int(s)
+    return None
+
+
+def mean_after_start(values: np.ndarray) -> np.ndarray:
+    """The mean of each curve over its evaluations after step 0: ``(seeds, E) -> (seeds,)``.
+
+    The area under a learning curve, per evaluation: a method that gets low sooner has the
+    smaller value (the measure of "converges faster" used across the book).
+    """
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 2 or values.shape[1] < 2:
+        raise ValueError(f"values must be (seeds, evaluations >= 2), got {values.shape}")
+    return values[:, 1:].mean(axis=1)
+
+
+def best_step(steps: Sequence[int], values: Sequence[float], mode: str = "min") -> int:
+    """The evaluation step with the best value (the first one, on ties)."""
+    best = _pick(mode)(values)
+    return int(steps[list(values).index(best)])
+
+
+def classification_metrics(
+    model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
+) -> dict[str, float]:
+    """Mean negative log likelihood (nats) and error rate of a classifier on ``(x, y)``.
+
+    ``model(x)`` returns logits ``(N, classes)``; evaluated without gradients in chunks of
+    ``chunk`` examples on the model's device, in whatever mode the model is in (``fit``'s
+    ``eval_fn`` runs in eval mode).
+    """
+    dev = next(model.parameters()).device
+    nll, wrong = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(y), chunk):
+            xb, yb = x[i : i + chunk].to(dev), y[i : i + chunk].to(dev)
+            logits = model(xb)  # (chunk, classes)
+            nll += float(F.cross_entropy(logits, yb, reduction="sum"))
+            wrong += int((logits.argmax(1) != yb).sum())
+    return {"nll": nll / len(y), "error": wrong / len(y)}

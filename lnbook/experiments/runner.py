@@ -1,0 +1,212 @@
+"""The one protocol every experiment follows: variants x seeds -> fit -> :class:`Results`.
+
+An experiment module describes *what* to train (its ``Config`` dataclass, a model, data, and a
+function that trains one variant with one seed); :func:`sweep` runs every (variant, seed) pair,
+shows one progress bar for the whole sweep, keeps finished runs and checkpoints on disk when
+given an ``out`` folder (so that an interrupted sweep resumes where it stopped, and a finished
+run is never overwritten: :mod:`lnbook.experiments.store`), and returns one :class:`Results`.
+Runs train one after another in this process, at once in worker processes (``workers``), or on
+any :class:`concurrent.futures.Executor` (:func:`using_executor`; :mod:`.workers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from lnbook.device import resolve_device
+from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
+from lnbook.experiments.store import (
+    OutConflict,
+    check_results_file,
+    checkpoint_file,
+    load_finished,
+    run_file,
+)
+from lnbook.experiments.workers import train_concurrently
+from lnbook.train import History, progress_enabled
+
+__all__ = ["sweep", "using_executor"]
+
+_EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
+    "lnbook_executor", default=None)
+
+
+@contextlib.contextmanager
+def using_executor(executor: Executor | None) -> Iterator[Executor | None]:
+    """Every :func:`sweep` in the body (one an experiment's ``run`` calls too) trains its runs
+    on ``executor`` unless it is given one itself.
+
+    Example::
+
+        from dask.distributed import Client
+        with Client("tcp://scheduler:8786") as client, using_executor(client.get_executor()):
+            results = mnist.run(mnist.get_config("paper"), out="runs/")
+    """
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(f"executor must be a concurrent.futures.Executor, got "
+                        f"{type(executor).__name__}")
+    token = _EXECUTOR.set(executor)
+    try:
+        yield executor
+    finally:
+        _EXECUTOR.reset(token)
+
+
+class _SweepBar(tqdm):
+    """The sweep's progress bar, which counts its updates even when it is not drawn (the
+    count an interrupted sweep reports is the count its bar shows)."""
+
+    done = 0
+
+    def update(self, n: float | None = 1) -> bool | None:
+        self.done += int(n or 0)
+        return super().update(n)
+
+
+def sweep(
+    name: str,
+    variants: Mapping[str, Any],
+    seeds: Sequence[int],
+    train_one: Callable[[Job], History | tuple[History, dict[str, Any]]],
+    *,
+    config: Any,
+    device: str | torch.device = "auto",
+    out: str | Path | None = None,
+    checkpoint: bool = False,
+    steps: int | Callable[[str, Any], int] | None = None,
+    info: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    threads: int | None = None,
+    workers: int = 1,
+    executor: Executor | None = None,
+) -> Results:
+    """Train every variant with every seed through ``train_one``; return one :class:`Results`.
+
+    Args:
+        name: the experiment's name (``Results.name``; files are ``out/<name>.json``).
+        variants: name -> parameters of the variant (anything ``train_one`` understands),
+            trained in this order.
+        seeds: the seeds, each variant trained once per seed.
+        train_one: ``Job -> History`` or ``(History, info)``; builds the model under
+            ``torch.manual_seed(job.seed)`` and calls :func:`lnbook.fit` with ``bar=job.bar``,
+            ``label=job.label`` and ``checkpoint=job.checkpoint``.
+        config: the experiment's config dataclass (stored with the results and each run).
+        device: ``"auto"`` (cuda, mps, cpu) or a device.
+        out: folder for ``<name>.json``, the finished runs (``runs/``) and the checkpoints
+            (``checkpoints/``, when ``checkpoint`` is True); None keeps everything in memory.
+            A finished run there is reused under the same config, continued when only
+            ``steps``, ``eval_every``, ``checkpoint``, ``threads`` or ``workers`` changed
+            (training longer continues from its checkpoint), and never overwritten by a run
+            of another config: the sweep then raises :class:`OutConflict` before training.
+        checkpoint: give every job a checkpoint file under ``out`` (paper-scale runs).
+        steps: updates per run (an int, or ``(variant, params) -> int``), for the total of
+            the progress bar.
+        info: what to store about the whole sweep in ``Results.info``.
+        progress: show the bar; default only in a terminal outside CI.
+        threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
+            torch's setting.
+        workers: how many runs train at once, each in its own process, on a CPU device (on
+            a GPU, or with one run to train, they train one after another). Results are the
+            same as with 1: every run seeds itself. ``train_one`` must then be picklable (a
+            module-level function, or a ``functools.partial`` of one), and the bar moves
+            when a run finishes. Each worker starts a fresh Python (a few seconds), and ends
+            when this process does, however it ends.
+        executor: train the runs on this :class:`concurrent.futures.Executor` instead (for
+            example ``dask.distributed.Client(address).get_executor()``); default the one of
+            :func:`using_executor`, if any. ``train_one`` and its arguments travel to the
+            engine's workers (they must import lnbook); the same numbers as ``workers=1``.
+
+    Raises:
+        SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
+            checkpoint the interrupted one left (a ``KeyboardInterrupt``).
+        OutConflict: ``out`` holds finished runs of another config (nothing was trained).
+        UnreadableFile: a run file or checkpoint in ``out`` is truncated or not lnbook's.
+    """
+    if not variants:
+        raise ValueError("variants is empty: name at least one variant to train")
+    if not seeds:
+        raise ValueError("seeds is empty: give at least one seed")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    executor = executor if executor is not None else _EXECUTOR.get()
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(f"executor must be a concurrent.futures.Executor, got "
+                        f"{type(executor).__name__}")
+    dev = resolve_device(device)
+    folder = Path(out) if out is not None else None
+    cfg = _jsonable(config)
+    pairs = [(v, p, int(s)) for v, p in variants.items() for s in seeds]
+
+    def n_steps(v: str, p: Any) -> int:
+        return steps(v, p) if callable(steps) else int(steps or 0)
+
+    done, jobs = _plan(name, pairs, folder, cfg, dev, checkpoint)
+    total = sum(n_steps(v, p) for v, p, _ in pairs) if steps is not None else None
+    bar = _SweepBar(total=total, disable=not progress_enabled(progress), desc=name,
+                    unit="update")
+    for i in done:
+        tqdm.write(f"{label(*pairs[i][::2])}: finished earlier, read from "
+                   f"{run_file(folder, pairs[i][0], pairs[i][2])}", file=sys.stderr)
+        bar.update(n_steps(*pairs[i][:2]))
+    for job, _ in jobs.values():
+        job.bar = bar
+    try:
+        if executor is not None or (workers > 1 and dev.type == "cpu" and len(jobs) > 1):
+            train_concurrently(jobs, done, train_one, threads, cfg, bar,
+                               lambda i: n_steps(*pairs[i][:2]), folder,
+                               workers=min(workers, len(jobs)), executor=executor)
+        else:
+            for i, (job, path) in jobs.items():
+                try:
+                    done[i] = train_job(train_one, job, threads, cfg, path)
+                except KeyboardInterrupt:
+                    raise SweepInterrupted([label(r.variant, r.seed) for r in done.values()],
+                                           saved_step(job), folder, (bar.done, total)) from None
+    finally:
+        bar.close()
+    results = Results(name, cfg, str(dev), [done[i] for i in sorted(done)], dict(info or {}))
+    if folder is not None:
+        save_results(results, folder / f"{name}.json")
+    return results
+
+
+def _plan(name: str, pairs: list[tuple[str, Any, int]], folder: Path | None, cfg: Any,
+          dev: torch.device, checkpoint: bool
+          ) -> tuple[dict[int, Run], dict[int, tuple[Job, Path | None]]]:
+    """The runs already finished in ``folder`` and the jobs still to train (with their run
+    files), in the order of ``pairs``; a conflict anywhere raises before anything trains."""
+    done: dict[int, Run] = {}
+    jobs: dict[int, tuple[Job, Path | None]] = {}
+    conflicts: list[Path] = []
+    for i, (variant, params, seed) in enumerate(pairs):
+        path = run_file(folder, variant, seed) if folder is not None else None
+        try:
+            found = load_finished(folder, variant, seed, cfg) if folder is not None else None
+        except OutConflict as conflict:
+            conflicts += conflict.files
+            continue
+        if found is not None:
+            done[i] = found
+            continue
+        ckpt = None
+        if folder is not None and checkpoint:
+            ckpt = checkpoint_file(folder, name, variant, seed, cfg)
+        jobs[i] = (Job(variant, params, seed, dev, ckpt, None, label(variant, seed)), path)
+    if folder is not None:
+        try:
+            check_results_file(folder / f"{name}.json", cfg)
+        except OutConflict as conflict:
+            conflicts += conflict.files
+    if conflicts:
+        raise OutConflict(conflicts, folder)
+    return done, jobs

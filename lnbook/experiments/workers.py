@@ -1,0 +1,171 @@
+"""Runs of a sweep trained at once: in worker processes of this machine, or on any
+:class:`concurrent.futures.Executor` (a Dask cluster's, submitit's, Ray's), with Ctrl-C handling.
+
+Worker processes (``workers=N``) are fresh Pythons (the ``spawn`` start method). Each one ignores
+Ctrl-C between runs and takes it as ``KeyboardInterrupt`` only while a run trains (the run then
+saves its checkpoint), and each one watches its parent: when the process that runs the sweep
+dies, however it dies (Ctrl-C, ``kill -9``, a restarted Jupyter kernel), its workers end within
+a second instead of training on as orphans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
+from lnbook.experiments.results import Run, read_json
+from lnbook.experiments.store import save_run
+
+__all__ = ["train_concurrently"]
+
+PARENT_POLL_SECONDS = 0.2  # how often a worker checks that its parent is alive
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Watch ``parent``; when it is gone (this process was handed to another parent), end
+    this process at once, whatever its main thread is doing."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)  # no cleanup to run: a run's files are written atomically
+
+
+def _worker_ignores_ctrl_c(parent: int | None = None) -> None:
+    """Pool initializer: between runs a worker ignores Ctrl-C. A terminal sends it to every
+    process of the group; a worker that is waiting for a run, or unpickling one, has nothing
+    to save, and a KeyboardInterrupt there would end it with a traceback (the parent stops
+    the sweep and reports). With ``parent`` (its pid), the worker also ends when it dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True,
+                         name="lnbook-exit-with-parent").start()
+
+
+def _train_job_in_worker(*args: Any) -> Run:
+    """:func:`train_job` in a worker, where Ctrl-C interrupts the run (which then saves its
+    checkpoint, as in the parent), and only while the run trains."""
+    ignore = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return train_job(*args)
+    finally:
+        signal.signal(signal.SIGINT, ignore)
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` fresh processes that ignore Ctrl-C between runs and end with this one."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_ignores_ctrl_c, initargs=(os.getpid(),))
+
+
+def _check_picklable(train_one: Callable[[Job], Any]) -> None:
+    try:
+        pickle.dumps(train_one)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(
+            f"with workers > 1 every run trains in another process, so train_one must be "
+            f"picklable (a module-level function, or a functools.partial of one); "
+            f"{train_one!r} is not: {exc}"
+        ) from None
+
+
+def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
+                       train_one: Callable[[Job], Any], threads: int | None, cfg: Any,
+                       bar: tqdm, n_steps: Callable[[int], int], folder: Path | None, *,
+                       workers: int = 1, executor: Executor | None = None) -> None:
+    """Train ``jobs`` at once, filling ``done`` (index -> run) as runs finish.
+
+    Without ``executor``, in ``workers`` processes of this machine, never more runs handed out
+    than there are workers (nothing queued that Ctrl-C must undo); a worker writes its
+    finished run's file itself. With ``executor``, every job is submitted at once and the
+    engine schedules them; the runs come back to this process, which writes their files (a
+    cluster's workers need not see ``folder``; its checkpoints, written where a run trains,
+    resume only on a folder they share).
+    """
+    own = executor is None
+    if own:
+        _check_picklable(train_one)
+        pool: Executor = process_pool(workers)
+        limit: int | None = workers
+        fn: Callable[..., Run] = _train_job_in_worker
+    else:
+        pool, limit, fn = executor, None, train_job
+    quiet = tqdm(disable=True)  # a worker cannot draw on this process's bar
+    waiting = list(jobs)  # indices not yet handed out, in order
+    running: dict[Future, int] = {}
+
+    def start_next() -> None:
+        i = waiting.pop(0)
+        job, run_file = jobs[i]
+        running[pool.submit(fn, train_one, dataclasses.replace(job, bar=quiet), threads, cfg,
+                            run_file if own else None)] = i
+
+    def finish(i: int, run: Run) -> None:
+        run_file = jobs[i][1]
+        if not own and run_file is not None:
+            save_run(run, cfg, run_file)
+        done[i] = run
+
+    try:
+        while waiting and (limit is None or len(running) < limit):
+            start_next()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                i = running.pop(future)
+                finish(i, future.result())  # a run's exception is raised here
+                bar.set_description(f"{jobs[i][0].label} done")
+                bar.update(n_steps(i))
+                if waiting:
+                    start_next()
+    except BaseException as exc:
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            for future in running:
+                future.cancel()
+        if own and isinstance(exc, BrokenProcessPool):
+            raise RuntimeError(
+                "a worker process of the sweep stopped before its run finished. Called from a "
+                "script, the sweep must run under `if __name__ == \"__main__\":` (each worker "
+                "imports the main module); workers=1 trains in this process instead"
+            ) from exc
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        _stop(jobs, done, running, own, folder, bar, finish)
+    if own:
+        pool.shutdown()
+
+
+def _stop(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
+          running: dict[Future, int], own: bool, folder: Path | None, bar: tqdm,
+          finish: Callable[[int, Run], None]) -> None:
+    """After Ctrl-C: collect what finished and what was checkpointed; raise
+    :class:`SweepInterrupted`."""
+    # workers that got the Ctrl-C too (a terminal sends it to them all) save a checkpoint and
+    # stop; runs whose worker did not (Jupyter interrupts the kernel only) go on in the
+    # background and save their results when they finish
+    wait(running, timeout=10 if own else 0)
+    saved = []
+    for future, i in running.items():
+        job, run_file = jobs[i]
+        if future.done() and not future.cancelled() and future.exception() is None:
+            finish(i, future.result())
+        elif own and run_file is not None and run_file.exists():  # saved just before Ctrl-C
+            done[i] = Run.from_dict(read_json(run_file, "delete it to train it again")["run"])
+        else:
+            saved += saved_step(job)
+    finished = [label(r.variant, r.seed) for _, r in sorted(done.items())]
+    raise SweepInterrupted(finished, saved, folder,
+                           (getattr(bar, "done", bar.n), bar.total)) from None
