@@ -18,15 +18,6 @@ from lnbook import precision as P
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
 
-@pytest.fixture
-def one_thread():
-    """torch's CPU kernels split rows over threads; the kernel tests pin one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_unit_roundoff_and_overflow_threshold_are_the_ieee_values():
     assert P.unit_roundoff(F16) == 2.0**-11
     assert P.unit_roundoff(BF16) == 2.0**-8
@@ -181,7 +172,7 @@ def test_weight_gradient_in_low_precision_against_float32_accumulation():
     assert err_bf16 == sorted(err_bf16)  # grows with the number of rows
 
 
-def test_lnbook_accumulates_the_weight_gradient_in_float32(one_thread):
+def test_lnbook_accumulates_the_weight_gradient_in_float32():
     rows, dim = 20000, 32
     u = P.unit_roundoff(BF16)
     bound = u + P.recursive_sum_bound(rows + 2 * dim, F32)  # one final rounding
@@ -192,7 +183,7 @@ def test_lnbook_accumulates_the_weight_gradient_in_float32(one_thread):
         rows, dim, BF16, "lnbook", weight_dtype=F32) <= P.recursive_sum_bound(rows + 2 * dim, F32)
 
 
-def test_torch_cpu_kernel_weight_gradient_stagnates_in_bfloat16(one_thread):
+def test_torch_cpu_kernel_weight_gradient_stagnates_in_bfloat16():
     # measured on torch's CPU kernel (one thread): its dL/dg for bfloat16 inputs is a running
     # sum in bfloat16, so it obeys the stagnation bound (terms y * x_hat <= max x_hat^2 < dim)
     rows, dim = 100000, 32
