@@ -4,8 +4,12 @@ For every page of `_toc.yml` the test loads the built HTML from a local server a
 the page loads with no JavaScript error, has a title and a heading, that every image loaded,
 that the sidebar lists every chapter, that MathJax typeset every equation (from the book's own
 copy: the build is offline), that no internal link points to a missing page, and that nothing
-on the page is fetched from a host other than this machine. It also saves full-page screenshots
-of the intro page and of one experiment chapter under `_build/screenshots/`.
+on the page is fetched from a host other than this machine. It then checks that the page fits
+the screen at 1280 pixels wide and on a 390-pixel phone: nothing widens the page or is cut off
+(a wide equation, output or figure scrolls inside its own box), no code cell scrolls sideways at
+1280 pixels, the claims ledger's tables fit the column, and a figure is not shrunk on a phone
+below the size at which its labels can be read. It also saves full-page screenshots of the
+intro page and of one experiment chapter under `_build/screenshots/`.
 
 Needs Playwright for Python (`pip install playwright`; never `playwright install`: it drives
 Debian's Chromium, `apt-get install chromium`). Skipped with the reason when either is missing.
@@ -175,6 +179,58 @@ RESOURCES = """() => [
 ]"""
 
 
+# What does not fit the screen. An element sticks out when its box reaches past the viewport's
+# right edge and no box around it scrolls sideways within the viewport: it widens the page,
+# or it is cut off (an `overflow: hidden` box around it hides its end).
+OVERFLOW = """() => {
+    const vw = document.documentElement.clientWidth;
+    const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+    // inside a box that scrolls it is readable (that box is checked itself); a box that
+    // hides what overflows it cuts the element off if the element reaches past that box
+    const fits = el => { const right = el.getBoundingClientRect().right;
+        for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+            if (scrolls(a)) return true;
+            if (getComputedStyle(a).overflowX !== 'visible'
+                && right > a.getBoundingClientRect().right + 1) return false;
+        }
+        return false; };
+    const name = el => el.tagName.toLowerCase() + (el.className && el.className.baseVal
+        === undefined ? '.' + String(el.className).trim().split(/\\s+/).join('.') : '');
+    const out = [...document.querySelectorAll('.bd-article-container *')].filter(el => {
+        const r = el.getBoundingClientRect();
+        // MathJax's hidden copy for screen readers is clipped to nothing, never seen
+        return r.width > 0 && r.height > 0 && r.right > vw + 1
+            && !el.closest('mjx-assistive-mml') && !fits(el);
+    });
+    // report the outermost offenders only
+    const top = out.filter(el => !out.includes(el.parentElement));
+    return {page: document.documentElement.scrollWidth, viewport: vw,
+            sticking_out: top.slice(0, 5).map(el => `${name(el.parentElement)} > ${
+                name(el)} to x=${
+                Math.round(el.getBoundingClientRect().right)}`)};
+}"""
+SCROLLING_CODE = """() => [...document.querySelectorAll('div.cell_input pre')]
+    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .map(pre => `${pre.scrollWidth - pre.clientWidth}px too wide: ` +
+                pre.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a))"""
+LEDGER_TABLES = """() => [...document.querySelectorAll('table.claims-ledger')].map(t => ({
+    table: Math.round(t.getBoundingClientRect().width),
+    column: Math.round(t.closest('article').getBoundingClientRect().width),
+    scrolls: t.parentElement.scrollWidth > t.parentElement.clientWidth + 1,
+    cells: [...t.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
+        .length}))"""
+# a figure in a chapter's output: its size on screen against its size as drawn
+FIGURES = """() => [...document.querySelectorAll('div.cell_output img, figure img')]
+    .filter(img => img.naturalWidth > 0)
+    .map(img => ({src: img.src.split('/').pop(), shown: img.getBoundingClientRect().width,
+                  drawn: img.naturalWidth}))"""
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+# on a phone a figure is shown at least this wide (or as drawn, if smaller), in a box that
+# scrolls: a 13-inch figure's 10-point labels are then about 8 pixels tall instead of 4
+PHONE_FIGURE_WIDTH = 700
+
+
 def _page_path(url: str, base: str) -> str | None:
     """The file under HTML that a same-site URL points to, or None for another site."""
     if not url.startswith(base):
@@ -225,8 +281,33 @@ def test_page_as_a_reader_sees_it(page: str, site: str, browser) -> None:
         assert not remote_resources, f"{page}: resources from remote hosts {remote_resources}"
         assert not remote, f"{page}: requests to remote hosts {remote}"
 
+        check_fits_the_screen(tab, page)
     finally:
         tab.close()
+
+
+def check_fits_the_screen(tab, page: str) -> None:
+    """The loaded page fits at 1280 pixels and at 390 (a phone): see the module docstring."""
+    for viewport in (DESKTOP, PHONE):
+        tab.set_viewport_size(viewport)
+        tab.evaluate("() => new Promise(done => requestAnimationFrame(() => "
+                     "requestAnimationFrame(done)))")
+        width = viewport["width"]
+        fit = tab.evaluate(OVERFLOW)
+        assert fit["page"] <= fit["viewport"] and not fit["sticking_out"], (
+            f"{page} at {width} px: the page is {fit['page']} px wide for a {fit['viewport']} px"
+            f" window; sticking out (not in a box of its own that scrolls): "
+            f"{fit['sticking_out']}")
+        for t in tab.evaluate(LEDGER_TABLES):
+            assert t["table"] <= t["column"] and not t["scrolls"] and not t["cells"], (
+                f"{page} at {width} px: a claims-ledger table does not fit its column {t}")
+        if viewport is DESKTOP:
+            wide = tab.evaluate(SCROLLING_CODE)
+            assert not wide, f"{page} at {width} px: code cells scroll sideways: {wide}"
+        else:
+            small = [f for f in tab.evaluate(FIGURES)
+                     if f["shown"] < min(PHONE_FIGURE_WIDTH, f["drawn"]) - 1]
+            assert not small, f"{page} at {width} px: figures shrunk past reading: {small}"
 
 
 def test_screenshots(site: str, browser) -> None:
