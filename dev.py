@@ -12,9 +12,10 @@ when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another 
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
 `pdf` builds Jupyter Book's single-page HTML of the whole book from the notebooks executed by
-`book` (it executes them first if `book` has not) and prints it with headless Chromium (Debian's
-`apt-get install chromium`, or set LNBOOK_CHROMIUM); it also copies the PDF into _build/html,
-where every page's download menu offers it.
+`book` (it executes them first if `book` has not) and prints it with headless Chromium, driven
+by Playwright as in the browser test (Debian's `apt-get install chromium`, or set
+LNBOOK_CHROMIUM); it also copies the PDF into _build/html, where every page's download menu
+offers it.
 
 This file runs on a bare Python: it imports only the standard library. The tasks that need
 more, `sync` (nbformat, PyYAML) and `pdf` (Jupyter Book), run with .venv's Python after installing.
@@ -28,7 +29,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import venv
 from pathlib import Path
@@ -260,12 +260,15 @@ def make_pdf(config: str | Path | None = None, output: str | Path = ROOT) -> Pat
 
     Runs inside .venv, next to its `jupyter-book`. The build takes the notebooks' outputs
     from the Jupyter cache that `dev.py book` filled (`execute_notebooks: cache`), so it
-    executes nothing that `book` already ran. Chromium prints the page once its scripts have
-    run (MathJax typesets every equation), without the browser's header and footer, with the
-    book's headings as the PDF's outline. `config` is another `_config.yml` (tests use it).
-    When `<output>/_build/html` holds a built book, the PDF is copied there too, so that its
-    pages' download menus link to it. Returns the PDF's path.
+    executes nothing that `book` already ran. Playwright (as in tests/test_browser.py) drives
+    Debian's Chromium, which prints the page once MathJax has typeset every equation and every
+    image has loaded: A4, the book's headings as the PDF's outline, tagged for screen readers.
+    `config` is another `_config.yml`. When `<output>/_build/html` holds a built book, the PDF
+    is copied there too, so that its pages' download menus link to it. Returns the PDF's path.
     """
+    import yaml  # in .venv, where this runs
+    from playwright.sync_api import sync_playwright
+
     chromium = find_chromium()
     if chromium is None:
         sys.exit("dev.py pdf needs Chromium: apt-get install -y chromium "
@@ -274,22 +277,44 @@ def make_pdf(config: str | Path | None = None, output: str | Path = ROOT) -> Pat
     cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
            "--builder", "singlehtml", "--path-output", str(output)]
     run(*cmd, *(["--config", str(config)] if config else []))
-    page = build / "singlehtml" / "index.html"
+    root = yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]
+    # the whole book is one page named after the root document (book/intro.html), but its
+    # links to images, styles and scripts are relative to the build's top folder: print a copy
+    # placed there
+    page = build / "singlehtml" / PDF_NAME.replace(".pdf", ".html")
+    shutil.copyfile(build / "singlehtml" / f"{Path(root).with_suffix('')}.html", page)
     target = build / "pdf" / PDF_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     target.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as profile:
-        run(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update",
-            f"--user-data-dir={profile}", "--run-all-compositor-stages-before-draw",
-            "--virtual-time-budget=60000", "--no-pdf-header-footer",
-            "--generate-pdf-document-outline", f"--print-to-pdf={target}", page.as_uri())
-    if not target.exists() or target.stat().st_size == 0:
-        sys.exit(f"Chromium wrote no PDF at {target}")
+    print(f"+ {chromium}: printing {page} to {target}", flush=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox",
+                                     "--disable-gpu", "--disable-background-networking"])
+        try:
+            tab = browser.new_page()
+            tab.set_default_timeout(600_000)
+            tab.goto(page.as_uri(), wait_until="load")
+            tab.evaluate(PRINT_READY)
+            tab.emulate_media(media="print")
+            tab.pdf(path=str(target), format="A4", outline=True, tagged=True,
+                    print_background=True,
+                    margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})
+        finally:
+            browser.close()
     if (build / "html" / "index.html").exists():
         shutil.copyfile(target, build / "html" / PDF_NAME)
     print(f"  {target} ({target.stat().st_size / 1e6:.1f} MB)", flush=True)
     return target
+
+
+# run in the page before printing: every image loaded and every equation typeset
+PRINT_READY = """async () => {
+    await Promise.all([...document.images].map(img => img.complete ? null :
+        new Promise(done => { img.onload = img.onerror = done; })));
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        await MathJax.startup.promise;
+    }
+}"""
 
 
 USAGE = "usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf}"
