@@ -303,6 +303,9 @@ def make_pdf(config: str | Path | None = None, output: str | Path = ROOT) -> Pat
             browser.close()
     if (build / "html" / "index.html").exists():
         shutil.copyfile(target, build / "html" / PDF_NAME)
+        # book/_static/lnbook.js reads this before its download menu offers the PDF
+        (build / "html" / "_static" / "lnbook-pdf.json").write_text(
+            json.dumps({"available": True, "bytes": target.stat().st_size}) + "\n")
     print(f"  {target} ({target.stat().st_size / 1e6:.1f} MB)", flush=True)
     return target
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib.util
 import os
 import re
 import shutil
@@ -157,14 +158,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory):
             context.close()
 
 
-# JavaScript run in the page once it has loaded
-WAIT_FOR_IMAGES_AND_MATH = """async () => {
-    await Promise.all([...document.images].map(img => img.complete ? null :
-        new Promise(done => { img.onload = img.onerror = done; })));
-    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-        await MathJax.startup.promise;
-    }
-}"""
+# JavaScript run in the page once it has loaded: every image loaded, every equation typeset
+# (the same wait as dev.py's before it prints the book; dev.py imports only the standard library)
+_spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+dev = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dev)
+WAIT_FOR_IMAGES_AND_MATH = dev.PRINT_READY
 BROKEN_IMAGES = """() => [...document.images]
     .filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src)"""
 UNTYPESET_MATH = """() => [...document.querySelectorAll('.math, div.math, span.math')]
