@@ -4,14 +4,21 @@
     python3 dev.py test    # ruff, unit tests, and nbval over every notebook in book/
     python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
     python3 dev.py sync    # rewrite every notebook's Colab cell from _config.yml's repository.url
+    python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
 `lab` passes further options to JupyterLab, for example
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
-This file runs on a bare Python: it imports only the standard library. The one task that needs
-more, `sync` (nbformat, PyYAML), runs `sync_notebooks()` with .venv's Python after installing.
+`pdf` builds Jupyter Book's single-page HTML of the whole book from the notebooks executed by
+`book` (it executes them first if `book` has not) and prints it with headless Chromium, driven
+by Playwright as in the browser test (Debian's `apt-get install chromium`, or set
+LNBOOK_CHROMIUM); it also copies the PDF into _build/html, where every page's download menu
+offers it.
+
+This file runs on a bare Python: it imports only the standard library. The tasks that need
+more, `sync` (nbformat, PyYAML) and `pdf` (Jupyter Book), run with .venv's Python after installing.
 """
 
 from __future__ import annotations
@@ -230,10 +237,93 @@ def sync_notebooks() -> None:
     print(f"{changed} notebook(s) changed", flush=True)
 
 
-USAGE = "usage: python3 dev.py {book|test|lab [JupyterLab options]|sync}"
+PDF_NAME = "lnbook.pdf"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> str | None:
+    """The Chromium that prints the PDF: $LNBOOK_CHROMIUM, else the first on PATH."""
+    return os.environ.get("LNBOOK_CHROMIUM") or next(
+        (p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
+
+
+def pdf() -> None:
+    ensure_venv()
+    if not any((ROOT / "_build" / "ledger").glob("*.json")):
+        # the claims ledger is made of the records that executing the chapters writes
+        run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
+    run(BIN / "python", "-c", "import dev; dev.make_pdf()")
+
+
+def make_pdf(config: str | Path | None = None, output: str | Path = ROOT) -> Path:
+    """Build the single-page HTML of the book and print it to `<output>/_build/pdf/lnbook.pdf`.
+
+    Runs inside .venv, next to its `jupyter-book`. The build takes the notebooks' outputs
+    from the Jupyter cache that `dev.py book` filled (`execute_notebooks: cache`), so it
+    executes nothing that `book` already ran. Playwright (as in tests/test_browser.py) drives
+    Debian's Chromium, which prints the page once MathJax has typeset every equation and every
+    image has loaded: A4, the book's headings as the PDF's outline, tagged for screen readers.
+    `config` is another `_config.yml`. When `<output>/_build/html` holds a built book, the PDF
+    is copied there too, so that its pages' download menus link to it. Returns the PDF's path.
+    """
+    import yaml  # in .venv, where this runs
+    from playwright.sync_api import sync_playwright
+
+    chromium = find_chromium()
+    if chromium is None:
+        sys.exit("dev.py pdf needs Chromium: apt-get install -y chromium "
+                 "(or set LNBOOK_CHROMIUM to a Chromium or Chrome binary)")
+    build = Path(output) / "_build"
+    cmd = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT),
+           "--builder", "singlehtml", "--path-output", str(output)]
+    run(*cmd, *(["--config", str(config)] if config else []))
+    root = yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]
+    # the whole book is one page named after the root document (book/intro.html), but its
+    # links to images, styles and scripts are relative to the build's top folder: print a copy
+    # placed there
+    page = build / "singlehtml" / PDF_NAME.replace(".pdf", ".html")
+    shutil.copyfile(build / "singlehtml" / f"{Path(root).with_suffix('')}.html", page)
+    target = build / "pdf" / PDF_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    print(f"+ {chromium}: printing {page} to {target}", flush=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox",
+                                     "--disable-gpu", "--disable-background-networking"])
+        try:
+            tab = browser.new_page()
+            tab.set_default_timeout(600_000)
+            tab.goto(page.as_uri(), wait_until="load")
+            tab.evaluate(PRINT_READY)
+            tab.emulate_media(media="print")
+            tab.pdf(path=str(target), format="A4", outline=True, tagged=True,
+                    print_background=True,
+                    margin={"top": "15mm", "bottom": "15mm", "left": "12mm", "right": "12mm"})
+        finally:
+            browser.close()
+    if (build / "html" / "index.html").exists():
+        shutil.copyfile(target, build / "html" / PDF_NAME)
+        # book/_static/lnbook.js reads this before its download menu offers the PDF
+        (build / "html" / "_static" / "lnbook-pdf.json").write_text(
+            json.dumps({"available": True, "bytes": target.stat().st_size}) + "\n")
+    print(f"  {target} ({target.stat().st_size / 1e6:.1f} MB)", flush=True)
+    return target
+
+
+# run in the page before printing: every image loaded and every equation typeset
+PRINT_READY = """async () => {
+    await Promise.all([...document.images].map(img => img.complete ? null :
+        new Promise(done => { img.onload = img.onerror = done; })));
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        await MathJax.startup.promise;
+    }
+}"""
+
+
+USAGE = "usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf}"
 
 if __name__ == "__main__":
-    tasks = {"book": book, "test": test, "sync": sync}
+    tasks = {"book": book, "test": test, "sync": sync, "pdf": pdf}
     name = sys.argv[1] if len(sys.argv) > 1 else ""
     if name != "lab" and (name not in tasks or len(sys.argv) != 2):
         print(USAGE, file=sys.stderr)

@@ -4,8 +4,16 @@ For every page of `_toc.yml` the test loads the built HTML from a local server a
 the page loads with no JavaScript error, has a title and a heading, that every image loaded,
 that the sidebar lists every chapter, that MathJax typeset every equation (from the book's own
 copy: the build is offline), that no internal link points to a missing page, and that nothing
-on the page is fetched from a host other than this machine. It also saves full-page screenshots
-of the intro page and of one experiment chapter under `_build/screenshots/`.
+on the page is fetched from a host other than this machine. It then checks that the page fits
+the screen at 1280 pixels wide and on a 390-pixel phone: nothing widens the page or is cut off
+(a wide equation, output or figure scrolls inside its own box), no code cell scrolls sideways at
+1280 pixels, the claims ledger's tables fit the column, and a figure is not shrunk on a phone
+below the size at which its labels can be read. It also saves full-page screenshots of the
+intro page and of one experiment chapter under `_build/screenshots/`.
+
+`test_pdf_of_the_whole_book` makes the book's PDF as `python3 dev.py pdf` does (from the same
+build's executed notebooks; skipped when there are none) and checks that it has every page of
+`_toc.yml` as a chapter in its outline and that the book's download menu links to it.
 
 Needs Playwright for Python (`pip install playwright`; never `playwright install`: it drives
 Debian's Chromium, `apt-get install chromium`). Skipped with the reason when either is missing.
@@ -16,6 +24,8 @@ book first with `jupyter-book build`.
 from __future__ import annotations
 
 import functools
+import html
+import importlib.util
 import os
 import re
 import shutil
@@ -148,14 +158,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory):
             context.close()
 
 
-# JavaScript run in the page once it has loaded
-WAIT_FOR_IMAGES_AND_MATH = """async () => {
-    await Promise.all([...document.images].map(img => img.complete ? null :
-        new Promise(done => { img.onload = img.onerror = done; })));
-    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-        await MathJax.startup.promise;
-    }
-}"""
+# JavaScript run in the page once it has loaded: every image loaded, every equation typeset
+# (the same wait as dev.py's before it prints the book; dev.py imports only the standard library)
+_spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+dev = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(dev)
+WAIT_FOR_IMAGES_AND_MATH = dev.PRINT_READY
 BROKEN_IMAGES = """() => [...document.images]
     .filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src)"""
 UNTYPESET_MATH = """() => [...document.querySelectorAll('.math, div.math, span.math')]
@@ -173,6 +181,63 @@ RESOURCES = """() => [
                         'next', 'prev', 'help'].includes((el.rel || '').toLowerCase()))
         .map(el => el.href),
 ]"""
+
+
+# What does not fit the screen. An element sticks out when its box reaches past the viewport's
+# right edge and no box around it scrolls sideways within the viewport: it widens the page,
+# or it is cut off (an `overflow: hidden` box around it hides its end).
+OVERFLOW = """() => {
+    const vw = document.documentElement.clientWidth;
+    const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
+    // inside a box that scrolls it is readable (that box is checked itself); a box that
+    // hides what overflows it cuts the element off if the element reaches past that box
+    const fits = el => { const right = el.getBoundingClientRect().right;
+        for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+            if (scrolls(a)) return true;
+            if (getComputedStyle(a).overflowX !== 'visible'
+                && right > a.getBoundingClientRect().right + 1) return false;
+        }
+        return false; };
+    const name = el => el.tagName.toLowerCase() + (el.className && el.className.baseVal
+        === undefined ? '.' + String(el.className).trim().split(/\\s+/).join('.') : '');
+    const out = [...document.querySelectorAll('.bd-article-container *')].filter(el => {
+        const r = el.getBoundingClientRect();
+        // MathJax's hidden copy for screen readers is clipped to nothing, never seen
+        return r.width > 0 && r.height > 0 && r.right > vw + 1
+            && !el.closest('mjx-assistive-mml') && !fits(el);
+    });
+    // report the outermost offenders only
+    const top = out.filter(el => !out.includes(el.parentElement));
+    return {page: document.documentElement.scrollWidth, viewport: vw,
+            sticking_out: top.slice(0, 5).map(el => `${name(el.parentElement)} > ${
+                name(el)} to x=${
+                Math.round(el.getBoundingClientRect().right)}`)};
+}"""
+SCROLLING_CODE = """() => [...document.querySelectorAll('div.cell_input pre')]
+    .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+    .map(pre => `${pre.scrollWidth - pre.clientWidth}px too wide: ` +
+                pre.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a))"""
+LEDGER_TABLES = """() => [...document.querySelectorAll('table.claims-ledger')].map(t => ({
+    table: Math.round(t.getBoundingClientRect().width),
+    column: Math.round(t.closest('article').getBoundingClientRect().width),
+    scrolls: t.parentElement.scrollWidth > t.parentElement.clientWidth + 1,
+    cells: [...t.querySelectorAll('td, th')].filter(c => c.scrollWidth > c.clientWidth + 1)
+        .length,
+    // every claim's row is followed by its "seen" sentence on a row across the whole table
+    claims: t.querySelectorAll('tbody tr.claim').length,
+    seen: [...t.querySelectorAll('tbody tr.claim + tr.claim-seen')].filter(r =>
+        r.cells.length === 1 && r.cells[0].colSpan === t.querySelector('thead tr').cells.length
+        && r.cells[0].textContent.startsWith('Seen when the book was built')).length}))"""
+# a figure in a chapter's output: its size on screen against its size as drawn
+FIGURES = """() => [...document.querySelectorAll('div.cell_output img, figure img')]
+    .filter(img => img.naturalWidth > 0)
+    .map(img => ({src: img.src.split('/').pop(), shown: img.getBoundingClientRect().width,
+                  drawn: img.naturalWidth}))"""
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+# on a phone a figure is shown at least this wide (or as drawn, if smaller), in a box that
+# scrolls: a 13-inch figure's 10-point labels are then about 8 pixels tall instead of 4
+PHONE_FIGURE_WIDTH = 700
 
 
 def _page_path(url: str, base: str) -> str | None:
@@ -225,8 +290,35 @@ def test_page_as_a_reader_sees_it(page: str, site: str, browser) -> None:
         assert not remote_resources, f"{page}: resources from remote hosts {remote_resources}"
         assert not remote, f"{page}: requests to remote hosts {remote}"
 
+        check_fits_the_screen(tab, page)
     finally:
         tab.close()
+
+
+def check_fits_the_screen(tab, page: str) -> None:
+    """The loaded page fits at 1280 pixels and at 390 (a phone): see the module docstring."""
+    for viewport in (DESKTOP, PHONE):
+        tab.set_viewport_size(viewport)
+        tab.evaluate("() => new Promise(done => requestAnimationFrame(() => "
+                     "requestAnimationFrame(done)))")
+        width = viewport["width"]
+        fit = tab.evaluate(OVERFLOW)
+        assert fit["page"] <= fit["viewport"] and not fit["sticking_out"], (
+            f"{page} at {width} px: the page is {fit['page']} px wide for a {fit['viewport']} px"
+            f" window; sticking out (not in a box of its own that scrolls): "
+            f"{fit['sticking_out']}")
+        for t in tab.evaluate(LEDGER_TABLES):
+            assert t["claims"] and t["seen"] == t["claims"], (
+                f"{page}: a claims-ledger row lacks its full-width 'seen' row {t}")
+            assert t["table"] <= t["column"] and not t["scrolls"] and not t["cells"], (
+                f"{page} at {width} px: a claims-ledger table does not fit its column {t}")
+        if viewport is DESKTOP:
+            wide = tab.evaluate(SCROLLING_CODE)
+            assert not wide, f"{page} at {width} px: code cells scroll sideways: {wide}"
+        else:
+            small = [f for f in tab.evaluate(FIGURES)
+                     if f["shown"] < min(PHONE_FIGURE_WIDTH, f["drawn"]) - 1]
+            assert not small, f"{page} at {width} px: figures shrunk past reading: {small}"
 
 
 def test_screenshots(site: str, browser) -> None:
@@ -243,3 +335,69 @@ def test_screenshots(site: str, browser) -> None:
         finally:
             tab.close()
         assert (SHOTS / name).stat().st_size > 10_000, f"{name} looks empty"
+
+
+# --- the whole book as one PDF (python3 dev.py pdf) -------------------------------------------
+
+
+def _pdf_string(token: bytes) -> str:
+    """A PDF string object, literal `(...)` or hex `<...>` (UTF-16 with a byte-order mark)."""
+    if token.startswith(b"<"):
+        raw = bytes.fromhex(token[1:-1].decode())
+        return raw[2:].decode("utf-16-be") if raw.startswith(b"\xfe\xff") else raw.decode("latin-1")
+    body = re.sub(rb"\\([0-7]{1,3})", lambda m: bytes([int(m[1], 8)]), token[1:-1])
+    body = re.sub(rb"\\(.)", rb"\1", body)
+    return body.decode("utf-16-be")[1:] if body.startswith(b"\xfe\xff") else body.decode("latin-1")
+
+
+def pdf_outline(data: bytes) -> list[str]:
+    """The titles of a PDF's outline (its bookmarks), as Chromium writes them."""
+    return [_pdf_string(t) for t in
+            re.findall(rb"/Title\s*(\((?:\\.|[^\\)])*\)|<[0-9A-Fa-f\s]*>)", data)]
+
+
+def _norm(text: str) -> str:
+    """`text` without white space (Chromium drops the spaces where a heading's line broke)."""
+    text = text.replace("\ufeff", "").replace("\u2019", "'").replace("#", "")
+    return "".join(text.split())
+
+
+def page_title(page: str) -> str:
+    """The <h1> of a built page, as text."""
+    match = re.search(r"<h1[^>]*>(.*?)</h1>", (HTML / f"{page}.html").read_text(), re.S)
+    assert match, f"{page}.html has no <h1>"
+    return _norm(html.unescape(re.sub(r"<[^>]+>", "", match[1])))
+
+
+def test_pdf_of_the_whole_book(site: str, browser) -> None:
+    build = HTML.parent
+    if not (build / ".jupyter_cache").is_dir():
+        pytest.skip(f"no executed notebooks in {build / '.jupyter_cache'} to print: run "
+                    "python3 dev.py book first (python3 dev.py pdf prints that build)")
+    made = subprocess.run(
+        [sys.executable, "-c", f"import dev; dev.make_pdf(output={str(build.parent)!r})"],
+        cwd=ROOT, env={**os.environ, "LNBOOK_CHROMIUM": CHROMIUM}, capture_output=True,
+        text=True)
+    assert made.returncode == 0, f"dev.make_pdf failed:\n{made.stdout[-3000:]}{made.stderr[-3000:]}"
+    pdf = build / "pdf" / "lnbook.pdf"
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF"), f"{pdf} is no PDF"
+    pages = len(re.findall(rb"/Type\s*/Page\b", data))
+    assert pages >= 3 * len(PAGES), f"{pdf}: {pages} pages for {len(PAGES)} chapters"
+    outline = [_norm(t) for t in pdf_outline(data)]
+    missing = [p for p in PAGES if not any(page_title(p) in entry for entry in outline)]
+    assert not missing, f"{pdf}: no chapter in its outline for {missing}"
+
+    # the book links to it: every page's download menu offers the PDF instead of printing
+    assert (HTML / "lnbook.pdf").read_bytes() == data
+    tab = browser.new_page()
+    try:
+        tab.goto(f"{site}/{EXPERIMENT_PAGE}.html", wait_until="load")
+        link = tab.locator("a.btn-download-book-pdf")
+        link.wait_for(state="attached", timeout=10_000)
+        assert link.get_attribute("href") == f"{site}/lnbook.pdf"
+        response = tab.request.get(f"{site}/lnbook.pdf")
+        assert response.ok and response.body() == data
+        assert not tab.locator("button.btn-download-pdf-button").count()
+    finally:
+        tab.close()

@@ -41,14 +41,14 @@ def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2(argv):
     out = subprocess.run([sys.executable, str(ROOT / "dev.py"), *argv], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "usage" in out.stderr
-    for task in ("book", "test", "lab", "sync"):
+    for task in ("book", "test", "lab", "sync", "pdf"):
         assert task in out.stderr, f"usage does not name the task {task!r}"
 
 
 def test_dev_py_docstring_lists_its_tasks():
     doc = (ROOT / "dev.py").read_text().split('"""')[1]
     listed = re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)
-    assert listed == ["book", "test", "lab", "sync"]
+    assert listed == ["book", "test", "lab", "sync", "pdf"]
 
 
 # --- publishing: .github/workflows/book.yml -------------------------------------------------
@@ -100,3 +100,65 @@ def test_workflow_deploys_the_built_html_to_pages():
         for s in job["steps"]:
             if "uses" in s:
                 assert re.fullmatch(r"actions/[\w-]+@v\d+", s["uses"]), s["uses"]
+
+
+# --- the files every open project has ---------------------------------------------------------
+
+
+def pages_address() -> str:
+    """The GitHub Pages address of the repository named in _config.yml's repository.url."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    owner, name = re.fullmatch(r"https://github\.com/([\w.-]+)/([\w.-]+)", url).groups()
+    return f"https://{owner.lower()}.github.io/{name}/"
+
+
+def project_version() -> str:
+    return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+
+
+def test_licences_split_code_and_text():
+    code, text = (ROOT / "LICENSE").read_text(), (ROOT / "LICENSE-TEXT").read_text()
+    assert "MIT License" in code and "Permission is hereby granted, free of charge" in code
+    assert 'license = { text = "MIT" }' in (ROOT / "pyproject.toml").read_text()
+    assert "LICENSE-TEXT" in code, "LICENSE must say where the text's licence is"
+    assert "Creative Commons Attribution 4.0" in text
+    assert "https://creativecommons.org/licenses/by/4.0/legalcode" in text
+
+
+def test_citation_cff_is_valid_and_agrees_with_the_project():
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    # the keys CFF 1.2.0 requires, and the types its schema gives them
+    assert cff["cff-version"] == "1.2.0"
+    assert isinstance(cff["message"], str) and cff["message"].strip()
+    assert isinstance(cff["title"], str) and cff["title"].strip()
+    assert cff["authors"] and all(
+        isinstance(a, dict) and (a.get("name") or a.get("family-names")) for a in cff["authors"])
+    assert cff["type"] in {"software", "dataset"}
+    assert cff["version"] == project_version()
+    assert sorted(cff["license"]) == ["CC-BY-4.0", "MIT"]
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert cff["repository-code"] == config["repository"]["url"].rstrip("/")
+    assert cff["url"] == pages_address()
+    for ref in cff.get("references", []):
+        assert ref["type"] and ref["title"] and ref["authors"], ref
+
+
+def test_readme_gives_the_address_how_to_cite_and_the_licences():
+    readme = (ROOT / "README.md").read_text()
+    assert pages_address() in readme, f"README does not give the book's address {pages_address()}"
+    links = set(re.findall(r"\]\(([^)#]+)\)", readme))
+    for name in ("LICENSE", "LICENSE-TEXT", "CITATION.cff", "CHANGELOG.md"):
+        assert name in links, f"README does not link to {name}"
+        assert (ROOT / name).is_file(), name
+    assert "python3 dev.py pdf" in readme
+    assert "## How to cite" in readme and "arXiv:1607.06450" in readme
+
+
+def test_changelog_has_the_current_version():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## \[([^\]]+)\]", changelog, re.M)
+    assert versions[0] == "Unreleased" and project_version() in versions, versions
+    section = changelog.split(f"## [{project_version()}]", 1)[1]
+    assert re.match(r" - \d{4}-\d{2}-\d{2}\n", section), "the version needs its date"
+    for kind in ("### Added", "### Changed", "### Fixed"):
+        assert kind in section, kind

@@ -207,10 +207,54 @@ def _questions(app, fromdoc: str) -> list[nodes.Node]:
     return [items]
 
 
+SEEN = "Seen when the book was built"
+
+
+def _on_own_row(nodes_: list[nodes.Node], title: str = SEEN) -> list[nodes.Node]:
+    """The ledger's tables with the column headed ``title`` moved to a full-width row of its own.
+
+    Each claim becomes two rows: the short columns (claim, verdict, where it is checked) side
+    by side, then the long ``seen`` sentence across the whole table, opened by ``title`` in
+    bold. The table then fits the page's column at any width (its narrow columns wrap) and no
+    column is cut off. The table is made first and laid out here, so that a column added to
+    ``_table`` stays a column.
+    """
+    for table in (n for n in nodes_ if isinstance(n, nodes.table)):
+        tgroup = table.next_node(nodes.tgroup)
+        (head,) = tgroup.findall(nodes.thead)
+        names = [entry.astext() for entry in head.next_node(nodes.row).children]
+        if title not in names:
+            continue
+        k = names.index(title)
+        tgroup.remove([c for c in tgroup.children if isinstance(c, nodes.colspec)][k])
+        tgroup["cols"] -= 1
+        for row in head.findall(nodes.row):
+            row.remove(row.children[k])
+        (body,) = tgroup.findall(nodes.tbody)
+        for row in list(body.children):
+            entry = row.children[k]
+            row.remove(entry)
+            row["classes"].append("claim")
+            full = nodes.entry(morecols=tgroup["cols"] - 1)
+            label = nodes.strong(text=f"{title}: ")
+            children = list(entry.children)
+            if children and isinstance(children[0], nodes.paragraph):
+                children[0].insert(0, label)
+            else:
+                children.insert(0, _para(label))
+            full.extend(children)
+            seen = nodes.row(classes=["claim-seen"])
+            seen += full
+            body.insert(body.index(row) + 1, seen)
+        # fixed column widths, in proportion to the colspecs, so long words wrap in place
+        table["classes"].append("colwidths-given")
+    return nodes_
+
+
 def _fill(app, doctree, docname: str) -> None:
     for node in list(doctree.findall(ledger_placeholder)):
         if node["kind"] == "table":
-            node.replace_self(_table(app, docname, node["part"]))
+            node.replace_self(_on_own_row(_table(app, docname, node["part"])))
         else:
             node.replace_self(_questions(app, docname))
 
