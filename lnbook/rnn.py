@@ -1,36 +1,28 @@
 r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and the supplement).
 
 Book chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come
-first, once, as the step functions below; the rest of the module gives them torch's interface.
+first, once, as the step functions; the rest of the module gives them torch's interface. Each
+class is a drop-in for its ``torch.nn`` twin: torch's constructor signature and positional
+order (lnbook's options are keyword-only), parameter names, shapes and gate order
+(``weight_ih_l0``, ``weight_hh_l0_reverse``, ...) and ``forward(input, hx=None)``. With
+``layer_norm=False`` a state dict loads in both directions and outputs and gradients are
+torch's. With ``layer_norm=True`` (the default) the summed inputs are normalized by norm
+submodules (``ln``, ``ln_ih_l0``, ...), and torch's biases are added after the normalization:
+:class:`LNRNNCell`, :class:`RNN` (eq. 4); :class:`LNLSTMCell`, :class:`LSTM` (eqs. 20-22);
+:class:`LNGRUCell`, :class:`GRU` (eqs. 26-28 in torch's GRU form); :class:`DRAWLSTMCell`
+(eqs. 29-31, LN on the cell state only).
 
-Every class here is a drop-in for its ``torch.nn`` twin: the same constructor signature in
-torch's positional order (lnbook's own options are keyword-only), the same parameter names,
-shapes and gate order (``weight_ih_l0``, ``weight_hh_l0_reverse``, ...), the same
-``forward(input, hx=None)``. With ``layer_norm=False`` a state dict loads in both directions and
-the outputs and gradients are torch's. With ``layer_norm=True`` (the default) the summed inputs
-are normalized by norm submodules (``ln``, ``ln_ih_l0``, ...) and torch's biases are added after
-the normalization:
+The normalization is chosen once, when the module is built: each norm is an
+:class:`lnbook.LayerNorm` (gain 1, bias 0, as in the authors' code; its ``impl`` is the keyword
+``ln_impl``, default :data:`lnbook.norms.LN_IMPL`), or what the keyword ``norm``, a factory
+``size -> module``, makes (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`, ...). The step
+functions receive those modules and call them.
 
-- :class:`LNRNNCell`, :class:`RNN`: eq. 4, one LN over the H summed inputs
-  a_t = W_ih x_t + W_hh h_{t-1}.
-- :class:`LNLSTMCell`, :class:`LSTM`: eqs. 20-22, separate LNs for W_hh h and W_ih x (over all
-  4H gates) and one on the cell state inside the output tanh.
-- :class:`LNGRUCell`, :class:`GRU`: eqs. 26-28 written in torch's GRUCell form.
-- :class:`DRAWLSTMCell`: eqs. 29-31, LN only on the cell state.
-
-The normalization is chosen once, when the module is built: by default each norm is an
-:class:`lnbook.LayerNorm` (gain 1, bias 0, as in the authors' code) whose ``impl`` is the
-keyword ``ln_impl`` (default :data:`lnbook.norms.LN_IMPL`); the keyword ``norm`` takes any other
-factory ``size -> module`` instead (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`, ...). The
-step functions receive those modules and call them; nothing else decides how a sum is
-normalized.
-
-The sequence layers compute the input projection W_ih x (and its norm) for all time steps in one
-call, then run a time loop of the step functions, differentiated by autograd; a cell is the same
-code run for one step. :class:`LSTM` with layer normalization can run that loop through the
-hand-derived backpropagation through time of :mod:`lnbook.bptt` instead (``bptt="hand"``, the
-supplement's topic; measured slower than autograd's loop on a CPU, see ``benchmarks/``); while
-compiling (``torch.compile``, ``torch.export``) and with padding it runs the step loop.
+A sequence layer computes W_ih x (and its norm) for all time steps in one call, then runs the
+step functions in a time loop differentiated by autograd; a cell runs the same code for one
+step. :class:`LSTM` can run that loop through the hand-derived backpropagation through time of
+:mod:`lnbook.bptt` instead (``bptt="hand"``, the supplement's topic; slower than autograd's loop
+on a CPU, see ``benchmarks/``).
 """
 
 from __future__ import annotations
@@ -210,7 +202,23 @@ class _LSTMKind:
 
     _gates, _lns = 4, (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
     _norm_names = ("ln_ih", "ln_hh", "ln_c")
-    bptt = "autograd"
+    bptt, forget_bias = "autograd", 0.0
+    hidden_size: int
+
+    def _set_forget_bias(self, forget_bias: float, bias: bool) -> None:
+        if forget_bias and not bias:
+            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
+        self.forget_bias = float(forget_bias)
+
+    def reset_parameters(self) -> None:
+        """Weights and biases as torch, plus ``forget_bias`` on every ``bias_ih[H:2H]``; norms
+        reset (LN gains 1, biases 0)."""
+        super().reset_parameters()  # type: ignore[misc]
+        H = self.hidden_size
+        with torch.no_grad():
+            for name, p in self.named_parameters(recurse=False):  # type: ignore[attr-defined]
+                if name.startswith("bias_ih") and self.forget_bias:
+                    p[H : 2 * H] += self.forget_bias
 
     def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
         """The hand-derived BPTT applies: layer norms (with gains) on W_hh h and c_t, no
@@ -301,6 +309,20 @@ def _check_dtype(x: Tensor, want: torch.dtype, what: str) -> None:
             f"{what} dtype ({x.dtype}) does not match the parameters' dtype ({want}): convert "
             f"the input with .to({want}) or the module with .to({x.dtype})"
         )
+
+
+def _checked_state(
+    s: Tensor, want: tuple[int, ...], what: str, dtype: torch.dtype, dt: torch.dtype | None,
+    layout: str,
+) -> Tensor:
+    """An initial state checked for its shape ``want`` and dtype, in the compute dtype."""
+    check_floating(s, what)
+    if tuple(s.shape) != want:
+        raise ValueError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
+    if dt is None:
+        _check_dtype(s, dtype, what)
+        return s
+    return s.to(dt)
 
 
 def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
@@ -482,14 +504,7 @@ class _CellBase(_Base):
         B, H = x.shape[0], self.hidden_size
         if s is None:
             return x.new_zeros(B, H)
-        check_floating(s, what)
-        want = (B, H) if batched else (H,)
-        if tuple(s.shape) != want:
-            raise ValueError(f"{what} must have shape {want}, got {tuple(s.shape)}")
-        if dt is None:
-            _check_dtype(s, x.dtype, what)
-        else:
-            s = s.to(dt)
+        s = _checked_state(s, (B, H) if batched else (H,), what, x.dtype, dt, "")
         return s if batched else s.unsqueeze(0)
 
     def extra_repr(self) -> str:
@@ -579,23 +594,13 @@ class LNLSTMCell(_LSTMKind, _CellBase):
     :class:`torch.nn.LSTMCell` (eqs. 17-19).
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        bias: learn the additive biases; ``bias=False`` with layer norm removes the LN biases
-            too (see :class:`LNRNNCell`). Default: True.
-        device, dtype: of the parameters, as torch.
-        layer_norm: use the LN submodules ``ln_ih``, ``ln_hh``, ``ln_c``. Keyword-only, as
-            every option below. Default: True.
+        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
+        layer_norm: use the norm submodules ``ln_ih``, ``ln_hh``, ``ln_c``. Keyword-only, as
+            every option below; ``eps``, ``ln_impl`` and ``norm`` as :class:`LNRNNCell`.
+            Default: True.
         forget_bias: added to the forget-gate slice ``bias_ih[H:2H]`` after the uniform
             initialization (1.0 is a common choice that keeps memories early in training).
             Default: 0.0, torch's initialization exactly.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
-            :data:`lnbook.norms.LN_IMPL`.
-        norm: a factory ``size -> module`` that makes each norm instead of
-            :class:`lnbook.LayerNorm` (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`,
-            ``functools.partial(...)``); ``eps`` and ``ln_impl`` then do not apply.
-            Default: None.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(h, c)``, each ``(B, H)`` (zeros if None).
@@ -623,20 +628,10 @@ class LNLSTMCell(_LSTMKind, _CellBase):
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
-        self.forget_bias = float(forget_bias)
+        self._set_forget_bias(forget_bias, bias)
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
                          norm)
-        if self.forget_bias and not bias:
-            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch (plus ``forget_bias``); LN gains 1, biases 0."""
-        super().reset_parameters()
-        if self.forget_bias:
-            H = self.hidden_size
-            with torch.no_grad():
-                self.bias_ih[H : 2 * H] += self.forget_bias
 
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
@@ -686,19 +681,9 @@ class LNGRUCell(_GRUKind, _CellBase):
     With ``layer_norm=False`` this is :class:`torch.nn.GRUCell`.
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        bias: learn the additive biases; ``bias=False`` with layer norm removes the LN biases
-            too (see :class:`LNRNNCell`). Default: True.
-        device, dtype: of the parameters, as torch.
-        layer_norm: use the LN submodules. Keyword-only, as every option below. Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
-            :data:`lnbook.norms.LN_IMPL`.
-        norm: a factory ``size -> module`` that makes each norm instead of
-            :class:`lnbook.LayerNorm` (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`,
-            ``functools.partial(...)``); ``eps`` and ``ln_impl`` then do not apply.
-            Default: None.
+        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
+        layer_norm: use the norm submodules. Keyword-only, as every option below; ``eps``,
+            ``ln_impl`` and ``norm`` as :class:`LNRNNCell`. Default: True.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(B, H)`` (zeros if None). Output: ``(B, H)``.
@@ -896,17 +881,8 @@ class _RNNBase(_Base):
         L, B = self.num_layers * self._num_directions, x.shape[1]
         if s is None:
             return x.new_zeros(L, B, size)
-        check_floating(s, what)
-        want = (L, B, size) if batched else (L, size)
-        if tuple(s.shape) != want:
-            raise ValueError(
-                f"{what} must have shape (num_layers * num_directions, B, {size}) = {want}, "
-                f"got {tuple(s.shape)}"
-            )
-        if dt is None:
-            _check_dtype(s, x.dtype, what)
-        else:
-            s = s.to(dt)
+        s = _checked_state(s, (L, B, size) if batched else (L, size), what, x.dtype, dt,
+                           f"(num_layers * num_directions, B, {size}) = ")
         return s if batched else s.unsqueeze(1)
 
     def _finish(
@@ -995,11 +971,7 @@ class RNN(_RNNKind, _RNNBase):
         device, dtype: of the parameters, as torch.
         layer_norm: normalize the summed inputs (eq. 4). Keyword-only, as every option below.
             Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
-            :data:`lnbook.norms.LN_IMPL`.
-        norm: a factory ``size -> module`` that makes each norm instead of
-            :class:`lnbook.LayerNorm` (see :class:`LNRNNCell`). Default: None.
+        eps, ln_impl, norm: as :class:`LNRNNCell`.
 
     Shape:
         - input: ``(T, B, input_size)`` (or ``(B, T, input_size)`` with ``batch_first``, or
@@ -1084,11 +1056,7 @@ class LSTM(_LSTMKind, _RNNBase):
         layer_norm: eqs. 20-22 instead of 17-19. Keyword-only, as every option below.
             Default: True.
         forget_bias: added to every ``bias_ih_l{k}[H:2H]`` after initialization. Default: 0.0.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
-            :data:`lnbook.norms.LN_IMPL`.
-        norm: a factory ``size -> module`` that makes each norm instead of
-            :class:`lnbook.LayerNorm` (see :class:`LNRNNCell`). Default: None.
+        eps, ln_impl, norm: as :class:`LNRNNCell`.
         bptt: ``"autograd"`` (always the step-by-step loop) or ``"hand"`` (the hand-derived
             BPTT where it applies). Default: ``"autograd"``.
 
@@ -1129,22 +1097,11 @@ class LSTM(_LSTMKind, _RNNBase):
     ) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
-        if forget_bias and not bias:
-            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
-        self.forget_bias, self.bptt = float(forget_bias), bptt
+        self._set_forget_bias(forget_bias, bias)
+        self.bptt = bptt
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, proj_size, device, dtype, layer_norm, eps, ln_impl, norm)
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch, plus ``forget_bias``; LN gains 1, biases 0."""
-        super().reset_parameters()
-        if self.forget_bias:
-            H = self.hidden_size
-            with torch.no_grad():
-                for name, p in self.named_parameters(recurse=False):
-                    if name.startswith("bias_ih"):
-                        p[H : 2 * H] += self.forget_bias
 
     def forward(
         self,
