@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.checks import check_bool, check_choice, check_floating, check_size
+from lnbook.checks import check_bool, check_choice, check_floating, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 
 __all__ = [
@@ -343,27 +343,15 @@ def _norm_maker(
     ln_impl: str, kw: dict,
 ) -> Callable[[int], nn.Module | None]:
     """The one place a model's norms are made: ``size -> module`` (None without LN)."""
-    if norm is not None and not callable(norm):
-        raise TypeError("norm must be a callable size -> torch.nn.Module (for example "
-                        f"torch.nn.LayerNorm or lnbook.RMSNorm), got {type(norm).__name__}")
+    if norm is not None and not layer_norm:
+        raise ValueError("norm= gives the normalization of layer_norm=True; "
+                         "with layer_norm=False there is none")
     if not layer_norm:
-        if norm is not None:
-            raise ValueError("norm= gives the normalization of layer_norm=True; "
-                             "with layer_norm=False there is none")
         return lambda size: None
     if norm is None:
         return lambda size: LayerNorm(size, eps=eps, bias=bias, impl=ln_impl,  # type: ignore[arg-type]
                                       **kw)
-
-    def make(size: int) -> nn.Module:
-        m = norm(size)
-        if not isinstance(m, nn.Module):
-            raise TypeError(f"norm({size}) must return a torch.nn.Module (for example "
-                            f"torch.nn.LayerNorm({size})), got {type(m).__name__}")
-        to = {k: v for k, v in kw.items() if v is not None}
-        return m.to(**to) if to else m
-
-    return make
+    return functools.partial(make_module, norm, what="norm", **kw)
 
 
 def _init_uniform(module: nn.Module, hidden_size: int) -> None:
