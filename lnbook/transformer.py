@@ -10,8 +10,11 @@ built from it. The choices the later papers argue about are fields of the config
   (:class:`lnbook.DyT`, Zhu et al. 2025), ``"none"``, or any factory ``size -> module``;
   :func:`make_norm` is the one place a norm is made from the config;
 - ``position``: ``"pre"`` (x + F(LN(x))) or ``"post"`` (LN(x + F(x)), Vaswani et al. 2017),
-  compared by Xiong et al. (2020); ``deepnorm`` gives Post-LN the up-weighted residual and
-  down-scaled initialization of Wang et al. (2022);
+  compared by Xiong et al. (2020); ``"peri"`` (x + LN(F(LN(x))), the norms on both sides of
+  each sublayer of Gemma 2 and Peri-LN) and ``"output"`` (x + LN(F(x)), OLMo 2's reordered
+  norm); ``deepnorm`` gives Post-LN the up-weighted residual and down-scaled initialization of
+  Wang et al. (2022); ``depth_scaling`` multiplies each block's norms by 1/sqrt(l) (LayerNorm
+  Scaling, Sun et al. 2025);
 - ``qk_norm``: layer-normalize queries and keys per head before their dot product
   (Dehghani et al. 2023; Wortsman et al. 2024).
 
@@ -38,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_size
+from lnbook.checks import check_choice, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
@@ -62,9 +65,9 @@ __all__ = [
 
 NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]
-Position = Literal["pre", "post"]
+Position = Literal["pre", "post", "peri", "output"]
 NORMS = ("layer", "rms", "dyt", "none")
-POSITIONS = ("pre", "post")
+POSITIONS = ("pre", "post", "peri", "output")
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
@@ -84,10 +87,14 @@ class TransformerConfig:
         norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"``, or a factory ``size -> module``
             (``torch.nn.LayerNorm``, ``functools.partial(lnbook.RMSNorm, eps=1e-6)``, ...).
             Default: ``"layer"``.
-        position: ``"pre"`` or ``"post"``. Default: ``"pre"``.
+        position: ``"pre"``, ``"post"``, ``"peri"`` or ``"output"`` (see :class:`Block`).
+            Default: ``"pre"``.
         qk_norm: layer-normalize queries and keys per head. Default: False.
         final_norm: a norm after the last block; None (default) for the placement's usual
             choice (see :meth:`has_final_norm`).
+        depth_scaling: LayerNorm Scaling: the output of each norm of block ``l`` (counted
+            from 1; the final norm and query/key norms excluded) is multiplied by
+            ``1 / sqrt(l)``. Default: False.
         dropout: dropout on attention weights, on each branch's output and on the embeddings,
             in [0, 1). Default: 0.
         causal: causal attention (a language model). Default: True.
@@ -124,6 +131,7 @@ class TransformerConfig:
     dyt_alpha_init: float = 0.5
     bias: bool = True
     ln_impl: Literal["autograd", "torch"] = LN_IMPL
+    depth_scaling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
@@ -143,13 +151,15 @@ class TransformerConfig:
                 f"deepnorm=True needs position='post', got position={self.position!r}")
         self.qk_norm, self.causal, self.deepnorm, self.bias = (
             bool(self.qk_norm), bool(self.causal), bool(self.deepnorm), bool(self.bias))
+        self.depth_scaling = bool(self.depth_scaling)
         self.dropout, self.eps = float(self.dropout), float(self.eps)
         self.dyt_alpha_init = float(self.dyt_alpha_init)
 
     def has_final_norm(self) -> bool:
         """Whether a norm follows the last block: ``final_norm``, or the usual choice for the
-        placement when it is None (Pre-LN: yes; Post-LN: no, its last block ends in a norm)."""
-        return self.position == "pre" if self.final_norm is None else bool(self.final_norm)
+        placement when it is None (Post-LN: no, its last block ends in a norm; the others:
+        yes, as Pre-LN, Gemma 2 and OLMo 2 do)."""
+        return self.position != "post" if self.final_norm is None else bool(self.final_norm)
 
 
 def make_norm(
@@ -180,7 +190,7 @@ def make_norm(
     kind = config.norm if kind is None else kind
     kw = {"device": device, "dtype": dtype}
     if callable(kind):
-        return _made(kind, size, kw)
+        return make_module(kind, size, "config.norm", **kw)
     check_choice("norm", kind, NORMS)
     if kind == "layer":
         return LayerNorm(size, eps=config.eps, impl=config.ln_impl, **kw)
@@ -189,16 +199,6 @@ def make_norm(
     if kind == "dyt":
         return DyT(size, alpha_init=config.dyt_alpha_init, **kw)
     return nn.Identity()
-
-
-def _made(factory: NormFactory, size: int, kw: dict) -> nn.Module:
-    """``factory(size)``, checked to be a module, on the device and in the dtype of ``kw``."""
-    m = factory(size)
-    if not isinstance(m, nn.Module):
-        raise TypeError(f"a norm factory must return a torch.nn.Module, got "
-                        f"{type(m).__name__} for size {size}")
-    to = {k: v for k, v in kw.items() if v is not None}
-    return m.to(**to) if to else m
 
 
 def deepnorm_constants(n_layers: int) -> tuple[float, float]:
@@ -280,8 +280,8 @@ class SelfAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, **kw)
         if self.qk_norm:
             make = qk_norm if callable(qk_norm) else functools.partial(LayerNorm, impl=LN_IMPL)
-            self.q_norm: nn.Module = _made(make, self.d_head, kw)
-            self.k_norm: nn.Module = _made(make, self.d_head, kw)
+            self.q_norm: nn.Module = make_module(make, self.d_head, "qk_norm", **kw)
+            self.k_norm: nn.Module = make_module(make, self.d_head, "qk_norm", **kw)
         else:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         self.attn_dropout = nn.Dropout(dropout)
@@ -368,8 +368,20 @@ class Block(nn.Module):
     .. math:: x \leftarrow N_1(\alpha x + \mathrm{Attn}(x)), \qquad
               x \leftarrow N_2(\alpha x + \mathrm{MLP}(x))
 
-    where ``alpha`` is DeepNorm's (Wang et al., 2022; ``config.deepnorm``) or 1. ``N_1`` and
-    ``N_2`` are made by :func:`make_norm` from the config. Projections are :class:`nn.Linear`
+    where ``alpha`` is DeepNorm's (Wang et al., 2022; ``config.deepnorm``) or 1. With
+    ``position="peri"`` (a norm on each sublayer's input and output: Gemma 2's "sandwich",
+    Peri-LN of Kim et al., 2025) and ``position="output"`` (OLMo 2's reordered norm, on the
+    sublayer's output only):
+
+    .. math:: x \leftarrow x + M_1(\mathrm{Attn}(N_1(x))), \qquad
+              x \leftarrow x + M_2(\mathrm{MLP}(N_2(x)))
+              \qquad\text{and}\qquad
+              x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
+
+    ``N_1``, ``N_2`` (``norm1``, ``norm2``) and, for ``"peri"``, ``M_1``, ``M_2``
+    (``out_norm1``, ``out_norm2``) are made by :func:`make_norm` from the config; with
+    ``config.depth_scaling`` each of their outputs is multiplied by ``1 / sqrt(layer)``
+    (LayerNorm Scaling, Sun et al., 2025). Projections are :class:`nn.Linear`
     layers initialized Xavier-normal (biases 0); with DeepNorm the value, output and
     feed-forward projections get the gain ``beta``. Part II, chapters "Where the norm goes"
     (P04, P05, P10) and "QK-norm" (P08, P09).
@@ -426,7 +438,10 @@ class Block(nn.Module):
                                   **kw)
         self.norm2 = make_norm(config, **kw)
         self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
+        if self.position == "peri":
+            self.out_norm1, self.out_norm2 = make_norm(config, **kw), make_norm(config, **kw)
         self.dropout = nn.Dropout(config.dropout)
+        self.scale = 1 / math.sqrt(self.layer) if config.depth_scaling else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -439,27 +454,44 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm):
+        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *self._out_norms()):
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
 
+    def _out_norms(self) -> tuple[nn.Module, ...]:
+        return (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
+
+    def _norm(self, norm: nn.Module, x: Tensor) -> Tensor:
+        """``norm(x)``, times ``1 / sqrt(layer)`` with LayerNorm Scaling."""
+        y = norm(x)
+        return y if self.scale is None else y * self.scale
+
     def attention_logits(self, x: Tensor) -> Tensor:
         """The attention logits ``(B, H, T, T)`` this block computes for its input ``x``
-        ``(B, T, D)`` (through ``norm1`` first when Pre-LN); masked positions hold ``-inf``."""
-        return self.attn.logits(self.norm1(x) if self.position == "pre" else x)
+        ``(B, T, D)`` (through ``norm1`` first when it normalizes the attention's input);
+        masked positions hold ``-inf``."""
+        pre = self.position in ("pre", "peri")
+        return self.attn.logits(self._norm(self.norm1, x) if pre else x)
 
     def forward(self, x: Tensor) -> Tensor:
+        n, drop = self._norm, self.dropout
         if self.position == "pre":
-            x = x + self.dropout(self.attn(self.norm1(x)))  # (B, T, D)
-            x = x + self.dropout(self.mlp(self.norm2(x)))  # (B, T, D)
-            return x
+            x = x + drop(self.attn(n(self.norm1, x)))  # (B, T, D)
+            return x + drop(self.mlp(n(self.norm2, x)))  # (B, T, D)
+        if self.position == "peri":
+            x = x + drop(n(self.out_norm1, self.attn(n(self.norm1, x))))  # (B, T, D)
+            return x + drop(n(self.out_norm2, self.mlp(n(self.norm2, x))))  # (B, T, D)
+        if self.position == "output":
+            x = x + drop(n(self.norm1, self.attn(x)))  # (B, T, D)
+            return x + drop(n(self.norm2, self.mlp(x)))  # (B, T, D)
         alpha = 1.0 if self.deepnorm_alpha is None else self.deepnorm_alpha
-        x = self.norm1(alpha * x + self.dropout(self.attn(x)))  # (B, T, D)
-        x = self.norm2(alpha * x + self.dropout(self.mlp(x)))  # (B, T, D)
-        return x
+        x = n(self.norm1, alpha * x + drop(self.attn(x)))  # (B, T, D)
+        return n(self.norm2, alpha * x + drop(self.mlp(x)))  # (B, T, D)
 
     def extra_repr(self) -> str:
         s = f"norm={self.norm_kind!r}, position={self.position!r}"
+        if self.scale is not None:
+            s += f", layer={self.layer}, scale={self.scale:.4g}"
         if self.deepnorm_alpha is not None:
             s += f", deepnorm_alpha={self.deepnorm_alpha:.4g}"
         if self.deepnorm_beta is not None:
@@ -736,11 +768,12 @@ def _check_pre_ln(model: Transformer, what: str) -> None:
     if not isinstance(model, Transformer):
         raise TypeError(f"{what} expects a lnbook Transformer, got {type(model).__name__}")
     c = model.config
-    if c.position != "pre" or c.norm != "layer" or not c.has_final_norm():
+    if (c.position != "pre" or c.norm != "layer" or not c.has_final_norm()
+            or c.depth_scaling):
         raise ValueError(
             f"{what} needs a Pre-LN Transformer (position='pre', norm='layer', with a final "
-            f"norm), got position={c.position!r}, norm={c.norm!r}, "
-            f"final_norm={c.has_final_norm()}"
+            f"norm, no depth_scaling), got position={c.position!r}, norm={c.norm!r}, "
+            f"final_norm={c.has_final_norm()}, depth_scaling={c.depth_scaling}"
         )
 
 

@@ -393,3 +393,58 @@ def test_norm_factory_in_the_config_is_called_for_every_norm():
     torch.testing.assert_close(blk.norm1(x), rms, atol=1e-12, rtol=0)
     assert type(make_norm(config(norm="dyt"), 8)) is DyT
     assert make_norm(config(), 8, kind="layer").normalized_shape == (8,)
+
+
+def ln_ref(x: torch.Tensor, norm: nn.Module, eps: float = 1e-5) -> torch.Tensor:
+    """Layer norm written out here (eq. 3), with the gain and bias of ``norm``."""
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * norm.weight + norm.bias
+
+
+@pytest.mark.parametrize("scaling", [False, True])
+def test_peri_and_output_placements_against_a_hand_written_block(scaling):
+    """Peri-LN: x + M(F(N(x))) around each sublayer; OLMo 2's reordered norm: x + N(F(x));
+    with LayerNorm Scaling every norm of block l is multiplied by 1/sqrt(l)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    for layer in (1, 3):
+        s = 1 / math.sqrt(layer) if scaling else 1.0
+        peri = perturb_(Block(config(position="peri", depth_scaling=scaling), layer=layer,
+                              dtype=torch.float64))
+        h = x + s * ln_ref(peri.attn(s * ln_ref(x, peri.norm1)), peri.out_norm1)
+        want = h + s * ln_ref(peri.mlp(s * ln_ref(h, peri.norm2)), peri.out_norm2)
+        torch.testing.assert_close(peri(x), want, atol=1e-12, rtol=0)
+        out = perturb_(Block(config(position="output", depth_scaling=scaling), layer=layer,
+                             dtype=torch.float64))
+        h = x + s * ln_ref(out.attn(x), out.norm1)
+        want = h + s * ln_ref(out.mlp(h), out.norm2)
+        torch.testing.assert_close(out(x), want, atol=1e-12, rtol=0)
+        assert not hasattr(out, "out_norm1")
+        pre = perturb_(Block(config(depth_scaling=scaling), layer=layer, dtype=torch.float64))
+        h = x + pre.attn(s * ln_ref(x, pre.norm1))
+        torch.testing.assert_close(pre(x), h + pre.mlp(s * ln_ref(h, pre.norm2)),
+                                   atol=1e-12, rtol=0)
+
+
+def test_depth_scaled_peri_model_end_to_end_against_a_hand_written_forward():
+    """The whole model by hand: embeddings, blocks with norms scaled by 1/sqrt(l), the final
+    norm unscaled, the head."""
+    m = perturb_(Transformer(TransformerConfig(V, D, H, 3, T, position="peri",
+                                               depth_scaling=True), dtype=torch.float64))
+    assert m.config.has_final_norm() and type(m.final_norm) is LayerNorm
+    idx = tokens()
+    x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    for layer, b in enumerate(m.blocks, start=1):
+        s = layer ** -0.5
+        x = x + s * ln_ref(b.attn(s * ln_ref(x, b.norm1)), b.out_norm1)
+        x = x + s * ln_ref(b.mlp(s * ln_ref(x, b.norm2)), b.out_norm2)
+    want = m.head(ln_ref(x, m.final_norm))
+    torch.testing.assert_close(m(idx), want, atol=1e-10, rtol=0)
+    assert [b.scale for b in m.blocks] == pytest.approx([1.0, 2 ** -0.5, 3 ** -0.5], rel=1e-15)
+    assert model(position="output").blocks[0].scale is None
+    assert type(model(position="output").final_norm) is LayerNorm
+    with pytest.raises(ValueError, match="no depth_scaling"):
+        to_pre_rmsnorm(model(depth_scaling=True))
+    with pytest.raises(ValueError, match="position must be one of"):
+        config(position="sandwich")
