@@ -37,7 +37,7 @@ from lnbook.experiments.seq_tasks import (
     train_transformer,
 )
 from lnbook.train import History
-from lnbook.transformer import POSITIONS, Transformer, TransformerConfig, layer_gradient_norms
+from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
 __all__ = [
     "NAME",
@@ -50,6 +50,7 @@ __all__ = [
     "run",
 ]
 
+PLACEMENTS = ("post", "pre")  # the two of Xiong et al. (2020) (lnbook.transformer has more)
 NAME = "placement"
 DESCRIPTION = (
     "Post-LN vs Pre-LN Transformer: per-layer gradient norms at initialization for several "
@@ -85,9 +86,9 @@ class Config(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bad = [p for p in self.positions if p not in POSITIONS]
+        bad = [p for p in self.positions if p not in PLACEMENTS]
         if bad or not self.positions:
-            raise ValueError(f"positions must be drawn from {POSITIONS}, got {self.positions}")
+            raise ValueError(f"positions must be drawn from {PLACEMENTS}, got {self.positions}")
         if any(w < 0 or w > self.steps for w in self.warmups) or not self.warmups:
             raise ValueError(f"warmups must lie in [0, steps={self.steps}], got {self.warmups}")
         if any(d < 1 for d in self.grad_depths) or self.grad_batch < 1:
@@ -135,7 +136,7 @@ def gradient_profiles(
     """
     task = make_task(config.task, config.grad_batch, 1, config.size, config.symbols)
     out: dict[str, dict[int, np.ndarray]] = {}
-    for position in POSITIONS:
+    for position in PLACEMENTS:
         out[position] = {}
         for depth in config.grad_depths:
             rows = []
