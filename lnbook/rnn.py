@@ -1026,15 +1026,15 @@ class LSTM(_LSTMKind, _RNNBase):
     gradients, ``proj_size`` included).
 
     By default (``bptt="autograd"``) the time loop is the step-by-step loop of autograd
-    operations. With layer normalization and ``bptt="hand"`` each layer's loop runs instead
-    through :func:`lnbook.bptt.ln_lstm_recurrence`, whose backward pass through time is written
-    out by hand (the same numbers as the step loop, to rounding; the Supplement's "Speed"
-    section measures it: on a CPU it was slower than autograd's loop, so it is not the
-    default), except with padding (``lengths`` or a PackedSequence), with ``proj_size``, for
-    dtypes other than float32 and float64, and while ``torch.compile`` or ``torch.export``
-    trace the layer. Both support ``torch.func``, second derivatives and
-    ``gradgradcheck``; forward-mode AD through a layer whose parameters also require reverse
-    gradients needs ``bptt="autograd"``.
+    operations. With layer norms (lnbook's or torch's) and ``bptt="hand"`` each layer's loop
+    runs instead through :func:`lnbook.bptt.ln_lstm_recurrence`, which reads the norms' gains,
+    biases and epsilons and whose backward pass through time is written out by hand (the same
+    numbers as the step loop, to rounding; the Supplement's "Speed" section measures it: on a
+    CPU it was slower than autograd's loop, so it is not the default), except with padding
+    (``lengths`` or a PackedSequence), with ``proj_size``, for dtypes other than float32 and
+    float64, and while ``torch.compile`` or ``torch.export`` trace the layer. Both support
+    ``torch.func``, second derivatives and ``gradgradcheck``; forward-mode AD through a layer
+    whose parameters also require reverse gradients needs ``bptt="autograd"``.
 
     Args:
         input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
