@@ -181,6 +181,9 @@ def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
         >>> as_normalized_shape(8), as_normalized_shape([4, 8])
         ((8,), (4, 8))
     """
+    if type(normalized_shape) is tuple and all(  # the common case first: no message built
+            type(s) is int and s > 0 for s in normalized_shape) and normalized_shape:
+        return normalized_shape
     bad = TypeError(
         f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
     )
