@@ -20,8 +20,8 @@ CONTRIBUTING.md for the map, and the book's API page for every public object):
   loop with checkpoint and resume, the mini-experiments of section 6 (chapters 6.1-6.7)
 - :mod:`lnbook.variants`: ``rms_norm``, ``RMSNorm``, ``group_norm``, ``GroupNorm``, ``DyT``
   (Part II: normalization after 2016)
-- :mod:`lnbook.transformer`: a small Transformer with the norm's kind and place as arguments,
-  qk-norm, DeepNorm, and the Pre-LN to Pre-RMSNorm conversion (Part II)
+- :mod:`lnbook.transformer`: a small Transformer built from one ``TransformerConfig`` (the
+  norm's kind and place, qk-norm, DeepNorm), and the Pre-LN to Pre-RMSNorm conversion (Part II)
 """
 
 from lnbook import analysis, bptt, functional, reference
@@ -49,7 +49,7 @@ from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
 from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
 from lnbook.table import Table
 from lnbook.train import Batches, History, fit
-from lnbook.transformer import Block, Transformer, to_pre_rmsnorm
+from lnbook.transformer import Block, Transformer, TransformerConfig, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
 
 __version__ = "0.1.0"
@@ -105,6 +105,7 @@ __all__ = [
     "transformer",
     "Block",
     "Transformer",
+    "TransformerConfig",
     "to_pre_rmsnorm",
     "copy_task",
     "sort_task",

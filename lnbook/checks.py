@@ -37,6 +37,7 @@ __all__ = [
     "check_eps",
     "check_choice",
     "as_normalized_shape",
+    "make_module",
 ]
 
 _T = TypeVar("_T")
@@ -180,6 +181,9 @@ def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
         >>> as_normalized_shape(8), as_normalized_shape([4, 8])
         ((8,), (4, 8))
     """
+    if type(normalized_shape) is tuple and all(  # the common case first: no message built
+            type(s) is int and s > 0 for s in normalized_shape) and normalized_shape:
+        return normalized_shape
     bad = TypeError(
         f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
     )
@@ -197,3 +201,24 @@ def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
     if len(shape) == 0 or any(s <= 0 for s in shape):
         raise ValueError(f"normalized_shape must hold one or more positive sizes, got {shape}")
     return shape
+
+
+def make_module(
+    factory: object, size: int, what: str = "norm",
+    device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
+    """``factory(size)``, checked to be a :class:`torch.nn.Module`, on ``device`` in ``dtype``.
+
+    How a model builds a layer it was given as a factory (``norm=torch.nn.LayerNorm``,
+    ``norm=lnbook.RMSNorm``, ...). A factory that is not callable, or that returns something
+    other than a module, raises :class:`TypeError` naming ``what``.
+    """
+    if not callable(factory):
+        raise TypeError(f"{what} must be a callable size -> torch.nn.Module (for example "
+                        f"torch.nn.LayerNorm or lnbook.RMSNorm), got {type(factory).__name__}")
+    m = factory(size)
+    if not isinstance(m, torch.nn.Module):
+        raise TypeError(f"{what}({size}) must return a torch.nn.Module (for example "
+                        f"torch.nn.LayerNorm({size})), got {type(m).__name__}")
+    to = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+    return m.to(**to) if to else m

@@ -1,37 +1,34 @@
 r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and the supplement).
 
-Book chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). Every class here is a drop-in
-for its ``torch.nn`` twin: the same constructor signature in torch's positional order (lnbook's
-own options are keyword-only), the same parameter names, shapes and gate order
-(``weight_ih_l0``, ``weight_hh_l0_reverse``, ...), the same ``forward(input, hx=None)``. With
-``layer_norm=False`` a state dict loads in both directions and the outputs and gradients are
-torch's. With ``layer_norm=True`` (the default) the summed inputs are normalized by
-:class:`lnbook.LayerNorm` submodules (gains start at 1, biases at 0, as in the authors' code),
-applied through :func:`lnbook.layer_norm` itself, and torch's biases are added after the
-normalization:
+Book chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come
+first, once, as the step functions; the rest of the module gives them torch's interface. Each
+class is a drop-in for its ``torch.nn`` twin: torch's constructor signature and positional
+order (lnbook's options are keyword-only), parameter names, shapes and gate order
+(``weight_ih_l0``, ``weight_hh_l0_reverse``, ...) and ``forward(input, hx=None)``. With
+``layer_norm=False`` a state dict loads in both directions and outputs and gradients are
+torch's. With ``layer_norm=True`` (the default) the summed inputs are normalized by norm
+submodules (``ln``, ``ln_ih_l0``, ...), and torch's biases are added after the normalization:
+:class:`LNRNNCell`, :class:`RNN` (eq. 4); :class:`LNLSTMCell`, :class:`LSTM` (eqs. 20-22);
+:class:`LNGRUCell`, :class:`GRU` (eqs. 26-28 in torch's GRU form); :class:`DRAWLSTMCell`
+(eqs. 29-31, LN on the cell state only).
 
-- :class:`LNRNNCell`, :class:`RNN`: eq. 4, one LN over the H summed inputs
-  a_t = W_ih x_t + W_hh h_{t-1}.
-- :class:`LNLSTMCell`, :class:`LSTM`: eqs. 20-22, separate LNs for W_hh h and W_ih x (over all
-  4H gates) and one on the cell state inside the output tanh.
-- :class:`LNGRUCell`, :class:`GRU`: eqs. 26-28 written in torch's GRUCell form.
-- :class:`DRAWLSTMCell`: eqs. 29-31, LN only on the cell state.
+The normalization is chosen once, when the module is built: each norm is an
+:class:`lnbook.LayerNorm` (gain 1, bias 0, as in the authors' code; its ``impl`` is the keyword
+``ln_impl``, default :data:`lnbook.norms.LN_IMPL`), or what the keyword ``norm``, a factory
+``size -> module``, makes (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`, ...). The step
+functions receive those modules and call them.
 
-The sequence layers compute the input projection W_ih x (and its layer norm) for all time steps
-in one call, then run a time loop of the step functions below, the same ones the cells run,
-differentiated by autograd. :class:`LSTM` with layer normalization can run that loop through the
-hand-derived backpropagation through time of :mod:`lnbook.bptt` instead (``bptt="hand"``, the
-supplement's topic; measured slower than autograd's loop on a CPU, see ``benchmarks/``); while
-compiling (``torch.compile``, ``torch.export``) and with padding it runs the step loop.
-
-The implementation of the LayerNorm submodules (``impl`` of :func:`lnbook.layer_norm`) is
-chosen in one place: the keyword ``ln_impl`` of every class, whose default is
-:data:`lnbook.norms.LN_IMPL`.
+A sequence layer computes W_ih x (and its norm) for all time steps in one call, then runs the
+step functions in a time loop differentiated by autograd; a cell runs the same code for one
+step. :class:`LSTM` can run that loop through the hand-derived backpropagation through time of
+:mod:`lnbook.bptt` instead (``bptt="hand"``, the supplement's topic; slower than autograd's loop
+on a CPU, see ``benchmarks/``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import warnings
@@ -44,10 +41,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from lnbook.bptt import ln_lstm_recurrence
-
-# the input checks of lnbook.norms, used by every recurrent module (kept in one place there)
-from lnbook.checks import check_bool, check_choice, check_floating, check_size
-from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm, layer_norm
+from lnbook.checks import check_bool, check_choice, check_floating, check_size, make_module
+from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 
 __all__ = [
     "LNRNNCell",
@@ -59,39 +54,230 @@ __all__ = [
     "GRU",
 ]
 
+Norm = Callable[[Tensor], Tensor] | None
+"""A normalization as the step functions take it: a module or function of the last dimension
+(:class:`lnbook.LayerNorm`, :class:`torch.nn.LayerNorm`, :class:`lnbook.RMSNorm`, ...), or None
+for none, which gives torch's own cell."""
 
 _Lengths = Tensor | Sequence[int] | None
-_Norm = tuple[Tensor, Tensor | None, float] | None  # (gain, bias, eps) of one LN, or no LN
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
 
 
 # ----------------------------------------------------------------------------------------------
-# small helpers shared by cells and layers
+# the paper's equations: the step functions that cells and layers both run
+#
+# LN(v) = g * (v - mean(v)) / sqrt(var(v) + eps) + b over the units of v, one example at a time
+# (eq. 3); here `ln` stands for any norm module the model was built with.
+#
+#   eq. 4      a_t = W_hh h_{t-1} + W_ih x_t             h_t = f(LN(a_t) + b)
+#   eq. 20     (i, f, g, o) = LN(W_hh h_{t-1}) + LN(W_ih x_t) + b     (torch's gate order)
+#   eq. 21     c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+#   eq. 22     h_t = sigmoid(o) * tanh(LN(c_t))                       (c_t carried un-normalized)
+#   eq. 26     (r, z) = LN(W_hh[r,z] h_{t-1}) + LN(W_ih[r,z] x_t) + b
+#   eq. 27     n = tanh(LN(W_ih[n] x_t) + b_in + sigmoid(r) * (LN(W_hh[n] h_{t-1}) + b_hn))
+#   eq. 28     h_t = (1 - sigmoid(z)) * n + sigmoid(z) * h_{t-1}       (torch's z: see LNGRUCell)
+#   eqs. 29-31 eqs. 20-22 with LN on c_t only (DRAW)
+#
+# Without LN (ln None) each step is torch's: eqs. 17-19 for the LSTM, 23-25 for the GRU.
 
 
-def _check_nonlinearity(nonlinearity: str) -> str:
-    return check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
+def rnn_step(
+    gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: Norm, act: Callable
+) -> Tensor:
+    """Eq. 4: ``act(LN(a_t) + b)`` with ``a_t = gi + W_hh h``, ``gi = W_ih x_t``; without LN
+    torch's ``act(a_t)``, ``gi`` then holding both biases."""
+    a = torch.addmm(gi, h, w_hh.t())  # (B, H) summed inputs a_t
+    if ln is None:
+        return act(a)  # (B, H)
+    return act(_plus(ln(a), b))  # (B, H)
 
 
-def _check_impl(ln_impl: str) -> str:
-    return check_choice("ln_impl", ln_impl, LN_IMPLS)
+def lstm_step(
+    gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, ln_hh: Norm, ln_c: Norm,
+    w_hr: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Eqs. 20-22 (or 17-19, 29-31). ``gi = LN(W_ih x_t) + every bias``, (B, 4H); gates in
+    torch's order (i, f, g, o); ``w_hr`` projects h_t as torch's ``proj_size`` does."""
+    if ln_hh is None:
+        gates = torch.addmm(gi, h, w_hh.t())  # (B, 4H)
+    else:
+        gates = ln_hh(torch.mm(h, w_hh.t())) + gi  # (B, 4H), eq. 20
+    i, f, g, o = gates.chunk(4, 1)  # (B, H) each
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B, H), eq. 21
+    h = torch.sigmoid(o) * torch.tanh(c if ln_c is None else ln_c(c))  # (B, H), eq. 22
+    return (h if w_hr is None else torch.mm(h, w_hr.t())), c
 
 
-def _ln(x: Tensor, norm: _Norm, impl: str) -> Tensor:
-    """Layer-normalize ``x`` over its last dimension with :func:`lnbook.layer_norm`."""
-    if norm is None:
-        return x
-    w, b, eps = norm
-    return layer_norm(x, x.shape[-1], w, b, eps, impl)
+def gru_input(
+    x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None, ln_ih: Norm, ln_in: Norm
+) -> Tensor:
+    """Input half of eqs. 26-27 for any leading shape: (*, 3H) = [r, z | n] pre-activations,
+    with b_ih and the r, z part of b_hh added (the n part of b_hh sits inside r * (...))."""
+    H = w_ih.shape[0] // 3
+    gi = F.linear(x, w_ih)  # (*, 3H)
+    b_rz = _plus(None if b_ih is None else b_ih[: 2 * H], None if b_hh is None else b_hh[: 2 * H])
+    b_n = None if b_ih is None else b_ih[2 * H :]
+    if ln_ih is None or ln_in is None:
+        b = None if b_rz is None else torch.cat([b_rz, b_n])  # type: ignore[list-item]
+        return _plus(gi, b)  # type: ignore[return-value]
+    rz = _plus(ln_ih(gi[..., : 2 * H]), b_rz)  # (*, 2H), eq. 26's input term
+    n = _plus(ln_in(gi[..., 2 * H :]), b_n)  # (*, H), eq. 27's input term
+    return torch.cat([rz, n], dim=-1)  # type: ignore[list-item]
 
 
-def _add(*ts: Tensor | None) -> Tensor | None:
+def gru_step(
+    gi: Tensor, h: Tensor, w_hh: Tensor, b_hn: Tensor | None, ln_hh: Norm, ln_hn: Norm
+) -> Tensor:
+    """Eqs. 26-28 in torch's form; ``gi`` from :func:`gru_input`, (B, 3H)."""
+    H = h.shape[1]
+    gh = torch.mm(h, w_hh.t())  # (B, 3H)
+    if ln_hh is None or ln_hn is None:
+        rz = torch.sigmoid(gi[:, : 2 * H] + gh[:, : 2 * H])  # (B, 2H)
+        hn = _plus(gh[:, 2 * H :], b_hn)  # (B, H)
+    else:
+        rz = torch.sigmoid(gi[:, : 2 * H] + ln_hh(gh[:, : 2 * H]))  # (B, 2H), eq. 26
+        hn = _plus(ln_hn(gh[:, 2 * H :]), b_hn)  # (B, H)
+    r, z = rz[:, :H], rz[:, H:]
+    n = torch.tanh(gi[:, 2 * H :] + r * hn)  # (B, H), eq. 27
+    return n + z * (h - n)  # (1 - z) n + z h, eq. 28
+
+
+def _plus(*ts: Tensor | None) -> Tensor | None:
     """The sum of the tensors that are not None (None if all are)."""
     out = None
     for t in ts:
         if t is not None:
             out = t if out is None else out + t
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# one time loop per kind of cell, run by a cell (one step) and by a layer (T steps)
+
+
+def _masked_loop(
+    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]],
+    T: int,
+    state: list[Tensor],
+    mask: Tensor | None,
+) -> tuple[Tensor, list[Tensor]]:
+    """Run ``step(t, state) -> (output, new state)`` for t < T. Where ``mask`` (T, B, 1) is
+    False (padding) the state is kept and the output is 0, as torch's packed sequences."""
+    outs = []
+    for t in range(T):
+        out, new = step(t, state)
+        if mask is None:
+            state = new
+            outs.append(out)
+        else:
+            m = mask[t]
+            state = [torch.where(m, a, b) for a, b in zip(new, state, strict=True)]
+            outs.append(out * m)
+    return torch.stack(outs), state
+
+
+class _RNNKind:
+    """Eq. 4 over time. ``p`` holds one layer's weights and norms (see ``_Base._weights``)."""
+
+    _gates, _lns = 1, (("ln", 1),)
+    _norm_names = ("ln",)
+    nonlinearity: str
+
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
+        act = _ACTS[self.nonlinearity]
+        b, ln = _plus(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
+        gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
+
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+            h = rnn_step(gis[t], s[0], p["w_hh"], b, ln, act)  # (B, H)
+            return h, [h]
+
+        return _masked_loop(step, x.shape[0], state, mask)
+
+
+class _LSTMKind:
+    """Eqs. 20-22 (17-19 without LN, 29-31 with LN on c_t only) over time."""
+
+    _gates, _lns = 4, (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
+    _norm_names = ("ln_ih", "ln_hh", "ln_c")
+    bptt, forget_bias = "autograd", 0.0
+    hidden_size: int
+
+    def _set_forget_bias(self, forget_bias: float, bias: bool) -> None:
+        if forget_bias and not bias:
+            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
+        self.forget_bias = float(forget_bias)
+
+    def reset_parameters(self) -> None:
+        """Weights and biases as torch, plus ``forget_bias`` on every ``bias_ih[H:2H]``; norms
+        reset (LN gains 1, biases 0)."""
+        super().reset_parameters()  # type: ignore[misc]
+        H = self.hidden_size
+        with torch.no_grad():
+            for name, p in self.named_parameters(recurse=False):  # type: ignore[attr-defined]
+                if name.startswith("bias_ih") and self.forget_bias:
+                    p[H : 2 * H] += self.forget_bias
+
+    def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
+        """The hand-derived BPTT applies: layer norms (with gains) on W_hh h and c_t, no
+        padding, no projection, float32/64, and not while torch.compile or torch.export trace
+        the layer."""
+        return (self.bptt == "hand" and all(isinstance(p[n], (LayerNorm, nn.LayerNorm))
+                                            and p[n].weight is not None
+                                            for n in ("ln_hh", "ln_c"))
+                and mask is None and p["w_hr"] is None
+                and x.dtype in (torch.float32, torch.float64)
+                and not torch.compiler.is_compiling())
+
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
+        b, ln_ih, ln_hh, ln_c = _plus(p["b_ih"], p["b_hh"]), p["ln_ih"], p["ln_hh"], p["ln_c"]
+        gi = F.linear(x, p["w_ih"], b if ln_ih is None else None)  # (T, B, 4H), one call
+        if self._use_bptt(x, mask, p):
+            # the norms' raw weights for lnbook.bptt; every additive bias (LN(W_hh h)'s too)
+            # joins LN(W_ih x): one pass over (T, B, 4H), none inside the loop
+            gi = _plus(gi if ln_ih is None else ln_ih(gi), b, ln_hh.bias)
+            hs, h, c = ln_lstm_recurrence(gi, state[0], state[1], p["w_hh"], ln_hh.weight,
+                                          ln_c.weight, ln_c.bias, ln_hh.eps, ln_c.eps)
+            return hs, [h, c]
+        if ln_ih is not None:
+            gi = _plus(ln_ih(gi), b)  # (T, B, 4H), eq. 20's input term
+        gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
+
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+            h, c = lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, ln_c, p["w_hr"])
+            return h, [h, c]
+
+        return _masked_loop(step, x.shape[0], state, mask)
+
+
+class _GRUKind:
+    """Eqs. 26-28 (23-25 without LN) over time, in torch's GRU form."""
+
+    _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
+    _norm_names = ("ln_ih", "ln_hh", "ln_in", "ln_hn")
+    hidden_size: int
+
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
+        H = self.hidden_size
+        gis = gru_input(x, p["w_ih"], p["b_ih"], p["b_hh"], p["ln_ih"],
+                        p["ln_in"]).unbind(0)  # T x (B, 3H)
+        b_hn = None if p["b_hh"] is None else p["b_hh"][2 * H :]
+
+        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+            h = gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"])  # (B, H)
+            return h, [h]
+
+        return _masked_loop(step, x.shape[0], state, mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch's interface: parameters, dtypes, autocast, states, padding
 
 
 def _compute_dtype(module: nn.Module, x: Tensor, param_dtype: torch.dtype) -> torch.dtype | None:
@@ -125,6 +311,49 @@ def _check_dtype(x: Tensor, want: torch.dtype, what: str) -> None:
         )
 
 
+def _checked_state(
+    s: Tensor, want: tuple[int, ...], what: str, dtype: torch.dtype, dt: torch.dtype | None,
+    layout: str,
+) -> Tensor:
+    """An initial state checked for its shape ``want`` and dtype, in the compute dtype."""
+    check_floating(s, what)
+    if tuple(s.shape) != want:
+        raise ValueError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
+    if dt is None:
+        _check_dtype(s, dtype, what)
+        return s
+    return s.to(dt)
+
+
+def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
+    return t if t is None or dtype is None else t.to(dtype)
+
+
+def _in_dtype(norm: nn.Module | None, dtype: torch.dtype | None) -> Norm:
+    """The norm module itself, or (under autocast, when its parameters are in another dtype
+    than ``dtype``) the same module called on its parameters cast to ``dtype``."""
+    if norm is None or dtype is None or all(p.dtype == dtype for p in norm.parameters()):
+        return norm
+    params = {n: p.to(dtype) for n, p in norm.named_parameters()}
+    return functools.partial(torch.func.functional_call, norm, params)
+
+
+def _norm_maker(
+    layer_norm: bool, norm: Callable[[int], nn.Module] | None, eps: float, bias: bool,
+    ln_impl: str, kw: dict,
+) -> Callable[[int], nn.Module | None]:
+    """The one place a model's norms are made: ``size -> module`` (None without LN)."""
+    if norm is not None and not layer_norm:
+        raise ValueError("norm= gives the normalization of layer_norm=True; "
+                         "with layer_norm=False there is none")
+    if not layer_norm:
+        return lambda size: None
+    if norm is None:
+        return lambda size: LayerNorm(size, eps=eps, bias=bias, impl=ln_impl,  # type: ignore[arg-type]
+                                      **kw)
+    return functools.partial(make_module, norm, what="norm", **kw)
+
+
 def _init_uniform(module: nn.Module, hidden_size: int) -> None:
     """torch's RNN initialization: every own weight and bias ~ U(-1/sqrt(H), 1/sqrt(H)), drawn
     in registration order (so that a seed gives torch's initial weights)."""
@@ -133,118 +362,93 @@ def _init_uniform(module: nn.Module, hidden_size: int) -> None:
         nn.init.uniform_(p, -bound, bound)
 
 
-def _make_ln(size: int, on: bool, eps: float, bias: bool, impl: str, **kw) -> LayerNorm | None:
-    return LayerNorm(size, eps=eps, bias=bias, impl=impl, **kw) if on else None  # type: ignore[arg-type]
+def _pair(hx: object, what: str) -> list:
+    """An LSTM's (h, c) state as a list of two (each possibly None)."""
+    if hx is None:
+        return [None, None]
+    if isinstance(hx, (tuple, list)) and len(hx) == 2:
+        return list(hx)
+    raise ValueError(f"hx must be a tuple {what} or None")
 
 
-def _norm_of(m: LayerNorm | None, dtype: torch.dtype | None = None) -> _Norm:
-    if m is None:
-        return None
-    w, b = m.weight, m.bias
-    if dtype is not None:
-        w, b = w.to(dtype), None if b is None else b.to(dtype)
-    return w, b, m.eps
+def _check_nonlinearity(nonlinearity: str) -> str:
+    return check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
 
 
-def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
-    return t if t is None or dtype is None else t.to(dtype)
+def _suffix(k: int, d: int) -> str:
+    """torch's name suffix of layer k, direction d: ``_l0``, ``_l1_reverse``, ..."""
+    return f"_l{k}" + ("_reverse" if d == 1 else "")
 
 
-# ----------------------------------------------------------------------------------------------
-# the step functions: one place for the equations; cells and layers both call them
+class _Base(nn.Module):
+    """Parameters named, ordered and initialized as torch's, plus the norm submodules."""
 
+    _gates = 1
+    _autocast_float32_on: frozenset[str] = frozenset()
+    _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
+    _norm_names: tuple[str, ...] = ()  # the norms the kind's step functions read
 
-def rnn_step(
-    gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: _Norm, act: Callable, impl: str
-) -> Tensor:
-    """Eq. 4: ``act(LN(a_t) + b)`` with ``a_t = gi + W_hh h``; without LN torch's ``act(a_t)``,
-    ``gi`` then holding both biases."""
-    a = torch.addmm(gi, h, w_hh.t())  # (B, H) summed inputs a_t
-    if ln is None:
-        return act(a)  # (B, H)
-    z = _ln(a, ln, impl)  # (B, H)
-    return act(z if b is None else z + b)
+    def _options(self, input_size: int, hidden_size: int, bias: bool, layer_norm: bool,
+                 ln_impl: str) -> None:
+        self.input_size = check_size("input_size", input_size)
+        self.hidden_size = check_size("hidden_size", hidden_size)
+        self.bias = check_bool("bias", bias)
+        self.layer_norm = check_bool("layer_norm", layer_norm)
+        self.ln_impl = check_choice("ln_impl", ln_impl, LN_IMPLS)
 
+    def _add_weights(self, sfx: str, n_in: int, n_hid: int, proj_size: int, kw: dict,
+                     make_norm: Callable[[int], nn.Module | None]) -> None:
+        """One layer and direction: torch's parameters in torch's order, then its norms."""
+        H = self.hidden_size
+        G = self._gates * H
+        self.register_parameter(f"weight_ih{sfx}", nn.Parameter(torch.empty(G, n_in, **kw)))
+        self.register_parameter(f"weight_hh{sfx}", nn.Parameter(torch.empty(G, n_hid, **kw)))
+        for name in ("bias_ih", "bias_hh"):  # as torch: a cell keeps None, a layer nothing
+            if self.bias or not sfx:
+                self.register_parameter(
+                    f"{name}{sfx}", nn.Parameter(torch.empty(G, **kw)) if self.bias else None)
+        if proj_size > 0:
+            self.register_parameter(f"weight_hr{sfx}",
+                                    nn.Parameter(torch.empty(proj_size, H, **kw)))
+        for name, mult in self._lns:
+            setattr(self, f"{name}{sfx}", make_norm(mult * H))
 
-def lstm_step(
-    gi: Tensor,
-    h: Tensor,
-    c: Tensor,
-    w_hh: Tensor,
-    ln_hh: _Norm,
-    ln_c: _Norm,
-    w_hr: Tensor | None,
-    impl: str,
-) -> tuple[Tensor, Tensor]:
-    """Eqs. 20-22 (or 17-19, 29-31). ``gi = LN(W_ih x) + every bias``, (B, 4H); gates in
-    torch's order (i, f, g, o); ``w_hr`` projects h_t as torch's ``proj_size`` does."""
-    if ln_hh is None:
-        gates = torch.addmm(gi, h, w_hh.t())  # (B, 4H)
-    else:
-        gates = _ln(torch.mm(h, w_hh.t()), ln_hh, impl) + gi  # (B, 4H)
-    i, f, g, o = gates.chunk(4, 1)  # (B, H) each
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B, H), eq. 21
-    h = torch.sigmoid(o) * torch.tanh(_ln(c, ln_c, impl))  # (B, H), eq. 22; c_t carried as is
-    return (h if w_hr is None else torch.mm(h, w_hr.t())), c
+    def reset_parameters(self) -> None:
+        """Weights and biases as torch (same draws for the same seed); norms reset (LN gains 1,
+        biases 0)."""
+        _init_uniform(self, self.hidden_size)
+        for m in self.children():
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
 
+    def _weights(self, sfx: str, dt: torch.dtype | None) -> dict:
+        """One layer and direction: ``w_ih, w_hh, b_ih, b_hh, w_hr`` cast to ``dt`` and the
+        norm modules (None where there is none), as the kind's ``_scan`` reads them."""
+        p: dict = {n: _cast(getattr(self, f"{attr}{sfx}", None), dt) for n, attr in (
+            ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
+            ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
+        for name in self._norm_names:
+            p[name] = _in_dtype(getattr(self, f"{name}{sfx}", None), dt)
+        return p
 
-def gru_input(
-    x: Tensor,
-    w_ih: Tensor,
-    b_ih: Tensor | None,
-    b_hh: Tensor | None,
-    ln_ih: _Norm,
-    ln_in: _Norm,
-    impl: str,
-) -> Tensor:
-    """Input half of eqs. 26-27 for any leading shape: (*, 3H) = [r, z | n] pre-activations,
-    with b_ih and the r, z part of b_hh added (the n part of b_hh sits inside r * (...))."""
-    H = w_ih.shape[0] // 3
-    gi = F.linear(x, w_ih)  # (*, 3H)
-    b_rz = _add(None if b_ih is None else b_ih[: 2 * H], None if b_hh is None else b_hh[: 2 * H])
-    b_n = None if b_ih is None else b_ih[2 * H :]
-    if ln_ih is None:
-        b = None if b_rz is None else torch.cat([b_rz, b_n])  # type: ignore[list-item]
-        return gi if b is None else gi + b
-    rz = _ln(gi[..., : 2 * H], ln_ih, impl)  # (*, 2H)
-    n = _ln(gi[..., 2 * H :], ln_in, impl)  # (*, H)
-    return torch.cat([rz if b_rz is None else rz + b_rz, n if b_n is None else n + b_n], dim=-1)
+    def _ln_repr(self) -> str:
+        s = f", layer_norm={self.layer_norm}"
+        if self.layer_norm and self.ln_impl != LN_IMPL:
+            s += f", ln_impl={self.ln_impl!r}"
+        return s
 
-
-def gru_step(
-    gi: Tensor,
-    h: Tensor,
-    w_hh: Tensor,
-    b_hn: Tensor | None,
-    ln_hh: _Norm,
-    ln_hn: _Norm,
-    impl: str,
-) -> Tensor:
-    """Eqs. 26-28 in torch's form; ``gi`` from :func:`gru_input`, (B, 3H)."""
-    H = h.shape[1]
-    gh = torch.mm(h, w_hh.t())  # (B, 3H)
-    if ln_hh is None:
-        rz = torch.sigmoid(gi[:, : 2 * H] + gh[:, : 2 * H])  # (B, 2H)
-        hn = gh[:, 2 * H :] if b_hn is None else gh[:, 2 * H :] + b_hn  # (B, H)
-    else:
-        rz = torch.sigmoid(gi[:, : 2 * H] + _ln(gh[:, : 2 * H], ln_hh, impl))  # (B, 2H)
-        hn = _ln(gh[:, 2 * H :], ln_hn, impl)  # (B, H)
-        hn = hn if b_hn is None else hn + b_hn
-    r, z = rz[:, :H], rz[:, H:]
-    n = torch.tanh(gi[:, 2 * H :] + r * hn)  # (B, H)
-    return n + z * (h - n)  # (1 - z) n + z h
+    def _scan(
+        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
+    ) -> tuple[Tensor, list[Tensor]]:
+        raise NotImplementedError  # given by _RNNKind, _LSTMKind or _GRUKind
 
 
 # ----------------------------------------------------------------------------------------------
 # cells
 
 
-class _CellBase(nn.Module):
-    """Parameters named and initialized as torch's ``RNNCellBase``, plus the LN submodules."""
-
-    _gates = 1
-    _autocast_float32_on: frozenset[str] = frozenset()
-    _lns: tuple[tuple[str, int], ...] = ()  # (name, size multiple of H)
+class _CellBase(_Base):
+    """A cell: one layer's parameters without suffix (``weight_ih``, ``ln``, ...), one step."""
 
     def __init__(
         self,
@@ -256,35 +460,16 @@ class _CellBase(nn.Module):
         layer_norm: bool,
         eps: float,
         ln_impl: str,
+        norm: Callable[[int], nn.Module] | None,
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.input_size = check_size("input_size", input_size)
-        self.hidden_size = H = check_size("hidden_size", hidden_size)
-        self.bias = check_bool("bias", bias)
-        self.layer_norm = check_bool("layer_norm", layer_norm)
-        self.ln_impl = _check_impl(ln_impl)
-        G = self._gates * H
-        self.weight_ih = nn.Parameter(torch.empty(G, input_size, **kw))
-        self.weight_hh = nn.Parameter(torch.empty(G, H, **kw))
-        if bias:
-            self.bias_ih = nn.Parameter(torch.empty(G, **kw))
-            self.bias_hh = nn.Parameter(torch.empty(G, **kw))
-        else:
-            self.register_parameter("bias_ih", None)
-            self.register_parameter("bias_hh", None)
-        for name, mult in self._lns:
-            setattr(self, name, _make_ln(mult * H, layer_norm, eps, bias, ln_impl, **kw))
+        self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
+        self._add_weights("", input_size, self.hidden_size, 0, kw,
+                          _norm_maker(layer_norm, norm, eps, bias, ln_impl, kw))
 
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch; LN gains 1, biases 0."""
-        _init_uniform(self, self.hidden_size)
-        for m in self.children():
-            if isinstance(m, LayerNorm):
-                m.reset_parameters()
-
-    def _setup(self, input: Tensor) -> tuple[Tensor, bool, torch.dtype | None]:
-        """``input`` as (B, input_size), whether it had a batch dimension, the autocast dtype."""
+    def _step(self, input: Tensor, hx: list, names: tuple[str, ...]) -> list[Tensor]:
+        """One step of the kind's loop: the new state, batched as ``input`` is."""
         check_floating(input, "input")
         if input.dim() not in (1, 2) or input.shape[-1] != self.input_size:
             raise ValueError(
@@ -294,11 +479,12 @@ class _CellBase(nn.Module):
         dt = _compute_dtype(self, input, self.weight_ih.dtype)
         if dt is None:
             _check_dtype(input, self.weight_ih.dtype, "input")
-        else:
-            input = input.to(dt)
-        if input.dim() == 2:
-            return input, True, dt
-        return input.unsqueeze(0), False, dt
+        batched = input.dim() == 2
+        x = _cast(input if batched else input.unsqueeze(0), dt)  # (B, I)
+        s = [self._state(h, x, batched, n, dt) for h, n in zip(hx, names, strict=True)]
+        with _autocast_off(x.device.type, dt):
+            _, s = self._scan(x.unsqueeze(0), None, s, self._weights("", dt))
+        return s if batched else [t.squeeze(0) for t in s]
 
     def _state(
         self, s: Tensor | None, x: Tensor, batched: bool, what: str, dt: torch.dtype | None
@@ -306,32 +492,15 @@ class _CellBase(nn.Module):
         B, H = x.shape[0], self.hidden_size
         if s is None:
             return x.new_zeros(B, H)
-        check_floating(s, what)
-        want = (B, H) if batched else (H,)
-        if tuple(s.shape) != want:
-            raise ValueError(f"{what} must have shape {want}, got {tuple(s.shape)}")
-        if dt is None:
-            _check_dtype(s, x.dtype, what)
-        else:
-            s = s.to(dt)
+        s = _checked_state(s, (B, H) if batched else (H,), what, x.dtype, dt, "")
         return s if batched else s.unsqueeze(0)
-
-    def _params(self, dt: torch.dtype | None) -> tuple[Tensor | None, ...]:
-        """weight_ih, weight_hh, bias_ih, bias_hh, cast to ``dt`` (as they are if None)."""
-        return tuple(_cast(p, dt) for p in (self.weight_ih, self.weight_hh, self.bias_ih,
-                                             self.bias_hh))
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
-        if not self.bias:
-            s += ", bias=False"
-        s += f", layer_norm={self.layer_norm}"
-        if self.layer_norm and self.ln_impl != LN_IMPL:
-            s += f", ln_impl={self.ln_impl!r}"
-        return s
+        return s + (", bias=False" if not self.bias else "") + self._ln_repr()
 
 
-class LNRNNCell(_CellBase):
+class LNRNNCell(_RNNKind, _CellBase):
     r"""An Elman RNN cell with layer normalization of its summed inputs (paper eq. 4; ch. 3.1).
 
     .. math::
@@ -353,7 +522,12 @@ class LNRNNCell(_CellBase):
         layer_norm: normalize a_t with the submodule ``ln`` (:class:`lnbook.LayerNorm`).
             Keyword-only, as every option below. Default: True.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
+        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
+            :data:`lnbook.norms.LN_IMPL`.
+        norm: a factory ``size -> module`` that makes each norm instead of
+            :class:`lnbook.LayerNorm` (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`,
+            ``functools.partial(...)``); ``eps`` and ``ln_impl`` then do not apply.
+            Default: None.
 
     Shape:
         - input: ``(B, input_size)`` or ``(input_size,)``; hx: ``(B, H)`` or ``(H,)`` (zeros if
@@ -367,8 +541,6 @@ class LNRNNCell(_CellBase):
         torch.Size([3, 20])
     """
 
-    _lns = (("ln", 1),)
-
     def __init__(
         self,
         input_size: int,
@@ -381,27 +553,21 @@ class LNRNNCell(_CellBase):
         layer_norm: bool = True,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         self.nonlinearity = _check_nonlinearity(nonlinearity)
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl)
+        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
+                         norm)
         self.reset_parameters()
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        x, batched, dt = self._setup(input)
-        h = self._state(hx, x, batched, "hx", dt)
-        w_ih, w_hh, b_ih, b_hh = self._params(dt)
-        b = _add(b_ih, b_hh)  # (H,) or None
-        ln = _norm_of(self.ln, dt)
-        with _autocast_off(x.device.type, dt):
-            gi = F.linear(x, w_ih, b if ln is None else None)  # (B, H)
-            out = rnn_step(gi, h, w_hh, b, ln, _ACTS[self.nonlinearity], self.ln_impl)
-        return out if batched else out.squeeze(0)
+        return self._step(input, [hx], ("hx",))[0]
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", nonlinearity={self.nonlinearity!r}"
 
 
-class LNLSTMCell(_CellBase):
+class LNLSTMCell(_LSTMKind, _CellBase):
     r"""An LSTM cell with layer normalization (paper eqs. 20-22; Supplement chapter).
 
     .. math::
@@ -416,18 +582,13 @@ class LNLSTMCell(_CellBase):
     :class:`torch.nn.LSTMCell` (eqs. 17-19).
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        bias: learn the additive biases; ``bias=False`` with layer norm removes the LN biases
-            too (see :class:`LNRNNCell`). Default: True.
-        device, dtype: of the parameters, as torch.
-        layer_norm: use the LN submodules ``ln_ih``, ``ln_hh``, ``ln_c``. Keyword-only, as
-            every option below. Default: True.
+        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
+        layer_norm: use the norm submodules ``ln_ih``, ``ln_hh``, ``ln_c``. Keyword-only, as
+            every option below; ``eps``, ``ln_impl`` and ``norm`` as :class:`LNRNNCell`.
+            Default: True.
         forget_bias: added to the forget-gate slice ``bias_ih[H:2H]`` after the uniform
             initialization (1.0 is a common choice that keeps memories early in training).
             Default: 0.0, torch's initialization exactly.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(h, c)``, each ``(B, H)`` (zeros if None).
@@ -439,9 +600,7 @@ class LNLSTMCell(_CellBase):
         >>> h, c = cell(torch.randn(3, 10))
     """
 
-    _gates = 4
     _autocast_float32_on = frozenset({"cpu"})
-    _lns = (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
 
     def __init__(
         self,
@@ -455,45 +614,18 @@ class LNLSTMCell(_CellBase):
         forget_bias: float = 0.0,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
-        self.forget_bias = float(forget_bias)
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl)
-        if self.forget_bias and not bias:
-            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
+        self._set_forget_bias(forget_bias, bias)
+        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
+                         norm)
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch (plus ``forget_bias``); LN gains 1, biases 0."""
-        super().reset_parameters()
-        if self.forget_bias:
-            H = self.hidden_size
-            with torch.no_grad():
-                self.bias_ih[H : 2 * H] += self.forget_bias
 
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
-        x, batched, dt = self._setup(input)
-        if hx is None:
-            h = c = None
-        elif isinstance(hx, (tuple, list)) and len(hx) == 2:
-            h, c = hx
-        else:
-            raise ValueError("hx must be a tuple (h, c) or None")
-        h = self._state(h, x, batched, "h", dt)
-        c = self._state(c, x, batched, "c", dt)
-        w_ih, w_hh, b_ih, b_hh = self._params(dt)
-        b = _add(b_ih, b_hh)  # (4H,) or None
-        ln_ih = _norm_of(self.ln_ih, dt)
-        with _autocast_off(x.device.type, dt):
-            if ln_ih is None:
-                gi = F.linear(x, w_ih, b)  # (B, 4H)
-            else:
-                gi = _ln(F.linear(x, w_ih), ln_ih, self.ln_impl)  # (B, 4H)
-                gi = gi if b is None else gi + b
-            h, c = lstm_step(gi, h, c, w_hh, _norm_of(self.ln_hh, dt), _norm_of(self.ln_c, dt),
-                             None, self.ln_impl)
-        return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
+        h, c = self._step(input, _pair(hx, "(h, c)"), ("h", "c"))
+        return h, c
 
 
 class DRAWLSTMCell(LNLSTMCell):
@@ -516,7 +648,7 @@ class DRAWLSTMCell(LNLSTMCell):
     ln_ih = ln_hh = None
 
 
-class LNGRUCell(_CellBase):
+class LNGRUCell(_GRUKind, _CellBase):
     r"""A GRU cell with layer normalization (paper eqs. 26-28 in torch's GRUCell form).
 
     With torch's gate order (r, z, n) and ``W[r,z]`` the first 2H rows:
@@ -537,14 +669,9 @@ class LNGRUCell(_CellBase):
     With ``layer_norm=False`` this is :class:`torch.nn.GRUCell`.
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        bias: learn the additive biases; ``bias=False`` with layer norm removes the LN biases
-            too (see :class:`LNRNNCell`). Default: True.
-        device, dtype: of the parameters, as torch.
-        layer_norm: use the LN submodules. Keyword-only, as every option below. Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
+        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
+        layer_norm: use the norm submodules. Keyword-only, as every option below; ``eps``,
+            ``ln_impl`` and ``norm`` as :class:`LNRNNCell`. Default: True.
 
     Shape:
         - input: ``(B, input_size)``; hx: ``(B, H)`` (zeros if None). Output: ``(B, H)``.
@@ -554,9 +681,7 @@ class LNGRUCell(_CellBase):
         >>> h = LNGRUCell(10, 20)(torch.randn(3, 10))
     """
 
-    _gates = 3
     _autocast_float32_on = frozenset({"cpu"})
-    _lns = (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
 
     def __init__(
         self,
@@ -569,20 +694,14 @@ class LNGRUCell(_CellBase):
         layer_norm: bool = True,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl)
+        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
+                         norm)
         self.reset_parameters()
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        x, batched, dt = self._setup(input)
-        h = self._state(hx, x, batched, "hx", dt)
-        w_ih, w_hh, b_ih, b_hh = self._params(dt)
-        lns = [_norm_of(getattr(self, n), dt) for n in ("ln_ih", "ln_hh", "ln_in", "ln_hn")]
-        b_hn = None if b_hh is None else b_hh[2 * self.hidden_size :]
-        with _autocast_off(x.device.type, dt):
-            gi = gru_input(x, w_ih, b_ih, b_hh, lns[0], lns[2], self.ln_impl)  # (B, 3H)
-            out = gru_step(gi, h, w_hh, b_hn, lns[1], lns[3], self.ln_impl)
-        return out if batched else out.squeeze(0)
+        return self._step(input, [hx], ("hx",))[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -637,12 +756,9 @@ def _reverse(x: Tensor, index: Tensor | None) -> Tensor:
     return x.gather(0, index.unsqueeze(-1).expand_as(x))
 
 
-class _RNNBase(nn.Module):
-    """Parameters named, ordered and initialized as torch's ``RNNBase``, plus LN submodules."""
-
-    _gates = 1
-    _autocast_float32_on: frozenset[str] = frozenset()
-    _lns: tuple[tuple[str, int], ...] = ()  # (name, size multiple of H) per layer and direction
+class _RNNBase(_Base):
+    """A stack of layers: parameters named, ordered and initialized as torch's ``RNNBase``
+    (``weight_ih_l0``, ..., ``_reverse``), norms ``ln_l0``, ``ln_ih_l0_reverse``, ..."""
 
     def __init__(
         self,
@@ -659,11 +775,11 @@ class _RNNBase(nn.Module):
         layer_norm: bool,
         eps: float,
         ln_impl: str,
+        norm: Callable[[int], nn.Module] | None,
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
-        self.input_size = check_size("input_size", input_size)
-        self.hidden_size = H = check_size("hidden_size", hidden_size)
+        self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
         self.num_layers = check_size("num_layers", num_layers)
         if (isinstance(dropout, bool) or not isinstance(dropout, numbers.Real)
                 or not 0 <= dropout <= 1):
@@ -676,36 +792,16 @@ class _RNNBase(nn.Module):
         if proj_size >= hidden_size:
             raise ValueError(f"proj_size must be smaller than hidden_size={hidden_size}, "
                              f"got {proj_size}")
-        self.bias = check_bool("bias", bias)
         self.batch_first = check_bool("batch_first", batch_first)
         self.dropout = float(dropout)
         self.bidirectional = check_bool("bidirectional", bidirectional)
         self.proj_size = proj_size
-        self.layer_norm = check_bool("layer_norm", layer_norm)
-        self.ln_impl = _check_impl(ln_impl)
-        G, D = self._gates * H, 2 if bidirectional else 1
-        H_out = proj_size if proj_size > 0 else H
+        make_norm = _norm_maker(layer_norm, norm, eps, bias, ln_impl, kw)
+        H_out = proj_size if proj_size > 0 else hidden_size
         for k in range(num_layers):
-            n_in = input_size if k == 0 else H_out * D
-            for d in range(D):
-                sfx = f"_l{k}" + ("_reverse" if d == 1 else "")
-                setattr(self, f"weight_ih{sfx}", nn.Parameter(torch.empty(G, n_in, **kw)))
-                setattr(self, f"weight_hh{sfx}", nn.Parameter(torch.empty(G, H_out, **kw)))
-                if bias:
-                    setattr(self, f"bias_ih{sfx}", nn.Parameter(torch.empty(G, **kw)))
-                    setattr(self, f"bias_hh{sfx}", nn.Parameter(torch.empty(G, **kw)))
-                if proj_size > 0:
-                    setattr(self, f"weight_hr{sfx}", nn.Parameter(torch.empty(proj_size, H, **kw)))
-                for name, mult in self._lns:
-                    setattr(self, f"{name}{sfx}",
-                            _make_ln(mult * H, layer_norm, eps, bias, ln_impl, **kw))
-
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch (same draws for the same seed); LN gains 1, biases 0."""
-        _init_uniform(self, self.hidden_size)
-        for m in self.children():
-            if isinstance(m, LayerNorm):
-                m.reset_parameters()
+            for d in range(self._num_directions):
+                n_in = input_size if k == 0 else H_out * self._num_directions
+                self._add_weights(_suffix(k, d), n_in, H_out, proj_size, kw, make_norm)
 
     def flatten_parameters(self) -> None:
         """Does nothing: torch's cuDNN weight layout has no counterpart here (kept so that code
@@ -718,16 +814,6 @@ class _RNNBase(nn.Module):
     @property
     def _out_size(self) -> int:
         return self.proj_size if self.proj_size > 0 else self.hidden_size
-
-    def _weights(self, k: int, d: int, dt: torch.dtype | None) -> dict[str, Tensor | None]:
-        """Layer k, direction d: ``w_ih, w_hh, b_ih, b_hh, w_hr`` and the LNs, cast to ``dt``."""
-        sfx = f"_l{k}" + ("_reverse" if d == 1 else "")
-        p: dict = {n: _cast(getattr(self, f"{attr}{sfx}", None), dt) for n, attr in (
-            ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
-            ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
-        for name, _ in self._lns:
-            p[name] = _norm_of(getattr(self, f"{name}{sfx}", None), dt)
-        return p
 
     def _prepare(
         self, input: Tensor | PackedSequence, lengths: _Lengths
@@ -783,17 +869,8 @@ class _RNNBase(nn.Module):
         L, B = self.num_layers * self._num_directions, x.shape[1]
         if s is None:
             return x.new_zeros(L, B, size)
-        check_floating(s, what)
-        want = (L, B, size) if batched else (L, size)
-        if tuple(s.shape) != want:
-            raise ValueError(
-                f"{what} must have shape (num_layers * num_directions, B, {size}) = {want}, "
-                f"got {tuple(s.shape)}"
-            )
-        if dt is None:
-            _check_dtype(s, x.dtype, what)
-        else:
-            s = s.to(dt)
+        s = _checked_state(s, (L, B, size) if batched else (L, size), what, x.dtype, dt,
+                           f"(num_layers * num_directions, B, {size}) = ")
         return s if batched else s.unsqueeze(1)
 
     def _finish(
@@ -821,7 +898,7 @@ class _RNNBase(nn.Module):
             outs = []
             for d in range(D):
                 j = k * D + d
-                p = self._weights(k, d, dt)
+                p = self._weights(_suffix(k, d), dt)
                 xin = inp if d == 0 else _reverse(inp, rev)
                 out, last = self._scan(xin, mask, [s[j] for s in hx], p)
                 outs.append(out if d == 0 else _reverse(out, rev))
@@ -832,25 +909,13 @@ class _RNNBase(nn.Module):
                 inp = F.dropout(inp, self.dropout, training=True)
         return inp, [torch.stack(f) for f in finals]
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
-        raise NotImplementedError
-
     def _forward(
         self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
         sizes: tuple[int, ...],
     ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
         x, batched, lens, packing, dt = self._prepare(input, lengths)
         names = ("h_0", "c_0")
-        if len(sizes) == 1:
-            states = [hx]
-        elif hx is None:
-            states = [None, None]
-        elif isinstance(hx, (tuple, list)) and len(hx) == 2:
-            states = list(hx)
-        else:
-            raise ValueError("hx must be a tuple (h_0, c_0) or None")
+        states = [hx] if len(sizes) == 1 else _pair(hx, "(h_0, c_0)")
         h = [self._state(s, x, batched, n, names[i], dt)
              for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
         with _autocast_off(x.device.type, dt):
@@ -867,34 +932,10 @@ class _RNNBase(nn.Module):
                               ("bidirectional", False)):
             if getattr(self, name) != default:
                 s += f", {name}={getattr(self, name)}"
-        s += f", layer_norm={self.layer_norm}"
-        if self.layer_norm and self.ln_impl != LN_IMPL:
-            s += f", ln_impl={self.ln_impl!r}"
-        return s
+        return s + self._ln_repr()
 
 
-def _masked_loop(
-    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]],
-    T: int,
-    state: list[Tensor],
-    mask: Tensor | None,
-) -> tuple[Tensor, list[Tensor]]:
-    """Run ``step(t, state) -> (output, new state)`` for t < T. Where ``mask`` (T, B, 1) is
-    False (padding) the state is kept and the output is 0, as torch's packed sequences."""
-    outs = []
-    for t in range(T):
-        out, new = step(t, state)
-        if mask is None:
-            state = new
-            outs.append(out)
-        else:
-            m = mask[t]
-            state = [torch.where(m, a, b) for a, b in zip(new, state, strict=True)]
-            outs.append(out * m)
-    return torch.stack(outs), state
-
-
-class RNN(_RNNBase):
+class RNN(_RNNKind, _RNNBase):
     r"""A stack of layer-normalized Elman RNN layers (paper eq. 4; chapter 3.1).
 
     Each layer runs :class:`LNRNNCell`'s step over time. With ``layer_norm=False`` it is
@@ -918,8 +959,7 @@ class RNN(_RNNBase):
         device, dtype: of the parameters, as torch.
         layer_norm: normalize the summed inputs (eq. 4). Keyword-only, as every option below.
             Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
+        eps, ln_impl, norm: as :class:`LNRNNCell`.
 
     Shape:
         - input: ``(T, B, input_size)`` (or ``(B, T, input_size)`` with ``batch_first``, or
@@ -942,8 +982,6 @@ class RNN(_RNNBase):
         (torch.Size([5, 3, 16]), torch.Size([2, 3, 16]))
     """
 
-    _lns = (("ln", 1),)
-
     def __init__(
         self,
         input_size: int,
@@ -960,10 +998,11 @@ class RNN(_RNNBase):
         layer_norm: bool = True,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         self.nonlinearity = _check_nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl)
+                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl, norm)
         self.reset_parameters()
 
     def forward(
@@ -972,25 +1011,12 @@ class RNN(_RNNBase):
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
-        act, impl = _ACTS[self.nonlinearity], self.ln_impl
-        b, ln = _add(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
-        gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
-
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = rnn_step(gis[t], s[0], p["w_hh"], b, ln, act, impl)  # (B, H)
-            return h, [h]
-
-        return _masked_loop(step, x.shape[0], state, mask)
-
     def extra_repr(self) -> str:
         s = super().extra_repr()
         return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity!r}"
 
 
-class LSTM(_RNNBase):
+class LSTM(_LSTMKind, _RNNBase):
     r"""A stack of layer-normalized LSTM layers (paper eqs. 20-22; Supplement chapter).
 
     Each layer runs :class:`LNLSTMCell`'s step over time; LN(W_ih x) + biases is computed for all
@@ -1000,15 +1026,15 @@ class LSTM(_RNNBase):
     gradients, ``proj_size`` included).
 
     By default (``bptt="autograd"``) the time loop is the step-by-step loop of autograd
-    operations. With layer normalization and ``bptt="hand"`` each layer's loop runs instead
-    through :func:`lnbook.bptt.ln_lstm_recurrence`, whose backward pass through time is written
-    out by hand (the same numbers as the step loop, to rounding; the Supplement's "Speed"
-    section measures it: on a CPU it was slower than autograd's loop, so it is not the
-    default), except with padding (``lengths`` or a PackedSequence), with ``proj_size``, for
-    dtypes other than float32 and float64, and while ``torch.compile`` or ``torch.export``
-    trace the layer. Both support ``torch.func``, second derivatives and
-    ``gradgradcheck``; forward-mode AD through a layer whose parameters also require reverse
-    gradients needs ``bptt="autograd"``.
+    operations. With layer norms (lnbook's or torch's) and ``bptt="hand"`` each layer's loop
+    runs instead through :func:`lnbook.bptt.ln_lstm_recurrence`, which reads the norms' gains,
+    biases and epsilons and whose backward pass through time is written out by hand (the same
+    numbers as the step loop, to rounding; the Supplement's "Speed" section measures it: on a
+    CPU it was slower than autograd's loop, so it is not the default), except with padding
+    (``lengths`` or a PackedSequence), with ``proj_size``, for dtypes other than float32 and
+    float64, and while ``torch.compile`` or ``torch.export`` trace the layer. Both support
+    ``torch.func``, second derivatives and ``gradgradcheck``; forward-mode AD through a layer
+    whose parameters also require reverse gradients needs ``bptt="autograd"``.
 
     Args:
         input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
@@ -1018,8 +1044,7 @@ class LSTM(_RNNBase):
         layer_norm: eqs. 20-22 instead of 17-19. Keyword-only, as every option below.
             Default: True.
         forget_bias: added to every ``bias_ih_l{k}[H:2H]`` after initialization. Default: 0.0.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of :func:`lnbook.layer_norm`. Default: :data:`lnbook.norms.LN_IMPL`.
+        eps, ln_impl, norm: as :class:`LNRNNCell`.
         bptt: ``"autograd"`` (always the step-by-step loop) or ``"hand"`` (the hand-derived
             BPTT where it applies). Default: ``"autograd"``.
 
@@ -1037,9 +1062,6 @@ class LSTM(_RNNBase):
         >>> lstm = LSTM(8, 16)
         >>> out, (h_n, c_n) = lstm(torch.randn(5, 3, 8))
     """
-
-    _gates = 4
-    _lns = (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
 
     def __init__(
         self,
@@ -1059,25 +1081,15 @@ class LSTM(_RNNBase):
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         bptt: Literal["hand", "autograd"] = "autograd",
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
-        if forget_bias and not bias:
-            raise ValueError("forget_bias needs bias=True (it shifts bias_ih)")
-        self.forget_bias, self.bptt = float(forget_bias), bptt
+        self._set_forget_bias(forget_bias, bias)
+        self.bptt = bptt
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype, layer_norm, eps, ln_impl)
+                         bidirectional, proj_size, device, dtype, layer_norm, eps, ln_impl, norm)
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Weights and biases as torch, plus ``forget_bias``; LN gains 1, biases 0."""
-        super().reset_parameters()
-        if self.forget_bias:
-            H = self.hidden_size
-            with torch.no_grad():
-                for name, p in self.named_parameters(recurse=False):
-                    if name.startswith("bias_ih"):
-                        p[H : 2 * H] += self.forget_bias
 
     def forward(
         self,
@@ -1089,41 +1101,6 @@ class LSTM(_RNNBase):
         out, (h_n, c_n) = self._forward(input, hx, lengths, (self._out_size, self.hidden_size))
         return out, (h_n, c_n)
 
-    def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
-        """The hand-derived BPTT applies: LN on, no padding, no projection, float32/64, and not
-        while torch.compile or torch.export trace the layer."""
-        return (self.bptt == "hand" and p["ln_hh"] is not None and mask is None
-                and p["w_hr"] is None and x.dtype in (torch.float32, torch.float64)
-                and not torch.compiler.is_compiling())
-
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
-        impl = self.ln_impl
-        b = _add(p["b_ih"], p["b_hh"])  # (4H,) or None
-        if self._use_bptt(x, mask, p):
-            # every bias joins LN(W_ih x)'s own: one pass over (T, B, 4H), none inside the loop
-            (g_ih, b_ih_ln, eps_ih), (g_hh, b_hh_ln, eps_hh) = p["ln_ih"], p["ln_hh"]
-            ln_ih = (g_ih, _add(b, b_hh_ln, b_ih_ln), eps_ih)
-            gi = _ln(F.linear(x, p["w_ih"]), ln_ih, impl)  # (T, B, 4H)
-            g_c, b_c, eps_c = p["ln_c"]
-            hs, h, c = ln_lstm_recurrence(gi, state[0], state[1], p["w_hh"], g_hh, g_c, b_c,
-                                          eps_hh, eps_c)
-            return hs, [h, c]
-        if p["ln_ih"] is None:
-            gi = F.linear(x, p["w_ih"], b)  # (T, B, 4H)
-        else:
-            gi = _ln(F.linear(x, p["w_ih"]), p["ln_ih"], impl)  # (T, B, 4H), one call
-            gi = gi if b is None else gi + b
-        ln_hh = p["ln_hh"]
-        gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
-
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h, c = lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, p["ln_c"], p["w_hr"], impl)
-            return h, [h, c]
-
-        return _masked_loop(step, x.shape[0], state, mask)
-
     def extra_repr(self) -> str:
         s = super().extra_repr()
         if self.forget_bias:
@@ -1131,7 +1108,7 @@ class LSTM(_RNNBase):
         return s if self.bptt == "autograd" else s + f", bptt={self.bptt!r}"
 
 
-class GRU(_RNNBase):
+class GRU(_GRUKind, _RNNBase):
     r"""A stack of layer-normalized GRU layers (paper eqs. 26-28; Supplement chapter).
 
     Each layer runs :class:`LNGRUCell`'s step over time; the input half of eqs. 26-27 (with its
@@ -1143,7 +1120,8 @@ class GRU(_RNNBase):
     Args:
         input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
             ``batch_first``, ``dropout``, ``bidirectional``, ``device``, ``dtype`` and the
-            keyword-only ``layer_norm``, ``eps`` and ``ln_impl`` too are as in :class:`RNN`.
+            keyword-only ``layer_norm``, ``eps``, ``ln_impl`` and ``norm`` too are as in
+            :class:`RNN`.
 
     Shape:
         As :class:`RNN`: ``(output (T, B, num_directions * H), h_n (num_layers *
@@ -1158,9 +1136,7 @@ class GRU(_RNNBase):
         >>> out, h_n = GRU(8, 16)(torch.randn(5, 3, 8))
     """
 
-    _gates = 3
     _autocast_float32_on = frozenset({"cpu"})
-    _lns = (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
 
     def __init__(
         self,
@@ -1177,9 +1153,10 @@ class GRU(_RNNBase):
         layer_norm: bool = True,
         eps: float = 1e-5,
         ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        norm: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl)
+                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl, norm)
         self.reset_parameters()
 
     def forward(
@@ -1187,17 +1164,3 @@ class GRU(_RNNBase):
     ) -> tuple[Tensor | PackedSequence, Tensor]:
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
-
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
-        impl, H = self.ln_impl, self.hidden_size
-        gis = gru_input(x, p["w_ih"], p["b_ih"], p["b_hh"], p["ln_ih"], p["ln_in"],
-                        impl).unbind(0)  # T x (B, 3H)
-        b_hn = None if p["b_hh"] is None else p["b_hh"][2 * H :]
-
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"], impl)  # (B, H)
-            return h, [h]
-
-        return _masked_loop(step, x.shape[0], state, mask)

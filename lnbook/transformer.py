@@ -1,15 +1,20 @@
 """A small, readable Transformer for the experiments of Part II ("layer normalization after 2016").
 
 Decoder-style (causal by default) with learned token and position embeddings, a stack of
-:class:`Block` layers and a linear head, in the flat style of nanoGPT. Every choice the later papers
-argue about is an argument:
+:class:`Block` layers and a linear head, in the flat style of nanoGPT: one
+:class:`TransformerConfig` holds every choice, and :class:`Transformer` and :class:`Block` are
+built from it. The choices the later papers argue about are fields of the config:
 
 - ``norm``: which normalization sits in each block: ``"layer"`` (:class:`lnbook.LayerNorm`,
   the paper's eq. 3), ``"rms"`` (:class:`lnbook.RMSNorm`, Zhang and Sennrich 2019), ``"dyt"``
-  (:class:`lnbook.DyT`, Zhu et al. 2025) or ``"none"``;
+  (:class:`lnbook.DyT`, Zhu et al. 2025), ``"none"``, or any factory ``size -> module``;
+  :func:`make_norm` is the one place a norm is made from the config;
 - ``position``: ``"pre"`` (x + F(LN(x))) or ``"post"`` (LN(x + F(x)), Vaswani et al. 2017),
-  compared by Xiong et al. (2020); ``deepnorm`` gives Post-LN the up-weighted residual and
-  down-scaled initialization of Wang et al. (2022);
+  compared by Xiong et al. (2020); ``"peri"`` (x + LN(F(LN(x))), the norms on both sides of
+  each sublayer of Gemma 2 and Peri-LN) and ``"output"`` (x + LN(F(x)), OLMo 2's reordered
+  norm); ``deepnorm`` gives Post-LN the up-weighted residual and down-scaled initialization of
+  Wang et al. (2022); ``depth_scaling`` multiplies each block's norms by 1/sqrt(l) (LayerNorm
+  Scaling, Sun et al. 2025);
 - ``qk_norm``: layer-normalize queries and keys per head before their dot product
   (Dehghani et al. 2023; Wortsman et al. 2024).
 
@@ -24,16 +29,19 @@ Pre-RMSNorm conversion of Jiang et al. (2023) (:func:`center_residual_stream_`,
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
-from dataclasses import asdict, dataclass, replace
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_size
+from lnbook.checks import check_choice, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
@@ -56,36 +64,140 @@ __all__ = [
 ]
 
 NormKind = Literal["layer", "rms", "dyt", "none"]
-Position = Literal["pre", "post"]
+NormFactory = Callable[[int], nn.Module]
+Position = Literal["pre", "post", "peri", "output"]
 NORMS = ("layer", "rms", "dyt", "none")
-POSITIONS = ("pre", "post")
+POSITIONS = ("pre", "post", "peri", "output")
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
+@dataclass
+class TransformerConfig:
+    """Everything that defines a :class:`Transformer` (nanoGPT's ``GPTConfig``).
+
+    Checked once, when it is made (and again by :func:`dataclasses.replace`).
+
+    Attributes:
+        vocab_size: number of token ids ``V``.
+        d_model: width of the residual stream ``D``.
+        n_heads: attention heads per block; must divide ``d_model``.
+        n_layers: number of blocks ``L``.
+        max_len: the longest sequence the position embedding covers.
+        d_ff: hidden width of the feed-forward networks; None for ``4 * d_model``.
+        norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"``, or a factory ``size -> module``
+            (``torch.nn.LayerNorm``, ``functools.partial(lnbook.RMSNorm, eps=1e-6)``, ...).
+            Default: ``"layer"``.
+        position: ``"pre"``, ``"post"``, ``"peri"`` or ``"output"`` (see :class:`Block`).
+            Default: ``"pre"``.
+        qk_norm: layer-normalize queries and keys per head. Default: False.
+        final_norm: a norm after the last block; None (default) for the placement's usual
+            choice (see :meth:`has_final_norm`).
+        depth_scaling: LayerNorm Scaling: the output of each norm of block ``l`` (counted
+            from 1; the final norm and query/key norms excluded) is multiplied by
+            ``1 / sqrt(l)``. Default: False.
+        dropout: dropout on attention weights, on each branch's output and on the embeddings,
+            in [0, 1). Default: 0.
+        causal: causal attention (a language model). Default: True.
+        deepnorm: DeepNorm's residual weight and initialization (:func:`deepnorm_constants`;
+            needs ``position="post"``). Default: False.
+        eps: eps of the layer and RMS norms (queries' and keys' included). Default: 1e-5.
+        dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
+        bias: the linear layers have biases. Default: True.
+        ln_impl: ``impl`` of every :class:`lnbook.LayerNorm`: ``"torch"``, torch's fused
+            kernel, or ``"autograd"``, chapter 3's code; how the layer norms compute, not what
+            (the same numbers to rounding). Default: :data:`lnbook.norms.LN_IMPL`.
+
+    Example::
+
+        >>> config = TransformerConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=2,
+        ...                            max_len=16, norm="rms")
+        >>> model = Transformer(config)
+    """
+
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    n_layers: int
+    max_len: int
+    d_ff: int | None = None
+    norm: NormKind | NormFactory = "layer"
+    position: Position = "pre"
+    qk_norm: bool = False
+    final_norm: bool | None = None  # None: True for "pre", False for "post"
+    dropout: float = 0.0
+    causal: bool = True
+    deepnorm: bool = False
+    eps: float = 1e-5
+    dyt_alpha_init: float = 0.5
+    bias: bool = True
+    ln_impl: Literal["autograd", "torch"] = LN_IMPL
+    depth_scaling: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
+            setattr(self, name, check_size(name, getattr(self, name)))
+        if self.d_ff is not None:
+            self.d_ff = check_size("d_ff", self.d_ff)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        if not callable(self.norm):
+            check_choice("norm", self.norm, NORMS)
+        check_choice("position", self.position, POSITIONS)
+        check_choice("ln_impl", self.ln_impl, LN_IMPLS)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
+        if self.deepnorm and self.position != "post":
+            raise ValueError(
+                f"deepnorm=True needs position='post', got position={self.position!r}")
+        self.qk_norm, self.causal, self.deepnorm, self.bias = (
+            bool(self.qk_norm), bool(self.causal), bool(self.deepnorm), bool(self.bias))
+        self.depth_scaling = bool(self.depth_scaling)
+        self.dropout, self.eps = float(self.dropout), float(self.eps)
+        self.dyt_alpha_init = float(self.dyt_alpha_init)
+
+    def has_final_norm(self) -> bool:
+        """Whether a norm follows the last block: ``final_norm``, or the usual choice for the
+        placement when it is None (Post-LN: no, its last block ends in a norm; the others:
+        yes, as Pre-LN, Gemma 2 and OLMo 2 do)."""
+        return self.position != "post" if self.final_norm is None else bool(self.final_norm)
+
+
 def make_norm(
-    kind: NormKind,
-    d_model: int,
+    config: TransformerConfig,
+    size: int | None = None,
     *,
-    eps: float = 1e-5,
-    dyt_alpha_init: float = 0.5,
-    ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+    kind: NormKind | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> nn.Module:
-    """The normalization named by ``kind`` over the last dimension of size ``d_model``.
+    """The one place a Transformer's norms are made: ``config.norm`` over ``size`` features.
 
-    ``"layer"`` is :class:`lnbook.LayerNorm` (gain and bias, ``impl=ln_impl``), ``"rms"``
-    :class:`lnbook.RMSNorm` (gain only), ``"dyt"`` :class:`lnbook.DyT` (no statistics),
-    ``"none"`` :class:`nn.Identity`.
+    ``"layer"`` is :class:`lnbook.LayerNorm` (gain and bias, ``eps``, ``impl=config.ln_impl``),
+    ``"rms"`` :class:`lnbook.RMSNorm` (gain only), ``"dyt"`` :class:`lnbook.DyT` (no
+    statistics, ``alpha`` starts at ``config.dyt_alpha_init``), ``"none"``
+    :class:`torch.nn.Identity`; a factory in ``config.norm`` is called with ``size``.
+
+    Args:
+        config: the model's :class:`TransformerConfig`.
+        size: the normalized width; None for ``config.d_model``.
+        kind: a kind instead of ``config.norm`` (query/key norms are ``"layer"``).
+        device, dtype: of the parameters.
     """
-    check_choice("norm", kind, NORMS)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError("make_norm takes the model's config: make_norm(TransformerConfig(..., "
+                        f"norm='layer'), size), got {type(config).__name__}")
+    size = config.d_model if size is None else size
+    kind = config.norm if kind is None else kind
     kw = {"device": device, "dtype": dtype}
+    if callable(kind):
+        return make_module(kind, size, "config.norm", **kw)
+    check_choice("norm", kind, NORMS)
     if kind == "layer":
-        return LayerNorm(d_model, eps=eps, impl=ln_impl, **kw)
+        return LayerNorm(size, eps=config.eps, impl=config.ln_impl, **kw)
     if kind == "rms":
-        return RMSNorm(d_model, eps=eps, **kw)
+        return RMSNorm(size, eps=config.eps, **kw)
     if kind == "dyt":
-        return DyT(d_model, alpha_init=dyt_alpha_init, **kw)
+        return DyT(size, alpha_init=config.dyt_alpha_init, **kw)
     return nn.Identity()
 
 
@@ -106,8 +218,8 @@ class SelfAttention(nn.Module):
     .. math:: \mathrm{softmax}\Big(\frac{Q K^\top}{\sqrt{d_h}}\Big) V
 
     per head, with ``Q, K, V`` from separate :class:`nn.Linear` projections and an output
-    projection. With ``qk_norm`` the queries and keys are layer-normalized over each head's
-    ``d_h`` features before the product (Dehghani et al., 2023), which bounds every logit by
+    projection. With ``qk_norm`` the queries and keys are normalized over each head's ``d_h``
+    features before the product (Dehghani et al., 2023); a layer norm bounds every logit by
     ``sqrt(d_h)`` times the product of the two gains. The logits are computed explicitly (not
     with a fused kernel) so that they can be read: every forward stores the largest one,
     detached, in ``last_max_logit`` (a 0-dim tensor; masked positions do not count).
@@ -116,12 +228,12 @@ class SelfAttention(nn.Module):
     Args:
         d_model: width of the residual stream ``D``.
         n_heads: number of heads ``H``; must divide ``d_model``.
-        qk_norm: layer-normalize queries and keys per head. Default: False.
+        qk_norm: normalize queries and keys per head: True for :class:`lnbook.LayerNorm`
+            (``impl`` :data:`lnbook.norms.LN_IMPL`), or a factory ``d_h -> module`` (for
+            example ``functools.partial(lnbook.LayerNorm, eps=1e-6)``). Default: False.
         dropout: dropout on the attention weights. Default: 0.
         causal: position t attends to positions <= t only. Default: True.
         bias: the projections have biases. Default: True.
-        eps: eps of the query/key layer norms. Default: 1e-5.
-        ln_impl: ``impl`` of the query/key layer norms. Default: :data:`lnbook.norms.LN_IMPL`.
         device, dtype: of the parameters.
 
     Shape:
@@ -140,17 +252,20 @@ class SelfAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
-        qk_norm: bool = False,
+        qk_norm: bool | NormFactory = False,
         dropout: float = 0.0,
         causal: bool = True,
         bias: bool = True,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **removed: object,
     ) -> None:
         super().__init__()
-        check_choice("ln_impl", ln_impl, LN_IMPLS)
+        if removed:
+            raise TypeError(
+                f"SelfAttention no longer takes {sorted(removed)}: pass the query/key norm as "
+                "qk_norm=a factory d_h -> module, for example "
+                "qk_norm=functools.partial(lnbook.LayerNorm, eps=1e-6, impl='autograd')")
         d_model, n_heads = check_size("d_model", d_model), check_size("n_heads", n_heads)
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
@@ -164,8 +279,9 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias, **kw)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, **kw)
         if self.qk_norm:
-            self.q_norm: nn.Module = LayerNorm(self.d_head, eps=eps, impl=ln_impl, **kw)
-            self.k_norm: nn.Module = LayerNorm(self.d_head, eps=eps, impl=ln_impl, **kw)
+            make = qk_norm if callable(qk_norm) else functools.partial(LayerNorm, impl=LN_IMPL)
+            self.q_norm: nn.Module = make_module(make, self.d_head, "qk_norm", **kw)
+            self.k_norm: nn.Module = make_module(make, self.d_head, "qk_norm", **kw)
         else:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         self.attn_dropout = nn.Dropout(dropout)
@@ -252,82 +368,80 @@ class Block(nn.Module):
     .. math:: x \leftarrow N_1(\alpha x + \mathrm{Attn}(x)), \qquad
               x \leftarrow N_2(\alpha x + \mathrm{MLP}(x))
 
-    where ``alpha = deepnorm_alpha`` (DeepNorm, Wang et al., 2022) or 1. ``N_1`` and ``N_2``
-    are the norms named by ``norm``. Projections are :class:`nn.Linear` layers initialized
-    Xavier-normal (biases 0); ``deepnorm_beta`` is the gain of that initialization for the
-    value, output and feed-forward projections (DeepNorm), 1 otherwise. Part II, chapters
-    "Where the norm goes" (P04, P05, P10) and "QK-norm" (P08, P09).
+    where ``alpha`` is DeepNorm's (Wang et al., 2022; ``config.deepnorm``) or 1. With
+    ``position="peri"`` (a norm on each sublayer's input and output: Gemma 2's "sandwich",
+    Peri-LN of Kim et al., 2025) and ``position="output"`` (OLMo 2's reordered norm, on the
+    sublayer's output only):
+
+    .. math:: x \leftarrow x + M_1(\mathrm{Attn}(N_1(x))), \qquad
+              x \leftarrow x + M_2(\mathrm{MLP}(N_2(x)))
+              \qquad\text{and}\qquad
+              x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
+
+    ``N_1``, ``N_2`` (``norm1``, ``norm2``) and, for ``"peri"``, ``M_1``, ``M_2``
+    (``out_norm1``, ``out_norm2``) are made by :func:`make_norm` from the config; with
+    ``config.depth_scaling`` each of their outputs is multiplied by ``1 / sqrt(layer)``
+    (LayerNorm Scaling, Sun et al., 2025). Projections are :class:`nn.Linear`
+    layers initialized Xavier-normal (biases 0); with DeepNorm the value, output and
+    feed-forward projections get the gain ``beta``. Part II, chapters "Where the norm goes"
+    (P04, P05, P10) and "QK-norm" (P08, P09).
 
     Args:
-        d_model: width of the residual stream ``D``.
-        n_heads: attention heads; must divide ``d_model``.
-        d_ff: hidden width of the feed-forward network. Default: ``4 * d_model``.
-        norm: ``"layer"``, ``"rms"``, ``"dyt"`` or ``"none"``. Default: ``"layer"``.
-        position: ``"pre"`` or ``"post"``. Default: ``"pre"``.
-        qk_norm: layer-normalize queries and keys per head. Default: False.
-        dropout: dropout on attention weights and on each branch's output. Default: 0.
-        causal: causal self-attention. Default: True.
-        deepnorm_alpha: weight of the residual in a Post-LN block (DeepNorm); ``None`` for 1.
-        deepnorm_beta: gain of the initialization of v, out, fc1, fc2; ``None`` for 1.
-        eps: eps of the layer and RMS norms. Default: 1e-5.
-        dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
-        bias: the linear layers have biases. Default: True.
-        ln_impl: ``impl`` of every layer norm (:func:`lnbook.layer_norm`); both give the same
-            numbers to rounding. Default: :data:`lnbook.norms.LN_IMPL`.
+        config: the model's :class:`TransformerConfig` (``d_model``, ``n_heads``, ``d_ff``,
+            ``norm``, ``position``, ``qk_norm``, ``dropout``, ``causal``, ``deepnorm`` with
+            ``n_layers``, ``eps``, ``dyt_alpha_init``, ``bias``, ``ln_impl``).
+        layer: the block's depth ``l``, from 1. Default: 1.
         device, dtype: of the parameters.
+
+    The attributes ``deepnorm_alpha`` and ``deepnorm_beta`` hold DeepNorm's constants (None
+    without DeepNorm). The former form ``Block(d_model, n_heads, d_ff, norm=..., ...)`` still
+    builds the block, with a :class:`DeprecationWarning`.
 
     Shape:
         - Input: ``(B, T, D)``; output: ``(B, T, D)``.
 
     Example::
 
-        >>> block = Block(32, 4, norm="rms", position="pre")
-        >>> y = block(torch.randn(2, 16, 32))
+        >>> config = TransformerConfig(11, d_model=32, n_heads=4, n_layers=2, max_len=16,
+        ...                            norm="rms")
+        >>> y = Block(config)(torch.randn(2, 16, 32))
     """
 
     def __init__(
         self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        *,
-        norm: NormKind = "layer",
-        position: Position = "pre",
-        qk_norm: bool = False,
-        dropout: float = 0.0,
-        causal: bool = True,
-        deepnorm_alpha: float | None = None,
-        deepnorm_beta: float | None = None,
-        eps: float = 1e-5,
-        dyt_alpha_init: float = 0.5,
-        bias: bool = True,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        config: TransformerConfig,
+        *args: object,
+        layer: int = 1,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **legacy: object,
     ) -> None:
         super().__init__()
-        check_choice("norm", norm, NORMS)
-        check_choice("ln_impl", ln_impl, LN_IMPLS)
-        check_choice("position", position, POSITIONS)
-        for name, v in (("deepnorm_alpha", deepnorm_alpha), ("deepnorm_beta", deepnorm_beta)):
-            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be None or a finite number > 0, got {v!r}")
-        if deepnorm_alpha is not None and position != "post":
-            raise ValueError(
-                "deepnorm_alpha weights the residual of a Post-LN block, LN(alpha x + G(x)); "
-                f"it needs position='post', got position={position!r}"
-            )
-        self.norm_kind, self.position = norm, position
-        self.deepnorm_alpha = None if deepnorm_alpha is None else float(deepnorm_alpha)
-        self.deepnorm_beta = None if deepnorm_beta is None else float(deepnorm_beta)
+        alpha = beta = None
+        if isinstance(config, TransformerConfig):
+            if args or legacy:
+                raise TypeError("Block(config, *, layer, device, dtype) takes its options from "
+                                f"the config, got also {list(args) + sorted(legacy)}")
+            if config.deepnorm:
+                alpha, beta = deepnorm_constants(config.n_layers)
+        else:
+            config, alpha, beta = _legacy_block_config(config, *args, **legacy)
+        self.config, self.layer = config, check_size("layer", layer)
+        self.norm_kind, self.position = config.norm, config.position
+        self.deepnorm_alpha, self.deepnorm_beta = alpha, beta
         kw = {"device": device, "dtype": dtype}
-        nkw = {"eps": eps, "dyt_alpha_init": dyt_alpha_init, "ln_impl": ln_impl, **kw}
-        self.norm1 = make_norm(norm, d_model, **nkw)
-        self.attn = SelfAttention(d_model, n_heads, qk_norm=qk_norm, dropout=dropout,
-                                  causal=causal, bias=bias, eps=eps, ln_impl=ln_impl, **kw)
-        self.norm2 = make_norm(norm, d_model, **nkw)
-        self.mlp = MLP(d_model, d_ff, bias=bias, **kw)
-        self.dropout = nn.Dropout(dropout)
+        qk = functools.partial(make_norm, config, kind="layer", **kw)
+        self.norm1 = make_norm(config, **kw)
+        self.attn = SelfAttention(config.d_model, config.n_heads,
+                                  qk_norm=qk if config.qk_norm else False,
+                                  dropout=config.dropout, causal=config.causal, bias=config.bias,
+                                  **kw)
+        self.norm2 = make_norm(config, **kw)
+        self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
+        if self.position == "peri":
+            self.out_norm1, self.out_norm2 = make_norm(config, **kw), make_norm(config, **kw)
+        self.dropout = nn.Dropout(config.dropout)
+        self.scale = 1 / math.sqrt(self.layer) if config.depth_scaling else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -340,27 +454,44 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm):
+        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *self._out_norms()):
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
 
+    def _out_norms(self) -> tuple[nn.Module, ...]:
+        return (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
+
+    def _norm(self, norm: nn.Module, x: Tensor) -> Tensor:
+        """``norm(x)``, times ``1 / sqrt(layer)`` with LayerNorm Scaling."""
+        y = norm(x)
+        return y if self.scale is None else y * self.scale
+
     def attention_logits(self, x: Tensor) -> Tensor:
         """The attention logits ``(B, H, T, T)`` this block computes for its input ``x``
-        ``(B, T, D)`` (through ``norm1`` first when Pre-LN); masked positions hold ``-inf``."""
-        return self.attn.logits(self.norm1(x) if self.position == "pre" else x)
+        ``(B, T, D)`` (through ``norm1`` first when it normalizes the attention's input);
+        masked positions hold ``-inf``."""
+        pre = self.position in ("pre", "peri")
+        return self.attn.logits(self._norm(self.norm1, x) if pre else x)
 
     def forward(self, x: Tensor) -> Tensor:
+        n, drop = self._norm, self.dropout
         if self.position == "pre":
-            x = x + self.dropout(self.attn(self.norm1(x)))  # (B, T, D)
-            x = x + self.dropout(self.mlp(self.norm2(x)))  # (B, T, D)
-            return x
+            x = x + drop(self.attn(n(self.norm1, x)))  # (B, T, D)
+            return x + drop(self.mlp(n(self.norm2, x)))  # (B, T, D)
+        if self.position == "peri":
+            x = x + drop(n(self.out_norm1, self.attn(n(self.norm1, x))))  # (B, T, D)
+            return x + drop(n(self.out_norm2, self.mlp(n(self.norm2, x))))  # (B, T, D)
+        if self.position == "output":
+            x = x + drop(n(self.norm1, self.attn(x)))  # (B, T, D)
+            return x + drop(n(self.norm2, self.mlp(x)))  # (B, T, D)
         alpha = 1.0 if self.deepnorm_alpha is None else self.deepnorm_alpha
-        x = self.norm1(alpha * x + self.dropout(self.attn(x)))  # (B, T, D)
-        x = self.norm2(alpha * x + self.dropout(self.mlp(x)))  # (B, T, D)
-        return x
+        x = n(self.norm1, alpha * x + drop(self.attn(x)))  # (B, T, D)
+        return n(self.norm2, alpha * x + drop(self.mlp(x)))  # (B, T, D)
 
     def extra_repr(self) -> str:
         s = f"norm={self.norm_kind!r}, position={self.position!r}"
+        if self.scale is not None:
+            s += f", layer={self.layer}, scale={self.scale:.4g}"
         if self.deepnorm_alpha is not None:
             s += f", deepnorm_alpha={self.deepnorm_alpha:.4g}"
         if self.deepnorm_beta is not None:
@@ -368,32 +499,27 @@ class Block(nn.Module):
         return s
 
 
-@dataclass
-class TransformerConfig:
-    """Everything that defines a :class:`Transformer` (see its arguments)."""
-
-    vocab_size: int
-    d_model: int
-    n_heads: int
-    n_layers: int
-    max_len: int
-    d_ff: int | None = None
-    norm: str = "layer"
-    position: str = "pre"
-    qk_norm: bool = False
-    final_norm: bool | None = None  # None: True for "pre", False for "post"
-    dropout: float = 0.0
-    causal: bool = True
-    deepnorm: bool = False
-    eps: float = 1e-5
-    dyt_alpha_init: float = 0.5
-    bias: bool = True
-    ln_impl: str = LN_IMPL  # how the layer norms compute, not what: same numbers to rounding
-
-    def has_final_norm(self) -> bool:
-        """Whether a norm follows the last block: ``final_norm``, or the usual choice for the
-        placement when it is None (Pre-LN: yes; Post-LN: no, its last block ends in a norm)."""
-        return self.position == "pre" if self.final_norm is None else bool(self.final_norm)
+def _legacy_block_config(
+    d_model: object, n_heads: object = None, d_ff: object = None, *,
+    deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None, **options: object,
+) -> tuple[TransformerConfig, float | None, float | None]:
+    """``Block(d_model, n_heads, d_ff, **options)``, the form before the config: its config
+    (with placeholder vocabulary, depth and length, which a block does not use) and its
+    explicit DeepNorm constants."""
+    warnings.warn("Block(d_model, n_heads, ...) is deprecated: build a block from the model's "
+                  "config, Block(TransformerConfig(...), layer=l), or take "
+                  "Transformer(config).blocks[l - 1]", DeprecationWarning, stacklevel=3)
+    for name, v in (("deepnorm_alpha", deepnorm_alpha), ("deepnorm_beta", deepnorm_beta)):
+        if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be None or a finite number > 0, got {v!r}")
+    config = TransformerConfig(1, d_model, n_heads, 1, 1, d_ff, **options)  # type: ignore[arg-type]
+    if deepnorm_alpha is not None and config.position != "post":
+        raise ValueError(
+            "deepnorm_alpha weights the residual of a Post-LN block, LN(alpha x + G(x)); "
+            f"it needs position='post', got position={config.position!r}"
+        )
+    return (config, None if deepnorm_alpha is None else float(deepnorm_alpha),
+            None if deepnorm_beta is None else float(deepnorm_beta))
 
 
 class Transformer(nn.Module):
@@ -409,100 +535,47 @@ class Transformer(nn.Module):
     "Where the norm goes", "QK-norm" and "Transformers without normalization".
 
     Args:
-        vocab_size: number of token ids ``V``.
-        d_model: width of the residual stream ``D``.
-        n_heads: attention heads per block.
-        n_layers: number of blocks ``L``.
-        max_len: the longest sequence the position embedding covers.
-        d_ff: hidden width of the feed-forward networks. Default: ``4 * d_model``.
-        norm: ``"layer"``, ``"rms"``, ``"dyt"`` or ``"none"``. Default: ``"layer"``.
-        position: ``"pre"`` or ``"post"``. Default: ``"pre"``.
-        qk_norm: layer-normalize queries and keys. Default: False.
-        final_norm: a norm after the last block; None (default) for the placement's usual
-            choice.
-        dropout: dropout rate. Default: 0.
-        causal: causal attention (a language model). Default: True.
-        deepnorm: DeepNorm's residual weight and initialization (``position="post"``).
-        eps: eps of the layer and RMS norms. Default: 1e-5.
-        dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
-        bias: linear layers have biases. Default: True.
-        ln_impl: ``impl`` of every layer norm (:func:`lnbook.layer_norm`): ``"torch"``,
-            torch's fused kernel, or ``"autograd"``, chapter 3's code; the same numbers to
-            rounding. Default: :data:`lnbook.norms.LN_IMPL`.
-        device, dtype: of the parameters.
-
-    The arguments are kept in ``config`` (a :class:`TransformerConfig`);
-    ``Transformer.from_config(config)`` builds the same model again.
+        config: a :class:`TransformerConfig`, which the model keeps as ``config``. The
+            shorthand ``Transformer(vocab_size, d_model, n_heads, n_layers, max_len,
+            **fields)`` builds that config from its fields first.
+        device, dtype: of the parameters (keyword-only).
 
     Shape:
         - Input: token ids ``(B, T)`` (int64, ``T <= max_len``); output: logits ``(B, T, V)``.
 
     Example::
 
-        >>> model = Transformer(vocab_size=11, d_model=32, n_heads=4, n_layers=2, max_len=16)
+        >>> config = TransformerConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=2,
+        ...                            max_len=16)
+        >>> model = Transformer(config)
         >>> logits = model(torch.randint(0, 11, (8, 16)))
         >>> logits.shape
         torch.Size([8, 16, 11])
+        >>> same = Transformer(11, 32, 4, 2, 16)  # the shorthand: the same config
     """
 
     def __init__(
         self,
-        vocab_size: int,
-        d_model: int,
-        n_heads: int,
-        n_layers: int,
-        max_len: int,
-        *,
-        d_ff: int | None = None,
-        norm: NormKind = "layer",
-        position: Position = "pre",
-        qk_norm: bool = False,
-        final_norm: bool | None = None,
-        dropout: float = 0.0,
-        causal: bool = True,
-        deepnorm: bool = False,
-        eps: float = 1e-5,
-        dyt_alpha_init: float = 0.5,
-        bias: bool = True,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
+        config: TransformerConfig | int,
+        *sizes: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **fields: object,
     ) -> None:
         super().__init__()
-        check_choice("ln_impl", ln_impl, LN_IMPLS)
-        cfg = TransformerConfig(
-            vocab_size=check_size("vocab_size", vocab_size),
-            d_model=check_size("d_model", d_model),
-            n_heads=check_size("n_heads", n_heads),
-            n_layers=check_size("n_layers", n_layers),
-            max_len=check_size("max_len", max_len),
-            d_ff=d_ff, norm=norm, position=position, qk_norm=bool(qk_norm),
-            final_norm=final_norm, dropout=float(dropout), causal=bool(causal),
-            deepnorm=bool(deepnorm), eps=float(eps), dyt_alpha_init=float(dyt_alpha_init),
-            bias=bool(bias), ln_impl=ln_impl,
-        )
-        check_choice("norm", norm, NORMS)
-        check_choice("position", position, POSITIONS)
-        if cfg.deepnorm and position != "post":
-            raise ValueError(f"deepnorm=True needs position='post', got position={position!r}")
+        if isinstance(config, TransformerConfig):
+            if sizes or fields:
+                raise TypeError("pass either a TransformerConfig or its fields, not both")
+            cfg = replace(config)  # the model's own copy, checked again
+        else:
+            cfg = TransformerConfig(config, *sizes, **fields)  # type: ignore[arg-type]
         self.config = cfg
         kw = {"device": device, "dtype": dtype}
-        alpha, beta = deepnorm_constants(cfg.n_layers) if cfg.deepnorm else (None, None)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model, **kw)
         self.pos_emb = nn.Embedding(cfg.max_len, cfg.d_model, **kw)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.n_heads, cfg.d_ff, norm=norm, position=position,
-                  qk_norm=cfg.qk_norm, dropout=cfg.dropout, causal=cfg.causal,
-                  deepnorm_alpha=alpha, deepnorm_beta=beta, eps=cfg.eps,
-                  dyt_alpha_init=cfg.dyt_alpha_init, bias=cfg.bias, ln_impl=ln_impl, **kw)
-            for _ in range(cfg.n_layers)
-        )
-        self.final_norm = (
-            make_norm(norm, cfg.d_model, eps=cfg.eps, dyt_alpha_init=cfg.dyt_alpha_init,
-                      ln_impl=ln_impl, **kw)
-            if cfg.has_final_norm() else nn.Identity()
-        )
+        self.blocks = nn.ModuleList(Block(cfg, layer=i + 1, **kw) for i in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg, **kw) if cfg.has_final_norm() else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.bias, **kw)
         self.reset_parameters()
 
@@ -513,10 +586,9 @@ class Transformer(nn.Module):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> Transformer:
-        """Build a fresh (newly initialized) model from a :class:`TransformerConfig`."""
-        kw = asdict(config)
-        pos = [kw.pop(k) for k in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len")]
-        return cls(*pos, **kw, device=device, dtype=dtype)
+        """Build a fresh (newly initialized) model from a :class:`TransformerConfig`; the same
+        as ``Transformer(config, device=device, dtype=dtype)``."""
+        return cls(config, device=device, dtype=dtype)
 
     def reset_parameters(self) -> None:
         """Embeddings N(0, 1), head Xavier-normal with bias 0, every block reset."""
@@ -696,11 +768,12 @@ def _check_pre_ln(model: Transformer, what: str) -> None:
     if not isinstance(model, Transformer):
         raise TypeError(f"{what} expects a lnbook Transformer, got {type(model).__name__}")
     c = model.config
-    if c.position != "pre" or c.norm != "layer" or not c.has_final_norm():
+    if (c.position != "pre" or c.norm != "layer" or not c.has_final_norm()
+            or c.depth_scaling):
         raise ValueError(
             f"{what} needs a Pre-LN Transformer (position='pre', norm='layer', with a final "
-            f"norm), got position={c.position!r}, norm={c.norm!r}, "
-            f"final_norm={c.has_final_norm()}"
+            f"norm, no depth_scaling), got position={c.position!r}, norm={c.norm!r}, "
+            f"final_norm={c.has_final_norm()}, depth_scaling={c.depth_scaling}"
         )
 
 

@@ -395,6 +395,67 @@ def test_ln_submodules_and_init():
     assert {"ln_ih_l1_reverse", "ln_hh_l0", "ln_c_l1_reverse"} <= names
 
 
+def rms_reference(a: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm written out here, independently of lnbook: a / sqrt(mean(a^2) + eps) * g."""
+    return a / torch.sqrt(a.pow(2).mean(-1, keepdim=True) + eps) * g
+
+
+def test_norm_factory_makes_each_norm_and_the_steps_call_it():
+    """norm= chooses the normalization once: RMSNorm gives eq. 4 with RMS in place of LN,
+    an identity gives torch's own cell, torch's LayerNorm gives lnbook's numbers."""
+    torch.manual_seed(0)
+    cell = LNRNNCell(I, H, norm=lambda n: lnbook.RMSNorm(n, eps=1e-6), dtype=F64)
+    assert isinstance(cell.ln, lnbook.RMSNorm) and cell.ln.weight.dtype == F64
+    with torch.no_grad():
+        cell.ln.weight.uniform_(0.5, 1.5)
+    x, h = torch.randn(3, I, dtype=F64), torch.randn(3, H, dtype=F64)
+    a = x @ cell.weight_ih.T + h @ cell.weight_hh.T  # (B, H) summed inputs
+    want = torch.tanh(rms_reference(a, cell.ln.weight, 1e-6) + cell.bias_ih + cell.bias_hh)
+    assert (cell(x, h) - want).abs().max() <= 1e-12
+    plain = LNRNNCell(I, H, norm=lambda n: nn.Identity(), dtype=F64)
+    twin = nn.RNNCell(I, H, dtype=F64)
+    twin.load_state_dict(plain.state_dict())
+    assert (plain(x, h) - twin(x, h)).abs().max() <= 1e-12
+    ours, theirs = LSTM(I, H, 2, dtype=F64), LSTM(I, H, 2, norm=nn.LayerNorm, dtype=F64)
+    randomize_ln(ours)
+    theirs.load_state_dict(ours.state_dict())  # the same names: loads both ways
+    ours.load_state_dict(theirs.state_dict())
+    assert isinstance(theirs.ln_c_l1, nn.LayerNorm)
+    xs = torch.randn(4, 3, I, dtype=F64)
+    assert_all_close(outputs_and_grads(ours, xs, None), outputs_and_grads(theirs, xs, None))
+
+
+def test_hand_bptt_reads_torch_layer_norms_and_skips_other_norms(monkeypatch):
+    calls = []
+    real = lnbook.bptt.LNLSTMRecurrence.apply
+    monkeypatch.setattr(lnbook.bptt.LNLSTMRecurrence, "apply",
+                        lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    m = LSTM(I, H, norm=nn.LayerNorm, bptt="hand", dtype=F64)
+    randomize_ln(m)
+    x = torch.randn(5, 2, I, dtype=F64)
+    hand = outputs_and_grads(m, x, None)
+    assert calls == [1]
+    m.bptt = "autograd"
+    assert_all_close(hand, outputs_and_grads(m, x, None), 1e-13)
+    LSTM(I, H, norm=lnbook.RMSNorm, bptt="hand")(x.float())[0].sum().backward()
+    assert calls == [1]  # no layer norm to read: the step loop
+
+
+def test_norm_under_autocast_and_bad_norms():
+    m = GRU(8, 16, norm=lnbook.RMSNorm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = LSTM(8, 16, norm=lnbook.RMSNorm)(torch.randn(3, 2, 8))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert m.ln_hn_l0.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="layer_norm=False"):
+        LSTM(I, H, layer_norm=False, norm=nn.LayerNorm)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        LNRNNCell(I, H, norm=lambda n: torch.ones(n))
+    with pytest.raises(TypeError, match="callable"):
+        GRU(I, H, norm="rms")
+
+
 def test_forget_bias_shifts_only_the_forget_slice():
     torch.manual_seed(3)
     a = LNLSTMCell(I, H)

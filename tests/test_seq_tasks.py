@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.experiments import placement, qk_norm, rmsnorm
 from lnbook.experiments.protocol import Job
 from lnbook.experiments.seq_tasks import (
+    TaskConfig,
     linear_warmup,
     make_task,
     position_unigram_loss,
+    presets,
     sequence_metrics,
     sweep_task,
     train_transformer,
@@ -154,3 +157,24 @@ def test_sweep_task_makes_the_task_once_and_records_its_baselines():
     again = sweep_task("toy", {"slow": 1e-3}, _train_lr, cfg, "cpu", None, [1])
     assert again.seeds == [1]
     assert again.runs[0].history.losses == res.select("slow")[1].history.losses
+
+
+def test_task_config_is_the_one_shared_part_of_the_three_experiments():
+    """Each experiment's Config is a TaskConfig with its own fields and defaults; the shared
+    checks, the paper preset and the model they build come from one place."""
+    cfgs = [m.get_config() for m in (placement, qk_norm, rmsnorm)]
+    assert all(isinstance(c, TaskConfig) for c in cfgs)
+    assert [(c.steps, c.eval_every, len(c.seeds)) for c in cfgs] == [(60, 20, 3), (40, 20, 3),
+                                                                      (50, 10, 5)]
+    for m in (placement, qk_norm, rmsnorm):
+        with pytest.raises(ValueError, match="task must be one of"):
+            m.get_config(task="copy")
+        with pytest.raises(ValueError, match="n_train and n_test must be >= 1"):
+            m.get_config(n_test=0)
+        paper = m.get_config("paper")
+        assert (paper.d_model, paper.n_layers, paper.size, paper.checkpoint) == (512, 6, 32, True)
+    assert qk_norm.get_config("paper").steps == 10_000 and presets()["quick"] == {}
+    mc = TaskConfig(symbols=5, d_model=16, n_heads=2).model_config(12, position="post")
+    assert mc == TransformerConfig(6, 16, 2, 2, 12, position="post")
+    assert placement.model_config(cfgs[0], "post", 3, 16) == TransformerConfig(
+        9, 32, 4, 3, 16, norm="layer", position="post")

@@ -18,6 +18,7 @@ from lnbook.transformer import (
     center_residual_stream_,
     deepnorm_constants,
     layer_gradient_norms,
+    make_norm,
     max_attention_logits,
     norm_inputs_outputs,
     residual_stream,
@@ -38,6 +39,10 @@ def model(seed: int = 0, **kw) -> Transformer:
     torch.manual_seed(seed)
     kw.setdefault("dtype", torch.float64)
     return Transformer(V, D, H, L, T, **kw)
+
+
+def config(**kw) -> TransformerConfig:
+    return TransformerConfig(V, D, H, L, T, **kw)
 
 
 def perturb_(m: nn.Module, seed: int = 1, scale: float = 0.2) -> nn.Module:
@@ -64,8 +69,8 @@ def test_shapes_and_norm_modules(norm, position):
         assert block.attn.q_norm.normalized_shape == (D // H,)
     assert type(m.final_norm) is (kind if position == "pre" else nn.Identity)
     assert m.config.has_final_norm() == (position == "pre")
-    assert isinstance(Block(D, H, norm=norm, position=position)(torch.randn(2, 5, D)),
-                      torch.Tensor)
+    block = Block(config(norm=norm, position=position))
+    assert isinstance(block(torch.randn(2, 5, D)), torch.Tensor)
 
 
 def test_final_norm_can_be_forced_either_way():
@@ -121,12 +126,13 @@ def test_pre_and_post_placement_compute_different_functions():
 def test_block_forward_is_the_documented_formula():
     torch.manual_seed(3)
     x = torch.randn(2, 5, D, dtype=torch.float64)
-    pre = perturb_(Block(D, H, dtype=torch.float64))
+    pre = perturb_(Block(config(), dtype=torch.float64))
     h = x + pre.attn(pre.norm1(x))
     torch.testing.assert_close(pre(x), h + pre.mlp(pre.norm2(h)))
-    post = perturb_(Block(D, H, position="post", deepnorm_alpha=2.0, dtype=torch.float64))
-    h = post.norm1(2.0 * x + post.attn(x))
-    torch.testing.assert_close(post(x), post.norm2(2.0 * h + post.mlp(h)))
+    post = perturb_(Block(config(position="post", deepnorm=True), dtype=torch.float64))
+    a = (2 * L) ** 0.25
+    h = post.norm1(a * x + post.attn(x))
+    torch.testing.assert_close(post(x), post.norm2(a * h + post.mlp(h)))
 
 
 def test_qk_norm_bounds_the_logits_and_ignores_the_scale_of_the_projections():
@@ -164,7 +170,7 @@ def test_max_attention_logits_reads_the_last_forward():
             assert torch.equal(block.attention_logits(x), block.attn.logits(block.norm1(x)))
             x = block(x)
     assert read == pytest.approx(expected, abs=1e-12)
-    post = perturb_(Block(D, H, position="post", dtype=torch.float64))
+    post = perturb_(Block(config(position="post"), dtype=torch.float64))
     x = torch.randn(2, 5, D, dtype=torch.float64)
     assert torch.equal(post.attention_logits(x), post.attn.logits(x))
     assert max_attention_logits(m.blocks[1]) == pytest.approx(expected[1:], abs=1e-12)
@@ -331,9 +337,7 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="norm must be one of"):
         Transformer(V, D, H, L, T, norm="batch")
     with pytest.raises(ValueError, match="position must be one of"):
-        Block(D, H, position="middle")
-    with pytest.raises(ValueError, match="deepnorm_alpha .* needs position='post'"):
-        Block(D, H, deepnorm_alpha=2.0)
+        config(position="middle")
     with pytest.raises(ValueError, match="n_layers must be a positive int"):
         Transformer(V, D, H, 0, T)
     with pytest.raises(ValueError, match="dropout must lie in"):
@@ -349,3 +353,98 @@ def test_bad_arguments_raise_clear_errors():
         m(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"attention expects input of shape \(B, T, 32\)"):
         m.blocks[0].attn(torch.randn(2, 4, 8, dtype=torch.float64))
+
+
+def test_one_config_builds_the_model_and_the_old_forms_say_what_to_use():
+    torch.manual_seed(0)
+    a = Transformer(config(norm="rms", qk_norm=True), dtype=torch.float64)
+    torch.manual_seed(0)
+    b = model(norm="rms", qk_norm=True)  # the shorthand: the same config, the same draws
+    assert a.config == b.config and a.config is not b.config
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+    assert [blk.layer for blk in a.blocks] == list(range(1, L + 1))
+    with pytest.raises(TypeError, match="not both"):
+        Transformer(config(), norm="rms")
+    with pytest.raises(TypeError, match="from the config"):
+        Block(config(), norm="rms")
+    with pytest.raises(TypeError, match="qk_norm=a factory"):
+        SelfAttention(D, H, qk_norm=True, ln_impl="torch")
+    with pytest.raises(TypeError, match="make_norm takes the model's config"):
+        make_norm("layer", D)
+    with pytest.warns(DeprecationWarning, match=r"Block\(TransformerConfig"):
+        old = Block(D, H, position="post", deepnorm_alpha=2.0, dtype=torch.float64)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    h = old.norm1(2.0 * x + old.attn(x))  # the old form keeps its explicit alpha
+    torch.testing.assert_close(old(x), old.norm2(2.0 * h + old.mlp(h)))
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs position"):
+        Block(D, H, deepnorm_alpha=2.0)
+
+
+def test_norm_factory_in_the_config_is_called_for_every_norm():
+    """config.norm may be a factory: torch's own RMSNorm here, checked against the formula."""
+    m = model(norm=lambda n: nn.RMSNorm(n, eps=1e-6), position="pre")
+    norms = [blk.norm1 for blk in m.blocks] + [blk.norm2 for blk in m.blocks] + [m.final_norm]
+    assert all(type(n) is nn.RMSNorm and n.weight.dtype == torch.float64 for n in norms)
+    perturb_(m)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    blk = m.blocks[0]
+    rms = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * blk.norm1.weight
+    torch.testing.assert_close(blk.norm1(x), rms, atol=1e-12, rtol=0)
+    assert type(make_norm(config(norm="dyt"), 8)) is DyT
+    assert make_norm(config(), 8, kind="layer").normalized_shape == (8,)
+
+
+def ln_ref(x: torch.Tensor, norm: nn.Module, eps: float = 1e-5) -> torch.Tensor:
+    """Layer norm written out here (eq. 3), with the gain and bias of ``norm``."""
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * norm.weight + norm.bias
+
+
+@pytest.mark.parametrize("scaling", [False, True])
+def test_peri_and_output_placements_against_a_hand_written_block(scaling):
+    """Peri-LN: x + M(F(N(x))) around each sublayer; OLMo 2's reordered norm: x + N(F(x));
+    with LayerNorm Scaling every norm of block l is multiplied by 1/sqrt(l)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, D, dtype=torch.float64)
+    for layer in (1, 3):
+        s = 1 / math.sqrt(layer) if scaling else 1.0
+        peri = perturb_(Block(config(position="peri", depth_scaling=scaling), layer=layer,
+                              dtype=torch.float64))
+        h = x + s * ln_ref(peri.attn(s * ln_ref(x, peri.norm1)), peri.out_norm1)
+        want = h + s * ln_ref(peri.mlp(s * ln_ref(h, peri.norm2)), peri.out_norm2)
+        torch.testing.assert_close(peri(x), want, atol=1e-12, rtol=0)
+        out = perturb_(Block(config(position="output", depth_scaling=scaling), layer=layer,
+                             dtype=torch.float64))
+        h = x + s * ln_ref(out.attn(x), out.norm1)
+        want = h + s * ln_ref(out.mlp(h), out.norm2)
+        torch.testing.assert_close(out(x), want, atol=1e-12, rtol=0)
+        assert not hasattr(out, "out_norm1")
+        pre = perturb_(Block(config(depth_scaling=scaling), layer=layer, dtype=torch.float64))
+        h = x + pre.attn(s * ln_ref(x, pre.norm1))
+        torch.testing.assert_close(pre(x), h + pre.mlp(s * ln_ref(h, pre.norm2)),
+                                   atol=1e-12, rtol=0)
+
+
+def test_depth_scaled_peri_model_end_to_end_against_a_hand_written_forward():
+    """The whole model by hand: embeddings, blocks with norms scaled by 1/sqrt(l), the final
+    norm unscaled, the head."""
+    m = perturb_(Transformer(TransformerConfig(V, D, H, 3, T, position="peri",
+                                               depth_scaling=True), dtype=torch.float64))
+    assert m.config.has_final_norm() and type(m.final_norm) is LayerNorm
+    idx = tokens()
+    x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    for layer, b in enumerate(m.blocks, start=1):
+        s = layer ** -0.5
+        x = x + s * ln_ref(b.attn(s * ln_ref(x, b.norm1)), b.out_norm1)
+        x = x + s * ln_ref(b.mlp(s * ln_ref(x, b.norm2)), b.out_norm2)
+    want = m.head(ln_ref(x, m.final_norm))
+    torch.testing.assert_close(m(idx), want, atol=1e-10, rtol=0)
+    assert [b.scale for b in m.blocks] == pytest.approx([1.0, 2 ** -0.5, 3 ** -0.5], rel=1e-15)
+    assert model(position="output").blocks[0].scale is None
+    assert type(model(position="output").final_norm) is LayerNorm
+    with pytest.raises(ValueError, match="no depth_scaling"):
+        to_pre_rmsnorm(model(depth_scaling=True))
+    with pytest.raises(ValueError, match="position must be one of"):
+        config(position="sandwich")

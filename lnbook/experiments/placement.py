@@ -27,16 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config
+from lnbook.experiments.protocol import Job, Results, make_config
 from lnbook.experiments.seq_tasks import (
-    TASKS,
     SequenceTask,
+    TaskConfig,
     make_task,
+    presets,
     sweep_task,
     train_transformer,
 )
 from lnbook.train import History
-from lnbook.transformer import POSITIONS, Transformer, TransformerConfig, layer_gradient_norms
+from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
 __all__ = [
     "NAME",
@@ -49,6 +50,7 @@ __all__ = [
     "run",
 ]
 
+PLACEMENTS = ("post", "pre")  # the two of Xiong et al. (2020) (lnbook.transformer has more)
 NAME = "placement"
 DESCRIPTION = (
     "Post-LN vs Pre-LN Transformer: per-layer gradient norms at initialization for several "
@@ -57,90 +59,45 @@ DESCRIPTION = (
 
 
 @dataclass
-class Config:
+class Config(TaskConfig):
     """Settings of the placement experiments; :func:`get_config` gives the presets.
 
+    The task, model, training and sweep fields are :class:`~lnbook.experiments.seq_tasks.
+    TaskConfig`'s (here 60 updates, evaluated every 20); the experiment's own:
+
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
         positions: placements to train, from ``("post", "pre")``.
         warmups: warm-up lengths in updates (0 = none), each trained with each placement.
-        task, size, symbols, n_train, n_test: the sequence task
-            (:func:`lnbook.experiments.seq_tasks.make_task`).
-        d_model, n_heads, n_layers: the trained Transformer (causal, d_ff = 4 d_model).
         lr: peak learning rate of Adam.
-        batch_size, steps, eval_every: sequences per update, updates, updates between
-            evaluations.
-        seeds: seeds of the training runs.
         grad_depths: numbers of blocks of the models whose gradients are measured at
             initialization.
         grad_seeds: seeds of those models.
         grad_batch: training sequences in the batch whose loss gradient is measured.
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
-    scale: str = "quick"
     positions: tuple[str, ...] = ("post", "pre")
     warmups: tuple[int, ...] = (0, 20)
-    task: str = "sort"
-    size: int = 8
-    symbols: int = 8
-    n_train: int = 2000
-    n_test: int = 256
-    d_model: int = 32
-    n_heads: int = 4
-    n_layers: int = 2
     lr: float = 3e-2
-    batch_size: int = 32
     steps: int = 60
     eval_every: int = 20
-    seeds: tuple[int, ...] = (0, 1, 2)
     grad_depths: tuple[int, ...] = (2, 4, 8)
     grad_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     grad_batch: int = 128
-    checkpoint: bool = False
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
-        bad = [p for p in self.positions if p not in POSITIONS]
+        super().__post_init__()
+        bad = [p for p in self.positions if p not in PLACEMENTS]
         if bad or not self.positions:
-            raise ValueError(f"positions must be drawn from {POSITIONS}, got {self.positions}")
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+            raise ValueError(f"positions must be drawn from {PLACEMENTS}, got {self.positions}")
         if any(w < 0 or w > self.steps for w in self.warmups) or not self.warmups:
             raise ValueError(f"warmups must lie in [0, steps={self.steps}], got {self.warmups}")
         if any(d < 1 for d in self.grad_depths) or self.grad_batch < 1:
             raise ValueError("grad_depths and grad_batch must be >= 1")
-        if min(self.steps, self.eval_every, self.batch_size) < 1 or not self.lr > 0:
-            raise ValueError("steps, eval_every and batch_size must be >= 1 and lr > 0")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {
-        "threads": None,
-        "warmups": (0, 4000),
-        "size": 32,
-        "symbols": 64,
-        "n_train": 200_000,
-        "n_test": 2_000,
-        "d_model": 512,
-        "n_heads": 8,
-        "n_layers": 6,
-        "lr": 1e-3,
-        "batch_size": 64,
-        "steps": 20_000,
-        "eval_every": 500,
-        "grad_depths": (6, 12, 18),
-        "grad_batch": 512,
-        "checkpoint": True,
-    },
-}
+_PRESETS = presets(warmups=(0, 4000), lr=1e-3, grad_depths=(6, 12, 18), grad_batch=512)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -154,9 +111,7 @@ def model_config(config: Config, position: str, n_layers: int, seq_len: int
 
     Post-LN has no final norm (its last block ends in one), Pre-LN has one, as usual.
     """
-    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
-                             n_heads=config.n_heads, n_layers=n_layers, max_len=seq_len,
-                             norm="layer", position=position)
+    return config.model_config(seq_len, n_layers=n_layers, norm="layer", position=position)
 
 
 def variant_name(position: str, warmup: int) -> str:
@@ -181,7 +136,7 @@ def gradient_profiles(
     """
     task = make_task(config.task, config.grad_batch, 1, config.size, config.symbols)
     out: dict[str, dict[int, np.ndarray]] = {}
-    for position in POSITIONS:
+    for position in PLACEMENTS:
         out[position] = {}
         for depth in config.grad_depths:
             rows = []

@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config
+from lnbook.experiments.protocol import Job, Results, make_config
 from lnbook.experiments.seq_tasks import (
-    TASKS,
     SequenceTask,
+    TaskConfig,
+    presets,
     sweep_task,
     train_transformer,
 )
@@ -57,86 +58,42 @@ DESCRIPTION = (
 
 
 @dataclass
-class Config:
+class Config(TaskConfig):
     """Settings of the learning-rate sweep; :func:`get_config` gives the presets.
 
+    The task, model (Pre-LN), training and sweep fields are
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here 40 updates, evaluated every 20);
+    the experiment's own:
+
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
         lrs: Adam learning rates of the sweep, increasing.
         qk_norms: which models to train: ``False`` (plain attention), ``True`` (qk-layernorm).
-        task, size, symbols, n_train, n_test: the sequence task
-            (:func:`lnbook.experiments.seq_tasks.make_task`).
-        d_model, n_heads, n_layers: the Pre-LN Transformer (causal, d_ff = 4 d_model).
         warmup: updates of linear warm-up (0 = none).
-        batch_size, steps, eval_every: sequences per update, updates, updates between
-            evaluations.
-        seeds: seeds of the runs.
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
         ln_impl: ``impl`` of the models' layer norms (:data:`lnbook.norms.LN_IMPL`): changes
             the runs at rounding level only, which is how the chapter shows which of its
             comparisons rounding can move.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
-    scale: str = "quick"
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1)
     qk_norms: tuple[bool, ...] = (False, True)
-    task: str = "sort"
-    size: int = 8
-    symbols: int = 8
-    n_train: int = 2000
-    n_test: int = 256
-    d_model: int = 32
-    n_heads: int = 4
-    n_layers: int = 2
     warmup: int = 0
-    batch_size: int = 32
     steps: int = 40
     eval_every: int = 20
-    seeds: tuple[int, ...] = (0, 1, 2)
-    checkpoint: bool = False
     ln_impl: str = LN_IMPL
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         if self.ln_impl not in LN_IMPLS:
             raise ValueError(f"ln_impl must be one of {LN_IMPLS}, got {self.ln_impl!r}")
         if not self.lrs or any(lr <= 0 for lr in self.lrs) or list(self.lrs) != sorted(self.lrs):
             raise ValueError(f"lrs must be positive and increasing, got {self.lrs}")
         if not self.qk_norms or any(not isinstance(q, bool) for q in self.qk_norms):
             raise ValueError(f"qk_norms must be a non-empty tuple of bools, got {self.qk_norms}")
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
         if not 0 <= self.warmup <= self.steps:
             raise ValueError(f"warmup must lie in [0, steps={self.steps}], got {self.warmup}")
-        if min(self.steps, self.eval_every, self.batch_size) < 1:
-            raise ValueError("steps, eval_every and batch_size must be >= 1")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {
-        "threads": None,
-        "lrs": (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1),
-        "size": 32,
-        "symbols": 64,
-        "n_train": 200_000,
-        "n_test": 2_000,
-        "d_model": 512,
-        "n_heads": 8,
-        "n_layers": 6,
-        "warmup": 500,
-        "batch_size": 64,
-        "steps": 10_000,
-        "eval_every": 500,
-        "checkpoint": True,
-    },
-}
+_PRESETS = presets(lrs=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1), warmup=500, steps=10_000)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -146,10 +103,8 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def model_config(config: Config, qk_norm: bool, seq_len: int) -> TransformerConfig:
     """The Pre-LN Transformer with or without qk-layernorm for this config."""
-    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
-                             n_heads=config.n_heads, n_layers=config.n_layers, max_len=seq_len,
-                             norm="layer", position="pre", qk_norm=qk_norm,
-                             ln_impl=config.ln_impl)
+    return config.model_config(seq_len, norm="layer", position="pre", qk_norm=qk_norm,
+                               ln_impl=config.ln_impl)
 
 
 def variant_name(qk_norm: bool, lr: float) -> str:

@@ -31,10 +31,15 @@ from torch import Tensor
 from lnbook.experiments.protocol import (
     Job,
     Results,
-    check_scale,
     make_config,
 )
-from lnbook.experiments.seq_tasks import TASKS, SequenceTask, sweep_task, train_transformer
+from lnbook.experiments.seq_tasks import (
+    SequenceTask,
+    TaskConfig,
+    presets,
+    sweep_task,
+    train_transformer,
+)
 from lnbook.train import History
 from lnbook.transformer import (
     Transformer,
@@ -66,78 +71,31 @@ NORMS = ("layer", "rms")
 
 
 @dataclass
-class Config:
+class Config(TaskConfig):
     """Settings of the LN-vs-RMSNorm comparison; :func:`get_config` gives the presets.
 
+    The task, model (Pre-norm), training and sweep fields are
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here five seeds); the experiment's own:
+
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
         norms: variants to train, from :data:`NORMS`.
-        task: ``"sort"`` or ``"recall"`` (:func:`lnbook.experiments.seq_tasks.make_task`).
-        size: sequence length to sort (or key-value pairs to recall).
-        symbols: content symbols of the task.
-        n_train, n_test: training and held-out sequences.
-        d_model, n_heads, n_layers: the Transformer (Pre-norm, causal, d_ff = 4 d_model).
         lr: Adam's learning rate (constant).
-        batch_size, steps, eval_every: sequences per update, updates, updates between
-            evaluations.
-        seeds: seeds of the runs (initialization and batch order).
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
-    scale: str = "quick"
     norms: tuple[str, ...] = NORMS
-    task: str = "sort"
-    size: int = 8
-    symbols: int = 8
-    n_train: int = 2000
-    n_test: int = 256
-    d_model: int = 32
-    n_heads: int = 4
-    n_layers: int = 2
     lr: float = 1e-2
-    batch_size: int = 32
-    steps: int = 50
-    eval_every: int = 10
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    checkpoint: bool = False
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         bad = [n for n in self.norms if n not in NORMS]
         if bad or not self.norms:
             raise ValueError(f"norms must be drawn from {NORMS}, got {self.norms}")
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
-        if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
-            raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {
-        "threads": None,
-        "size": 32,
-        "symbols": 64,
-        "n_train": 200_000,
-        "n_test": 2_000,
-        "d_model": 512,
-        "n_heads": 8,
-        "n_layers": 6,
-        "lr": 5e-4,
-        "batch_size": 64,
-        "steps": 20_000,
-        "eval_every": 500,
-        "checkpoint": True,
-    },
-}
+_PRESETS = presets(lr=5e-4)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -147,9 +105,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def model_config(config: Config, norm: str, seq_len: int) -> TransformerConfig:
     """The Pre-norm Transformer of one variant (``norm`` "layer" or "rms") for this config."""
-    return TransformerConfig(vocab_size=config.symbols + 1, d_model=config.d_model,
-                             n_heads=config.n_heads, n_layers=config.n_layers, max_len=seq_len,
-                             norm=norm, position="pre")
+    return config.model_config(seq_len, norm=norm, position="pre")
 
 
 def rms_normalized_layer(x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor) -> Tensor:

@@ -6,6 +6,10 @@ goes", P04-P05) and ``qk_norm`` (chapter "QK-norm and attention-logit growth", P
 it, as they import :mod:`lnbook.experiments.protocol`, so that the three train the same small
 model on the same task in the same way:
 
+- :class:`TaskConfig` holds the settings the three share (the task, the model's size, the
+  training loop, how the sweep runs) with their presets (:func:`presets`); each experiment's
+  ``Config`` subclasses it, adds its own fields and sets its own defaults, and
+  :meth:`TaskConfig.model_config` gives the Transformer every run builds;
 - :func:`make_task` draws a training and a held-out set of the sort task
   (:func:`lnbook.data.sort_task`; the associative-recall task is the alternative) and
   computes the loss of the trivial predictor every comparison must beat
@@ -31,12 +35,14 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
-from lnbook.experiments.protocol import Job, Results, sweep
+from lnbook.experiments.protocol import Job, Results, check_scale, sweep
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
 __all__ = [
     "TASKS",
+    "TaskConfig",
+    "presets",
     "SequenceTask",
     "make_task",
     "position_unigram_loss",
@@ -48,6 +54,85 @@ __all__ = [
 
 TASKS = ("sort", "recall")
 _TEST_SEED_OFFSET = 10_007  # the held-out set is drawn with another seed than the training set
+
+
+@dataclass
+class TaskConfig:
+    """The settings every Part II sequence-task experiment shares; its ``Config`` subclasses it.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        task: ``"sort"`` or ``"recall"`` (:func:`make_task`).
+        size: sequence length to sort (or key-value pairs to recall).
+        symbols: content symbols of the task.
+        n_train, n_test: training and held-out sequences.
+        d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
+        batch_size, steps, eval_every: sequences per update, updates, updates between
+            evaluations.
+        seeds: seeds of the runs (initialization and batch order).
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        workers: runs trained at once, each in its own process, on a CPU (see
+            :func:`lnbook.experiments.protocol.sweep`; from a script, call the experiment's
+            ``run`` under ``if __name__ == "__main__":``). Results do not depend on it.
+    """
+
+    scale: str = "quick"
+    task: str = "sort"
+    size: int = 8
+    symbols: int = 8
+    n_train: int = 2000
+    n_test: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    batch_size: int = 32
+    steps: int = 50
+    eval_every: int = 10
+    seeds: tuple[int, ...] = (0, 1, 2)
+    checkpoint: bool = False
+    threads: int | None = 1
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
+            raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
+
+    def model_config(self, seq_len: int, **fields: Any) -> TransformerConfig:
+        """The Transformer of this task (``symbols + 1`` token ids, this config's width,
+        heads and depth, ``max_len = seq_len``), with ``fields`` of
+        :class:`lnbook.transformer.TransformerConfig` set or replaced (``norm``,
+        ``position``, ``n_layers``, ...)."""
+        return TransformerConfig(**{"vocab_size": self.symbols + 1, "d_model": self.d_model,
+                                    "n_heads": self.n_heads, "n_layers": self.n_layers,
+                                    "max_len": seq_len, **fields})
+
+
+_PAPER: dict[str, Any] = {
+    "threads": None,
+    "size": 32,
+    "symbols": 64,
+    "n_train": 200_000,
+    "n_test": 2_000,
+    "d_model": 512,
+    "n_heads": 8,
+    "n_layers": 6,
+    "batch_size": 64,
+    "steps": 20_000,
+    "eval_every": 500,
+    "checkpoint": True,
+}
+
+
+def presets(**paper: Any) -> dict[str, dict[str, Any]]:
+    """The ``quick`` and ``paper`` presets of a :class:`TaskConfig` experiment: ``quick`` is
+    the Config's defaults, ``paper`` the shared large settings (the task at size 32 over 64
+    symbols, 200,000 sequences, a 6-block, 512-wide model, 20,000 updates of 64, checkpoints)
+    with the experiment's own ``paper`` fields on top."""
+    return {"quick": {}, "paper": {**_PAPER, **paper}}
 
 
 @dataclass
