@@ -57,7 +57,7 @@ def test_train_deep_records_a_curve_and_learns():
     cfg = why.get_config(depth=2, width=32, steps=60, eval_every=30, seeds=(0,))
     rec = why.train_deep("layer", 0, cfg)
     assert rec["steps"].tolist() == [0, 30, 60]
-    assert rec["test_nll"][0] == pytest.approx(math.log(10), abs=0.3)  # near chance at 0
+    assert rec["test_nll"][0] > math.log(10) - 0.3  # no better than chance at update 0
     assert rec["test_nll"][-1] < rec["test_nll"][0] - 0.5  # and it learned
     assert rec["weight_norms"].shape == (2, 2) and not rec["diverged"]
     assert not rec["model"].training
