@@ -7,8 +7,10 @@ The server is started the way `dev.py lab` starts it. When this Python's environ
 an environment installed otherwise it runs the command `dev.py lab` would run
 (`dev.lab_command`), so the test never re-installs anyone's environment.
 It talks to the server as JupyterLab's page does: REST calls with the token, then the kernel's
-websocket. The server, its kernel and its runtime files are gone when the test ends, even when it
-fails.
+websocket. The last test opens a chapter in headless Chromium (Playwright driving Debian's
+chromium; skipped when either is missing) and checks that jupyterlab-myst renders an exercise as
+an admonition with its solution folded, and the math typeset, not as raw MyST text.
+The server, its kernel and its runtime files are gone when the test ends, even when it fails.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -268,3 +271,70 @@ def test_lab_kernel_runs_a_whole_chapter(chapter_kernel: Kernel):
         assert reply["status"] == "ok", f"{CHAPTER} code cell {i} failed: {errors}"
     # the chapter's own asserts ran; say how long it took, for the record
     print(f"{CHAPTER}: {len(cells)} code cells in {time.monotonic() - start:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------
+# the page a reader sees: MyST rendered by jupyterlab-myst in Debian's Chromium
+
+RENDER_CHAPTER = "01_introduction.ipynb"   # its exercises sit at the end of the notebook
+CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                             "/usr/bin/chromium") if p and Path(p).exists()), None)
+
+
+@pytest.fixture
+def browser_page() -> Iterator[object]:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="Playwright for Python is not installed (pip install "
+        "playwright; it drives Debian's chromium, no `playwright install` needed)")
+    if CHROMIUM is None:
+        pytest.skip("no Chromium found (apt-get install chromium); the rendering test needs it")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
+def test_lab_renders_an_exercise_as_an_admonition_with_its_solution_folded(lab: Server,
+                                                                          browser_page):
+    assert importlib.util.find_spec("jupyterlab_myst") is not None, (
+        "jupyterlab-myst is not installed: JupyterLab would show the exercises as raw MyST "
+        "text (it is in requirements.txt)")
+    page = browser_page
+    page.goto(f"{lab.url}/lab/tree/{RENDER_CHAPTER}?token={lab.token}", timeout=120_000)
+    page.wait_for_selector(".jp-MarkdownCell .myst", timeout=120_000)
+    # JupyterLab renders the cells near the viewport: scroll down until the exercise is there
+    find = """() => {
+      for (const a of document.querySelectorAll('.jp-MarkdownCell .myst aside')) {
+        const head = a.querySelector('.myst-admonition-header-text');
+        if (head && head.innerText.trim() === 'Exercise 1.1') {
+          const sol = a.nextElementSibling;
+          return {cls: a.className, body: a.innerText,
+                  sol: sol ? {tag: sol.tagName, open: sol.open, text: sol.innerText} : null};
+        }
+      }
+      return null;
+    }"""
+    found, deadline = None, time.monotonic() + 60
+    while found is None and time.monotonic() < deadline:
+        page.evaluate("() => document.querySelectorAll('.jp-WindowedPanel-outer')"
+                      ".forEach(e => { e.scrollTop = e.scrollHeight; })")
+        page.wait_for_timeout(300)
+        found = page.evaluate(find)
+    assert found is not None, "Exercise 1.1 was not rendered as an admonition (aside)"
+    assert "myst-admonition" in found["cls"], found["cls"]
+    assert "covariate shift" in found["body"]
+    # its solution: a dropdown, folded until the reader opens it
+    assert found["sol"] is not None and found["sol"]["tag"] == "DETAILS", found["sol"]
+    assert found["sol"]["open"] is False and "Solution" in found["sol"]["text"]
+    rendered = page.evaluate("() => [...document.querySelectorAll('.jp-MarkdownCell .myst')]"
+                             ".map(w => w.innerText).join('\\n')")
+    assert "{admonition}" not in rendered and ":class: dropdown" not in rendered
+    # the math of the chapter is typeset, not shown as $...$ source
+    assert "$\\mathbf" not in rendered and "P(y \\mid" not in rendered
+    maths = page.evaluate("() => document.querySelectorAll('.jp-MarkdownCell .myst .math,"
+                          " .jp-MarkdownCell .myst .katex, .jp-MarkdownCell .myst mjx-container')"
+                          ".length")
+    assert maths > 0

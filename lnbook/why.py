@@ -1,0 +1,330 @@
+"""Why does normalization help? The measurements of chapter 6.8, side by side.
+
+Chapter ``06_8_why_normalization_helps`` puts the accounts of why normalization speeds training
+next to each other and measures each on the deep MLP of lab 3.2
+(:class:`lnbook.experiments.deep_mlp.DeepMLP`, the 8x8 digits):
+
+- internal covariate shift, tested as Santurkar et al. (2018) tested it: :class:`SignalNoise`
+  after every norm moves each unit's distribution at every update, by an amount set relative
+  to the signal, and the same noise in a plain network is the control (:func:`train_deep`,
+  :func:`run`);
+- the effective learning rate of scale-invariant weights (Arora, Li and Lyu, 2019): the norm
+  of a weight matrix in front of a norm grows under SGD by exactly
+  ``||W'||^2 = ||W||^2 + lr^2 ||g||^2`` (:func:`norm_growth_step`), which lowers
+  ``lr / ||W||^2`` by itself (:func:`lr_sweep`);
+- a smoother loss (Santurkar et al., 2018): how much the loss and its gradient change along a
+  gradient step (:func:`landscape`), and how that depends on the scale of the weights;
+- what is specific to layer against batch normalization: the units that a trained network
+  switches on for almost no example or for almost every one (:func:`unit_rates`).
+
+This module sits above the experiments (it uses ``deep_mlp``'s network) and below the notebook.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lnbook.data import load_digits_tensor
+from lnbook.experiments.deep_mlp import DeepMLP
+from lnbook.experiments.protocol import check_scale, make_config
+from lnbook.train import Batches
+
+__all__ = [
+    "VARIANTS",
+    "Config",
+    "get_config",
+    "SignalNoise",
+    "build",
+    "train_deep",
+    "run",
+    "norm_growth_step",
+    "lr_sweep",
+    "landscape",
+    "unit_rates",
+]
+
+VARIANTS = ("none", "none+noise", "layer", "layer+noise", "batch", "batch+noise")
+"""The networks of :func:`run`: a norm (``none``, ``layer``, ``batch``), ``+noise`` adds
+:class:`SignalNoise` after it."""
+
+
+@dataclass
+class Config:
+    """Settings of the chapter's runs; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        depth, width: hidden layers and units of the :class:`DeepMLP` (lab 3.2's sizes).
+        init_scale: the weights start at this times the He standard deviation (1: He's own;
+            lab 3.2's poor start is 0.5).
+        batch: examples per update.
+        steps: SGD updates per run.
+        lr, momentum: SGD's step size and momentum (lab 3.2's).
+        eval_every: updates between two evaluations of the test loss.
+        noise: the size of :class:`SignalNoise` relative to the signal.
+        variants: which of :data:`VARIANTS` :func:`run` trains.
+        seeds: seeds of the runs (weights, batch order and noise).
+    """
+
+    scale: str = "quick"
+    depth: int = 8
+    width: int = 64
+    init_scale: float = 1.0
+    batch: int = 64
+    steps: int = 150
+    lr: float = 0.05
+    momentum: float = 0.9
+    eval_every: int = 20
+    noise: float = 0.2
+    variants: tuple[str, ...] = VARIANTS
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"variants must be drawn from {VARIANTS}, got {bad}")
+        for name in ("depth", "width", "batch", "steps", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.init_scale > 0 and self.lr > 0 and self.noise >= 0):
+            raise ValueError("init_scale and lr must be positive and noise >= 0, got "
+                             f"{self.init_scale}, {self.lr}, {self.noise}")
+        if not self.seeds:
+            raise ValueError("seeds must name at least one seed")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": (0, 1, 2, 3, 4)},
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+class SignalNoise(nn.Module):
+    r"""Covariate shift on purpose: a random scale and shift of every unit, new at every update.
+
+    In training mode each unit :math:`i` gets, at every forward pass (one update), a factor
+    :math:`s_i \sim U(1 - r, 1 + r)` and a shift :math:`m_i \sim \mathcal N(r, r^2)\,
+    \mathrm{rms}_i`, where :math:`\mathrm{rms}_i` is the unit's root mean square over the batch
+    (a constant to the backward pass): :math:`h_{ni} \to s_i h_{ni} + m_i`. The whole batch
+    shares the draw, so every unit's *distribution* moves from one update to the next (non-zero
+    mean, non-unit variance, as in Santurkar et al., 2018) while the examples keep their order
+    within it: the noise is scaled to the signal. In evaluation mode it does nothing.
+
+    Args:
+        size: relative size :math:`r` of the noise, ``0 <= r < 1``.
+
+    Shape:
+        - Input: ``(N, H)``; output: the same.
+
+    Example::
+
+        >>> noise = SignalNoise(0.5)
+        >>> noise.eval()(torch.ones(2, 3)).tolist()
+        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+    """
+
+    def __init__(self, size: float = 0.5) -> None:
+        super().__init__()
+        if not 0 <= size < 1:
+            raise ValueError(f"size must lie in [0, 1), got {size!r}")
+        self.size = float(size)
+
+    def forward(self, h: Tensor) -> Tensor:
+        if not self.training or self.size == 0:
+            return h
+        r = self.size
+        rms = h.detach().square().mean(0).sqrt()  # (H,) per unit, over the batch
+        scale = 1 + r * (2 * torch.rand_like(rms) - 1)  # (H,) in [1 - r, 1 + r]
+        shift = r * (1 + torch.randn_like(rms)) * rms  # (H,) mean r rms, std r rms
+        return h * scale + shift
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}"
+
+
+def build(variant: str, config: Config) -> DeepMLP:
+    """The :class:`DeepMLP` of ``variant`` (one of :data:`VARIANTS`) with ``config``'s sizes."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    norm, _, noisy = variant.partition("+")
+    sizes = (64, *[config.width] * config.depth, 10)
+    model = DeepMLP(sizes, norm, init_scale=config.init_scale)
+    if noisy:
+        model.norms = nn.ModuleList(nn.Sequential(n, SignalNoise(config.noise))
+                                    for n in model.norms)
+    return model
+
+
+def _digits() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
+    xt, yt = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
+    return x, y, xt, yt
+
+
+def _nll(model: nn.Module, x: Tensor, y: Tensor) -> float:
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        out = float(F.cross_entropy(model(x), y))
+    model.train(was)
+    return out
+
+
+def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
+               momentum: float | None = None, hidden_lr: float | None = None
+               ) -> dict[str, Any]:
+    """Train one :func:`build` network on the digits with SGD; return its record.
+
+    Returns a dict with ``steps`` (the evaluated updates, 0 first), ``test_nll`` (nats, at
+    those updates), ``train_nll`` (final, on all training images), ``weight_norms`` (the
+    Frobenius norm of every hidden weight matrix at the start and at the end, shape
+    ``(2, depth)``), ``diverged`` (the loss stopped being finite; the curve is then cut) and
+    ``model`` (the trained network, in evaluation mode). ``lr`` and ``momentum`` replace
+    ``config``'s; ``hidden_lr`` gives the hidden weight matrices (those in front of a norm)
+    their own step size, as in Arora, Li and Lyu's analysis, the rest keeping ``lr``.
+    """
+    x, y, xt, yt = _digits()
+    torch.manual_seed(seed)
+    model = build(variant, config)
+    lr = config.lr if lr is None else lr
+    hidden = model.linears[:-1]
+    ids = {id(lin.weight) for lin in hidden}
+    groups = [{"params": [lin.weight for lin in hidden],
+               "lr": lr if hidden_lr is None else hidden_lr},
+              {"params": [p for p in model.parameters() if id(p) not in ids]}]
+    opt = torch.optim.SGD(groups, lr=lr,
+                          momentum=config.momentum if momentum is None else momentum)
+    batches = Batches(x, y, batch_size=config.batch, seed=seed)
+    norms0 = [float(lin.weight.detach().norm()) for lin in hidden]
+    steps, test, diverged = [0], [_nll(model, xt, yt)], False
+    for step in range(1, config.steps + 1):
+        xb, yb = batches(step - 1)
+        loss = F.cross_entropy(model(xb), yb)
+        if not torch.isfinite(loss):
+            diverged = True
+            break
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % config.eval_every == 0:
+            steps.append(step)
+            test.append(_nll(model, xt, yt))
+    model.eval()
+    train = math.inf if diverged else _nll(model, x, y)
+    diverged = diverged or not (math.isfinite(train) and math.isfinite(test[-1]))
+    return {"steps": np.array(steps), "test_nll": np.array(test),
+            "train_nll": train if math.isfinite(train) else math.inf,
+            "weight_norms": np.array([norms0, [float(lin.weight.detach().norm())
+                                               for lin in hidden]]),
+            "diverged": diverged, "model": model}
+
+
+def run(config: Config) -> dict[str, list[dict[str, Any]]]:
+    """Every variant of ``config.variants`` with every seed: ``{variant: [record per seed]}``."""
+    return {v: [train_deep(v, s, config) for s in config.seeds] for v in config.variants}
+
+
+def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
+                     layer: int = 1) -> dict[str, float]:
+    r"""One plain SGD step on ``model``: how the norm of a weight matrix before a norm grows.
+
+    For a weight matrix :math:`W` whose output is normalized, the loss does not change when
+    :math:`W` is scaled, so its gradient :math:`g` is orthogonal to :math:`W` (up to the
+    norm's ``eps``) and the step :math:`W - \eta g` has
+    :math:`\lVert W - \eta g\rVert^2 = \lVert W\rVert^2 + \eta^2\lVert g\rVert^2`: the norm
+    can only grow. Returns ``cos`` (the cosine between ``W`` and ``g``), ``before``, ``after``
+    (the squared norms) and ``predicted`` (:math:`\lVert W\rVert^2 + \eta^2\lVert g\rVert^2`).
+    The model is changed in place.
+    """
+    w = model.linears[layer].weight
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    with torch.no_grad():
+        g = w.grad.clone()
+        before = float(w.square().sum())
+        cos = float((w * g).sum() / (w.norm() * g.norm()))
+        predicted = before + lr**2 * float(g.square().sum())
+        w -= lr * g
+        after = float(w.square().sum())
+    return {"cos": cos, "before": before, "after": after, "predicted": predicted}
+
+
+def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("none", "layer"),
+             seeds: tuple[int, ...] | None = None) -> dict[tuple[str, float], list[dict]]:
+    """Train each norm with each step size on its hidden weights, with each seed.
+
+    Plain SGD (no momentum): the hidden weight matrices get the step size ``lr`` of ``lrs``,
+    every other parameter (the logits' layer, the norms' gain and bias) keeps ``config.lr``,
+    the setting of Arora, Li and Lyu (2019). Returns ``{(norm, lr): [record per seed]}`` with
+    :func:`train_deep`'s records; the effective step size of hidden layer ``l`` at the end is
+    ``lr / weight_norms[1, l]**2``.
+    """
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    return {(n, lr): [train_deep(n, s, config, momentum=0.0, hidden_lr=lr) for s in seeds]
+            for n in norms for lr in lrs}
+
+
+def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
+              multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)) -> dict[str, float]:
+    r"""How the loss and its gradient change along the gradient, as Santurkar et al. measured.
+
+    From the current weights :math:`w` with gradient :math:`g` on the batch ``(x, y)``, steps
+    :math:`w - k\eta g` for ``k`` in ``multiples`` give the losses :math:`L_k` and gradients
+    :math:`g_k`. Returns ``loss_range`` (:math:`\max_k L_k - \min_k L_k`, nats) and
+    ``beta`` (the largest :math:`\lVert g_k - g\rVert / (k\eta\lVert g\rVert)`, the effective
+    smoothness along that direction). Computed on a copy of ``model`` in training mode (batch
+    normalization uses the batch's statistics, as while training, and :class:`SignalNoise`
+    would draw noise: use it on networks without); ``model`` is not changed.
+    """
+    model = copy.deepcopy(model).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grad_at() -> tuple[float, list[Tensor]]:
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return float(loss.detach()), [p.grad.detach().clone() for p in params]
+
+    _, g = grad_at()
+    start = [p.detach().clone() for p in params]
+    gnorm = math.sqrt(sum(float(t.square().sum()) for t in g))
+    losses, betas = [], []
+    for k in multiples:
+        with torch.no_grad():
+            for p, p0, gi in zip(params, start, g, strict=True):
+                p.copy_(p0 - k * lr * gi)
+        loss, gk = grad_at()
+        losses.append(loss)
+        change = math.sqrt(sum(float((a - b).square().sum())
+                               for a, b in zip(gk, g, strict=True)))
+        betas.append(change / (k * lr * gnorm))
+    return {"loss_range": max(losses) - min(losses), "beta": max(betas)}
+
+
+def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
+    """How often each hidden unit is switched on: the fraction of the examples of ``x`` for
+    which its ReLU output is positive (evaluation mode). Shape ``(depth, H)``; a rate of 0 is a
+    dead unit, a rate near 1 a unit that acts as a linear one on these data.
+    """
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        _, summed = model(x, return_summed=True)  # depth x (N, H)
+        rates = [(torch.relu(n(a)) > 0).double().mean(0).numpy()
+                 for a, n in zip(summed, model.norms, strict=True)]
+    model.train(was)
+    return np.stack(rates)
