@@ -75,8 +75,9 @@ def test_workflow_builds_with_the_readme_command():
     assert [s["with"]["python-version"] for s in steps_using(build, "actions/setup-python")] \
         == ["3.11"]
     run = [s["run"].strip() for s in build["steps"] if "run" in s]
-    assert run == [quickstart_commands()[0]], (
-        f"the workflow must build with the README's Quickstart command, runs {run}"
+    assert run == [quickstart_commands()[0], "python3 dev.py pdf"], (
+        f"the workflow must build with the README's Quickstart command, then print the PDF; "
+        f"runs {run}"
     )
     names = [str(s.get("uses", s.get("run"))).split("@")[0] for s in build["steps"]]
     assert names.index("actions/checkout") < names.index("actions/setup-python") \
