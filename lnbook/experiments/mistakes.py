@@ -41,6 +41,7 @@ from lnbook.experiments.protocol import (
     sweep,
 )
 from lnbook.norms import LayerNorm, layer_norm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
@@ -277,7 +278,7 @@ class Config:
     steps: int = 1
     lr: float = 1e-3
     n_probe: int = 64
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -485,7 +486,7 @@ class StatsConfig:
     steps: int = 150
     lr: float = 3e-3
     eval_every: int = 25
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -504,7 +505,7 @@ class StatsConfig:
 _STATS_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "hidden": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
-              "eval_every": 500, "seeds": tuple(range(10))},
+              "eval_every": 500, "seeds": verdict_seeds(10)},
 }
 
 

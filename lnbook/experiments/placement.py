@@ -35,6 +35,7 @@ from lnbook.experiments.seq_tasks import (
     sweep_task,
     train_transformer,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import POSITIONS, Transformer, TransformerConfig, layer_gradient_norms
 
@@ -97,9 +98,9 @@ class Config:
     batch_size: int = 32
     steps: int = 60
     eval_every: int = 20
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     grad_depths: tuple[int, ...] = (2, 4, 8)
-    grad_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    grad_seeds: tuple[int, ...] = verdict_seeds(5)
     grad_batch: int = 128
     checkpoint: bool = False
     threads: int | None = 1

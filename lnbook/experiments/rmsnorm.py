@@ -35,6 +35,7 @@ from lnbook.experiments.protocol import (
     make_config,
 )
 from lnbook.experiments.seq_tasks import TASKS, SequenceTask, sweep_task, train_transformer
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import (
     Transformer,
@@ -102,7 +103,7 @@ class Config:
     batch_size: int = 32
     steps: int = 50
     eval_every: int = 10
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     checkpoint: bool = False
     threads: int | None = 1
     workers: int = 1
