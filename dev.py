@@ -250,21 +250,24 @@ def notebook_code(path: Path) -> str:
 
 
 def experiment_digests(notebooks: list[str] | None = None) -> dict:
-    """What a replication ran on: digests of lnbook's code, the declared rules, each notebook.
+    """What a replication ran on: digests of lnbook's code and of each notebook.
 
     `lnbook`: every .py file of the package (the experiments, their configs and what they
-    call); `rules`: the `rule` entries of book/claims.yml; `notebooks`: the code cells of each
-    notebook named (default: all of book/). Prose edits change none of them.
+    call); `notebooks`: per notebook named (default: all of book/), its code cells and the
+    `rule` entries book/claims.yml declares for its claims. Prose edits change none of them.
     """
     import yaml  # only in .venv, where replication runs
 
     package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes()
                        for p in sorted((ROOT / "lnbook").rglob("*.py")))
     claims = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
-    rules = json.dumps({c["id"]: c.get("rule") for c in claims}, sort_keys=True)
     names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
-    return {"lnbook": _sha(package), "rules": _sha(rules.encode()),
-            "notebooks": {n: _sha(notebook_code(BOOK / f"{n}.ipynb").encode()) for n in names}}
+    out = {}
+    for n in names:
+        rules = json.dumps({c["id"]: c.get("rule") for c in claims if c["chapter"] == n},
+                           sort_keys=True)
+        out[n] = _sha((notebook_code(BOOK / f"{n}.ipynb") + rules).encode())
+    return {"lnbook": _sha(package), "notebooks": out}
 
 
 def _execute_in_set(name: str, seed_set: int, ledger: Path, timeout: int) -> dict:
@@ -312,6 +315,7 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
     missing = [n for n in names if not (BOOK / f"{n}.ipynb").is_file()]
     if missing:
         raise ValueError(f"no such notebooks in book/: {missing}")
+    digest = experiment_digests(names)  # of the code as the runs start
     sets = list(range(1, n_sets + 1))
     folders = {k: ROOT / "_build" / "replication" / f"set-{k}" for k in sets}
     for folder in folders.values():
@@ -350,7 +354,7 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
                  "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                             f"{platform.system()} {platform.release()}",
                  "python": platform.python_version(), "torch": _torch_version()},
-        "digest": experiment_digests(names),
+        "digest": digest,
         "notebooks": runs,
         "claims": claims,
     }

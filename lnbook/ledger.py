@@ -214,7 +214,9 @@ class Rule:
         else:
             band = f" by more than {self.margin:g}" if self.margin else ""
             test = f"{self.direction} {self.at:g}{band}"
-        text = f"{self.quantity}: {test} on at least {self.agree} of {self.of} seeds"
+        seeds = ("(one computation)" if self.of == 1
+                 else f"on at least {self.agree} of {self.of} seeds")
+        text = f"{self.quantity}: {test} {seeds}"
         return text + (f"; trivial-phase bar: {self.trivial}" if self.trivial else "")
 
 

@@ -72,8 +72,8 @@ class ReplicationTable(SphinxDirective):
                       f"(Python {made.get('python', '?')}, torch {made.get('torch', '?')}): "
                       f"{len(runs)} notebooks on seed sets {', '.join(sets)}, "
                       f"{len(secs)} executions, the longest {max(secs, default=0):.0f} s; "
-                      f"failed: {', '.join(failed) or 'none'}. Code digest "
-                      f"`{digest.get('lnbook', '?')}`, rules `{digest.get('rules', '?')}`."]
+                      f"failed: {', '.join(failed) or 'none'}. Digest of lnbook's code "
+                      f"`{digest.get('lnbook', '?')}`."]
         return self.parse_text_to_nodes("\n".join(lines))
 
 
