@@ -5,9 +5,13 @@
     python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
     python3 dev.py sync    # rewrite every notebook's Colab cell from _config.yml's repository.url
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
+    python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
+`replicate --sets N [NOTEBOOK ...]` executes the notebooks (default: all) on the fresh seed
+sets 1..N (`LNBOOK_SEED_SET`, see lnbook/seeds.py), each set's claim records in its own folder
+`_build/replication/set-K`, and writes book/replication.json (see `replicate_sets`).
 `lab` passes further options to JupyterLab, for example
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
@@ -320,15 +324,166 @@ PRINT_READY = """async () => {
 }"""
 
 
-USAGE = "usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf}"
+# --- replication: the whole book on fresh seed sets ------------------------------------------
+
+REPLICATION = BOOK / "replication.json"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def notebook_code(path: Path) -> str:
+    """The code cells of a notebook, joined: what its runs depend on (not its prose)."""
+    cells = json.loads(path.read_text())["cells"]
+    return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def experiment_digests(notebooks: list[str] | None = None) -> dict:
+    """What a replication ran on: digests of lnbook's code and of each notebook.
+
+    `lnbook`: every .py file of the package (the experiments, their configs and what they
+    call); `notebooks`: per notebook named (default: all of book/), its code cells and the
+    `rule` entries book/claims.yml declares for its claims. Prose edits change none of them.
+    """
+    import yaml  # only in .venv, where replication runs
+
+    package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes()
+                       for p in sorted((ROOT / "lnbook").rglob("*.py")))
+    claims = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
+    names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
+    out = {}
+    for n in names:
+        rules = json.dumps({c["id"]: c.get("rule") for c in claims if c["chapter"] == n},
+                           sort_keys=True)
+        out[n] = _sha((notebook_code(BOOK / f"{n}.ipynb") + rules).encode())
+    return {"lnbook": _sha(package), "notebooks": out}
+
+
+def _execute_in_set(name: str, seed_set: int, ledger: Path, timeout: int) -> dict:
+    """Execute book/<name>.ipynb on one seed set (in a worker process); how it went."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    os.environ.update(LNBOOK_SEED_SET=str(seed_set), LNBOOK_LEDGER=str(ledger),
+                      OMP_NUM_THREADS="1")
+    nb = nbformat.read(BOOK / f"{name}.ipynb", as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(BOOK)}})
+    start, error = time.perf_counter(), None
+    try:
+        client.execute()
+    except (CellExecutionError, TimeoutError, RuntimeError) as err:
+        error = str(err).strip().splitlines()[-1][:300] if str(err).strip() else repr(err)
+    return {"name": name, "set": seed_set, "ok": error is None, "error": error,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
+    """Execute notebooks on seed sets 1..n_sets and write book/replication.json.
+
+    Runs inside .venv. Each (notebook, set) executes in its own kernel with
+    `LNBOOK_SEED_SET=k` and `LNBOOK_LEDGER=_build/replication/set-k`, as many at a time as
+    LNBOOK_WORKERS (default: the cores); notebooks that ask to run alone run one at a time.
+    The record holds, per claim of the notebooks run, the book's status and each set's verdict
+    and figures; per notebook and set, whether it executed and its seconds; the digests of
+    `experiment_digests`; the machine and the date. tests/test_ledger.py fails when the
+    record's digests are not the current code's (re-run this command to refresh it).
+    """
+    import datetime
+    import platform
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import yaml
+
+    from lnbook.ledger import load_records
+
+    if n_sets < 1:
+        raise ValueError(f"--sets must be at least 1, got {n_sets}")
+    names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
+    missing = [n for n in names if not (BOOK / f"{n}.ipynb").is_file()]
+    if missing:
+        raise ValueError(f"no such notebooks in book/: {missing}")
+    digest = experiment_digests(names)  # of the code as the runs start
+    sets = list(range(1, n_sets + 1))
+    folders = {k: ROOT / "_build" / "replication" / f"set-{k}" for k in sets}
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    alone = [n for n in names if runs_alone(BOOK / f"{n}.ipynb")]
+    shared = [n for n in names if n not in alone]
+    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
+    print(f"+ replicating {len(names)} notebook(s) on seed sets {sets}", flush=True)
+    runs: dict[str, dict[str, dict]] = {n: {} for n in names}
+    for group, n_workers in ((alone, 1), (shared, workers)):
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            jobs = [pool.submit(_execute_in_set, n, k, folders[k], 600)
+                    for k in sets for n in group]
+            for job in as_completed(jobs):
+                r = job.result()
+                runs[r["name"]][str(r["set"])] = {"ok": r["ok"], "seconds": r["seconds"],
+                                                  **({"error": r["error"]} if r["error"] else {})}
+                state = "ok" if r["ok"] else f"FAILED: {r['error']}"
+                print(f"  set {r['set']} {r['name']}: {r['seconds']:.1f} s, {state}", flush=True)
+    records = {k: load_records(folders[k]) for k in sets}
+    claims = {}
+    for c in yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]:
+        if c["chapter"] not in names:
+            continue
+        per_set = {}
+        for k in sets:
+            rec = records[k].get(c["id"])
+            per_set[str(k)] = ({"verdict": rec.verdict, "figures": rec.figures} if rec
+                               else {"verdict": "no record", "figures": {}})
+        claims[c["id"]] = {"chapter": c["chapter"], "book": c["status"], "sets": per_set}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {
+        "sets": sets,
+        "made": {"date": now.strftime("%Y-%m-%d %H:%M UTC"),
+                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                            f"{platform.system()} {platform.release()}",
+                 "python": platform.python_version(), "torch": _torch_version()},
+        "digest": digest,
+        "notebooks": runs,
+        "claims": claims,
+    }
+    REPLICATION.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+    same = sum(all(s["verdict"] == v["book"] for s in v["sets"].values()) for v in claims.values())
+    print(f"  {same} of {len(claims)} claims have the book's verdict on every set; "
+          f"record written to {REPLICATION.relative_to(ROOT)}", flush=True)
+    return record
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def replicate(argv: list[str]) -> int:
+    """`dev.py replicate --sets N [NOTEBOOK ...]` (names without .ipynb)."""
+    if len(argv) < 2 or argv[0] != "--sets" or not argv[1].isdigit() or int(argv[1]) < 1:
+        print("usage: python3 dev.py replicate --sets N [NOTEBOOK ...]", file=sys.stderr)
+        return 2
+    ensure_venv()
+    names = [a.removesuffix(".ipynb").removeprefix("book/") for a in argv[2:]]
+    run(BIN / "python", "-c", f"import dev; dev.replicate_sets({int(argv[1])}, {names!r})")
+    return 0
+
+
+USAGE = ("usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf"
+         "|replicate --sets N [NOTEBOOK ...]}")
 
 if __name__ == "__main__":
     tasks = {"book": book, "test": test, "sync": sync, "pdf": pdf}
     name = sys.argv[1] if len(sys.argv) > 1 else ""
-    if name != "lab" and (name not in tasks or len(sys.argv) != 2):
+    if name not in ("lab", "replicate") and (name not in tasks or len(sys.argv) != 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     try:
-        sys.exit(lab(sys.argv[2:]) if name == "lab" else tasks[name]())
+        if name in ("lab", "replicate"):
+            sys.exit((lab if name == "lab" else replicate)(sys.argv[2:]))
+        sys.exit(tasks[name]())
     except subprocess.CalledProcessError as err:
         sys.exit(err.returncode or 1)

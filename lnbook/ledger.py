@@ -26,11 +26,23 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "UNDECIDED",
     "VERDICTS",
+    "ClaimDecision",
     "ClaimRecord",
+    "Decision",
+    "Rule",
+    "agreement",
+    "agreement_text",
+    "combine",
+    "decide",
+    "decide_claim",
     "format_seen",
     "ledger_dir",
     "load_records",
+    "load_replication",
+    "claims_file",
+    "load_rules",
     "record",
     "verdict_from",
 ]
@@ -41,7 +53,10 @@ VERDICTS: tuple[str, ...] = (
     "partially reproduced",
     "not reproduced",
     "not reproducible offline",
+    "undecided at this scale",
 )
+#: The verdict of a claim whose declared majority of seeds is reached in neither direction.
+UNDECIDED = "undecided at this scale"
 _ID = re.compile(r"^[CP]\d{2}$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -124,6 +139,279 @@ def verdict_from(parts: Mapping[str, bool]) -> str:
     if all(held):
         return "reproduced"
     return "partially reproduced" if any(held) else "not reproduced"
+
+
+# --- decision rules, declared in book/claims.yml before the runs ----------------------------
+
+_MAJORITY = re.compile(r"^\s*(\d+)\s+of\s+(\d+)\s*$")
+DIRECTIONS = ("below", "above", "yes")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One part of a claim's decision rule, as ``book/claims.yml`` declares it.
+
+    Per seed, the chapter measures ``quantity``. A seed counts *for* the part when the quantity
+    lies beyond ``at`` in the claimed ``direction`` by more than ``margin``, *against* it when it
+    lies beyond ``at`` on the other side by more than ``margin``, and for neither inside the
+    band (a tie, or an effect too small to count) or when it did not clear the trivial-phase
+    bar. The part holds when at least ``agree`` of ``of`` seeds count for it, fails when as many
+    count against it, and is undecided otherwise.
+
+    Attributes:
+        quantity: what is measured on each seed, in words (e.g. "LN's final error minus BN's").
+        direction: ``"below"`` or ``"above"`` ``at``; ``"yes"`` for a per-seed yes/no outcome.
+        at: the value the quantity is compared with (default 0).
+        margin: the smallest effect that counts, in the quantity's unit (default 0).
+        agree, of: the declared majority, written ``"8 of 10"`` in ``claims.yml``; more than
+            half of the seeds, so that a part cannot both hold and fail.
+        trivial: the trivial-phase bar in words (a seed where a compared arm stayed at the level
+            of a trivial predictor decides nothing), or None.
+    """
+
+    quantity: str
+    direction: str
+    agree: int
+    of: int
+    at: float = 0.0
+    margin: float = 0.0
+    trivial: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"rule direction must be one of {DIRECTIONS}, "
+                             f"got {self.direction!r}")
+        if not 1 <= self.of or not self.of / 2 < self.agree <= self.of:
+            raise ValueError(f"rule majority must be more than half of the seeds and at most "
+                             f"all of them, e.g. '4 of 5', got '{self.agree} of {self.of}'")
+        if not (math.isfinite(self.margin) and self.margin >= 0):
+            raise ValueError(f"rule margin must be a finite number >= 0, got {self.margin!r}")
+        if not math.isfinite(self.at):
+            raise ValueError(f"rule 'at' must be a finite number, got {self.at!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Rule:
+        """A rule from its ``claims.yml`` mapping (``majority: "4 of 5"``)."""
+        unknown = set(d) - {"quantity", "direction", "at", "margin", "majority", "trivial"}
+        if unknown:
+            raise ValueError(f"rule has unknown fields {sorted(unknown)}; expected quantity, "
+                             "direction, at, margin, majority, trivial")
+        m = _MAJORITY.match(str(d.get("majority", "")))
+        if m is None:
+            raise ValueError(f"rule majority must read like '4 of 5', got {d.get('majority')!r}")
+        if not str(d.get("quantity", "")).strip():
+            raise ValueError("rule needs a 'quantity': what is measured on each seed")
+        return cls(quantity=" ".join(str(d["quantity"]).split()),
+                   direction=str(d.get("direction", "")), agree=int(m.group(1)),
+                   of=int(m.group(2)), at=float(d.get("at", 0.0)),
+                   margin=float(d.get("margin", 0.0)),
+                   trivial=" ".join(str(d["trivial"]).split()) if d.get("trivial") else None)
+
+    def describe(self) -> str:
+        """The rule in one sentence, for the page "How the verdicts are made"."""
+        if self.direction == "yes":
+            test = "yes"
+        else:
+            band = f" by more than {self.margin:g}" if self.margin else ""
+            test = f"{self.direction} {self.at:g}{band}"
+        seeds = ("(one computation)" if self.of == 1
+                 else f"on at least {self.agree} of {self.of} seeds")
+        text = f"{self.quantity}: {test} {seeds}"
+        return text + (f"; trivial-phase bar: {self.trivial}" if self.trivial else "")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one part of a rule on the recorded seeds.
+
+    Attributes:
+        outcome: ``"holds"``, ``"fails"`` or ``"undecided"``.
+        n_for, n_against: seeds that count for and against the part.
+        n: seeds recorded; need: seeds that must agree (the declared majority, scaled to ``n``
+            when a run has another number of seeds than the rule declares).
+    """
+
+    outcome: str
+    n_for: int
+    n_against: int
+    n: int
+    need: int
+
+    def __str__(self) -> str:
+        return (f"{self.outcome} ({self.n_for} of {self.n} seeds for, {self.n_against} "
+                f"against; {self.need} must agree)")
+
+
+def _side(rule: Rule, value: Any) -> int:
+    """+1 when ``value`` counts for the rule, -1 against, 0 for neither."""
+    if rule.direction == "yes":
+        if not isinstance(value, bool | int) or value not in (0, 1):
+            raise ValueError(f"rule {rule.quantity!r} takes yes/no values per seed, "
+                             f"got {value!r}")
+        return 1 if value else -1
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"rule {rule.quantity!r} takes a number per seed, got {value!r}")
+    v = float(value)
+    if math.isnan(v):
+        return 0
+    d = v - rule.at if rule.direction == "above" else rule.at - v
+    return 1 if d > rule.margin else -1 if d < -rule.margin else 0
+
+
+def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) -> Decision:
+    """Apply a declared rule to the per-seed values a chapter recorded.
+
+    Args:
+        rule: a :class:`Rule` or its ``claims.yml`` mapping.
+        values: one number (or yes/no) per seed, in seed order; a list, numpy array or tensor.
+        trivial_ok: optional, one yes/no per seed: did every compared arm clear the rule's
+            trivial-phase bar on that seed? A seed that did not decides nothing.
+
+    Example::
+
+        >>> r = Rule("LN's final error minus BN's", "below", agree=4, of=5, margin=0.01)
+        >>> str(decide(r, [-0.05, -0.03, -0.002, -0.04, -0.06]))
+        'holds (4 of 5 seeds for, 0 against; 4 must agree)'
+        >>> decide(r, [-0.05, 0.03, -0.002, -0.04, -0.06]).outcome
+        'undecided'
+    """
+    if not isinstance(rule, Rule):
+        rule = Rule.from_dict(rule)
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    values = list(values) if isinstance(values, list | tuple) else [values]
+    if not values:
+        raise ValueError(f"rule {rule.quantity!r}: no per-seed values given")
+    sides = [_side(rule, v) for v in values]
+    if trivial_ok is not None:
+        ok = trivial_ok.tolist() if hasattr(trivial_ok, "tolist") else list(trivial_ok)
+        if len(ok) != len(values):
+            raise ValueError(f"trivial_ok has {len(ok)} entries for {len(values)} seeds")
+        sides = [s if bool(k) else 0 for s, k in zip(sides, ok, strict=True)]
+    n = len(values)
+    need = rule.agree if n == rule.of else max(n // 2 + 1, math.ceil(rule.agree * n / rule.of))
+    n_for, n_against = sides.count(1), sides.count(-1)
+    outcome = "holds" if n_for >= need else "fails" if n_against >= need else "undecided"
+    return Decision(outcome, n_for, n_against, n, need)
+
+
+def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> str:
+    """A claim's verdict from the decisions of its parts.
+
+    Every part holds: ``held`` ("reproduced", or "explained" for a derivation checked
+    numerically); some hold: "partially reproduced"; none holds and some fail: "not
+    reproduced"; every part undecided: :data:`UNDECIDED`.
+
+    Example::
+
+        >>> combine({"faster": "holds", "ends lower": "undecided"})
+        'partially reproduced'
+    """
+    if not parts:
+        raise ValueError("combine needs at least one part, e.g. {'LN faster': decision}")
+    if held not in VERDICTS or held == UNDECIDED:
+        raise ValueError(f"held must be a verdict of VERDICTS, got {held!r}")
+    outcomes = [p.outcome if isinstance(p, Decision) else p for p in parts.values()]
+    bad = [o for o in outcomes if o not in ("holds", "fails", "undecided")]
+    if bad:
+        raise ValueError(f"part outcomes are 'holds', 'fails' or 'undecided', got {bad}")
+    if all(o == "holds" for o in outcomes):
+        return held
+    if "holds" in outcomes:
+        return "partially reproduced"
+    return "not reproduced" if "fails" in outcomes else UNDECIDED
+
+
+def claims_file() -> Path:
+    """``book/claims.yml``: ``$LNBOOK_CLAIMS``, else beside this package, else above the cwd."""
+    env = os.environ.get("LNBOOK_CLAIMS")
+    if env:
+        return Path(env)
+    beside = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
+    if beside.is_file():
+        return beside
+    folder = ledger_dir()
+    if folder is not None and (folder.parents[1] / "book" / "claims.yml").is_file():
+        return folder.parents[1] / "book" / "claims.yml"
+    raise FileNotFoundError("book/claims.yml not found (it holds the decision rules); "
+                            "run inside the book's checkout or set LNBOOK_CLAIMS to its path")
+
+
+def load_rules(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """Every declared rule of ``claims.yml``: claim ID -> ``{"parts": {name: Rule}, "held"}``."""
+    import yaml  # the book's dependency, needed only where rules are read
+
+    claims = yaml.safe_load(Path(path or claims_file()).read_text())["claims"]
+    out = {}
+    for c in claims:
+        r = c.get("rule")
+        if r is None:
+            continue
+        if not r.get("parts"):
+            raise ValueError(f"{c['id']}: a rule needs 'parts' (name -> quantity, direction, "
+                             "majority, ...)")
+        try:
+            parts = {str(k): Rule.from_dict(v) for k, v in r["parts"].items()}
+        except ValueError as err:
+            raise ValueError(f"{c['id']}: {err}") from None
+        held = r.get("held", "reproduced")
+        if held not in ("reproduced", "explained"):
+            raise ValueError(f"{c['id']}: rule 'held' is 'reproduced' or 'explained', "
+                             f"got {held!r}")
+        out[str(c["id"])] = {"parts": parts, "held": held}
+    return out
+
+
+@dataclass(frozen=True)
+class ClaimDecision:
+    """A claim's verdict by its declared rule, with the decision of every part."""
+
+    id: str
+    verdict: str
+    parts: dict[str, Decision]
+
+    def figures(self) -> dict[str, str]:
+        """Per part, ``"<n_for>/<n> for, <n_against> against"``, for :func:`record`."""
+        return {f"agree_{_slug(k)}": f"{d.n_for}/{d.n} for, {d.n_against} against"
+                for k, d in self.parts.items()}
+
+    def _repr_markdown_(self) -> str:
+        rows = [f"**{self.id}** by its declared rule: **{self.verdict}**", "",
+                "| part | outcome | seeds for | against | must agree |", "|---|---|---|---|---|"]
+        rows += [f"| {k} | {d.outcome} | {d.n_for} of {d.n} | {d.n_against} | {d.need} |"
+                 for k, d in self.parts.items()]
+        return "\n".join(rows)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def decide_claim(
+    claim_id: str,
+    values: Mapping[str, Any],
+    trivial_ok: Mapping[str, Any] | None = None,
+    rules: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ClaimDecision:
+    """A claim's verdict from per-seed values, by the rule ``claims.yml`` declares for it.
+
+    Args:
+        claim_id: e.g. ``"C15"``; its ``rule`` in ``claims.yml`` names the parts.
+        values: part name -> per-seed values; every declared part, and no other.
+        trivial_ok: optional, part name -> per-seed yes/no (see :func:`decide`).
+        rules: the rules to use (default :func:`load_rules`), e.g. in tests.
+    """
+    rules = load_rules() if rules is None else rules
+    if claim_id not in rules:
+        raise KeyError(f"{claim_id} declares no rule in claims.yml; add 'rule: parts: ...' "
+                       "next to the claim")
+    declared = rules[claim_id]["parts"]
+    if set(values) != set(declared):
+        raise ValueError(f"{claim_id}: values for parts {sorted(values)}, but the rule "
+                         f"declares {sorted(declared)}")
+    trivial_ok = trivial_ok or {}
+    parts = {k: decide(declared[k], values[k], trivial_ok.get(k)) for k in declared}
+    return ClaimDecision(claim_id, combine(parts, rules[claim_id]["held"]), parts)
 
 
 def ledger_dir(start: str | os.PathLike | None = None) -> Path | None:
@@ -239,3 +527,35 @@ def format_seen(text: str, figures: Mapping[str, Any]) -> str:
         'LN 0.21/0.2 vs BN 0.3'
     """
     return _Figures(figures).format(text)
+
+
+# --- replication: the verdicts on fresh seed sets (python3 dev.py replicate) -----------------
+
+
+def load_replication(path: str | os.PathLike) -> dict[str, Any]:
+    """The replication record ``book/replication.json``, or an empty one if there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return {"sets": [], "claims": {}}
+    return json.loads(path.read_text())
+
+
+def agreement(replication: Mapping[str, Any], claim_id: str, verdict: str) -> tuple[int, int]:
+    """On how many of the record's fresh seed sets ``claim_id`` got ``verdict``: ``(same, n)``.
+
+    Example::
+
+        >>> rep = {"claims": {"C15": {"sets": {"1": {"verdict": "reproduced"},
+        ...                                    "2": {"verdict": "not reproduced"}}}}}
+        >>> agreement(rep, "C15", "reproduced")
+        (1, 2)
+    """
+    sets = replication.get("claims", {}).get(claim_id, {}).get("sets", {})
+    return sum(s.get("verdict") == verdict for s in sets.values()), len(sets)
+
+
+def agreement_text(replication: Mapping[str, Any], claim_id: str, verdict: str) -> str | None:
+    """``"same on 4/4 fresh seed sets"`` for the claims page, or None if the claim was not
+    replicated."""
+    same, n = agreement(replication, claim_id, verdict)
+    return f"same on {same}/{n} fresh seed sets" if n else None

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from lnbook.data import load_digits_tensor
 from lnbook.experiments.deep_mlp import DeepMLP
 from lnbook.experiments.protocol import check_scale, make_config
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches
 
 __all__ = [
@@ -85,7 +86,7 @@ class Config:
     eval_every: int = 20
     noise: float = 0.2
     variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
 
     def __post_init__(self) -> None:
         check_scale(self.scale)

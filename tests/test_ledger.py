@@ -9,6 +9,7 @@ is a heading of its chapter with an asserting cell under it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 CLAIMS = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
 RECORDS = Path(os.environ.get("LNBOOK_LEDGER", ROOT / "_build" / "ledger"))
+REPLICATION = BOOK / "replication.json"
+CLAIM_IDS_ALL = {c["id"] for c in CLAIMS}
 
 
 # --- lnbook.ledger --------------------------------------------------------------------------
@@ -99,6 +102,176 @@ def test_ledger_dir_finds_the_book(tmp_path, monkeypatch):
     assert ledger.ledger_dir(elsewhere) is None or "_build" in str(ledger.ledger_dir(elsewhere))
     monkeypatch.setenv("LNBOOK_LEDGER", "/some/where")
     assert ledger.ledger_dir() == Path("/some/where")
+
+
+# --- decision rules: decide, combine, decide_claim ------------------------------------------
+
+# C15-like: baseline updates over LN updates to the target, 5 seeds, LN claimed faster
+FASTER = ledger.Rule("baseline's updates over LN's", "above", agree=4, of=5, at=1.0,
+                     margin=0.05, trivial="both arms reach the target")
+
+
+@pytest.mark.parametrize("values, outcome, n_for, n_against", [
+    ([1.31, 1.25, 1.4, 1.12, 1.6], "holds", 5, 0),
+    ([1.31, 1.25, 0.98, 1.12, 1.6], "holds", 4, 0),          # one tie inside the band
+    ([1.31, 1.25, 0.9, 1.12, 0.8], "undecided", 3, 2),       # 3 of 5 is below the majority
+    ([0.7, 0.85, 0.66, 1.2, 0.9], "fails", 1, 4),
+    ([1.04, 0.97, 1.0, 1.02, 0.99], "undecided", 0, 0),      # every seed inside the band
+    ([1.31, float("nan"), 1.4, 1.12, float("inf")], "holds", 4, 0),  # nan decides nothing
+])
+def test_decide_counts_seeds_for_and_against(values, outcome, n_for, n_against):
+    d = ledger.decide(FASTER, values)
+    assert (d.outcome, d.n_for, d.n_against, d.n, d.need) == (outcome, n_for, n_against, 5, 4)
+
+
+def test_decide_below_with_margin_and_arrays():
+    np = pytest.importorskip("numpy")
+    lower = ledger.Rule("LN's final error minus BN's", "below", agree=8, of=10, margin=0.01)
+    gaps = np.array([-0.03, -0.05, -0.012, -0.02, -0.04, -0.009, -0.06, -0.02, -0.03, -0.05])
+    assert ledger.decide(lower, gaps).outcome == "holds"  # 9 beyond the margin, one tie
+    gaps[[0, 2]] = [0.02, 0.0]
+    assert ledger.decide(lower, gaps).outcome == "undecided"  # 7 for, 1 against
+    assert str(ledger.decide(lower, -gaps)) == (
+        "undecided (1 of 10 seeds for, 7 against; 8 must agree)")
+
+
+def test_decide_trivial_phase_bar_takes_seeds_out():
+    values = [1.31, 1.25, 1.4, 1.12, 1.6]
+    d = ledger.decide(FASTER, values, trivial_ok=[True, True, False, True, False])
+    assert (d.outcome, d.n_for) == ("undecided", 3)
+    with pytest.raises(ValueError, match="trivial_ok has 2 entries for 5 seeds"):
+        ledger.decide(FASTER, values, trivial_ok=[True, True])
+
+
+def test_decide_yes_no_parts_and_other_seed_counts():
+    every = ledger.Rule("LN's output unchanged", "yes", agree=3, of=3)
+    assert ledger.decide(every, [True, True, True]).outcome == "holds"
+    assert ledger.decide(every, [True, False, True]).outcome == "undecided"
+    assert ledger.decide(every, [False] * 3).outcome == "fails"
+    # ten seeds where the rule declares five: the same fraction, 8 of 10
+    d = ledger.decide(FASTER, [1.3] * 8 + [0.5] * 2)
+    assert (d.outcome, d.need) == ("holds", 8)
+    assert ledger.decide(FASTER, [1.3] * 7 + [0.5] * 3).outcome == "undecided"
+    with pytest.raises(ValueError, match="yes/no"):
+        ledger.decide(every, [0.5, 1, 1])
+    with pytest.raises(ValueError, match="a number per seed"):
+        ledger.decide(FASTER, ["fast"] * 5)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"quantity": "x", "direction": "up", "majority": "4 of 5"}, "direction must be one of"),
+    ({"quantity": "x", "direction": "below", "majority": "2 of 5"}, "more than half"),
+    ({"quantity": "x", "direction": "below", "majority": "6 of 5"}, "more than half"),
+    ({"quantity": "x", "direction": "below", "majority": "most"}, "read like '4 of 5'"),
+    ({"quantity": "", "direction": "below", "majority": "4 of 5"}, "needs a 'quantity'"),
+    ({"quantity": "x", "direction": "below", "majority": "4 of 5", "margin": -1},
+     "margin must be"),
+    ({"quantity": "x", "direction": "below", "majority": "4 of 5", "seeds": 5}, "unknown"),
+])
+def test_rule_from_dict_rejects_bad_rules(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ledger.Rule.from_dict(fields)
+
+
+def test_rule_describes_itself():
+    assert FASTER.describe() == ("baseline's updates over LN's: above 1 by more than 0.05 on "
+                                 "at least 4 of 5 seeds; trivial-phase bar: both arms reach "
+                                 "the target")
+
+
+@pytest.mark.parametrize("outcomes, held, verdict", [
+    (["holds", "holds"], "reproduced", "reproduced"),
+    (["holds"], "explained", "explained"),
+    (["holds", "fails"], "reproduced", "partially reproduced"),
+    (["holds", "undecided"], "reproduced", "partially reproduced"),
+    (["fails", "undecided"], "reproduced", "not reproduced"),
+    (["fails", "fails"], "reproduced", "not reproduced"),
+    (["undecided", "undecided"], "reproduced", ledger.UNDECIDED),
+])
+def test_combine_every_branch(outcomes, held, verdict):
+    assert ledger.combine({f"p{i}": o for i, o in enumerate(outcomes)}, held) == verdict
+
+
+def test_combine_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least one part"):
+        ledger.combine({})
+    with pytest.raises(ValueError, match="holds', 'fails' or 'undecided"):
+        ledger.combine({"a": "yes"})
+    with pytest.raises(ValueError, match="held must be"):
+        ledger.combine({"a": "holds"}, held="confirmed")
+
+
+def test_decide_claim_by_the_declared_rule(tmp_path):
+    path = tmp_path / "claims.yml"
+    path.write_text("""claims:
+- id: C15
+  rule:
+    parts:
+      faster: {quantity: updates ratio, direction: above, at: 1, margin: 0.05,
+               majority: 2 of 3}
+      ends lower: {quantity: LN final minus baseline final, direction: below,
+                   majority: 2 of 3}
+- id: C16
+""")
+    rules = ledger.load_rules(path)
+    assert list(rules) == ["C15"] and rules["C15"]["held"] == "reproduced"
+    got = ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.01],
+                                      "ends lower": [0.4, -0.1, 0.2]}, rules=rules)
+    assert got.verdict == "partially reproduced"
+    assert got.figures() == {"agree_faster": "2/3 for, 0 against",
+                             "agree_ends_lower": "1/3 for, 2 against"}
+    assert "| faster | holds | 2 of 3 |" in got._repr_markdown_()
+    with pytest.raises(ValueError, match="declares"):
+        ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.1]}, rules=rules)
+    with pytest.raises(KeyError, match="C16 declares no rule"):
+        ledger.decide_claim("C16", {}, rules=rules)
+
+
+def test_every_declared_rule_of_claims_yml_is_well_formed():
+    rules = ledger.load_rules(BOOK / "claims.yml")
+    assert rules, "claims.yml declares no rule"
+    for cid, r in rules.items():
+        assert cid in CLAIM_IDS_ALL
+        for part in r["parts"].values():
+            assert part.describe()
+
+
+# --- the replication record (python3 dev.py replicate) --------------------------------------
+
+
+def load_dev():
+    spec = importlib.util.spec_from_file_location("lnbook_dev", ROOT / "dev.py")
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    return dev
+
+
+def test_agreement_across_seed_sets():
+    rep = {"claims": {"C15": {"sets": {str(k): {"verdict": v} for k, v in enumerate(
+        ["partially reproduced", "partially reproduced", ledger.UNDECIDED, "partially "
+         "reproduced"], 1)}}}}
+    assert ledger.agreement(rep, "C15", "partially reproduced") == (3, 4)
+    assert ledger.agreement_text(rep, "C15", "partially reproduced") == (
+        "same on 3/4 fresh seed sets")
+    assert ledger.agreement_text(rep, "C16", "reproduced") is None
+    assert ledger.load_replication(BOOK / "no-such-record.json")["claims"] == {}
+
+
+def test_replication_record_is_of_the_current_code():
+    assert REPLICATION.is_file(), (
+        "no replication record book/replication.json; make it with "
+        "python3 dev.py replicate --sets 4")
+    rep = json.loads(REPLICATION.read_text())
+    now = load_dev().experiment_digests(sorted(rep["digest"]["notebooks"]))
+    refresh = ("the replication record book/replication.json was made on other {} than the "
+               "book's; refresh it with python3 dev.py replicate --sets {}")
+    n = len(rep["sets"])
+    assert rep["digest"]["lnbook"] == now["lnbook"], refresh.format("lnbook code", n)
+    changed = [k for k, v in rep["digest"]["notebooks"].items() if now["notebooks"][k] != v]
+    assert not changed, refresh.format(f"code or decision rules of the notebooks {changed}", n)
+    for cid, entry in rep["claims"].items():
+        assert cid in CLAIM_IDS_ALL and entry["sets"], cid
+        assert set(entry["sets"]) == {str(k) for k in rep["sets"]}, cid
 
 
 # --- the book's ledger ----------------------------------------------------------------------

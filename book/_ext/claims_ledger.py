@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import string
 from collections import Counter
 from pathlib import Path
 
@@ -29,11 +28,11 @@ from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from lnbook.ledger import VERDICTS, agreement_text, format_seen, load_replication
+
 logger = logging.getLogger(__name__)
 
 PARTS = {"paper": "C", "after-2016": "P"}
-VERDICTS = ("reproduced", "explained", "partially reproduced", "not reproduced",
-            "not reproducible offline")
 
 
 class ledger_placeholder(nodes.General, nodes.Element):
@@ -72,29 +71,6 @@ def _records(app) -> dict[str, dict]:
         rec = json.loads(path.read_text())
         out[rec["id"]] = rec
     return out
-
-
-def _fmt(value, spec: str = "") -> str:
-    if isinstance(value, list):
-        return "/".join(_fmt(v, spec) for v in value)
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return format(value, spec or ".3g")
-    if isinstance(value, int) and spec:
-        return format(value, spec)
-    return str(value)
-
-
-class _Figures(string.Formatter):
-    def __init__(self, figures: dict) -> None:
-        self.figures = figures
-
-    def get_value(self, key, args, kwargs):
-        return self.figures[key]
-
-    def format_field(self, value, format_spec: str) -> str:
-        return _fmt(value, format_spec)
 
 
 def _plain(text: str) -> str:
@@ -145,6 +121,7 @@ def _row(cells: list[list[nodes.Node]]) -> nodes.row:
 def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
     ledger = yaml.safe_load(_ledger_file(app).read_text())
     records = _records(app)
+    replication = load_replication(Path(app.srcdir) / "book" / "replication.json")
     prefix = PARTS[part]
     claims = [c for c in ledger["claims"] if str(c["id"]).startswith(prefix)]
     widths = (34, 14, 22, 30)
@@ -175,7 +152,7 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
                 logger.warning(f"claims ledger: {cid} status in claims.yml is {c['status']!r} but "
                                f"{chapter} computed {verdict!r}", location=fromdoc)
             try:
-                seen = _Figures(rec["figures"]).format(" ".join(str(c["seen"]).split()))
+                seen = format_seen(" ".join(str(c["seen"]).split()), rec["figures"])
             except (KeyError, ValueError, IndexError) as err:
                 logger.warning(f"claims ledger: {cid} 'seen' cannot be filled: {err!r}",
                                location=fromdoc)
@@ -185,7 +162,9 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
                       " ".join(str(c["claim"]).split()))
         checked = _para(_link(app, fromdoc, chapter, None, chapter), ", section ",
                         _link(app, fromdoc, chapter, anchor, where))
-        body += _row([[claim], [_para(nodes.strong(text=verdict))], [checked], [_para(seen)]])
+        across = agreement_text(replication, cid, verdict)  # e.g. "same on 4/4 seed sets"
+        verdict_cell = [_para(nodes.strong(text=verdict))] + ([_para(across)] if across else [])
+        body += _row([[claim], verdict_cell, [checked], [_para(seen)]])
     tgroup += body
     summary = ", ".join(f"{counts[v]} {v}" for v in (*VERDICTS, "no record") if counts[v])
     return [_para(f"{len(claims)} claims: {summary}."), table]

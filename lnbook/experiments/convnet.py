@@ -48,6 +48,7 @@ from lnbook.experiments.protocol import (
     sweep,
 )
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -264,7 +265,7 @@ class Config:
     n_train: int | None = None
     n_test: int | None = None
     boundary_width: int = 4
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     source: str = "auto"
     threads: int | None = 1
     checkpoint: bool = False

@@ -48,6 +48,7 @@ from lnbook.experiments.protocol import (
     sweep,
 )
 from lnbook.norms import LayerNorm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -120,7 +121,7 @@ class Config:
     hist_range: tuple[float, float] = (-8.0, 2.0)
     hist_bins: int = 40
     n_eval_train: int = 512
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -162,7 +163,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "lr": 0.02,
         "probe_updates": (1, 100, 1000, 5000),
         "n_eval_train": 10_000,
-        "seeds": (0, 1, 2, 3, 4),
+        "seeds": verdict_seeds(5),
     },
 }
 

@@ -48,6 +48,7 @@ from lnbook.experiments.protocol import (
     sweep,
     updates_to_reach,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -128,7 +129,7 @@ class Config:
     eval_images: int | None = 300
     binarize_seed: int = 0
     data_source: str = "auto"
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     variants: tuple[str, ...] = field(default=VARIANTS)
     checkpoint: bool = False
     threads: int | None = 1

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from lnbook.data import associative_recall, copy_task, sort_task
 from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
 from lnbook.norms import LayerNorm, layer_norm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
@@ -98,7 +99,7 @@ class Config:
     norms: tuple[str, ...] = ("layer", "dyt")
     n_probe: int = 64
     n_points: int = 1500
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -130,7 +131,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "eval_every": 250,
         "lr": 1e-3,
         "n_probe": 256,
-        "seeds": (0, 1, 2, 3, 4),
+        "seeds": verdict_seeds(5),
     },
 }
 

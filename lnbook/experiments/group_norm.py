@@ -37,6 +37,7 @@ from lnbook.experiments.protocol import (
     make_config,
     sweep,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
@@ -90,7 +91,7 @@ class Config:
     steps: int = 60
     eval_every: int = 30
     lr: float = 3e-3
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ from lnbook.experiments.protocol import (
 )
 from lnbook.functional import normalize
 from lnbook.norms import LayerNorm, layer_norm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
@@ -276,7 +277,7 @@ class Config:
     steps: int = 1
     lr: float = 1e-3
     n_probe: int = 64
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -480,7 +481,7 @@ class StatsConfig:
     steps: int = 150
     lr: float = 3e-3
     eval_every: int = 25
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -499,7 +500,7 @@ class StatsConfig:
 _STATS_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "hidden": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
-              "eval_every": 500, "seeds": tuple(range(10))},
+              "eval_every": 500, "seeds": verdict_seeds(10)},
 }
 
 

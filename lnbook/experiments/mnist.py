@@ -43,6 +43,7 @@ from lnbook.experiments.protocol import (
     sweep,
 )
 from lnbook.norms import BatchNorm, LayerNorm
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -112,7 +113,7 @@ class Config:
     n_test: int | None = None
     bn_unbiased_max_batch: int = 16
     permute_pixels: bool = True
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     source: str = "auto"
     checkpoint: bool = False
     threads: int | None = 1

@@ -44,6 +44,7 @@ from lnbook.experiments.protocol import (
     sweep,
     updates_to_reach,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History, fit
 
 NAME = "order_embeddings"
@@ -605,7 +606,7 @@ class Config:
     lr: float = 1e-2
     steps: int = 150
     eval_every: int = 10
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     data_seed: int = 0
     source: str = "auto"
@@ -635,7 +636,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "lr": 1e-3,
         "steps": 30_000,
         "eval_every": 300,
-        "seeds": (0,),
+        "seeds": verdict_seeds(1),
         "threads": None,
         "checkpoint": True,
     },

@@ -36,6 +36,7 @@ from lnbook.experiments.seq_tasks import (
     sweep_task,
     train_transformer,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
@@ -81,7 +82,7 @@ class Config(TaskConfig):
     steps: int = 60
     eval_every: int = 20
     grad_depths: tuple[int, ...] = (2, 4, 8)
-    grad_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    grad_seeds: tuple[int, ...] = verdict_seeds(5)
     grad_batch: int = 128
 
     def __post_init__(self) -> None:

@@ -49,6 +49,7 @@ from lnbook.experiments.protocol import (
     updates_to_reach,
 )
 from lnbook.recurrent_bn import RecurrentBNLSTM
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
@@ -131,7 +132,7 @@ class Config:
     bn_gain_init: float = 0.1
     ln_small_gain: float = 0.1
     variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     data_seed: int = 1234
     checkpoint: bool = False
     threads: int | None = 1
@@ -143,7 +144,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         "n_train": 200_000, "n_valid": 5_000, "n_entities": 60, "sentences": 4,
         "blank": "both", "embed_size": 200, "hidden_size": 240, "batch_size": 64,
-        "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": (0, 1, 2, 3, 4),
+        "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": verdict_seeds(5),
         "checkpoint": True, "threads": None,
     },
 }

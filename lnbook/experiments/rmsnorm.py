@@ -40,6 +40,7 @@ from lnbook.experiments.seq_tasks import (
     sweep_task,
     train_transformer,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import (
     Transformer,
@@ -84,7 +85,7 @@ class Config(TaskConfig):
 
     norms: tuple[str, ...] = NORMS
     lr: float = 1e-2
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
 
     def __post_init__(self) -> None:
         super().__post_init__()

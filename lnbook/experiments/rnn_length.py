@@ -45,6 +45,7 @@ from lnbook.device import resolve_device
 from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
 from lnbook.recurrent_bn import BatchNormRNN
 from lnbook.rnn import RNN
+from lnbook.seeds import verdict_seeds
 from lnbook.train import History, fit
 
 __all__ = [
@@ -107,7 +108,7 @@ class Config:
     n_eval: int = 256
     test_batch: int = 256
     bn_gain_init: float = 1.0
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    seeds: tuple[int, ...] = verdict_seeds(5)
     threads: int | None = 1
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
 from lnbook.experiments.protocol import Job, Results, check_scale, sweep
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
@@ -89,7 +90,7 @@ class TaskConfig:
     batch_size: int = 32
     steps: int = 50
     eval_every: int = 10
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     checkpoint: bool = False
     threads: int | None = 1
     workers: int = 1

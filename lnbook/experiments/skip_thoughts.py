@@ -41,6 +41,7 @@ from lnbook.experiments.protocol import (
     sweep,
     updates_to_reach,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 NAME = "skip_thoughts"
@@ -585,7 +586,7 @@ class Config:
     eval_every: int = 5
     timing_hidden: tuple[int, ...] = (32, 256)
     timing_updates: int = 5
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = verdict_seeds(3)
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     threads: int | None = 1
     checkpoint: bool = False
@@ -612,7 +613,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "probe_folds": 10,
         "timing_hidden": (2400,),
         "timing_updates": 20,
-        "seeds": (0,),
+        "seeds": verdict_seeds(1),
         "threads": None,
         "checkpoint": True,
     },
