@@ -29,6 +29,7 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 from lnbook.ledger import VERDICTS, agreement_text, format_seen, load_replication
+from lnbook.seeds import seed_set
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +150,11 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
         else:
             verdict = rec["verdict"]
             if verdict != c["status"]:
-                logger.warning(f"claims ledger: {cid} status in claims.yml is {c['status']!r} but "
-                               f"{chapter} computed {verdict!r}", location=fromdoc)
+                # claims.yml holds the verdict of the book's own seeds (set 0): there a different
+                # verdict is an error; on a fresh seed set it is what the replication measures
+                report = logger.warning if seed_set() == 0 else logger.info
+                report(f"claims ledger: {cid} status in claims.yml is {c['status']!r} but "
+                       f"{chapter} computed {verdict!r} (seed set {seed_set()})", location=fromdoc)
             try:
                 seen = format_seen(" ".join(str(c["seen"]).split()), rec["figures"])
             except (KeyError, ValueError, IndexError) as err:
