@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.checks import (
+    ShapeError,
     as_normalized_shape,
     check_bool,
     check_choice,
@@ -349,7 +350,7 @@ class ChannelLayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
         if x.dim() != 4 or x.shape[1] != self.num_channels:
-            raise ValueError(
+            raise ShapeError(
                 f"ChannelLayerNorm({self.num_channels}) expects (N, {self.num_channels}, H, W), "
                 f"got {tuple(x.shape)}"
             )
@@ -441,7 +442,7 @@ class BatchNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
         if x.dim() < 2 or x.shape[1] != self.num_features:
-            raise ValueError(
+            raise ShapeError(
                 f"BatchNorm({self.num_features}) expects input of shape (N, {self.num_features}) "
                 f"or (N, {self.num_features}, *), got {tuple(x.shape)}"
             )
@@ -538,7 +539,7 @@ class WeightNormLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(
+            raise ShapeError(
                 f"WeightNormLinear expects input of shape (*, {self.in_features}), "
                 f"got {tuple(x.shape)}"
             )

@@ -41,7 +41,14 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.checks import check_bool, check_choice, check_floating, check_size, make_module
+from lnbook.checks import (
+    ShapeError,
+    check_bool,
+    check_choice,
+    check_floating,
+    check_size,
+    make_module,
+)
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 
 __all__ = [
@@ -318,7 +325,7 @@ def _checked_state(
     """An initial state checked for its shape ``want`` and dtype, in the compute dtype."""
     check_floating(s, what)
     if tuple(s.shape) != want:
-        raise ValueError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
+        raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
     if dt is None:
         _check_dtype(s, dtype, what)
         return s
@@ -839,7 +846,7 @@ class _RNNBase(_Base):
         check_floating(x, "input")
         layout = "(B, T, {I})" if self.batch_first else "(T, B, {I})"
         if x.dim() not in (2, 3) or x.shape[-1] != I:
-            raise ValueError(
+            raise ShapeError(
                 f"{cls} expects input of shape {layout.format(I=I)} or (T, {I}), or a "
                 f"PackedSequence (padded batches: pass lengths=), got {tuple(x.shape)}"
             )

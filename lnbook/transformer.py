@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_size, make_module
+from lnbook.checks import ShapeError, check_choice, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
@@ -610,7 +610,7 @@ class Transformer(nn.Module):
                 f"{type(idx).__name__ if not isinstance(idx, Tensor) else idx.dtype}"
             )
         if idx.dim() != 2:
-            raise ValueError(f"token ids must have shape (B, T), got {tuple(idx.shape)}")
+            raise ShapeError(f"token ids must have shape (B, T), got {tuple(idx.shape)}")
         t = idx.shape[1]
         if t > self.config.max_len:
             raise ValueError(

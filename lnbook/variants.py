@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import (
+    ShapeError,
     as_normalized_shape,
     check_bool,
     check_eps,
@@ -220,7 +221,7 @@ def group_norm(
     """
     check_floating(input)
     if input.dim() < 2:
-        raise ValueError(
+        raise ShapeError(
             f"group_norm expects input of shape (N, C, *) with at least 2 dimensions, "
             f"got shape {tuple(input.shape)}"
         )
@@ -318,7 +319,7 @@ class GroupNorm(nn.Module):
     def forward(self, input: Tensor) -> Tensor:
         check_floating(input)
         if input.dim() < 2 or input.shape[1] != self.num_channels:
-            raise ValueError(
+            raise ShapeError(
                 f"GroupNorm({self.num_groups}, {self.num_channels}) expects input of shape "
                 f"(N, {self.num_channels}, *), got {tuple(input.shape)}"
             )

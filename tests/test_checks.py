@@ -98,3 +98,21 @@ def test_layers_are_as_strict_as_torch():
         torch.nn.functional.layer_norm(torch.ones(2, 3), (4,))
     with pytest.raises(RuntimeError, match="trailing dimensions"):
         lnbook.layer_norm(torch.ones(2, 3), 4)
+
+
+def test_module_shape_errors_are_runtime_errors_as_torch_raises():
+    # torch raises RuntimeError for each of these wrong shapes; lnbook's ShapeError is one too
+    cases = [
+        (torch.nn.LSTM(3, 4), lnbook.LSTM(3, 4), torch.zeros(5, 2, 7)),
+        (torch.nn.GroupNorm(2, 4), lnbook.GroupNorm(2, 4), torch.zeros(2, 6, 3)),
+        (torch.nn.Linear(3, 2), lnbook.WeightNormLinear(3, 2), torch.zeros(4, 5)),
+    ]
+    for theirs, ours, x in cases:
+        with pytest.raises(RuntimeError):
+            theirs(x)
+        with pytest.raises(RuntimeError):
+            ours(x)
+        with pytest.raises(ValueError):  # and still the ValueError lnbook always raised
+            ours(x)
+    with pytest.raises(RuntimeError, match="h_0 must have shape"):
+        lnbook.LSTM(3, 4)(torch.zeros(5, 2, 3), (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))
