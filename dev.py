@@ -339,16 +339,32 @@ def notebook_code(path: Path) -> str:
     return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
 
 
+def code_of(path: Path) -> bytes:
+    """A Python file's code without its prose: the syntax tree with docstrings dropped (comments
+    and layout are not in it), so that editing a docstring does not make a record stale."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
+
+
 def experiment_digests(notebooks: list[str] | None = None) -> dict:
     """What a replication ran on: digests of lnbook's code and of each notebook.
 
     `lnbook`: every .py file of the package (the experiments, their configs and what they
-    call); `notebooks`: per notebook named (default: all of book/), its code cells and the
-    `rule` entries book/claims.yml declares for its claims. Prose edits change none of them.
+    call), its code without docstrings or comments (`code_of`); `notebooks`: per notebook
+    named (default: all of book/), its code cells and the `rule` entries book/claims.yml
+    declares for its claims. Prose edits change none of them.
     """
     import yaml  # only in .venv, where replication runs
 
-    package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + p.read_bytes()
+    package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + code_of(p)
                        for p in sorted((ROOT / "lnbook").rglob("*.py")))
     claims = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
     names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))

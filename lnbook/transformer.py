@@ -75,7 +75,7 @@ IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_ent
 class TransformerConfig:
     """Everything that defines a :class:`Transformer` (nanoGPT's ``GPTConfig``).
 
-    Checked once, when it is made (and again by :func:`dataclasses.replace`).
+    Checked once, when it is made (and again by ``dataclasses.replace``).
 
     Attributes:
         vocab_size: number of token ids ``V``.

@@ -355,3 +355,14 @@ def test_record_exists_and_agrees_with_the_status(row):
         f"{rec.verdict!r} from its runs; the runs decide: update claims.yml and the chapter's "
         "text, never the seeds or thresholds")
     ledger.format_seen(" ".join(str(row["seen"]).split()), rec.figures)  # names exist
+
+
+def test_replication_digest_ignores_prose_but_not_code(tmp_path):
+    dev = load_dev()
+    one = tmp_path / "one.py"
+    one.write_text('"""Doc."""\n\ndef f(x):\n    """Old words."""\n    return x + 1  # a note\n')
+    before = dev.code_of(one)
+    one.write_text('"""Other doc."""\n\ndef f(x):\n    """New words."""\n    return x + 1\n')
+    assert dev.code_of(one) == before  # docstrings and comments are prose
+    one.write_text('"""Doc."""\n\ndef f(x):\n    """Old words."""\n    return x + 2\n')
+    assert dev.code_of(one) != before  # a changed constant is code

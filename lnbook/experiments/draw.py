@@ -18,7 +18,7 @@ is a miniature that a CPU trains in seconds per run: the digits are averaged dow
 pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
 updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
 :func:`run` trains both variants for every seed through
-:func:`lnbook.experiments.protocol.sweep`; :func:`updates_to_bound` reads the speed off its
+:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_bound` reads the speed off its
 :class:`~lnbook.experiments.protocol.Results`.
 """
 
@@ -109,7 +109,7 @@ class Config:
         checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
         workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
             ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
@@ -528,7 +528,7 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update at which the held-out bound is <= ``target``.
 
-    Uses :func:`lnbook.experiments.protocol.updates_to_reach`; a seed that never gets there
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
     counts as ``inf``. Returns ``(seeds,)`` floats, in the seed order of ``results``.
 
     Example::

@@ -11,7 +11,7 @@ Post-LN needs a learning-rate warm-up and Pre-LN can do without one. Two measure
   seeds, for both placements; no training;
 - :func:`run` (P05): both placements trained on the sort task with and without a linear
   warm-up of the learning rate (:func:`lnbook.experiments.seq_tasks.linear_warmup`), several
-  seeds, through :func:`lnbook.experiments.protocol.sweep`.
+  seeds, through :func:`lnbook.experiments.runner.sweep`.
 
 The ``quick`` preset uses a 2-block model (gradient profiles up to 8 blocks) and trains in
 seconds on a CPU; ``paper`` uses Xiong et al.'s base sizes (6 layers, width 512) and their
@@ -63,8 +63,9 @@ DESCRIPTION = (
 class Config(TaskConfig):
     """Settings of the placement experiments; :func:`get_config` gives the presets.
 
-    The task, model, training and sweep fields are :class:`~lnbook.experiments.seq_tasks.
-    TaskConfig`'s (here 60 updates, evaluated every 20); the experiment's own:
+    The task, model, training and sweep fields are
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here 60 updates, evaluated every 20);
+    the experiment's own:
 
     Attributes:
         positions: placements to train, from ``("post", "pre")``.

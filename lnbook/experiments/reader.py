@@ -24,7 +24,7 @@ passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without no
 ``"bn_lstm_g1.0"`` (the same started at gain 1.0), ``"ln_lstm"`` (:class:`lnbook.LSTM` with
 layer normalization, gains 1.0) and ``"ln_lstm_g0.1"`` (the same with every layer-norm gain set
 to 0.1 after construction, see :func:`set_ln_gains`). :func:`run` trains them through
-:func:`lnbook.experiments.protocol.sweep`; :func:`updates_to_target` and :func:`gain_gap` read
+:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_target` and :func:`gain_gap` read
 the speed and the gain sensitivity off its :class:`~lnbook.experiments.protocol.Results`.
 """
 
@@ -112,7 +112,7 @@ class Config:
         checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
         workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call :func:`run` under
+            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
             ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
@@ -485,7 +485,7 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update with validation error <= ``target``.
 
-    Uses :func:`lnbook.experiments.protocol.updates_to_reach`; a seed that never gets there
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
     counts as ``inf`` (slower than any seed that does). Returns ``(seeds,)`` floats.
 
     Example::
@@ -519,7 +519,7 @@ def run(
     seeds: list[int] | tuple[int, ...] | None = None,
     progress: bool | None = None,
 ) -> Results:
-    """Train every variant under every seed through :func:`lnbook.experiments.protocol.sweep`.
+    """Train every variant under every seed through :func:`lnbook.experiments.runner.sweep`.
 
     Every run evaluates, before training and every ``eval_every`` updates, the validation
     cross-entropy ``xent`` (nats) and ``error`` (fraction of queries answered wrongly).

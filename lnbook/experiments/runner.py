@@ -113,8 +113,8 @@ def sweep(
             the progress bar.
         info: what to store about the whole sweep in ``Results.info``.
         progress: show the bar; default only in a terminal outside CI.
-        threads: torch CPU threads while training (see :func:`cpu_threads`); None leaves
-            torch's setting.
+        threads: torch CPU threads while training (see
+            :func:`~lnbook.experiments.job.cpu_threads`); None leaves torch's setting.
         workers: how many runs train at once, each in its own process, on a CPU device (on
             a GPU, or with one run to train, they train one after another). Results are the
             same as with 1: every run seeds itself. ``train_one`` must then be picklable (a

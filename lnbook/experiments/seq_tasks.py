@@ -3,7 +3,7 @@
 Not an experiment itself (it is not registered in :data:`lnbook.experiments.EXPERIMENTS`); the
 experiments ``rmsnorm`` (chapter "RMSNorm", claim P02), ``placement`` (chapter "Where the norm
 goes", P04-P05) and ``qk_norm`` (chapter "QK-norm and attention-logit growth", P08-P09) import
-it, as they import :mod:`lnbook.experiments.protocol`, so that the three train the same small
+it, as they import ``lnbook.experiments.protocol``, so that the three train the same small
 model on the same task in the same way:
 
 - :class:`TaskConfig` holds the settings the three share (the task, the model's size, the
@@ -74,7 +74,7 @@ class TaskConfig:
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
         workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.protocol.sweep`; from a script, call the experiment's
+            :func:`lnbook.experiments.runner.sweep`; from a script, call the experiment's
             ``run`` under ``if __name__ == "__main__":``). Results do not depend on it.
     """
 
@@ -298,7 +298,7 @@ def train_transformer(
     what ``measure`` returns for the trained model (not called after a divergence).
 
     Args:
-        job: from :func:`lnbook.experiments.protocol.sweep`.
+        job: from :func:`lnbook.experiments.runner.sweep`.
         model_config: the Transformer to build (its ``vocab_size`` and ``max_len`` must fit
             the task).
         task: from :func:`make_task`.
@@ -357,7 +357,7 @@ def sweep_task(
 ) -> Results:
     """The sweep of a Part II experiment on ``config``'s sequence task (:func:`make_task`).
 
-    Makes the task once, then runs :func:`lnbook.experiments.protocol.sweep` with
+    Makes the task once, then runs :func:`lnbook.experiments.runner.sweep` with
     ``train_one(job, config=config, task=task)`` (a module-level function, so that
     ``config.workers > 1`` can train runs in worker processes) and ``config``'s seeds (or
     ``seeds``), checkpointing, steps, threads and workers. ``Results.info`` holds the task's
