@@ -453,6 +453,18 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
             per_set[str(k)] = ({"verdict": rec.verdict, "figures": rec.figures} if rec
                                else {"verdict": "no record", "figures": {}})
         claims[c["id"]] = {"chapter": c["chapter"], "book": c["status"], "sets": per_set}
+    # the notebooks of an earlier record that this call did not run are kept, when that record
+    # was made on the same lnbook code and the same sets: `replicate --sets N NAME` refreshes
+    # one chapter without executing the others again
+    if REPLICATION.exists():
+        old = json.loads(REPLICATION.read_text())
+        if old.get("sets") == sets and old["digest"]["lnbook"] == digest["lnbook"]:
+            for n, d in old["digest"]["notebooks"].items():
+                if n not in names:
+                    digest["notebooks"][n] = d
+                    runs[n] = old["notebooks"][n]
+            claims.update({k: v for k, v in old["claims"].items() if v["chapter"] not in names})
+    digest["notebooks"] = dict(sorted(digest["notebooks"].items()))
     now = datetime.datetime.now(datetime.timezone.utc)
     record = {
         "sets": sets,
