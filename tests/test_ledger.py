@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -312,11 +313,25 @@ def asserting_cells_under(chapter: str, where: str) -> list[str]:
 CLAIM_IDS = [c["id"] for c in CLAIMS]
 
 
-def test_claim_ids_are_the_papers_and_part_twos():
+def test_claim_ids_are_the_papers_and_parts_two_and_three():
     paper = [i for i in CLAIM_IDS if i.startswith("C")]
     assert paper == [f"C{i:02d}" for i in range(1, 23)]
     later = [i for i in CLAIM_IDS if i.startswith("P")]
-    assert later == sorted(set(later)) and all(1 <= int(i[1:]) <= 14 for i in later)
+    assert later == sorted(set(later)) and all(1 <= int(i[1:]) <= 22 for i in later)
+
+
+def test_ledger_parts_split_the_ids():
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        from claims_ledger import in_part
+    finally:
+        sys.path.pop(0)
+    assert in_part("C22", "paper") and not in_part("C22", "after-2016")
+    assert in_part("P14", "after-2016") and not in_part("P14", "today")
+    assert in_part("P15", "today") and not in_part("P15", "after-2016")
+    assert not in_part("P23", "today") and not in_part("Px", "today")
+    for cid in CLAIM_IDS:  # every claim is shown in exactly one table
+        assert sum(in_part(cid, p) for p in ("paper", "after-2016", "today")) == 1, cid
 
 
 @pytest.mark.parametrize("row", CLAIMS, ids=lambda r: r["id"])

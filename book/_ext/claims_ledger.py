@@ -1,7 +1,8 @@
 """The claims ledger page, built from the records the chapters wrote while they executed.
 
 ``book/claims.md`` holds the directive ``{claims-ledger}`` (once per part: ``:part: paper`` for
-C01-C22, ``:part: after-2016`` for P01-P14) and ``{claims-questions}``. Every chapter that checks
+C01-C22, ``:part: after-2016`` for P01-P14, ``:part: today`` for Part III's P15-P22) and
+``{claims-questions}``. Every chapter that checks
 a claim calls :func:`lnbook.ledger.record` after its asserting cell; the records land in
 ``_build/ledger/<ID>.json`` (or ``$LNBOOK_LEDGER``). Notebooks are executed while Sphinx *reads*
 the sources, so by the time pages are *written* every record of this build exists: the
@@ -33,7 +34,14 @@ from lnbook.seeds import seed_set
 
 logger = logging.getLogger(__name__)
 
-PARTS = {"paper": "C", "after-2016": "P"}
+PARTS = {"paper": ("C", 1, 22), "after-2016": ("P", 1, 14), "today": ("P", 15, 22)}
+
+
+def in_part(claim_id: str, part: str) -> bool:
+    """Whether a claim ID (``C07``, ``P18``) belongs to a part of the ledger."""
+    prefix, first, last = PARTS[part]
+    cid = str(claim_id)
+    return cid.startswith(prefix) and cid[1:].isdigit() and first <= int(cid[1:]) <= last
 
 
 class ledger_placeholder(nodes.General, nodes.Element):
@@ -123,8 +131,9 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
     ledger = yaml.safe_load(_ledger_file(app).read_text())
     records = _records(app)
     replication = load_replication(Path(app.srcdir) / "book" / "replication.json")
-    prefix = PARTS[part]
-    claims = [c for c in ledger["claims"] if str(c["id"]).startswith(prefix)]
+    claims = [c for c in ledger["claims"] if in_part(c["id"], part)]
+    if not claims:
+        return [_para("No claim of this part is checked yet.")]
     widths = (34, 14, 22, 30)
     table, tgroup = nodes.table(classes=["claims-ledger"]), nodes.tgroup(cols=len(widths))
     table += tgroup
