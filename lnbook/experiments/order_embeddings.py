@@ -594,7 +594,7 @@ class Config:
     """
 
     scale: str = "quick"
-    n_train: int = 80
+    n_train: int = 1000
     n_val: int = 100
     n_test: int = 1000
     test_splits: int = 5
