@@ -113,3 +113,21 @@ def test_helpers_and_bad_arguments():
         SeedMLP(2, SIZES)(torch.randn(3, 4, 64))
     with pytest.raises(ValueError, match="Linear layers"):
         SeedMLP.from_models([DeepMLP((64, 8, 10))], SIZES)
+
+
+@pytest.mark.parametrize("norm", ["none", "layer", "batch"])
+def test_section_6_6_mlp_layouts(norm):
+    """Section 6.6's MLP: LN on the hidden layers only, BN on the logits too (unbiased)."""
+    from lnbook.experiments.mnist import MLP
+
+    sizes = (784, 32, 32, 10)
+    models = []
+    for s in (0, 1):
+        torch.manual_seed(s)
+        models.append(MLP(sizes, norm, bn_unbiased=True).double())
+    b = SeedMLP.from_models(models, sizes, norm, out_bias=norm != "batch",
+                            norm_logits=norm == "batch", bn_unbiased=True).double()
+    x = torch.rand(2, 8, 784, dtype=torch.float64)
+    out = b(x)
+    for s, m in enumerate(models):
+        torch.testing.assert_close(out[s], m(x[s]), rtol=0, atol=1e-10)
