@@ -14,10 +14,15 @@ next to each other and measures each on the deep MLP of lab 3.2
   ``lr / ||W||^2`` by itself (:func:`lr_sweep`);
 - a smoother loss (Santurkar et al., 2018): how much the loss and its gradient change along a
   gradient step (:func:`landscape`), and how that depends on the scale of the weights;
+- the gradients through the statistics (Xu et al., 2019): chapter 13's four norms trained
+  again (:func:`stats_seeds`);
 - what is specific to layer against batch normalization: the units that a trained network
   switches on for almost no example or for almost every one (:func:`unit_rates`).
 
-This module sits above the experiments (it uses ``deep_mlp``'s network) and below the notebook.
+Every seed of a run trains at once (:func:`train_seeds`, :class:`lnbook.batched.SeedMLP`),
+from the weights and with the batches of the per-seed run (:func:`train_deep`), so that the
+chapter affords ten seeds. This module sits above the experiments (it uses ``deep_mlp``'s
+network and ``mistakes``' norms) and below the notebook.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
 from lnbook.data import load_digits_tensor
+from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
 from lnbook.experiments.protocol import check_scale, make_config
 from lnbook.seeds import verdict_seeds
@@ -45,10 +52,14 @@ __all__ = [
     "SignalNoise",
     "build",
     "train_deep",
+    "train_seeds",
+    "seed_model",
     "run",
     "norm_growth_step",
     "lr_sweep",
     "landscape",
+    "landscape_seeds",
+    "stats_seeds",
     "unit_rates",
 ]
 
@@ -72,7 +83,7 @@ class Config:
         eval_every: updates between two evaluations of the test loss.
         noise: the size of :class:`SignalNoise` relative to the signal.
         variants: which of :data:`VARIANTS` :func:`run` trains.
-        seeds: seeds of the runs (weights, batch order and noise).
+        seeds: seeds of the runs (weights, batch order and noise); ten, trained together.
     """
 
     scale: str = "quick"
@@ -86,7 +97,7 @@ class Config:
     eval_every: int = 20
     noise: float = 0.2
     variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: tuple[int, ...] = verdict_seeds(10)
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -104,8 +115,8 @@ class Config:
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": (0, 1, 2, 3, 4)},
+    "quick": {"eval_every": 150},  # the chapter reads the final losses only
+    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": verdict_seeds(10)},
 }
 
 
@@ -234,9 +245,85 @@ def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
             "diverged": diverged, "model": model}
 
 
+def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
+    """The :func:`build` networks of ``seeds`` (each made after ``torch.manual_seed(seed)``,
+    as :func:`train_deep` makes it), stacked into one :class:`SeedMLP`."""
+    models = []
+    for s in seeds:
+        torch.manual_seed(s)
+        models.append(build(variant, config))
+    norm, _, noisy = variant.partition("+")
+    return SeedMLP.from_models(models, (64, *[config.width] * config.depth, 10), norm,
+                               noise=config.noise if noisy else 0.0)
+
+
+def _seed_eval(model: SeedMLP, x: Tensor, y: Tensor) -> np.ndarray:
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        out = seed_nll(model(x), y).numpy()  # (S,)
+    model.train(was)
+    return out
+
+
+def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
+                lr: float | None = None, momentum: float | None = None,
+                hidden_lr: float | None = None) -> list[dict[str, Any]]:
+    """:func:`train_deep` for every seed of ``seeds`` at once; one record per seed.
+
+    The networks start from the weights :func:`train_deep` gives each seed and see its
+    batches; one :class:`lnbook.batched.SeedMLP` trains them together (the same updates to
+    float rounding; the noise of ``+noise`` variants is drawn from another stream). A seed
+    whose loss stops being finite is marked ``diverged``, its curve cut there, while the
+    others go on. Each record's ``model`` is that seed's trained :class:`DeepMLP`.
+    """
+    seeds = tuple(int(s) for s in seeds)
+    x, y, xt, yt = _digits()
+    model = seed_model(variant, seeds, config)
+    torch.manual_seed(seeds[0])
+    lr = config.lr if lr is None else lr
+    hidden = model.hidden_weights
+    ids = {id(w) for w in hidden}
+    groups = [{"params": hidden, "lr": lr if hidden_lr is None else hidden_lr},
+              {"params": [p for p in model.parameters() if id(p) not in ids]}]
+    opt = torch.optim.SGD(groups, lr=lr,
+                          momentum=config.momentum if momentum is None else momentum)
+    batches = seed_batches(x, y, config.batch, seeds)
+    norms0 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
+    steps, test = [0], [_seed_eval(model, xt, yt)]
+    stop = np.full(len(seeds), config.steps + 1)  # the first update whose loss was not finite
+    for step in range(1, config.steps + 1):
+        xb, yb = batches(step - 1)
+        losses = seed_nll(model(xb), yb)  # (S,)
+        bad = ~torch.isfinite(losses.detach()).numpy()
+        stop[bad & (stop > step)] = step
+        opt.zero_grad()
+        losses.sum().backward()
+        opt.step()
+        if step % config.eval_every == 0:
+            steps.append(step)
+            test.append(_seed_eval(model, xt, yt))
+    train = _seed_eval(model, x, y)
+    norms1 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)
+    curve, at = np.stack(test, 1), np.array(steps)  # (S, E), (E,)
+    records = []
+    for i in range(len(seeds)):
+        keep = at < stop[i]
+        diverged = bool(stop[i] <= config.steps) or not (
+            math.isfinite(train[i]) and math.isfinite(curve[i, keep][-1]))
+        one = build(variant, config)
+        model.copy_to(one, i)
+        records.append({"steps": at[keep], "test_nll": curve[i, keep],
+                        "train_nll": math.inf if diverged else float(train[i]),
+                        "weight_norms": np.stack([norms0[i].numpy(), norms1[i].numpy()]),
+                        "diverged": diverged, "model": one.eval()})
+    return records
+
+
 def run(config: Config) -> dict[str, list[dict[str, Any]]]:
-    """Every variant of ``config.variants`` with every seed: ``{variant: [record per seed]}``."""
-    return {v: [train_deep(v, s, config) for s in config.seeds] for v in config.variants}
+    """Every variant of ``config.variants`` with every seed (trained together):
+    ``{variant: [record per seed]}``."""
+    return {v: train_seeds(v, config.seeds, config) for v in config.variants}
 
 
 def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
@@ -272,10 +359,11 @@ def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("
     every other parameter (the logits' layer, the norms' gain and bias) keeps ``config.lr``,
     the setting of Arora, Li and Lyu (2019). Returns ``{(norm, lr): [record per seed]}`` with
     :func:`train_deep`'s records; the effective step size of hidden layer ``l`` at the end is
-    ``lr / weight_norms[1, l]**2``.
+    ``lr / weight_norms[1, l]**2``. The seeds of one setting train together
+    (:func:`train_seeds`).
     """
     seeds = tuple(config.seeds if seeds is None else seeds)
-    return {(n, lr): [train_deep(n, s, config, momentum=0.0, hidden_lr=lr) for s in seeds]
+    return {(n, lr): train_seeds(n, seeds, config, momentum=0.0, hidden_lr=lr)
             for n in norms for lr in lrs}
 
 
@@ -314,6 +402,72 @@ def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
                                for a, b in zip(gk, g, strict=True)))
         betas.append(change / (k * lr * gnorm))
     return {"loss_range": max(losses) - min(losses), "beta": max(betas)}
+
+
+def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
+                    multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+                    ) -> dict[str, np.ndarray]:
+    """:func:`landscape` of every seed of a :class:`lnbook.batched.SeedMLP` at once.
+
+    Each seed steps along its own gradient; norms are taken per seed. Returns
+    ``loss_range`` and ``beta``, each of shape ``(S,)``; ``model`` is not changed.
+    """
+    model = copy.deepcopy(model).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grad_at() -> tuple[Tensor, list[Tensor]]:
+        model.zero_grad()
+        losses = seed_nll(model(x), y)  # (S,)
+        losses.sum().backward()  # each seed's own gradient
+        return losses.detach(), [p.grad.detach().clone() for p in params]
+
+    _, g = grad_at()
+    start = [p.detach().clone() for p in params]
+    gnorm = seed_sq_norm(g).sqrt()  # (S,)
+    losses, betas = [], []
+    for k in multiples:
+        with torch.no_grad():
+            for p, p0, gi in zip(params, start, g, strict=True):
+                p.copy_(p0 - k * lr * gi)
+        loss, gk = grad_at()
+        losses.append(loss)
+        change = seed_sq_norm([a - b for a, b in zip(gk, g, strict=True)]).sqrt()
+        betas.append(change / (k * lr * gnorm))
+    loss_k = torch.stack(losses)  # (K, S)
+    return {"loss_range": (loss_k.max(0).values - loss_k.min(0).values).double().numpy(),
+            "beta": torch.stack(betas).max(0).values.double().numpy()}
+
+
+def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]]:
+    """Chapter 13's :func:`lnbook.experiments.mistakes.run_stats`, every seed at once.
+
+    Each norm of ``config.norms`` (LayerNorm, LayerNorm-simple, DetachNorm, none) on
+    :class:`lnbook.experiments.mistakes.NormMLP`'s network, from its weights, with Adam and
+    its batches. Returns ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses
+    (nats) on the 359 held-out and the 1,438 training digits.
+    """
+    x, y, xv, yv = _digits()
+    sizes = (64, *[config.hidden] * config.depth, 10)
+    seeds = tuple(int(s) for s in config.seeds)
+    out = {}
+    for norm in config.norms:
+        models = []
+        for s in seeds:
+            torch.manual_seed(s)
+            models.append(mistakes.NormMLP(norm, config.hidden, config.depth))
+        model = SeedMLP.from_models(models, sizes, "none" if norm == "none" else "layer",
+                                    hidden_bias=True, affine=norm == "layer",
+                                    detach=norm == "detach")
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+        batches = seed_batches(x, y, config.batch, seeds)
+        for step in range(config.steps):
+            xb, yb = batches(step)
+            opt.zero_grad()
+            seed_nll(model(xb), yb).sum().backward()
+            opt.step()
+        out[norm] = {"val_nll": _seed_eval(model, xv, yv),
+                     "train_nll": _seed_eval(model, x, y)}
+    return out
 
 
 def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:

@@ -141,3 +141,17 @@ def test_common_has_no_allocator_tuning():
     src = "".join((BENCH / f).read_text() for f in ("common.py", "bench_layernorm.py",
                                                      "bench_lstm.py", "bench_rmsnorm.py"))
     assert "mallopt" not in src and "ctypes" not in src
+
+
+def test_seeds_benchmark_measures_a_ratio_of_the_same_runs(tmp_path):
+    import bench_seeds
+
+    out = bench_seeds.main(["--seeds", "2", "--steps", "2", "--repeats", "2",
+                            "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "seeds.json").read_text())
+    r = stored["results"][0]
+    assert r == out["results"][0] and len(r["ratio_per_round"]) == 2
+    assert r["ratio_per_round"] == pytest.approx(
+        [a / b for a, b in zip(r["seconds_one_at_a_time"], r["seconds_together"], strict=True)])
+    assert r["speedup"] == pytest.approx(sorted(r["ratio_per_round"])[0] * 0.5
+                                         + sorted(r["ratio_per_round"])[1] * 0.5)

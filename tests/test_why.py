@@ -124,3 +124,61 @@ def test_run_and_lr_sweep_return_one_record_per_seed():
     assert set(res) == {"none", "batch"} and all(len(r) == 2 for r in res.values())
     sweep = why.lr_sweep(cfg, (0.01, 0.1), norms=("layer",), seeds=(0,))
     assert set(sweep) == {("layer", 0.01), ("layer", 0.1)}
+
+
+@pytest.mark.parametrize("variant", ["layer", "batch", "none"])
+def test_train_seeds_equals_train_deep_seed_by_seed(variant):
+    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=10, seeds=(0, 1))
+    together = why.train_seeds(variant, (0, 1), cfg)
+    for seed, rec in zip((0, 1), together, strict=True):
+        alone = why.train_deep(variant, seed, cfg)
+        assert rec["steps"].tolist() == alone["steps"].tolist()
+        np.testing.assert_allclose(rec["test_nll"], alone["test_nll"], atol=1e-4)
+        np.testing.assert_allclose(rec["weight_norms"], alone["weight_norms"], rtol=1e-5)
+        assert rec["train_nll"] == pytest.approx(alone["train_nll"], abs=1e-4)
+        for a, b in zip(rec["model"].parameters(), alone["model"].parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+def test_train_seeds_marks_a_diverging_seed_and_keeps_the_others(monkeypatch):
+    cfg = why.get_config(depth=3, width=16, steps=30, eval_every=10, seeds=(0, 1))
+    make = why.seed_model
+
+    def blown(variant, seeds, config):  # seed 1 starts with infinite logits
+        model = make(variant, seeds, config)
+        with torch.no_grad():
+            model.weights[-1][1].fill_(math.inf)
+        return model
+
+    monkeypatch.setattr(why, "seed_model", blown)
+    bad = why.train_seeds("none", (0, 1), cfg)
+    monkeypatch.setattr(why, "seed_model", make)
+    good = why.train_seeds("none", (0, 1), cfg)
+    assert bad[1]["diverged"] and bad[1]["train_nll"] == math.inf
+    assert bad[1]["steps"].tolist() == [0]  # the curve is cut at the first update
+    assert not bad[0]["diverged"]
+    np.testing.assert_allclose(bad[0]["test_nll"], good[0]["test_nll"], atol=1e-6)
+
+
+def test_landscape_seeds_equals_landscape_per_seed():
+    x, y = load_digits_tensor("train", flatten=True)
+    cfg = why.get_config(depth=3, width=32)
+    model = why.seed_model("layer", (0, 1), cfg).double()
+    out = why.landscape_seeds(model, x[:128].double(), y[:128], lr=0.05)
+    for i, seed in enumerate((0, 1)):
+        torch.manual_seed(seed)
+        one = why.build("layer", cfg).double()
+        ref = why.landscape(one, x[:128].double(), y[:128], lr=0.05)
+        assert out["beta"][i] == pytest.approx(ref["beta"], rel=1e-8)
+        assert out["loss_range"][i] == pytest.approx(ref["loss_range"], rel=1e-8)
+
+
+def test_stats_seeds_equals_chapter_13s_run_stats():
+    from lnbook.experiments import mistakes
+
+    sc = mistakes.get_stats_config(seeds=(0, 1), steps=20, eval_every=10)
+    together = why.stats_seeds(sc)
+    alone = mistakes.run_stats(sc)
+    for norm in sc.norms:
+        np.testing.assert_allclose(together[norm]["val_nll"], alone.final(norm, "val_nll"),
+                                   atol=1e-4)

@@ -1,0 +1,73 @@
+"""Seeds trained together against seeds trained one at a time (chapter 6.8's deep MLP).
+
+Chapter 6.8 trains its ten seeds as one batched network (:class:`lnbook.batched.SeedMLP`,
+weights ``(S, in, out)``) instead of one network per seed. This script measures what that
+buys: in each round it trains the same ``S`` seeds of one variant both ways, with the same
+updates (``lnbook.why.train_deep`` per seed, ``lnbook.why.train_seeds`` for all at once),
+and reports the median over the rounds of the per-round ratio ``one at a time / together``
+(a ratio measured in one run, so that a shared machine's load cancels as far as it can).
+
+    python benchmarks/bench_seeds.py --seeds 10 --steps 60 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import machine_description
+
+from lnbook import why
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def bench(seeds: int, steps: int, repeats: int, variant: str = "layer") -> dict[str, Any]:
+    """Seconds per round both ways and their ratios; every run makes ``steps`` updates."""
+    cfg = why.get_config("quick", steps=steps, eval_every=steps, seeds=tuple(range(seeds)))
+    alone, together = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for s in cfg.seeds:
+            why.train_deep(variant, s, cfg)
+        alone.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        why.train_seeds(variant, cfg.seeds, cfg)
+        together.append(time.perf_counter() - t)
+    ratios = [a / b for a, b in zip(alone, together, strict=True)]
+    return {"variant": variant, "seeds": seeds, "steps": steps,
+            "seconds_one_at_a_time": alone, "seconds_together": together,
+            "ratio_per_round": ratios, "speedup": statistics.median(ratios)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--variant", default="layer", choices=why.VARIANTS)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--note", default=None)
+    p.add_argument("--out", default=str(RESULTS))
+    a = p.parse_args(argv)
+    if a.seeds < 1 or a.steps < 1 or a.repeats < 1:
+        p.error("--seeds, --steps and --repeats must be >= 1")
+    torch.set_num_threads(a.threads)
+    out = {"machine": machine_description(torch.device("cpu"), a.note),
+           "results": [bench(a.seeds, a.steps, a.repeats, a.variant)]}
+    path = Path(a.out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "seeds.json").write_text(json.dumps(out, indent=1) + "\n")
+    r = out["results"][0]
+    print(f"{r['seeds']} seeds x {r['steps']} updates ({r['variant']}): together is "
+          f"{r['speedup']:.2f}x faster than one at a time")
+    return out
+
+
+if __name__ == "__main__":
+    main()
