@@ -166,3 +166,77 @@ def test_paper_preset_constructs_and_a_tiny_override_runs():
                         eval_every=1, n_eval=4, test_batch=4, seeds=(0,), threads=1)
     res = E.run(tiny, device="cpu")
     assert len(res.runs) == 3 and len(res.runs[0].info["error"]) == 3
+
+
+# --- the first-sign task and the stacked RNN (chapter 7, claim C22) -------------------------
+
+
+def test_first_sign_targets_are_the_sign_of_the_first_input():
+    x, y = E.first_sign_batch(6, 5, torch.Generator().manual_seed(0))
+    assert x.shape == (5, 6, 1) and y.shape == (5, 6)
+    for b in range(6):
+        assert torch.all(y[:, b] == float(x[0, b, 0] > 0))
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_stacked_rnn_slot_is_lnbook_rnn_with_a_readout(layer_norm):
+    from lnbook import RNN
+    stack = E.StackedRNN([layer_norm, not layer_norm, layer_norm], hidden=5)
+    stack.reset_parameters([3, 4, 5])
+    with torch.no_grad():
+        stack.gain[2].uniform_(0.5, 1.5)  # a trained gain, not the initial 1
+    x = torch.randn(7, 3, 4, dtype=torch.float64)
+    got = stack.double().logits(x)  # (T, M, B)
+    for m in (0, 2):  # two models of the stack, each against lnbook.RNN in float64
+        rnn = RNN(1, 5, layer_norm=layer_norm, dtype=torch.float64)
+        with torch.no_grad():
+            rnn.weight_ih_l0.copy_(stack.w_ih[m, :, None])
+            rnn.weight_hh_l0.copy_(stack.w_hh[m])
+            rnn.bias_ih_l0.copy_(stack.bias[m])
+            rnn.bias_hh_l0.zero_()
+            if layer_norm:
+                rnn.ln_l0.weight.copy_(stack.gain[m])
+                rnn.ln_l0.bias.zero_()
+        h, _ = rnn(x[:, m, :, None])  # (T, B, H)
+        ref = h @ stack.w_out[m] + stack.b_out[m]  # (T, B)
+        torch.testing.assert_close(got[:, m], ref, rtol=1e-10, atol=1e-10)
+
+
+def test_stacked_rnn_trains_each_slot_on_its_own_loss():
+    stack = E.StackedRNN([True, False], hidden=4)
+    stack.reset_parameters([0, 0])  # the same start: a plain and a normalized copy
+    for name in ("w_ih", "w_hh", "bias", "w_out", "b_out"):
+        p = getattr(stack, name)
+        assert torch.equal(p[0], p[1]), name
+    x = torch.randn(6, 2, 3)
+    stack.logits(x)[:, 0].sum().backward()  # a loss of model 0 alone
+    for p in stack.parameters():
+        assert p.grad[1].abs().max() == 0  # moves nothing of model 1
+    assert stack.w_hh.grad[0].abs().max() > 0
+    with pytest.raises(ValueError, match="one seed per model"):
+        stack.reset_parameters([0])
+    with pytest.raises(ValueError, match=r"x must be \(T, 2, B\)"):
+        stack.logits(torch.randn(6, 3, 3))
+
+
+def test_run_first_sign_curves_and_pairing():
+    cfg = E.FirstSignConfig(lengths=(3, 5), batch_sizes=(2, 4), hidden=4, steps=4,
+                            eval_every=2, n_eval=16, seeds=(0, 1, 2))
+    res = E.run_first_sign(cfg)
+    assert list(res.steps) == [0, 2, 4]
+    assert set(res.error) == {(v, L, b) for v in ("ln", "plain") for L in (3, 5)
+                              for b in (2, 4)}
+    e = res.curves("ln", 5, 2)
+    assert e.shape == (3, 3) and np.all((0 <= e) & (e <= 1))
+    # at step 0 nothing is trained yet: the error is that of the initial weights, the
+    # same at both batch sizes (the same seeds give the same start)
+    assert np.array_equal(res.curves("plain", 3, 2)[:, 0], res.curves("plain", 3, 4)[:, 0])
+    again = E.run_first_sign(cfg)  # a function of the seeds alone
+    assert np.array_equal(again.curves("plain", 5, 4), res.curves("plain", 5, 4))
+    one = E.run_first_sign(E.FirstSignConfig(lengths=(5,), batch_sizes=(4,), hidden=4,
+                                             steps=4, eval_every=2, n_eval=16, seeds=(1,)))
+    np.testing.assert_allclose(one.curves("ln", 5, 4)[0], res.curves("ln", 5, 4)[1])
+    with pytest.raises(ValueError, match="variants"):
+        E.FirstSignConfig(variants=("bn",))
+    with pytest.raises(TypeError, match="FirstSignConfig"):
+        E.run_first_sign({"steps": 1})

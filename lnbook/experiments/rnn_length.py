@@ -26,6 +26,12 @@ sequences (``info["error"]``, longer than the training ones in chapter 3.1) and 
 last prediction depends on each input (``info["sensitivity"]``). ``Results.info["trivial"]``
 holds the errors of two predictors that need no training, to check that the runs left the
 trivial phase.
+
+Chapter 7 adds a task whose answer is not a magnitude, the *sign of the first input*
+(:func:`first_sign_batch`): the target at every step is ``x_1 > 0`` and every later input is
+noise. :func:`run_first_sign` trains the plain and the layer-normalized RNN on it for every
+(length, batch size, seed) of a :class:`FirstSignConfig`, all seeds and both variants of one
+setting as one batched :class:`StackedRNN` (a leading model dimension, one time loop).
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ __all__ = [
     "variant_name",
     "per_step",
     "run",
+    "first_sign_batch",
+    "StackedRNN",
+    "FirstSignConfig",
+    "FirstSignResults",
+    "run_first_sign",
 ]
 
 NAME = "rnn_length"
@@ -338,3 +349,213 @@ def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
                 for B in config.batch_sizes for v in config.variants}
     return sweep(NAME, variants, seeds, train_one, config=config, device=dev, out=out,
                  steps=config.steps, info={"trivial": trivial})
+
+
+# --- the sign of the first input, seeds trained together (chapter 7, claim C22) -----------
+
+
+def first_sign_batch(batch: int, length: int,
+                     generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Inputs ``(length, batch, 1)`` ~ N(0, 1) and targets ``(length, batch)``: ``x_1 > 0``.
+
+    The answer at every step is the sign of the *first* input; every later input is noise.
+    Unlike the running sum, the answer is one bit, not a magnitude: a state can hold it in
+    its direction, whatever its size.
+    """
+    x = torch.randn(length, batch, 1, generator=generator)  # (T, B, 1)
+    return x, (x[:1, :, 0] > 0).float().expand(length, -1)  # (T, B)
+
+
+class StackedRNN(nn.Module):
+    r"""``M`` independent one-layer tanh RNNs with a read-out, run as one batched model.
+
+    Model ``m`` computes, for a scalar input :math:`x_t`,
+    :math:`a_t = w^{ih}_m x_t + W^{hh}_m h_{t-1}` and
+    :math:`h_t = \tanh(\mathrm{LN}(a_t; g_m) + b_m)` with layer normalization (paper eq. 4,
+    the mean and deviation over the H summed inputs of each example), or
+    :math:`h_t = \tanh(a_t + b_m)` without, and one logit :math:`w^{out}_m \cdot h_t + c_m`
+    per step. Slot ``m`` computes what :class:`lnbook.RNN` computes (``bias_ih`` =
+    :math:`b_m`, ``bias_hh`` = 0, LN bias 0) followed by a linear read-out. The slots share
+    no parameter, so the sum of their losses trains each one on its own loss, and Adam,
+    being element-wise, updates each slot as if it were alone; the time loop runs once for
+    all ``M`` models.
+
+    Args:
+        layer_norm: one bool per model (M = its length): normalize that model's summed
+            inputs (eq. 4) or not.
+        hidden: H, units of each recurrent layer.
+        eps: added to the variance inside the square root.
+
+    Shape:
+        - x: ``(T, M, B)``, one scalar input per step; ``logits(x)``: ``(T, M, B)``.
+
+    Example::
+
+        >>> rnn = StackedRNN([True, False], hidden=8)
+        >>> rnn.reset_parameters([0, 0])  # the same start for both
+        >>> rnn.logits(torch.randn(5, 2, 4)).shape
+        torch.Size([5, 2, 4])
+    """
+
+    def __init__(self, layer_norm: list[bool] | tuple[bool, ...], hidden: int,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        flags = [bool(f) for f in layer_norm]
+        if not flags or hidden < 1:
+            raise ValueError(f"need at least one model and hidden >= 1, got {len(flags)} "
+                             f"models, hidden={hidden}")
+        m, h = len(flags), hidden
+        self.n_models, self.hidden, self.eps = m, h, eps
+        self.register_buffer("ln_mask", torch.tensor(flags).view(m, 1, 1), persistent=False)
+        self.w_ih = nn.Parameter(torch.empty(m, h))
+        self.w_hh = nn.Parameter(torch.empty(m, h, h))
+        self.bias = nn.Parameter(torch.empty(m, h))
+        self.gain = nn.Parameter(torch.ones(m, h))  # used by the normalized models only
+        self.w_out = nn.Parameter(torch.empty(m, h))
+        self.b_out = nn.Parameter(torch.empty(m))
+        self.reset_parameters(list(range(m)))
+
+    def reset_parameters(self, seeds: list[int] | tuple[int, ...]) -> None:
+        """Model ``m`` drawn as :class:`torch.nn.RNN` and :class:`torch.nn.Linear` draw theirs
+        (uniform in +-1/sqrt(H); the gain at 1) from a generator seeded with ``seeds[m]``: a
+        plain and a normalized model with the same seed start from the same weights."""
+        if len(seeds) != self.n_models:
+            raise ValueError(f"need one seed per model ({self.n_models}), got {len(seeds)}")
+        k = 1 / math.sqrt(self.hidden)
+        with torch.no_grad():
+            for m, seed in enumerate(seeds):
+                g = torch.Generator().manual_seed(int(seed))
+                for p in (self.w_ih[m], self.w_hh[m], self.bias[m], self.w_out[m],
+                          self.b_out[m]):
+                    p.copy_(torch.rand(p.shape, generator=g) * 2 * k - k)
+            self.gain.fill_(1.0)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """``x`` (T, M, B) -> logits (T, M, B)."""
+        if x.dim() != 3 or x.shape[1] != self.n_models:
+            raise ValueError(f"x must be (T, {self.n_models}, B), got {tuple(x.shape)}")
+        w_ih = self.w_ih[:, None, :]  # (M, 1, H)
+        h = x.new_zeros(x.shape[1], x.shape[2], self.hidden)  # (M, B, H)
+        w_hh_t = self.w_hh.transpose(1, 2)  # (M, H, H)
+        bias, gain = self.bias[:, None, :], self.gain[:, None, :]  # (M, 1, H)
+        out = []
+        for x_t in x.unbind(0):  # (M, B)
+            a = torch.baddbmm(x_t.unsqueeze(-1) * w_ih, h, w_hh_t)  # (M, B, H) a_t
+            d = a - a.mean(-1, keepdim=True)
+            normed = d * torch.rsqrt(d.square().mean(-1, keepdim=True) + self.eps) * gain
+            h = torch.tanh(torch.where(self.ln_mask, normed, a) + bias)  # eq. 4 or plain
+            out.append(h)
+        hs = torch.stack(out)  # (T, M, B, H)
+        return (hs * self.w_out[:, None, :]).sum(-1) + self.b_out[:, None]  # (T, M, B)
+
+    def extra_repr(self) -> str:
+        n_ln = int(self.ln_mask.sum())
+        return f"n_models={self.n_models} ({n_ln} with layer norm), hidden={self.hidden}"
+
+
+@dataclass
+class FirstSignConfig:
+    """Sizes of the first-sign experiment (chapter 7); every run makes ``steps`` updates.
+
+    Attributes:
+        lengths: sequence lengths (the answer is asked ``length`` steps after x_1).
+        batch_sizes: mini-batch sizes.
+        variants: ``"ln"`` and/or ``"plain"`` (:class:`StackedRNN` with and without eq. 4).
+        hidden: units of each recurrent layer.
+        steps: Adam updates per run.
+        eval_every: updates between evaluations of the held-out error at the last step.
+        lr: Adam learning rate (the same for every run).
+        n_eval: held-out sequences per length.
+        seeds: seeds of the runs (initial weights and data; shared by the variants).
+    """
+
+    lengths: tuple[int, ...] = (20, 100)
+    batch_sizes: tuple[int, ...] = (4, 64)
+    variants: tuple[str, ...] = ("ln", "plain")
+    hidden: int = 16
+    steps: int = 150
+    eval_every: int = 25
+    lr: float = 1e-2
+    n_eval: int = 256
+    seeds: tuple[int, ...] = verdict_seeds(8)
+
+    def __post_init__(self) -> None:
+        self.lengths, self.batch_sizes = tuple(self.lengths), tuple(self.batch_sizes)
+        self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths must be >= 1, got {self.lengths}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch_sizes must be >= 1, got {self.batch_sizes}")
+        if not self.variants or not set(self.variants) <= {"ln", "plain"}:
+            raise ValueError(f"variants must be drawn from ('ln', 'plain'), got {self.variants}")
+        if not self.seeds or self.steps < 1 or self.eval_every < 1 or self.hidden < 1:
+            raise ValueError("seeds must be given, and steps, eval_every, hidden >= 1")
+
+
+@dataclass
+class FirstSignResults:
+    """Learning curves of the first-sign runs.
+
+    Attributes:
+        config: the :class:`FirstSignConfig` they ran with.
+        steps: the updates at which the held-out error was measured, ``(E,)``.
+        error: ``(variant, length, batch size)`` -> ``(seeds, E)``: the fraction of held-out
+            sequences whose answer at the last step (``length`` steps after x_1) is wrong.
+    """
+
+    config: FirstSignConfig
+    steps: np.ndarray
+    error: dict[tuple[str, int, int], np.ndarray]
+
+    def curves(self, variant: str, length: int, batch: int) -> np.ndarray:
+        """The ``(seeds, E)`` error curves of one setting."""
+        return self.error[(variant, length, batch)]
+
+
+def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
+    """Train every (variant, length, batch size, seed) of ``config``: one batched
+    :class:`StackedRNN` per (length, batch size), holding every variant and seed.
+
+    The runs of one seed share their initial weights and their data (plain and normalized
+    runs are paired). Each model's loss is the mean cross-entropy over its L steps and B
+    sequences; its held-out error is measured at the last step.
+    """
+    if not isinstance(config, FirstSignConfig):
+        raise TypeError(f"config must be a FirstSignConfig, got {type(config).__name__}")
+    c = config
+    steps = np.arange(0, c.steps + 1, c.eval_every)
+    error = {}
+    for length in c.lengths:
+        for bs in c.batch_sizes:
+            curves = _train_stack(c, length, bs, steps)  # (variants * seeds, E)
+            for i, v in enumerate(c.variants):
+                error[(v, length, bs)] = curves[i * len(c.seeds):(i + 1) * len(c.seeds)]
+    return FirstSignResults(c, steps, error)
+
+
+def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) -> np.ndarray:
+    model = StackedRNN([v == "ln" for v in c.variants for _ in c.seeds], c.hidden)
+    model.reset_parameters(list(c.seeds) * len(c.variants))
+    opt = torch.optim.Adam(model.parameters(), lr=c.lr)
+    gens = [torch.Generator().manual_seed(s * 1_000_003 + 1_000 * length + bs)
+            for s in c.seeds]
+    x_eval, y_eval = first_sign_batch(c.n_eval, length,
+                                      torch.Generator().manual_seed(_EVAL_SEED + length))
+    x_eval = x_eval[..., 0][:, None, :].expand(length, model.n_models, c.n_eval)  # (T, M, N)
+    out = []
+    for step in range(c.steps + 1):
+        if step in steps:
+            with torch.no_grad():
+                wrong = (model.logits(x_eval)[-1] > 0).float() != y_eval[-1]  # (M, N)
+            out.append(wrong.float().mean(-1))
+        if step == c.steps:
+            break
+        xy = [first_sign_batch(bs, length, g) for g in gens]  # one data stream per seed
+        x = torch.stack([x for x, _ in xy], 1)[..., 0].repeat(1, len(c.variants), 1)
+        y = torch.stack([y for _, y in xy], 1).repeat(1, len(c.variants), 1)  # (T, M, B)
+        bce = F.binary_cross_entropy_with_logits(model.logits(x), y, reduction="none")
+        loss = bce.mean((0, 2)).sum()  # the sum over models of each one's mean
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return torch.stack(out, 1).numpy()  # (M, E)
