@@ -48,9 +48,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.protocol import Table, classification_metrics
+from lnbook.experiments.metrics import classification_metrics
 from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
+from lnbook.table import Table
 from lnbook.train import Batches, fit
 
 __all__ = [

@@ -20,7 +20,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from lnbook.checks import check_size
-from lnbook.experiments.protocol import Results
+from lnbook.experiments.results import Results
 
 __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 

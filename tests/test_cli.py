@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
+import tiny_experiment as tiny
 
 import lnbook.__main__ as cli
 from lnbook.experiments import (
@@ -131,43 +132,54 @@ def test_python_dash_m_exit_codes():
     assert bad.returncode == 2 and "unknown experiment" in bad.stderr
 
 
+TINY = Path(__file__).with_name("tiny_experiment.py")  # `python -m lnbook` with a 1 s experiment
+
+
 def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
-    """As a user meets it: Ctrl-C during `python -m lnbook run`, then the same command again."""
-    cmd = [sys.executable, "-m", "lnbook", "run", "mnist", "--device", "cpu", "--out",
+    """As a user meets it: Ctrl-C during a real `run` process (the one-second experiment of
+    tiny_experiment.py, which is `python -m lnbook` with it registered: the signal handling,
+    messages and resume are the command line's, whatever the experiment), then the same
+    command again."""
+    cmd = [sys.executable, str(TINY), "run", "tiny", "--device", "cpu", "--out",
            str(tmp_path), "--seeds", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "TINY_SLEEP": "0.2"}  # 2.4 s a run: the second is training
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 300
         while not list((tmp_path / "runs").glob("*.json")):  # wait for the first finished run
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no run finished in 600 s"
-            time.sleep(0.1)
+            assert time.monotonic() < deadline, "no run finished in 300 s"
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    assert "none/bs128 seed 0: finished" in err and "resume with:" in err
+    assert "a seed 0: finished" in err and "resume with:" in err
+    assert "b seed 0: finished" not in err  # it stopped during the second run
     assert "Traceback" not in err
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr
-    assert "none/bs128 seed 0: finished earlier, read from" in again.stderr
-    assert (tmp_path / "mnist.json").exists()
+    assert "a seed 0: finished earlier, read from" in again.stderr
+    assert "b seed 0: finished earlier" not in again.stderr  # b was trained by the rerun
+    assert (tmp_path / "tiny.json").exists()
 
 
 def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
     """A terminal's Ctrl-C reaches the workers too: no traceback from any process, no new run
     started after it, and the message lists what was saved."""
-    cmd = [sys.executable, "-m", "lnbook", "run", "qk_norm", "--device", "cpu", "--out",
-           str(tmp_path), "--workers", "2"]
+    cmd = [sys.executable, str(TINY), "run", "tiny", "--device", "cpu", "--out",
+           str(tmp_path), "--workers", "2", "--seeds", "0", "1", "2"]
+    env = {**os.environ, "TINY_SLEEP": "0.2"}  # 2.4 s a run, 6 runs on 2 workers
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group, as in a terminal
+                            env=env, start_new_session=True)  # its own process group
     try:
         deadline = time.monotonic() + 300
         while not list((tmp_path / "runs").glob("*.json")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no run finished in 300 s"
-            time.sleep(0.1)
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -177,14 +189,11 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
     saved = {p.stem for p in (tmp_path / "runs").glob("*.json")}
     listed = set(re.findall(r"(\S+) seed (\d+): finished", err))
     assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved, err
-    cfg = load_experiment("qk_norm").get_config()
-    total = len(cfg.qk_norms) * len(cfg.lrs) * len(cfg.seeds)  # 24 runs in the sweep
+    total = len(tiny.get_config().variants) * 3  # 6 runs in the sweep
     assert 1 <= len(saved) < total, err  # it stopped: not every run was trained
 
 
 # ------------------------------------------------------------------ as a user meets it
-
-TINY = Path(__file__).with_name("tiny_experiment.py")  # `python -m lnbook` with a 1 s experiment
 
 
 def _tiny(*args: str, sleep: float = 0.0, **kwargs) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from helpers import assert_same_runs
 
 from lnbook.data import load_mnist
 from lnbook.experiments import draw, load_results
-from lnbook.experiments.protocol import Results, Run
+from lnbook.experiments.results import Results, Run
 from lnbook.train import History
 
 

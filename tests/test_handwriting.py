@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from lnbook import LSTM, LayerNorm
 from lnbook.experiments import handwriting as HW
 from lnbook.experiments import load_results
-from lnbook.experiments.protocol import Results, Run
+from lnbook.experiments.results import Results, Run
 from lnbook.train import History
 
 

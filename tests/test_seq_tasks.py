@@ -12,7 +12,7 @@ import torch
 
 from lnbook.data import IGNORE_INDEX
 from lnbook.experiments import placement, qk_norm, rmsnorm
-from lnbook.experiments.protocol import Job
+from lnbook.experiments.job import Job
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
     linear_warmup,

@@ -39,14 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_mnist, warn_if_subset
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    check_scale,
-    cpu_threads,
-    make_config,
-    sweep,
-)
+from lnbook.experiments.job import Job, cpu_threads
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results
+from lnbook.experiments.runner import sweep
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit

@@ -41,13 +41,11 @@ from torch import Tensor, nn
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    make_config,
-    sweep,
-    updates_to_reach,
-)
+from lnbook.experiments.job import Job
+from lnbook.experiments.metrics import updates_to_reach
+from lnbook.experiments.presets import make_config
+from lnbook.experiments.results import Results
+from lnbook.experiments.runner import sweep
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 

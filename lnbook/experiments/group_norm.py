@@ -29,14 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    check_scale,
-    classification_metrics,
-    make_config,
-    sweep,
-)
+from lnbook.experiments.job import Job
+from lnbook.experiments.metrics import classification_metrics
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results
+from lnbook.experiments.runner import sweep
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm

@@ -47,7 +47,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.experiments.protocol import Job, Results, cpu_threads, make_config, sweep
+from lnbook.experiments.job import Job, cpu_threads
+from lnbook.experiments.presets import make_config
+from lnbook.experiments.results import Results
+from lnbook.experiments.runner import sweep
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
 from lnbook.seeds import verdict_seeds

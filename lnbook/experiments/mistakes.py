@@ -34,14 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    check_scale,
-    classification_metrics,
-    make_config,
-    sweep,
-)
+from lnbook.experiments.job import Job
+from lnbook.experiments.metrics import classification_metrics
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results
+from lnbook.experiments.runner import sweep
 from lnbook.functional import normalize
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.seeds import verdict_seeds
