@@ -70,7 +70,9 @@ class Config(TaskConfig):
     Attributes:
         positions: placements to train, from ``("post", "pre")``.
         warmups: warm-up lengths in updates (0 = none), each trained with each placement.
-        lr: peak learning rate of Adam.
+        lr: peak learning rate of Adam; 0.03 was chosen on pilot runs
+            (:func:`lnbook.seeds.pilot_seeds`) as the largest of 0.01, 0.03 and 0.1 at which every
+            warmed-up run of both placements leaves the trivial phase.
         grad_depths: numbers of blocks of the models whose gradients are measured at
             initialization.
         grad_seeds: seeds of those models.
