@@ -7,12 +7,17 @@ could pass or fail with the order. Seeding before each test makes every test's i
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
+
+# torch.compile's inductor would start a pool of compile workers in every pytest-xdist worker;
+# the compiled graphs of the tests are tiny, so compiling in-process is cheaper on 2 cores
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -261,12 +261,6 @@ def test_page_as_a_reader_sees_it(page: str, site: str, browser) -> None:
         response = tab.goto(url, wait_until="load")
         assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
         tab.evaluate(WAIT_FOR_IMAGES_AND_MATH)
-        try:  # late requests (fonts) still reach the listeners; some pages never idle, so
-            # wait a little, not the whole default (it cost 10 s on most pages)
-            tab.wait_for_load_state("networkidle", timeout=3_000)
-        except sync_api.TimeoutError:
-            pass
-
         assert not errors, f"{page}: JavaScript errors {errors}"
         assert tab.title().strip(), f"{page}: empty <title>"
         heading = tab.locator("article h1, main h1").first
@@ -284,11 +278,18 @@ def test_page_as_a_reader_sees_it(page: str, site: str, browser) -> None:
                        if (p := _page_path(u, site)) and not (HTML / p).is_file()})
         assert not dead, f"{page}: internal links to missing pages {dead}"
 
+        check_fits_the_screen(tab, page)
+
+        # late requests (fonts) reach the listeners while the checks above run; some pages
+        # never go idle, so wait a little more here, not the whole default
+        try:
+            tab.wait_for_load_state("networkidle", timeout=1_000)
+        except sync_api.TimeoutError:
+            pass
         remote_resources = [u for u in tab.evaluate(RESOURCES) if not is_local(u)]
         assert not remote_resources, f"{page}: resources from remote hosts {remote_resources}"
         assert not remote, f"{page}: requests to remote hosts {remote}"
-
-        check_fits_the_screen(tab, page)
+        assert not errors, f"{page}: JavaScript errors {errors}"
     finally:
         tab.close()
 
