@@ -38,6 +38,7 @@ from lnbook.experiments import (
     placement,
     qk_norm,
     reader,
+    removal,
     rmsnorm,
     rnn_length,
     skip_thoughts,
@@ -82,7 +83,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
               mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes,
-              attention_geometry)
+              attention_geometry, removal)
 }
 
 
