@@ -25,6 +25,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from lnbook.experiments import (
+    attention_geometry,
     convnet,
     deep_mlp,
     draw,
@@ -37,6 +38,7 @@ from lnbook.experiments import (
     placement,
     qk_norm,
     reader,
+    removal,
     rmsnorm,
     rnn_length,
     skip_thoughts,
@@ -80,7 +82,8 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
-              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes)
+              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes,
+              attention_geometry, removal)
 }
 
 

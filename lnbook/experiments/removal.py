@@ -1,0 +1,182 @@
+"""Removing layer norm from a trained Transformer, one norm at a time (claim P19).
+
+Part III, chapter `16_removing_ln`. A small Pre-LN Transformer (:class:`lnbook.Transformer`)
+learns the sort task of :mod:`lnbook.experiments.seq_tasks`; then its layer norms are replaced,
+one at a time, by fixed scales measured on training data (:func:`lnbook.removal.replace_norm`),
+with a few fine-tuning updates after each replacement. The held-out loss is measured after
+every step, and against two references: the original model, and the model with every norm
+replaced at once and no fine-tuning (:func:`lnbook.removal.remove_norms`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lnbook.data import IGNORE_INDEX
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results, Run, save_results
+from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
+from lnbook.seeds import verdict_seeds
+from lnbook.train import History
+from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+
+__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "removal_order", "run"]
+
+NAME = "removal"
+DESCRIPTION = ("small Pre-LN Transformer on the sort task; its layer norms replaced one at a "
+               "time by fixed scales with short fine-tuning (Heimersheim 2024)")
+
+
+@dataclass
+class Config:
+    """Settings of the removal experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        size, symbols: the sort task (sequence length, content symbols).
+        n_train, n_test: training and held-out sequences.
+        d_model, n_heads, n_layers: the Transformer.
+        batch: sequences per update.
+        steps: Adam updates of the original training.
+        lr: Adam's learning rate of the original training.
+        finetune_steps: Adam updates after each norm is replaced.
+        finetune_lr: the learning rate of fine-tuning.
+        n_probe: training sequences on which each fixed scale is measured.
+        seeds: seeds (initialization and batch order).
+        threads: torch CPU threads during the run (None: leave as is).
+    """
+
+    scale: str = "quick"
+    size: int = 6
+    symbols: int = 8
+    n_train: int = 4096
+    n_test: int = 128
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    batch: int = 32
+    steps: int = 150
+    lr: float = 3e-3
+    finetune_steps: int = 8
+    finetune_lr: float = 1e-3
+    n_probe: int = 256
+    seeds: tuple[int, ...] = verdict_seeds(5)
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if min(self.size, self.n_train, self.n_test, self.batch, self.steps,
+               self.n_probe) < 1 or self.finetune_steps < 0:
+            raise ValueError("size, n_train, n_test, batch, steps and n_probe must be >= 1, "
+                             "finetune_steps >= 0")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {"threads": None, "size": 16, "symbols": 32, "n_train": 100_000,
+              "n_test": 2048, "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64,
+              "steps": 10_000, "lr": 1e-3, "finetune_steps": 300, "finetune_lr": 3e-4,
+              "n_probe": 1024},
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset with fields replaced by ``overrides`` (``paper`` is
+    larger and longer; Heimersheim's GPT-2 setting is far beyond either)."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def removal_order(model: Transformer) -> list[str]:
+    """The order in which the norms are removed: the feed-forward norms (``norm2``) of every
+    block, then the attention norms (``norm1``), then the final norm, as Heimersheim removes
+    GPT-2's (MLP norms first, final norm last)."""
+    names = norm_names(model)
+    return ([n for n in names if n.endswith("norm2")] + [n for n in names if n.endswith("norm1")]
+            + [n for n in names if not n.endswith(("norm1", "norm2"))])
+
+
+def _loss(model: torch.nn.Module, task: SequenceTask) -> float:
+    model.eval()
+    with torch.no_grad():
+        return float(sequence_loss(model(task.x_test), task.y_test))
+
+
+def _train(model: torch.nn.Module, task: SequenceTask, steps: int, lr: float, batch: int,
+           gen: torch.Generator) -> None:
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(steps):
+        idx = torch.randint(len(task.x), (batch,), generator=gen)
+        loss = sequence_loss(model(task.x[idx]), task.y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "cpu",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train, then remove the norms one at a time with fine-tuning, for every seed.
+
+    Each run's ``info`` holds ``original`` (held-out loss of the trained model),
+    ``all_at_once`` (every norm replaced at once, no fine-tuning), ``control`` (the original
+    model fine-tuned for as many updates as the removal used, norms kept), and per removal
+    step (``order``) ``no_finetune`` (just after the replacement) and ``finetuned`` (after its
+    fine-tuning). ``Results.info`` holds the task's ``baseline_loss`` (the position-wise
+    unigram predictor every model must beat).
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a removal.Config (get_config), got "
+                        f"{type(config).__name__}")
+    task = make_task("sort", config.n_train, config.n_test, config.size, config.symbols)
+    probe = task.x[: config.n_probe]
+    old = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    runs = []
+    try:
+        for seed in (config.seeds if seeds is None else seeds):
+            runs.append(_one(config, task, probe, seed))
+    finally:
+        torch.set_num_threads(old)
+    results = Results(NAME, dict(vars(config)), str(device), runs,
+                      {"baseline_loss": task.baseline_loss, "ignore_index": IGNORE_INDEX})
+    if out is not None:
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results
+
+
+def _one(config: Config, task: SequenceTask, probe: torch.Tensor, seed: int) -> Run:
+    torch.manual_seed(seed)
+    model = Transformer.from_config(TransformerConfig(
+        vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
+        n_layers=config.n_layers, max_len=task.seq_len))
+    gen = torch.Generator().manual_seed(seed)
+    _train(model, task, config.steps, config.lr, config.batch, gen)
+    original = _loss(model, task)
+    at_once = _loss(remove_norms(model, probe), task)
+    order = removal_order(model)
+    control = Transformer.from_config(model.config)
+    control.load_state_dict(model.state_dict())
+    _train(control, task, config.finetune_steps * len(order), config.finetune_lr,
+           config.batch, torch.Generator().manual_seed(seed + 1))
+    no_ft, ft = [], []
+    for name in order:
+        scale = norm_input_scales(model, probe, [name])[name]
+        replace_norm(model, name, scale)
+        no_ft.append(_loss(model, task))
+        _train(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen)
+        ft.append(_loss(model, task))
+    info = {"original": original, "all_at_once": at_once, "control": _loss(control, task),
+            "order": order, "no_finetune": no_ft, "finetuned": ft}
+    hist = History(eval_steps=[0], metrics=[{"loss": ft[-1]}])
+    return Run("removal", seed, hist, info)

@@ -1,0 +1,151 @@
+"""Removing the layer norms of a trained model: each replaced by a fixed scale.
+
+Part III, chapter "Do we still need layer norm?" (claim P19, after Heimersheim 2024 and Baroni
+et al. 2025). A layer norm divides each token by its own standard deviation; :class:`FixedScale`
+divides every token by one number measured beforehand on training data, which makes the layer
+linear. :func:`norm_input_scales` measures that number for every norm of a model,
+:func:`replace_norm` swaps one norm for its fixed scale, and :func:`remove_norms` returns a copy
+of a model with every (or the named) norms replaced.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from lnbook.checks import check_floating
+from lnbook.norms import LayerNorm
+
+__all__ = ["FixedScale", "norm_names", "norm_input_scales", "replace_norm", "remove_norms"]
+
+
+class FixedScale(nn.Module):
+    r"""Layer norm with its per-token standard deviation replaced by one fixed number.
+
+    .. math:: y = \frac{x - \mu(x)}{s} \odot g + b
+
+    where :math:`\mu(x)` is the token's mean over the last dimension (a linear map, kept from
+    layer norm) and ``s`` a constant buffer, typically the average of
+    :math:`\sqrt{\sigma^2 + \epsilon}` over training tokens (:func:`norm_input_scales`). The
+    gain ``g`` and bias ``b`` are taken over from the replaced layer norm.
+
+    Args:
+        normalized_shape: size of the last dimension.
+        scale: ``s`` (> 0).
+        center: subtract each token's mean (default True, as layer norm does).
+
+    Shape:
+        - input ``(*, D)``; output the same.
+
+    Example::
+
+        >>> m = FixedScale(4, scale=2.0)
+        >>> m(torch.tensor([1.0, 2.0, 3.0, 6.0]))
+        tensor([-1.0000, -0.5000,  0.0000,  1.5000], grad_fn=<AddBackward0>)
+    """
+
+    def __init__(self, normalized_shape: int, scale: float, center: bool = True) -> None:
+        super().__init__()
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale!r}")
+        self.normalized_shape = int(normalized_shape)
+        self.center = bool(center)
+        self.register_buffer("scale", torch.tensor(float(scale)))
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
+
+    def reset_parameters(self) -> None:
+        """Gain 1, bias 0 (the scale is kept)."""
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_floating(x, "input")
+        if x.shape[-1] != self.normalized_shape:
+            raise ValueError(f"input's last dimension must be {self.normalized_shape}, got "
+                             f"shape {tuple(x.shape)}")
+        if self.center:
+            x = x - x.mean(dim=-1, keepdim=True)
+        return x / self.scale * self.weight + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, scale={float(self.scale):.4g}, center={self.center}"
+
+
+def norm_names(model: nn.Module) -> list[str]:
+    """Names of the :class:`lnbook.LayerNorm` and ``torch.nn.LayerNorm`` modules of ``model``,
+    in the order of ``named_modules`` (query/key norms included)."""
+    return [n for n, m in model.named_modules() if isinstance(m, LayerNorm | nn.LayerNorm)]
+
+
+def norm_input_scales(model: nn.Module, inputs: Tensor,
+                      names: Iterable[str] | None = None) -> dict[str, float]:
+    r"""For each named norm, the mean over tokens of :math:`\sqrt{\sigma^2 + \epsilon}` of its
+    input, on one forward pass of ``inputs`` (no gradient; the model's mode is kept)."""
+    names = norm_names(model) if names is None else list(names)
+    seen: dict[str, float] = {}
+    hooks = []
+    for name in names:
+        mod = model.get_submodule(name)
+
+        def hook(m: nn.Module, args: tuple[Tensor, ...], name: str = name) -> None:
+            x = args[0].detach().double()
+            var = x.var(dim=-1, unbiased=False)
+            seen[name] = float(torch.sqrt(var + getattr(m, "eps", 0.0)).mean())
+
+        hooks.append(mod.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    missing = [n for n in names if n not in seen]
+    if missing:
+        raise ValueError(f"norms {missing} were not called by the forward pass")
+    return seen
+
+
+def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
+    """Replace the layer norm ``name`` of ``model`` (in place) by a :class:`FixedScale` with
+    scale ``scale`` and the norm's gain and bias (copied); returns the new module."""
+    old = model.get_submodule(name)
+    if not isinstance(old, LayerNorm | nn.LayerNorm):
+        raise TypeError(f"{name!r} is a {type(old).__name__}, not a layer norm")
+    d = int(old.normalized_shape[-1])
+    new = FixedScale(d, scale)
+    p = next(old.parameters(), None)
+    new = new.to(p.device, p.dtype) if p is not None else new
+    with torch.no_grad():
+        if getattr(old, "weight", None) is not None:
+            new.weight.copy_(old.weight)
+        if getattr(old, "bias", None) is not None:
+            new.bias.copy_(old.bias)
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+    return new
+
+
+def remove_norms(model: nn.Module, inputs: Tensor,
+                 names: Iterable[str] | None = None) -> nn.Module:
+    """A copy of ``model`` with the named layer norms (default: all) replaced by fixed scales
+    measured on ``inputs`` (:func:`norm_input_scales`, all measured on the original model).
+
+    Example::
+
+        >>> from lnbook import Transformer
+        >>> m = Transformer(9, 16, 2, 1, 8)
+        >>> x = torch.randint(0, 9, (4, 8))
+        >>> free = remove_norms(m, x)
+        >>> norm_names(free)
+        []
+    """
+    names = norm_names(model) if names is None else list(names)
+    scales = norm_input_scales(model, inputs, names)
+    out = copy.deepcopy(model)
+    for name in names:
+        replace_norm(out, name, scales[name])
+    return out
