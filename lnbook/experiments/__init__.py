@@ -27,6 +27,7 @@ from types import ModuleType
 from lnbook.experiments import (
     convnet,
     deep_mlp,
+    depth,
     draw,
     dyt,
     group_norm,
@@ -34,6 +35,7 @@ from lnbook.experiments import (
     mistakes,
     mnist,
     order_embeddings,
+    peri_ln,
     placement,
     qk_norm,
     reader,
@@ -80,7 +82,8 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
-              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes)
+              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes, peri_ln,
+              depth)
 }
 
 
