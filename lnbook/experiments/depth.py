@@ -23,9 +23,9 @@ The ``quick`` preset is a 12-block, 16-wide model trained for 80 updates (second
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 from torch.func import jvp
 
-from lnbook.experiments.protocol import Results, Run, make_config, save_results
-from lnbook.experiments.seq_tasks import TaskConfig, make_task, presets
-from lnbook.experiments.stacked import train_stacked
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -181,33 +181,24 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a depth.Config (get_config), got "
                         f"{type(config).__name__}")
-    if str(device) not in ("cpu", "auto"):
-        raise ValueError(f"depth trains its stacked models on the CPU, got device={device!r}")
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
-    x, y = task.x_test[: config.n_eval], task.y_test[: config.n_eval]
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+
+
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Both variants of :func:`run`, each with all its seeds at once, measured block by
+    block on the first ``n_eval`` held-out sequences."""
+    x = task.x_test[: config.n_eval]
+    y = task.y_test[: config.n_eval]
     runs = []
-    try:
-        for name, scaling in VARIANTS.items():
-            trained = train_stacked(model_config(config, scaling, task.seq_len), task, seeds,
-                                    [config.lr], steps=config.steps,
-                                    batch_size=config.batch_size,
-                                    eval_every=config.eval_every, n_eval=config.n_eval)
-            for r in trained:
-                info = {**r.info, "removal": removal_costs(r.model, x, y),
-                        "jacobian": jacobian_distance(r.model, x, config.n_dirs, r.info["seed"])}
-                runs.append(Run(name, r.info["seed"], r.history, info))
-    finally:
-        torch.set_num_threads(before)
-    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
-                      {"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    for name, scaling in VARIANTS.items():
+        trained = train_stacked(model_config(config, scaling, task.seq_len), task, seeds,
+                                [config.lr], steps=config.steps, batch_size=config.batch_size,
+                                eval_every=config.eval_every, n_eval=config.n_eval)
+        for r in trained:
+            info = {**r.info, "removal": removal_costs(r.model, x, y),
+                    "jacobian": jacobian_distance(r.model, x, config.n_dirs, r.info["seed"])}
+            runs.append(Run(name, r.info["seed"], r.history, info))
+    return runs
 
 
 def per_block(results: Results, variant: str, what: str, step: int | None = None

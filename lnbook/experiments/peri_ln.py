@@ -16,17 +16,17 @@ the residual stream after each block (``var_0`` ... ``var_L``). The ``quick`` pr
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Results, Run, make_config, save_results
-from lnbook.experiments.seq_tasks import TaskConfig, make_task, presets
-from lnbook.experiments.stacked import train_stacked
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 
@@ -123,39 +123,20 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a peri_ln.Config (get_config), got "
                         f"{type(config).__name__}")
-    if str(device) not in ("cpu", "auto"):
-        raise ValueError(f"peri_ln trains its stacked models on the CPU, got device={device!r}")
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+
+
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Every placement of :func:`run`, each with all its seeds and rates at once."""
     runs = []
-    with _threads(config.threads):
-        for position, lrs in (("pre", config.lrs), ("peri", config.lrs),
-                              ("post", (config.post_lr,))):
-            trained = train_stacked(model_config(config, position, task.seq_len), task, seeds,
-                                    lrs, steps=config.steps, batch_size=config.batch_size,
-                                    eval_every=config.eval_every, n_eval=config.n_eval)
-            runs += [Run(variant_name(position, r.info["lr"]), r.info["seed"], r.history,
-                         r.info) for r in trained]
-    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
-                      {"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
-
-
-class _threads:
-    """``torch.set_num_threads(n)`` inside the block (None: leave as is)."""
-
-    def __init__(self, n: int | None) -> None:
-        self.n, self.before = n, torch.get_num_threads()
-
-    def __enter__(self) -> None:
-        if self.n is not None:
-            torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self.before)
+    for position, lrs in (("pre", config.lrs), ("peri", config.lrs),
+                          ("post", (config.post_lr,))):
+        trained = train_stacked(model_config(config, position, task.seq_len), task, seeds,
+                                lrs, steps=config.steps, batch_size=config.batch_size,
+                                eval_every=config.eval_every, n_eval=config.n_eval)
+        runs += [Run(variant_name(position, r.info["lr"]), r.info["seed"], r.history, r.info)
+                 for r in trained]
+    return runs
 
 
 def stream_variance(results: Results, variant: str, step: int | None = None) -> np.ndarray:

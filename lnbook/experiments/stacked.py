@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,11 +31,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.experiments.seq_tasks import SequenceTask
+from lnbook.experiments.results import Results, Run, save_results
+from lnbook.experiments.seq_tasks import SequenceTask, make_task
 from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
-__all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices"]
+__all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices",
+           "sweep_stacked"]
 
 BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
@@ -199,3 +203,39 @@ def train_stacked(
         out.append(StackedRun(h, {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                                   "diverged_at": diverged_at[k]}, model))
     return out
+
+
+def sweep_stacked(
+    name: str,
+    config: Any,
+    device: Any,
+    seeds: Sequence[int] | None,
+    out: str | os.PathLike | None,
+    train: Callable[[SequenceTask, tuple[int, ...]], list[Run]],
+) -> Results:
+    """The ``run`` of a stacked experiment: ``config``'s task, ``train(task, seeds)``, one
+    :class:`Results`.
+
+    Makes the sort or recall task of ``config`` (a
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`), sets ``config.threads`` torch threads
+    while ``train`` runs, and returns its runs with ``Results.info`` holding the task's
+    ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``.
+    Stacked models train on the CPU: ``device`` must be ``"cpu"`` or ``"auto"``.
+    """
+    if str(device) not in ("cpu", "auto"):
+        raise ValueError(f"{name} trains its stacked models on the CPU, got device={device!r}")
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        runs = train(task, seeds)
+    finally:
+        torch.set_num_threads(before)
+    results = Results(name, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
+                      {"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})
+    if out is not None:
+        save_results(results, Path(out) / f"{name}.json")
+    return results
