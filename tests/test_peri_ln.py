@@ -29,8 +29,10 @@ def test_presets_names_and_validation():
         peri_ln.get_config("quick", post_lr=0.0)
     with pytest.raises(TypeError, match="peri_ln.Config"):
         peri_ln.run(object())
-    with pytest.raises(ValueError, match="CPU"):
-        peri_ln.run(quick, device="cuda")
+    tiny = peri_ln.get_config("quick", steps=1, eval_every=1, lrs=(1e-2,), n_train=16,
+                              n_test=4, n_eval=4, size=2, n_layers=1, seeds=(0,))
+    with pytest.warns(UserWarning, match="CPU"):
+        assert peri_ln.run(tiny, device="cuda").device == "cpu"
     post = peri_ln.model_config(quick, "post", 12)
     assert post.position == "post" and not post.has_final_norm()
 

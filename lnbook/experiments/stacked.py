@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,10 +221,11 @@ def sweep_stacked(
     :class:`~lnbook.experiments.seq_tasks.TaskConfig`), sets ``config.threads`` torch threads
     while ``train`` runs, and returns its runs with ``Results.info`` holding the task's
     ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``.
-    Stacked models train on the CPU: ``device`` must be ``"cpu"`` or ``"auto"``.
+    Stacked models train on the CPU: another ``device`` gives a warning and is not used.
     """
     if str(device) not in ("cpu", "auto"):
-        raise ValueError(f"{name} trains its stacked models on the CPU, got device={device!r}")
+        warnings.warn(f"{name} trains its stacked models on the CPU; device={device!r} is "
+                      "not used", stacklevel=3)
     seeds = tuple(config.seeds if seeds is None else seeds)
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
     before = torch.get_num_threads()
