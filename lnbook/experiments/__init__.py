@@ -28,6 +28,7 @@ from lnbook.experiments import (
     attention_geometry,
     convnet,
     deep_mlp,
+    depth,
     draw,
     dyt,
     group_norm,
@@ -35,6 +36,7 @@ from lnbook.experiments import (
     mistakes,
     mnist,
     order_embeddings,
+    peri_ln,
     placement,
     qk_norm,
     reader,
@@ -82,8 +84,8 @@ __all__ = [
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
-              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes,
-              attention_geometry, removal)
+              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes, peri_ln,
+              depth, attention_geometry, removal)
 }
 
 

@@ -1,0 +1,229 @@
+"""The curse of depth: what each block of a deep, narrow Pre-LN Transformer contributes.
+
+Book chapter `15_curse_of_depth` (Part III), claims P17-P18. Sun et al. (2025) observe that in
+Pre-LN language models the deep blocks matter less than the early ones: removing one costs
+little, because the stream's variance grows with depth, so each deep block's addition is small
+next to the stream, and the block's Jacobian comes close to the identity. Their remedy,
+LayerNorm Scaling, multiplies the output of each norm of block ``l`` by ``1 / sqrt(l)``
+(:attr:`lnbook.transformer.TransformerConfig.depth_scaling`).
+
+:func:`run` trains the Pre-LN model with and without LayerNorm Scaling, every seed at once
+(:func:`lnbook.experiments.stacked.train_stacked`), on the sort task of
+:mod:`lnbook.experiments.seq_tasks`, and measures on each trained model, block by block, on the
+held-out set:
+
+- :func:`removal_costs`: the rise in held-out loss when the block is skipped;
+- :func:`jacobian_distance`: ``||J v - v|| / ||v||`` for random directions ``v`` of the block's
+  input, ``J`` the block's Jacobian (by :func:`torch.func.jvp`); 0 for the identity;
+- the variance of the stream after each block (every evaluation's ``var_l``).
+
+The ``quick`` preset is a 12-block, 16-wide model trained for 80 updates (seconds on a CPU);
+``paper`` a 32-block, 512-wide one for 10,000 updates.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import jvp
+
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.seeds import verdict_seeds
+from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+
+__all__ = [
+    "NAME",
+    "DESCRIPTION",
+    "VARIANTS",
+    "Config",
+    "get_config",
+    "model_config",
+    "run",
+    "removal_costs",
+    "jacobian_distance",
+    "per_block",
+    "halves",
+]
+
+NAME = "depth"
+DESCRIPTION = (
+    "Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream variance, "
+    "cost of removing each block, distance of each block's Jacobian from the identity "
+    "(Sun et al. 2025; P17-P18)"
+)
+VARIANTS = {"pre": False, "scaled": True}  # variant name -> depth_scaling
+
+
+@dataclass
+class Config(TaskConfig):
+    """Settings of the curse-of-depth experiment; :func:`get_config` gives the presets.
+
+    The task, model, training and sweep fields are
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here sort 6 symbols, a 12-block,
+    16-wide Pre-LN model with 2 heads, 80 updates of 16 sequences, evaluated every 40 on 128
+    held-out sequences); the experiment's own:
+
+    Attributes:
+        lr: Adam's learning rate.
+        n_eval: held-out sequences of each evaluation and measurement.
+        n_dirs: random directions per block for :func:`jacobian_distance`.
+    """
+
+    size: int = 6
+    d_model: int = 16
+    n_heads: int = 2
+    n_layers: int = 8
+    batch_size: int = 16
+    steps: int = 60
+    eval_every: int = 30
+    n_test: int = 128
+    seeds: tuple[int, ...] = verdict_seeds(5)
+    lr: float = 1e-2
+    n_eval: int = 64
+    n_dirs: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.lr > 0 or self.n_eval < 1 or self.n_dirs < 1:
+            raise ValueError(f"lr must be > 0 and n_eval, n_dirs >= 1, got {self.lr}, "
+                             f"{self.n_eval}, {self.n_dirs}")
+        if self.n_layers < 2:
+            raise ValueError(f"n_layers must be >= 2 (early and deep halves), got "
+                             f"{self.n_layers}")
+
+
+_PRESETS = presets(n_layers=32, lr=1e-3, steps=10_000, n_eval=512, n_dirs=16)
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def model_config(config: Config, depth_scaling: bool, seq_len: int) -> TransformerConfig:
+    """The Pre-LN Transformer, with LayerNorm Scaling when ``depth_scaling``."""
+    return config.model_config(seq_len, norm="layer", position="pre",
+                               depth_scaling=depth_scaling, ln_impl="torch")
+
+
+def _stream(model: Transformer, idx: Tensor, skip: int | None = None) -> list[Tensor]:
+    """``[x_0, ..., x_L]`` of ``model`` on ``idx``, with block ``skip`` (from 1) left out
+    (``x_skip = x_{skip - 1}``)."""
+    x = model.embed(idx)  # (B, T, D)
+    out = [x]
+    for i, block in enumerate(model.blocks, start=1):
+        x = x if i == skip else block(x)  # (B, T, D)
+        out.append(x)
+    return out
+
+
+def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
+    """The rise in loss on ``(x, y)`` when each block is skipped, block 1 first.
+
+    Skipping block ``l`` passes its input on unchanged (``x_l = x_{l-1}``); the cost is that
+    model's :func:`~lnbook.transformer.sequence_loss` minus the whole model's, in nats.
+    """
+    with torch.no_grad():
+        full = float(sequence_loss(model(x), y))
+        costs = []
+        for skip in range(1, len(model.blocks) + 1):
+            h = _stream(model, x, skip)[-1]
+            costs.append(float(sequence_loss(model.head(model.final_norm(h)), y)) - full)
+    return costs
+
+
+def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
+                      ) -> list[float]:
+    """How far each block's Jacobian is from the identity, block 1 first.
+
+    For block ``l`` with input ``x_{l-1}`` (the stream on ``x``), ``n_dirs`` random
+    directions ``v`` (standard normal, drawn with ``seed``) give ``||J v - v|| / ||v||``, where
+    ``J v`` is the Jacobian-vector product of the block at ``x_{l-1}``
+    (:func:`torch.func.jvp`); the mean over directions is returned. 0 for a block that is
+    the identity; a block ``x + f(x)`` gives ``||J_f v|| / ||v||``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        stream = _stream(model, x)
+    out = []
+    for block, h in zip(model.blocks, stream, strict=False):
+        d = []
+        for _ in range(n_dirs):
+            v = torch.randn(h.shape, generator=g, dtype=h.dtype)  # (B, T, D)
+            _, jv = jvp(block, (h,), (v,))
+            d.append(float((jv - v).detach().norm() / v.norm()))
+        out.append(float(np.mean(d)))
+    return out
+
+
+def run(
+    config: Config,
+    device: str | torch.device = "cpu",
+    out: str | os.PathLike | None = None,
+    seeds: tuple[int, ...] | list[int] | None = None,
+) -> Results:
+    """Train the Pre-LN model with and without LayerNorm Scaling and measure every block.
+
+    Variants ``"pre"`` and ``"scaled"`` (:data:`VARIANTS`), every seed at once on the CPU.
+    Each run's info holds ``removal`` (:func:`removal_costs`) and ``jacobian``
+    (:func:`jacobian_distance`) of the trained model, one value per block, and ``diverged``;
+    ``Results.info`` the task's ``uniform_loss`` and ``baseline_loss``. With ``out``, the
+    results are also written to ``out/depth.json``.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a depth.Config (get_config), got "
+                        f"{type(config).__name__}")
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+
+
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Both variants of :func:`run`, each with all its seeds at once, measured block by
+    block on the first ``n_eval`` held-out sequences."""
+    x = task.x_test[: config.n_eval]
+    y = task.y_test[: config.n_eval]
+    runs = []
+    for name, scaling in VARIANTS.items():
+        trained = train_stacked(model_config(config, scaling, task.seq_len), task, seeds,
+                                [config.lr], steps=config.steps, batch_size=config.batch_size,
+                                eval_every=config.eval_every, n_eval=config.n_eval)
+        for r in trained:
+            info = {**r.info, "removal": removal_costs(r.model, x, y),
+                    "jacobian": jacobian_distance(r.model, x, config.n_dirs, r.info["seed"])}
+            runs.append(Run(name, r.info["seed"], r.history, info))
+    return runs
+
+
+def per_block(results: Results, variant: str, what: str, step: int | None = None
+              ) -> np.ndarray:
+    """One value per (seed, block) of a variant: ``(seeds, L)``, block 1 first.
+
+    ``what`` is ``"removal"`` or ``"jacobian"`` (measured on the trained model) or
+    ``"variance"`` (the variance of each block's output ``x_l`` at the evaluation after
+    ``step`` updates; None: the last).
+    """
+    rows = []
+    for r in results.select(variant):
+        if what in ("removal", "jacobian"):
+            rows.append(r.info[what])
+            continue
+        if what != "variance":
+            raise ValueError(f"what must be 'removal', 'jacobian' or 'variance', got {what!r}")
+        h = r.history
+        m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
+        rows.append([m[f"var_{k}"] for k in range(1, len(r.info["removal"]) + 1)])
+    return np.array(rows, dtype=float)
+
+
+def halves(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over the early and the deep half of the blocks: two ``(seeds,)`` arrays
+    from ``(seeds, L)`` (the middle block of an odd ``L`` belongs to neither)."""
+    n = values.shape[1] // 2
+    return values[:, :n].mean(1), values[:, values.shape[1] - n:].mean(1)

@@ -1,0 +1,243 @@
+"""Train many copies of one small Transformer at once: seeds and learning rates stacked.
+
+Not an experiment itself (it is not registered in :data:`lnbook.experiments.EXPERIMENTS`); the
+Part III experiments ``peri_ln`` (chapter "Normalizing both sides", claims P15-P16) and
+``depth`` (chapter "The curse of depth", P17-P18) import it, as they import
+:mod:`lnbook.experiments.seq_tasks`. At the book's sizes one update of a small model is mostly
+Python overhead, so training ``n`` models one after the other costs about ``n`` times one;
+:func:`train_stacked` trains them as one computation with a leading model dimension
+(:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`), which costs a few times
+one. Each copy is exactly the model :func:`lnbook.experiments.seq_tasks.train_transformer`
+builds for its seed (``torch.manual_seed(seed)``, then
+:meth:`lnbook.transformer.Transformer.from_config`), trained with Adam
+(:func:`adam_step`, the update of :class:`torch.optim.Adam` with one learning rate per copy).
+
+Every evaluation records, per copy, the held-out ``loss`` and ``accuracy`` and the variance of
+the residual stream after each block, ``var_0`` (the embeddings) to ``var_L`` (the last
+block's output): the quantity the two chapters follow by depth and over training.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from lnbook.data import IGNORE_INDEX
+from lnbook.experiments.results import Results, Run, save_results
+from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.train import History
+from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+
+__all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices",
+           "sweep_stacked"]
+
+BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+
+def stream_forward(model: Transformer, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Logits ``(B, T, V)`` of ``model`` on ids ``idx`` ``(B, T)``, and the variance of every
+    entry of the residual stream ``x_0, ..., x_L``, shape ``(L + 1,)``.
+
+    The same computation as ``model(idx)`` without the argument checks of
+    :meth:`~lnbook.transformer.Transformer.embed` (which read values, and so cannot run
+    under :func:`torch.func.vmap`).
+    """
+    x = model.tok_emb(idx) + model.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
+    var = [x.var()]
+    for block in model.blocks:
+        x = block(x)  # (B, T, D)
+        var.append(x.var())
+    return model.head(model.final_norm(x)), torch.stack(var)  # (B, T, V), (L + 1,)
+
+
+class _Stream(nn.Module):
+    """``stream_forward`` as a module's forward, for :func:`torch.func.functional_call`."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        return stream_forward(self.model, idx)
+
+
+def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str, Any],
+              lr: Tensor) -> None:
+    """One update of Adam, in place, on stacked parameters with one learning rate per copy.
+
+    ``params[i]`` has shape ``(n, *shape_i)``, copy ``k`` of the model in row ``k``; ``lr`` is
+    ``(n,)``. The update of each entry is :class:`torch.optim.Adam`'s (defaults betas (0.9,
+    0.999), eps 1e-8, no weight decay): ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2)
+    g^2``, ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``state`` starts
+    as ``{}`` and holds ``t``, ``m`` and ``v``.
+    """
+    b1, b2 = BETAS
+    if not state:
+        state.update(t=0, m=[torch.zeros_like(p) for p in params],
+                     v=[torch.zeros_like(p) for p in params])
+    state["t"] += 1
+    t = state["t"]
+    c1, c2 = 1 - b1**t, 1 - b2**t
+    with torch.no_grad():
+        for p, g, m, v in zip(params, grads, state["m"], state["v"], strict=True):
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            rate = lr.view(-1, *[1] * (p.dim() - 1))  # (n, 1, ...)
+            p.sub_(rate * (m / c1) / ((v / c2).sqrt() + ADAM_EPS))
+
+
+def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
+    """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of a
+    random permutation of ``n`` rows drawn with a generator seeded with ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    need = steps * batch_size
+    perms = [torch.randperm(n, generator=g) for _ in range(math.ceil(need / n))]
+    return torch.cat(perms)[:need].view(steps, batch_size)
+
+
+class StackedRun:
+    """One trained copy: its ``history``, ``info`` (``seed``, ``lr``, ``diverged``,
+    ``diverged_at``) and the trained ``model`` (a :class:`lnbook.Transformer`)."""
+
+    def __init__(self, history: History, info: dict[str, Any], model: Transformer) -> None:
+        self.history, self.info, self.model = history, info, model
+
+
+def train_stacked(
+    model_config: TransformerConfig,
+    task: SequenceTask,
+    seeds: Sequence[int],
+    lrs: Sequence[float],
+    *,
+    steps: int,
+    batch_size: int,
+    eval_every: int,
+    n_eval: int | None = None,
+) -> list[StackedRun]:
+    """Train one copy of the model per (learning rate, seed), all at once.
+
+    Copies are ordered learning rate first: ``[(lrs[0], seeds[0]), (lrs[0], seeds[1]), ...]``.
+    Copy ``(lr, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and sees
+    the batches :func:`batch_indices` draws for ``seed`` (so copies with the same seed start
+    alike and see the same data, whatever their learning rate). Every ``eval_every`` updates
+    (and before the first) the held-out ``loss``, ``accuracy`` and ``var_0 ... var_L`` are
+    recorded on the first ``n_eval`` held-out sequences (all by default).
+
+    A copy whose training loss stops being finite is marked ``diverged`` (with the update,
+    ``diverged_at``); its later evaluations repeat its metrics at initialization, the
+    convention of :func:`lnbook.experiments.seq_tasks.train_transformer`.
+    """
+    if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
+        raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
+                         f"eval_every >= 1; got {len(seeds)} seeds, {len(lrs)} rates, "
+                         f"steps={steps}, batch_size={batch_size}, eval_every={eval_every}")
+    if any(not (isinstance(r, int | float) and r > 0) for r in lrs):
+        raise ValueError(f"learning rates must be numbers > 0, got {list(lrs)}")
+    jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
+    models = []
+    for _, seed in jobs:
+        torch.manual_seed(seed)
+        models.append(_Stream(Transformer.from_config(model_config)))
+    params, buffers = stack_module_state(models)  # {name: (n, ...)}
+    base = copy.deepcopy(models[0]).to("meta")
+    names = list(params)
+
+    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits, var = functional_call(base, (p, b), (x,))  # (B, T, V), (L + 1,)
+        scored = y != IGNORE_INDEX  # (B, T)
+        right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
+        return sequence_loss(logits, y), right, var
+
+    forward = vmap(one, in_dims=(0, 0, 0, 0))
+    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
+    rows = torch.stack([batch_indices(s, len(task.x), steps, batch_size) for _, s in jobs])
+    lr = torch.tensor([r for r, _ in jobs])  # (n,)
+    hists = [History() for _ in jobs]
+    diverged_at: list[int | None] = [None] * len(jobs)
+    state: dict[str, Any] = {}
+    initial: list[dict[str, float]] = []
+
+    def record(step: int) -> None:
+        with torch.no_grad():
+            loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
+        for k, h in enumerate(hists):
+            m = {"loss": float(loss[k]), "accuracy": float(acc[k]),
+                 **{f"var_{i}": float(v) for i, v in enumerate(var[k])}}
+            if step == 0:
+                initial.append(m)
+            h.eval_steps.append(step)
+            h.metrics.append(m if diverged_at[k] is None else dict(initial[k]))
+
+    record(0)
+    for step in range(1, steps + 1):
+        idx = rows[:, step - 1]  # (n, batch)
+        p = {k: v.detach().requires_grad_() for k, v in params.items()}
+        loss, _, _ = forward(p, buffers, task.x[idx], task.y[idx])  # (n,)
+        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
+        adam_step([params[k] for k in names], grads, state, lr)
+        losses = loss.detach()  # (n,)
+        for k, h in enumerate(hists):
+            value = float(losses[k])
+            if diverged_at[k] is None and not math.isfinite(value):
+                diverged_at[k] = step
+            if diverged_at[k] is None:
+                h.steps.append(step)
+                h.losses.append(value)
+        if step % eval_every == 0 or step == steps:
+            record(step)
+    out = []
+    for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
+        model = Transformer.from_config(model_config)
+        model.load_state_dict({n[len("model."):]: params[n][k].detach().clone()
+                               for n in names} | {n[len("model."):]: buffers[n][k]
+                                                  for n in buffers})
+        out.append(StackedRun(h, {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
+                                  "diverged_at": diverged_at[k]}, model))
+    return out
+
+
+def sweep_stacked(
+    name: str,
+    config: Any,
+    device: Any,
+    seeds: Sequence[int] | None,
+    out: str | os.PathLike | None,
+    train: Callable[[SequenceTask, tuple[int, ...]], list[Run]],
+) -> Results:
+    """The ``run`` of a stacked experiment: ``config``'s task, ``train(task, seeds)``, one
+    :class:`Results`.
+
+    Makes the sort or recall task of ``config`` (a
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`), sets ``config.threads`` torch threads
+    while ``train`` runs, and returns its runs with ``Results.info`` holding the task's
+    ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``.
+    Stacked models train on the CPU: another ``device`` gives a warning and is not used.
+    """
+    if str(device) not in ("cpu", "auto"):
+        warnings.warn(f"{name} trains its stacked models on the CPU; device={device!r} is "
+                      "not used", stacklevel=3)
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        runs = train(task, seeds)
+    finally:
+        torch.set_num_threads(before)
+    results = Results(name, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
+                      {"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})
+    if out is not None:
+        save_results(results, Path(out) / f"{name}.json")
+    return results
