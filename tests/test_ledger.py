@@ -381,3 +381,20 @@ def test_replication_digest_ignores_prose_but_not_code(tmp_path):
     assert dev.code_of(one) == before  # docstrings and comments are prose
     one.write_text('"""Doc."""\n\ndef f(x):\n    """Old words."""\n    return x + 2\n')
     assert dev.code_of(one) != before  # a changed constant is code
+
+
+@pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_record_cells_are_hidden_and_asserts_are_not(path):
+    """A `ledger.record` call means nothing to a learner: its cell is hidden on the page (the
+    prose says the verdict in a glued sentence). A cell that asserts stays in view."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = set(cell.metadata.get("tags", []))
+        hidden = {"remove-input", "remove-output"} <= tags
+        if "ledger.record(" in cell.source:
+            assert hidden, f"{path.name}: a ledger.record cell is shown:\n{cell.source[:200]}"
+        if "remove-input" in tags:
+            assert not re.search(r"^\s*assert\b", cell.source, re.M), (
+                f"{path.name}: an asserting cell is hidden:\n{cell.source[:200]}")
