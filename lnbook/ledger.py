@@ -1,7 +1,7 @@
 """The claims ledger, recorded from the runs: each chapter writes the figures its verdicts rest on.
 
 Book page "Claims ledger" (`book/claims.md`). A chapter that checks a claim of the paper (C01-C22)
-or of a later paper (P01-P14) computes its verdict from its own runs, asserts it in a cell, and
+or of a later paper (P01-P22) computes its verdict from its own runs, asserts it in a cell, and
 then calls :func:`record` with the same numbers. The record is written as JSON to the build's
 ledger folder; the ledger page renders every record next to the paraphrase that
 ``book/claims.yml`` keeps, and ``tests/test_ledger.py`` fails when a claim has no record or when
@@ -68,7 +68,7 @@ class ClaimRecord:
     """What one chapter recorded about one claim.
 
     Attributes:
-        id: the claim's ID, ``C01``-``C22`` or ``P01``-``P14``.
+        id: the claim's ID, ``C01``-``C22`` or ``P01``-``P22``.
         verdict: one of :data:`VERDICTS`, computed by the chapter from ``figures``.
         figures: the numbers the verdict rests on, by name (numbers, short strings, or lists
             of them, e.g. one value per seed).
@@ -444,7 +444,7 @@ def record(
     which a notebook shows as a small table.
 
     Args:
-        claim_id: ``"C01"``-``"C22"`` (the paper) or ``"P01"``-``"P14"`` (Part II).
+        claim_id: ``"C01"``-``"C22"`` (the paper) or ``"P01"``-``"P22"`` (Parts II and III).
         verdict: one of :data:`VERDICTS` (see :func:`verdict_from`).
         figures: name -> number, short string, or list of them (e.g. one value per seed).
             Names are lower-case identifiers; ``claims.yml``'s ``seen`` sentence refers to
