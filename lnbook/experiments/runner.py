@@ -46,6 +46,10 @@ def using_executor(executor: Executor | None) -> Iterator[Executor | None]:
     """Every :func:`sweep` in the body (one an experiment's ``run`` calls too) trains its runs
     on ``executor`` unless it is given one itself.
 
+    Use an executor of processes (a Dask cluster, ``ProcessPoolExecutor``): the runs of a
+    thread pool share torch's global random state, so an experiment that seeds it
+    (``torch.manual_seed`` before building its model) gets other numbers than in one process.
+
     Example::
 
         from dask.distributed import Client
