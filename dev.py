@@ -114,6 +114,24 @@ def runs_alone(path: Path) -> bool:
                 .get("run_alone", False))
 
 
+def longest_first(names: list[str]) -> list[str]:
+    """Notebook names (stems), the slowest first, by the seconds book/replication.json recorded.
+
+    Workers that take the long notebooks first finish together instead of one of them running a
+    long notebook alone at the end. A notebook the record does not know (a new one) goes first.
+    """
+    try:
+        runs = json.loads(REPLICATION.read_text())["notebooks"]
+    except (OSError, ValueError, KeyError):
+        runs = {}
+
+    def seconds(name: str) -> float:
+        times = [r.get("seconds", 0.0) for r in runs.get(name, {}).values()]
+        return sum(times) / len(times) if times else float("inf")
+
+    return sorted(names, key=seconds, reverse=True)
+
+
 def _one_thread() -> None:
     """Pool initializer: each kernel started from this worker gets one torch thread."""
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -125,6 +143,7 @@ def execute_notebooks() -> None:
     Runs inside .venv (jupyter-cache comes with myst-nb). Empties `_build/.jupyter_cache`,
     then executes the notebooks that run alone (see `runs_alone`) one after another, then
     the others, as many at a time as the machine has cores (set LNBOOK_WORKERS to change it),
+    the slowest first (`longest_first`),
     each kernel with one torch thread (OMP_NUM_THREADS=1) when several share the machine.
     Each runs in its notebook's folder as the build would. The build that follows
     (`execute_notebooks: cache` in _config.yml) takes every notebook's outputs from the cache
@@ -140,7 +159,8 @@ def execute_notebooks() -> None:
     cache.clear_cache()
     for record in cache.list_project_records():
         cache.remove_nb_from_project(record.pk)
-    records = [cache.add_nb_to_project(str(p)) for p in sorted(BOOK.glob("*.ipynb"))]
+    names = longest_first([p.stem for p in BOOK.glob("*.ipynb")])
+    records = [cache.add_nb_to_project(str(BOOK / f"{n}.ipynb")) for n in names]
     alone = [r for r in records if runs_alone(Path(r.uri))]
     shared = [r for r in records if r not in alone]
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
@@ -428,14 +448,14 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     alone = [n for n in names if runs_alone(BOOK / f"{n}.ipynb")]
-    shared = [n for n in names if n not in alone]
+    shared = [n for n in longest_first(names) if n not in alone]
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
     print(f"+ replicating {len(names)} notebook(s) on seed sets {sets}", flush=True)
     runs: dict[str, dict[str, dict]] = {n: {} for n in names}
     for group, n_workers in ((alone, 1), (shared, workers)):
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
             jobs = [pool.submit(_execute_in_set, n, k, folders[k], 600)
-                    for k in sets for n in group]
+                    for n in group for k in sets]
             for job in as_completed(jobs):
                 r = job.result()
                 runs[r["name"]][str(r["set"])] = {"ok": r["ok"], "seconds": r["seconds"],

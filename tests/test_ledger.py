@@ -383,6 +383,20 @@ def test_replication_digest_ignores_prose_but_not_code(tmp_path):
     assert dev.code_of(one) != before  # a changed constant is code
 
 
+def test_notebooks_execute_slowest_first_by_the_recorded_seconds(tmp_path, monkeypatch):
+    dev = load_dev()
+    record = tmp_path / "replication.json"
+    record.write_text(json.dumps({"notebooks": {
+        "fast": {"1": {"ok": True, "seconds": 2.0}, "2": {"ok": True, "seconds": 4.0}},
+        "slow": {"1": {"ok": True, "seconds": 30.0}},
+        "mid": {"1": {"ok": True, "seconds": 5.0}}}}))
+    monkeypatch.setattr(dev, "REPLICATION", record)
+    # a notebook the record has never timed (a new chapter) starts first
+    assert dev.longest_first(["fast", "mid", "new", "slow"]) == ["new", "slow", "mid", "fast"]
+    monkeypatch.setattr(dev, "REPLICATION", tmp_path / "none.json")
+    assert dev.longest_first(["b", "a"]) == ["b", "a"]  # no record: the order given
+
+
 @pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.stem)
 def test_record_cells_are_hidden_and_asserts_are_not(path):
     """A `ledger.record` call means nothing to a learner: its cell is hidden on the page (the
