@@ -47,7 +47,7 @@ from lnbook.device import resolve_device
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm
 from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
 from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
-from lnbook.table import Table
+from lnbook.table import Table, glue
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Block, Transformer, TransformerConfig, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
@@ -94,6 +94,7 @@ __all__ = [
     "resolve_device",
     # what every chapter prints its numbers with
     "Table",
+    "glue",
     # Part II: normalization after 2016
     "variants",
     "rms_norm",

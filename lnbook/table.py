@@ -1,7 +1,8 @@
-"""A small table of text that every chapter prints: Markdown in a notebook, columns in a terminal.
+"""How every chapter shows its numbers: a small table of text (Markdown in a notebook, columns
+in a terminal), and :func:`glue`, which hands a value to the chapter's prose.
 
 All the chapters show their numbers this way, those that run no experiment too, so it lives at
-the top of the package: ``from lnbook import Table``.
+the top of the package: ``from lnbook import Table, glue``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,35 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Table"]
+__all__ = ["Table", "glue"]
+
+# the MIME prefix under which MyST-NB finds a glued value that is not shown in the cell
+GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, value: Any, display: bool = True) -> None:
+    """Hand ``value`` to the prose of the page as ``name`` (``{glue:text}`name:.2f` `` in
+    Markdown), the output ``myst_nb.glue`` writes, read by the book's build in the same way.
+
+    ``myst_nb.glue`` imports MyST-NB's Sphinx extension into the kernel on its first call,
+    about 1.4 s of CPU per chapter (40 s over the book) for a function of a few lines; this
+    one needs only IPython. The output: the value's display formats (``format_display_data``,
+    so ``Markdown`` and numbers glue as there), each under ``GLUE_PREFIX`` when
+    ``display=False`` (not shown in the cell), with ``{"scrapbook": {"name": ...,
+    "mime_prefix": ...}}`` in its metadata.
+
+    Args:
+        name: the name the prose refers to; unique in the notebook.
+        value: any object IPython can display.
+        display: also show the value in the cell's output.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as show
+
+    data, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + k: v for k, v in data.items()}, raw=True, metadata=metadata)
 
 
 class Table:
