@@ -234,3 +234,29 @@ def test_stats_config_validation_and_paper_preset():
             mk.get_stats_config("quick", **bad)
     with pytest.raises(TypeError, match="StatsConfig"):
         mk.run_stats(mk.get_config("quick"))
+
+
+def test_run_affine_arms_start_alike_and_simple_gains_stay_one():
+    cfg = _tiny_stats()
+    model = mk.affine_mlp((0, 1), hidden=8, depth=2)  # slices: layer 0, 1; simple 0, 1
+    for p in model.parameters():
+        torch.testing.assert_close(p[:2], p[2:])
+    torch.manual_seed(0)
+    one = mk.affine_mlp((0,), hidden=8, depth=2)
+    torch.testing.assert_close(one.weights[0][0], model.weights[0][0])
+    out = mk.run_affine(cfg)
+    assert set(out) == {"layer", "simple", "info"}
+    assert out["layer"]["val_nll"].shape == (2,) and out["simple"]["train_nll"].shape == (2,)
+    again = mk.run_affine(cfg, seeds=(1,))  # a seed does not depend on the others
+    for arm in ("layer", "simple"):
+        assert again[arm]["val_nll"][0] == pytest.approx(out[arm]["val_nll"][1], rel=1e-5)
+    with pytest.raises(TypeError, match="StatsConfig"):
+        mk.run_affine(mk.get_config("quick"))
+
+
+def test_affine_mlp_simple_gains_get_no_gradient():
+    model = mk.affine_mlp((0, 1), hidden=8, depth=2)
+    x = torch.randn(4, 3, 64)
+    model(x).square().sum().backward()
+    for g in model.gains:
+        assert g.grad[2:].abs().max() == 0 and g.grad[:2].abs().max() > 0

@@ -119,3 +119,12 @@ def test_tiny_run_layout_and_stream_variance():
     vp = peri_ln.stream_variance(res, "peri/lr0.01", step=0)
     # (about 4 in expectation; 16 short sequences give a rough estimate)
     assert np.all((vp[:, 2] - vp[:, 0] > 2) & (vp[:, 2] - vp[:, 0] < 6))
+
+
+def test_rise_to_top():
+    loss = np.array([[0.5, 0.7, 1.4], [0.9, 0.6, 0.6], [0.4, np.inf, np.nan], [np.nan] * 3])
+    rise = peri_ln.rise_to_top(loss)
+    np.testing.assert_allclose(rise[:2], [0.9, 0.0])
+    assert rise[2] == np.inf and np.isnan(rise[3])
+    with pytest.raises(ValueError, match="seeds, rates"):
+        peri_ln.rise_to_top(np.zeros(3))

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -66,6 +67,9 @@ __all__ = [
     "StatsConfig",
     "get_stats_config",
     "run_stats",
+    "AFFINE_NORMS",
+    "affine_mlp",
+    "run_affine",
 ]
 
 NAME = "mistakes"
@@ -561,3 +565,84 @@ def run_stats(
                  train_one, config=config, device=device, out=out, steps=config.steps,
                  threads=config.threads,
                  info={"majority_class": majority, "majority_error": majority_error})
+
+
+#: The two arms of :func:`run_affine`: layer norm with its gain and bias, and without them.
+AFFINE_NORMS = ("layer", "simple")
+
+
+def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32,
+               depth: int = 3) -> SeedMLP:
+    """Both arms of :func:`run_affine` for every seed, as one batched network.
+
+    Each arm is, per seed, ``depth`` times ``Linear (no bias) -> norm -> + b -> ReLU``, then
+    ``Linear``, on flat 8x8 digits. Slices ``0 .. S-1`` are the ``"layer"`` arm: layer norm
+    with a gain and a bias per unit, ``b`` being layer norm's own bias (a Linear bias placed
+    after the norm would add to it: one bias per unit does both). Slices ``S .. 2S-1`` are the
+    ``"simple"`` arm: LayerNorm-simple (no gain, no bias) followed by the Linear's bias ``b``,
+    so that every ReLU keeps a threshold of its own; a gradient hook zeroes its gains'
+    gradients, so that under Adam they stay exactly 1. Slice ``i`` and ``S + i`` both start
+    from the network built under ``torch.manual_seed(seeds[i])``. A
+    :class:`~lnbook.batched.SeedMLP` with ``hidden_bias=False`` and ``affine=True``.
+    """
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    sizes, n = (64, *[hidden] * depth, 10), len(seeds)
+    model = SeedMLP(2 * n, sizes, "layer", hidden_bias=False, affine=True)
+    with torch.no_grad():
+        for i, seed in enumerate(seeds):
+            torch.manual_seed(seed)
+            one = SeedMLP(1, sizes, "layer", hidden_bias=False, affine=True)
+            for p, q in zip(model.parameters(), one.parameters(), strict=True):
+                p[i] = p[n + i] = q[0]
+    keep = torch.cat([torch.ones(n), torch.zeros(n)]).view(-1, 1, 1)  # (2S, 1, 1)
+    for g in model.gains:
+        g.register_hook(lambda grad: grad * keep)
+    return model
+
+
+def run_affine(config: StatsConfig,
+               seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, dict[str, Any]]:
+    """LayerNorm against LayerNorm-simple in a network where every ReLU keeps its threshold.
+
+    Both arms of :data:`AFFINE_NORMS` (:func:`affine_mlp`) train with every seed at once, with
+    ``config``'s width, depth, batch, steps and Adam learning rate; seed ``s`` draws its
+    batches as :class:`lnbook.train.Batches` with seed ``s`` does, in both arms. Returns
+    ``{norm: {"val_nll", "val_error", "train_nll": (S,) arrays}}``, the final mean losses
+    (nats) and error rates on the 359 held-out and 1,438 training digits, and under ``"info"``
+    ``{"majority_error": float}``, the held-out error of always naming the most frequent
+    training class.
+    """
+    if not isinstance(config, StatsConfig):
+        raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
+                        f"{type(config).__name__}")
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
+    xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
+    majority = int(torch.bincount(y).argmax())
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        model = affine_mlp(seeds, config.hidden, config.depth)
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+        batches = seed_batches(x, y, config.batch, seeds)
+        for step in range(config.steps):
+            xb, yb = batches(step)  # (S, B, 64), (S, B)
+            opt.zero_grad()
+            seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb])).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            logits = model(xv)  # (2S, 359, 10)
+            val = seed_nll(logits, yv).double().numpy()
+            err = (logits.argmax(-1) != yv).double().mean(1).numpy()
+            train = seed_nll(model(x), y).double().numpy()
+    finally:
+        torch.set_num_threads(before)
+    n = len(seeds)
+    out: dict[str, dict[str, Any]] = {
+        arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],
+              "train_nll": train[k * n:(k + 1) * n]} for k, arm in enumerate(AFFINE_NORMS)}
+    out["info"] = {"majority_error": float((yv != majority).float().mean())}
+    return out

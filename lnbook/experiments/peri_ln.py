@@ -40,6 +40,7 @@ __all__ = [
     "run",
     "stream_variance",
     "final_by_lr",
+    "rise_to_top",
 ]
 
 NAME = "peri_ln"
@@ -55,7 +56,7 @@ class Config(TaskConfig):
 
     The task, model, training and sweep fields are
     :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here sort 6 symbols, a 6-block,
-    16-wide model with 2 heads, 60 updates of 16 sequences, evaluated every 20 on 128 held-out
+    16-wide model with 2 heads, 60 updates of 16 sequences, evaluated every 30 on 128 held-out
     sequences); the experiment's own:
 
     Attributes:
@@ -70,7 +71,7 @@ class Config(TaskConfig):
     n_layers: int = 6
     batch_size: int = 16
     steps: int = 60
-    eval_every: int = 20
+    eval_every: int = 30
     n_test: int = 128
     seeds: tuple[int, ...] = verdict_seeds(5)
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1)
@@ -158,3 +159,20 @@ def final_by_lr(results: Results, position: str, metric: str = "loss") -> np.nda
     """The final ``metric`` of one placement at every rate of the sweep: ``(seeds, lrs)``."""
     return np.array([results.final(variant_name(position, lr), metric)
                      for lr in results.config["lrs"]], dtype=float).T
+
+
+def rise_to_top(loss: np.ndarray) -> np.ndarray:
+    """How much the final loss rises from a seed's best rate to the sweep's highest rate.
+
+    ``loss`` is ``(seeds, rates)`` with the rates increasing (:func:`final_by_lr`); returns
+    ``loss[:, -1] - min over rates``, ``(seeds,)``: 0 when the highest rate is the best, large
+    when training at the highest rate falls apart (infinite when its loss is not finite, NaN
+    when no rate's is).
+    """
+    loss = np.asarray(loss, dtype=float)
+    if loss.ndim != 2 or loss.shape[1] < 1:
+        raise ValueError(f"loss must be (seeds, rates), got shape {loss.shape}")
+    top = np.where(np.isfinite(loss[:, -1]), loss[:, -1], np.inf)
+    finite = np.where(np.isfinite(loss), loss, np.inf).min(1)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(finite), top - finite, np.nan)
