@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_runs
 
 from lnbook.experiments import placement
-from lnbook.experiments.seq_tasks import make_task
+from lnbook.experiments.protocol import Job
+from lnbook.experiments.seq_tasks import make_task, train_transformer
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 
@@ -54,10 +54,27 @@ def test_tiny_sweep_and_tiny_paper_run():
     assert len(placement.run(paper, device="cpu", seeds=[0]).runs) == 4
 
 
-def test_two_workers_give_the_same_runs():
-    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
-    kw = dict(steps=3, eval_every=3, warmups=(0,), positions=("pre",), n_train=64,
-              n_test=16, size=4, d_model=16, n_heads=2, seeds=(0, 1))
-    one = placement.run(placement.get_config("quick", **kw), device="cpu")
-    two = placement.run(placement.get_config("quick", **kw, workers=2), device="cpu")
-    assert_same_runs(one, two)
+def test_a_stacked_copy_is_the_run_trained_alone():
+    """run trains every seed and warm-up of a placement at once; each copy is the run that
+    train_transformer trains alone (the same model, batches and warm-up), to rounding."""
+    cfg = placement.get_config("quick", steps=4, eval_every=2, warmups=(0, 3), n_train=64,
+                               n_test=16, size=4, d_model=16, n_heads=2, seeds=(0, 2))
+    res = placement.run(cfg, device="cpu")
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    for r in res.runs:
+        position, warmup = r.variant.split("/warmup")
+        job = Job(r.variant, None, r.seed, torch.device("cpu"), None, None, r.variant)
+        hist, _ = train_transformer(
+            job, placement.model_config(cfg, position, cfg.n_layers, task.seq_len), task,
+            lr=cfg.lr, steps=cfg.steps, batch_size=cfg.batch_size,
+            eval_every=cfg.eval_every, warmup=int(warmup))
+        assert r.info["warmup"] == int(warmup) and r.history.eval_steps == hist.eval_steps
+        np.testing.assert_allclose(r.history.losses, hist.losses, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r.history.metric("loss"), hist.metric("loss"), atol=1e-5)
+
+
+def test_gradient_profiles_of_one_placement():
+    cfg = placement.get_config("quick", grad_depths=(2,), grad_seeds=(0,), grad_batch=4)
+    assert list(placement.gradient_profiles(cfg, positions=("post",))) == ["post"]
+    with pytest.raises(ValueError, match="positions must be drawn"):
+        placement.gradient_profiles(cfg, positions=("peri",))

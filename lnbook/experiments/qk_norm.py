@@ -242,6 +242,7 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
             model_config(config, qk, task.seq_len), task, seeds, config.lrs,
             steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
             warmup=config.warmup, order="fit", max_logit=True,
+            stream_var=False,
             measure=_logit_bound if qk else None)
         runs += [Run(variant_name(qk, r.info["lr"]), r.info["seed"], r.history, r.info)
                  for r in trained]

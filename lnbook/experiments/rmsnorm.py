@@ -219,6 +219,7 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
         trained = train_stacked(
             model_config(config, norm, task.seq_len), task, seeds, [config.lr],
             steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
-            order="fit", max_logit=True)
+            order="fit", max_logit=True,
+            stream_var=False)
         runs += [Run(norm, r.info["seed"], r.history, r.info) for r in trained]
     return runs

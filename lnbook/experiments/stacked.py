@@ -149,6 +149,7 @@ def train_stacked(
     order: str = "stacked",
     max_logit: bool = False,
     measure: Callable[[Transformer], dict[str, Any]] | None = None,
+    stream_var: bool = True,
 ) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
@@ -178,6 +179,8 @@ def train_stacked(
             every evaluation; a diverged copy keeps the last value it measured.
         measure: ``model -> dict`` of JSON values, called on each trained copy that did not
             diverge and merged into its ``info``.
+        stream_var: record ``var_0 ... var_L`` (False: the evaluations skip them, which
+            saves time when they are not used).
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -211,7 +214,7 @@ def train_stacked(
         return sequence_loss(logits, y), right, var
 
     forward = vmap(functools.partial(one, with_var=False), in_dims=(0, 0, 0, 0))
-    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    evaluate = vmap(functools.partial(one, with_var=stream_var), in_dims=(0, 0, None, None))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
     rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs])
