@@ -10,6 +10,7 @@ import torch
 from lnbook.experiments import placement
 from lnbook.experiments.protocol import Job
 from lnbook.experiments.seq_tasks import make_task, train_transformer
+from lnbook.train import Batches
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 
@@ -78,3 +79,29 @@ def test_gradient_profiles_of_one_placement():
     assert list(placement.gradient_profiles(cfg, positions=("post",))) == ["post"]
     with pytest.raises(ValueError, match="positions must be drawn"):
         placement.gradient_profiles(cfg, positions=("peri",))
+
+
+def test_train_stacked_keywords_of_the_part_ii_experiments():
+    """warm-up per rate, fit's batch order, max_logit and stream_var (the keywords the Part II
+    experiments use) are checked and do what they say."""
+    from lnbook.experiments import stacked
+
+    cfg = placement.get_config("quick", n_train=32, n_test=8, size=4, d_model=16, n_heads=2)
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    model = placement.model_config(cfg, "pre", 1, task.seq_len)
+    kw = dict(steps=2, batch_size=8, eval_every=1)
+    with pytest.raises(ValueError, match="order must be one of"):
+        stacked.train_stacked(model, task, [0], [0.01], order="random", **kw)
+    with pytest.raises(ValueError, match="warmup must be"):
+        stacked.train_stacked(model, task, [0], [0.01], warmup=[0, 2], **kw)
+    runs = stacked.train_stacked(model, task, [0], [0.01, 0.01], warmup=[0, 2], order="fit",
+                                 max_logit=True, stream_var=False, **kw)
+    assert [r.info["warmup"] for r in runs] == [0, 2]
+    assert set(runs[0].history.metrics[0]) == {"loss", "accuracy", "max_logit"}
+    assert runs[0].history.losses[0] == runs[1].history.losses[0]  # same model and batch
+    assert runs[0].history.losses[1] != runs[1].history.losses[1]  # half the rate at step 1
+    rows = stacked.fit_batch_indices(3, 32, 5, 8)  # (steps, batch): lnbook.fit's order
+    batches = Batches(torch.arange(32), batch_size=8, seed=3)
+    assert all(torch.equal(rows[s], batches(s)[0]) for s in range(5))
+    plain = stacked.train_stacked(model, task, [0], [0.01], **kw)[0]
+    assert "var_1" in plain.history.metrics[0] and "max_logit" not in plain.history.metrics[0]
