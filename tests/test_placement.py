@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_runs
 
 from lnbook.experiments import placement
-from lnbook.experiments.seq_tasks import make_task
+from lnbook.experiments.protocol import Job
+from lnbook.experiments.seq_tasks import make_task, train_transformer
+from lnbook.train import Batches
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 
@@ -54,10 +55,53 @@ def test_tiny_sweep_and_tiny_paper_run():
     assert len(placement.run(paper, device="cpu", seeds=[0]).runs) == 4
 
 
-def test_two_workers_give_the_same_runs():
-    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
-    kw = dict(steps=3, eval_every=3, warmups=(0,), positions=("pre",), n_train=64,
-              n_test=16, size=4, d_model=16, n_heads=2, seeds=(0, 1))
-    one = placement.run(placement.get_config("quick", **kw), device="cpu")
-    two = placement.run(placement.get_config("quick", **kw, workers=2), device="cpu")
-    assert_same_runs(one, two)
+def test_a_stacked_copy_is_the_run_trained_alone():
+    """run trains every seed and warm-up of a placement at once; each copy is the run that
+    train_transformer trains alone (the same model, batches and warm-up), to rounding."""
+    cfg = placement.get_config("quick", steps=4, eval_every=2, warmups=(0, 3), n_train=64,
+                               n_test=16, size=4, d_model=16, n_heads=2, seeds=(0, 2))
+    res = placement.run(cfg, device="cpu")
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    for r in res.runs:
+        position, warmup = r.variant.split("/warmup")
+        job = Job(r.variant, None, r.seed, torch.device("cpu"), None, None, r.variant)
+        hist, _ = train_transformer(
+            job, placement.model_config(cfg, position, cfg.n_layers, task.seq_len), task,
+            lr=cfg.lr, steps=cfg.steps, batch_size=cfg.batch_size,
+            eval_every=cfg.eval_every, warmup=int(warmup))
+        assert r.info["warmup"] == int(warmup) and r.history.eval_steps == hist.eval_steps
+        np.testing.assert_allclose(r.history.losses, hist.losses, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r.history.metric("loss"), hist.metric("loss"), atol=1e-5)
+
+
+def test_gradient_profiles_of_one_placement():
+    cfg = placement.get_config("quick", grad_depths=(2,), grad_seeds=(0,), grad_batch=4)
+    assert list(placement.gradient_profiles(cfg, positions=("post",))) == ["post"]
+    with pytest.raises(ValueError, match="positions must be drawn"):
+        placement.gradient_profiles(cfg, positions=("peri",))
+
+
+def test_train_stacked_keywords_of_the_part_ii_experiments():
+    """warm-up per rate, fit's batch order, max_logit and stream_var (the keywords the Part II
+    experiments use) are checked and do what they say."""
+    from lnbook.experiments import stacked
+
+    cfg = placement.get_config("quick", n_train=32, n_test=8, size=4, d_model=16, n_heads=2)
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    model = placement.model_config(cfg, "pre", 1, task.seq_len)
+    kw = dict(steps=2, batch_size=8, eval_every=1)
+    with pytest.raises(ValueError, match="order must be one of"):
+        stacked.train_stacked(model, task, [0], [0.01], order="random", **kw)
+    with pytest.raises(ValueError, match="warmup must be"):
+        stacked.train_stacked(model, task, [0], [0.01], warmup=[0, 2], **kw)
+    runs = stacked.train_stacked(model, task, [0], [0.01, 0.01], warmup=[0, 2], order="fit",
+                                 max_logit=True, stream_var=False, **kw)
+    assert [r.info["warmup"] for r in runs] == [0, 2]
+    assert set(runs[0].history.metrics[0]) == {"loss", "accuracy", "max_logit"}
+    assert runs[0].history.losses[0] == runs[1].history.losses[0]  # same model and batch
+    assert runs[0].history.losses[1] != runs[1].history.losses[1]  # half the rate at step 1
+    rows = stacked.fit_batch_indices(3, 32, 5, 8)  # (steps, batch): lnbook.fit's order
+    batches = Batches(torch.arange(32), batch_size=8, seed=3)
+    assert all(torch.equal(rows[s], batches(s)[0]) for s in range(5))
+    plain = stacked.train_stacked(model, task, [0], [0.01], **kw)[0]
+    assert "var_1" in plain.history.metrics[0] and "max_logit" not in plain.history.metrics[0]

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same_runs
 
 from lnbook.experiments import qk_norm
-from lnbook.experiments.protocol import Results, Run
+from lnbook.experiments.protocol import Job, Results, Run
+from lnbook.experiments.seq_tasks import make_task, train_transformer
 from lnbook.train import History
 from lnbook.transformer import Transformer
 
@@ -109,10 +109,56 @@ def test_ln_impl_moves_the_runs_by_rounding_only():
     np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
-def test_two_workers_give_the_same_runs():
-    """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
-    kw = dict(lrs=(0.1,), steps=2, eval_every=1, n_train=64, n_test=16, size=4, d_model=16,
-              n_heads=2, n_layers=1, seeds=(0, 1))
-    one = qk_norm.run(qk_norm.get_config("quick", **kw), device="cpu")
-    two = qk_norm.run(qk_norm.get_config("quick", **kw, workers=2), device="cpu")
-    assert_same_runs(one, two)
+def _alone(cfg, run, model_config, lr, warmup=0, measure=None):
+    """The run that seq_tasks.train_transformer trains by itself, for one stacked copy."""
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    job = Job(run.variant, None, run.seed, torch.device("cpu"), None, None, run.variant)
+    return train_transformer(job, model_config(task.seq_len), task, lr=lr, steps=cfg.steps,
+                             batch_size=cfg.batch_size, eval_every=cfg.eval_every,
+                             warmup=warmup, measure=measure)
+
+
+def test_a_stacked_copy_is_the_run_trained_alone():
+    """run trains every seed and rate at once; each copy starts from the model of its seed and
+    follows the losses and evaluations of the run trained alone, to rounding."""
+    cfg = qk_norm.get_config("quick", lrs=(0.01, 0.1), steps=4, eval_every=2, n_train=64,
+                             n_test=16, size=4, d_model=16, n_heads=2, n_layers=1,
+                             seeds=(0, 3))
+    res = qk_norm.run(cfg, device="cpu")
+    assert [r.seed for r in res.select("qk/lr0.1")] == [0, 3]
+    for r in res.runs:
+        qk, lr = r.variant.startswith("qk"), float(r.variant.split("/lr")[1])
+        hist, info = _alone(cfg, r, lambda t, q=qk: qk_norm.model_config(cfg, q, t), lr)
+        assert r.history.eval_steps == hist.eval_steps == [0, 2, 4]
+        np.testing.assert_allclose(r.history.losses, hist.losses, rtol=0, atol=1e-5)
+        for key in ("loss", "accuracy"):
+            np.testing.assert_allclose(r.history.metric(key), hist.metric(key), atol=1e-5)
+        # at initialization the models are the same: the same largest logit
+        assert r.history.metric("max_logit")[0] == pytest.approx(
+            hist.metric("max_logit")[0], rel=1e-5)
+        assert r.info["diverged"] is info["diverged"] is False
+
+
+def test_a_diverged_copy_is_reported_and_leaves_the_others_alone():
+    """At an absurd rate the copies diverge: they are marked, their later evaluations repeat
+    the model at initialization (the largest logit keeps its last value), and the copies at a
+    sane rate train as they do without them."""
+    kw = dict(steps=4, eval_every=2, n_train=64, n_test=16, size=4, d_model=16, n_heads=2,
+              n_layers=1, seeds=(0, 1), qk_norms=(False,))
+    both = qk_norm.run(qk_norm.get_config("quick", lrs=(0.01, 1e38), **kw), device="cpu")
+    sane = qk_norm.run(qk_norm.get_config("quick", lrs=(0.01,), **kw), device="cpu")
+    for a, b in zip(both.select("plain/lr0.01"), sane.select("plain/lr0.01"), strict=True):
+        assert not a.info["diverged"]
+        np.testing.assert_allclose(a.history.losses, b.history.losses, rtol=1e-6)
+        np.testing.assert_allclose(a.history.metric("loss"), b.history.metric("loss"),
+                                   rtol=1e-6)
+    for r in both.select("plain/lr1e+38"):
+        h = r.history
+        assert r.info["diverged"] and r.info["diverged_at"] == len(h.losses) + 1
+        assert all(math.isfinite(v) for v in h.losses)
+        after = [m for s, m in zip(h.eval_steps, h.metrics, strict=True)
+                 if s >= r.info["diverged_at"]]
+        assert after and all(m["loss"] == h.metrics[0]["loss"] for m in after)
+    sens = qk_norm.lr_sensitivity(qk_norm.by_lr(both, False, "loss"),
+                                  qk_norm.by_lr(both, False, "loss", "initial"))
+    assert np.all(np.isfinite(sens))

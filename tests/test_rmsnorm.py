@@ -3,11 +3,14 @@ Pre-LN -> Pre-RMSNorm gaps, and a tiny sweep."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
 from lnbook.experiments import rmsnorm
+from lnbook.experiments.protocol import Job
+from lnbook.experiments.seq_tasks import make_task, train_transformer
 
 
 def test_presets_and_validation():
@@ -64,3 +67,20 @@ def test_tiny_sweep_and_tiny_paper_run():
     assert res.config["symbols"] == 64 and len(res.runs) == 2
     with pytest.raises(TypeError, match="rmsnorm.Config"):
         rmsnorm.run({"steps": 1})
+
+
+def test_a_stacked_copy_is_the_run_trained_alone():
+    """run trains every seed of a norm at once; each copy is the run that train_transformer
+    trains alone (the same model of its seed, the same batches), to rounding."""
+    cfg = rmsnorm.get_config("quick", steps=4, eval_every=2, n_train=64, n_test=16, size=4,
+                             d_model=16, n_heads=2, n_layers=1, seeds=(0, 4))
+    res = rmsnorm.run(cfg, device="cpu")
+    task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
+    for r in res.runs:
+        job = Job(r.variant, None, r.seed, torch.device("cpu"), None, None, r.variant)
+        hist, _ = train_transformer(job, rmsnorm.model_config(cfg, r.variant, task.seq_len),
+                                    task, lr=cfg.lr, steps=cfg.steps,
+                                    batch_size=cfg.batch_size, eval_every=cfg.eval_every)
+        assert r.history.eval_steps == hist.eval_steps == [0, 2, 4]
+        np.testing.assert_allclose(r.history.losses, hist.losses, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(r.history.metric("loss"), hist.metric("loss"), atol=1e-5)

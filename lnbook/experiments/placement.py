@@ -11,7 +11,9 @@ Post-LN needs a learning-rate warm-up and Pre-LN can do without one. Two measure
   seeds, for both placements; no training;
 - :func:`run` (P05): both placements trained on the sort task with and without a linear
   warm-up of the learning rate (:func:`lnbook.experiments.seq_tasks.linear_warmup`), several
-  seeds, through :func:`lnbook.experiments.runner.sweep`.
+  seeds, every seed and warm-up of one placement at once
+  (:func:`lnbook.experiments.stacked.train_stacked`; each copy is the run that
+  :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, up to rounding).
 
 The ``quick`` preset uses a 2-block model (gradient profiles up to 8 blocks) and trains in
 seconds on a CPU; ``paper`` uses Xiong et al.'s base sizes (6 layers, width 512) and their
@@ -20,6 +22,7 @@ warm-up of 4000 updates, on our synthetic task.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,17 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Job, Results, make_config
-from lnbook.experiments.seq_tasks import (
-    SequenceTask,
-    TaskConfig,
-    make_task,
-    presets,
-    sweep_task,
-    train_transformer,
-)
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, make_task, presets
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
 __all__ = [
@@ -64,7 +60,8 @@ class Config(TaskConfig):
     """Settings of the placement experiments; :func:`get_config` gives the presets.
 
     The task, model, training and sweep fields are
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here 60 updates, evaluated every 20);
+    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here 60 updates, evaluated every 20,
+    10 seeds);
     the experiment's own:
 
     Attributes:
@@ -72,7 +69,8 @@ class Config(TaskConfig):
         warmups: warm-up lengths in updates (0 = none), each trained with each placement.
         lr: peak learning rate of Adam; 0.03 was chosen on pilot runs
             (:func:`lnbook.seeds.pilot_seeds`) as the largest of 0.01, 0.03 and 0.1 at which every
-            warmed-up run of both placements leaves the trivial phase.
+            warmed-up run of both placements leaves the trivial phase (at 0.1 Post-LN's do not,
+            with warm-up or without; at 0.01 Post-LN trains as well without warm-up as with).
         grad_depths: numbers of blocks of the models whose gradients are measured at
             initialization.
         grad_seeds: seeds of those models.
@@ -84,8 +82,9 @@ class Config(TaskConfig):
     lr: float = 3e-2
     steps: int = 60
     eval_every: int = 20
+    seeds: tuple[int, ...] = verdict_seeds(10)
     grad_depths: tuple[int, ...] = (2, 4, 8)
-    grad_seeds: tuple[int, ...] = verdict_seeds(5)
+    grad_seeds: tuple[int, ...] = verdict_seeds(10)
     grad_batch: int = 128
 
     def __post_init__(self) -> None:
@@ -124,7 +123,7 @@ def variant_name(position: str, warmup: int) -> str:
 
 
 def gradient_profiles(
-    config: Config, param: str = "mlp.fc2.weight"
+    config: Config, param: str = "mlp.fc2.weight", positions: tuple[str, ...] = PLACEMENTS
 ) -> dict[str, dict[int, np.ndarray]]:
     """Per-block gradient norms at initialization, for every placement, depth and seed (P04).
 
@@ -133,14 +132,17 @@ def gradient_profiles(
     and the gradient of the loss on the first ``grad_batch`` training sequences of the task is
     taken (:func:`lnbook.transformer.layer_gradient_norms`). ``param`` names what is measured
     in each block: a parameter (``"mlp.fc2.weight"``, the second feed-forward matrix) or a
-    group (``"block"``, ``"attention"``, ``"ffn"``).
+    group (``"block"``, ``"attention"``, ``"ffn"``). ``positions`` are the placements
+    measured (both by default).
 
     Returns:
         ``{position: {depth: norms (seeds, depth)}}``, block 1 (nearest the input) first.
     """
     task = make_task(config.task, config.grad_batch, 1, config.size, config.symbols)
     out: dict[str, dict[int, np.ndarray]] = {}
-    for position in PLACEMENTS:
+    if not positions or any(p not in PLACEMENTS for p in positions):
+        raise ValueError(f"positions must be drawn from {PLACEMENTS}, got {positions}")
+    for position in positions:
         out[position] = {}
         for depth in config.grad_depths:
             rows = []
@@ -167,19 +169,27 @@ def run(
     records ``loss``, ``accuracy`` and ``max_logit`` on the held-out set at every evaluation;
     ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. A run whose loss
     stops being finite is marked ``diverged`` in its info (see
-    :func:`lnbook.experiments.seq_tasks.train_transformer`).
+    :func:`lnbook.experiments.seq_tasks.train_transformer`). Every seed and warm-up of one
+    placement train at once on the CPU (:func:`~lnbook.experiments.stacked.train_stacked`;
+    ``config.workers`` and ``checkpoint`` are not used); with ``out``, the results are also
+    written to ``out/placement.json``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a placement.Config (get_config), got "
                         f"{type(config).__name__}")
-    variants = {variant_name(p, w): (p, w) for p in config.positions for w in config.warmups}
-    return sweep_task(NAME, variants, _train_one, config, device, out, seeds)
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
 
 
-def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
-    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
-    position, warmup = job.params
-    return train_transformer(
-        job, model_config(config, position, config.n_layers, task.seq_len), task,
-        lr=config.lr, steps=config.steps, batch_size=config.batch_size,
-        eval_every=config.eval_every, warmup=warmup)
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Every placement of :func:`run`, each with all its seeds and warm-ups at once."""
+    runs = []
+    for position in config.positions:
+        trained = train_stacked(
+            model_config(config, position, config.n_layers, task.seq_len), task, seeds,
+            [config.lr] * len(config.warmups), steps=config.steps,
+            batch_size=config.batch_size, eval_every=config.eval_every,
+            warmup=list(config.warmups), order="fit", max_logit=True,
+            stream_var=False)
+        runs += [Run(variant_name(position, r.info["warmup"]), r.info["seed"], r.history,
+                     r.info) for r in trained]
+    return runs

@@ -10,12 +10,17 @@ rate of a sweep and every seed, recording the largest attention logit on held-ou
 evaluation, and summarizes a sweep by the learning-rate sensitivity of Wortsman et al.
 (:func:`lr_sensitivity`).
 
-The ``quick`` preset trains for a few dozen updates on a CPU, without warm-up; ``paper`` uses a
+Every seed and rate of one model train at once, as one stacked computation
+(:func:`lnbook.experiments.stacked.train_stacked`); each copy is the run that
+:func:`lnbook.experiments.seq_tasks.train_transformer` trains alone (the same initialization,
+batches and metrics, equal up to rounding). The ``quick`` preset trains for a few dozen
+updates on a CPU, without warm-up; ``paper`` uses a
 base-sized model, a longer run, a wider sweep and a warm-up, as Wortsman et al. do.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -24,16 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Job, Results, make_config
-from lnbook.experiments.seq_tasks import (
-    SequenceTask,
-    TaskConfig,
-    presets,
-    sweep_task,
-    train_transformer,
-)
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
 from lnbook.norms import LN_IMPL, LN_IMPLS
-from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = [
@@ -223,22 +222,31 @@ def run(
     qk-normalized run's info holds ``logit_bound``, :func:`qk_logit_bound` of the trained
     model. ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. Runs whose loss
     stops being finite are marked ``diverged`` (their later evaluations repeat the model at
-    initialization; see :func:`lnbook.experiments.seq_tasks.train_transformer`).
+    initialization; see :func:`lnbook.experiments.seq_tasks.train_transformer`); the other
+    copies of their stack train on unaffected. Every seed and rate of one model train at once
+    on the CPU (:func:`~lnbook.experiments.stacked.train_stacked`; ``config.workers`` and
+    ``checkpoint`` are not used); with ``out``, the results are also written to
+    ``out/qk_norm.json``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a qk_norm.Config (get_config), got "
                         f"{type(config).__name__}")
-    variants = {variant_name(q, lr): (q, lr) for q in config.qk_norms for lr in config.lrs}
-    return sweep_task(NAME, variants, _train_one, config, device, out, seeds)
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
 
 
-def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
-    """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
-    qk, lr = job.params
-    return train_transformer(job, model_config(config, qk, task.seq_len), task, lr=lr,
-                             steps=config.steps, batch_size=config.batch_size,
-                             eval_every=config.eval_every, warmup=config.warmup,
-                             measure=_logit_bound if qk else None)
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Both models of :func:`run`, each with all its seeds and rates at once."""
+    runs = []
+    for qk in config.qk_norms:
+        trained = train_stacked(
+            model_config(config, qk, task.seq_len), task, seeds, config.lrs,
+            steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
+            warmup=config.warmup, order="fit", max_logit=True,
+            stream_var=False,
+            measure=_logit_bound if qk else None)
+        runs += [Run(variant_name(qk, r.info["lr"]), r.info["seed"], r.history, r.info)
+                 for r in trained]
+    return runs
 
 
 def _logit_bound(model: Transformer) -> dict[str, float]:

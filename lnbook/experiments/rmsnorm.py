@@ -21,6 +21,7 @@ the synthetic one).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,19 +30,17 @@ import torch
 from torch import Tensor
 
 from lnbook.experiments.protocol import (
-    Job,
     Results,
+    Run,
     make_config,
 )
 from lnbook.experiments.seq_tasks import (
     SequenceTask,
     TaskConfig,
     presets,
-    sweep_task,
-    train_transformer,
 )
+from lnbook.experiments.stacked import sweep_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History
 from lnbook.transformer import (
     Transformer,
     TransformerConfig,
@@ -201,17 +200,26 @@ def run(
     evaluation on the held-out set, ``loss`` (nats per scored token), ``accuracy`` and
     ``max_logit`` (:func:`lnbook.experiments.seq_tasks.sequence_metrics`);
     ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss`` (the
-    position-wise unigram predictor that every run must beat).
+    position-wise unigram predictor that every run must beat). Every seed of one norm trains
+    at once on the CPU (:func:`lnbook.experiments.stacked.train_stacked`; each copy is the run
+    that :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, up to rounding;
+    ``config.workers`` and ``checkpoint`` are not used); with ``out``, the results are also
+    written to ``out/rmsnorm.json``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a rmsnorm.Config (get_config), got "
                         f"{type(config).__name__}")
-    return sweep_task(NAME, {n: n for n in config.norms}, _train_one, config, device, out,
-                      seeds)
+    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
 
 
-def _train_one(job: Job, config: Config, task: SequenceTask) -> tuple[History, dict[str, Any]]:
-    """Train one (norm, seed) of :func:`run` (module level, so a worker process can)."""
-    return train_transformer(job, model_config(config, job.params, task.seq_len), task,
-                             lr=config.lr, steps=config.steps, batch_size=config.batch_size,
-                             eval_every=config.eval_every)
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Every norm of :func:`run`, each with all its seeds at once."""
+    runs = []
+    for norm in config.norms:
+        trained = train_stacked(
+            model_config(config, norm, task.seq_len), task, seeds, [config.lr],
+            steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
+            order="fit", max_logit=True,
+            stream_var=False)
+        runs += [Run(norm, r.info["seed"], r.history, r.info) for r in trained]
+    return runs

@@ -20,6 +20,7 @@ block's output): the quantity the two chapters follow by depth and over training
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import warnings
@@ -34,29 +35,36 @@ from torch.func import functional_call, stack_module_state, vmap
 from lnbook.data import IGNORE_INDEX
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.train import History
+from lnbook.train import Batches, History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 __all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices",
-           "sweep_stacked"]
+           "fit_batch_indices", "sweep_stacked"]
+
+ORDERS = ("stacked", "fit")  # the batch orders of train_stacked
 
 BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 
-def stream_forward(model: Transformer, idx: Tensor) -> tuple[Tensor, Tensor]:
+def stream_forward(model: Transformer, idx: Tensor, with_var: bool = True
+                   ) -> tuple[Tensor, Tensor]:
     """Logits ``(B, T, V)`` of ``model`` on ids ``idx`` ``(B, T)``, and the variance of every
     entry of the residual stream ``x_0, ..., x_L``, shape ``(L + 1,)``.
 
     The same computation as ``model(idx)`` without the argument checks of
     :meth:`~lnbook.transformer.Transformer.embed` (which read values, and so cannot run
-    under :func:`torch.func.vmap`).
+    under :func:`torch.func.vmap`). With ``with_var=False`` the variances are not computed
+    (the training updates of :func:`train_stacked` do not use them) and the second result is
+    an empty tensor.
     """
     x = model.tok_emb(idx) + model.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
-    var = [x.var()]
+    var = [x.var()] if with_var else []
     for block in model.blocks:
         x = block(x)  # (B, T, D)
-        var.append(x.var())
-    return model.head(model.final_norm(x)), torch.stack(var)  # (B, T, V), (L + 1,)
+        if with_var:
+            var.append(x.var())
+    logits = model.head(model.final_norm(x))  # (B, T, V)
+    return logits, torch.stack(var) if with_var else x.new_zeros(0)  # (L + 1,) or (0,)
 
 
 class _Stream(nn.Module):
@@ -66,8 +74,13 @@ class _Stream(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        return stream_forward(self.model, idx)
+    def forward(self, idx: Tensor, with_var: bool = True) -> tuple[Tensor, Tensor]:
+        return stream_forward(self.model, idx, with_var)
+
+    def max_logit(self) -> Tensor:
+        """The largest attention logit of any block in the last forward, ``()``: read inside
+        the same (vmapped) call as the forward."""
+        return torch.stack([b.attn.last_max_logit for b in self.model.blocks]).amax()
 
 
 def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str, Any],
@@ -104,9 +117,19 @@ def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     return torch.cat(perms)[:need].view(steps, batch_size)
 
 
+def fit_batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
+    """The training rows of each update in the order of :class:`lnbook.train.Batches` with
+    ``seed``, ``(steps, batch_size)``: the batches that
+    :func:`lnbook.experiments.seq_tasks.train_transformer` (through :func:`lnbook.fit`) gives
+    a run of that seed."""
+    batches = Batches(torch.arange(n), batch_size=batch_size, seed=seed)
+    return torch.stack([batches(step)[0] for step in range(steps)])
+
+
 class StackedRun:
     """One trained copy: its ``history``, ``info`` (``seed``, ``lr``, ``diverged``,
-    ``diverged_at``) and the trained ``model`` (a :class:`lnbook.Transformer`)."""
+    ``diverged_at``; ``warmup`` when one was given; what ``measure`` returns) and the trained
+    ``model`` (a :class:`lnbook.Transformer`)."""
 
     def __init__(self, history: History, info: dict[str, Any], model: Transformer) -> None:
         self.history, self.info, self.model = history, info, model
@@ -122,6 +145,11 @@ def train_stacked(
     batch_size: int,
     eval_every: int,
     n_eval: int | None = None,
+    warmup: int | Sequence[int] = 0,
+    order: str = "stacked",
+    max_logit: bool = False,
+    measure: Callable[[Transformer], dict[str, Any]] | None = None,
+    stream_var: bool = True,
 ) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
@@ -134,7 +162,25 @@ def train_stacked(
 
     A copy whose training loss stops being finite is marked ``diverged`` (with the update,
     ``diverged_at``); its later evaluations repeat its metrics at initialization, the
-    convention of :func:`lnbook.experiments.seq_tasks.train_transformer`.
+    convention of :func:`lnbook.experiments.seq_tasks.train_transformer`. Copies never mix:
+    a copy whose weights are not finite leaves the others' losses and updates unchanged.
+
+    The keywords after ``n_eval`` make a copy the run that
+    :func:`~lnbook.experiments.seq_tasks.train_transformer` trains alone (the same
+    initialization, batches, schedule and metrics; equal up to rounding):
+
+    Args:
+        warmup: updates of linear warm-up (:func:`~lnbook.experiments.seq_tasks.linear_warmup`:
+            update ``t`` uses ``lr * min(1, t / warmup)``; 0 = none), one for every copy or
+            one per entry of ``lrs`` (recorded in ``info["warmup"]``).
+        order: ``"stacked"`` (:func:`batch_indices`) or ``"fit"`` (:func:`fit_batch_indices`,
+            the batches of a run trained alone).
+        max_logit: also record ``max_logit``, the largest attention logit of any block, at
+            every evaluation; a diverged copy keeps the last value it measured.
+        measure: ``model -> dict`` of JSON values, called on each trained copy that did not
+            diverge and merged into its ``info``.
+        stream_var: record ``var_0 ... var_L`` (False: the evaluations skip them, which
+            saves time when they are not used).
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -142,7 +188,14 @@ def train_stacked(
                          f"steps={steps}, batch_size={batch_size}, eval_every={eval_every}")
     if any(not (isinstance(r, int | float) and r > 0) for r in lrs):
         raise ValueError(f"learning rates must be numbers > 0, got {list(lrs)}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    ramps = [warmup] * len(lrs) if isinstance(warmup, int) else list(warmup)
+    if len(ramps) != len(lrs) or any(
+            isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
+        raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
+    ramp = torch.tensor([float(w) for w in ramps for _ in seeds])  # (n,)
     models = []
     for _, seed in jobs:
         torch.manual_seed(seed)
@@ -151,16 +204,20 @@ def train_stacked(
     base = copy.deepcopy(models[0]).to("meta")
     names = list(params)
 
-    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, var = functional_call(base, (p, b), (x,))  # (B, T, V), (L + 1,)
+    def one(p: dict, b: dict, x: Tensor, y: Tensor, with_var: bool = True
+            ) -> tuple[Tensor, Tensor, Tensor]:
+        logits, var = functional_call(base, (p, b), (x, with_var))  # (B, T, V), (L + 1,)
         scored = y != IGNORE_INDEX  # (B, T)
         right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
+        if max_logit:  # read in the same call as the forward that set it
+            var = torch.cat([var, base.max_logit().view(1)])  # (L + 2,)
         return sequence_loss(logits, y), right, var
 
-    forward = vmap(one, in_dims=(0, 0, 0, 0))
-    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    forward = vmap(functools.partial(one, with_var=False), in_dims=(0, 0, 0, 0))
+    evaluate = vmap(functools.partial(one, with_var=stream_var), in_dims=(0, 0, None, None))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
-    rows = torch.stack([batch_indices(s, len(task.x), steps, batch_size) for _, s in jobs])
+    draw = batch_indices if order == "stacked" else fit_batch_indices
+    rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs])
     lr = torch.tensor([r for r, _ in jobs])  # (n,)
     hists = [History() for _ in jobs]
     diverged_at: list[int | None] = [None] * len(jobs)
@@ -170,13 +227,19 @@ def train_stacked(
     def record(step: int) -> None:
         with torch.no_grad():
             loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
+        n_var = var.shape[1] - int(max_logit)
         for k, h in enumerate(hists):
             m = {"loss": float(loss[k]), "accuracy": float(acc[k]),
-                 **{f"var_{i}": float(v) for i, v in enumerate(var[k])}}
+                 **{f"var_{i}": float(v) for i, v in enumerate(var[k, :n_var])}}
+            if max_logit:
+                m["max_logit"] = float(var[k, -1])
             if step == 0:
                 initial.append(m)
+            if diverged_at[k] is not None:  # the model at initialization (train_transformer)
+                m = {**initial[k], **({"max_logit": h.metrics[-1]["max_logit"]}
+                                      if max_logit else {})}
             h.eval_steps.append(step)
-            h.metrics.append(m if diverged_at[k] is None else dict(initial[k]))
+            h.metrics.append(m)
 
     record(0)
     for step in range(1, steps + 1):
@@ -184,7 +247,9 @@ def train_stacked(
         p = {k: v.detach().requires_grad_() for k, v in params.items()}
         loss, _, _ = forward(p, buffers, task.x[idx], task.y[idx])  # (n,)
         grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
-        adam_step([params[k] for k in names], grads, state, lr)
+        rate = lr if not ramp.any() else lr * torch.where(
+            ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
+        adam_step([params[k] for k in names], grads, state, rate)
         losses = loss.detach()  # (n,)
         for k, h in enumerate(hists):
             value = float(losses[k])
@@ -201,8 +266,13 @@ def train_stacked(
         model.load_state_dict({n[len("model."):]: params[n][k].detach().clone()
                                for n in names} | {n[len("model."):]: buffers[n][k]
                                                   for n in buffers})
-        out.append(StackedRun(h, {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
-                                  "diverged_at": diverged_at[k]}, model))
+        info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
+                "diverged_at": diverged_at[k]}
+        if not isinstance(warmup, int) or warmup:
+            info["warmup"] = int(ramp[k])
+        if measure is not None and diverged_at[k] is None:
+            info.update(measure(model))
+        out.append(StackedRun(h, info, model))
     return out
 
 
