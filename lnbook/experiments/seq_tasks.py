@@ -20,6 +20,11 @@ model on the same task in the same way:
 - :func:`train_transformer` builds a :class:`lnbook.Transformer` under the job's seed and trains
   it with Adam through :func:`lnbook.fit`; a run whose loss stops being finite is recorded as
   diverged instead of stopping the sweep.
+
+The three chapters train through :func:`lnbook.experiments.stacked.train_stacked` (every seed
+and learning rate of one model as one computation), so ``workers`` and ``checkpoint`` of
+:class:`TaskConfig` are not used there; :func:`train_transformer` is the run trained alone that
+the tests hold each stacked copy to.
 """
 
 from __future__ import annotations
