@@ -11,9 +11,12 @@ training loss is the *sum* over seeds of each seed's mean loss, so each slice re
 its own gradient; an elementwise optimizer (SGD with momentum, Adam) then makes each seed's
 own update. :meth:`SeedMLP.from_models` stacks per-seed networks made the usual way (so a
 batched run starts from the very weights of the runs it replaces) and :meth:`SeedMLP.copy_to`
-writes one seed back; ``tests/test_batched.py`` checks outputs, gradients and whole training
-runs against the per-seed networks to float tolerance, and ``benchmarks/bench_seeds.py``
-measures the speed-up.
+writes one seed back. For batch normalization, :meth:`SeedMLP.recalibrated` replaces the
+running averages by the statistics of given data under the present weights, and
+:func:`train_mode_logits` reads the network in training mode, block by block (chapter 6.6
+reads batch norm these three ways). ``tests/test_batched.py`` checks outputs, gradients and
+whole training runs against the per-seed networks to float tolerance, and
+``benchmarks/bench_seeds.py`` measures the speed-up.
 
 Example::
 

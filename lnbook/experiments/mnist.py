@@ -11,12 +11,15 @@ Adam at two batch sizes (128 and 4):
   the scale of the logits is exactly the confidence of the softmax prediction.
 
 The metrics follow Figure 6: the negative log likelihood on (a fixed subset of) the training set
-and the error rate on the test set. Batch sizes are compared at an equal number of *examples
-seen* (``Config.examples``): a run at batch size 4 makes 32 times as many updates as one at
-batch size 128, and both are evaluated after the same numbers of examples. Giving ``steps``
-instead compares them at an equal number of updates. The ``paper`` preset uses 55,000 training
-images and the paper's layer sizes; the ``quick`` preset shrinks the layers and the number of
-examples so that all variants, batch sizes and seeds run in seconds on a CPU.
+and the error rate on the test set. The presets compare the batch sizes at an equal number of
+*updates* (``Config.steps``, 1,000 in the ``quick`` preset, long enough that batch norm's running
+averages have forgotten their start); giving ``examples`` instead compares them at an equal
+number of examples seen (a run at batch size 4 then makes 32 times the updates of one at 128).
+Engine ``"seeds"`` (the default, :func:`run_seeds`) trains the seeds of each variant together as
+one :class:`lnbook.batched.SeedMLP` and reads batch norm three ways at every evaluation: with its
+running averages, with statistics recalibrated on training images, and in training mode
+(``BN_READINGS``); engine ``"runs"`` trains one run at a time with checkpoints. The ``paper``
+preset uses 55,000 training images and the paper's layer sizes.
 """
 
 from __future__ import annotations
@@ -525,7 +528,11 @@ def run(
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
 ) -> Results:
-    """Train every (norm, batch size) variant with every seed; return the sweep's results.
+    """Train every (norm, batch size) variant with every seed; return the results.
+
+    Engine ``"seeds"`` (:func:`run_seeds`) trains each variant's seeds as one network and
+    writes ``out/mnist.json`` when ``out`` is given; engine ``"runs"`` (described below) goes
+    through the sweep, one run at a time, with checkpoints.
 
     Variants are named ``"<norm>/bs<B>"`` (:func:`variant_name`); every run records, at each
     evaluation, ``train_nll`` and ``train_error`` (on ``n_eval_train`` training images) and
