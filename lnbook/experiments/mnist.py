@@ -11,19 +11,23 @@ Adam at two batch sizes (128 and 4):
   the scale of the logits is exactly the confidence of the softmax prediction.
 
 The metrics follow Figure 6: the negative log likelihood on (a fixed subset of) the training set
-and the error rate on the test set. Batch sizes are compared at an equal number of *examples
-seen* (``Config.examples``): a run at batch size 4 makes 32 times as many updates as one at
-batch size 128, and both are evaluated after the same numbers of examples. Giving ``steps``
-instead compares them at an equal number of updates. The ``paper`` preset uses 55,000 training
-images and the paper's layer sizes; the ``quick`` preset shrinks the layers and the number of
-examples so that all variants, batch sizes and seeds run in seconds on a CPU.
+and the error rate on the test set. The presets compare the batch sizes at an equal number of
+*updates* (``Config.steps``, 1,000 in the ``quick`` preset, long enough that batch norm's running
+averages have forgotten their start); giving ``examples`` instead compares them at an equal
+number of examples seen (a run at batch size 4 then makes 32 times the updates of one at 128).
+Engine ``"seeds"`` (the default, :func:`run_seeds`) trains the seeds of each variant together as
+one :class:`lnbook.batched.SeedMLP` and reads batch norm three ways at every evaluation: with its
+running averages, with statistics recalibrated on training images, and in training mode
+(``BN_READINGS``); engine ``"runs"`` trains one run at a time with checkpoints. The ``paper``
+preset uses 55,000 training images and the paper's layer sizes.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
+from lnbook.device import resolve_device
 from lnbook.experiments.protocol import (
     Job,
     Results,
@@ -40,6 +46,7 @@ from lnbook.experiments.protocol import (
     classification_metrics,
     cpu_threads,
     make_config,
+    save_results,
     sweep,
 )
 from lnbook.norms import BatchNorm, LayerNorm
@@ -50,6 +57,8 @@ __all__ = [
     "NAME",
     "DESCRIPTION",
     "NORMS",
+    "ENGINES",
+    "BN_READINGS",
     "by_examples",
     "Config",
     "get_config",
@@ -57,9 +66,13 @@ __all__ = [
     "curves",
     "degradation",
     "examples_seen",
+    "late_mean",
     "mean_gap",
     "mode_nll",
     "run",
+    "run_seeds",
+    "seed_metrics",
+    "seed_model",
     "schedule",
     "variant_name",
 ]
@@ -70,6 +83,9 @@ DESCRIPTION = (
     "Adam, batch sizes 128 and 4 (section 6.6, Figure 6)"
 )
 NORMS = ("none", "batch", "layer")
+ENGINES = ("seeds", "runs")
+#: the readings of batch norm that engine "seeds" records at every evaluation (suffixes)
+BN_READINGS = ("", "_recal", "_tmode")
 
 
 @dataclass
@@ -95,8 +111,17 @@ class Config:
         permute_pixels: shuffle the pixels with a fixed permutation (seed 0).
         seeds: seeds of the runs (initialization and batch order).
         source: MNIST source for :func:`lnbook.data.load_mnist`.
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+        checkpoint: write per-run checkpoints under ``out/`` and resume from them (engine
+            ``"runs"`` only).
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        engine: ``"seeds"``: the seeds of a variant train together as one
+            :class:`lnbook.batched.SeedMLP` (the same updates as one at a time), and every
+            evaluation also measures batch norm in training mode and with recalibrated
+            statistics (:func:`run_seeds`); ``"runs"``: one run at a time through
+            :func:`lnbook.experiments.protocol.sweep`, with checkpoints and resuming, in
+            evaluation mode only.
+        n_recal: training images whose statistics recalibrate batch norm before an
+            evaluation (engine ``"seeds"``; at most the training images available).
     """
 
     scale: str = "quick"
@@ -117,6 +142,8 @@ class Config:
     source: str = "auto"
     checkpoint: bool = False
     threads: int | None = 1
+    engine: str = "seeds"
+    n_recal: int = 4000
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -127,6 +154,13 @@ class Config:
             raise ValueError(
                 f"batch sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}"
             )
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.checkpoint and self.engine != "runs":
+            raise ValueError("checkpoints are written by engine='runs' only")
+        if self.n_recal < max(self.batch_sizes, default=2):
+            raise ValueError(f"n_recal ({self.n_recal}) must be at least the largest batch "
+                             f"size {max(self.batch_sizes)}")
         if self.steps < 1 or self.eval_every < 1:
             raise ValueError("steps and eval_every must be >= 1")
         if (self.examples is None) != (self.eval_examples is None):
@@ -146,18 +180,19 @@ class Config:
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"examples": 2048, "eval_examples": 256},
+    # chapter 6.6's design, piloted on lnbook.seeds.pilot_seeds (see the chapter's dropdown):
+    # 784-64-64-10, Adam 1e-3, 1,000 updates at each batch size (equal updates), 5 seeds
+    "quick": {"hidden": (64, 64), "steps": 1000, "eval_every": 50, "n_recal": 1000,
+              "seeds": verdict_seeds(5)},
     "paper": {
         "hidden": (1000, 1000),
-        # 20,000 updates at batch size 128 (about 46 epochs of 55,000); 640,000 at batch size 4
-        "examples": 2_560_000,
-        "eval_examples": 64_000,
+        # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
         "steps": 20_000,
         "eval_every": 500,
         "n_train": 55_000,
         "n_eval_train": 10_000,
+        "n_recal": 10_000,
         "n_test": None,
-        "checkpoint": True,
         "threads": None,
     },
 }
@@ -283,22 +318,36 @@ def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a[:, 1:] - b[:, 1:]).mean(axis=1)
 
 
-def degradation(results: Results, norm: str, metric: str, small: int, big: int) -> np.ndarray:
+def degradation(results: Results, norm: str, metric: str, small: int, big: int,
+                at: str = "examples") -> np.ndarray:
     """How much worse ``metric`` is at batch size ``small`` than at ``big``, per seed: ``(seeds,)``.
 
-    Both runs must have been evaluated after the same numbers of examples (a config with
-    ``examples``). The value is the mean of ``metric`` over the evaluations in the second half
-    of training (examples seen > half of the total) at ``small``, minus the same mean at
-    ``big``: positive when the small batches do worse at equal examples seen.
+    ``at="examples"``: both runs must have been evaluated after the same numbers of examples
+    (a config with ``examples``); ``at="updates"``: after the same numbers of updates (a
+    config with ``steps``). The value is the mean of ``metric`` over the evaluations in the
+    second half of training (examples seen, or updates made, > half of the total) at
+    ``small``, minus the same mean at ``big``: positive when the small batches do worse.
     """
-    seen = examples_seen(results, norm, small)
-    if not np.array_equal(seen, examples_seen(results, norm, big)):
+    if at == "examples":
+        seen = examples_seen(results, norm, small)
+        same = np.array_equal(seen, examples_seen(results, norm, big))
+    elif at == "updates":
+        seen = curves(results, norm, small, metric)[0]
+        same = np.array_equal(seen, curves(results, norm, big, metric)[0])
+    else:
+        raise ValueError(f"at must be 'examples' or 'updates', got {at!r}")
+    if not same:
         raise ValueError(f"{norm}: batch sizes {small} and {big} were not evaluated after the "
-                         "same numbers of examples; run with Config.examples set")
-    late = seen > seen[-1] / 2  # (E,) the second half of training
-    _, v_small = curves(results, norm, small, metric)  # (seeds, E)
-    _, v_big = curves(results, norm, big, metric)  # (seeds, E)
-    return v_small[:, late].mean(axis=1) - v_big[:, late].mean(axis=1)
+                         f"same numbers of {at}; run with Config."
+                         f"{'examples' if at == 'examples' else 'steps'} set")
+    return late_mean(results, norm, small, metric) - late_mean(results, norm, big, metric)
+
+
+def late_mean(results: Results, norm: str, batch_size: int, metric: str) -> np.ndarray:
+    """The mean of ``metric`` over the evaluations of the second half of a variant's run
+    (updates made > half of the last), per seed: ``(seeds,)``."""
+    steps, values = curves(results, norm, batch_size, metric)  # (E,), (seeds, E)
+    return values[:, steps > steps[-1] / 2].mean(axis=1)
 
 
 def mode_nll(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> dict[str, float]:
@@ -359,13 +408,131 @@ def _data(config: Config) -> dict[str, Any]:
     return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": train.source}
 
 
+def seed_model(config: Config, norm: str, batch_size: int,
+               seeds: tuple[int, ...] | list[int]) -> SeedMLP:
+    """The networks of one variant, one per seed, as one :class:`lnbook.batched.SeedMLP`.
+
+    Each seed's network is the :class:`MLP` that engine ``"runs"`` builds under
+    ``torch.manual_seed(seed)``, with the same initial weights.
+    """
+    sizes = (784, *config.hidden, 10)
+    unbiased = batch_size <= config.bn_unbiased_max_batch
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(MLP(sizes, norm, bn_unbiased=unbiased))
+    return SeedMLP.from_models(models, sizes, norm, out_bias=norm != "batch",
+                               norm_logits=norm == "batch", bn_unbiased=unbiased)
+
+
+def _scores(logits: Tensor, y: Tensor, prefix: str, suffix: str) -> dict[str, np.ndarray]:
+    """Per-seed NLL and error of logits ``(S, N, C)`` on labels ``(N,)``."""
+    nll = seed_nll(logits, y[: logits.shape[1]]).cpu().numpy()  # (S,)
+    err = (logits.argmax(-1) != y[: logits.shape[1]]).float().mean(1).cpu().numpy()  # (S,)
+    return {f"{prefix}_nll{suffix}": nll, f"{prefix}_error{suffix}": err}
+
+
+def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
+                 x_recal: Tensor) -> dict[str, np.ndarray]:
+    """One evaluation of every seed of ``model``: metric name -> ``(S,)`` values.
+
+    ``train_*`` on ``data["x_eval"]`` (training images), ``test_*`` on the test images, read
+    three ways: evaluation mode with the running averages (no suffix), evaluation mode with
+    statistics recalibrated on ``x_recal`` (``_recal``, :meth:`SeedMLP.recalibrated`) and,
+    on the training images, training mode with the statistics of each block of
+    ``batch_size`` examples (``_tmode``, :func:`lnbook.batched.train_mode_logits`). Without
+    batch norm the three readings are one computation, measured once and copied.
+    """
+    was_training = model.training
+    out: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        model.eval()
+        for prefix, x, y in (("train", data["x_eval"], data["y_eval"]),
+                             ("test", data["x_test"], data["y_test"])):
+            out.update(_scores(model(x), y, prefix, ""))
+        if model.norm == "batch":
+            recal = model.recalibrated(x_recal)
+            for prefix, x, y in (("train", data["x_eval"], data["y_eval"]),
+                                 ("test", data["x_test"], data["y_test"])):
+                out.update(_scores(recal(x), y, prefix, "_recal"))
+            out.update(_scores(train_mode_logits(model, data["x_eval"], batch_size),
+                               data["y_eval"], "train", "_tmode"))
+        else:
+            out.update({k + "_recal": v for k, v in list(out.items())})
+            out.update({f"train_{m}_tmode": out[f"train_{m}"] for m in ("nll", "error")})
+    model.train(was_training)
+    return out
+
+
+def run_seeds(config: Config, device: str | torch.device = "auto",
+              seeds: tuple[int, ...] | list[int] | None = None,
+              data: dict[str, Any] | None = None) -> Results:
+    """Engine ``"seeds"``: every (norm, batch size) variant with all its seeds as one network.
+
+    For each variant one :class:`lnbook.batched.SeedMLP` (:func:`seed_model`) trains every
+    seed with Adam, each seed on its own mini-batches in the order
+    :class:`lnbook.train.Batches` gives it (the same updates as engine ``"runs"``, to float
+    rounding). Every evaluation (:func:`schedule`) records :func:`seed_metrics`: the
+    evaluation-mode metrics of engine ``"runs"`` and batch norm's recalibrated and
+    training-mode readings. Returns the :class:`Results` layout of :func:`run`.
+    """
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    d = _data(config) if data is None else data
+    dev = resolve_device(device)
+    n_eval = max(config.n_eval_train, max(config.batch_sizes))
+    ev = {"x_eval": d["x"][:n_eval].to(dev), "y_eval": d["y"][:n_eval].to(dev),
+          "x_test": d["x_test"].to(dev), "y_test": d["y_test"].to(dev)}
+    x_recal = d["x"][: config.n_recal].to(dev)
+    x_all, y_all = d["x"].to(dev), d["y"].to(dev)
+    runs = []
+    with cpu_threads(config.threads):
+        for bs in config.batch_sizes:
+            steps, eval_every = schedule(config, bs)
+            for norm in config.norms:
+                t0 = time.perf_counter()
+                model = seed_model(config, norm, bs, seeds).to(dev)
+                opt = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                       fused=dev.type in ("cpu", "cuda"))
+                batches = seed_batches(x_all, y_all, bs, seeds)
+                evals, at = [seed_metrics(model, ev, bs, x_recal)], [0]
+                losses = torch.empty(steps, len(seeds))  # (steps, S)
+                for step in range(steps):
+                    xb, yb = batches(step)  # (S, B, 784), (S, B)
+                    opt.zero_grad(set_to_none=True)
+                    loss = seed_nll(model(xb), yb)  # (S,)
+                    loss.sum().backward()  # the sum: each seed gets its own gradient
+                    opt.step()
+                    losses[step] = loss.detach().cpu()
+                    if (step + 1) % eval_every == 0 or step + 1 == steps:
+                        evals.append(seed_metrics(model, ev, bs, x_recal))
+                        at.append(step + 1)
+                wall = time.perf_counter() - t0
+                for i, seed in enumerate(seeds):
+                    hist = History(steps=list(range(1, steps + 1)),
+                                   losses=losses[:, i].tolist(), eval_steps=list(at),
+                                   metrics=[{k: float(v[i]) for k, v in e.items()}
+                                            for e in evals],
+                                   wall_time=wall / len(seeds))
+                    runs.append(Run(variant_name(norm, bs), seed, hist))
+    counts = torch.bincount(d["y"], minlength=10)  # (10,) training labels per class
+    majority = float((d["y_test"] != counts.argmax()).float().mean())
+    order = [variant_name(n, bs) for bs in config.batch_sizes for n in config.norms]
+    runs.sort(key=lambda r: (order.index(r.variant), seeds.index(r.seed)))
+    return Results(NAME, asdict(config), str(dev), runs,
+                   {"source": d["source"], "majority_error": majority, "engine": "seeds"})
+
+
 def run(
     config: Config,
     device: str | torch.device = "auto",
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
 ) -> Results:
-    """Train every (norm, batch size) variant with every seed; return the sweep's results.
+    """Train every (norm, batch size) variant with every seed; return the results.
+
+    Engine ``"seeds"`` (:func:`run_seeds`) trains each variant's seeds as one network and
+    writes ``out/mnist.json`` when ``out`` is given; engine ``"runs"`` (described below) goes
+    through the sweep, one run at a time, with checkpoints.
 
     Variants are named ``"<norm>/bs<B>"`` (:func:`variant_name`); every run records, at each
     evaluation, ``train_nll`` and ``train_error`` (on ``n_eval_train`` training images) and
@@ -379,6 +546,11 @@ def run(
     if not isinstance(config, Config):
         raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
     d = _data(config)
+    if config.engine == "seeds":
+        results = run_seeds(config, device, seeds, data=d)
+        if out is not None:
+            save_results(results, os.path.join(out, f"{NAME}.json"))
+        return results
     x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
     sizes = (784, *config.hidden, 10)
 
