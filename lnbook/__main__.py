@@ -46,7 +46,8 @@ scales:
   quick   small models on offline data, several seeds: each experiment in about a minute on
           a laptop CPU (what the book shows and its tests assert)
   paper   the paper's sizes (for example 55,000 MNIST images, 400-unit LSTMs): wants a GPU;
-          checkpoints into --out, so an interrupted run resumes
+          checkpoints into --out, so an interrupted run resumes (the experiments that train
+          their seeds as one model, mnist and the Transformer ones, write when they finish)
 
 Nothing is saved without --out. With --out DIR the results go to DIR/NAME.json, each finished
 run to DIR/runs/ and checkpoints to DIR/checkpoints/; the same command again resumes. DIR must

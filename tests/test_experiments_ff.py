@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from lnbook.data import load_mnist
-from lnbook.experiments import convnet, load_results, mnist, save_results
+from lnbook.experiments import OutConflict, convnet, load_results, mnist, save_results
 from lnbook.experiments.protocol import classification_metrics
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 
@@ -99,6 +99,9 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
                             "layer/bs4"]
     back = load_results(tmp_path / "mnist.json")
     assert back.to_dict() == res.to_dict() and back.config["hidden"] == [16]
+    with pytest.raises(OutConflict):  # another config's results are never overwritten
+        mnist.run(mnist.get_config("quick", hidden=(8,)), device="cpu", out=tmp_path)
+    assert load_results(tmp_path / "mnist.json").to_dict() == res.to_dict()
     steps, values = mnist.curves(back, "layer", 4, "train_nll")
     assert steps.tolist() == [0, 3, 6] and values.shape == (2, 3)
     assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 10))

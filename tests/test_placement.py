@@ -3,11 +3,13 @@ initialization, and a tiny warm-up sweep."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from lnbook.experiments import placement
+from lnbook.experiments import OutConflict, load_results, placement
 from lnbook.experiments.protocol import Job
 from lnbook.experiments.seq_tasks import make_task, train_transformer
 from lnbook.train import Batches
@@ -42,10 +44,13 @@ def test_gradient_profiles_are_layer_gradient_norms_of_fresh_models():
     assert np.all(block["post"][2] > prof["post"][2])  # a block holds more than fc2
 
 
-def test_tiny_sweep_and_tiny_paper_run():
+def test_tiny_sweep_and_tiny_paper_run(tmp_path):
     cfg = placement.get_config("quick", steps=3, eval_every=3, warmups=(0, 2), n_train=64,
                                n_test=16, size=4, d_model=16, n_heads=2, seeds=(0,))
-    res = placement.run(cfg, device="cpu")
+    res = placement.run(cfg, device="cpu", out=tmp_path)
+    with pytest.raises(OutConflict):  # another config's results are never overwritten
+        placement.run(replace(cfg, d_model=8), device="cpu", out=tmp_path)
+    assert load_results(tmp_path / "placement.json").to_dict() == res.to_dict()
     assert res.variants == ["post/warmup0", "post/warmup2", "pre/warmup0", "pre/warmup2"]
     # the same seed and data: the warm-up is the only difference, and it changes the run
     assert res.final("pre/warmup0", "loss") != res.final("pre/warmup2", "loss")

@@ -9,7 +9,10 @@ Book chapters 3.1, the lab 3.2, 6.1-6.7, 7 and Part II. Every experiment module
 - ``run(config, device="auto", out=None, seeds=None) -> Results``, which trains its variants x
   seeds through :func:`lnbook.experiments.runner.sweep` and returns one
   :class:`~lnbook.experiments.results.Results` (also written to ``out/<NAME>.json`` when
-  ``out`` is given, with the finished runs and checkpoints from which a sweep resumes).
+  ``out`` is given, with the finished runs and checkpoints from which a sweep resumes), or
+  trains every seed of a variant as one model (``mnist``'s default engine, and the
+  Transformer experiments through :mod:`.stacked`), writing ``out/<NAME>.json`` when done;
+  either way the results of another config in ``out`` are never overwritten.
 
 The shared machinery lives one job per module: ``presets``, ``results``, ``metrics``,
 ``store`` (the ``out`` folder), ``job``, ``workers`` and ``runner`` (the sweep);

@@ -28,6 +28,7 @@ import copy
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,8 @@ from lnbook.experiments.protocol import (
     save_results,
     sweep,
 )
+from lnbook.experiments.results import _jsonable
+from lnbook.experiments.store import check_results_file
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
@@ -547,6 +550,8 @@ def run(
         raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
     d = _data(config)
     if config.engine == "seeds":
+        if out is not None:  # results of another config in out are never overwritten
+            check_results_file(Path(out) / f"{NAME}.json", _jsonable(asdict(config)))
         results = run_seeds(config, device, seeds, data=d)
         if out is not None:
             save_results(results, os.path.join(out, f"{NAME}.json"))

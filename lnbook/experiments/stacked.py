@@ -33,8 +33,9 @@ from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.experiments.results import Results, Run, save_results
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.experiments.store import check_results_file
 from lnbook.train import Batches, History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -290,13 +291,18 @@ def sweep_stacked(
     Makes the sort or recall task of ``config`` (a
     :class:`~lnbook.experiments.seq_tasks.TaskConfig`), sets ``config.threads`` torch threads
     while ``train`` runs, and returns its runs with ``Results.info`` holding the task's
-    ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``.
+    ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``
+    (:class:`~lnbook.experiments.store.OutConflict`, before anything trains, when that file
+    holds the results of another config: they are never overwritten).
     Stacked models train on the CPU: another ``device`` gives a warning and is not used.
     """
     if str(device) not in ("cpu", "auto"):
         warnings.warn(f"{name} trains its stacked models on the CPU; device={device!r} is "
                       "not used", stacklevel=3)
     seeds = tuple(config.seeds if seeds is None else seeds)
+    cfg = {**vars(config), "seeds": list(seeds)}
+    if out is not None:  # results of another config in out are never overwritten
+        check_results_file(Path(out) / f"{name}.json", _jsonable(cfg))
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
     before = torch.get_num_threads()
     if config.threads is not None:
@@ -305,7 +311,7 @@ def sweep_stacked(
         runs = train(task, seeds)
     finally:
         torch.set_num_threads(before)
-    results = Results(name, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
+    results = Results(name, cfg, "cpu", runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})
     if out is not None:
