@@ -172,7 +172,7 @@ def run(
 ) -> Results:
     """Train the Pre-LN model with and without LayerNorm Scaling and measure every block.
 
-    Variants ``"pre"`` and ``"scaled"`` (:data:`VARIANTS`), every seed at once on the CPU.
+    Variants ``"pre"`` and ``"scaled"`` (:data:`VARIANTS`), every seed at once on ``device``.
     Each run's info holds ``removal`` (:func:`removal_costs`) and ``jacobian``
     (:func:`jacobian_distance`) of the trained model, one value per block, and ``diverged``;
     ``Results.info`` the task's ``uniform_loss`` and ``baseline_loss``. With ``out``, the

@@ -116,7 +116,7 @@ def run(
     """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``.
 
     Every seed and rate of one placement train at once
-    (:func:`~lnbook.experiments.stacked.train_stacked`, on the CPU); the runs come back as one
+    (:func:`~lnbook.experiments.stacked.train_stacked`, on ``device``); the runs come back as one
     :class:`Results` (variants :func:`variant_name`, in the order pre, peri, post), each run's
     info with ``lr`` and ``diverged``. ``Results.info`` holds the task's ``uniform_loss`` and
     ``baseline_loss``. With ``out``, the results are also written to ``out/peri_ln.json``.

@@ -170,7 +170,7 @@ def run(
     ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. A run whose loss
     stops being finite is marked ``diverged`` in its info (see
     :func:`lnbook.experiments.seq_tasks.train_transformer`). Every seed and warm-up of one
-    placement train at once on the CPU (:func:`~lnbook.experiments.stacked.train_stacked`;
+    placement train at once on ``device`` (:func:`~lnbook.experiments.stacked.train_stacked`;
     ``config.workers`` and ``checkpoint`` are not used); with ``out``, the results are also
     written to ``out/placement.json``.
     """

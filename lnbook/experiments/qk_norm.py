@@ -224,7 +224,7 @@ def run(
     stops being finite are marked ``diverged`` (their later evaluations repeat the model at
     initialization; see :func:`lnbook.experiments.seq_tasks.train_transformer`); the other
     copies of their stack train on unaffected. Every seed and rate of one model train at once
-    on the CPU (:func:`~lnbook.experiments.stacked.train_stacked`; ``config.workers`` and
+    on ``device`` (:func:`~lnbook.experiments.stacked.train_stacked`; ``config.workers`` and
     ``checkpoint`` are not used); with ``out``, the results are also written to
     ``out/qk_norm.json``.
     """

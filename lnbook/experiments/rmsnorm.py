@@ -201,7 +201,7 @@ def run(
     ``max_logit`` (:func:`lnbook.experiments.seq_tasks.sequence_metrics`);
     ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss`` (the
     position-wise unigram predictor that every run must beat). Every seed of one norm trains
-    at once on the CPU (:func:`lnbook.experiments.stacked.train_stacked`; each copy is the run
+    at once on ``device`` (:func:`lnbook.experiments.stacked.train_stacked`; each copy is the run
     that :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, up to rounding;
     ``config.workers`` and ``checkpoint`` are not used); with ``out``, the results are also
     written to ``out/rmsnorm.json``.

@@ -20,10 +20,10 @@ block's output): the quantity the two chapters follow by depth and over training
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.device import resolve_device
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
 from lnbook.experiments.store import check_results_file
@@ -196,12 +197,15 @@ def train_stacked(
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
         raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
-    ramp = torch.tensor([float(w) for w in ramps for _ in seeds])  # (n,)
+    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=task.x.device)  # (n,)
     models = []
     for _, seed in jobs:
         torch.manual_seed(seed)
         models.append(_Stream(Transformer.from_config(model_config)))
+    dev = task.x.device  # the copies train where the task's tensors are
     params, buffers = stack_module_state(models)  # {name: (n, ...)}
+    params = {k: v.detach().to(dev) for k, v in params.items()}
+    buffers = {k: v.to(dev) for k, v in buffers.items()}
     base = copy.deepcopy(models[0]).to("meta")
     names = list(params)
 
@@ -218,8 +222,8 @@ def train_stacked(
     evaluate = vmap(functools.partial(one, with_var=stream_var), in_dims=(0, 0, None, None))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
-    rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs])
-    lr = torch.tensor([r for r, _ in jobs])  # (n,)
+    rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs]).to(dev)
+    lr = torch.tensor([r for r, _ in jobs], device=dev)  # (n,)
     hists = [History() for _ in jobs]
     diverged_at: list[int | None] = [None] * len(jobs)
     state: dict[str, Any] = {}
@@ -229,11 +233,12 @@ def train_stacked(
         with torch.no_grad():
             loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
         n_var = var.shape[1] - int(max_logit)
+        loss, acc, var = loss.tolist(), acc.tolist(), var.tolist()  # one copy off a GPU
         for k, h in enumerate(hists):
-            m = {"loss": float(loss[k]), "accuracy": float(acc[k]),
-                 **{f"var_{i}": float(v) for i, v in enumerate(var[k, :n_var])}}
+            m = {"loss": loss[k], "accuracy": acc[k],
+                 **{f"var_{i}": v for i, v in enumerate(var[k][:n_var])}}
             if max_logit:
-                m["max_logit"] = float(var[k, -1])
+                m["max_logit"] = var[k][-1]
             if step == 0:
                 initial.append(m)
             if diverged_at[k] is not None:  # the model at initialization (train_transformer)
@@ -251,9 +256,9 @@ def train_stacked(
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
         adam_step([params[k] for k in names], grads, state, rate)
-        losses = loss.detach()  # (n,)
+        losses = loss.detach().tolist()  # (n,)
         for k, h in enumerate(hists):
-            value = float(losses[k])
+            value = losses[k]
             if diverged_at[k] is None and not math.isfinite(value):
                 diverged_at[k] = step
             if diverged_at[k] is None:
@@ -264,8 +269,8 @@ def train_stacked(
     out = []
     for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
         model = Transformer.from_config(model_config)
-        model.load_state_dict({n[len("model."):]: params[n][k].detach().clone()
-                               for n in names} | {n[len("model."):]: buffers[n][k]
+        model.load_state_dict({n[len("model."):]: params[n][k].detach().cpu().clone()
+                               for n in names} | {n[len("model."):]: buffers[n][k].cpu()
                                                   for n in buffers})
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                 "diverged_at": diverged_at[k]}
@@ -294,16 +299,17 @@ def sweep_stacked(
     ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``
     (:class:`~lnbook.experiments.store.OutConflict`, before anything trains, when that file
     holds the results of another config: they are never overwritten).
-    Stacked models train on the CPU: another ``device`` gives a warning and is not used.
+    The copies train on ``device`` (``"auto"``: a GPU when there is one); the trained models
+    come back on the CPU.
     """
-    if str(device) not in ("cpu", "auto"):
-        warnings.warn(f"{name} trains its stacked models on the CPU; device={device!r} is "
-                      "not used", stacklevel=3)
+    dev = resolve_device(device)
     seeds = tuple(config.seeds if seeds is None else seeds)
     cfg = {**vars(config), "seeds": list(seeds)}
     if out is not None:  # results of another config in out are never overwritten
         check_results_file(Path(out) / f"{name}.json", _jsonable(cfg))
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    task = dataclasses.replace(task, x=task.x.to(dev), y=task.y.to(dev),
+                               x_test=task.x_test.to(dev), y_test=task.y_test.to(dev))
     before = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -311,7 +317,7 @@ def sweep_stacked(
         runs = train(task, seeds)
     finally:
         torch.set_num_threads(before)
-    results = Results(name, cfg, "cpu", runs,
+    results = Results(name, cfg, str(dev), runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})
     if out is not None:
