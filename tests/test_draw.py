@@ -373,6 +373,7 @@ def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
         warnings.simplefilter("ignore", RuntimeWarning)  # the paper preset's subset warning
         a = draw.run(stacked, device="cpu", seeds=[0, 1], out=tmp_path)
         b = draw.run(draw.get_config(scale, **tiny, stacked=False), device="cpu", seeds=[0, 1])
+        x_test = draw.load_data(stacked)[1]
     assert [(r.variant, r.seed) for r in a.runs] == [(r.variant, r.seed) for r in b.runs]
     assert a.info == b.info and a.device == b.device
     assert {**a.config, "stacked": False} == b.config
@@ -384,8 +385,8 @@ def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
             np.testing.assert_allclose(ra.history.metric(name), rb.history.metric(name),
                                        rtol=1e-5)
     assert load_results(tmp_path / "draw.json").to_dict() == a.to_dict()
-    assert_same_runs(a, draw.run(stacked, device="cpu", seeds=[0, 1]))  # deterministic
-    x_test = draw.load_data(stacked)[1]
+    if scale == "quick":
+        assert_same_runs(a, draw.run(stacked, device="cpu", seeds=[0, 1]))  # deterministic
     for v in draw.VARIANTS:
         model = draw.load_trained(stacked, tmp_path, v, 1)
         assert model.evaluate(x_test) == pytest.approx(a.final(v, "bound")[1], rel=1e-5)
