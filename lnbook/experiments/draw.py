@@ -17,9 +17,12 @@ units with Adam at batch size 128 on 28 x 28 images (the ``paper`` preset). The 
 is a miniature that a CPU trains in seconds per run: the digits are averaged down to 14 x 14
 pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
 updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
-:func:`run` trains both variants for every seed through
-:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_bound` reads the speed off its
-:class:`~lnbook.experiments.protocol.Results`.
+:func:`run` trains both variants for every seed at once, as one
+:class:`StackedDRAW` (every parameter with a leading copy dimension, one batched matmul per
+layer for all the runs), or, with checkpoints (the ``paper`` preset), one model at a time
+through :func:`lnbook.experiments.runner.sweep`; both give the same
+:class:`~lnbook.experiments.protocol.Results`, and :func:`updates_to_bound` reads the speed
+off it.
 """
 
 from __future__ import annotations
@@ -540,7 +543,7 @@ class StackedDRAW:
 
     Example::
 
-        >>> torch.manual_seed(0)
+        >>> _ = torch.manual_seed(0)
         >>> models = [DRAW(14, 14, 2, 16, 16, 4, 3, 3, layer_norm=ln) for ln in (False, True)]
         >>> stack = StackedDRAW(models)
         >>> nll_x, kl = stack.bound_terms(torch.bernoulli(torch.full((2, 8, 196), 0.3)),
@@ -846,14 +849,18 @@ def run(
 ) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    Every run evaluates, before training and every ``eval_every`` updates, the held-out
-    ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one posterior sample
-    with fixed noise, :meth:`DRAW.evaluate_terms`).
+    All the runs train at once as one :class:`StackedDRAW` (``config.stacked``, one
+    process), or one at a time through :func:`lnbook.experiments.runner.sweep` when
+    ``config.checkpoint`` is set or ``stacked`` is not; each run starts from the same
+    parameters, sees the same batches and noise, and gets the same numbers either way (up to
+    float rounding). Every run evaluates, before training and every ``eval_every`` updates,
+    the held-out ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one
+    posterior sample with fixed noise, :meth:`DRAW.evaluate_terms`).
 
     Args:
         config: from :func:`get_config`.
         device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
-        out: folder for ``draw.json``, the finished runs, the trained weights
+        out: folder for ``draw.json``, the finished runs (one at a time only), the trained weights
             (:func:`model_path`, read back by :func:`load_trained`) and, with
             ``config.checkpoint``, the checkpoints from which an interrupted sweep resumes.
         seeds: overrides ``config.seeds``.
