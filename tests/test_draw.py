@@ -343,7 +343,7 @@ def test_stacked_copies_compute_each_model_s_loss_and_gradient():
         torch.manual_seed(seed)  # the single model's noise: the global stream of its seed
         loss = model(x[k])
         loss.backward()
-        assert float((nll_x[k] + kl[k]).mean()) == pytest.approx(float(loss), rel=1e-12)
+        assert float((nll_x[k] + kl[k]).mean().detach()) == pytest.approx(loss.item(), rel=1e-12)
         for name, p in model.named_parameters():
             torch.testing.assert_close(stack.params[name].grad[k], p.grad, rtol=1e-9,
                                        atol=1e-12)
