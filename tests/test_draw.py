@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import matplotlib
 import numpy as np
@@ -195,10 +196,11 @@ def test_model_rejects_bad_input():
 def test_configs():
     paper = draw.get_config("paper")
     assert (paper.glimpses, paper.enc_size, paper.dec_size, paper.batch_size) == (64, 256, 256, 128)
-    assert paper.lr == 1e-3 and paper.checkpoint
+    assert paper.lr == 1e-3 and paper.checkpoint and not paper.stacked
     assert paper.image_size == 28 and paper.binarize_threshold is None  # fixed random sample
     quick = draw.get_config("quick", steps=7)
     assert quick.scale == "quick" and quick.steps == 7 and quick.image_size == 14
+    assert quick.stacked and not quick.checkpoint
     with pytest.raises(ValueError, match="scale"):
         draw.get_config("huge")
     with pytest.raises(ValueError, match="unknown"):
@@ -262,7 +264,7 @@ _TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, 
 
 
 def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
-    cfg = draw.get_config("quick", **_TINY)
+    cfg = draw.get_config("quick", **_TINY, stacked=False)  # as the checkpointed runs train
     threads = torch.get_num_threads()
     a = draw.run(cfg, device="cpu", seeds=[0])
     assert torch.get_num_threads() == threads
@@ -318,7 +320,73 @@ def test_plot_canvas_lays_out_one_row_per_digit_and_prior_sample_per_model():
 
 def test_two_workers_give_the_same_runs():
     """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
-    one = draw.run(draw.get_config("quick", **{**_TINY, "steps": 2}), device="cpu", seeds=[0, 1])
-    two = draw.run(draw.get_config("quick", **{**_TINY, "steps": 2, "workers": 2}), device="cpu",
-                   seeds=[0, 1])
+    tiny = {**_TINY, "steps": 2, "stacked": False}
+    one = draw.run(draw.get_config("quick", **tiny), device="cpu", seeds=[0, 1])
+    two = draw.run(draw.get_config("quick", **{**tiny, "workers": 2}), device="cpu", seeds=[0, 1])
     assert_same_runs(one, two)
+
+
+def test_stacked_copies_compute_each_model_s_loss_and_gradient():
+    """Copy k of a StackedDRAW is models[k]: same loss and gradient (float64), and the same
+    held-out terms with the same noise; a baseline copy's unused LN gain gets no gradient."""
+    kinds = [(False, 0), (True, 0), (False, 1), (True, 2)]
+    models = [_small_model(ln, seed).double() for ln, seed in kinds]
+    stack = draw.StackedDRAW(models)
+    assert len(stack) == 4 and stack.params["encoder.weight_ih"].shape == (4, 64, 2 * 4 + 16)
+    x = torch.bernoulli(torch.full((4, 6, 784), 0.3, dtype=torch.float64),
+                        generator=torch.Generator().manual_seed(0))
+    gens = [torch.Generator().manual_seed(seed) for _, seed in kinds]
+    nll_x, kl = stack.bound_terms(x, lambda t: torch.stack(
+        [torch.randn(6, 4, generator=g, dtype=torch.float64) for g in gens]))
+    (nll_x + kl).mean(1).sum().backward()
+    for k, (model, (ln, seed)) in enumerate(zip(models, kinds, strict=True)):
+        torch.manual_seed(seed)  # the single model's noise: the global stream of its seed
+        loss = model(x[k])
+        loss.backward()
+        assert float((nll_x[k] + kl[k]).mean().detach()) == pytest.approx(loss.item(), rel=1e-12)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(stack.params[name].grad[k], p.grad, rtol=1e-9,
+                                       atol=1e-12)
+        if not ln:
+            assert stack.params["encoder.ln_c.weight"].grad[k].abs().max() == 0
+        assert stack.model(k).layer_norm == ln
+        assert set(stack.state_dict(k)) == set(model.state_dict())
+    x_test = x[0, :5]
+    for k, terms in enumerate(stack.evaluate_terms(x_test, batch_size=2)):
+        ref = models[k].evaluate_terms(x_test, batch_size=2)
+        assert terms == pytest.approx(ref, rel=1e-12)
+    with pytest.raises(ValueError, match="share their sizes"):
+        draw.StackedDRAW([_small_model(False), draw.DRAW(28, 28, 3, 16, 16, 4, 2, 2)])
+    with pytest.raises(ValueError, match=r"\(4, B, 784\)"):
+        stack.bound_terms(x[:2], lambda t: None)
+
+
+@pytest.mark.parametrize("scale", ["quick", "paper"])
+def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
+    """The one-process stacked run and the sweep of single models give the same runs (float32
+    rounding apart): same initialization, batches, noise stream, Adam, evaluations."""
+    tiny = {**_TINY, "steps": 6, "checkpoint": False}
+    if scale == "paper":
+        tiny.update(read_n=2, write_n=5, steps=2, eval_images=16)
+    stacked = draw.get_config(scale, **tiny, stacked=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the paper preset's subset warning
+        a = draw.run(stacked, device="cpu", seeds=[0, 1], out=tmp_path)
+        b = draw.run(draw.get_config(scale, **tiny, stacked=False), device="cpu", seeds=[0, 1])
+        x_test = draw.load_data(stacked)[1]
+    assert [(r.variant, r.seed) for r in a.runs] == [(r.variant, r.seed) for r in b.runs]
+    assert a.info == b.info and a.device == b.device
+    assert {**a.config, "stacked": False} == b.config
+    for ra, rb in zip(a.runs, b.runs, strict=True):
+        assert ra.history.steps == rb.history.steps
+        assert ra.history.eval_steps == rb.history.eval_steps
+        np.testing.assert_allclose(ra.history.losses, rb.history.losses, rtol=1e-5)
+        for name in ("bound", "nll_x", "kl"):
+            np.testing.assert_allclose(ra.history.metric(name), rb.history.metric(name),
+                                       rtol=1e-5)
+    assert load_results(tmp_path / "draw.json").to_dict() == a.to_dict()
+    if scale == "quick":
+        assert_same_runs(a, draw.run(stacked, device="cpu", seeds=[0, 1]))  # deterministic
+    for v in draw.VARIANTS:
+        model = draw.load_trained(stacked, tmp_path, v, 1)
+        assert model.evaluate(x_test) == pytest.approx(a.final(v, "bound")[1], rel=1e-5)

@@ -17,16 +17,21 @@ units with Adam at batch size 128 on 28 x 28 images (the ``paper`` preset). The 
 is a miniature that a CPU trains in seconds per run: the digits are averaged down to 14 x 14
 pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
 updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
-:func:`run` trains both variants for every seed through
-:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_bound` reads the speed off its
-:class:`~lnbook.experiments.protocol.Results`.
+:func:`run` trains both variants for every seed at once, as one
+:class:`StackedDRAW` (every parameter with a leading copy dimension, one batched matmul per
+layer for all the runs), or, with checkpoints (the ``paper`` preset), one model at a time
+through :func:`lnbook.experiments.runner.sweep`; both give the same
+:class:`~lnbook.experiments.protocol.Results`, and :func:`updates_to_bound` reads the speed
+off it.
 """
 
 from __future__ import annotations
 
+import copy
 import numbers
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
@@ -44,10 +50,10 @@ from lnbook.device import resolve_device
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import updates_to_reach
 from lnbook.experiments.presets import make_config
-from lnbook.experiments.results import Results
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
+from lnbook.train import Batches, History, fit, progress_enabled
 
 __all__ = [
     "NAME",
@@ -61,6 +67,7 @@ __all__ = [
     "write_patch",
     "gaussian_kl",
     "DRAW",
+    "StackedDRAW",
     "mean_image_nll",
     "updates_to_bound",
     "load_data",
@@ -108,7 +115,12 @@ class Config:
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
         workers: runs trained at once, each in its own process, on a CPU (see
             :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it.
+            ``if __name__ == "__main__":``). Results do not depend on it. Used only
+            without ``stacked``.
+        stacked: train all the (variant, seed) runs at once as one :class:`StackedDRAW`
+            (one process, one batched computation); checkpointed runs (``checkpoint``) and
+            ``stacked=False`` train one model at a time through
+            :func:`lnbook.experiments.runner.sweep`.
     """
 
     scale: str = "quick"
@@ -132,6 +144,7 @@ class Config:
     checkpoint: bool = False
     threads: int | None = 1
     workers: int = 1
+    stacked: bool = True
 
 
 _PRESETS: dict[str, dict] = {
@@ -139,7 +152,7 @@ _PRESETS: dict[str, dict] = {
     "paper": dict(
         image_size=28, binarize_threshold=None, glimpses=64, enc_size=256, dec_size=256,
         z_size=100, read_n=2, write_n=5, batch_size=128, lr=1e-3, steps=40_000,
-        eval_every=1_000, eval_images=None, checkpoint=True, threads=None,
+        eval_every=1_000, eval_images=None, checkpoint=True, threads=None, stacked=False,
     ),  # 40,000 updates of 128 are about the 100 epochs of 50,000 images in Figure 4
 }
 
@@ -380,7 +393,10 @@ class DRAW(nn.Module):
 
     def _attend(self, layer: nn.Linear, h_dec: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """:func:`attention_params` then :func:`filterbank`, fused into fewer tensor ops."""
-        raw = layer(h_dec)  # (B, 5)
+        return self._attend_raw(layer(h_dec), grid)
+
+    def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
+        """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
         centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
         pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
         n = grid.shape[0]
@@ -390,8 +406,12 @@ class DRAW(nn.Module):
         return fx, fy, pos[:, 2:3]
 
     def _write(self, h_dec: Tensor) -> Tensor:
-        fx, fy, gamma = self._attend(self.write_attn, h_dec, self.write_grid)
-        w = self.write_w(h_dec).view(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
+        return self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
+
+    def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
+        """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
+        fx, fy, gamma = self._attend_raw(raw, self.write_grid)
+        w = w.reshape(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
         return write_patch(w, fx, fy, gamma)  # (B, H, W)
 
     def bound_terms(self, x: Tensor, canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
@@ -500,6 +520,178 @@ def _seeded(seed: int) -> Iterator[None]:
         torch.random.set_rng_state(state)
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Many models as one computation
+
+
+class StackedDRAW:
+    """Copies of one DRAW architecture (baseline and layer-normalized, any seeds) as one model.
+
+    Every parameter of :class:`DRAW` is held once for all ``M`` copies, stacked along a
+    leading copy dimension (``params[name]`` is ``(M, *shape)``), so that a step of all the
+    copies is one batched matmul per layer (:func:`torch.baddbmm`) and one pass through the
+    filterbanks, instead of ``M`` passes through small layers. Copy ``k`` computes exactly
+    what ``models[k]`` computes (up to the rounding of the batched matmuls): the same
+    attention (:meth:`DRAW._attend_raw`), LSTM cells (eqs. 29-31, LN on the cell state only in
+    the copies built with ``layer_norm=True``) and bound. A baseline copy also holds an unused
+    gain and bias for ``ln_c`` (1 and 0; their gradient is 0, so Adam leaves them there).
+
+    Args:
+        models: :class:`DRAW` models of the same sizes; their parameters are copied.
+
+    Example::
+
+        >>> _ = torch.manual_seed(0)
+        >>> models = [DRAW(14, 14, 2, 16, 16, 4, 3, 3, layer_norm=ln) for ln in (False, True)]
+        >>> stack = StackedDRAW(models)
+        >>> nll_x, kl = stack.bound_terms(torch.bernoulli(torch.full((2, 8, 196), 0.3)),
+        ...                               lambda t: torch.randn(2, 8, 4))
+        >>> nll_x.shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(self, models: list[DRAW]) -> None:
+        if not models or not all(isinstance(m, DRAW) for m in models):
+            raise TypeError("StackedDRAW takes a non-empty list of DRAW models")
+        sizes = {_sizes(m) for m in models}
+        if len(sizes) != 1:
+            raise ValueError(f"the models must share their sizes, got {sorted(sizes)}")
+        self.template = copy.deepcopy(models[0])  # buffers and sizes for the attention
+        self.layer_norm = [bool(m.layer_norm) for m in models]
+        dev = next(models[0].parameters()).device
+        self.ln = torch.tensor(self.layer_norm, device=dev).view(-1, 1, 1)  # (M, 1, 1)
+        ln_model = next((m for m in models if m.layer_norm), None)
+        self.eps = ln_model.encoder.ln_c.eps if ln_model is not None else 1e-5
+        names = [n for n, _ in (ln_model or models[0]).named_parameters()]
+        self.params: dict[str, Tensor] = {}
+        for name in names:
+            rows = []
+            for m in models:
+                own = dict(m.named_parameters())
+                if name in own:
+                    rows.append(own[name].detach())
+                else:  # the LN gain and bias of a baseline copy: unused
+                    rows.append(torch.full_like(dict(ln_model.named_parameters())[name],
+                                                1.0 if name.endswith("weight") else 0.0))
+            self.params[name] = torch.stack(rows).clone().requires_grad_(True)
+
+    def __len__(self) -> int:
+        return len(self.layer_norm)
+
+    def state_dict(self, k: int) -> dict[str, Tensor]:
+        """The weights of copy ``k`` as :meth:`DRAW.state_dict` holds them."""
+        keep = self.layer_norm[k]
+        return {n: p[k].detach().clone() for n, p in self.params.items()
+                if keep or ".ln_c." not in n}
+
+    def model(self, k: int) -> DRAW:
+        """Copy ``k`` as a :class:`DRAW` (in eval mode)."""
+        t = self.template
+        m = DRAW(t.width, t.height, t.glimpses, t.encoder.hidden_size, t.decoder.hidden_size,
+                 t.z_size, t.read_n, t.write_n, layer_norm=self.layer_norm[k])
+        m.load_state_dict(self.state_dict(k))
+        return m.to(t.half_size.device).eval()
+
+    def _cell_norm(self, prefix: str, c: Tensor) -> Tensor:
+        """What feeds the output tanh: LN(c) in the LN copies (eq. 31), c in the others."""
+        if not any(self.layer_norm):
+            return c
+        p = self.params
+        n = F.layer_norm(c, c.shape[-1:], eps=self.eps)  # (M, B, H)
+        n = torch.addcmul(p[f"{prefix}.ln_c.bias"].unsqueeze(1), n,
+                          p[f"{prefix}.ln_c.weight"].unsqueeze(1))
+        return n if all(self.layer_norm) else torch.where(self.ln, n, c)
+
+    def _lstm(self, prefix: str, inp: Tensor, state: tuple[Tensor, Tensor] | None,
+              w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """One step of every copy's :class:`lnbook.DRAWLSTMCell`; ``w`` is ``(M, I + H, 4H)``
+        (``[W_ih, W_hh]`` transposed), ``b`` is ``(M, 1, 4H)``; gates in torch's order."""
+        if state is None:
+            h = c = inp.new_zeros(*inp.shape[:2], w.shape[-1] // 4)  # (M, B, H)
+        else:
+            h, c = state
+        gates = torch.baddbmm(b, torch.cat([inp, h], -1), w)  # (M, B, 4H)
+        i, f, g, o = gates.chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (M, B, H), eq. 30
+        h = torch.sigmoid(o) * torch.tanh(self._cell_norm(prefix, c))  # eq. 31 (or plain)
+        return h, c
+
+    def bound_terms(self, x: Tensor, noise: Callable[[int], Tensor]) -> tuple[Tensor, Tensor]:
+        """:meth:`DRAW.bound_terms` of every copy on its own images.
+
+        Args:
+            x: ``(M, B, height * width)`` binary images, row ``k`` for copy ``k``.
+            noise: ``t -> (M, B, z_size)`` standard normal noise of glimpse ``t``.
+
+        Returns:
+            ``(nll_x, kl)``, each ``(M, B)``.
+        """
+        t, p = self.template, self.params
+        if x.dim() != 3 or x.shape[0] != len(self) or x.shape[2] != t.width * t.height:
+            raise ValueError(f"x must have shape ({len(self)}, B, {t.width * t.height}), got "
+                             f"{tuple(x.shape)}")
+        m, bsz = x.shape[:2]
+        lstm = {}
+        for cell in ("encoder", "decoder"):
+            lstm[cell] = (torch.cat([p[f"{cell}.weight_ih"], p[f"{cell}.weight_hh"]],
+                                    2).transpose(1, 2),
+                          (p[f"{cell}.bias_ih"] + p[f"{cell}.bias_hh"]).unsqueeze(1))
+        w_q, b_q = p["to_q.weight"].transpose(1, 2), p["to_q.bias"].unsqueeze(1)
+        heads = ("read_attn", "write_attn", "write_w")  # all three read h_dec: one matmul
+        w_h = torch.cat([p[f"{h}.weight"] for h in heads], 1).transpose(1, 2)  # (M, Hd, 10+Nw^2)
+        b_h = torch.cat([p[f"{h}.bias"] for h in heads], 1).unsqueeze(1)  # (M, 1, 10+Nw^2)
+        img = x.view(m, bsz, t.height, t.width)  # (M, B, H, W)
+        canvas = torch.zeros_like(img)
+        h_dec = x.new_zeros(m, bsz, t.decoder.hidden_size)
+        read_raw = b_h[..., :5].expand(m, bsz, 5)  # the read head of h_dec = 0
+        enc = dec = None
+        kl = x.new_zeros(m, bsz)
+        for step in range(t.glimpses):
+            x_hat = img - torch.sigmoid(canvas)  # (M, B, H, W)
+            fx, fy, gamma = t._attend_raw(read_raw.reshape(m * bsz, 5), t.read_grid)
+            both = torch.stack([img, x_hat], 2).view(m * bsz, 2, t.height, t.width)
+            r = read_glimpse(both, fx, fy, gamma).reshape(m, bsz, -1)  # (M, B, 2 Nr^2)
+            enc = self._lstm("encoder", torch.cat([r, h_dec], -1), enc, *lstm["encoder"])
+            mu, log_sigma = torch.baddbmm(b_q, enc[0], w_q).chunk(2, -1)  # (M, B, Z) each
+            z = mu + torch.exp(log_sigma) * noise(step)
+            kl = kl + gaussian_kl(mu, log_sigma)
+            dec = self._lstm("decoder", z, dec, *lstm["decoder"])
+            h_dec = dec[0]
+            out = torch.baddbmm(b_h, h_dec, w_h)  # (M, B, 10 + Nw^2)
+            read_raw = out[..., :5]
+            patch = t._write_raw(out[..., 5:10].reshape(m * bsz, 5), out[..., 10:])
+            canvas = canvas + patch.view(m, bsz, t.height, t.width)
+        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((2, 3))
+        return nll_x, kl
+
+    @torch.no_grad()
+    def evaluate_terms(self, x: Tensor, batch_size: int = 500,
+                       seed: int = 0) -> list[dict[str, float]]:
+        """:meth:`DRAW.evaluate_terms` of every copy on the same images ``x`` (N, H*W), with
+        the same posterior noise (a generator seeded with ``seed``, drawn as the single model
+        draws it), so copy ``k`` gets what ``self.model(k).evaluate_terms(x)`` returns."""
+        m, z = len(self), self.template.z_size
+        gen = torch.Generator(device=x.device).manual_seed(seed)
+        nll = torch.zeros(m, dtype=torch.float64)
+        kl = torch.zeros(m, dtype=torch.float64)
+        for chunk in x.split(batch_size):
+            n = chunk.shape[0]
+            draws = [torch.randn(n, z, generator=gen, device=x.device, dtype=x.dtype)
+                     for _ in range(self.template.glimpses)]
+            nll_x, kl_ = self.bound_terms(chunk.expand(m, -1, -1),
+                                          lambda t, d=draws: d[t].expand(m, -1, -1))
+            nll += nll_x.sum(1).double().cpu()
+            kl += kl_.sum(1).double().cpu()
+        n = x.shape[0]
+        return [{"bound": (a + b) / n, "nll_x": a / n, "kl": b / n}
+                for a, b in zip(nll.tolist(), kl.tolist(), strict=True)]
+
+
+def _sizes(m: DRAW) -> tuple[int, ...]:
+    return (m.width, m.height, m.glimpses, m.encoder.hidden_size, m.decoder.hidden_size,
+            m.z_size, m.read_n, m.write_n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,14 +849,18 @@ def run(
 ) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    Every run evaluates, before training and every ``eval_every`` updates, the held-out
-    ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one posterior sample
-    with fixed noise, :meth:`DRAW.evaluate_terms`).
+    All the runs train at once as one :class:`StackedDRAW` (``config.stacked``, one
+    process), or one at a time through :func:`lnbook.experiments.runner.sweep` when
+    ``config.checkpoint`` is set or ``stacked`` is not; each run starts from the same
+    parameters, sees the same batches and noise, and gets the same numbers either way (up to
+    float rounding). Every run evaluates, before training and every ``eval_every`` updates,
+    the held-out ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one
+    posterior sample with fixed noise, :meth:`DRAW.evaluate_terms`).
 
     Args:
         config: from :func:`get_config`.
         device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
-        out: folder for ``draw.json``, the finished runs, the trained weights
+        out: folder for ``draw.json``, the finished runs (one at a time only), the trained weights
             (:func:`model_path`, read back by :func:`load_trained`) and, with
             ``config.checkpoint``, the checkpoints from which an interrupted sweep resumes.
         seeds: overrides ``config.seeds``.
@@ -679,10 +875,13 @@ def run(
             f"config must be a draw.Config (use get_config), got {type(config).__name__}"
         )
     x_train, x_test, source = load_data(config)
-    train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
+    if config.stacked and not config.checkpoint:
+        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out,
+                            tuple(config.seeds if seeds is None else seeds), progress)
+    train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
     return sweep(NAME, {v: v for v in config.variants},
                  tuple(config.seeds if seeds is None else seeds), train_one, config=config,
                  device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
@@ -705,3 +904,88 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), path)
     return history
+
+
+def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
+                 dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
+                 progress: bool | None) -> Results:
+    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`.
+
+    Copy ``(variant, seed)`` starts from the model :func:`_train_one` builds
+    (``torch.manual_seed(seed)``, then :func:`build_model`), sees the batches of
+    ``Batches(x_train, seed=seed)``, draws its posterior noise from a generator seeded with
+    ``seed`` (the stream :func:`lnbook.fit` gives the single model) and has its own Adam
+    moments (Adam is elementwise; the copies share its learning rate and step count); it is
+    evaluated like :func:`lnbook.fit`
+    evaluates, before training, every ``eval_every`` updates and after the last.
+    """
+    pairs = [(v, int(s)) for v in config.variants for s in seeds]
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        models = []
+        for v, s in pairs:
+            torch.manual_seed(s)
+            models.append(build_model(config, layer_norm=(v == "layer_norm")).to(dev))
+        stack = StackedDRAW(models)
+        histories = _train_stacked(stack, config, x_train.to(dev), x_test.to(dev),
+                                   [s for _, s in pairs], dev, progress)
+    finally:
+        torch.set_num_threads(before)
+    runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
+    results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
+    if out is not None:
+        for k, (v, s) in enumerate(pairs):
+            path = model_path(out, v, s)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(stack.state_dict(k), path)
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results
+
+
+def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: Tensor,
+                   seeds: list[int], dev: torch.device, progress: bool | None) -> list[History]:
+    """Train the copies of ``stack`` (copy ``k`` with seed ``seeds[k]``); their histories."""
+    m = len(stack)
+    batches = {s: Batches(x_train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
+    shape = (config.batch_size, config.z_size)
+
+    def noise(_: int) -> Tensor:
+        return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
+
+    params = list(stack.params.values())
+    # Adam is elementwise: on the stacked parameters each copy keeps its own moments, and all
+    # copies share the learning rate and step count, so this is one torch Adam per copy
+    # (the fused kernel: one pass over all the parameters instead of a loop of small ops)
+    adam = torch.optim.Adam(params, lr=config.lr, fused=dev.type in ("cpu", "cuda"))
+    histories = [History() for _ in range(m)]
+    t_start = time.perf_counter()
+
+    def evaluate(step: int) -> None:
+        for h, metrics in zip(histories, stack.evaluate_terms(x_test), strict=True):
+            h.eval_steps.append(step)
+            h.metrics.append(metrics)
+
+    evaluate(0)
+    for step in tqdm(range(config.steps), disable=not progress_enabled(progress), desc=NAME):
+        x = torch.stack([batches[s](step)[0] for s in seeds])  # (M, B, D)
+        nll_x, kl = stack.bound_terms(x, noise)
+        losses = (nll_x + kl).mean(1)  # (M,)
+        adam.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        values = losses.tolist()
+        if not all(np.isfinite(values)):
+            raise FloatingPointError(f"the training losses are {values} at update {step + 1}")
+        adam.step()
+        done = step + 1
+        for h, v in zip(histories, values, strict=True):
+            h.steps.append(done)
+            h.losses.append(v)
+        if done % config.eval_every == 0 or done == config.steps:
+            evaluate(done)
+    wall = time.perf_counter() - t_start
+    for h in histories:
+        h.wall_time = wall
+    return histories
