@@ -43,7 +43,8 @@ from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
-           "train_copies", "dyt_minus_ln", "rank_correlation", "run"]
+           "train_copies", "table", "dyt_minus_ln", "left_trivial", "rank_correlation",
+           "run"]
 
 NAME = "dyt_regime"
 DESCRIPTION = ("small Pre-LN Transformer with layer norm or DyT over several training-set sizes; "
@@ -289,11 +290,22 @@ def table(results: Results, key: str) -> dict[str, Tensor]:
     return out
 
 
-def dyt_minus_ln(results: Results, key: str = "loss") -> Tensor:
+def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) -> Tensor:
     """DyT's ``info[key]`` minus layer norm's, per training-set size and seed: ``(sizes,
-    seeds)``."""
+    seeds)``; with ``relative``, divided by layer norm's (``(DyT - LN) / LN``, the form of
+    Verma's percentages)."""
     t = table(results, key)
-    return t["dyt"] - t["layer"]
+    diff = t["dyt"] - t["layer"]
+    return diff / t["layer"] if relative else diff
+
+
+def left_trivial(results: Results, bar: float = 0.5) -> Tensor:
+    """Per seed: on every training-set size, both norms' training loss (mean of the last 10
+    updates) is at least ``bar`` below the position-wise unigram predictor's held-out loss.
+    ``(seeds,)`` booleans."""
+    t = table(results, "train_loss")
+    limit = results.info["baseline_loss"] - bar
+    return ((t["layer"] <= limit) & (t["dyt"] <= limit)).all(0)
 
 
 def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
