@@ -86,7 +86,8 @@ def test_stacked_copies_equal_models_trained_one_at_a_time():
             final = float(sequence_loss(model(task.x_test), task.y_test))
         assert g["n"] == n and g["seed"] == seed and not g["diverged"]
         assert g["loss"] == pytest.approx(final, abs=1e-5)
-        assert g["saturated"] == pytest.approx(sat, abs=0.02)  # a unit may sit at the edge
+        # 3072 units (8 x 8 tokens x 16 features x 3 DyT): a few at the edge may flip
+        assert g["saturated"] == pytest.approx(sat, abs=2e-3)
 
 
 def test_rank_correlation_against_scipy():
