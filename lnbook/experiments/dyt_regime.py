@@ -36,7 +36,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.stacked import adam_step, batch_indices, stream_forward
+from lnbook.experiments.stacked import adam_step, batch_indices
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
@@ -153,14 +153,19 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
 
 
 class _Logits(nn.Module):
-    """:func:`lnbook.experiments.stacked.stream_forward`'s logits, for ``functional_call``."""
+    """The logits of :func:`lnbook.experiments.stacked.stream_forward` without its variances
+    (``model(idx)`` without the argument checks that cannot run under ``vmap``)."""
 
     def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, idx: Tensor) -> Tensor:
-        return stream_forward(self.model, idx)[0]
+        m = self.model
+        x = m.tok_emb(idx) + m.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
+        for block in m.blocks:
+            x = block(x)
+        return m.head(m.final_norm(x))  # (B, T, V)
 
 
 def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
@@ -225,7 +230,8 @@ def train_copies(
             for k, o in enumerate(out):
                 o["loss_early"] = float(early[k])
                 o["saturated"] = saturation_share(
-                    _unstack(model_config, params, buffers, k), probe, threshold)
+                    _unstack(model_config, params, buffers, k), probe, threshold
+                ) if model_config.norm == "dyt" else math.nan
     with torch.no_grad():
         final = evaluate(params, buffers, task.x_test, task.y_test)
     train = torch.stack(last).mean(0)
