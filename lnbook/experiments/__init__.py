@@ -34,6 +34,7 @@ from lnbook.experiments import (
     depth,
     draw,
     dyt,
+    dyt_regime,
     group_norm,
     handwriting,
     mistakes,
@@ -88,7 +89,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m
     for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
               mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes, peri_ln,
-              depth, attention_geometry, removal)
+              depth, attention_geometry, removal, dyt_regime)
 }
 
 

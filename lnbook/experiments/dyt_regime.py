@@ -1,0 +1,329 @@
+"""DyT's regime dependence: Dynamic Tanh against layer norm over amounts of training data.
+
+Part III, chapter "Do we still need layer norm? Removing it" (claim P22, Verma 2026). One small
+Pre-LN Transformer (:class:`lnbook.transformer.Transformer`) learns the sort task of
+:mod:`lnbook.experiments.seq_tasks` from training sets of several sizes (nested: the first
+``n`` sequences of one draw), once with layer norms (``norm="layer"``) and once with every
+layer norm replaced by :class:`lnbook.DyT` (``norm="dyt"``), all else equal: seeds, batch
+order, learning rate and number of updates. Per seed and training-set size it measures
+
+- the held-out loss at the end of training of each norm, and so DyT's loss minus layer
+  norm's (:func:`dyt_minus_ln`);
+- early in training (after ``early_step`` updates), the share of the DyT model's tanh units
+  that are saturated (:func:`saturation_share`: ``|alpha * x| > threshold``), over every DyT
+  of the model and every feature of every token of ``n_probe`` training sequences;
+- whether that share ranks the data sizes as DyT's effect does (:func:`rank_correlation`).
+
+Every copy (norm x training-set size x seed) is one model of a stack trained at once with
+:func:`torch.func.vmap` (one stack per norm), as in :mod:`lnbook.experiments.stacked`; copy
+``(norm, n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and sees the
+batches :func:`lnbook.experiments.stacked.batch_indices` draws for ``seed`` over its ``n`` rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results, Run, save_results
+from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.experiments.stacked import adam_step, batch_indices
+from lnbook.seeds import verdict_seeds
+from lnbook.train import History
+from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+from lnbook.variants import DyT
+
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
+           "train_copies", "table", "dyt_minus_ln", "left_trivial", "rank_correlation",
+           "run"]
+
+NAME = "dyt_regime"
+DESCRIPTION = ("small Pre-LN Transformer with layer norm or DyT over several training-set sizes; "
+               "DyT's loss minus LN's and the share of saturated tanh units (Verma 2026)")
+NORMS = ("layer", "dyt")
+
+
+@dataclass
+class Config:
+    """Settings of the regime experiment; :func:`get_config` gives the presets.
+
+    Attributes:
+        scale: ``"quick"`` or ``"paper"``.
+        task: ``"sort"`` or ``"recall"`` (:func:`lnbook.experiments.seq_tasks.make_task`).
+        size, symbols: sequence length and content symbols of the task.
+        n_trains: the training-set sizes, smallest first (the first ``n`` of one draw).
+        n_test: held-out sequences.
+        d_model, n_heads, n_layers: the Transformer.
+        batch_size, steps: sequences per update, Adam updates per run.
+        lr: Adam's learning rate (the same for both norms).
+        dyt_alpha_init: initial ``alpha`` of every DyT.
+        early_step: the update after which the saturated share is measured.
+        threshold: a tanh unit is saturated when ``|alpha * x| > threshold``.
+        n_probe: training sequences (the first, common to every size) the share is measured on.
+        seeds: seeds of the runs (initialization and batch order).
+        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+    """
+
+    scale: str = "quick"
+    task: str = "sort"
+    size: int = 6
+    symbols: int = 8
+    n_trains: tuple[int, ...] = (32, 256, 2048)
+    n_test: int = 256
+    d_model: int = 32
+    n_heads: int = 4
+    n_layers: int = 1
+    batch_size: int = 32
+    steps: int = 120
+    lr: float = 3e-3
+    dyt_alpha_init: float = 0.5
+    early_step: int = 12
+    threshold: float = 2.0
+    n_probe: int = 32
+    seeds: tuple[int, ...] = verdict_seeds(5)
+    threads: int | None = 1
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        self.n_trains = tuple(int(n) for n in self.n_trains)
+        if len(self.n_trains) < 2 or list(self.n_trains) != sorted(set(self.n_trains)):
+            raise ValueError(f"n_trains must hold two or more increasing sizes, got "
+                             f"{self.n_trains}")
+        if self.n_probe > self.n_trains[0]:
+            raise ValueError(f"n_probe ({self.n_probe}) must be <= the smallest training set "
+                             f"({self.n_trains[0]})")
+        if not 1 <= self.early_step <= self.steps:
+            raise ValueError(f"early_step must lie in [1, steps={self.steps}], got "
+                             f"{self.early_step}")
+        if not self.threshold > 0:
+            raise ValueError(f"threshold must be > 0, got {self.threshold!r}")
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {"threads": None, "size": 16, "symbols": 32,
+              "n_trains": (256, 4096, 65536), "n_test": 2048, "d_model": 128,
+              "n_heads": 8, "n_layers": 6, "batch_size": 128, "steps": 5000, "lr": 1e-3,
+              "early_step": 250, "n_probe": 256},
+}
+
+
+def get_config(scale: str = "quick", **overrides: Any) -> Config:
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
+
+    Verma trains GPT-2-family language models; no preset here is theirs (``paper`` only
+    makes the task, the model and the run larger, and wants a GPU's worth of time).
+    """
+    return make_config(Config, _PRESETS, scale, overrides)
+
+
+def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> float:
+    """The share of ``model``'s tanh units that are saturated on the token ids ``x``.
+
+    For every :class:`lnbook.DyT` of ``model``, the inputs ``u`` it receives when ``model``
+    runs on ``x``; a unit (one feature of one token at one DyT) is saturated when
+    ``|alpha * u| > threshold`` (at 2, ``tanh`` is within 4% of its bound and its slope below
+    0.08). Returns saturated units over all units, pooled over every DyT; NaN for a model
+    without DyT.
+    """
+    counts = [0, 0]
+
+    def hook(module: DyT, args: tuple[Tensor, ...], _out: Tensor) -> None:
+        z = (module.alpha * args[0]).abs()
+        counts[0] += int((z > threshold).sum())
+        counts[1] += z.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, DyT)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return counts[0] / counts[1] if counts[1] else math.nan
+
+
+class _Logits(nn.Module):
+    """The logits of :func:`lnbook.experiments.stacked.stream_forward` without its variances
+    (``model(idx)`` without the argument checks that cannot run under ``vmap``)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: Tensor) -> Tensor:
+        m = self.model
+        x = m.tok_emb(idx) + m.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
+        for block in m.blocks:
+            x = block(x)
+        return m.head(m.final_norm(x))  # (B, T, V)
+
+
+def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
+    model = Transformer.from_config(config)
+    state = {n[len("model."):]: t[k].detach().clone() for n, t in (params | buffers).items()}
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def train_copies(
+    model_config: TransformerConfig,
+    task: SequenceTask,
+    copies: list[tuple[int, int]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    early_step: int,
+    probe: Tensor,
+    threshold: float,
+) -> list[dict[str, Any]]:
+    """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
+
+    Copy ``(n, seed)`` starts from ``Transformer.from_config(model_config)`` built under
+    ``torch.manual_seed(seed)`` and trains with Adam (:func:`~lnbook.experiments.stacked.
+    adam_step`) on the batches :func:`~lnbook.experiments.stacked.batch_indices` draws for
+    ``seed`` over the first ``n`` training sequences of ``task``.
+
+    Returns:
+        per copy, ``{"n", "seed", "loss" (held-out, at the end), "loss_early" (held-out, after
+        ``early_step`` updates), "train_loss" (mean of the last 10 updates), "saturated"
+        (:func:`saturation_share` on ``probe`` after ``early_step`` updates), "diverged"}``.
+    """
+    models = []
+    for _, seed in copies:
+        torch.manual_seed(seed)
+        models.append(_Logits(Transformer.from_config(model_config)))
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    names = list(params)
+
+    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
+        return sequence_loss(functional_call(base, (p, b), (x,)), y)
+
+    forward = vmap(one, in_dims=(0, 0, 0, 0))
+    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
+    rate = torch.full((len(copies),), float(lr))
+    state: dict[str, Any] = {}
+    out = [{"n": n, "seed": s, "diverged": False} for n, s in copies]
+    last: list[Tensor] = []
+    for step in range(1, steps + 1):
+        idx = rows[:, step - 1]  # (copies, batch)
+        p = {k: v.detach().requires_grad_() for k, v in params.items()}
+        loss = forward(p, buffers, task.x[idx], task.y[idx])  # (copies,)
+        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
+        adam_step([params[k] for k in names], grads, state, rate)
+        last = [*last[-9:], loss.detach()]
+        if step == early_step:
+            with torch.no_grad():
+                early = evaluate(params, buffers, task.x_test, task.y_test)
+            for k, o in enumerate(out):
+                o["loss_early"] = float(early[k])
+                o["saturated"] = saturation_share(
+                    _unstack(model_config, params, buffers, k), probe, threshold
+                ) if model_config.norm == "dyt" else math.nan
+    with torch.no_grad():
+        final = evaluate(params, buffers, task.x_test, task.y_test)
+    train = torch.stack(last).mean(0)
+    for k, o in enumerate(out):
+        o["loss"], o["train_loss"] = float(final[k]), float(train[k])
+        o["diverged"] = not (math.isfinite(o["loss"]) and math.isfinite(o["train_loss"]))
+    return out
+
+
+def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = None,
+        seeds: Any = None) -> Results:
+    """Train both norms on every training-set size and seed; one :class:`Results`.
+
+    One :class:`~lnbook.experiments.results.Run` per (norm, size, seed), variant
+    ``"<norm>/<n>"``, its measurements in ``info`` (see :func:`train_copies`; ``saturated``
+    is NaN for layer norm). ``Results.info`` holds the task's ``uniform_loss`` and
+    ``baseline_loss`` (the position-wise unigram predictor of the full training draw).
+    Trains on the CPU whatever ``device``.
+    """
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    task = make_task(config.task, config.n_trains[-1], config.n_test, config.size,
+                     config.symbols)
+    copies = [(n, s) for n in config.n_trains for s in seeds]
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    runs = []
+    try:
+        for norm in NORMS:
+            mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
+                                   n_heads=config.n_heads, n_layers=config.n_layers,
+                                   max_len=task.x.shape[1], norm=norm,
+                                   dyt_alpha_init=config.dyt_alpha_init)
+            measured = train_copies(mc, task, copies, steps=config.steps,
+                                    batch_size=config.batch_size, lr=config.lr,
+                                    early_step=config.early_step,
+                                    probe=task.x[: config.n_probe],
+                                    threshold=config.threshold)
+            runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
+    finally:
+        torch.set_num_threads(before)
+    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
+                      {"task": config.task, "uniform_loss": task.uniform_loss,
+                       "baseline_loss": task.baseline_loss})
+    if out is not None:
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results
+
+
+def table(results: Results, key: str) -> dict[str, Tensor]:
+    """``{norm: (sizes, seeds) tensor of info[key]}`` from :func:`run`'s results."""
+    sizes = list(results.config["n_trains"])
+    seeds = list(results.config["seeds"])
+    out = {}
+    for norm in NORMS:
+        grid = torch.full((len(sizes), len(seeds)), math.nan, dtype=torch.float64)
+        for r in results.runs:
+            v, n = r.variant.split("/")
+            if v == norm:
+                grid[sizes.index(int(n)), seeds.index(r.seed)] = float(r.info[key])
+        out[norm] = grid
+    return out
+
+
+def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) -> Tensor:
+    """DyT's ``info[key]`` minus layer norm's, per training-set size and seed: ``(sizes,
+    seeds)``; with ``relative``, divided by layer norm's (``(DyT - LN) / LN``, the form of
+    Verma's percentages)."""
+    t = table(results, key)
+    diff = t["dyt"] - t["layer"]
+    return diff / t["layer"] if relative else diff
+
+
+def left_trivial(results: Results, bar: float = 0.5) -> Tensor:
+    """Per seed: on every training-set size, both norms' training loss (mean of the last 10
+    updates) is at least ``bar`` below the position-wise unigram predictor's held-out loss.
+    ``(seeds,)`` booleans."""
+    t = table(results, "train_loss")
+    limit = results.info["baseline_loss"] - bar
+    return ((t["layer"] <= limit) & (t["dyt"] <= limit)).all(0)
+
+
+def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
+    """Spearman's rank correlation of ``a`` and ``b`` along dimension 0, per column.
+
+    ``a`` and ``b`` have shape ``(k, m)``: ``m`` columns of ``k`` paired values (ties get
+    their first rank; the book's values are continuous). Returns ``(m,)``.
+    """
+    if a.shape != b.shape or a.dim() != 2 or a.shape[0] < 2:
+        raise ValueError(f"rank_correlation needs two (k >= 2, m) tensors of one shape, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    ra = a.argsort(0).argsort(0).double()
+    rb = b.argsort(0).argsort(0).double()
+    ra, rb = ra - ra.mean(0), rb - rb.mean(0)
+    return (ra * rb).sum(0) / (ra.square().sum(0) * rb.square().sum(0)).sqrt()
