@@ -771,8 +771,9 @@ class StackedHandwriting(nn.Module):
                     [name in p for p in own], device=dev).float()[:, None])
         self.head_w = nn.Parameter(torch.stack([m.head.weight.detach().clone() for m in models]))
         self.head_b = nn.Parameter(torch.stack([m.head.bias.detach().clone() for m in models]))
-        self.register_buffer("in_ln", torch.tensor(
-            [v == "layer_norm" for v in self.variants], device=dev)[:, None, None])
+        self.register_buffer("in_idx", torch.tensor(
+            [j for j, v in enumerate(self.variants) if v == "layer_norm"], dtype=torch.long,
+            device=dev))
         self.plain = [j for j, v in enumerate(self.variants) if v == "baseline"]
         self.ln = [j for j, v in enumerate(self.variants) if v != "baseline"]
         order = self.plain + self.ln
@@ -798,10 +799,11 @@ class StackedHandwriting(nn.Module):
         x = inp.transpose(0, 1).reshape(M, T * B, In)
         gi = torch.bmm(x, p["w_ih"].transpose(1, 2)).reshape(M, T, B, G).transpose(0, 1)
         bias = sum(p[n] * use[n] for n in ("b_ih", "b_hh", "bn_hh"))  # (M, 4H)
-        if self.in_ln.any():  # LN(W_x x_t; g, b) for the models with eqs. 20-22's input LN
-            m = self.in_ln.float()  # (M, 1, 1)
-            ln = F.layer_norm(gi, (G,), eps=eps) * p["g_ih"][:, None] + p["bn_ih"][:, None]
-            gi = gi + m * (ln - gi)  # ln where m = 1 (to rounding), gi where m = 0
+        if self.in_idx.numel():  # LN(W_x x_t; g, b) for the models with eqs. 20-22's input LN
+            j = self.in_idx
+            ln = torch.addcmul(p["bn_ih"][j, None], F.layer_norm(gi[:, j], (G,), eps=eps),
+                               p["g_ih"][j, None])  # (T, M_ln, B, 4H)
+            gi = gi.index_copy(1, j, ln)
         gi = gi + bias[:, None]  # (T, M, B, 4H)
         w_t = p["w_hh"].transpose(1, 2)  # (M, H, 4H)
         plain, ln = self.plain, self.ln  # the models without and with LN in the recurrence
