@@ -447,3 +447,47 @@ def test_a_tiny_paper_preset_runs():
     res = HW.run(cfg, device="cpu", seeds=[1])
     assert res.seeds == [1] and len(res.runs) == 3
     assert torch.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_stacked_training_is_training_each_model_alone(num_layers):
+    # every variant and seed trained as one StackedHandwriting gives the same curves, losses,
+    # input scales and samples as fit() on each model alone, to float32 rounding
+    kw = {**_TINY, "steps": 4, "eval_every": 2, "seeds": (3, 7), "num_layers": num_layers}
+    alone = HW.run(HW.get_config("quick", **kw, stacked=False), device="cpu")
+    stacked = HW.run(HW.get_config("quick", **kw, stacked=True), device="cpu")
+    assert [(r.variant, r.seed) for r in alone.runs] == [
+        (r.variant, r.seed) for r in stacked.runs]
+    for v in HW.VARIANTS:
+        for metric in ("nll", "loss"):
+            s1, c1 = alone.curves(v, metric)
+            s2, c2 = stacked.curves(v, metric)
+            assert s1.tolist() == s2.tolist()
+            np.testing.assert_allclose(c2, c1, rtol=1e-4, atol=1e-5)
+        assert stacked.info_of(v, "input_scales") == alone.info_of(v, "input_scales")
+        np.testing.assert_allclose(stacked.select(v)[0].info["sample"],
+                                   alone.select(v)[0].info["sample"], atol=1e-3)
+    assert stacked.info == alone.info
+
+
+def test_stacked_model_is_each_model_and_writes_back():
+    torch.manual_seed(0)
+    models = [HW.HandwritingModel(8, num_layers=2, n_mixtures=2, variant=v)
+              for v in ("layer_norm", "baseline", "ln_recurrent", "baseline")]
+    with torch.no_grad():  # gains and biases away from their starts, to test every one
+        for m in models:
+            for p in m.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    data = HW.make_handwriting(3, 10, seed=1)
+    net = HW.StackedHandwriting(models)
+    pts = data.points.expand(4, *data.points.shape)
+    let = data.letters.expand(4, *data.letters.shape)
+    got = net.nll(pts, let)  # (4, 3, 10)
+    for j, m in enumerate(models):
+        torch.testing.assert_close(got[j], m.nll(*data), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        net.head_b.add_(1.0)
+    net.write_back(models)
+    assert all(torch.equal(m.head.bias, net.head_b[j]) for j, m in enumerate(models))
+    with pytest.raises(ValueError, match="share their sizes"):
+        HW.StackedHandwriting([models[0], HW.HandwritingModel(4, n_mixtures=2)])

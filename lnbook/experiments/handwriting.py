@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,9 +49,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
+from lnbook.device import resolve_device
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
-from lnbook.experiments.results import Results
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
@@ -74,6 +77,7 @@ __all__ = [
     "mixture_baseline_nll",
     "RecurrenceLNLSTM",
     "HandwritingModel",
+    "StackedHandwriting",
     "evaluate",
     "crossing",
     "race",
@@ -140,6 +144,10 @@ class Config:
         seeds: seeds of the models (initialization and batch order); the data are fixed.
         data_seed: seed of the generated lines.
         threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        stacked: train every (variant, seed) as one :class:`StackedHandwriting` (one time
+            loop for all; the same models, updates and evaluations as one at a time, to
+            rounding); False trains them one by one with :func:`lnbook.fit`, which
+            checkpoints (the ``paper`` preset).
         checkpoint: write per-run checkpoints under ``out/`` and resume from them.
     """
 
@@ -159,6 +167,7 @@ class Config:
     seeds: tuple[int, ...] = verdict_seeds(3)
     data_seed: int = 2024
     threads: int | None = 1
+    stacked: bool = True
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
@@ -178,7 +187,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # batches of 8, sequences of 500 points
         "seq_len": 500, "n_train": 12_000, "n_valid": 256, "hidden_size": 400, "num_layers": 3,
         "n_mixtures": 20, "steps": 20_000, "eval_every": 500, "lr": 1e-4, "grad_clip": 10.0,
-        "threads": None, "checkpoint": True,
+        "threads": None, "stacked": False, "checkpoint": True,
     },
 }
 
@@ -687,6 +696,208 @@ class HandwritingModel(nn.Module):
         return torch.stack(out)  # (T, 3)
 
 
+# ----------------------------------------------------------------------------- many models as one
+
+_SLOT = ("w_ih", "w_hh", "b_ih", "b_hh", "g_ih", "bn_ih", "g_hh", "bn_hh", "g_c", "b_c")
+
+
+def _layer_params(lstm: nn.Module) -> dict[str, nn.Parameter]:
+    """One LSTM layer's parameters under the stacked cell's names (absent: not in this kind)."""
+    if isinstance(lstm, RecurrenceLNLSTM):
+        return {"w_ih": lstm.weight_ih, "w_hh": lstm.weight_hh, "b_ih": lstm.bias,
+                "g_hh": lstm.ln_hh.weight, "g_c": lstm.ln_c.weight, "b_c": lstm.ln_c.bias}
+    p = {"w_ih": lstm.weight_ih_l0, "w_hh": lstm.weight_hh_l0, "b_ih": lstm.bias_ih_l0,
+         "b_hh": lstm.bias_hh_l0}
+    if isinstance(lstm, LSTM):  # eqs. 20-22: three layer norms, each with gain and bias
+        for short, name in (("ih", "ln_ih_l0"), ("hh", "ln_hh_l0")):
+            ln = getattr(lstm, name)
+            p[f"g_{short}"], p[f"bn_{short}"] = ln.weight, ln.bias
+        p["g_c"], p["b_c"] = lstm.ln_c_l0.weight, lstm.ln_c_l0.bias
+    return p
+
+
+class StackedHandwriting(nn.Module):
+    r"""Many :class:`HandwritingModel` s, of any variants, as one network with a leading model
+    dimension: one batched matmul per layer and time step for all of them.
+
+    Every layer of every model is written as the one cell
+
+    .. math::
+
+        z_t = [\mathrm{LN}](W_x x_t) + b + [\mathrm{LN}](W_h h_{t-1}),\qquad
+        h_t = \sigma(o_t) \odot \tanh([\mathrm{LN}](c_t)),
+
+    where each bracketed LN applies to the models whose variant has it (the input's for
+    ``layer_norm``, the recurrence's and the cell's for ``layer_norm`` and ``ln_recurrent``)
+    and ``b`` sums the biases that variant has. Each model keeps its own parameters, entry
+    for entry (a parameter a variant lacks stays at its start and gets no gradient), so Adam
+    and the clipping of gradient entries update each model as if it were trained alone.
+
+    Args:
+        models: the models, started as they would be trained alone; their parameters are
+            copied (write the trained ones back with :meth:`write_back`).
+
+    Shape:
+        - :meth:`nll`: points ``(M, B, T + 1, 3)``, letters ``(M, B, T)`` (model m reads
+          row m); returns ``(M, B, T)``.
+    """
+
+    def __init__(self, models: list[HandwritingModel]) -> None:
+        super().__init__()
+        m0 = models[0]
+        if any((m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters)
+               != (m0.hidden_size, m0.num_layers, m0.n_mixtures, m0.n_letters) for m in models):
+            raise ValueError("the stacked models must share their sizes")
+        self.hidden_size, self.num_layers = m0.hidden_size, m0.num_layers
+        self.n_mixtures, self.n_letters = m0.n_mixtures, m0.n_letters
+        self.variants = [m.variant for m in models]
+        self.eps = 1e-5  # every LayerNorm of the three LSTMs
+        G = 4 * self.hidden_size
+        dev = m0.head.weight.device
+        for k in range(self.num_layers):
+            own = [_layer_params(m.layers[k]) for m in models]
+            for name in _SLOT:
+                size = G if name[-2:] in ("ih", "hh") and name[0] in "bg" else None
+                fill = 1.0 if name.startswith("g_") else 0.0
+                rows = []
+                for p in own:
+                    if name in p:
+                        rows.append(p[name].detach().clone())
+                    else:
+                        n = self.hidden_size if name.endswith("_c") else size
+                        rows.append(torch.full((n,), fill, device=dev))
+                self.register_parameter(f"l{k}_{name}", nn.Parameter(torch.stack(rows)))
+                self.register_buffer(f"l{k}_use_{name}", torch.tensor(
+                    [name in p for p in own], device=dev).float()[:, None])
+        self.head_w = nn.Parameter(torch.stack([m.head.weight.detach().clone() for m in models]))
+        self.head_b = nn.Parameter(torch.stack([m.head.bias.detach().clone() for m in models]))
+        self.register_buffer("in_idx", torch.tensor(
+            [j for j, v in enumerate(self.variants) if v == "layer_norm"], dtype=torch.long,
+            device=dev))
+        self.plain = [j for j, v in enumerate(self.variants) if v == "baseline"]
+        self.ln = [j for j, v in enumerate(self.variants) if v != "baseline"]
+        order = self.plain + self.ln
+        self.in_order = order == list(range(len(order)))
+        self.inverse = [order.index(j) for j in range(len(order))]
+
+    @torch.no_grad()
+    def write_back(self, models: list[HandwritingModel]) -> None:
+        """Copy each model's trained parameters into ``models`` (the ones it was built from)."""
+        for j, m in enumerate(models):
+            for k in range(self.num_layers):
+                for name, p in _layer_params(m.layers[k]).items():
+                    p.copy_(getattr(self, f"l{k}_{name}")[j])
+            m.head.weight.copy_(self.head_w[j])
+            m.head.bias.copy_(self.head_b[j])
+
+    def _layer(self, k: int, inp: Tensor) -> Tensor:
+        """Layer k of every model: ``inp`` ``(T, M, B, I)`` -> outputs ``(T, M, B, H)``."""
+        p = {n: getattr(self, f"l{k}_{n}") for n in _SLOT}
+        use = {n: getattr(self, f"l{k}_use_{n}") for n in _SLOT}
+        T, M, B, In = inp.shape
+        G, eps = 4 * self.hidden_size, self.eps
+        x = inp.transpose(0, 1).reshape(M, T * B, In)
+        gi = torch.bmm(x, p["w_ih"].transpose(1, 2)).reshape(M, T, B, G).transpose(0, 1)
+        bias = sum(p[n] * use[n] for n in ("b_ih", "b_hh", "bn_hh"))  # (M, 4H)
+        if self.in_idx.numel():  # LN(W_x x_t; g, b) for the models with eqs. 20-22's input LN
+            j = self.in_idx
+            ln = torch.addcmul(p["bn_ih"][j, None], F.layer_norm(gi[:, j], (G,), eps=eps),
+                               p["g_ih"][j, None])  # (T, M_ln, B, 4H)
+            gi = gi.index_copy(1, j, ln)
+        gi = gi + bias[:, None]  # (T, M, B, 4H)
+        w_t = p["w_hh"].transpose(1, 2)  # (M, H, 4H)
+        plain, ln = self.plain, self.ln  # the models without and with LN in the recurrence
+        outs = []
+        if len(plain):
+            outs.append(self._loop(gi[:, plain], w_t[plain]))
+        if len(ln):
+            outs.append(self._loop(gi[:, ln], w_t[ln], p["g_hh"][ln, None],
+                                   p["g_c"][ln, None], p["b_c"][ln, None]))
+        hs = torch.cat(outs, 1)  # (T, M, B, H) in the order plain, ln
+        return hs if self.in_order else hs[:, self.inverse]
+
+    def _loop(self, gi: Tensor, w_t: Tensor, g_hh: Tensor | None = None,
+              g_c: Tensor | None = None, b_c: Tensor | None = None) -> Tensor:
+        """The time loop of eqs. 17-19 (``g_hh`` None) or 20-22 for the models of ``gi``
+        ``(T, M', B, 4H)``: outputs ``(T, M', B, H)``. LN gains ``(M', 1, .)``."""
+        T, M, B, G = gi.shape
+        H, eps = G // 4, self.eps
+        h = c = gi.new_zeros(M, B, H)
+        hs = []
+        for gi_t in gi.unbind(0):
+            a = torch.bmm(h, w_t)  # (M, B, 4H)
+            if g_hh is not None:
+                a = F.layer_norm(a, (G,), eps=eps) * g_hh  # eq. 20's recurrent term
+            i, f, g, o = (a + gi_t).chunk(4, -1)  # torch's gate order
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # eq. 21
+            y = c if g_c is None else torch.addcmul(b_c, F.layer_norm(c, (H,), eps=eps), g_c)
+            h = torch.sigmoid(o) * torch.tanh(y)  # eq. 22
+            hs.append(h)
+        return torch.stack(hs)  # (T, M, B, H)
+
+    def nll(self, points: Tensor, letters: Tensor) -> Tensor:
+        """Per-point NLL ``(M, B, T)`` of every model on its own lines."""
+        M, B, T = letters.shape
+        code = F.one_hot(letters, self.n_letters).to(points.dtype)  # (M, B, T, K)
+        x = torch.cat([points[:, :, :-1], code], -1).permute(2, 0, 1, 3)  # (T, M, B, 3 + K)
+        inp, outs = x, []
+        for k in range(self.num_layers):
+            y = self._layer(k, inp)
+            outs.append(y)
+            inp = torch.cat([x, y], -1)  # the skip connection from the input
+        z = torch.cat(outs, -1).transpose(0, 1).reshape(M, T * B, -1)
+        y = torch.baddbmm(self.head_b[:, None], z, self.head_w.transpose(1, 2))
+        y = y.reshape(M, T, B, -1)  # (M, T, B, 6 n_mixtures + 1)
+        target = points[:, :, 1:].transpose(1, 2)  # (M, T, B, 3)
+        return mixture_nll(split_mixture_params(y, self.n_mixtures), target).transpose(1, 2)
+
+
+def _train_stacked(config: Config, models: list[HandwritingModel], seeds: list[int],
+                   train: Lines, valid: Lines) -> list[History]:
+    """Train ``models`` (model m on the batches of ``seeds[m]``) as one
+    :class:`StackedHandwriting`, with what :func:`lnbook.fit` does for each alone: Adam,
+    gradient entries clipped, the held-out NLL before the first update, every
+    ``eval_every`` updates and after the last. Writes the trained weights back."""
+    net = StackedHandwriting(models)
+    _clip_hooks(net, config.grad_clip)
+    opt = torch.optim.Adam(net.parameters(), lr=config.lr)
+    order = {s: Batches(*train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
+    M = len(models)
+    vp = valid.points.expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
+    vl = valid.letters.expand(M, *valid.letters.shape)
+    hist = [History() for _ in models]
+    t0 = time.perf_counter()
+
+    def evaluate_all(step: int) -> None:
+        with torch.no_grad():
+            nll = net.nll(vp, vl).mean((1, 2))  # (M,)
+        for h, v in zip(hist, nll.tolist(), strict=True):
+            h.eval_steps.append(step)
+            h.metrics.append({"nll": v})
+
+    evaluate_all(0)
+    for step in range(config.steps):
+        got = {s: b(step) for s, b in order.items()}
+        pts = torch.stack([got[s][0] for s in seeds])  # (M, B, T + 1, 3)
+        let = torch.stack([got[s][1] for s in seeds])  # (M, B, T)
+        loss = net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+        if not torch.isfinite(loss.detach()).all():
+            raise FloatingPointError(f"a training loss is not finite at update {step + 1}: "
+                                     f"{loss.detach().tolist()}")
+        opt.zero_grad(set_to_none=True)
+        loss.sum().backward()  # model m's gradient is that of its own loss
+        opt.step()
+        for h, v in zip(hist, loss.detach().tolist(), strict=True):
+            h.steps.append(step + 1)
+            h.losses.append(v)
+        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+            evaluate_all(step + 1)
+    net.write_back(models)
+    for h in hist:
+        h.wall_time = (time.perf_counter() - t0) / M
+    return hist
+
+
 def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict[str, float]:
     """Mean NLL per point (nats) of ``model`` on ``data``."""
     dev = model.head.weight.device
@@ -788,6 +999,9 @@ def run(
         trivial = {"gmm_nll": mixture_baseline_nll(train, valid, config.n_mixtures, False),
                    "gmm_letter_nll": mixture_baseline_nll(train, valid, config.n_mixtures)}
 
+        if config.stacked:
+            return _run_stacked(config, seeds, train, valid, train_head, trivial, device, out)
+
         def train_one(job: Job) -> tuple[History, dict[str, Any]]:
             torch.manual_seed(job.seed)
             model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
@@ -809,3 +1023,34 @@ def run(
         return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
                      config=config, device=device, out=out, checkpoint=config.checkpoint,
                      steps=config.steps, info=trivial)
+
+
+def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Lines,
+                 train_head: tuple[Tensor, Tensor], trivial: dict[str, float],
+                 device: str | torch.device, out: str | os.PathLike | None) -> Results:
+    """:func:`run` with every (variant, seed) trained at once (``config.stacked``)."""
+    dev = resolve_device(device)
+    pairs = [(v, s) for v in config.variants for s in seeds]
+    models, scales = [], []
+    for v, s in pairs:  # each model started exactly as train_one starts it
+        torch.manual_seed(s)
+        model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
+                                 variant=v)
+        scales.append(model.match_input_scales(*train_head))  # ln_recurrent only
+        models.append(model.to(dev))
+    hist = _train_stacked(config, models, [s for _, s in pairs],
+                          Lines(*(t.to(dev) for t in train)),
+                          Lines(*(t.to(dev) for t in valid)))
+    runs = []
+    for (v, s), model, h, sc in zip(pairs, models, hist, scales, strict=True):
+        info: dict[str, Any] = {"input_scales": sc}
+        if s == seeds[0]:  # a line written by the model, for the chapter's figure
+            model.eval()
+            sample = model.sample(valid.letters[0].to(dev), seed=s)  # (seq_len, 3)
+            info["sample"] = sample.cpu().numpy().round(4).tolist()
+        runs.append(Run(v, s, h, info))
+    results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results

@@ -434,18 +434,31 @@ class StackedRNN(nn.Module):
         """``x`` (T, M, B) -> logits (T, M, B)."""
         if x.dim() != 3 or x.shape[1] != self.n_models:
             raise ValueError(f"x must be (T, {self.n_models}, B), got {tuple(x.shape)}")
-        w_ih = self.w_ih[:, None, :]  # (M, 1, H)
+        # the normalized models first, then the plain ones: one layer norm over a slice and
+        # no mask inside the time loop (the models are put back in their order at the end)
+        flags = self.ln_mask.view(-1).tolist()
+        order = [m for m, f in enumerate(flags) if f] + [m for m, f in enumerate(flags) if not f]
+        n_ln, moved = sum(flags), order != list(range(self.n_models))
+        w_ih, w_hh, bias, gain = self.w_ih, self.w_hh, self.bias, self.gain
+        if moved:
+            idx = torch.tensor(order, device=x.device)
+            x, w_ih, w_hh, bias, gain = (t[idx] if t is not x else t[:, idx]
+                                         for t in (x, w_ih, w_hh, bias, gain))
+        xw = x.unsqueeze(-1) * w_ih[:, None, :]  # (T, M, B, H) the input terms, all steps
         h = x.new_zeros(x.shape[1], x.shape[2], self.hidden)  # (M, B, H)
-        w_hh_t = self.w_hh.transpose(1, 2)  # (M, H, H)
-        bias, gain = self.bias[:, None, :], self.gain[:, None, :]  # (M, 1, H)
-        out = []
-        for x_t in x.unbind(0):  # (M, B)
-            a = torch.baddbmm(x_t.unsqueeze(-1) * w_ih, h, w_hh_t)  # (M, B, H) a_t
-            d = a - a.mean(-1, keepdim=True)
-            normed = d * torch.rsqrt(d.square().mean(-1, keepdim=True) + self.eps) * gain
-            h = torch.tanh(torch.where(self.ln_mask, normed, a) + bias)  # eq. 4 or plain
+        w_hh_t = w_hh.transpose(1, 2)  # (M, H, H)
+        bias, gain = bias[:, None, :], gain[:n_ln, None, :]  # (M, 1, H), (n_ln, 1, H)
+        H, out = self.hidden, []
+        for xw_t in xw.unbind(0):  # (M, B, H)
+            a = torch.baddbmm(xw_t, h, w_hh_t)  # (M, B, H) a_t
+            z = F.layer_norm(a[:n_ln], (H,), eps=self.eps) * gain  # eq. 4's LN(a_t; g)
+            if n_ln < self.n_models:
+                z = torch.cat([z, a[n_ln:]])  # the plain models' a_t as it is
+            h = torch.tanh(z + bias)
             out.append(h)
         hs = torch.stack(out)  # (T, M, B, H)
+        if moved:
+            hs = hs[:, [order.index(m) for m in range(self.n_models)]]
         return (hs * self.w_out[:, None, :]).sum(-1) + self.b_out[:, None]  # (T, M, B)
 
     def extra_repr(self) -> str:
