@@ -324,8 +324,11 @@ def test_stacked_runs_are_the_sweep_runs():
         np.testing.assert_allclose(a.history.losses, b.history.losses, atol=1e-5, rtol=0)
         # Adam divides by the root of tiny squared gradients, so rounding (1e-7) grows to
         # ~1e-6 in the weights within a few updates, and recurrent BN's evaluation with running
-        # statistics magnifies that: the held-out loss agrees to 1e-3, the error to one example
+        # statistics of 16-example batches magnifies that: its held-out loss agrees to 1e-3
+        # (and a near-tie among the answers may flip); the exact check of one copy against its
+        # single model, running statistics included, is the test above
+        bn = R.variant_kind(a.variant) == "bn"
         np.testing.assert_allclose(a.history.metric("xent"), b.history.metric("xent"),
-                                   atol=1e-3, rtol=0)
-        np.testing.assert_allclose(a.history.metric("error"), b.history.metric("error"),
-                                   atol=1 / 40 + 1e-9, rtol=0)
+                                   atol=1e-3 if bn else 1e-5, rtol=0)
+        if not bn:
+            np.testing.assert_allclose(a.history.metric("error"), b.history.metric("error"))
