@@ -749,8 +749,8 @@ class StackedReader(nn.Module):
                 mu, var = mu.transpose(0, 1), var.transpose(0, 1)
             xc = x - mu.unsqueeze(-2)
             var = var.unsqueeze(-2)
-        y = xc * (torch.rsqrt(var + self.bn_eps) * gain)
-        return y if bias is None else y + bias.unsqueeze(1)
+        scale = torch.rsqrt(var + self.bn_eps) * gain
+        return xc * scale if bias is None else torch.addcmul(bias.unsqueeze(1), xc, scale)
 
     def _lstm(self, x: Tensor, pre: str) -> Tensor:
         """One family's LSTM over ``x`` ``(T, M, B, E)``: outputs ``(T, M, B, H)``."""
@@ -779,16 +779,16 @@ class StackedReader(nn.Module):
             if kind == "lstm":
                 z = torch.baddbmm(gi_t, h, w_hh)  # (M, B, 4H)
             elif kind == "ln":
-                z = _ln(torch.bmm(h, w_hh)) * g_hh + gi_t
+                z = torch.addcmul(gi_t, _ln(torch.bmm(h, w_hh)), g_hh)
             else:
                 z = self._bn(torch.bmm(h, w_hh), f"{pre}__bn_hh", t) + gi_t
             sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
             i, f, _, o = sig.chunk(4, dim=-1)
-            c = f * c + i * torch.tanh(z[..., 2 * H : 3 * H])
+            c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
             if kind == "lstm":
                 cn = c
             elif kind == "ln":
-                cn = _ln(c) * g_c + b_c
+                cn = torch.addcmul(b_c, _ln(c), g_c)
             else:
                 cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
             h = o * torch.tanh(cn)
@@ -861,7 +861,7 @@ def train_stacked(
             config.hidden_size, v, config.bn_gain_init, config.ln_small_gain))
     model = StackedReader.from_models(models)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
     hists = [History(step_times=[]) for _ in jobs]
