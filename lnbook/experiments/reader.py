@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,9 @@ from lnbook import LSTM, LayerNorm
 from lnbook.experiments.protocol import (
     Job,
     Results,
+    Run,
     make_config,
+    save_results,
     sweep,
     updates_to_reach,
 )
@@ -71,6 +74,12 @@ __all__ = [
     "target_error",
     "updates_to_target",
     "gain_gap",
+    "final_error",
+    "gain_spread",
+    "variant_gain",
+    "variant_kind",
+    "StackedReader",
+    "train_stacked",
     "run",
 ]
 
@@ -80,7 +89,9 @@ DESCRIPTION = (
     "entities: LSTM, recurrent BN and LN-LSTM, each with gains 1.0 and 0.1 "
     "(section 6.2, Figure 2)"
 )
-VARIANTS: tuple[str, ...] = ("lstm", "bn_lstm", "bn_lstm_g1.0", "ln_lstm", "ln_lstm_g0.1")
+VARIANTS: tuple[str, ...] = (
+    "lstm", "bn_lstm", "bn_lstm_g0.3", "bn_lstm_g1.0", "ln_lstm", "ln_lstm_g0.3", "ln_lstm_g0.1",
+)
 RELATIONS: tuple[str, ...] = (
     "praised", "sued", "hired", "visited", "blamed", "thanked", "interviewed", "accused",
     "joined", "defeated", "called", "married", "replaced", "warned", "followed", "met",
@@ -106,14 +117,20 @@ class Config:
         bn_gain_init: initial gain of the ``"bn_lstm"`` variant (0.1, as Cooijmans et al.);
             ``"bn_lstm_g1.0"`` starts at 1.0.
         ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant (``"ln_lstm"`` starts at 1).
-        variants: which LSTMs to train (from :data:`VARIANTS`).
+        variants: which LSTMs to train (from :data:`VARIANTS`; the quick preset leaves out the
+            gain-0.3 variants, which the paper preset trains).
         seeds: seeds of the models (initialization and batch order); the corpus is fixed.
         data_seed: seed of the corpus.
         checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
         workers: runs trained at once, each in its own process, on a CPU (see
             :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it.
+            ``if __name__ == "__main__":``). Results do not depend on it. Only used with
+            ``stacked=False``.
+        stacked: train all seeds (and the variants of one LSTM family) of the sweep as one
+            :class:`StackedReader` on the CPU, one process (the default); False trains every
+            run on its own through the sweep (checkpoints, workers, a GPU). The runs are the
+            same up to float rounding.
     """
 
     scale: str = "quick"
@@ -124,19 +141,20 @@ class Config:
     n_relations: int = 8
     blank: str = "object"
     embed_size: int = 16
-    hidden_size: int = 32
+    hidden_size: int = 16
     batch_size: int = 64
-    steps: int = 250
+    steps: int = 700
     eval_every: int = 25
     lr: float = 1e-2
     bn_gain_init: float = 0.1
     ln_small_gain: float = 0.1
-    variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    variants: tuple[str, ...] = ("lstm", "bn_lstm", "bn_lstm_g1.0", "ln_lstm", "ln_lstm_g0.1")
+    seeds: tuple[int, ...] = verdict_seeds(4)
     data_seed: int = 1234
     checkpoint: bool = False
     threads: int | None = 1
     workers: int = 1
+    stacked: bool = True
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -145,6 +163,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "n_train": 200_000, "n_valid": 5_000, "n_entities": 60, "sentences": 4,
         "blank": "both", "embed_size": 200, "hidden_size": 240, "batch_size": 64,
         "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": verdict_seeds(5),
+        "variants": VARIANTS,
         "checkpoint": True, "threads": None,
     },
 }
@@ -368,20 +387,41 @@ def make_lstm(
     Every variant maps ``(T, B, input_size)`` to ``(output (T, B, H), (h_n, c_n))``.
     ``max_steps`` is only used by recurrent batch normalization (statistics per step).
     """
-    if variant == "lstm":
+    kind, gain = variant_gain(variant, bn_gain_init, ln_small_gain)
+    if kind == "lstm":
         return LSTM(input_size, hidden_size, layer_norm=False)
-    if variant == "ln_lstm":
-        return LSTM(input_size, hidden_size, layer_norm=True)
-    if variant == "ln_lstm_g0.1":
+    if kind == "ln":
         lstm = LSTM(input_size, hidden_size, layer_norm=True)
-        if set_ln_gains(lstm, ln_small_gain) == 0:
+        if gain != 1.0 and set_ln_gains(lstm, gain) == 0:
             raise RuntimeError("lnbook.LSTM(layer_norm=True) holds no LayerNorm to rescale")
         return lstm
-    if variant == "bn_lstm":
-        return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=bn_gain_init)
-    if variant == "bn_lstm_g1.0":
-        return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=1.0)
-    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    return RecurrentBNLSTM(input_size, hidden_size, max_steps, gain_init=gain)
+
+
+def variant_gain(
+    variant: str, bn_gain_init: float = 0.1, ln_small_gain: float = 0.1
+) -> tuple[str, float]:
+    """``(family, initial gain)`` of a variant name: ``"lstm"``, ``"bn"`` or ``"ln"``.
+
+    ``"bn_lstm"`` starts at ``bn_gain_init`` and ``"ln_lstm"`` at 1; a suffix ``_g<gain>``
+    names the gain (``"bn_lstm_g1.0"``, ``"ln_lstm_g0.3"``), except that ``"ln_lstm_g0.1"``
+    takes ``ln_small_gain``.
+
+    Example::
+
+        >>> variant_gain("ln_lstm_g0.3")
+        ('ln', 0.3)
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if variant == "lstm":
+        return "lstm", 1.0
+    kind = variant[:2]
+    if variant == "ln_lstm_g0.1":
+        return kind, float(ln_small_gain)
+    if "_g" in variant:
+        return kind, float(variant.rsplit("_g", 1)[1])
+    return kind, float(bn_gain_init) if kind == "bn" else 1.0
 
 
 class AttentiveReader(nn.Module):
@@ -509,6 +549,28 @@ def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
     return np.abs(results.final(small, "error") - results.final(large, "error"))
 
 
+def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
+    """Per seed, the mean validation error of the ``last`` evaluations of the run.
+
+    ``last=1`` is the final evaluation (``results.final(variant, "error")``); a mean over the
+    last few evaluations measures where a run ended with less of the noise of one evaluation
+    (recurrent BN's error jumps by several hundredths between evaluations).
+    """
+    return np.array([float(np.mean(r.history.metric("error")[-last:]))
+                     for r in results.select(variant)])
+
+
+def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
+                last: int = 1) -> np.ndarray:
+    """Per seed, the spread (max - min) of :func:`final_error` over ``variants``.
+
+    ``variants`` are one LSTM started at several gains (e.g. ``"ln_lstm_g0.1"``,
+    ``"ln_lstm_g0.3"``, ``"ln_lstm"``); with two of them this is :func:`gain_gap`.
+    """
+    errs = np.stack([final_error(results, v, last) for v in variants])  # (gains, seeds)
+    return errs.max(axis=0) - errs.min(axis=0)
+
+
 # ----------------------------------------------------------------------------- the experiment
 
 
@@ -546,10 +608,28 @@ def run(
 
     info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
             "n_train": len(train), "n_valid": len(valid)}
-    return sweep(NAME, {v: v for v in config.variants},
-                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
-                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
-                 info=info, progress=progress, threads=config.threads, workers=config.workers)
+    seeds = tuple(config.seeds if seeds is None else seeds)
+    if not config.stacked:
+        return sweep(NAME, {v: v for v in config.variants}, seeds, train_one, config=config,
+                     device=device, out=out, checkpoint=config.checkpoint,
+                     steps=config.steps, info=info, progress=progress,
+                     threads=config.threads, workers=config.workers)
+    before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    try:
+        runs: list[Run] = []
+        for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
+            group = tuple(v for v in config.variants if variant_kind(v) == kind)
+            if group:
+                runs += train_stacked(config, train, valid, group, seeds)
+    finally:
+        torch.set_num_threads(before)
+    runs.sort(key=lambda r: config.variants.index(r.variant))  # stable: seeds keep order
+    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs, info)
+    if out is not None:
+        save_results(results, Path(out) / f"{NAME}.json")
+    return results
 
 
 def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> History:
@@ -565,3 +645,246 @@ def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> 
                opt, steps=config.steps, eval_every=config.eval_every,
                eval_fn=partial(evaluate, data=valid), device=job.device, seed=job.seed,
                checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+
+
+# ----------------------------------------------------------------------------- stacked copies
+
+
+def variant_kind(variant: str) -> str:
+    """The LSTM family of a variant: ``"lstm"``, ``"bn"`` or ``"ln"``."""
+    return variant_gain(variant)[0]
+
+
+def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
+    """Eq. 3 over the last dimension, without gain or bias (as :class:`lnbook.LayerNorm`)."""
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+
+class StackedReader(nn.Module):
+    """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
+
+    Every parameter of copy ``k`` is row ``k`` of a stacked tensor (``embed__weight`` is
+    ``(M, V, E)``, ``w_ym__weight`` is ``(M, H, H)``, ...; names are the single model's with
+    ``.`` written ``__``), and every operation acts on one copy's slice: matrix products are
+    batched over the copies, layer norm normalizes each example's units, and recurrent batch
+    normalization averages over the examples of that copy's own batch only, with running
+    statistics per copy and time step. :meth:`losses` returns each copy's mean cross-entropy,
+    so the gradient of their sum gives each copy exactly its own gradient, and an elementwise
+    optimizer (Adam) makes each copy's own update. ``tests/test_reader.py`` checks losses,
+    gradients and whole training runs against the single models.
+
+    Build it with :meth:`from_models` from single models of one family (``variant_kind``).
+
+    Shape:
+        - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
+          ``(M, B, n_entities)`` bool, answers ``(M, B)`` int64.
+        - :meth:`logits` ``(M, B, n_entities)``; :meth:`losses` ``(M,)``.
+    """
+
+    def __init__(self, models: list[AttentiveReader]) -> None:
+        super().__init__()
+        kinds = {variant_kind(m.variant) for m in models}
+        if len(kinds) != 1:
+            raise ValueError(f"stack copies of one LSTM family, got {sorted(kinds)}")
+        self.kind = kinds.pop()
+        self.n_entities, self.copies = models[0].n_entities, len(models)
+        self.p = nn.ParameterDict({
+            n.replace(".", "__"): nn.Parameter(torch.stack([dict(m.named_parameters())[n]
+                                                            .detach() for m in models]))
+            for n, q in models[0].named_parameters() if q.requires_grad})
+        self.bn_momentum, self.bn_eps = 0.1, 1e-5
+        self.trained = False  # whether BN has batch statistics (of every step: fixed lengths)
+        if self.kind == "bn":
+            for lstm in ("passage_lstm", "query_lstm"):
+                for bn in ("bn_ih", "bn_hh", "bn_c"):
+                    for s in ("running_mean", "running_var"):
+                        b = torch.stack([m.get_buffer(f"{lstm}.{bn}.{s}") for m in models])
+                        self.register_buffer(f"{lstm}__{bn}__{s}", b.clone())  # (M, T, F)
+
+    @classmethod
+    def from_models(cls, models: list[AttentiveReader]) -> StackedReader:
+        """Stack ``models`` (copies of one family, e.g. the same variant from several seeds)."""
+        return cls(list(models))
+
+    def copy_to(self, model: AttentiveReader, k: int) -> AttentiveReader:
+        """Write copy ``k``'s parameters (and running statistics) into ``model``."""
+        with torch.no_grad():
+            for n, q in model.named_parameters():
+                key = n.replace(".", "__")
+                if key in self.p:
+                    q.copy_(self.p[key][k])
+            mine = dict(self.named_buffers())
+            for n, b in model.named_buffers():
+                key = n.replace(".", "__")
+                if key in mine:
+                    b.copy_(mine[key][k])
+                elif n.endswith("steps_seen") and self.trained:  # every step has statistics
+                    b.fill_(mine[key.replace("steps_seen", "running_mean")].shape[1])
+        return model
+
+    def _bn(self, x: Tensor, name: str, t: int | slice, bias: Tensor | None = None) -> Tensor:
+        """Recurrent BN of ``x`` ``(M, B, F)`` at step ``t``, statistics per copy.
+
+        With ``t`` a slice, ``x`` is ``(T, M, B, F)``, every step normalized with its own
+        statistics (the input-to-hidden term, which does not wait for the recurrence).
+        """
+        rm, rv = getattr(self, name + "__running_mean"), getattr(self, name + "__running_var")
+        gain = self.p[name + "__weight"].unsqueeze(1)  # (M, 1, F)
+        steps = isinstance(t, slice)
+        if self.training:
+            self.trained = True
+            mean = x.mean(dim=-2, keepdim=True)  # (M, 1, F) or (T, M, 1, F)
+            xc = x - mean
+            var = (xc * xc).mean(dim=-2, keepdim=True)  # biased
+            with torch.no_grad():
+                n, m = x.shape[-2], self.bn_momentum
+                new_m, new_v = mean.squeeze(-2), var.squeeze(-2) * (n / (n - 1))
+                if steps:  # (T, M, F) -> (M, T, F)
+                    new_m, new_v = new_m.transpose(0, 1), new_v.transpose(0, 1)
+                rm[:, t].mul_(1 - m).add_(m * new_m)
+                rv[:, t].mul_(1 - m).add_(m * new_v)
+        else:
+            mu, var = rm[:, t], rv[:, t]  # (M, F) or (M, T, F)
+            if steps:
+                mu, var = mu.transpose(0, 1), var.transpose(0, 1)
+            xc = x - mu.unsqueeze(-2)
+            var = var.unsqueeze(-2)
+        scale = torch.rsqrt(var + self.bn_eps) * gain
+        return xc * scale if bias is None else torch.addcmul(bias.unsqueeze(1), xc, scale)
+
+    def _lstm(self, x: Tensor, pre: str) -> Tensor:
+        """One family's LSTM over ``x`` ``(T, M, B, E)``: outputs ``(T, M, B, H)``."""
+        p, kind = self.p, self.kind
+        sfx = "_l0" if kind != "bn" else ""
+        w_ih = p[f"{pre}__weight_ih{sfx}"].transpose(1, 2)  # (M, E, 4H)
+        w_hh = p[f"{pre}__weight_hh{sfx}"].transpose(1, 2)  # (M, H, 4H)
+        bias = (p[f"{pre}__bias_ih{sfx}"] + p[f"{pre}__bias_hh{sfx}"]).unsqueeze(1)  # (M, 1, 4H)
+        _, M, B, _ = x.shape
+        H = w_hh.shape[1]
+        gi = torch.matmul(x, w_ih)  # (T, M, B, 4H), all steps at once
+        if kind == "lstm":
+            gi = gi + bias
+        elif kind == "bn":
+            gi = self._bn(gi, f"{pre}__bn_ih", slice(0, gi.shape[0])) + bias
+        elif kind == "ln":
+            g_ih, b_ih = p[f"{pre}__ln_ih_l0__weight"], p[f"{pre}__ln_ih_l0__bias"]
+            gi = _ln(gi) * g_ih.unsqueeze(1) + (b_ih.unsqueeze(1) + bias
+                                                + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
+            g_hh = p[f"{pre}__ln_hh_l0__weight"].unsqueeze(1)  # (M, 1, 4H)
+            g_c, b_c = (p[f"{pre}__ln_c_l0__{s}"].unsqueeze(1) for s in ("weight", "bias"))
+        h = x.new_zeros(M, B, H)
+        c = x.new_zeros(M, B, H)
+        outs = []
+        for t, gi_t in enumerate(gi.unbind(0)):  # unbind: no full-size zeros in backward
+            if kind == "lstm":
+                z = torch.baddbmm(gi_t, h, w_hh)  # (M, B, 4H)
+            elif kind == "ln":
+                z = torch.addcmul(gi_t, _ln(torch.bmm(h, w_hh)), g_hh)
+            else:
+                z = self._bn(torch.bmm(h, w_hh), f"{pre}__bn_hh", t) + gi_t
+            sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
+            i, f, _, o = sig.chunk(4, dim=-1)
+            c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
+            if kind == "lstm":
+                cn = c
+            elif kind == "ln":
+                cn = torch.addcmul(b_c, _ln(c), g_c)
+            else:
+                cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
+            h = o * torch.tanh(cn)
+            outs.append(h)
+        return torch.stack(outs)  # (T, M, B, H)
+
+    def logits(self, passages: Tensor, queries: Tensor, candidates: Tensor) -> Tensor:
+        """Answer scores ``(M, B, n_entities)``, -inf for entities absent from the passage."""
+        p = self.p
+        emb = p["embed__weight"]  # (M, V, E)
+        rows = torch.arange(emb.shape[0]).view(-1, 1, 1)  # (M, 1, 1)
+
+        def lin(x: Tensor, name: str, bias: bool = True) -> Tensor:  # x (..., M, B, in)
+            y = torch.matmul(x, p[name + "__weight"].transpose(1, 2))
+            return y + p[name + "__bias"].unsqueeze(1) if bias else y
+
+        y = self._lstm(emb[rows, passages].permute(2, 0, 1, 3), "passage_lstm")  # (Tp, M, B, H)
+        u = self._lstm(emb[rows, queries].permute(2, 0, 1, 3), "query_lstm")[-1]  # (M, B, H)
+        m = torch.tanh(lin(y, "w_ym", False) + lin(u, "w_um"))  # (Tp, M, B, H)
+        s = torch.softmax(lin(m, "w_ms", False).squeeze(-1), dim=0)  # (Tp, M, B)
+        r = (s.unsqueeze(-1) * y).sum(dim=0)  # (M, B, H)
+        g = torch.tanh(lin(r, "w_rg", False) + lin(u, "w_ug"))  # (M, B, H)
+        return lin(g, "w_a").masked_fill(~candidates, float("-inf"))
+
+    def losses(self, passages: Tensor, queries: Tensor, candidates: Tensor,
+               answers: Tensor) -> Tensor:
+        """Each copy's mean cross-entropy over its batch, ``(M,)``."""
+        z = self.logits(passages, queries, candidates)  # (M, B, K)
+        xent = F.cross_entropy(z.flatten(0, 1), answers.flatten(), reduction="none")
+        return xent.view(answers.shape).mean(dim=1)
+
+    def evaluate(self, data: ClozeData, batch_size: int = 1000) -> list[dict[str, float]]:
+        """Per copy, :func:`evaluate`'s ``xent`` and ``error`` on ``data`` (in eval mode)."""
+        was = self.training
+        self.eval()
+        M = self.copies
+        loss, wrong = torch.zeros(M, dtype=torch.float64), torch.zeros(M, dtype=torch.long)
+        with torch.no_grad():
+            for i in range(0, len(data), batch_size):
+                pq, q, c, a = (t[i : i + batch_size] for t in data.tensors())
+                z = self.logits(*(t.expand(M, *t.shape) for t in (pq, q, c)))  # (M, b, K)
+                aa = a.expand(M, -1)
+                xent = F.cross_entropy(z.flatten(0, 1), aa.flatten(), reduction="none")
+                loss += xent.view(M, -1).double().sum(dim=1)
+                wrong += (z.argmax(dim=-1) != aa).sum(dim=1)
+        self.train(was)
+        return [{"xent": float(loss[k]) / len(data), "error": int(wrong[k]) / len(data)}
+                for k in range(M)]
+
+
+def train_stacked(
+    config: Config, train: ClozeData, valid: ClozeData,
+    variants: tuple[str, ...], seeds: tuple[int, ...],
+) -> list[Run]:
+    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would.
+
+    Copy ``(variant, seed)`` starts from the :class:`AttentiveReader` built under
+    ``torch.manual_seed(seed)``, sees the batches of ``Batches(..., seed=seed)`` and is updated
+    by Adam with ``config.lr``, exactly as :func:`lnbook.fit` trains the single model; its
+    validation ``xent`` and ``error`` are recorded before training and every
+    ``config.eval_every`` updates. Returns one :class:`Run` per copy, variant first.
+    """
+    jobs = [(v, s) for v in variants for s in seeds]
+    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
+    models = []
+    for v, s in jobs:
+        torch.manual_seed(s)
+        models.append(AttentiveReader(
+            len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
+            config.hidden_size, v, config.bn_gain_init, config.ln_small_gain))
+    model = StackedReader.from_models(models)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+    order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
+             for s in seeds}
+    hists = [History(step_times=[]) for _ in jobs]
+    tensors = train.tensors()
+
+    def record(step: int) -> None:
+        for h, m in zip(hists, model.evaluate(valid), strict=True):
+            h.eval_steps.append(step)
+            h.metrics.append(m)
+
+    record(0)
+    for step in range(config.steps):
+        rows = torch.stack([order[s](step)[0] for _, s in jobs])  # (M, B)
+        losses = model.losses(*(t[rows] for t in tensors))  # (M,)
+        if not bool(torch.isfinite(losses).all()):
+            raise FloatingPointError(f"a training loss is not finite at update {step + 1}")
+        opt.zero_grad(set_to_none=True)
+        losses.sum().backward()
+        opt.step()
+        for h, value in zip(hists, losses.tolist(), strict=True):
+            h.steps.append(step + 1)
+            h.losses.append(value)
+        done = step + 1
+        if done % config.eval_every == 0 or done == config.steps:
+            record(done)
+    return [Run(v, s, h) for (v, s), h in zip(jobs, hists, strict=True)]
