@@ -29,7 +29,13 @@ from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from lnbook.ledger import VERDICTS, agreement_text, format_seen, load_replication
+from lnbook.ledger import (
+    VERDICTS,
+    agreement,
+    agreement_text,
+    format_seen,
+    load_replication,
+)
 from lnbook.seeds import seed_set
 
 logger = logging.getLogger(__name__)
@@ -176,6 +182,9 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
         checked = _para(_link(app, fromdoc, chapter, None, chapter), ", section ",
                         _link(app, fromdoc, chapter, anchor, where))
         across = agreement_text(replication, cid, verdict)  # e.g. "same on 4/4 seed sets"
+        same, n = agreement(replication, cid, verdict)
+        if same < n:  # said plainly: this verdict is not the claim's on every seed set
+            across = f"unstable across seed sets: {across}"
         verdict_cell = [_para(nodes.strong(text=verdict))] + ([_para(across)] if across else [])
         body += _row([[claim], verdict_cell, [checked], [_para(seen)]])
     tgroup += body

@@ -57,18 +57,24 @@ class ReplicationTable(SphinxDirective):
         sets = [str(k) for k in rep["sets"]]
         lines = ["| claim | the book's verdict | " + " | ".join(f"set {k}" for k in sets)
                  + " | agree |", "|---" * (len(sets) + 3) + "|"]
+        unstable = []
         for cid, entry in sorted(rep["claims"].items()):
             book = status.get(cid, entry["book"])
             same, n = agreement(rep, cid, book)
             verdicts = [entry["sets"].get(k, {}).get("verdict", "not run") for k in sets]
-            lines.append(f"| {cid} | {book} | " + " | ".join(verdicts) + f" | {same}/{n} |")
+            flag = "" if same == n else " (unstable across seed sets)"
+            unstable += [cid] if same < n else []
+            lines.append(f"| {cid} | {book} | " + " | ".join(verdicts) + f" | {same}/{n}{flag} |")
         made = rep.get("made", {})
         digest = rep.get("digest", {})
         runs = rep.get("notebooks", {})
         secs = [r["seconds"] for nb in runs.values() for r in nb.values()]
         failed = sorted(f"{nb} (set {k})" for nb, rr in runs.items() for k, r in rr.items()
                         if not r["ok"])
-        lines += ["", f"Made {made.get('date', '?')} on {made.get('machine', '?')} "
+        lines += ["", f"{len(rep['claims']) - len(unstable)} of {len(rep['claims'])} claims "
+                      "give the book's verdict on every fresh seed set; unstable across seed "
+                      f"sets: {', '.join(unstable) or 'none'}.",
+                  "", f"Made {made.get('date', '?')} on {made.get('machine', '?')} "
                       f"(Python {made.get('python', '?')}, torch {made.get('torch', '?')}): "
                       f"{len(runs)} notebooks on seed sets {', '.join(sets)}, "
                       f"{len(secs)} executions, the longest {max(secs, default=0):.0f} s; "
