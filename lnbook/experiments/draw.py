@@ -534,7 +534,7 @@ class StackedDRAW:
     copies is one batched matmul per layer (:func:`torch.baddbmm`) and one pass through the
     filterbanks, instead of ``M`` passes through small layers. Copy ``k`` computes exactly
     what ``models[k]`` computes (up to the rounding of the batched matmuls): the same
-    attention (:meth:`DRAW._attend_raw`), LSTM cells (eqs. 29-31, LN on the cell state only in
+    attention (``DRAW._attend_raw``), LSTM cells (eqs. 29-31, LN on the cell state only in
     the copies built with ``layer_norm=True``) and bound. A baseline copy also holds an unused
     gain and bias for ``ln_c`` (1 and 0; their gradient is 0, so Adam leaves them there).
 
@@ -581,7 +581,7 @@ class StackedDRAW:
         return len(self.layer_norm)
 
     def state_dict(self, k: int) -> dict[str, Tensor]:
-        """The weights of copy ``k`` as :meth:`DRAW.state_dict` holds them."""
+        """The weights of copy ``k`` as ``DRAW.state_dict()`` holds them."""
         keep = self.layer_norm[k]
         return {n: p[k].detach().clone() for n, p in self.params.items()
                 if keep or ".ln_c." not in n}

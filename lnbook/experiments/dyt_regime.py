@@ -190,8 +190,8 @@ def train_copies(
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
     Copy ``(n, seed)`` starts from ``Transformer.from_config(model_config)`` built under
-    ``torch.manual_seed(seed)`` and trains with Adam (:func:`~lnbook.experiments.stacked.
-    adam_step`) on the batches :func:`~lnbook.experiments.stacked.batch_indices` draws for
+    ``torch.manual_seed(seed)`` and trains with Adam
+    (:func:`~lnbook.experiments.stacked.adam_step`) on the batches :func:`~lnbook.experiments.stacked.batch_indices` draws for
     ``seed`` over the first ``n`` training sequences of ``task``.
 
     Returns:

@@ -121,7 +121,7 @@ class Config:
             :class:`lnbook.batched.SeedMLP` (the same updates as one at a time), and every
             evaluation also measures batch norm in training mode and with recalibrated
             statistics (:func:`run_seeds`); ``"runs"``: one run at a time through
-            :func:`lnbook.experiments.protocol.sweep`, with checkpoints and resuming, in
+            :func:`lnbook.experiments.runner.sweep`, with checkpoints and resuming, in
             evaluation mode only.
         n_recal: training images whose statistics recalibrate batch norm before an
             evaluation (engine ``"seeds"``; at most the training images available).
@@ -441,7 +441,7 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
 
     ``train_*`` on ``data["x_eval"]`` (training images), ``test_*`` on the test images, read
     three ways: evaluation mode with the running averages (no suffix), evaluation mode with
-    statistics recalibrated on ``x_recal`` (``_recal``, :meth:`SeedMLP.recalibrated`) and,
+    statistics recalibrated on ``x_recal`` (``_recal``, :meth:`lnbook.batched.SeedMLP.recalibrated`) and,
     on the training images, training mode with the statistics of each block of
     ``batch_size`` examples (``_tmode``, :func:`lnbook.batched.train_mode_logits`). Without
     batch norm the three readings are one computation, measured once and copied.
