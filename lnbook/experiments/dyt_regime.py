@@ -191,8 +191,9 @@ def train_copies(
 
     Copy ``(n, seed)`` starts from ``Transformer.from_config(model_config)`` built under
     ``torch.manual_seed(seed)`` and trains with Adam
-    (:func:`~lnbook.experiments.stacked.adam_step`) on the batches :func:`~lnbook.experiments.stacked.batch_indices` draws for
-    ``seed`` over the first ``n`` training sequences of ``task``.
+    (:func:`~lnbook.experiments.stacked.adam_step`) on the batches
+    :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
+    training sequences of ``task``.
 
     Returns:
         per copy, ``{"n", "seed", "loss" (held-out, at the end), "loss_early" (held-out, after

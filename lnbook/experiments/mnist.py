@@ -441,10 +441,11 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
 
     ``train_*`` on ``data["x_eval"]`` (training images), ``test_*`` on the test images, read
     three ways: evaluation mode with the running averages (no suffix), evaluation mode with
-    statistics recalibrated on ``x_recal`` (``_recal``, :meth:`lnbook.batched.SeedMLP.recalibrated`) and,
-    on the training images, training mode with the statistics of each block of
-    ``batch_size`` examples (``_tmode``, :func:`lnbook.batched.train_mode_logits`). Without
-    batch norm the three readings are one computation, measured once and copied.
+    statistics recalibrated on ``x_recal`` (``_recal``,
+    :meth:`lnbook.batched.SeedMLP.recalibrated`) and, on the training images, training mode
+    with the statistics of each block of ``batch_size`` examples (``_tmode``,
+    :func:`lnbook.batched.train_mode_logits`). Without batch norm the three readings are one
+    computation, measured once and copied.
     """
     was_training = model.training
     out: dict[str, np.ndarray] = {}
