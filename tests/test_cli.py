@@ -142,7 +142,8 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
     command again."""
     cmd = [sys.executable, str(TINY), "run", "tiny", "--device", "cpu", "--out",
            str(tmp_path), "--seeds", "0"]
-    env = {**os.environ, "TINY_SLEEP": "0.2"}  # 2.4 s a run: the second is training
+    env = {**os.environ, "TINY_SLEEP": "0.5"}  # 6 s a run: the second is training when the
+    # signal comes, even if this process waits seconds for a core on a loaded machine
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
