@@ -135,6 +135,14 @@ def test_python_dash_m_exit_codes():
 TINY = Path(__file__).with_name("tiny_experiment.py")  # `python -m lnbook` with a 1 s experiment
 
 
+def _ctrl_c_as_a_shell_gives_it() -> None:
+    """In the child, before it runs: Ctrl-C with its default action and not blocked, as a
+    shell starts a command. A test runner's worker process can hand its children SIGINT
+    ignored or blocked, and a Python started so never sees the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
     """As a user meets it: Ctrl-C during a real `run` process (the one-second experiment of
     tiny_experiment.py, which is `python -m lnbook` with it registered: the signal handling,
@@ -142,10 +150,10 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
     command again."""
     cmd = [sys.executable, str(TINY), "run", "tiny", "--device", "cpu", "--out",
            str(tmp_path), "--seeds", "0"]
-    env = {**os.environ, "TINY_SLEEP": "0.5"}  # 6 s a run: the second is training when the
-    # signal comes, even if this process waits seconds for a core on a loaded machine
+    env = {**os.environ, "TINY_SLEEP": "0.2"}  # 2.4 s a run: the second is training
+    inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_ctrl_c_as_a_shell_gives_it)
     try:
         deadline = time.monotonic() + 300
         while not list((tmp_path / "runs").glob("*.json")):  # wait for the first finished run
@@ -156,7 +164,7 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (err, out, inherited)
     assert "a seed 0: finished" in err and "resume with:" in err
     assert "b seed 0: finished" not in err  # it stopped during the second run
     assert "Traceback" not in err
