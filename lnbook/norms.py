@@ -1,20 +1,9 @@
 """Normalization layers: layer normalization and the two methods the paper compares it with.
 
-Paper sections 2, 3, 5.1 and 6.7; book chapters 2 (`02_background`), 3 (`03_layer_norm`),
-4 (`04_related_work`) and 6.7 (`06_7_convnets`). Every layer here reads eq. 5 of the paper,
-
-    h_i = f( g_i / sigma_i * (a_i - mu_i) + b_i ),
-
-with a different choice of mu and sigma:
-
-- batch normalization (eq. 2): mu_i, sigma_i of unit i over the mini-batch,
-- layer normalization (eq. 3): one mu, sigma per example over all H units of the layer
-  (:class:`ChannelLayerNorm`: over the channels at each position of a feature map),
-- weight normalization: mu_i = 0 and sigma_i = ||w_i||_2.
-
-The input checks are :mod:`lnbook.checks`'s (re-exported here under their old names), so that a
-wrong input gets the same clear message everywhere. A norm here knows nothing of training
-loops or experiments.
+Paper sections 2, 3, 5.1, 6.7; chapters 2, 3, 4 and 6.7. Each reads eq. 5,
+``h_i = f(g_i / sigma_i * (a_i - mu_i) + b_i)``, with mu and sigma over the mini-batch (batch
+norm, eq. 2), over the layer's units per example (layer norm, eq. 3; :class:`ChannelLayerNorm`
+over the channels at each position) or mu = 0, sigma = ||w_i|| (weight normalization).
 """
 
 from __future__ import annotations
@@ -81,6 +70,22 @@ def _check_layer_norm_args(
     check_param(bias, "bias", shape)
 
 
+class _Affine(nn.Module):
+    """A norm's gain ``weight`` (ones) and bias ``bias`` (zeros), either possibly None."""
+
+    def _add_affine(self, shape: tuple[int, ...], weight: bool, bias: bool, kw: dict) -> None:
+        self.register_parameter("weight", nn.Parameter(torch.empty(shape, **kw)) if weight else None)
+        self.register_parameter(
+            "bias", nn.Parameter(torch.empty(shape, **kw)) if weight and bias else None)
+
+    def reset_parameters(self) -> None:
+        """Gains to 1 and biases to 0, as the paper's experiments start (section 6)."""
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
 # ----------------------------------------------------------------------------------------------
 # layer normalization: eq. 3 and the backward of chapter 3, from lnbook.functional
 
@@ -96,19 +101,11 @@ def _layer_norm_forward(
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    """Eqs. 3 and 15-16 with the backward pass written out (derived in chapter 3).
+    """Eqs. 3 and 15-16 with chapter 3's hand-derived backward.
 
-    ``apply(x, weight, bias, normalized_shape, eps)`` returns ``(y, x_hat, rstd)``; the last
-    two are what the backward reads, returned (and marked non-differentiable) because a
-    Function in the ``setup_context`` style hands intermediates to its backward that way, and
-    :func:`layer_norm` drops them. ``generate_vmap_rule`` lets ``torch.func.vmap`` run the
-    forward on batched tensors (every op in it is a torch op).
-
-    Second derivatives: ``x_hat`` and ``rstd`` come out of the forward with no graph behind
-    them, so a backward that used them when its own graph is wanted (``create_graph=True``,
-    ``torch.func.grad`` and ``jacrev`` always want it) would treat them as constants and drop
-    their dependence on x. There, the backward computes them again from the saved input x with
-    the same function as the forward, inside the graph; otherwise it reads the saved ones.
+    ``apply(x, weight, bias, normalized_shape, eps)`` returns ``(y, x_hat, rstd)``; the last two
+    are non-differentiable and feed the backward. When a graph of the backward is wanted (second
+    derivatives), x_hat and rstd are recomputed from x inside it.
     """
 
     generate_vmap_rule = True
@@ -168,45 +165,20 @@ def layer_norm(
 ) -> Tensor:
     r"""Layer normalization (paper eqs. 3 and 15-16; chapter 3).
 
-    Each example is normalized with the mean and the (biased) standard deviation of its own
-    summed inputs, taken over the trailing ``normalized_shape`` dimensions:
-
     .. math:: y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot g + b
 
-    The mathematics (forward and backward, on rows) is :mod:`lnbook.functional`'s; this
-    function checks the arguments and makes rows of ``x``.
+    over the trailing ``normalized_shape`` dimensions, the mathematics of :mod:`lnbook.functional`.
 
     Args:
-        x: floating-point input ``(*, *normalized_shape)``.
+        x: floating-point input ``(*, *normalized_shape)``; output: same shape and dtype.
         normalized_shape: the trailing dimensions to normalize over.
-        weight: gain ``g`` of shape ``normalized_shape``, or None for 1.
-        bias: bias ``b`` of shape ``normalized_shape``, or None for 0.
-        eps: added to the variance inside the square root, as torch does; must be > 0.
-        impl: ``"autograd"`` (default) runs lnbook's own forward and the backward derived by
-            hand in chapter 3, in torch operations; ``"torch"`` checks the arguments the same
-            way, then calls :func:`torch.nn.functional.layer_norm` (torch's fused kernel, the
-            same numbers to rounding).
+        weight, bias: ``g`` and ``b`` of shape ``normalized_shape``, or None (1 and 0).
+        eps: added to the variance inside the square root; must be > 0.
+        impl: ``"autograd"`` (lnbook's forward and hand-derived backward) or ``"torch"``
+            (the same checks, then :func:`torch.nn.functional.layer_norm`).
 
-    Statistics are computed in float32 for float16/bfloat16 inputs and the result is cast
-    back, so half-precision inputs neither overflow nor lose the variance to rounding. A
-    constant row gives ``bias`` (not NaN); a NaN stays in its own row.
-
-    Both paths work under ``torch.func`` (``vmap``, ``grad``, ``jacrev``, also nested: second
-    derivatives are exact), ``torch.compile(fullgraph=True)`` and ``torch.export``.
-    Forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``) needs
-    ``impl="torch"``. For speed, compile the model that uses it (``torch.compile`` fuses the
-    forward and the hand-derived backward) or use ``impl="torch"``.
-
-    Shape:
-        - Input: ``(*, *normalized_shape)``; output: the same shape and dtype.
-
-    Example::
-
-        >>> x = torch.randn(4, 10)
-        >>> y = layer_norm(x, 10)
-        >>> torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-6)
-        True
-        >>> per_example = torch.func.vmap(torch.func.grad(lambda r: layer_norm(r, 10)[0]))(x)
+    Half-precision statistics are float32. Works under ``torch.func``, ``torch.compile`` and
+    ``torch.export``; forward-mode AD needs ``impl="torch"``.
     """
     shape = as_normalized_shape(normalized_shape)
     _check_layer_norm_args(x, shape, weight, bias, eps)
@@ -222,32 +194,14 @@ def layer_norm(
     return y
 
 
-class LayerNorm(nn.Module):
-    r"""Layer normalization as a module (paper eqs. 3, 4 and 15-16; chapter 3).
+class LayerNorm(_Affine):
+    r"""Layer normalization as a module (eqs. 3, 4 and 15-16; chapter 3).
 
-    Normalizes each example over its trailing ``normalized_shape`` dimensions, then applies
-    a learned per-unit gain ``weight`` (initialized to 1) and bias ``bias`` (initialized to 0).
-    The computation is the same in training and evaluation mode (claim C01) and works at
-    batch size 1 (claim C02). Arguments and parameter names match :class:`torch.nn.LayerNorm`,
-    so it is a drop-in replacement and state dicts load in both directions.
+    :class:`torch.nn.LayerNorm`'s interface and state dict.
 
     Args:
-        normalized_shape: the trailing dimensions to normalize over.
-        eps: added to the variance inside the square root. Default: 1e-5.
-        elementwise_affine: learn a gain (and a bias). Default: True.
-        bias: learn a bias when ``elementwise_affine`` is True. Default: True.
-        impl: ``"autograd"`` (lnbook's hand-derived backward) or ``"torch"`` (torch's fused
-            kernel); see :func:`layer_norm`.
-        device, dtype: where and in which dtype the parameters are made, as in torch.
-
-    Shape:
-        - Input: ``(*, *normalized_shape)``; output: the same shape.
-
-    Example::
-
-        >>> ln = LayerNorm(256)
-        >>> y = ln(torch.randn(32, 256))
-        >>> fast = torch.compile(ln)  # forward and hand-derived backward, fused
+        normalized_shape, eps, elementwise_affine, bias, device, dtype: as torch.
+        impl: ``"autograd"`` or ``"torch"`` (keyword-only), see :func:`layer_norm`.
     """
 
     def __init__(
@@ -268,21 +222,9 @@ class LayerNorm(nn.Module):
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
         check_bool("bias", bias)
         self.impl = impl
-        kw = {"device": device, "dtype": dtype}
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **kw)) if bias else None
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        self._add_affine(self.normalized_shape, elementwise_affine, bias,
+                         {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Gains to 1 and biases to 0, as the paper's experiments start (section 6)."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, self.impl)
@@ -296,32 +238,17 @@ class LayerNorm(nn.Module):
         return s
 
 
-class ChannelLayerNorm(nn.Module):
+class ChannelLayerNorm(_Affine):
     r"""Layer normalization over the channels at each position of a feature map (chapter 6.7).
-
-    The paper (section 6.7) applies layer normalization to ConvNets without saying over which
-    axes. This is the reading later ConvNets use: each example and each position ``(h, w)``
-    gets its own mean and variance over the ``C`` channels (eq. 3 with the channels as the
-    hidden units), and the gain and bias are per channel. The other reading, over all
-    ``C * H * W`` units of the layer, is :class:`LayerNorm` with
-    ``normalized_shape=(C, H, W)``.
 
     .. math:: y_{n,:,h,w} = \frac{a_{n,:,h,w} - \mu_{n,h,w}}{\sigma_{n,h,w}} \odot g + b
 
+    (:class:`LayerNorm` with ``normalized_shape=(C, H, W)`` is the other reading of section 6.7.)
+
     Args:
-        num_channels: ``C``.
-        eps: added to the variance inside the square root. Default: 1e-5.
-        device, dtype: where and in which dtype the parameters are made, as in torch.
-        impl: ``"autograd"`` or ``"torch"``, as in :func:`layer_norm`.
+        num_channels: ``C``. eps, device, dtype: as torch. impl: as :func:`layer_norm`.
 
-    Shape:
-        - Input: ``(N, C, H, W)``; output: the same shape.
-
-    Example::
-
-        >>> ln = ChannelLayerNorm(16)
-        >>> ln(torch.randn(2, 16, 5, 5)).shape
-        torch.Size([2, 16, 5, 5])
+    Shape: ``(N, C, H, W)`` in and out.
     """
 
     def __init__(
@@ -338,14 +265,8 @@ class ChannelLayerNorm(nn.Module):
         self.eps = check_eps(eps)
         _check_impl(impl)
         self.impl = impl
-        self.weight = nn.Parameter(torch.empty(self.num_channels, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(self.num_channels, device=device, dtype=dtype))
+        self._add_affine((self.num_channels,), True, True, {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Gains to 1 and biases to 0."""
-        nn.init.ones_(self.weight)
-        nn.init.zeros_(self.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
@@ -363,37 +284,18 @@ class ChannelLayerNorm(nn.Module):
         return s if self.impl == "autograd" else s + f", impl={self.impl!r}"
 
 
-class BatchNorm(nn.Module):
+class BatchNorm(_Affine):
     r"""Batch normalization over dimension 0 (paper eq. 2; chapter 2).
 
-    In training mode each unit (channel) is normalized with the mean and variance of its
-    summed inputs over the mini-batch (and over any trailing spatial dimensions), and running
-    averages are updated for evaluation mode, where they replace the batch statistics. The
-    output for one example therefore depends on its batch-mates (claim C03).
+    Per-unit batch statistics in training (an example's output depends on its batch-mates, claim
+    C03), running averages in eval mode; :class:`torch.nn.BatchNorm1d`'s arguments, names and
+    running-variance update.
 
     Args:
-        num_features: number of units ``C``.
-        eps: added to the variance inside the square root. Default: 1e-5.
-        momentum: weight of the newest batch in the running averages. Default: 0.1.
-        affine: learn a gain ``weight`` and a bias ``bias``. Default: True.
-        device, dtype: where and in which dtype parameters and running statistics are made,
-            as in torch.
-        unbiased: (keyword only) normalize with the unbiased variance (divide by n - 1), as the
-            paper does for batch size 4 in section 6.6 (claim C18). Default: False (divide by
-            n, as torch).
+        num_features, eps, momentum, affine, device, dtype: as torch.
+        unbiased: (keyword-only) normalize with the unbiased variance (section 6.6, claim C18).
 
-    The positional arguments are :class:`torch.nn.BatchNorm1d`'s, in its order.
-
-    Parameter and buffer names match :class:`torch.nn.BatchNorm1d`, whose running variance is
-    always updated with the unbiased estimate; so is this one's.
-
-    Shape:
-        - Input: ``(N, C)`` or ``(N, C, *)``; output: the same shape.
-
-    Example::
-
-        >>> bn = BatchNorm(64)
-        >>> y = bn(torch.randn(32, 64))
+    Shape: ``(N, C)`` or ``(N, C, *)`` in and out.
     """
 
     def __init__(
@@ -416,12 +318,7 @@ class BatchNorm(nn.Module):
         self.unbiased = check_bool("unbiased", unbiased)
         self.affine = check_bool("affine", affine)
         kw = {"device": device, "dtype": dtype}
-        if affine:
-            self.weight = nn.Parameter(torch.empty(num_features, **kw))
-            self.bias = nn.Parameter(torch.empty(num_features, **kw))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        self._add_affine((num_features,), affine, True, kw)
         self.register_buffer("running_mean", torch.zeros(num_features, **kw))
         self.register_buffer("running_var", torch.ones(num_features, **kw))
         self.register_buffer(
@@ -435,9 +332,7 @@ class BatchNorm(nn.Module):
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
-        if self.affine:
-            nn.init.ones_(self.weight)
-            nn.init.zeros_(self.bias)
+        super().reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
@@ -488,22 +383,7 @@ class WeightNormLinear(nn.Module):
 
     .. math:: h_i = \frac{g_i}{\lVert w_i \rVert_2} w_i^\top x + b_i
 
-    The direction ``weight`` (rows w_i) and the per-output ``gain`` g_i are separate
-    parameters (Salimans and Kingma, 2016); scaling a row w_i leaves the output unchanged.
-
-    Args:
-        in_features: size of each input.
-        out_features: size of each output (number of units H).
-        bias: learn an additive bias. Default: True.
-        device, dtype: where and in which dtype the parameters are made, as in torch.
-
-    Shape:
-        - Input: ``(*, in_features)``; output: ``(*, out_features)``.
-
-    Example::
-
-        >>> wn = WeightNormLinear(20, 30)
-        >>> y = wn(torch.randn(8, 20))
+    Args: in_features, out_features, bias, device, dtype as :class:`torch.nn.Linear`.
     """
 
     def __init__(

@@ -1,24 +1,15 @@
 """Batch normalization in recurrent networks, the method the paper compares layer norm with.
 
-Paper sections 3.1 and 6.2; book chapters 3.1 (`03_1_ln_rnn`) and 6.2
-(`06_2_attentive_reader`). Batch normalization of a recurrent network needs statistics for every
-time step separately (Cooijmans et al., 2016): :class:`SequenceBatchNorm` keeps them, and two
-models put it where the layer-normalized models of :mod:`lnbook.rnn` put layer normalization:
+Paper sections 3.1 and 6.2; chapters 3.1 (`03_1_ln_rnn`) and 6.2 (`06_2_attentive_reader`).
+Per-time-step statistics (Cooijmans et al., 2016) in :class:`SequenceBatchNorm`, used by
+:class:`BatchNormRNN` (eq. 4 with BN_t in place of LN) and :class:`RecurrentBNLSTM`::
 
-- :class:`BatchNormRNN`: eq. 4 with BN_t in place of LN (the comparison of section 3.1).
-- :class:`RecurrentBNLSTM`: the LSTM of eqs. 17-19 with recurrent batch normalization (the
-  baseline of section 6.2),
+    (i, f, g, o) = BN_t(W_h h_{t-1}; gamma_h) + BN_t(W_x x_t; gamma_x) + b
+    c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
+    h_t = sigmoid(o) * tanh(BN_t(c_t; gamma_c, beta_c))
 
-      (i, f, g, o) = BN_t(W_h h_{t-1}; gamma_h) + BN_t(W_x x_t; gamma_x) + b
-      c_t = sigmoid(f) * c_{t-1} + sigmoid(i) * tanh(g)
-      h_t = sigmoid(o) * tanh(BN_t(c_t; gamma_c, beta_c))
-
-In training mode the mean and variance of each unit at step t are taken over the mini-batch at
-step t, and running averages are kept per step for evaluation mode. A step beyond the longest one
-seen in training uses the statistics of the last trained step (the weakness of claim C04, which
-chapter 3.1 measures). The gains of :class:`RecurrentBNLSTM` start at 0.1, the value Cooijmans
-et al. recommend to keep ``tanh`` out of saturation; ``gain_init`` changes it. Gate order and
-parameter names are torch's (``nn.LSTM``), so plain weights copy from a :class:`torch.nn.LSTM`.
+A step beyond the longest one seen in training uses the last trained step's statistics (claim
+C04). Gate order and parameter names are torch's.
 """
 
 from __future__ import annotations
@@ -39,34 +30,18 @@ __all__ = ["SequenceBatchNorm", "BatchNormRNN", "RecurrentBNLSTM"]
 
 
 class SequenceBatchNorm(nn.Module):
-    r"""Batch normalization with separate statistics for each time step (Cooijmans et al., 2016).
+    r"""Batch normalization with separate statistics per time step (Cooijmans et al., 2016).
 
-    Paper section 3.1, chapter 3.1. At step t in training mode, each of the F features is
-    normalized with the mean and (biased) variance over the mini-batch of the (B, F) slice, and
-    the running averages of step t are updated; in eval mode the running averages of step t
-    are used. One gain ``weight`` (initialized to ``gain_init``; Cooijmans et al. recommend
-    0.1) and one bias ``bias`` are shared by all steps. This is what the paper calls applying
-    batch normalization to an RNN "in the obvious way": a test sequence longer than any
-    training sequence reaches steps with no statistics of their own. In eval mode a step t
-    beyond the longest step seen in training uses the statistics of that last step; in training
-    mode, t must be < ``max_steps``.
+    In training, each feature of the (B, F) slice at step t is normalized over the batch and the
+    running averages of step t updated; in eval mode those are used (a step beyond the longest seen
+    uses the last one's). One gain (``gain_init``) and bias shared by all steps.
 
     Args:
-        num_features: F.
-        max_steps: number of per-step statistics slots.
-        eps: added to the variance. Default: 1e-5.
-        momentum: weight of the newest batch in the running averages. Default: 0.1.
-        gain_init: initial value of the gain. Default: 1.0.
+        num_features: F. max_steps: statistics slots. eps: Default 1e-5.
+        momentum: Default 0.1. gain_init: initial gain. Default: 1.0.
 
-    Shape:
-        - x: ``(B, F)``; t: an int in ``[0, max_steps)`` in training, any int >= 0 in eval.
-        - mask: optional ``(B,)`` or ``(B, 1)`` bool, the rows that are real (not padding);
-          statistics use only them. Output: ``(B, F)``.
-
-    Example::
-
-        >>> bn = SequenceBatchNorm(16, max_steps=10)
-        >>> y = bn(torch.randn(4, 16), t=3)
+    Shape: x ``(B, F)``; t an int (< ``max_steps`` in training); mask optional ``(B,)`` or
+    ``(B, 1)`` bool of the real rows (statistics use only them). Output ``(B, F)``.
     """
 
     def __init__(
@@ -150,31 +125,18 @@ class SequenceBatchNorm(nn.Module):
 
 
 class BatchNormRNN(nn.Module):
-    r"""An Elman RNN whose summed inputs are batch-normalized per time step (chapter 3.1).
+    r"""An Elman RNN batch-normalized per time step (section 3.1's comparison model).
 
-    The comparison model of section 3.1: eq. 4 with :class:`SequenceBatchNorm` in place of LN,
+    .. math:: h_t = f\big(\mathrm{BN}_t(W_{ih} x_t + W_{hh} h_{t-1}) + b_{ih} + b_{hh}\big)
 
-    .. math:: h_t = f\big(\mathrm{BN}_t(W_{ih} x_t + W_{hh} h_{t-1}) + b_{ih} + b_{hh}\big).
-
-    The weights live in a one-layer :class:`lnbook.RNN` without layer norm (``self.rnn``,
-    torch's parameter names); ``self.bn`` holds the per-step statistics.
+    Weights in ``self.rnn`` (a one-layer :class:`lnbook.RNN` without LN), statistics in ``self.bn``.
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        max_steps: per-step statistics slots (the longest training sequence).
-        nonlinearity: ``"tanh"`` or ``"relu"``. Default: ``"tanh"``.
-        batch_first: ``(B, T, *)`` layout. Default: False.
-        gain_init: initial BN gain. Default: 1.0.
+        input_size, hidden_size, nonlinearity, batch_first: as :class:`lnbook.RNN`.
+        max_steps: statistics slots. gain_init: initial BN gain. Default: 1.0.
 
-    Shape:
-        - input: ``(T, B, input_size)``; hx: ``(1, B, H)``; ``lengths`` as in
-          :class:`lnbook.RNN` (padded steps are left out of the statistics).
-        - Output: ``(output (T, B, H), h_n (1, B, H))``.
-
-    Example::
-
-        >>> out, h_n = BatchNormRNN(8, 16, max_steps=5)(torch.randn(5, 3, 8))
+    Shape: input ``(T, B, I)``, hx ``(1, B, H)``, ``lengths`` as :class:`lnbook.RNN`; output
+    ``(output (T, B, H), h_n (1, B, H))``.
     """
 
     def __init__(
@@ -225,29 +187,13 @@ class BatchNormRNN(nn.Module):
 class RecurrentBNLSTM(nn.Module):
     """A one-layer LSTM with recurrent batch normalization (Cooijmans et al., 2016).
 
-    Normalizes the hidden-to-hidden and the input-to-hidden summed inputs, and the cell state
-    before the output ``tanh``, with batch statistics kept separately for every time step
-    (chapter 6.2; compare eqs. 20-22 of the paper, where layer normalization takes their place).
+    BN_t on W_h h, W_x x and c_t (chapter 6.2; layer norm's place in eqs. 20-22).
 
     Args:
-        input_size: features of the input ``x_t``.
-        hidden_size: LSTM units H.
-        max_steps: number of time steps with their own statistics (the longest training
-            sequence); longer sequences reuse the statistics of the last step in eval mode.
-        gain_init: initial value of every batch-norm gain. Default: 0.1 (Cooijmans et al.).
-        eps: added to the variance. Default: 1e-5.
-        momentum: weight of the newest batch in the running averages. Default: 0.1.
+        input_size, hidden_size: as torch. max_steps: statistics slots.
+        gain_init: every BN gain's initial value. Default: 0.1. eps, momentum: as BN.
 
-    Shape:
-        - Input: ``(T, B, input_size)`` (time first, as :class:`lnbook.LSTM` by default).
-        - Output: ``(T, B, H)`` and the final state ``(h_n, c_n)``, each ``(1, B, H)``.
-
-    Example::
-
-        >>> lstm = RecurrentBNLSTM(8, 16, max_steps=20)
-        >>> out, (h, c) = lstm(torch.randn(20, 4, 8))
-        >>> out.shape, h.shape
-        (torch.Size([20, 4, 16]), torch.Size([1, 4, 16]))
+    Shape: input ``(T, B, I)``; output ``(T, B, H)`` and ``(h_n, c_n)``, each ``(1, B, H)``.
     """
 
     def __init__(

@@ -1,28 +1,12 @@
-r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and the supplement).
+r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and supplement).
 
-Book chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come
-first, once, as the step functions; the rest of the module gives them torch's interface. Each
-class is a drop-in for its ``torch.nn`` twin: torch's constructor signature and positional
-order (lnbook's options are keyword-only), parameter names, shapes and gate order
-(``weight_ih_l0``, ``weight_hh_l0_reverse``, ...) and ``forward(input, hx=None)``. With
-``layer_norm=False`` a state dict loads in both directions and outputs and gradients are
-torch's. With ``layer_norm=True`` (the default) the summed inputs are normalized by norm
-submodules (``ln``, ``ln_ih_l0``, ...), and torch's biases are added after the normalization:
-:class:`LNRNNCell`, :class:`RNN` (eq. 4); :class:`LNLSTMCell`, :class:`LSTM` (eqs. 20-22);
-:class:`LNGRUCell`, :class:`GRU` (eqs. 26-28 in torch's GRU form); :class:`DRAWLSTMCell`
-(eqs. 29-31, LN on the cell state only).
-
-The normalization is chosen once, when the module is built: each norm is an
-:class:`lnbook.LayerNorm` (gain 1, bias 0, as in the authors' code; its ``impl`` is the keyword
-``ln_impl``, default :data:`lnbook.norms.LN_IMPL`), or what the keyword ``norm``, a factory
-``size -> module``, makes (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`, ...). The step
-functions receive those modules and call them.
-
-A sequence layer computes W_ih x (and its norm) for all time steps in one call, then runs the
-step functions in a time loop differentiated by autograd; a cell runs the same code for one
-step. :class:`LSTM` can run that loop through the hand-derived backpropagation through time of
-:mod:`lnbook.bptt` instead (``bptt="hand"``, the supplement's topic; slower than autograd's loop
-on a CPU, see ``benchmarks/``).
+Chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come first, as
+step functions; the rest gives them torch's interface. Each class is a drop-in for its ``torch.nn``
+twin (signature, parameter names, gate order, ``forward(input, hx=None)``); lnbook's options are
+keyword-only. ``layer_norm=False`` is torch's model; ``layer_norm=True`` adds norm submodules
+(``ln``, ``ln_ih_l0``, ...: :class:`lnbook.LayerNorm`, or what the factory ``norm`` makes) with
+torch's biases added after the normalization. :class:`LSTM` with ``bptt="hand"`` runs the
+hand-derived backward of :mod:`lnbook.bptt`.
 """
 
 from __future__ import annotations
@@ -184,7 +168,7 @@ def _masked_loop(
 
 
 class _RNNKind:
-    """Eq. 4 over time. ``p`` holds one layer's weights and norms (see ``_Base._weights``)."""
+    """Eq. 4 over time. ``p`` holds one layer's weights and norms (``_weights``)."""
 
     _gates, _lns = 1, (("ln", 1),)
     _norm_names = ("ln",)
@@ -218,8 +202,7 @@ class _LSTMKind:
         self.forget_bias = float(forget_bias)
 
     def reset_parameters(self) -> None:
-        """Weights and biases as torch, plus ``forget_bias`` on every ``bias_ih[H:2H]``; norms
-        reset (LN gains 1, biases 0)."""
+        """As torch, plus ``forget_bias`` on every ``bias_ih[H:2H]``."""
         super().reset_parameters()  # type: ignore[misc]
         H = self.hidden_size
         with torch.no_grad():
@@ -228,9 +211,8 @@ class _LSTMKind:
                     p[H : 2 * H] += self.forget_bias
 
     def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
-        """The hand-derived BPTT applies: layer norms (with gains) on W_hh h and c_t, no
-        padding, no projection, float32/64, and not while torch.compile or torch.export trace
-        the layer."""
+        """Whether the hand BPTT applies: LNs with gains on W_hh h and c_t, no padding or
+        projection, float32/64, not while compiling."""
         return (self.bptt == "hand" and all(isinstance(p[n], (LayerNorm, nn.LayerNorm))
                                             and p[n].weight is not None
                                             for n in ("ln_hh", "ln_c"))
@@ -288,13 +270,7 @@ class _GRUKind:
 
 
 def _compute_dtype(module: nn.Module, x: Tensor, param_dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype to run in under autocast, torch's choice for the module's twin; else None.
-
-    Under ``torch.autocast`` torch's recurrent modules return the autocast dtype, except on the
-    CPU ``torch.nn.GRU``, ``LSTMCell`` and ``GRUCell``, which return float32 (their state
-    update mixes a float32 state into the half-precision gates). lnbook's twins run the whole
-    computation in that dtype, with autocast off inside.
-    """
+    """The dtype torch's twin runs in under autocast (float32 for some CPU twins), or None."""
     device_type = x.device.type
     if param_dtype != torch.float32 or not torch.is_autocast_enabled(device_type):
         return None
@@ -322,7 +298,7 @@ def _checked_state(
     s: Tensor, want: tuple[int, ...], what: str, dtype: torch.dtype, dt: torch.dtype | None,
     layout: str,
 ) -> Tensor:
-    """An initial state checked for its shape ``want`` and dtype, in the compute dtype."""
+    """An initial state checked for shape ``want`` and dtype, in the compute dtype."""
     check_floating(s, what)
     if tuple(s.shape) != want:
         raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
@@ -337,8 +313,7 @@ def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
 
 
 def _in_dtype(norm: nn.Module | None, dtype: torch.dtype | None) -> Norm:
-    """The norm module itself, or (under autocast, when its parameters are in another dtype
-    than ``dtype``) the same module called on its parameters cast to ``dtype``."""
+    """The norm, or under autocast the norm called on its parameters cast to ``dtype``."""
     if norm is None or dtype is None or all(p.dtype == dtype for p in norm.parameters()):
         return norm
     params = {n: p.to(dtype) for n, p in norm.named_parameters()}
@@ -362,8 +337,7 @@ def _norm_maker(
 
 
 def _init_uniform(module: nn.Module, hidden_size: int) -> None:
-    """torch's RNN initialization: every own weight and bias ~ U(-1/sqrt(H), 1/sqrt(H)), drawn
-    in registration order (so that a seed gives torch's initial weights)."""
+    """torch's RNN init: own weights ~ U(-1/sqrt(H), 1/sqrt(H)) in registration order."""
     bound = 1.0 / math.sqrt(hidden_size)
     for p in module.parameters(recurse=False):
         nn.init.uniform_(p, -bound, bound)
@@ -421,16 +395,14 @@ class _Base(nn.Module):
             setattr(self, f"{name}{sfx}", make_norm(mult * H))
 
     def reset_parameters(self) -> None:
-        """Weights and biases as torch (same draws for the same seed); norms reset (LN gains 1,
-        biases 0)."""
+        """Weights and biases as torch (same draws per seed); norms reset."""
         _init_uniform(self, self.hidden_size)
         for m in self.children():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
 
     def _weights(self, sfx: str, dt: torch.dtype | None) -> dict:
-        """One layer and direction: ``w_ih, w_hh, b_ih, b_hh, w_hr`` cast to ``dt`` and the
-        norm modules (None where there is none), as the kind's ``_scan`` reads them."""
+        """One layer and direction's weights cast to ``dt`` and norms, as ``_scan`` reads them."""
         p: dict = {n: _cast(getattr(self, f"{attr}{sfx}", None), dt) for n, attr in (
             ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
             ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
@@ -508,44 +480,21 @@ class _CellBase(_Base):
 
 
 class LNRNNCell(_RNNKind, _CellBase):
-    r"""An Elman RNN cell with layer normalization of its summed inputs (paper eq. 4; ch. 3.1).
+    r"""An Elman RNN cell with layer normalization of its summed inputs (eq. 4; chapter 3.1).
 
     .. math::
         a_t = W_{ih} x_t + W_{hh} h_{t-1}, \qquad
         h_t = f\big(\mathrm{LN}(a_t; g, b) + b_{ih} + b_{hh}\big)
 
-    LN uses one mean and standard deviation over the H summed inputs of each example at each
-    step, and one gain ``ln.weight`` and bias ``ln.bias`` shared by all steps. With
-    ``layer_norm=False`` this is :class:`torch.nn.RNNCell` (same state dict, same outputs).
-
     Args:
-        input_size: features of x_t.
-        hidden_size: H, units of the recurrent layer.
-        bias: learn the additive biases. With ``layer_norm=True``, ``bias=False`` removes torch's
-            ``bias_ih``, ``bias_hh`` and the LN bias b alike (the LN keeps its gain g): no
-            learned shift anywhere. Default: True.
-        nonlinearity: ``"tanh"`` or ``"relu"``. Default: ``"tanh"``.
-        device, dtype: of the parameters, as torch.
-        layer_norm: normalize a_t with the submodule ``ln`` (:class:`lnbook.LayerNorm`).
-            Keyword-only, as every option below. Default: True.
+        input_size, hidden_size, bias, nonlinearity, device, dtype: as :class:`torch.nn.RNNCell`;
+            with LN, ``bias=False`` removes the LN bias too.
+        layer_norm: normalize a_t with the submodule ``ln`` (keyword-only, as below). Default: True.
         eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm` norms. Default:
-            :data:`lnbook.norms.LN_IMPL`.
-        norm: a factory ``size -> module`` that makes each norm instead of
-            :class:`lnbook.LayerNorm` (``torch.nn.LayerNorm``, :class:`lnbook.RMSNorm`,
-            ``functools.partial(...)``); ``eps`` and ``ln_impl`` then do not apply.
-            Default: None.
+        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm`. Default: ``LN_IMPL``.
+        norm: a factory ``size -> module`` used instead of :class:`lnbook.LayerNorm`.
 
-    Shape:
-        - input: ``(B, input_size)`` or ``(input_size,)``; hx: ``(B, H)`` or ``(H,)`` (zeros if
-          None). Output: h_t, ``(B, H)`` or ``(H,)``.
-
-    Example::
-
-        >>> cell = LNRNNCell(10, 20)
-        >>> h = cell(torch.randn(3, 10))
-        >>> h.shape
-        torch.Size([3, 20])
+    Shape: input ``(B, input_size)`` or ``(input_size,)``; hx and output ``(B, H)`` or ``(H,)``.
     """
 
     def __init__(
@@ -575,7 +524,7 @@ class LNRNNCell(_RNNKind, _CellBase):
 
 
 class LNLSTMCell(_LSTMKind, _CellBase):
-    r"""An LSTM cell with layer normalization (paper eqs. 20-22; Supplement chapter).
+    r"""An LSTM cell with layer normalization (eqs. 20-22; Supplement chapter).
 
     .. math::
         [i; f; g; o] = \mathrm{LN}(W_{hh} h_{t-1}) + \mathrm{LN}(W_{ih} x_t) + b_{ih} + b_{hh}
@@ -583,28 +532,9 @@ class LNLSTMCell(_LSTMKind, _CellBase):
         c_t = \sigma(f) \odot c_{t-1} + \sigma(i) \odot \tanh(g), \qquad
         h_t = \sigma(o) \odot \tanh(\mathrm{LN}(c_t))
 
-    ``ln_hh`` and ``ln_ih`` normalize over all 4H gate pre-activations together, ``ln_c`` over
-    the H cell units. The gate order is torch's (i, f, g, o), not the paper's (f, i, o, g); the
-    un-normalized c_t is carried to the next step. With ``layer_norm=False`` this is
-    :class:`torch.nn.LSTMCell` (eqs. 17-19).
-
-    Args:
-        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
-        layer_norm: use the norm submodules ``ln_ih``, ``ln_hh``, ``ln_c``. Keyword-only, as
-            every option below; ``eps``, ``ln_impl`` and ``norm`` as :class:`LNRNNCell`.
-            Default: True.
-        forget_bias: added to the forget-gate slice ``bias_ih[H:2H]`` after the uniform
-            initialization (1.0 is a common choice that keeps memories early in training).
-            Default: 0.0, torch's initialization exactly.
-
-    Shape:
-        - input: ``(B, input_size)``; hx: ``(h, c)``, each ``(B, H)`` (zeros if None).
-        - Output: ``(h_t, c_t)``, each ``(B, H)``. Unbatched ``(input_size,)`` inputs work too.
-
-    Example::
-
-        >>> cell = LNLSTMCell(10, 20)
-        >>> h, c = cell(torch.randn(3, 10))
+    Norms ``ln_ih``, ``ln_hh`` over 4H, ``ln_c`` over H; torch's gate order (i, f, g, o). Arguments
+    as :class:`LNRNNCell`, plus ``forget_bias``: added to ``bias_ih[H:2H]`` after initialization.
+    Shape: hx and output ``(h, c)``, each ``(B, H)``.
     """
 
     _autocast_float32_on = frozenset({"cpu"})
@@ -636,19 +566,9 @@ class LNLSTMCell(_LSTMKind, _CellBase):
 
 
 class DRAWLSTMCell(LNLSTMCell):
-    r"""The LSTM of the DRAW experiment: LN only on the cell state (paper eqs. 29-31).
+    r"""The LSTM of the DRAW experiment: LN on the cell state only (eqs. 29-31).
 
-    .. math::
-        [i; f; g; o] = W_{hh} h_{t-1} + W_{ih} x_t + b_{ih} + b_{hh}, \quad
-        c_t = \sigma(f) \odot c_{t-1} + \sigma(i) \odot \tanh(g), \quad
-        h_t = \sigma(o) \odot \tanh(\mathrm{LN}(c_t))
-
-    One submodule ``ln_c`` over the H cell units; with ``layer_norm=False`` this is
-    :class:`torch.nn.LSTMCell`. Arguments, shapes and torch gate order as :class:`LNLSTMCell`.
-
-    Example::
-
-        >>> h, c = DRAWLSTMCell(10, 20)(torch.randn(3, 10))
+    One norm ``ln_c`` over H; otherwise as :class:`LNLSTMCell`.
     """
 
     _lns = (("ln_c", 1),)
@@ -656,9 +576,7 @@ class DRAWLSTMCell(LNLSTMCell):
 
 
 class LNGRUCell(_GRUKind, _CellBase):
-    r"""A GRU cell with layer normalization (paper eqs. 26-28 in torch's GRUCell form).
-
-    With torch's gate order (r, z, n) and ``W[r,z]`` the first 2H rows:
+    r"""A GRU cell with layer normalization (eqs. 26-28 in torch's GRUCell form).
 
     .. math::
         [r; z] = \sigma\big(\mathrm{LN}_{ih}(W_{ih}[r,z]\, x) + \mathrm{LN}_{hh}(W_{hh}[r,z]\, h)
@@ -668,24 +586,8 @@ class LNGRUCell(_GRUKind, _CellBase):
             + r \odot (\mathrm{LN}_{hn}(W_{hh}[n]\, h) + b_{hn})\big), \qquad
         h_t = (1 - z) \odot n + z \odot h_{t-1}
 
-    ``ln_ih``, ``ln_hh`` normalize over 2H, ``ln_in``, ``ln_hn`` over H.
-    Mapping to the paper: its eq. 28 reads h_t = (1 - σ(z_p)) h_{t-1} + σ(z_p) ĥ_t, so torch's
-    update gate is z = 1 - σ(z_p) = σ(-z_p): the paper's pre-activation z_p is minus torch's.
-    As LN's gain and bias are learned, the sign is absorbed by them (LN(-v; α, β) =
-    LN(v; -α, β)); the paper's W x and U h of eq. 27 are W_ih[n] and W_hh[n].
-    With ``layer_norm=False`` this is :class:`torch.nn.GRUCell`.
-
-    Args:
-        input_size, hidden_size, bias, device, dtype: as :class:`LNRNNCell` and torch.
-        layer_norm: use the norm submodules. Keyword-only, as every option below; ``eps``,
-            ``ln_impl`` and ``norm`` as :class:`LNRNNCell`. Default: True.
-
-    Shape:
-        - input: ``(B, input_size)``; hx: ``(B, H)`` (zeros if None). Output: ``(B, H)``.
-
-    Example::
-
-        >>> h = LNGRUCell(10, 20)(torch.randn(3, 10))
+    ``ln_ih``, ``ln_hh`` over 2H, ``ln_in``, ``ln_hn`` over H. Torch's z is the paper's 1 - σ(z_p);
+    the learned LN gain absorbs the sign. Arguments and shapes as :class:`LNRNNCell`.
     """
 
     _autocast_float32_on = frozenset({"cpu"})
@@ -749,7 +651,7 @@ class _Packing:
 
 
 def _reverse_index(lens: Tensor | None, T: int, B: int, device: torch.device) -> Tensor | None:
-    """(T, B) time index that reverses each sequence within its own length (padding stays)."""
+    """(T, B) time index reversing each sequence within its own length."""
     if lens is None:
         return None
     t = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
@@ -764,8 +666,7 @@ def _reverse(x: Tensor, index: Tensor | None) -> Tensor:
 
 
 class _RNNBase(_Base):
-    """A stack of layers: parameters named, ordered and initialized as torch's ``RNNBase``
-    (``weight_ih_l0``, ..., ``_reverse``), norms ``ln_l0``, ``ln_ih_l0_reverse``, ..."""
+    """A stack of layers: parameters as torch's ``RNNBase``, norms ``ln_l0``, ..."""
 
     def __init__(
         self,
@@ -811,8 +712,7 @@ class _RNNBase(_Base):
                 self._add_weights(_suffix(k, d), n_in, H_out, proj_size, kw, make_norm)
 
     def flatten_parameters(self) -> None:
-        """Does nothing: torch's cuDNN weight layout has no counterpart here (kept so that code
-        written for :class:`torch.nn.LSTM` runs unchanged)."""
+        """Does nothing (kept so that code written for torch.nn.LSTM runs)."""
 
     @property
     def _num_directions(self) -> int:
@@ -825,8 +725,7 @@ class _RNNBase(_Base):
     def _prepare(
         self, input: Tensor | PackedSequence, lengths: _Lengths
     ) -> tuple[Tensor, bool, Tensor | None, _Packing | None, torch.dtype | None]:
-        """``input`` as (T, B, I), whether it was batched, the lengths (None without padding),
-        the packing to restore, and the autocast dtype."""
+        """``input`` as (T, B, I), whether batched, lengths, packing to restore, autocast dtype."""
         cls, I = type(self).__name__, self.input_size
         packing = None
         if isinstance(input, PackedSequence):
@@ -893,8 +792,7 @@ class _RNNBase(_Base):
     def _run(
         self, x: Tensor, lens: Tensor | None, hx: list[Tensor], dt: torch.dtype | None
     ) -> tuple[Tensor, list[Tensor]]:
-        """All layers and directions: the last layer's output (T, B, D * H_out) and the final
-        states, each stacked as (L * D, B, .)."""
+        """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
         T, B = x.shape[0], x.shape[1]
         D = self._num_directions
         mask = None if lens is None else (
@@ -943,50 +841,20 @@ class _RNNBase(_Base):
 
 
 class RNN(_RNNKind, _RNNBase):
-    r"""A stack of layer-normalized Elman RNN layers (paper eq. 4; chapter 3.1).
+    r"""Layer-normalized Elman RNN layers (eq. 4; chapter 3.1), :class:`torch.nn.RNN`'s interface.
 
-    Each layer runs :class:`LNRNNCell`'s step over time. With ``layer_norm=False`` it is
-    :class:`torch.nn.RNN` (same parameter names ``weight_ih_l{k}``, ``weight_hh_l{k}_reverse``
-    ..., same outputs and gradients). W_ih x is computed for all time steps in one call before
-    the time loop; LN acts on the full sum a_t, so it runs inside the loop (LN submodules
-    ``ln_l{k}``, ``ln_l{k}_reverse``).
+    Each layer runs :class:`LNRNNCell`'s step over time (norms ``ln_l{k}``, ``ln_l{k}_reverse``).
 
     Args:
-        input_size: features of x_t.
-        hidden_size: H.
-        num_layers: stacked layers. Default: 1.
-        nonlinearity: ``"tanh"`` or ``"relu"``. Default: ``"tanh"``.
-        bias: learn the additive biases; with layer norm, ``bias=False`` removes the LN biases
-            too, so nothing shifts the normalized sums. Default: True.
-        batch_first: input and output are ``(B, T, *)`` instead of ``(T, B, *)``.
-        dropout: dropout on each layer's output except the last one's, in training mode only
-            (as torch). Default: 0.
-        bidirectional: a second, reversed direction per layer; outputs concatenated. Default:
-            False.
-        device, dtype: of the parameters, as torch.
-        layer_norm: normalize the summed inputs (eq. 4). Keyword-only, as every option below.
-            Default: True.
-        eps, ln_impl, norm: as :class:`LNRNNCell`.
+        input_size, hidden_size, num_layers, nonlinearity, bias, batch_first, dropout,
+            bidirectional, device, dtype: as :class:`torch.nn.RNN`.
+        layer_norm, eps, ln_impl, norm: keyword-only, as :class:`LNRNNCell`.
 
     Shape:
-        - input: ``(T, B, input_size)`` (or ``(B, T, input_size)`` with ``batch_first``, or
-          unbatched ``(T, input_size)``), or a :class:`~torch.nn.utils.rnn.PackedSequence`.
-        - hx: h_0, ``(num_layers * num_directions, B, H)``; zeros if None.
-        - lengths (keyword, instead of packing): B ints in [1, T]; steps at or after a
-          sequence's length are padding: they change no state, their outputs are 0, and h_n is
-          the state at each sequence's end (as a packed sequence in torch).
-        - Output: ``(output (T, B, num_directions * H), h_n (num_layers * num_directions, B,
-          H))``; a PackedSequence output for a PackedSequence input.
-
-    Under ``torch.autocast`` the output dtype is torch's for :class:`torch.nn.RNN` (the
-    autocast dtype).
-
-    Example::
-
-        >>> rnn = RNN(8, 16, 2)
-        >>> out, h_n = rnn(torch.randn(5, 3, 8))
-        >>> out.shape, h_n.shape
-        (torch.Size([5, 3, 16]), torch.Size([2, 3, 16]))
+        - input: ``(T, B, I)`` (``(B, T, I)`` with ``batch_first``, unbatched ``(T, I)``) or a
+          PackedSequence; hx: ``(num_layers * D, B, H)``, zeros if None.
+        - lengths (keyword): B ints in [1, T]; padding steps change no state and output 0.
+        - Output: ``(output (T, B, D * H), h_n (num_layers * D, B, H))``.
     """
 
     def __init__(
@@ -1024,50 +892,18 @@ class RNN(_RNNKind, _RNNBase):
 
 
 class LSTM(_LSTMKind, _RNNBase):
-    r"""A stack of layer-normalized LSTM layers (paper eqs. 20-22; Supplement chapter).
+    r"""A stack of layer-normalized LSTM layers (eqs. 20-22); :class:`torch.nn.LSTM`'s interface.
 
-    Each layer runs :class:`LNLSTMCell`'s step over time; LN(W_ih x) + biases is computed for all
-    time steps in one batched call before the loop. LN submodules ``ln_ih_l{k}``, ``ln_hh_l{k}``
-    (over 4H) and ``ln_c_l{k}`` (over H), with ``_reverse`` twins when bidirectional. With
-    ``layer_norm=False`` it is :class:`torch.nn.LSTM` (same parameter names, outputs and
-    gradients, ``proj_size`` included).
-
-    By default (``bptt="autograd"``) the time loop is the step-by-step loop of autograd
-    operations. With layer norms (lnbook's or torch's) and ``bptt="hand"`` each layer's loop
-    runs instead through :func:`lnbook.bptt.ln_lstm_recurrence`, which reads the norms' gains,
-    biases and epsilons and whose backward pass through time is written out by hand (the same
-    numbers as the step loop, to rounding; the Supplement's "Speed" section measures it: on a
-    CPU it was slower than autograd's loop, so it is not the default), except with padding
-    (``lengths`` or a PackedSequence), with ``proj_size``, for dtypes other than float32 and
-    float64, and while ``torch.compile`` or ``torch.export`` trace the layer. Both support
-    ``torch.func``, second derivatives and ``gradgradcheck``; forward-mode AD through a layer
-    whose parameters also require reverse gradients needs ``bptt="autograd"``.
+    Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (4H), ``ln_c_l{k}`` (H). ``bptt="hand"`` runs each layer
+    through :func:`lnbook.bptt.ln_lstm_recurrence` where it applies (LayerNorms with gains, no
+    padding, no ``proj_size``, float32/64, not while compiling); ``"autograd"`` (default) the step
+    loop.
 
     Args:
-        input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
-            ``batch_first``, ``dropout``, ``bidirectional``, ``device`` and ``dtype`` too are
-            as in :class:`RNN` and :class:`torch.nn.LSTM`.
-        proj_size: project h_t to this size with ``weight_hr_l{k}``, as torch. Default: 0.
-        layer_norm: eqs. 20-22 instead of 17-19. Keyword-only, as every option below.
-            Default: True.
-        forget_bias: added to every ``bias_ih_l{k}[H:2H]`` after initialization. Default: 0.0.
-        eps, ln_impl, norm: as :class:`LNRNNCell`.
-        bptt: ``"autograd"`` (always the step-by-step loop) or ``"hand"`` (the hand-derived
-            BPTT where it applies). Default: ``"autograd"``.
+        as :class:`RNN`, plus ``proj_size`` (torch's), and keyword-only ``forget_bias`` (as
+        :class:`LNLSTMCell`) and ``bptt``.
 
-    Shape:
-        - input: as :class:`RNN`; hx: ``(h_0, c_0)``, h_0 ``(num_layers * num_directions, B,
-          proj_size or H)``, c_0 ``(num_layers * num_directions, B, H)``.
-        - Output: ``(output (T, B, num_directions * (proj_size or H)), (h_n, c_n))``;
-          ``lengths`` and PackedSequence as in :class:`RNN`.
-
-    Under ``torch.autocast`` the output dtype is torch's for :class:`torch.nn.LSTM` (the
-    autocast dtype, which torch's oneDNN and cuDNN kernels return).
-
-    Example::
-
-        >>> lstm = LSTM(8, 16)
-        >>> out, (h_n, c_n) = lstm(torch.randn(5, 3, 8))
+    Shape: as :class:`RNN`; hx and the final state ``(h, c)``.
     """
 
     def __init__(
@@ -1116,31 +952,10 @@ class LSTM(_LSTMKind, _RNNBase):
 
 
 class GRU(_GRUKind, _RNNBase):
-    r"""A stack of layer-normalized GRU layers (paper eqs. 26-28; Supplement chapter).
+    r"""A stack of layer-normalized GRU layers (eqs. 26-28); :class:`torch.nn.GRU`'s interface.
 
-    Each layer runs :class:`LNGRUCell`'s step over time; the input half of eqs. 26-27 (with its
-    two LNs) is computed for all time steps in one call before the loop. LN submodules
-    ``ln_ih_l{k}``, ``ln_hh_l{k}`` (over 2H), ``ln_in_l{k}``, ``ln_hn_l{k}`` (over H), with
-    ``_reverse`` twins when bidirectional. With ``layer_norm=False`` it is
-    :class:`torch.nn.GRU`.
-
-    Args:
-        input_size: features of x_t; ``hidden_size``, ``num_layers``, ``bias``,
-            ``batch_first``, ``dropout``, ``bidirectional``, ``device``, ``dtype`` and the
-            keyword-only ``layer_norm``, ``eps``, ``ln_impl`` and ``norm`` too are as in
-            :class:`RNN`.
-
-    Shape:
-        As :class:`RNN`: ``(output (T, B, num_directions * H), h_n (num_layers *
-        num_directions, B, H))``.
-
-    Under ``torch.autocast`` the output dtype is torch's for :class:`torch.nn.GRU` (float32 on
-    the CPU, where torch's GRU mixes its float32 state into half-precision gates; the autocast
-    dtype elsewhere).
-
-    Example::
-
-        >>> out, h_n = GRU(8, 16)(torch.randn(5, 3, 8))
+    Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (2H), ``ln_in_l{k}``, ``ln_hn_l{k}`` (H). Arguments and
+    shapes as :class:`RNN`.
     """
 
     _autocast_float32_on = frozenset({"cpu"})
