@@ -74,7 +74,8 @@ class _Affine(nn.Module):
     """A norm's gain ``weight`` (ones) and bias ``bias`` (zeros), either possibly None."""
 
     def _add_affine(self, shape: tuple[int, ...], weight: bool, bias: bool, kw: dict) -> None:
-        self.register_parameter("weight", nn.Parameter(torch.empty(shape, **kw)) if weight else None)
+        self.register_parameter(
+            "weight", nn.Parameter(torch.empty(shape, **kw)) if weight else None)
         self.register_parameter(
             "bias", nn.Parameter(torch.empty(shape, **kw)) if weight and bias else None)
 
