@@ -1,29 +1,9 @@
 """Many seeds trained as one: a ReLU MLP with a leading seed dimension.
 
-A sweep over seeds trains ``S`` copies of the same small network that differ only in their
-random numbers. On a CPU such a network is too small to keep a core busy: the time goes into
-Python and the per-operation overhead, once per seed. :class:`SeedMLP` holds the ``S``
-networks in one set of tensors with a leading seed dimension (weights ``(S, in, out)``, one
-``torch.baddbmm`` per layer) and computes every normalization per seed, so one forward and
-backward pass trains all of them. The seeds never mix: every operation acts on one seed's
-slice (batch normalization averages over the examples of that seed's batch only), and the
-training loss is the *sum* over seeds of each seed's mean loss, so each slice receives exactly
-its own gradient; an elementwise optimizer (SGD with momentum, Adam) then makes each seed's
-own update. :meth:`SeedMLP.from_models` stacks per-seed networks made the usual way (so a
-batched run starts from the very weights of the runs it replaces) and :meth:`SeedMLP.copy_to`
-writes one seed back. For batch normalization, :meth:`SeedMLP.recalibrated` replaces the
-running averages by the statistics of given data under the present weights, and
-:func:`train_mode_logits` reads the network in training mode, block by block (chapter 6.6
-reads batch norm these three ways). ``tests/test_batched.py`` checks outputs, gradients and
-whole training runs against the per-seed networks to float tolerance, and
-``benchmarks/bench_seeds.py`` measures the speed-up.
-
-Example::
-
-    >>> torch.manual_seed(0)
-    >>> model = SeedMLP(3, (64, 32, 10), norm="layer")
-    >>> model(torch.randn(3, 5, 64)).shape  # (seeds, examples, classes)
-    torch.Size([3, 5, 10])
+:class:`SeedMLP` holds ``S`` networks in tensors ``(S, in, out)`` (one ``baddbmm`` per layer),
+every norm per seed; the loss is the sum over seeds of each seed's mean loss, so each slice gets
+exactly its own gradient and an elementwise optimizer its own update. ``tests/test_batched.py``
+checks it against per-seed networks; ``benchmarks/bench_seeds.py`` measures the speed-up.
 """
 
 from __future__ import annotations
@@ -47,32 +27,19 @@ NORMS = ("none", "layer", "batch")
 class SeedMLP(nn.Module):
     r"""``S`` ReLU MLPs ``[Linear -> norm (-> noise) -> ReLU] * L -> Linear (-> BN)`` as one.
 
-    Layer ``l`` of seed ``s`` computes :math:`a = h W_{s,l} + b_{s,l}` with
-    ``W`` of shape ``(S, in, out)``, then the norm per seed: layer normalization (eq. 3) over
-    the units of each example, or batch normalization (eq. 2) over the examples of seed ``s``'s
-    batch (running averages per seed, updated as :class:`torch.nn.BatchNorm1d` updates them),
-    then the gain and bias of seed ``s``. The optional noise is
-    :class:`lnbook.why.SignalNoise`'s, drawn per seed and unit at every training pass.
+    Layer ``l`` of seed ``s``: :math:`a = h W_{s,l} + b_{s,l}`, then layer norm (eq. 3) per example
+    or batch norm (eq. 2) over seed ``s``'s batch (running averages per seed, as
+    :class:`torch.nn.BatchNorm1d`), then seed ``s``'s gain and bias.
 
     Args:
-        seeds: ``S``, the number of networks.
-        sizes: widths, input first and classes last.
-        norm: ``"none"``, ``"layer"`` or ``"batch"``.
-        hidden_bias: the hidden ``Linear`` layers have a bias (default: only without a norm).
-        out_bias: the last ``Linear`` has a bias.
-        affine: the norms have a gain and a bias.
-        detach: layer norm's mean and variance are constants to the backward pass
-            (DetachNorm of chapter 13).
-        norm_logits: batch normalization of the logits too (section 6.6's BN network).
-        bn_unbiased: batch normalization divides by the unbiased variance.
-        noise: size ``r`` of the per-update shift and scale after every hidden norm.
-        init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``
-            (overwritten by :meth:`from_models`).
-        eps, momentum: the norms' eps and batch normalization's running-average weight.
+        seeds: ``S``. sizes: widths, input first. norm: ``"none"``, ``"layer"`` or ``"batch"``.
+        hidden_bias: hidden layers' bias (default: only without a norm). out_bias: last layer's.
+        affine: norms with gain and bias. detach: DetachNorm (chapter 13).
+        norm_logits: batch norm of the logits too (section 6.6). bn_unbiased: unbiased variance.
+        noise: :class:`lnbook.why.SignalNoise`'s ``r`` after every hidden norm.
+        init_scale: He-normal std times this. eps, momentum: the norms'.
 
-    Shape:
-        - Input: ``(S, N, sizes[0])`` (or ``(N, sizes[0])``, the same data for every seed);
-          output: ``(S, N, sizes[-1])``.
+    Shape: ``(S, N, sizes[0])`` or ``(N, sizes[0])`` -> ``(S, N, sizes[-1])``.
     """
 
     def __init__(self, seeds: int, sizes: Sequence[int], norm: str = "none", *,
@@ -205,14 +172,8 @@ class SeedMLP(nn.Module):
                 f"affine={self.affine}, detach={self.detach}, noise={self.noise}")
 
     def recalibrated(self, x: Tensor) -> SeedMLP:
-        """A copy whose batch-norm running averages are the statistics of ``x`` under the
-        current weights (this network is untouched).
-
-        Every layer's mean and unbiased variance over all of ``x`` (one batch of ``N``
-        examples, ``(N, D)`` for every seed or ``(S, N, D)``), computed layer by layer with
-        the layers below already normalized by theirs: evaluation mode then normalizes with
-        the population statistics of the present weights instead of exponential averages of
-        past batches. A network without batch norm comes back as an unchanged copy.
+        """A copy whose batch-norm running averages are ``x``'s statistics under the present
+        weights, layer by layer (this network is untouched).
         """
         probe = copy.deepcopy(self)
         if self.norm != "batch":
@@ -310,10 +271,9 @@ def seed_sq_norm(tensors: Sequence[Tensor]) -> Tensor:
 
 
 def train_mode_logits(model: SeedMLP, x: Tensor, batch_size: int) -> Tensor:
-    """Logits in training mode: every block of ``batch_size`` consecutive examples of ``x``
-    normalized with its own batch statistics, as during training (``(N, D)`` or
-    ``(S, N, D)`` -> ``(S, (N // batch_size) * batch_size, C)``; the incomplete last block is
-    left out). The running averages and the mode of ``model`` are left as they were."""
+    """Logits in training mode, each block of ``batch_size`` examples normalized by itself
+    (``(S, (N // batch_size) * batch_size, C)``); the model's averages and mode are kept.
+    """
     n = (x.shape[-2] // batch_size) * batch_size
     if n == 0:
         raise ValueError(f"need at least one batch of {batch_size} examples, got "

@@ -1,20 +1,11 @@
 r"""Backpropagation through time for one layer-normalized LSTM layer, derived by hand.
 
-Paper eqs. 20-22; book chapter Supplement (`supplement`), section "Speed". :class:`lnbook.LSTM`
-runs each layer's time loop through :func:`ln_lstm_recurrence` when it is built with
-``bptt="hand"``; its default, ``bptt="autograd"``, lets autograd differentiate the
-step-by-step loop instead. Autograd records about twenty operations per step and replays each
-one backwards; here the backward pass is written out once, as it is derived below, so that
-each step costs a handful of whole-row operations, the per-step tensors are kept in four
-stacked buffers, and the largest products (``dW_hh``, the layer-norm gains) are one reduction
-over all steps at the end.
-Everything is public torch: an :class:`torch.autograd.Function` with ``setup_context`` and
-``generate_vmap_rule=True``, so ``torch.func.grad``, ``vjp``, ``jacrev`` and ``vmap`` go through
-it. ``torch.compile`` and ``torch.export`` never see it: :class:`lnbook.LSTM` runs the
-step-by-step loop while compiling (``torch.compiler.is_compiling()``).
+Paper eqs. 20-22; Supplement chapter, section "Speed". :class:`lnbook.LSTM` with
+``bptt="hand"`` runs each layer's loop through :func:`ln_lstm_recurrence` (an
+``autograd.Function`` with ``generate_vmap_rule``, so ``torch.func`` goes through it).
 
-The forward pass, per step t, with ``gi_t = LN(W_ih x_t) + b`` computed for all steps before
-the loop (every additive bias folded into it) and torch's gate order (i, f, g, o)::
+Forward, per step t, with ``gi_t = LN(W_ih x_t) + b`` (every additive bias folded in) and
+torch's gate order (i, f, g, o)::
 
     a_t = W_hh h_{t-1}                                   (B, 4H)
     z_t = LN(a_t; g_hh) + gi_t = a^_t * g_hh + gi_t      a^ = (a - mean(a)) / sigma(a)
@@ -22,35 +13,22 @@ the loop (every additive bias folded into it) and torch's gate order (i, f, g, o
     c_t = f * c_{t-1} + i * g                            eq. 21
     h_t = o * tanh(LN(c_t; g_c, b_c))                    eq. 22
 
-``tanh(v) = 2 sigmoid(2v) - 1``, so one sigmoid over all 4H columns of ``s * z_t`` (``s`` is 1
-on the i, f, o columns and 2 on the g columns) gives all four gates: with ``gg`` its g block,
-``g = 2 gg - 1``. The gates' derivatives with respect to their pre-activations are then
-``i' = i (1 - i)`` (the same for f and o) and ``g' = 1 - g^2 = 4 gg (1 - gg)``.
+``tanh(v) = 2 sigmoid(2v) - 1``: one sigmoid over ``s * z_t`` (``s`` = 2 on the g block) gives
+all gates, ``g = 2 gg - 1``, ``i' = i (1 - i)`` (f, o alike) and ``g' = 4 gg (1 - gg)``.
 
-The backward pass, from t = T-1 down to 0, carries ``dh`` (the gradient reaching h_t: from the
-output at t and from step t+1) and ``dc`` (reaching c_t from step t+1). With ``tc = tanh(LN(c_t))``
-and the layer-norm backward of chapter 3, ``LNback(dy; x^, g, sigma) = (u - mean(u) -
-x^ mean(u x^)) / sigma`` for ``u = dy * g`` (:func:`lnbook.functional.layer_norm_backward`;
-the forward's ``x^`` and ``1 / sigma`` are :func:`lnbook.functional.normalize`'s)::
+Backward, t = T-1 .. 0, carrying ``dh`` and ``dc``, with ``tc = tanh(LN(c_t))`` and chapter 3's
+``LNback(dy; x^, g, sigma) = (u - mean(u) - x^ mean(u x^)) / sigma``, ``u = dy * g``::
 
-    dLNc   = dh * o * (1 - tc^2)                 the gradient reaching LN(c_t)
-    dc    += LNback(dLNc; c^_t, g_c)             c_t feeds h_t through its LN
+    dLNc   = dh * o * (1 - tc^2)
+    dc    += LNback(dLNc; c^_t, g_c)
     dz     = [dc*g*i', dc*c_{t-1}*f', dc*i*g', dh*tc*o']   (d gi_t = dz)
     da     = LNback(dz; a^_t, g_hh)
-    dc     = dc * f                              what reaches c_{t-1}
-    dh     = da W_hh + dL/dh_{t-1} from the output
+    dc     = dc * f
+    dh     = da W_hh + dL/dh_{t-1}
 
-and after the loop ``dW_hh = sum_t da_t^T h_{t-1}``, ``d g_hh = sum_t dz_t a^_t``,
-``d g_c = sum_t dLNc_t c^_t``, ``d b_c = sum_t dLNc_t``, ``d h_0 = dh``, ``d c_0 = dc``. The
-coefficients that do not depend on the incoming gradient (the bracket times the gate
-derivatives, ``o (1 - tc^2)``, the normalized a^ and c^ and their sigmas) are computed for all
-steps at once before the loop, from the four buffers the forward pass kept: ``a_t``, the sigmoids,
-``c_t`` and ``h_t``.
-
-The backward is first-order: a second derivative through it (``create_graph=True``, as in
-``gradgradcheck``) recomputes the forward with differentiable torch operations and lets autograd
-differentiate that instead, so second derivatives are exact, only slower. Forward-mode AD
-(``torch.func.jvp``, ``jacfwd``) is not provided; ``LSTM(..., bptt="autograd")`` supports it.
+then ``dW_hh = sum_t da_t^T h_{t-1}``, ``d g_hh = sum_t dz_t a^_t``, ``d g_c = sum_t dLNc_t c^_t``,
+``d b_c = sum_t dLNc_t``. Second derivatives recompute the forward and let autograd
+differentiate it; forward-mode AD needs ``bptt="autograd"``.
 """
 
 from __future__ import annotations
@@ -79,25 +57,11 @@ def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
 
 
 def _forward(
-    gi: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    w_hh: Tensor,
-    g_hh: Tensor,
-    g_c: Tensor,
-    b_c: Tensor | None,
-    eps_hh: float,
-    eps_c: float,
-    keep: bool,
+    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+    b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool,
 ) -> tuple[Tensor, ...]:
-    """Eqs. 20-22 over T steps: ``hs (T, B, H)`` and ``c_T (B, H)``.
-
-    With ``keep``, the per-step tensors the backward reads follow, as runs of T tensors: a^_t
-    (B, 4H), 1/sigma(a_t) (B, 1), the sigmoids (B, 4H), c^_t (B, H), 1/sigma(c_t) (B, 1),
-    tc_t = tanh(LN(c_t)) (B, H), then c_1 .. c_{T-1} (B, H) (c_T is the second output). The
-    two layer norms are then written out, to keep x^ and 1/sigma; without ``keep`` they are
-    torch's fused ``F.layer_norm``. Plain differentiable torch operations either way (the
-    double backward differentiates this function).
+    """Eqs. 20-22 over T steps: ``hs (T, B, H)``, ``c_T (B, H)``; with ``keep``, then runs of T
+    tensors a^_t, 1/sigma(a_t), sigmoids, c^_t, 1/sigma(c_t), tc_t, and c_1 .. c_{T-1}.
     """
     T = gi.shape[0]
     G = gi.shape[-1]
@@ -142,24 +106,22 @@ def _ln_backward(dy: Tensor, g: Tensor, x_hat: Tensor, rstd: Tensor) -> Tensor:
 
 
 class LNLSTMRecurrence(torch.autograd.Function):
-    """The time loop of one LN-LSTM layer with the backward pass through time written out.
+    """The time loop of one LN-LSTM layer with the backward through time written out.
 
-    ``apply(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c)`` returns ``hs (T, B, H)``, ``c_T
-    (B, H)`` and the per-step tensors the backward reads (not differentiable; see
-    ``_forward``). Use :func:`ln_lstm_recurrence`, which returns ``hs, h_T, c_T`` only.
-    The derivation is in this module's docstring.
+    ``apply(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c)`` -> ``hs``, ``c_T`` and the kept
+    tensors of ``_forward``; use :func:`ln_lstm_recurrence`.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c):  # type: ignore[override]
-        """The loop over time steps, keeping what the backward pass reads."""
+        """The loop over time steps, keeping what the backward reads."""
         return _forward(gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c, keep=True)
 
     @staticmethod
     def setup_context(ctx, inputs, output):  # type: ignore[override]
-        """Save the inputs and the kept per-step tensors for :meth:`backward`."""
+        """Save the inputs and the kept per-step tensors."""
         gi, h0, c0, w_hh, g_hh, g_c, b_c, eps_hh, eps_c = inputs
         hs, c_T, *kept = output
         ctx.mark_non_differentiable(*kept)
@@ -169,7 +131,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_hs, d_cT, *_):  # type: ignore[override]
-        """Backpropagation through time, from t = T-1 down to 0 (the module's derivation)."""
+        """Backpropagation through time, t = T-1 .. 0 (the module's derivation)."""
         gi, h0, c0, w_hh, g_hh, g_c, b_c, hs, c_T, *kept = ctx.saved_tensors
         inputs = (gi, h0, c0, w_hh, g_hh, g_c, b_c)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
@@ -228,8 +190,7 @@ class LNLSTMRecurrence(torch.autograd.Function):
 
 
 def _backward_by_autograd(ctx, inputs, d_hs, d_cT) -> tuple[Tensor | None, ...] | None:
-    """The gradients as a differentiable graph: the forward again, differentiated by autograd;
-    None where autograd records no graph from the inputs here."""
+    """The gradients as a differentiable graph (None where autograd records none here)."""
     eps_hh, eps_c = ctx.eps
     need = [k for k, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[k]]
     with torch.enable_grad():
@@ -246,40 +207,17 @@ def _backward_by_autograd(ctx, inputs, d_hs, d_cT) -> tuple[Tensor | None, ...] 
 
 
 def ln_lstm_recurrence(
-    gi: Tensor,
-    h0: Tensor,
-    c0: Tensor,
-    w_hh: Tensor,
-    g_hh: Tensor,
-    g_c: Tensor,
-    b_c: Tensor | None,
-    eps_hh: float = 1e-5,
-    eps_c: float = 1e-5,
+    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+    b_c: Tensor | None, eps_hh: float = 1e-5, eps_c: float = 1e-5,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""One LN-LSTM layer over a whole sequence (eqs. 20-22), backward through time by hand.
-
-    Supplement chapter, section "Speed"; the derivation is in :mod:`lnbook.bptt`'s docstring.
-    Without gradients to compute, the same loop runs without keeping anything for a backward.
+    r"""One LN-LSTM layer over a sequence (eqs. 20-22), backward through time by hand.
 
     Args:
-        gi: ``LN(W_ih x_t) + b`` for every step, ``(T, B, 4H)``, torch's gate order (i, f, g,
-            o); ``b`` holds every additive bias of eq. 20, the LN biases included.
-        h0, c0: the initial state, ``(B, H)`` each.
-        w_hh: ``(4H, H)``.
-        g_hh: the gain of LN(W_hh h), ``(4H,)`` (its bias belongs in ``gi``).
-        g_c, b_c: gain and bias (or None) of LN(c_t), ``(H,)``.
-        eps_hh, eps_c: the two LNs' epsilons.
+        gi: ``LN(W_ih x_t) + b`` ``(T, B, 4H)``, every additive bias (LN biases too) in ``b``.
+        h0, c0: ``(B, H)``. w_hh: ``(4H, H)``. g_hh: gain of LN(W_hh h), ``(4H,)``.
+        g_c, b_c: gain and bias (or None) of LN(c_t), ``(H,)``. eps_hh, eps_c: the LNs' eps.
 
-    Returns:
-        ``hs (T, B, H)``, ``h_T (B, H)`` and ``c_T (B, H)``.
-
-    Example::
-
-        >>> T, B, H = 5, 3, 4
-        >>> hs, h, c = ln_lstm_recurrence(torch.randn(T, B, 4 * H), torch.zeros(B, H),
-        ...     torch.zeros(B, H), torch.randn(4 * H, H), torch.ones(4 * H), torch.ones(H), None)
-        >>> hs.shape
-        torch.Size([5, 3, 4])
+    Returns: ``hs (T, B, H)``, ``h_T (B, H)``, ``c_T (B, H)``.
     """
     args = (gi, h0, c0, w_hh, g_hh, g_c, b_c)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args):

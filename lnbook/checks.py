@@ -1,19 +1,7 @@
 """The argument checks every public function and layer of lnbook makes, in one place.
 
-A wrong input gets the same kind of message everywhere: what was expected, named, and what was
-given. Where torch rejects the same mistake, lnbook raises an exception of torch's type for it
-too, so that a user's ``except RuntimeError`` or ``except TypeError`` around torch code also
-catches lnbook's error:
-
-- a value of the wrong *type* (a ``str`` for a size, an ``int`` for a flag, an integer tensor)
-  raises :class:`TypeError`, as torch does;
-- a value of the right type but outside what is allowed (a size of 0, an unknown choice) raises
-  :class:`ValueError`;
-- a tensor whose *shape* does not fit raises :class:`ShapeError`, which is both a
-  :class:`ValueError` (lnbook's own word for it) and a :class:`RuntimeError` (what torch's
-  kernels raise for a shape mismatch).
-
-Nothing here knows about normalization; :mod:`lnbook.norms` and every other module import it.
+Exception types follow torch: a wrong type raises ``TypeError``, a bad value ``ValueError``, a
+wrong tensor shape :class:`ShapeError` (a ``ValueError`` and a ``RuntimeError``).
 """
 
 from __future__ import annotations
@@ -49,16 +37,7 @@ class ShapeError(ValueError, RuntimeError):
 
 
 def check_floating(x: object, what: str = "input") -> None:
-    """Raise ``TypeError`` unless ``x`` is a floating-point :class:`torch.Tensor`.
-
-    Args:
-        x: the object to check.
-        what: its name in the message, e.g. ``"input"`` or ``"hx"``.
-
-    Example::
-
-        >>> check_floating(torch.ones(2), "input")  # passes
-    """
+    """Raise ``TypeError`` unless ``x`` is a floating-point tensor (``what`` names it)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -69,33 +48,14 @@ def check_floating(x: object, what: str = "input") -> None:
 
 
 def check_bool(name: str, value: object) -> bool:
-    """Return ``value`` if it is a ``bool``; else raise ``TypeError``.
-
-    ``0``, ``1`` and ``"False"`` are refused: ``bool("False")`` is ``True``, so accepting
-    them would flip an option silently (torch's modules refuse them too).
-
-    Example::
-
-        >>> check_bool("batch_first", True)
-        True
-    """
+    """Return ``value`` if it is a ``bool`` (not 0, 1 or a string); else raise ``TypeError``."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool (True or False), got {value!r}")
     return value
 
 
 def check_size(name: str, value: object, minimum: int = 1) -> int:
-    """Return ``value`` as an int if it is an integer ``>= minimum``.
-
-    A value that is not an integer (``3.0``, ``"3"``, ``True``) raises ``TypeError``; an
-    integer below ``minimum`` raises ``ValueError``. Use ``minimum=0`` for sizes that may be
-    0, such as ``proj_size``.
-
-    Example::
-
-        >>> check_size("hidden_size", 256)
-        256
-    """
+    """``value`` as an int ``>= minimum``; ``TypeError`` for a non-integer, else ``ValueError``."""
     want = "a positive int" if minimum == 1 else f"an int >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
@@ -105,12 +65,7 @@ def check_size(name: str, value: object, minimum: int = 1) -> int:
 
 
 def check_shape(x: Tensor, shape: Sequence[int | None], what: str = "input") -> None:
-    """Raise :class:`ShapeError` unless ``x`` has exactly ``shape`` (``None``: any size there).
-
-    Example::
-
-        >>> check_shape(torch.zeros(4, 3), (None, 3), "hx")  # passes
-    """
+    """Raise :class:`ShapeError` unless ``x`` has exactly ``shape`` (``None``: any size)."""
     if x.dim() != len(shape) or any(
         s is not None and s != n for s, n in zip(shape, x.shape, strict=True)
     ):
@@ -139,11 +94,8 @@ def check_param(p: Tensor | None, name: str, shape: tuple[int, ...]) -> None:
 
 
 def check_eps(eps: object, name: str = "eps", allow_none: bool = False) -> float | None:
-    """Return ``eps`` as a float if it is a finite number > 0 (or ``None``, if allowed).
-
-    A value that is not a real number raises ``TypeError``; one that is not finite and
-    positive raises ``ValueError``. ``allow_none=True`` lets ``None`` through (torch's
-    ``rms_norm`` takes it for "the dtype's machine epsilon").
+    """Return ``eps`` as a float if finite and > 0 (or ``None`` with ``allow_none``, torch's
+    ``rms_norm`` default); ``TypeError`` for a non-number, else ``ValueError``.
     """
     if eps is None and allow_none:
         return None
@@ -156,13 +108,7 @@ def check_eps(eps: object, name: str = "eps", allow_none: bool = False) -> float
 
 
 def check_choice(name: str, value: _T, choices: Sequence[object]) -> _T:
-    """Return ``value`` if it is one of ``choices``; else raise ``ValueError`` naming them.
-
-    Example::
-
-        >>> check_choice("nonlinearity", "tanh", ("tanh", "relu"))
-        'tanh'
-    """
+    """Return ``value`` if it is one of ``choices``; else raise ``ValueError`` naming them."""
     if value not in choices:
         raise ValueError(
             f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
@@ -171,16 +117,7 @@ def check_choice(name: str, value: _T, choices: Sequence[object]) -> _T:
 
 
 def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
-    """``normalized_shape`` (an int or a sequence of ints, as torch takes it) as a tuple.
-
-    A ``str`` is refused (``"12"`` is not the shape ``(1, 2)``), and so is a sequence holding
-    anything but ints.
-
-    Example::
-
-        >>> as_normalized_shape(8), as_normalized_shape([4, 8])
-        ((8,), (4, 8))
-    """
+    """``normalized_shape`` (an int or a sequence of ints, not a str) as a tuple of ints > 0."""
     if type(normalized_shape) is tuple and all(  # the common case first: no message built
             type(s) is int and s > 0 for s in normalized_shape) and normalized_shape:
         return normalized_shape
@@ -207,11 +144,8 @@ def make_module(
     factory: object, size: int, what: str = "norm",
     device: torch.device | str | None = None, dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
-    """``factory(size)``, checked to be a :class:`torch.nn.Module`, on ``device`` in ``dtype``.
-
-    How a model builds a layer it was given as a factory (``norm=torch.nn.LayerNorm``,
-    ``norm=lnbook.RMSNorm``, ...). A factory that is not callable, or that returns something
-    other than a module, raises :class:`TypeError` naming ``what``.
+    """``factory(size)``, checked to be a :class:`torch.nn.Module` (else ``TypeError``
+    naming ``what``), on ``device`` in ``dtype``.
     """
     if not callable(factory):
         raise TypeError(f"{what} must be a callable size -> torch.nn.Module (for example "

@@ -1,53 +1,18 @@
-r"""Layer normalization's mathematics, once: the forward of eq. 3 and the backward of chapter 3.
+r"""Layer normalization's mathematics, once: eq. 3's forward and chapter 3's backward, on rows.
 
-Paper (Ba, Kiros and Hinton, 2016) section 3 and supplement; book chapter 3 (`03_layer_norm`).
-For one example, the ``H`` summed inputs ``a_1 .. a_H`` of a layer share one mean and one
-standard deviation::
+Paper section 3; chapter 3 (`03_layer_norm`). A tensor ``(R, D)`` holds one example per row
+(:func:`as_rows`, :func:`from_rows` convert)::
 
-    mu = 1/H sum_i a_i,        sigma = sqrt( 1/H sum_i (a_i - mu)^2 )           (eq. 3)
+    mu = 1/D sum_i x_i,   sigma^2 = 1/D sum_i (x_i - mu)^2,   x_hat = (x - mu) / sqrt(sigma^2 + eps)
+    y = x_hat * g + b                                                    (eqs. 3, 15)
+    u = dL/dy * g:   dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma
+                     dL/dg = sum_rows dL/dy * x_hat,   dL/db = sum_rows dL/dy
 
-    LN(z; alpha, beta) = (z - mu) / sigma * alpha + beta                         (eq. 15)
-
-(eq. 16 is eq. 3 again, for the ``D`` entries of ``z``). As torch computes it, ``eps`` is added
-to the variance inside the square root, so the normalized input is
-``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``y = x_hat * g + b``. The backward pass that
-chapter 3 derives, with ``u = dL/dy * g`` the gradient that reaches ``x_hat``::
-
-    dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma                       (chapter 3)
-    dL/dg = sum over rows of dL/dy * x_hat,         dL/db = sum over rows of dL/dy
-
-Everything here works on **rows**: a tensor ``(R, D)``, one example per row and the ``D``
-numbers it is normalized over along it. :func:`as_rows` makes rows out of a tensor of any shape
-for any set of normalized dimensions and :func:`from_rows` puts them back. The variants the
-book teaches are keyword arguments of :func:`normalize` and :func:`layer_norm_backward`; the
-default is always the paper's (and torch's) choice:
-
-====================  ===========================================================================
-``center=False``      no mean: ``mu = 0`` and sigma the root mean square (RMSNorm, Part II)
-``unbiased=True``     the variance divided by ``D - 1`` (``torch.var``'s default; a mistake)
-``eps_inside=False``  ``(x - mu) / (sigma + eps)`` (older code; a mistake, NaN gradient at 0)
-``one_pass=True``     ``sigma^2 = E[x^2] - E[x]^2`` (a mistake: cancels in float32 at a large mean)
-``detach=True``       mu and sigma are constants to autograd (DetachNorm, Xu et al. 2019)
-``stats_dtype``       the statistics' dtype: float32 for float16/bfloat16 inputs unless told
-====================  ===========================================================================
-
-The right computation is numerically careful: two passes (the mean, then the mean of what the
-first mean missed, then the variance of the centred row; never ``E[x^2] - E[x]^2``), in float32
-for half-precision inputs, and a constant row gives ``x_hat = 0`` exactly. Every function is
-made of differentiable torch operations, so autograd differentiates through :func:`normalize`
-(the variants' gradients are autograd's) and through :func:`layer_norm_backward` (second
-derivatives). :func:`lnbook.layer_norm`, the hand BPTT of :mod:`lnbook.bptt`,
-:func:`lnbook.rms_norm`, :func:`lnbook.group_norm`, the checkers of :mod:`lnbook.exercises`
-and the mistakes of :mod:`lnbook.experiments.mistakes` all call this module;
-:func:`lnbook.reference.layer_norm_numpy` does not, on purpose: it is the independent float64
-check.
-
-Example::
-
-    >>> x = torch.randn(4, 10)                      # (R, D) four examples, ten units
-    >>> x_hat, rstd = normalize(x)                  # eq. 3: (4, 10), (4, 1)
-    >>> y = affine(x_hat, torch.ones(10), torch.zeros(10))  # eq. 15
-    >>> dx, dg, db = layer_norm_backward(torch.randn(4, 10), x_hat, rstd, torch.ones(10))
+Keywords of :func:`normalize` and :func:`layer_norm_backward` give the variants the book
+teaches (``center=False`` RMSNorm; the mistakes ``unbiased``, ``eps_inside=False``,
+``one_pass``; ``detach`` DetachNorm; ``stats_dtype``, float32 for half inputs by default).
+Two passes for the variance; all differentiable torch ops. :mod:`lnbook.reference` is the
+independent float64 check and does not use this module.
 """
 
 from __future__ import annotations
@@ -82,19 +47,8 @@ def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def as_rows(x: Tensor, dims: int | Sequence[int] = -1) -> Tensor:
-    """``x`` as rows ``(R, D)``: ``D`` the product of the sizes of ``dims``, ``R`` the rest.
-
-    Args:
-        x: any tensor with at least one dimension.
-        dims: the dimensions normalized over (layer norm: the trailing ones; the batch
-            dimension 0 gives batch norm's statistics, a mistake the checkers name).
-
-    A view where the memory allows (``dims`` trailing and ``x`` contiguous).
-
-    Example::
-
-        >>> as_rows(torch.zeros(2, 3, 5), (1, 2)).shape  # one row per example
-        torch.Size([2, 15])
+    """``x`` as rows ``(R, D)``: ``D`` the product of the sizes of ``dims``, ``R`` the rest (a view
+    where the memory allows).
     """
     axes = _dims(x.dim(), dims)
     d = math.prod(x.shape[a] for a in axes)
@@ -136,34 +90,13 @@ def normalize(
     """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``rstd``.
 
     Args:
-        x: rows ``(R, D)``, floating point.
-        eps: added to the variance inside the square root (``eps_inside``), or to sigma;
-            0 is allowed here (no eps at all).
-        center: subtract the mean (layer norm); False: ``mu = 0`` (RMSNorm's statistic).
-        unbiased: divide the sum of squares by ``D - 1`` instead of ``D``.
-        eps_inside: False computes ``(x - mu) / (sigma + eps)``.
-        one_pass: the variance as ``E[x^2] - E[x]^2`` (loses every digit at a large mean in
-            float32, and can turn negative).
-        detach: the mean and the variance are constants to autograd (computed without a
-            graph); the forward values are the same.
-        stats_dtype: the dtype of the whole computation; None: float32 for float16/bfloat16
-            inputs, the input's dtype otherwise.
+        x: rows ``(R, D)``. eps: 0 allowed.
+        center, unbiased, eps_inside, one_pass, detach, stats_dtype: the variants of the module
+            docstring (defaults: the paper's and torch's computation).
 
     Returns:
-        ``x_hat (R, D)`` in ``stats_dtype`` and ``rstd (R, 1)``, the reciprocal of the
-        denominator (``1 / sqrt(sigma^2 + eps)``, or ``1 / (sigma + eps)``).
-
-    Two passes by default: the mean is taken, the row centred, and the mean of the centred
-    row (the rounding error of the first mean, which at a mean of 1e4 in float32 is not small
-    next to sigma) taken away, before the variance is formed. Without autograd recording
-    (``torch.no_grad``, inside an ``autograd.Function``), its own temporaries are written
-    over in place; ``x`` itself never is.
-
-    Example::
-
-        >>> x_hat, rstd = normalize(torch.tensor([[1.0, 2.0, 3.0]]), eps=0.0)
-        >>> x_hat
-        tensor([[-1.2247,  0.0000,  1.2247]])
+        ``x_hat (R, D)`` in ``stats_dtype`` and ``rstd (R, 1) = 1 / sqrt(sigma^2 + eps)`` (or
+        ``1 / (sigma + eps)``). Without autograd recording, temporaries are written in place.
     """
     _check_rows(x)
     if stats_dtype is None:
@@ -205,10 +138,7 @@ def _rstd(var: Tensor, eps: float, eps_inside: bool) -> Tensor:
 
 
 def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
-    """Eq. 15's gain and bias: ``y = x_hat * g + b`` for rows ``(R, D)``; a new tensor.
-
-    ``weight`` and ``bias`` are ``(D,)`` (None: 1 and 0) and are cast to ``x_hat``'s dtype.
-    """
+    """Eq. 15: ``y = x_hat * g + b`` for rows; ``weight``, ``bias`` ``(D,)`` or None."""
     w = None if weight is None else weight.to(x_hat.dtype)  # (D,)
     b = None if bias is None else bias.to(x_hat.dtype)  # (D,)
     if w is not None:
@@ -223,17 +153,7 @@ def layer_norm_forward(
     eps: float = 1e-5,
     **variant: object,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Eqs. 3 and 15 for rows ``(R, D)``: ``(y, x_hat, rstd)``, in the statistics' dtype.
-
-    ``variant`` holds :func:`normalize`'s keywords (``center``, ``unbiased``, ...). ``x_hat``
-    and ``rstd`` are what :func:`layer_norm_backward` reads.
-
-    Example::
-
-        >>> y, x_hat, rstd = layer_norm_forward(torch.randn(4, 10), torch.ones(10))
-        >>> y.shape, rstd.shape
-        (torch.Size([4, 10]), torch.Size([4, 1]))
-    """
+    """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``; ``variant``: :func:`normalize`'s keywords."""
     x_hat, rstd = normalize(x, eps, **variant)  # type: ignore[arg-type]
     return affine(x_hat, weight, bias), x_hat, rstd
 
@@ -251,39 +171,19 @@ def layer_norm_backward(
     detach: bool = False,
     params: bool = True,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The backward of eqs. 3 and 15 derived in chapter 3, for rows ``(R, D)``.
+    """The backward of eqs. 3 and 15 (chapter 3) for rows ``(R, D)``.
 
-    With ``u = dL/dy * g``::
-
-        dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma
-        dL/dg = sum over rows of dL/dy * x_hat,    dL/db = sum over rows of dL/dy
-
-    The variants of :func:`normalize`, with the same keywords, change it so:
-    ``center=False`` drops ``- mean(u)``; ``unbiased=True`` takes ``mean(u * x_hat)`` over
-    ``D - 1``; ``eps_inside=False`` multiplies that term by ``(sigma + eps) / sigma`` (give
-    the forward's ``eps``); ``detach=True`` keeps ``u / sigma`` only (no projections);
-    ``one_pass`` is the same function in exact arithmetic and needs no keyword.
+    ``dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma`` with ``u = dL/dy * g``. The
+    :func:`normalize` keywords change it: ``center=False`` drops ``- mean(u)``; ``unbiased`` takes
+    the second mean over ``D - 1``; ``eps_inside=False`` scales it by ``(sigma + eps) / sigma``;
+    ``detach`` keeps ``u / sigma``.
 
     Args:
-        grad_y: ``dL/dy`` ``(R, D)``.
-        x_hat, rstd: what :func:`normalize` returned, ``(R, D)`` and ``(R, 1)``.
-        weight: the gain ``g`` ``(D,)`` in ``x_hat``'s dtype, or None for 1.
-        params: False skips ``dL/dg`` and ``dL/db`` (returned as None).
+        grad_y: ``(R, D)``. x_hat, rstd: from :func:`normalize`. weight: ``g`` ``(D,)`` or None.
+        params: False skips ``dL/dg``, ``dL/db`` (returned as None).
 
-    Returns:
-        ``(dL/dx (R, D), dL/dg (D,), dL/db (D,))``.
-
-    Every op is a differentiable torch op (autograd can differentiate this backward again).
-    The buffer of ``dL/dx`` is made by an op that reads every input (``x_hat``, ``dL/dy`` and,
-    through the row means, ``g``) before it is written in place, so that the in-place steps are
-    valid under ``torch.func.vmap`` whichever input is batched.
-
-    Example::
-
-        >>> x_hat, rstd = normalize(torch.randn(4, 10))
-        >>> dx, dg, db = layer_norm_backward(torch.randn(4, 10), x_hat, rstd)
-        >>> dx.sum(1).abs().max() < 1e-5  # shifting a row changes nothing
-        tensor(True)
+    Returns: ``(dL/dx (R, D), dL/dg (D,), dL/db (D,))``; differentiable again (vmap-safe in-place
+    steps).
     """
     d = grad_y.shape[1]
     n = d - 1 if unbiased else d
