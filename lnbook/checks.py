@@ -14,19 +14,9 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-__all__ = [
-    "ShapeError",
-    "check_floating",
-    "check_bool",
-    "check_size",
-    "check_shape",
-    "check_trailing",
-    "check_param",
-    "check_eps",
-    "check_choice",
-    "as_normalized_shape",
-    "make_module",
-]
+__all__ = ["ShapeError", "check_floating", "check_bool", "check_size", "check_shape",
+           "check_trailing", "check_param", "check_eps", "check_choice", "as_normalized_shape",
+           "make_module"]
 
 _T = TypeVar("_T")
 

@@ -25,14 +25,8 @@ from torch import Tensor
 
 from lnbook.checks import ShapeError, check_floating
 
-__all__ = [
-    "as_rows",
-    "from_rows",
-    "normalize",
-    "affine",
-    "layer_norm_forward",
-    "layer_norm_backward",
-]
+__all__ = ["as_rows", "from_rows", "normalize", "affine", "layer_norm_forward",
+           "layer_norm_backward"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -77,14 +71,8 @@ def _check_rows(x: Tensor, what: str = "x") -> None:
 
 
 def normalize(
-    x: Tensor,
-    eps: float = 1e-5,
-    *,
-    center: bool = True,
-    unbiased: bool = False,
-    eps_inside: bool = True,
-    one_pass: bool = False,
-    detach: bool = False,
+    x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
+    eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
     stats_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``rstd``.
@@ -147,10 +135,7 @@ def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
 
 def layer_norm_forward(
-    x: Tensor,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
-    eps: float = 1e-5,
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
     **variant: object,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``; ``variant``: :func:`normalize`'s keywords."""
@@ -159,17 +144,9 @@ def layer_norm_forward(
 
 
 def layer_norm_backward(
-    grad_y: Tensor,
-    x_hat: Tensor,
-    rstd: Tensor,
-    weight: Tensor | None = None,
-    *,
-    center: bool = True,
-    unbiased: bool = False,
-    eps_inside: bool = True,
-    eps: float = 1e-5,
-    detach: bool = False,
-    params: bool = True,
+    grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor | None = None, *,
+    center: bool = True, unbiased: bool = False, eps_inside: bool = True, eps: float = 1e-5,
+    detach: bool = False, params: bool = True,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The backward of eqs. 3 and 15 (chapter 3) for rows ``(R, D)``.
 

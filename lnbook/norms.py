@@ -30,19 +30,9 @@ from lnbook.checks import (
 )
 from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize
 
-__all__ = [
-    "LN_IMPL",
-    "layer_norm",
-    "LayerNorm",
-    "ChannelLayerNorm",
-    "BatchNorm",
-    "WeightNormLinear",
-    "check_floating",
-    "check_size",
-    "check_shape",
-    "check_eps",
-    "as_normalized_shape",
-]
+__all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
+           "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
+           "as_normalized_shape"]
 
 _ShapeLike = int | Sequence[int] | torch.Size
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -157,12 +147,8 @@ _NO_FORWARD_AD = (
 
 
 def layer_norm(
-    x: Tensor,
-    normalized_shape: _ShapeLike,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
-    eps: float = 1e-5,
-    impl: Literal["autograd", "torch"] = "autograd",
+    x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
+    bias: Tensor | None = None, eps: float = 1e-5, impl: Literal["autograd", "torch"] = "autograd",
 ) -> Tensor:
     r"""Layer normalization (paper eqs. 3 and 15-16; chapter 3).
 
@@ -206,15 +192,9 @@ class LayerNorm(_Affine):
     """
 
     def __init__(
-        self,
-        normalized_shape: _ShapeLike,
-        eps: float = 1e-5,
-        elementwise_affine: bool = True,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        impl: Literal["autograd", "torch"] = "autograd",
+        self, normalized_shape: _ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
+        bias: bool = True, device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
     ) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
@@ -253,13 +233,8 @@ class ChannelLayerNorm(_Affine):
     """
 
     def __init__(
-        self,
-        num_channels: int,
-        eps: float = 1e-5,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        impl: Literal["autograd", "torch"] = "autograd",
+        self, num_channels: int, eps: float = 1e-5, device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
     ) -> None:
         super().__init__()
         self.num_channels = check_size("num_channels", num_channels)
@@ -300,14 +275,8 @@ class BatchNorm(_Affine):
     """
 
     def __init__(
-        self,
-        num_features: int,
-        eps: float = 1e-5,
-        momentum: float = 0.1,
-        affine: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
+        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
         unbiased: bool = False,
     ) -> None:
         super().__init__()
@@ -388,12 +357,8 @@ class WeightNormLinear(nn.Module):
     """
 
     def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, in_features: int, out_features: int, bias: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.in_features = check_size("in_features", in_features)

@@ -45,11 +45,7 @@ class SequenceBatchNorm(nn.Module):
     """
 
     def __init__(
-        self,
-        num_features: int,
-        max_steps: int,
-        eps: float = 1e-5,
-        momentum: float = 0.1,
+        self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1,
         gain_init: float = 1.0,
     ) -> None:
         super().__init__()
@@ -140,12 +136,8 @@ class BatchNormRNN(nn.Module):
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        max_steps: int,
-        nonlinearity: Literal["tanh", "relu"] = "tanh",
-        batch_first: bool = False,
+        self, input_size: int, hidden_size: int, max_steps: int,
+        nonlinearity: Literal["tanh", "relu"] = "tanh", batch_first: bool = False,
         gain_init: float = 1.0,
     ) -> None:
         super().__init__()
@@ -154,10 +146,7 @@ class BatchNormRNN(nn.Module):
         self.bn = SequenceBatchNorm(hidden_size, max_steps, gain_init=gain_init)
 
     def forward(
-        self,
-        input: Tensor,
-        hx: Tensor | None = None,
-        *,
+        self, input: Tensor, hx: Tensor | None = None, *,
         lengths: Tensor | Sequence[int] | None = None,
     ) -> tuple[Tensor, Tensor]:
         r = self.rnn
@@ -197,13 +186,8 @@ class RecurrentBNLSTM(nn.Module):
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        max_steps: int,
-        gain_init: float = 0.1,
-        eps: float = 1e-5,
-        momentum: float = 0.1,
+        self, input_size: int, hidden_size: int, max_steps: int, gain_init: float = 0.1,
+        eps: float = 1e-5, momentum: float = 0.1,
     ) -> None:
         super().__init__()
         for name, v in (("input_size", input_size), ("hidden_size", hidden_size),

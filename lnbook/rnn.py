@@ -35,15 +35,7 @@ from lnbook.checks import (
 )
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 
-__all__ = [
-    "LNRNNCell",
-    "LNLSTMCell",
-    "LNGRUCell",
-    "DRAWLSTMCell",
-    "RNN",
-    "LSTM",
-    "GRU",
-]
+__all__ = ["LNRNNCell", "LNLSTMCell", "LNGRUCell", "DRAWLSTMCell", "RNN", "LSTM", "GRU"]
 
 Norm = Callable[[Tensor], Tensor] | None
 """A normalization as the step functions take it: a module or function of the last dimension
@@ -51,6 +43,9 @@ Norm = Callable[[Tensor], Tensor] | None
 for none, which gives torch's own cell."""
 
 _Lengths = Tensor | Sequence[int] | None
+_Device = torch.device | str | None
+_Impl = Literal["autograd", "torch"]
+_NormFactory = Callable[[int], nn.Module] | None
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
 
 
@@ -147,9 +142,7 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 
 
 def _masked_loop(
-    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]],
-    T: int,
-    state: list[Tensor],
+    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]], T: int, state: list[Tensor],
     mask: Tensor | None,
 ) -> tuple[Tensor, list[Tensor]]:
     """Run ``step(t, state) -> (output, new state)`` for t < T. Where ``mask`` (T, B, 1) is
@@ -430,22 +423,16 @@ class _CellBase(_Base):
     """A cell: one layer's parameters without suffix (``weight_ih``, ``ln``, ...), one step."""
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        bias: bool,
-        device: torch.device | str | None,
-        dtype: torch.dtype | None,
-        layer_norm: bool,
-        eps: float,
-        ln_impl: str,
-        norm: Callable[[int], nn.Module] | None,
+        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
         self._add_weights("", input_size, self.hidden_size, 0, kw,
                           _norm_maker(layer_norm, norm, eps, bias, ln_impl, kw))
+        self.reset_parameters()
 
     def _step(self, input: Tensor, hx: list, names: tuple[str, ...]) -> list[Tensor]:
         """One step of the kind's loop: the new state, batched as ``input`` is."""
@@ -498,23 +485,14 @@ class LNRNNCell(_RNNKind, _CellBase):
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        bias: bool = True,
-        nonlinearity: Literal["tanh", "relu"] = "tanh",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        norm: Callable[[int], nn.Module] | None = None,
+        self, input_size: int, hidden_size: int, bias: bool = True,
+        nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
+        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
         self.nonlinearity = _check_nonlinearity(nonlinearity)
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
-                         norm)
-        self.reset_parameters()
+        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
+                         eps=eps, ln_impl=ln_impl, norm=norm)
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         return self._step(input, [hx], ("hx",))[0]
@@ -540,23 +518,13 @@ class LNLSTMCell(_LSTMKind, _CellBase):
     _autocast_float32_on = frozenset({"cpu"})
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        forget_bias: float = 0.0,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        norm: Callable[[int], nn.Module] | None = None,
+        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+        dtype: torch.dtype | None = None, *, layer_norm: bool = True, forget_bias: float = 0.0,
+        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
         self._set_forget_bias(forget_bias, bias)
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
-                         norm)
-        self.reset_parameters()
+        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
+                         eps=eps, ln_impl=ln_impl, norm=norm)
 
     def forward(
         self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
@@ -591,23 +559,6 @@ class LNGRUCell(_GRUKind, _CellBase):
     """
 
     _autocast_float32_on = frozenset({"cpu"})
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        norm: Callable[[int], nn.Module] | None = None,
-    ) -> None:
-        super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm, eps, ln_impl,
-                         norm)
-        self.reset_parameters()
 
     def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
         return self._step(input, [hx], ("hx",))[0]
@@ -668,24 +619,16 @@ def _reverse(x: Tensor, index: Tensor | None) -> Tensor:
 class _RNNBase(_Base):
     """A stack of layers: parameters as torch's ``RNNBase``, norms ``ln_l0``, ..."""
 
+    proj_size = 0  # set by LSTM before this __init__ runs
+
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int,
-        bias: bool,
-        batch_first: bool,
-        dropout: float,
-        bidirectional: bool,
-        proj_size: int,
-        device: torch.device | str | None,
-        dtype: torch.dtype | None,
-        layer_norm: bool,
-        eps: float,
-        ln_impl: str,
-        norm: Callable[[int], nn.Module] | None,
+        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
+        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
         super().__init__()
+        proj_size = self.proj_size
         kw = {"device": device, "dtype": dtype}
         self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
         self.num_layers = check_size("num_layers", num_layers)
@@ -695,7 +638,8 @@ class _RNNBase(_Base):
         if dropout > 0 and num_layers == 1:
             warnings.warn(
                 "dropout acts between stacked layers (not after the last one, as in torch), so "
-                f"dropout={dropout} with num_layers=1 does nothing", stacklevel=3)
+                f"dropout={dropout} with num_layers=1 does nothing",
+                stacklevel=2 if type(self).__init__ is _RNNBase.__init__ else 3)
         check_size("proj_size", proj_size, minimum=0)
         if proj_size >= hidden_size:
             raise ValueError(f"proj_size must be smaller than hidden_size={hidden_size}, "
@@ -710,6 +654,7 @@ class _RNNBase(_Base):
             for d in range(self._num_directions):
                 n_in = input_size if k == 0 else H_out * self._num_directions
                 self._add_weights(_suffix(k, d), n_in, H_out, proj_size, kw, make_norm)
+        self.reset_parameters()
 
     def flatten_parameters(self) -> None:
         """Does nothing (kept so that code written for torch.nn.LSTM runs)."""
@@ -814,6 +759,13 @@ class _RNNBase(_Base):
                 inp = F.dropout(inp, self.dropout, training=True)
         return inp, [torch.stack(f) for f in finals]
 
+    def forward(
+        self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
+    ) -> tuple[Tensor | PackedSequence, Tensor]:
+        """RNN's and GRU's forward (one state, h); LSTM's has (h, c)."""
+        out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
+        return out, h_n
+
     def _forward(
         self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
         sizes: tuple[int, ...],
@@ -858,33 +810,16 @@ class RNN(_RNNKind, _RNNBase):
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        nonlinearity: Literal["tanh", "relu"] = "tanh",
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        norm: Callable[[int], nn.Module] | None = None,
+        self, input_size: int, hidden_size: int, num_layers: int = 1,
+        nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
+        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
+        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
         self.nonlinearity = _check_nonlinearity(nonlinearity)
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl, norm)
-        self.reset_parameters()
-
-    def forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
-    ) -> tuple[Tensor | PackedSequence, Tensor]:
-        out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
-        return out, h_n
+                         bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
+                         ln_impl=ln_impl, norm=norm)
 
     def extra_repr(self) -> str:
         s = super().extra_repr()
@@ -907,38 +842,23 @@ class LSTM(_LSTMKind, _RNNBase):
     """
 
     def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        proj_size: int = 0,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        forget_bias: float = 0.0,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        bptt: Literal["hand", "autograd"] = "autograd",
-        norm: Callable[[int], nn.Module] | None = None,
+        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+        proj_size: int = 0, device: _Device = None, dtype: torch.dtype | None = None, *,
+        layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
+        ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
+        norm: _NormFactory = None,
     ) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
         self._set_forget_bias(forget_bias, bias)
-        self.bptt = bptt
+        self.bptt, self.proj_size = bptt, proj_size
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, proj_size, device, dtype, layer_norm, eps, ln_impl, norm)
-        self.reset_parameters()
+                         bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
+                         ln_impl=ln_impl, norm=norm)
 
     def forward(
-        self,
-        input: Tensor | PackedSequence,
-        hx: tuple[Tensor, Tensor] | None = None,
-        *,
+        self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
         lengths: _Lengths = None,
     ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
         out, (h_n, c_n) = self._forward(input, hx, lengths, (self._out_size, self.hidden_size))
@@ -959,30 +879,3 @@ class GRU(_GRUKind, _RNNBase):
     """
 
     _autocast_float32_on = frozenset({"cpu"})
-
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        bias: bool = True,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
-        layer_norm: bool = True,
-        eps: float = 1e-5,
-        ln_impl: Literal["autograd", "torch"] = LN_IMPL,
-        norm: Callable[[int], nn.Module] | None = None,
-    ) -> None:
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
-                         bidirectional, 0, device, dtype, layer_norm, eps, ln_impl, norm)
-        self.reset_parameters()
-
-    def forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
-    ) -> tuple[Tensor | PackedSequence, Tensor]:
-        out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
-        return out, h_n

@@ -33,15 +33,11 @@ _ShapeLike = int | Sequence[int] | torch.Size
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-# ---------------------------------------------------------------------------------------------
-# RMSNorm
-# ---------------------------------------------------------------------------------------------
+# -------------------- RMSNorm
 
 
 def rms_norm(
-    input: Tensor,
-    normalized_shape: _ShapeLike,
-    weight: Tensor | None = None,
+    input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
     eps: float | None = None,
 ) -> Tensor:
     r"""Root mean square layer normalization (Zhang and Sennrich, 2019; Part II, "RMSNorm").
@@ -75,11 +71,8 @@ class RMSNorm(nn.Module):
     """
 
     def __init__(
-        self,
-        normalized_shape: _ShapeLike,
-        eps: float | None = None,
-        elementwise_affine: bool = True,
-        device: torch.device | str | None = None,
+        self, normalized_shape: _ShapeLike, eps: float | None = None,
+        elementwise_affine: bool = True, device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
@@ -110,16 +103,11 @@ class RMSNorm(nn.Module):
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# Group normalization
-# ---------------------------------------------------------------------------------------------
+# -------------------- Group normalization
 
 
 def group_norm(
-    input: Tensor,
-    num_groups: int,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
+    input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
     eps: float = 1e-5,
 ) -> Tensor:
     r"""Group normalization (Wu and He, 2018): per-example statistics over groups of channels.
@@ -166,14 +154,8 @@ class GroupNorm(_Affine):
     """
 
     def __init__(
-        self,
-        num_groups: int,
-        num_channels: int,
-        eps: float = 1e-5,
-        affine: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        *,
+        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
         bias: bool = True,
     ) -> None:
         super().__init__()
@@ -207,9 +189,7 @@ class GroupNorm(_Affine):
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# Dynamic Tanh
-# ---------------------------------------------------------------------------------------------
+# -------------------- Dynamic Tanh
 
 
 def dyt(
@@ -238,11 +218,8 @@ class DyT(nn.Module):
     """
 
     def __init__(
-        self,
-        normalized_shape: _ShapeLike,
-        alpha_init: float = 0.5,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        self, normalized_shape: _ShapeLike, alpha_init: float = 0.5,
+        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
