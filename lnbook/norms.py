@@ -46,10 +46,6 @@ experiments' small sizes) or ``"autograd"`` (lnbook's own forward and hand-deriv
 chapter 3). Both give the same numbers to rounding; each module's ``ln_impl`` keyword overrides
 it. :class:`LayerNorm` itself defaults to ``"autograd"``, the code chapter 3 teaches."""
 
-def _check_impl(impl: object) -> None:
-    check_choice("impl", impl, LN_IMPLS)
-
-
 def _check_layer_norm_args(
     x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float
 ) -> None:
@@ -169,7 +165,7 @@ def layer_norm(
     """
     shape = as_normalized_shape(normalized_shape)
     _check_layer_norm_args(x, shape, weight, bias, eps)
-    _check_impl(impl)
+    check_choice("impl", impl, LN_IMPLS)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
     try:
@@ -199,7 +195,7 @@ class LayerNorm(_Affine):
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         self.eps = check_eps(eps)
-        _check_impl(impl)
+        check_choice("impl", impl, LN_IMPLS)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
         check_bool("bias", bias)
         self.impl = impl
@@ -239,7 +235,7 @@ class ChannelLayerNorm(_Affine):
         super().__init__()
         self.num_channels = check_size("num_channels", num_channels)
         self.eps = check_eps(eps)
-        _check_impl(impl)
+        check_choice("impl", impl, LN_IMPLS)
         self.impl = impl
         self._add_affine((self.num_channels,), True, True, {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -342,10 +338,8 @@ class BatchNorm(_Affine):
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"unbiased={self.unbiased}, affine={self.affine}"
-        )
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"unbiased={self.unbiased}, affine={self.affine}")
 
 
 class WeightNormLinear(nn.Module):
@@ -385,15 +379,11 @@ class WeightNormLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_floating(x)
         if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ShapeError(
-                f"WeightNormLinear expects input of shape (*, {self.in_features}), "
-                f"got {tuple(x.shape)}"
-            )
+            raise ShapeError(f"WeightNormLinear expects input of shape (*, {self.in_features}), "
+                             f"got {tuple(x.shape)}")
         w = self.weight * (self.gain / self.weight.norm(dim=1)).unsqueeze(1)  # (H, in)
         return F.linear(x, w, self.bias)
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}"
-        )
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")

@@ -114,10 +114,8 @@ class SequenceBatchNorm(nn.Module):
         return y * self.weight + self.bias
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, max_steps={self.max_steps}, eps={self.eps}, "
-            f"momentum={self.momentum}, gain_init={self.gain_init}"
-        )
+        return (f"{self.num_features}, max_steps={self.max_steps}, eps={self.eps}, "
+                f"momentum={self.momentum}, gain_init={self.gain_init}")
 
 
 class BatchNormRNN(nn.Module):
@@ -222,10 +220,8 @@ class RecurrentBNLSTM(nn.Module):
         x = input
         check_floating(x, "input")
         if x.dim() != 3 or x.shape[2] != self.input_size:
-            raise ValueError(
-                f"RecurrentBNLSTM expects x of shape (T, B, {self.input_size}), "
-                f"got {tuple(x.shape)}"
-            )
+            raise ValueError(f"RecurrentBNLSTM expects x of shape (T, B, {self.input_size}), "
+                             f"got {tuple(x.shape)}")
         T, B, _ = x.shape
         H = self.hidden_size
         if hx is None:
@@ -245,7 +241,5 @@ class RecurrentBNLSTM(nn.Module):
         return torch.stack(outs), (h.unsqueeze(0), c.unsqueeze(0))
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.input_size}, {self.hidden_size}, max_steps={self.max_steps}, "
-            f"gain_init={self.gain_init}"
-        )
+        return (f"{self.input_size}, {self.hidden_size}, max_steps={self.max_steps}, "
+                f"gain_init={self.gain_init}")

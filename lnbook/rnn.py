@@ -345,10 +345,6 @@ def _pair(hx: object, what: str) -> list:
     raise ValueError(f"hx must be a tuple {what} or None")
 
 
-def _check_nonlinearity(nonlinearity: str) -> str:
-    return check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
-
-
 def _suffix(k: int, d: int) -> str:
     """torch's name suffix of layer k, direction d: ``_l0``, ``_l1_reverse``, ..."""
     return f"_l{k}" + ("_reverse" if d == 1 else "")
@@ -490,7 +486,7 @@ class LNRNNCell(_RNNKind, _CellBase):
         dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
         ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
-        self.nonlinearity = _check_nonlinearity(nonlinearity)
+        self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
 
@@ -574,10 +570,8 @@ def _lengths_tensor(lengths: _Lengths, T: int, B: int) -> Tensor | None:
         return None
     lens = torch.as_tensor(lengths)
     if lens.dim() != 1 or lens.shape[0] != B or lens.is_floating_point() or lens.is_complex():
-        raise ValueError(
-            f"lengths must be B={B} integers (a 1-D integer tensor or list), "
-            f"got shape {tuple(lens.shape)} and dtype {lens.dtype}"
-        )
+        raise ValueError(f"lengths must be B={B} integers (a 1-D integer tensor or list), "
+                         f"got shape {tuple(lens.shape)} and dtype {lens.dtype}")
     lo, hi = int(lens.min()), int(lens.max())
     if lo < 1 or hi > T:
         raise ValueError(f"lengths must lie in [1, T={T}] for input with T={T} steps, "
@@ -816,7 +810,7 @@ class RNN(_RNNKind, _RNNBase):
         device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
         eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
     ) -> None:
-        self.nonlinearity = _check_nonlinearity(nonlinearity)
+        self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)

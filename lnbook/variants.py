@@ -97,10 +97,8 @@ class RMSNorm(nn.Module):
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, "
-            f"elementwise_affine={self.elementwise_affine}"
-        )
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
 
 
 # -------------------- Group normalization
@@ -122,17 +120,13 @@ def group_norm(
     """
     check_floating(input)
     if input.dim() < 2:
-        raise ShapeError(
-            f"group_norm expects input of shape (N, C, *) with at least 2 dimensions, "
-            f"got shape {tuple(input.shape)}"
-        )
+        raise ShapeError(f"group_norm expects input of shape (N, C, *) with at least 2 dimensions, "
+                         f"got shape {tuple(input.shape)}")
     check_size("num_groups", num_groups)
     n, c = input.shape[0], input.shape[1]
     if c % num_groups != 0:
-        raise ValueError(
-            f"the number of channels C = input.shape[1] = {c} must be divisible by "
-            f"num_groups = {num_groups}; input shape {tuple(input.shape)}"
-        )
+        raise ValueError(f"the number of channels C = input.shape[1] = {c} must be divisible by "
+                         f"num_groups = {num_groups}; input shape {tuple(input.shape)}")
     check_param(weight, "weight", (c,))
     check_param(bias, "bias", (c,))
     check_eps(eps)
@@ -183,10 +177,8 @@ class GroupNorm(_Affine):
         return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
-            f"bias={self.bias is not None}"
-        )
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")
 
 
 # -------------------- Dynamic Tanh
