@@ -65,6 +65,12 @@ class _Affine(nn.Module):
         self.register_parameter(
             "bias", nn.Parameter(torch.empty(shape, **kw)) if weight and bias else None)
 
+    def _check_input(self, x: Tensor, c: int, layouts: str) -> None:
+        """``x`` floating with ``c`` channels in dimension 1; ``layouts`` names the shapes."""
+        check_floating(x)
+        if x.dim() < 2 or x.shape[1] != c:
+            raise ShapeError(f"{self!r} expects input of shape {layouts}, got {tuple(x.shape)}")
+
     def reset_parameters(self) -> None:
         """Gains to 1 and biases to 0, as the paper's experiments start (section 6)."""
         if self.weight is not None:
@@ -301,12 +307,8 @@ class BatchNorm(_Affine):
         super().reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        check_floating(x)
-        if x.dim() < 2 or x.shape[1] != self.num_features:
-            raise ShapeError(
-                f"BatchNorm({self.num_features}) expects input of shape (N, {self.num_features}) "
-                f"or (N, {self.num_features}, *), got {tuple(x.shape)}"
-            )
+        c = self.num_features
+        self._check_input(x, c, f"(N, {c}) or (N, {c}, *)")
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
         if self.training:

@@ -168,12 +168,7 @@ class GroupNorm(_Affine):
         self.reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
-        check_floating(input)
-        if input.dim() < 2 or input.shape[1] != self.num_channels:
-            raise ShapeError(
-                f"GroupNorm({self.num_groups}, {self.num_channels}) expects input of shape "
-                f"(N, {self.num_channels}, *), got {tuple(input.shape)}"
-            )
+        self._check_input(input, self.num_channels, f"(N, {self.num_channels}, *)")
         return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
