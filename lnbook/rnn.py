@@ -67,9 +67,8 @@ _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torc
 # Without LN (ln None) each step is torch's: eqs. 17-19 for the LSTM, 23-25 for the GRU.
 
 
-def rnn_step(
-    gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: Norm, act: Callable
-) -> Tensor:
+def rnn_step(gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: Norm,
+             act: Callable) -> Tensor:
     """Eq. 4: ``act(LN(a_t) + b)`` with ``a_t = gi + W_hh h``, ``gi = W_ih x_t``; without LN
     torch's ``act(a_t)``, ``gi`` then holding both biases."""
     a = torch.addmm(gi, h, w_hh.t())  # (B, H) summed inputs a_t
@@ -329,13 +328,6 @@ def _norm_maker(
     return functools.partial(make_module, norm, what="norm", **kw)
 
 
-def _init_uniform(module: nn.Module, hidden_size: int) -> None:
-    """torch's RNN init: own weights ~ U(-1/sqrt(H), 1/sqrt(H)) in registration order."""
-    bound = 1.0 / math.sqrt(hidden_size)
-    for p in module.parameters(recurse=False):
-        nn.init.uniform_(p, -bound, bound)
-
-
 def _pair(hx: object, what: str) -> list:
     """An LSTM's (h, c) state as a list of two (each possibly None)."""
     if hx is None:
@@ -384,8 +376,10 @@ class _Base(nn.Module):
             setattr(self, f"{name}{sfx}", make_norm(mult * H))
 
     def reset_parameters(self) -> None:
-        """Weights and biases as torch (same draws per seed); norms reset."""
-        _init_uniform(self, self.hidden_size)
+        """As torch: own weights ~ U(-1/sqrt(H), 1/sqrt(H)) in registration order; norms reset."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters(recurse=False):
+            nn.init.uniform_(p, -bound, bound)
         for m in self.children():
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
@@ -404,11 +398,6 @@ class _Base(nn.Module):
         if self.layer_norm and self.ln_impl != LN_IMPL:
             s += f", ln_impl={self.ln_impl!r}"
         return s
-
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
-        raise NotImplementedError  # given by _RNNKind, _LSTMKind or _GRUKind
 
 
 # ----------------------------------------------------------------------------------------------
