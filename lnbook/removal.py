@@ -1,11 +1,5 @@
-"""Removing the layer norms of a trained model: each replaced by a fixed scale.
-
-Part III, chapter "Do we still need layer norm?" (claim P19, after Heimersheim 2024 and Baroni
-et al. 2025). A layer norm divides each token by its own standard deviation; :class:`FixedScale`
-divides every token by one number measured beforehand on training data, which makes the layer
-linear. :func:`norm_input_scales` measures that number for every norm of a model,
-:func:`replace_norm` swaps one norm for its fixed scale, and :func:`remove_norms` returns a copy
-of a model with every (or the named) norms replaced.
+"""Removing the layer norms of a trained model, each replaced by a fixed scale (Part III,
+chapter "Do we still need layer norm?", claim P19).
 """
 
 from __future__ import annotations
@@ -27,18 +21,8 @@ class FixedScale(nn.Module):
 
     .. math:: y = \frac{x - \mu(x)}{s} \odot g + b
 
-    where :math:`\mu(x)` is the token's mean over the last dimension (a linear map, kept from
-    layer norm) and ``s`` a constant buffer, typically the average of
-    :math:`\sqrt{\sigma^2 + \epsilon}` over training tokens (:func:`norm_input_scales`). The
-    gain ``g`` and bias ``b`` are taken over from the replaced layer norm.
-
-    Args:
-        normalized_shape: size of the last dimension.
-        scale: ``s`` (> 0).
-        center: subtract each token's mean (default True, as layer norm does).
-
-    Shape:
-        - input ``(*, D)``; output the same.
+    with ``s`` a constant buffer (> 0; typically from :func:`norm_input_scales`), ``center``
+    subtracting the token's mean :math:`\mu(x)`. Shape: ``(*, D)`` in and out.
 
     Example::
 
@@ -132,7 +116,7 @@ def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
 def remove_norms(model: nn.Module, inputs: Tensor,
                  names: Iterable[str] | None = None) -> nn.Module:
     """A copy of ``model`` with the named layer norms (default: all) replaced by fixed scales
-    measured on ``inputs`` (:func:`norm_input_scales`, all measured on the original model).
+    measured on ``inputs`` (:func:`norm_input_scales`).
 
     Example::
 
