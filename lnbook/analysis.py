@@ -65,11 +65,6 @@ def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
     return t
 
 
-# ------------------------------------------------------------------------------------------------
-# Section 5.1: invariance under weight and data transformations
-# ------------------------------------------------------------------------------------------------
-
-
 def normalized_layer(
     method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor, eps: float = _EPS
 ) -> Tensor:
@@ -79,13 +74,6 @@ def normalized_layer(
     (mu_i = 0, sigma_i = ||w_i||), ``"layer"`` (over the H units of a case, eq. 3), ``"none"``
     (``g * a + b``) or ``"input"`` (``g * (LN(x) W^T) + b``). Shapes: x ``(N, D)``, weight
     ``(H, D)``, gain and bias ``(H,)``; returns ``(N, H)``.
-
-    Example::
-
-        >>> x, w = torch.randn(8, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
-        >>> g, b = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
-        >>> normalized_layer("layer", x, w, g, b).shape
-        torch.Size([8, 3])
     """
     check_choice("method", method, _ALL_METHODS)
     _check_matrix(x, "x")
@@ -197,11 +185,6 @@ def invariance_table(
 ) -> dict[str, dict[str, bool]]:
     """Table 1, decided numerically: True where :func:`invariance_changes` is below ``tol``
     (far above float64 rounding, ~1e-15, far below a real change, ~0.1).
-
-    Example::
-
-        >>> invariance_table()["layer"]["single_case_rescaling"]
-        True
     """
     if not (isinstance(tol, float | int) and 0 < tol < 1):
         raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
@@ -231,11 +214,6 @@ def reparameterization_residual(
     coef = torch.linalg.lstsq(design, y).solution  # (D + 1, H)
     resid = y - design @ coef
     return float(resid.norm() / (y - y.mean(0)).norm())
-
-
-# ------------------------------------------------------------------------------------------------
-# Section 5.2: Fisher information of (normalized) generalized linear models
-# ------------------------------------------------------------------------------------------------
 
 
 def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
@@ -311,13 +289,6 @@ def fisher_information(
     with scores ``s`` through lnbook's layers (for batch norm including mu and sigma's
     dependence on W, eq. 14). Rows in ``theta.flatten()`` order, vec([W, b, g]^T); returns
     ``(P, P)``, P = theta.numel(). O(N^2 H^2 D) work: for small models.
-
-    Example::
-
-        >>> x = torch.randn(20, 3, dtype=torch.float64)
-        >>> theta = torch.randn(2, 5, dtype=torch.float64)
-        >>> fisher_information(theta, x, "layer").shape
-        torch.Size([10, 10])
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
@@ -484,10 +455,6 @@ def direction_change_demo(scales: Sequence[float] = (1.0, 2.0, 4.0), method: str
     return res
 
 
-# ----------------------------------------------------------------------------------------------
-# measuring the hidden-to-hidden dynamics (chapter 3.1, claim C05)
-
-
 class RecurrentDynamics(NamedTuple):
     """Per-step measurements of :func:`recurrent_dynamics`, each a float64 tensor ``(T,)``."""
 
@@ -500,12 +467,6 @@ def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> 
     """Run ``cell`` over x ``(T, B, input_size)`` (h0 ``(B, H)`` or zeros) and record, per step,
     the size of the summed inputs a_t = W_ih x_t + W_hh h_{t-1} (eq. 4), of h_t and of
     dL/dh_t for L = sum(h_T) (claim C05).
-
-    Example::
-
-        >>> d = recurrent_dynamics(LNRNNCell(3, 8), torch.randn(20, 4, 3))
-        >>> d.grad_norm.shape
-        torch.Size([20])
     """
     if not isinstance(cell, LNRNNCell):
         raise TypeError(f"cell must be an lnbook.LNRNNCell, got {type(cell).__name__}")

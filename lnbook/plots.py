@@ -25,11 +25,6 @@ def statistics_mask(
     """Which summed inputs a_i^n share their mean and sigma with cell (example, unit), a bool
     ``(batch, units)`` array: column ``unit`` for ``"batch"`` (eq. 2), row ``example`` for
     ``"layer"`` (eq. 3).
-
-    Example::
-
-        >>> statistics_mask("layer", 3, 4, example=1).sum()
-        4
     """
     batch = check_size("batch", batch)
     units = check_size("units", units)

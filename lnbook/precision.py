@@ -42,24 +42,12 @@ def _check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half the machine epsilon of ``dtype``: the largest relative error of one rounding.
-
-    Example::
-
-        >>> unit_roundoff(torch.bfloat16) == 2.0 ** -8
-        True
-    """
+    """Half the machine epsilon of ``dtype``: the largest relative error of one rounding."""
     return torch.finfo(_check_dtype(dtype)).eps / 2
 
 
 def overflow_threshold(dtype: torch.dtype) -> float:
-    """The smallest real number that rounds to ``inf`` in ``dtype`` (max + half an ulp).
-
-    Example::
-
-        >>> overflow_threshold(torch.float16)
-        65520.0
-    """
+    """The smallest real number that rounds to ``inf`` in ``dtype`` (max + half an ulp)."""
     fi = torch.finfo(_check_dtype(dtype))
     ulp_at_max = 2.0 ** math.floor(math.log2(fi.max)) * fi.eps  # spacing of the top binade
     return fi.max + ulp_at_max / 2
@@ -73,10 +61,6 @@ def half_ulps(y: Tensor, ref: Tensor, dtype: torch.dtype, floor: float = 1.0) ->
     r = ref.double()
     e = torch.floor(torch.log2(r.abs().clamp_min(max(floor, fi.tiny))))  # binade of ref
     return (y.double() - r).abs() / (torch.exp2(e) * fi.eps / 2)
-
-
-# ----------------------------------------------------------------------------------------------
-# (a) statistics: the float16 sum of squares, and one-pass against two-pass variance
 
 
 def sum_of_squares(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -114,11 +98,6 @@ def predicted_overflow(
 def largest_safe_magnitude(dim: int, dtype: torch.dtype = torch.float16) -> float:
     r"""The root mean square above which the sum of squares of ``dim`` values overflows
     ``dtype``: :math:`\sqrt{x_{max} / D}`.
-
-    Example::
-
-        >>> largest_safe_magnitude(4094)  # 4094 * 4.0 ** 2 == 65504, the largest float16
-        4.0
     """
     check_size("dim", dim)
     return math.sqrt(torch.finfo(_check_dtype(dtype)).max / dim)
@@ -162,10 +141,6 @@ def two_pass_bound(mean_over_std: float, dtype: torch.dtype, dim: int = 1024) ->
     g = recursive_sum_bound(check_size("dim", dim), torch.float32)
     shift = ((u + g) * (1 + u) * (abs(mean_over_std) + 1)) ** 2
     return 2 * ((1 + u) ** 3 * (1 + shift) - 1)
-
-
-# ----------------------------------------------------------------------------------------------
-# (b) the gain before or after the cast
 
 
 @dataclass(frozen=True)
@@ -217,10 +192,6 @@ def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: 
                      exact_before=(before == exact).double().mean().item(),
                      exact_after=(after == exact).double().mean().item(),
                      differ=(before != after).double().mean().item())
-
-
-# ----------------------------------------------------------------------------------------------
-# (c) the weight gradient summed over many rows
 
 
 def accumulate_rows(
@@ -278,11 +249,6 @@ def stagnation_bound(max_term: float, dtype: torch.dtype) -> float:
     r"""The most a running sum in ``dtype`` of terms in :math:`[0, T]` can ever reach:
     :math:`(S^* + T)(1 + 2u)`, :math:`S^* = 2^{\lceil \log_2 (2T/u) \rceil}` (there half an ulp
     is :math:`\ge 2T` and the sum stops).
-
-    Example::
-
-        >>> stagnation_bound(1.0, torch.bfloat16)  # (512 + 1) * (1 + 2 ** -7)
-        517.0078125
     """
     u = unit_roundoff(dtype)
     s_star = 2.0 ** math.ceil(math.log2(2 * max_term / u))
@@ -314,10 +280,6 @@ def kernel_weight_grad_error(rows: int, dim: int, dtype: torch.dtype = torch.bfl
     x_hat64 = F.layer_norm(x.double(), (dim,))  # (R, D)
     ref = (y.detach().double() * x_hat64).sum(0)  # (D,)
     return ((w.grad.double() - ref).abs() / ref.abs()).max().item()
-
-
-# ----------------------------------------------------------------------------------------------
-# (d) autocast on the CPU
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,6 @@ class FixedScale(nn.Module):
 
     with ``s`` a constant buffer (> 0; typically from :func:`norm_input_scales`), ``center``
     subtracting the token's mean :math:`\mu(x)`. Shape: ``(*, D)`` in and out.
-
-    Example::
-
-        >>> m = FixedScale(4, scale=2.0)
-        >>> m(torch.tensor([1.0, 2.0, 3.0, 6.0]))
-        tensor([-1.0000, -0.5000,  0.0000,  1.5000], grad_fn=<AddBackward0>)
     """
 
     def __init__(self, normalized_shape: int, scale: float, center: bool = True) -> None:
@@ -117,15 +111,6 @@ def remove_norms(model: nn.Module, inputs: Tensor,
                  names: Iterable[str] | None = None) -> nn.Module:
     """A copy of ``model`` with the named layer norms (default: all) replaced by fixed scales
     measured on ``inputs`` (:func:`norm_input_scales`).
-
-    Example::
-
-        >>> from lnbook import Transformer
-        >>> m = Transformer(9, 16, 2, 1, 8)
-        >>> x = torch.randint(0, 9, (4, 8))
-        >>> free = remove_norms(m, x)
-        >>> norm_names(free)
-        []
     """
     names = norm_names(model) if names is None else list(names)
     scales = norm_input_scales(model, inputs, names)

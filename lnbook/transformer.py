@@ -96,11 +96,10 @@ class TransformerConfig:
         if self.deepnorm and self.position != "post":
             raise ValueError(
                 f"deepnorm=True needs position='post', got position={self.position!r}")
-        self.qk_norm, self.causal, self.deepnorm, self.bias = (
-            bool(self.qk_norm), bool(self.causal), bool(self.deepnorm), bool(self.bias))
-        self.depth_scaling = bool(self.depth_scaling)
-        self.dropout, self.eps = float(self.dropout), float(self.eps)
-        self.dyt_alpha_init = float(self.dyt_alpha_init)
+        for name in ("qk_norm", "causal", "deepnorm", "bias", "depth_scaling"):
+            setattr(self, name, bool(getattr(self, name)))
+        for name in ("dropout", "eps", "dyt_alpha_init"):
+            setattr(self, name, float(getattr(self, name)))
 
     def has_final_norm(self) -> bool:
         """``final_norm``; when None: no for Post-LN (its last block ends in a norm), else yes."""
@@ -148,13 +147,6 @@ class SelfAttention(nn.Module):
 
     Shape:
         - Input: ``(B, T, D)``; output: ``(B, T, D)``.
-
-    Example::
-
-        >>> attn = SelfAttention(32, 4, qk_norm=True)
-        >>> y = attn(torch.randn(2, 16, 32))
-        >>> float(attn.last_max_logit) <= 8 ** 0.5  # d_h = 8, gains 1
-        True
     """
 
     def __init__(
@@ -389,13 +381,6 @@ class Transformer(nn.Module):
 
     Shape:
         - Input: token ids ``(B, T)`` (int64, ``T <= max_len``); output: logits ``(B, T, V)``.
-
-    Example::
-
-        >>> model = Transformer(TransformerConfig(11, d_model=32, n_heads=4, n_layers=2,
-        ...                                       max_len=16, norm="rms"))
-        >>> model(torch.randint(0, 11, (8, 16))).shape
-        torch.Size([8, 16, 11])
     """
 
     def __init__(self, config: TransformerConfig | int, *sizes: int, device: Device = None,
@@ -470,11 +455,6 @@ class Transformer(nn.Module):
             f"norm={c.norm!r}, position={c.position!r}, qk_norm={c.qk_norm}, "
             f"final_norm={c.has_final_norm()}, deepnorm={c.deepnorm}"
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# What the chapters measure
-# ---------------------------------------------------------------------------------------------
 
 
 def sequence_loss(logits: Tensor, targets: Tensor) -> Tensor:

@@ -89,12 +89,6 @@ class SignalNoise(nn.Module):
 
     Shape:
         - Input: ``(N, H)``; output: the same.
-
-    Example::
-
-        >>> noise = SignalNoise(0.5)
-        >>> noise.eval()(torch.ones(2, 3)).tolist()
-        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     """
 
     def __init__(self, size: float = 0.5) -> None:
