@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_floating
 from lnbook.norms import LayerNorm
+from lnbook.transformer import run_hooked
 
 __all__ = ["FixedScale", "norm_names", "norm_input_scales", "replace_norm", "remove_norms"]
 
@@ -75,12 +76,7 @@ def norm_input_scales(model: nn.Module, inputs: Tensor,
             seen[name] = float(torch.sqrt(var + getattr(m, "eps", 0.0)).mean())
 
         hooks.append(mod.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, inputs, hooks)
     missing = [n for n in names if n not in seen]
     if missing:
         raise ValueError(f"norms {missing} were not called by the forward pass")

@@ -523,13 +523,18 @@ def norm_inputs_outputs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Ten
             def hook(mod: nn.Module, args: tuple, out: Tensor, name: str = name) -> None:
                 found[name] = (args[0].detach(), out.detach())
             handles.append(module.register_forward_hook(hook))
+    run_hooked(model, inputs, handles)
+    return found
+
+
+def run_hooked(model: nn.Module, inputs: Tensor, handles: list) -> None:
+    """One no-grad forward of ``model`` on ``inputs``, then remove the hooks ``handles``."""
     try:
         with torch.no_grad():
             model(inputs)
     finally:
         for h in handles:
             h.remove()
-    return found
 
 
 def residual_stream(model: Transformer, inputs: Tensor) -> list[Tensor]:
