@@ -1,30 +1,6 @@
-"""Invariances (Table 1) and the geometry of normalized generalized linear models.
-
-Paper sections 4 and 5 and the supplement (eqs. 5-14, 32-35); book chapters 4
-(`04_related_work`), 5.1 (`05_1_invariance`) and 5.2 (`05_2_geometry`). Nothing here is read from
-a stored answer: every invariance and every Fisher matrix is computed from lnbook's layers
-(:class:`~lnbook.norms.BatchNorm`, :class:`~lnbook.norms.WeightNormLinear`,
-:class:`~lnbook.norms.LayerNorm`) on random weights and data, in float64.
-
-Three parts:
-
-- Invariance (section 5.1). :func:`normalized_layer` computes the argument of f in eq. 5,
-  ``g_i / sigma_i * (a_i - mu_i) + b_i``, for each method; :func:`transform` applies one of the
-  six transformations of Table 1 to the weights or the data; :func:`invariance_changes` reports
-  the relative change of the output and :func:`invariance_table` turns it into Table 1.
-  :func:`reparameterization_residual` checks section 4's point that batch and weight
-  normalization with fixed statistics are affine maps of the input (a re-parameterization)
-  while layer normalization is not.
-- Geometry (section 5.2). A normalized GLM with parameters ``theta`` of shape ``(H, D + 2)``,
-  rows ``[w_i, b_i, g_i]``, so that ``theta.flatten()`` is vec([W, b, g]^T) as in eq. 13 (the plain
-  GLM has rows ``[w_i, b_i]``, eq. 12). :func:`fisher_information` computes F (eq. 9) exactly,
-  summing over every outcome y with autograd scores; :func:`glm_fisher_closed_form` is eq. 12;
-  :func:`metric` is eq. 8's quadratic form; :func:`weight_scaling_curvature` measures the
-  implicit learning-rate reduction; :func:`direction_change_demo` trains and watches the weight
-  direction.
-- Recurrent dynamics (section 3.1). :func:`recurrent_dynamics` runs an
-  :class:`~lnbook.rnn.LNRNNCell` and records the size of its summed inputs, its hidden state and
-  the gradient reaching each step (claim C05, chapter 3.1).
+"""Invariances (Table 1) and the geometry of normalized GLMs (paper sections 4-5, eqs. 5-14 and
+32-35; chapters 4, 5.1 and 5.2), computed from lnbook's layers in float64, never read from a
+stored answer; and the recurrent dynamics of an LN-RNN (section 3.1, chapter 3.1, claim C05).
 """
 
 from __future__ import annotations
@@ -44,28 +20,12 @@ from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
 __all__ = [
-    "METHODS",
-    "TRANSFORMATIONS",
-    "PAPER_TABLE_1",
-    "normalized_layer",
-    "transform",
-    "invariance_changes",
-    "invariance_table",
-    "reparameterization_residual",
-    "glm_log_probs",
-    "glm_output_covariance",
-    "glm_normalized_inputs",
-    "fisher_information",
-    "glm_fisher_closed_form",
-    "metric",
-    "glm_kl_divergence",
-    "gain_direction",
-    "weight_magnitude_direction",
-    "weight_scaling_curvature",
-    "DirectionChange",
-    "direction_change_demo",
-    "RecurrentDynamics",
-    "recurrent_dynamics",
+    "METHODS", "TRANSFORMATIONS", "PAPER_TABLE_1", "normalized_layer", "transform",
+    "invariance_changes", "invariance_table", "reparameterization_residual", "glm_log_probs",
+    "glm_output_covariance", "glm_normalized_inputs", "fisher_information",
+    "glm_fisher_closed_form", "metric", "glm_kl_divergence", "gain_direction",
+    "weight_magnitude_direction", "weight_scaling_curvature", "DirectionChange",
+    "direction_change_demo", "RecurrentDynamics", "recurrent_dynamics",
 ]
 
 METHODS: tuple[str, ...] = ("batch", "weight", "layer")
@@ -105,43 +65,15 @@ def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
     return t
 
 
-# ------------------------------------------------------------------------------------------------
-# Section 5.1: invariance under weight and data transformations
-# ------------------------------------------------------------------------------------------------
-
-
 def normalized_layer(
     method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor, eps: float = _EPS
 ) -> Tensor:
-    r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, for one method.
+    r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, ``a = x W^T``.
 
-    With summed inputs ``a = x W^T`` (no bias before the normalization, as in eq. 5):
-
-    - ``"batch"``: :class:`~lnbook.norms.BatchNorm` in training mode, so mu_i, sigma_i are the
-      statistics of unit i over the N cases of ``x`` (eq. 2 with the data set as the batch);
-    - ``"weight"``: :class:`~lnbook.norms.WeightNormLinear`, mu_i = 0, sigma_i = ||w_i||;
-    - ``"layer"``: :class:`~lnbook.norms.LayerNorm` over the H units of each case (eq. 3);
-    - ``"none"``: the plain layer ``g * a + b``;
-    - ``"input"``: layer normalization of the input ``x`` (over its D features, no gain), then
-      ``g * (x_hat W^T) + b``; the case of section 5.1 where only the input is normalized.
-
-    Args:
-        method: one of ``"batch"``, ``"weight"``, ``"layer"``, ``"none"``, ``"input"``.
-        x: inputs ``(N, D)``.
-        weight: weight matrix W ``(H, D)``, rows w_i.
-        gain: gains g ``(H,)``.
-        bias: biases b ``(H,)``.
-        eps: added to the variance inside the square root (batch and layer). Default: 1e-12.
-
-    Returns:
-        ``(N, H)``, the normalized summed inputs before the non-linearity f.
-
-    Example::
-
-        >>> x, w = torch.randn(8, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
-        >>> g, b = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
-        >>> normalized_layer("layer", x, w, g, b).shape
-        torch.Size([8, 3])
+    ``method``: ``"batch"`` (statistics of unit i over the N cases, eq. 2), ``"weight"``
+    (mu_i = 0, sigma_i = ||w_i||), ``"layer"`` (over the H units of a case, eq. 3), ``"none"``
+    (``g * a + b``) or ``"input"`` (``g * (LN(x) W^T) + b``). Shapes: x ``(N, D)``, weight
+    ``(H, D)``, gain and bias ``(H,)``; returns ``(N, H)``.
     """
     check_choice("method", method, _ALL_METHODS)
     _check_matrix(x, "x")
@@ -173,24 +105,10 @@ def normalized_layer(
 def transform(
     name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Apply one transformation of Table 1; returns the new ``(x, weight)``.
-
-    - ``weight_matrix_rescaling``: W' = delta W, one scalar delta for the whole matrix;
-    - ``weight_matrix_recentering``: W' = W + 1 gamma^T (eq. 6 with delta = 1), the same vector
-      gamma added to every row;
-    - ``weight_vector_rescaling``: w_i' = delta_i w_i, a different delta_i per row;
-    - ``dataset_rescaling``: x' = delta x for every case, one scalar delta;
-    - ``dataset_recentering``: x' = x + c for every case, one vector c;
-    - ``single_case_rescaling``: x_n' = delta_n x_n, a different delta_n per case (eq. 7).
-
-    The factors are random (drawn from ``generator``), positive and away from 1.
-
-    Args:
-        name: one of :data:`TRANSFORMATIONS`.
-        x: inputs ``(N, D)``.
-        weight: W ``(H, D)``.
-        generator: source of the random factors (None: torch's global generator).
-    """
+    """Apply one transformation of Table 1 (:data:`TRANSFORMATIONS`) to x ``(N, D)`` or W
+    ``(H, D)``; returns the new ``(x, weight)``. W' = delta W; W' = W + 1 gamma^T (eq. 6);
+    w_i' = delta_i w_i; x' = delta x; x' = x + c; x_n' = delta_n x_n (eq. 7). The factors are
+    random (from ``generator``), positive and away from 1."""
     check_choice("transformation", name, TRANSFORMATIONS)
     _check_matrix(x, "x")
     _check_matrix(weight, "weight", cols=x.shape[1])
@@ -230,30 +148,13 @@ LayerFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def invariance_changes(
-    seed: int = 0,
-    methods: Sequence[str] = METHODS,
-    transformations: Sequence[str] = TRANSFORMATIONS,
-    n: int = 64,
-    d: int = 10,
-    h: int = 8,
+    seed: int = 0, methods: Sequence[str] = METHODS,
+    transformations: Sequence[str] = TRANSFORMATIONS, n: int = 64, d: int = 10, h: int = 8,
     layers: Mapping[str, LayerFn] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Relative change ``||h' - h|| / ||h||`` of the layer output under each transformation.
-
-    Random data ``x (n, d)``, weights ``W (h, d)``, gains and biases (float64, from ``seed``) are
-    pushed through :func:`normalized_layer` before and after :func:`transform`.
-
-    Args:
-        seed: seeds the data, the weights and the transformation factors.
-        methods: names accepted by :func:`normalized_layer` (default: the three of Table 1).
-        transformations: names from :data:`TRANSFORMATIONS`.
-        n, d, h: number of cases, input size, number of units.
-        layers: extra layers to test, ``name -> fn(x, weight, gain, bias) -> (N, H)``; their
-            names are added to ``methods``.
-
-    Returns:
-        ``{method: {transformation: relative change}}``.
-    """
+    """``{method: {transformation: ||h' - h|| / ||h||}}`` of :func:`normalized_layer` on random
+    float64 data and weights from ``seed`` (``n`` cases, ``d`` inputs, ``h`` units), before and
+    after :func:`transform`; ``layers`` adds ``name -> fn(x, weight, gain, bias)``."""
     layers = dict(layers or {})
     for m in methods:
         check_choice("method", m, _ALL_METHODS)
@@ -279,24 +180,11 @@ def invariance_changes(
 
 
 def invariance_table(
-    seed: int = 0,
-    tol: float = 1e-8,
-    methods: Sequence[str] = METHODS,
-    layers: Mapping[str, LayerFn] | None = None,
-    n: int = 64,
-    d: int = 10,
-    h: int = 8,
+    seed: int = 0, tol: float = 1e-8, methods: Sequence[str] = METHODS,
+    layers: Mapping[str, LayerFn] | None = None, n: int = 64, d: int = 10, h: int = 8,
 ) -> dict[str, dict[str, bool]]:
-    """Table 1, decided numerically: True where the relative change is below ``tol``.
-
-    Every call recomputes :func:`invariance_changes` (same arguments); ``tol`` = 1e-8 sits far
-    above float64 rounding (~1e-15) and far below the changes of a transformation that does act
-    (~0.1 or more).
-
-    Example::
-
-        >>> invariance_table()["layer"]["single_case_rescaling"]
-        True
+    """Table 1, decided numerically: True where :func:`invariance_changes` is below ``tol``
+    (far above float64 rounding, ~1e-15, far below a real change, ~0.1).
     """
     if not (isinstance(tol, float | int) and 0 < tol < 1):
         raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
@@ -307,20 +195,9 @@ def invariance_table(
 def reparameterization_residual(
     method: str, seed: int = 0, n: int = 512, d: int = 6, h: int = 5
 ) -> float:
-    """How far a normalized layer is from an affine map of its input (section 4, claim C21).
-
-    Batch normalization with fixed (expected) statistics and weight normalization compute
-    ``W' x + b'`` for some W', b': a re-parameterization of a plain layer. Layer normalization
-    divides by a sigma that depends on x, so no affine map reproduces it. The layer is fitted
-    by least squares with an affine map on ``n`` random inputs; the residual is returned
-    relative to the output's spread.
-
-    For ``"batch"`` the statistics are first estimated on a separate batch, then frozen
-    (evaluation mode), which is what "expected statistics" means here.
-
-    Returns:
-        ``||y - fit||_F / ||y - mean(y)||_F``: ~1e-15 for an affine layer, order 0.1 otherwise.
-    """
+    """How far a normalized layer is from an affine map of its input (section 4, claim C21):
+    ``||y - fit||_F / ||y - mean(y)||_F`` of a least-squares affine fit on ``n`` random inputs
+    (~1e-15 for an affine layer). ``"batch"`` uses statistics frozen from a separate batch."""
     check_choice("method", method, _ALL_METHODS)
     x, w, g, b, gen = _random_layer(seed, n, d, h)
     if method == "batch":
@@ -337,11 +214,6 @@ def reparameterization_residual(
     coef = torch.linalg.lstsq(design, y).solution  # (D + 1, H)
     resid = y - design @ coef
     return float(resid.norm() / (y - y.mean(0)).norm())
-
-
-# ------------------------------------------------------------------------------------------------
-# Section 5.2: Fisher information of (normalized) generalized linear models
-# ------------------------------------------------------------------------------------------------
 
 
 def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
@@ -371,16 +243,9 @@ def glm_log_probs(
 ) -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
 
-    Args:
-        theta: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), otherwise
-            ``(H, D + 2)`` rows ``[w_i, b_i, g_i]`` (eq. 13).
-        x: inputs ``(N, D)``.
-        method: ``"none"``, ``"batch"``, ``"weight"`` or ``"layer"``.
-        family: ``"softmax"`` (one categorical y over H classes, Cov[y|x] = diag(p) - p p^T) or
-            ``"bernoulli"`` (H independent logistic GLMs, Cov[y|x] = diag(p (1 - p))); phi = 1.
-
-    Returns:
-        softmax: ``(N, H)`` log P(y = k | x); bernoulli: ``(N, H, 2)`` log P(y_i = v | x).
+    ``theta``: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), else
+    ``(H, D + 2)`` rows ``[w_i, b_i, g_i]`` (eq. 13); x ``(N, D)``. Returns ``(N, H)`` for
+    ``family="softmax"``, ``(N, H, 2)`` for ``"bernoulli"`` (H independent logistic GLMs).
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
@@ -404,10 +269,7 @@ def glm_output_covariance(
 
 
 def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
-    """(a_i - mu_i) / sigma_i for each case and unit, ``(N, H)``: the gain's multiplier in eq. 5.
-
-    For ``"weight"`` this is a_i / ||w_i|| (mu = 0); for ``"none"`` it is a_i = w_i^T x itself.
-    """
+    """(a_i - mu_i) / sigma_i for each case and unit, ``(N, H)``: the gain's multiplier in eq. 5."""
     _check_theta(theta, x, method)
     d, h = x.shape[1], theta.shape[0]
     ones = torch.ones(h, dtype=theta.dtype, device=theta.device)
@@ -422,33 +284,11 @@ def fisher_information(
 ) -> Tensor:
     r"""The Fisher information matrix F(theta) of eq. 9, exactly, by autograd.
 
-    The expectation over x is the average over the N cases of ``x``; the expectation over y is
-    a sum over every outcome (H classes for softmax; both values of every unit for bernoulli,
-    whose units are independent so their scores' cross terms vanish), weighted by the model's
-    own probabilities. The scores d log P / d theta come from autograd through lnbook's layers,
-    including, for batch normalization, the dependence of mu and sigma on the weights (eq. 14).
-
     .. math:: F = \frac{1}{N} \sum_n \sum_y P(y|x_n) \, s_{n,y} s_{n,y}^\top
 
-    Args:
-        theta: the parameters (see :func:`glm_log_probs`); ``theta.flatten()`` is the order of
-            F's rows, vec([W, b, g]^T) = [w_1, b_1, g_1, ..., w_H, b_H, g_H] as in eqs. 12-13.
-        x: inputs ``(N, D)``; all N cases form the batch for batch normalization.
-        method: ``"none"``, ``"batch"``, ``"weight"`` or ``"layer"``.
-        family: ``"softmax"`` or ``"bernoulli"``.
-
-    Returns:
-        ``(P, P)`` with P = theta.numel(), symmetric positive semi-definite.
-
-    Cost: one vectorized backward pass per (case, outcome) pair through the whole data set, so
-    O(N^2 H^2 D) work; meant for small models (N of a few hundred, P of a few dozen).
-
-    Example::
-
-        >>> x = torch.randn(20, 3, dtype=torch.float64)
-        >>> theta = torch.randn(2, 5, dtype=torch.float64)
-        >>> fisher_information(theta, x, "layer").shape
-        torch.Size([10, 10])
+    with scores ``s`` through lnbook's layers (for batch norm including mu and sigma's
+    dependence on W, eq. 14). Rows in ``theta.flatten()`` order, vec([W, b, g]^T); returns
+    ``(P, P)``, P = theta.numel(). O(N^2 H^2 D) work: for small models.
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
@@ -464,12 +304,9 @@ def fisher_information(
 
 
 def glm_fisher_closed_form(theta: Tensor, x: Tensor, family: str = "softmax") -> Tensor:
-    r"""Eq. 12, the Fisher matrix of the plain GLM in closed form.
+    r"""Eq. 12, the plain GLM's Fisher matrix in closed form (phi = 1, order vec([W, b]^T)).
 
     .. math:: F = E_x[\mathrm{Cov}[y|x] / \phi^2 \otimes [x; 1][x; 1]^\top]
-
-    phi = 1 for both families. The Kronecker order matches theta = vec([W, b]^T), rows
-    ``[w_i, b_i]`` (see :func:`fisher_information`).
     """
     _check_theta(theta, x, "none")
     cov = glm_output_covariance(theta, x, "none", family)  # (N, H, H)
@@ -481,10 +318,7 @@ def glm_fisher_closed_form(theta: Tensor, x: Tensor, family: str = "softmax") ->
 
 
 def metric(fisher: Tensor, direction: Tensor) -> float:
-    """The Riemannian metric ds^2 = 1/2 delta^T F delta of eq. 8 along ``direction``.
-
-    ``direction`` may have theta's shape; it is flattened in the same order as F.
-    """
+    """The Riemannian metric ds^2 = 1/2 delta^T F delta of eq. 8 (``direction`` flattened)."""
     if not isinstance(fisher, Tensor) or fisher.dim() != 2 or fisher.shape[0] != fisher.shape[1]:
         raise ValueError("fisher must be a square (P, P) matrix")
     delta = direction.reshape(-1).to(fisher.dtype)
@@ -519,11 +353,7 @@ def gain_direction(theta: Tensor, delta_g: Tensor) -> Tensor:
 
 
 def weight_magnitude_direction(theta: Tensor, delta_g: Tensor) -> Tensor:
-    """The plain-GLM direction of eq. 35: row i moves by delta_g_i w_i / ||w_i|| (b fixed).
-
-    ``theta`` holds rows ``[w_i, b_i]`` (plain GLM): this update changes the norm of w_i by
-    delta_g_i and keeps its direction, the plain counterpart of a gain update.
-    """
+    """The plain-GLM direction of eq. 35: row i moves by delta_g_i w_i / ||w_i|| (b fixed)."""
     if not isinstance(delta_g, Tensor) or tuple(delta_g.shape) != (theta.shape[0],):
         raise ValueError(f"delta_g must have shape ({theta.shape[0]},), one entry per unit")
     w = theta[:, :-1]
@@ -532,27 +362,14 @@ def weight_magnitude_direction(theta: Tensor, delta_g: Tensor) -> Tensor:
     return out
 
 
-def weight_scaling_curvature(
-    theta: Tensor,
-    x: Tensor,
-    method: str,
-    factor: float = 2.0,
-    unit: int = 0,
-    family: str = "softmax",
-    seed: int = 0,
-) -> dict[str, float]:
+def weight_scaling_curvature(theta: Tensor, x: Tensor, method: str, factor: float = 2.0,
+                             unit: int = 0, family: str = "softmax", seed: int = 0
+                             ) -> dict[str, float]:
     """Curvature along a weight direction before and after scaling the weights (section 5.2.2).
 
-    For batch and weight normalization the incoming weight vector w_``unit`` is multiplied by
-    ``factor``; for layer normalization (which is only invariant to scaling the whole matrix)
-    all of W is. The model's output does not change, but the metric ds^2 (eq. 8) along a fixed
-    random direction in the scaled weights changes: this function measures by how much.
-
-    Returns:
-        ``{"before", "after", "ratio", "grad_ratio", "output_change"}``: ds^2 along the same
-        direction before and after scaling, their ratio, the ratio of the norms of the gradient
-        of a fixed log-likelihood with respect to the scaled weights, and the largest change of
-        any log-probability.
+    w_``unit`` (batch, weight) or all of W (layer) is multiplied by ``factor``. Returns ds^2
+    along one random direction ``"before"``, ``"after"``, their ``"ratio"``, the gradient-norm
+    ``"grad_ratio"`` and the largest change of any log-probability, ``"output_change"``.
     """
     check_choice("method", method, ("batch", "weight", "layer"))
     _check_theta(theta, x, method)
@@ -587,14 +404,8 @@ def weight_scaling_curvature(
 
 @dataclass
 class DirectionChange:
-    """Result of :func:`direction_change_demo`, one entry per initial scale.
-
-    Attributes:
-        scales: the factors the initial weight matrix was multiplied by.
-        angles: ``angles[k][t]``, angle in degrees between W at step t and the initial W.
-        norms: ``norms[k][t]``, Frobenius norm of W at step t.
-        losses: ``losses[k][t]``, training loss at step t (the same function at t = 0).
-    """
+    """Result of :func:`direction_change_demo`: per initial scale ``k`` and step ``t``, the
+    angle (degrees) of W to the initial W, its Frobenius norm and the training loss."""
 
     scales: list[float]
     angles: list[list[float]]
@@ -602,28 +413,11 @@ class DirectionChange:
     losses: list[list[float]]
 
 
-def direction_change_demo(
-    scales: Sequence[float] = (1.0, 2.0, 4.0),
-    method: str = "layer",
-    steps: int = 50,
-    lr: float = 0.5,
-    n: int = 256,
-    d: int = 8,
-    h: int = 4,
-    seed: int = 0,
-) -> DirectionChange:
-    """Train a normalized softmax GLM from the same function at several weight norms.
-
-    The initial W (rows w_i) is multiplied by each factor in ``scales``; for layer
-    normalization (whole matrix) and for batch or weight normalization (each row) that leaves
-    the model's output unchanged. Full-batch gradient descent with the same learning rate then
-    runs for ``steps`` steps on a synthetic data set (labels: the argmax of a random teacher
-    GLM plus noise). A larger weight norm means smaller curvature and gradients along W, so its
-    direction turns more slowly (section 5.2.2).
-
-    Returns:
-        a :class:`DirectionChange` with angle, norm and loss curves (``steps + 1`` points each).
-    """
+def direction_change_demo(scales: Sequence[float] = (1.0, 2.0, 4.0), method: str = "layer",
+                          steps: int = 50, lr: float = 0.5, n: int = 256, d: int = 8, h: int = 4,
+                          seed: int = 0) -> DirectionChange:
+    """Full-batch GD on a normalized softmax GLM from the same function at several weight norms
+    (W times each of ``scales``): a larger norm turns its direction more slowly (5.2.2)."""
     check_choice("method", method, ("batch", "weight", "layer"))
     if not scales or any(not (isinstance(s, float | int) and s > 0) for s in scales):
         raise ValueError(f"scales must be a non-empty sequence of positive numbers, got {scales!r}")
@@ -661,10 +455,6 @@ def direction_change_demo(
     return res
 
 
-# ----------------------------------------------------------------------------------------------
-# measuring the hidden-to-hidden dynamics (chapter 3.1, claim C05)
-
-
 class RecurrentDynamics(NamedTuple):
     """Per-step measurements of :func:`recurrent_dynamics`, each a float64 tensor ``(T,)``."""
 
@@ -674,27 +464,9 @@ class RecurrentDynamics(NamedTuple):
 
 
 def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> RecurrentDynamics:
-    """Run ``cell`` over ``x`` and record the size of a_t, h_t and dL/dh_t at every step.
-
-    Chapter 3.1 (claim C05): a_t = W_ih x_t + W_hh h_{t-1} are the summed inputs of eq. 4 before
-    any normalization, and the gradient is that of L = sum(h_T) with respect to each h_t, which
-    shows how a signal from the last step reaches earlier steps. The cell's own LN submodule
-    (``cell.ln``, :class:`lnbook.LayerNorm`) normalizes a_t, as :class:`~lnbook.rnn.LNRNNCell`
-    does.
-
-    Args:
-        cell: an :class:`~lnbook.rnn.LNRNNCell` (with or without layer norm).
-        x: ``(T, B, input_size)``.
-        h0: ``(B, H)`` or None for zeros.
-
-    Returns:
-        :class:`RecurrentDynamics` with three ``(T,)`` tensors.
-
-    Example::
-
-        >>> d = recurrent_dynamics(LNRNNCell(3, 8), torch.randn(20, 4, 3))
-        >>> d.grad_norm.shape
-        torch.Size([20])
+    """Run ``cell`` over x ``(T, B, input_size)`` (h0 ``(B, H)`` or zeros) and record, per step,
+    the size of the summed inputs a_t = W_ih x_t + W_hh h_{t-1} (eq. 4), of h_t and of
+    dL/dh_t for L = sum(h_T) (claim C05).
     """
     if not isinstance(cell, LNRNNCell):
         raise TypeError(f"cell must be an lnbook.LNRNNCell, got {type(cell).__name__}")

@@ -1,13 +1,5 @@
-"""Plotting helpers for the book's chapters.
-
-:func:`plot_runs` draws the learning curves of any experiment's results (chapters 3.1, 6.x,
-Part II): the mean over seeds and the band from the lowest to the highest seed.
-
-The picture of which summed inputs share their normalization statistics: batch normalization
-(paper eq. 2) averages one unit over the mini-batch, layer normalization (paper eq. 3) averages
-one example over the units of its layer. :func:`statistics_mask` says which cells of a
-(batch, units) array of summed inputs enter the mean and standard deviation used for a given
-cell; :func:`plot_normalization_axes` draws those masks side by side.
+"""Plots for the chapters: learning curves over seeds (:func:`plot_runs`) and which summed
+inputs batch (eq. 2) and layer (eq. 3) normalization average over (:func:`statistics_mask`).
 """
 
 from __future__ import annotations
@@ -30,27 +22,9 @@ _Method = Literal["batch", "layer"]
 def statistics_mask(
     method: _Method, batch: int, units: int, example: int = 0, unit: int = 0
 ) -> np.ndarray:
-    """Which summed inputs a_i^n share their mean and sigma with cell (example, unit).
-
-    For ``method="batch"`` (eq. 2, estimated on the mini-batch) that is the whole column
-    ``unit``: the same hidden unit over all examples of the batch. For ``method="layer"``
-    (eq. 3) it is the whole row ``example``: all hidden units of the layer for that one
-    example.
-
-    Args:
-        method: ``"batch"`` or ``"layer"``.
-        batch: number of examples N in the mini-batch (rows).
-        units: number of hidden units H in the layer (columns).
-        example: the row of the cell, in ``[0, batch)``.
-        unit: the column of the cell, in ``[0, units)``.
-
-    Returns:
-        A boolean array of shape ``(batch, units)``.
-
-    Example::
-
-        >>> statistics_mask("layer", 3, 4, example=1).sum()
-        4
+    """Which summed inputs a_i^n share their mean and sigma with cell (example, unit), a bool
+    ``(batch, units)`` array: column ``unit`` for ``"batch"`` (eq. 2), row ``example`` for
+    ``"layer"`` (eq. 3).
     """
     batch = check_size("batch", batch)
     units = check_size("units", units)
@@ -71,30 +45,9 @@ def statistics_mask(
 def plot_normalization_axes(
     batch: int = 6, units: int = 8, example: int = 2, unit: int = 3, axes=None
 ):
-    """Draw which summed inputs BN (eq. 2) and LN (eq. 3) average over, side by side.
-
-    Each panel is a grid of summed inputs, one row per example of the mini-batch and one
-    column per hidden unit. The shaded cells are those whose mean and standard deviation
-    normalize the outlined cell (example, unit).
-
-    Args:
-        batch: number of examples (rows).
-        units: number of hidden units (columns).
-        example: row of the outlined cell.
-        unit: column of the outlined cell.
-        axes: two matplotlib axes to draw on, or None to make a new figure.
-
-    Returns:
-        The matplotlib figure.
-
-    Example::
-
-        >>> fig = plot_normalization_axes()
-    """
-    masks = {
-        "batch": statistics_mask("batch", batch, units, example, unit),
-        "layer": statistics_mask("layer", batch, units, example, unit),
-    }
+    """Draw :func:`statistics_mask` of BN and LN side by side (on two ``axes``, or a new
+    figure) for the outlined cell (example, unit); returns the figure."""
+    masks = {m: statistics_mask(m, batch, units, example, unit) for m in ("batch", "layer")}
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
     else:
@@ -127,28 +80,13 @@ def plot_normalization_axes(
     return fig
 
 
-def plot_runs(
-    results: Results,
-    metric: str,
-    ax,
-    variants: list[str] | tuple[str, ...] | None = None,
-    labels: dict[str, str] | None = None,
-    band: bool = True,
-) -> None:
+def plot_runs(results: Results, metric: str, ax,
+              variants: list[str] | tuple[str, ...] | None = None,
+              labels: dict[str, str] | None = None, band: bool = True) -> None:
     """Draw ``metric`` against updates for each variant: the mean over seeds and a min-max band.
 
-    Args:
-        results: what an experiment's ``run`` returned (:class:`lnbook.experiments.Results`).
-        metric: a key the evaluation recorded, or ``"loss"`` for the training loss per update.
-        ax: the matplotlib axes to draw on (the caller sets the y label, with its unit).
-        variants: which variants, in this order (default: all, in training order).
-        labels: legend text per variant (default: the variant's name).
-        band: shade the range between the lowest and the highest seed.
-
-    Example::
-
-        >>> fig, ax = plt.subplots()  # doctest: +SKIP
-        >>> plot_runs(results, "test_error", ax)  # doctest: +SKIP
+    ``metric`` is a key the evaluation recorded or ``"loss"``; ``variants`` (default: all)
+    in order, ``labels`` their legend text; the caller sets the y label.
     """
     labels = labels or {}
     for v in variants or results.variants:

@@ -1,27 +1,7 @@
-r"""Layer normalization in low precision, measured (Part III, chapter "Low precision").
-
-Each function measures one thing a float16 or bfloat16 layer norm can get wrong, against a
-float64 reference, so that the chapter can assert what was measured and the bound that the
-dtype's rounding allows. With :math:`u` the unit roundoff of a dtype (half its machine epsilon:
-:math:`2^{-11}` for float16, :math:`2^{-8}` for bfloat16, :math:`2^{-24}` for float32), one
-rounding of a real number :math:`r` errs by at most half a unit in the last place (ulp) of
-:math:`r`, about :math:`u |r|`.
-
-- Statistics: the sum of squares :math:`\sum_i x_i^2` of a row overflows float16 (largest
-  finite value 65504) long before the mean square does (:func:`overflow_grid`), and the
-  one-pass variance :math:`E[x^2] - E[x]^2` loses the variance of rows whose mean is large
-  next to their spread, once :math:`u\,(\mu/\sigma)^2` nears 1, where the two-pass variance
-  :math:`E[(x - E[x])^2]` keeps it (:func:`variance_error`).
-- The gain and the cast: :math:`y = \mathrm{round}(\hat x g)` (one rounding) against
-  :math:`y = \mathrm{round}(\mathrm{round}(\hat x)\, g)` (two), :func:`gain_cast_order`.
-- The weight gradient :math:`\partial L/\partial g = \sum_r \partial L/\partial y_r \odot
-  \hat x_r`, summed over many rows with the running sum held in low precision or in float32
-  (:func:`accumulate_rows`, :func:`weight_grad_error`).
-- What :func:`lnbook.layer_norm` and torch's kernels return under ``torch.autocast`` on the
-  CPU (:func:`autocast_report`).
-
-An analysis module: it imports :mod:`lnbook.norms` and :mod:`lnbook.variants`; nothing in the
-package imports it.
+r"""Layer normalization in low precision, measured against float64 (Part III, chapter "Low
+precision"): float16 overflow of the sum of squares, one-pass against two-pass variance, the gain
+before or after the cast, the weight gradient summed over many rows, and what layer norms return
+under CPU autocast. :math:`u` is a dtype's unit roundoff (half its machine epsilon).
 """
 
 from __future__ import annotations
@@ -41,27 +21,11 @@ from lnbook.norms import LayerNorm, layer_norm
 from lnbook.variants import rms_norm
 
 __all__ = [
-    "LOW_PRECISION",
-    "unit_roundoff",
-    "overflow_threshold",
-    "half_ulps",
-    "sum_of_squares",
-    "overflow_grid",
-    "predicted_overflow",
-    "largest_safe_magnitude",
-    "variance",
-    "variance_error",
-    "two_pass_bound",
-    "CastOrder",
-    "gain_cast_order",
-    "accumulate_rows",
-    "weight_grad_terms",
-    "weight_grad_error",
-    "stagnation_bound",
-    "recursive_sum_bound",
-    "kernel_weight_grad_error",
-    "AutocastRow",
-    "autocast_report",
+    "LOW_PRECISION", "unit_roundoff", "overflow_threshold", "half_ulps", "sum_of_squares",
+    "overflow_grid", "predicted_overflow", "largest_safe_magnitude", "variance",
+    "variance_error", "two_pass_bound", "CastOrder", "gain_cast_order", "accumulate_rows",
+    "weight_grad_terms", "weight_grad_error", "stagnation_bound", "recursive_sum_bound",
+    "kernel_weight_grad_error", "AutocastRow", "autocast_report",
 ]
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -78,73 +42,30 @@ def _check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half the machine epsilon of ``dtype``: the largest relative error of one rounding.
-
-    Example::
-
-        >>> unit_roundoff(torch.bfloat16) == 2.0 ** -8
-        True
-    """
+    """Half the machine epsilon of ``dtype``: the largest relative error of one rounding."""
     return torch.finfo(_check_dtype(dtype)).eps / 2
 
 
 def overflow_threshold(dtype: torch.dtype) -> float:
-    """The smallest real number that rounds to ``inf`` in ``dtype``: the largest finite value
-    plus half an ulp there (65504 + 16 = 65520 for float16).
-
-    Example::
-
-        >>> overflow_threshold(torch.float16)
-        65520.0
-    """
+    """The smallest real number that rounds to ``inf`` in ``dtype`` (max + half an ulp)."""
     fi = torch.finfo(_check_dtype(dtype))
     ulp_at_max = 2.0 ** math.floor(math.log2(fi.max)) * fi.eps  # spacing of the top binade
     return fi.max + ulp_at_max / 2
 
 
 def half_ulps(y: Tensor, ref: Tensor, dtype: torch.dtype, floor: float = 1.0) -> Tensor:
-    r"""``|y - ref|`` in units of half an ulp of ``dtype`` at ``max(|ref|, floor)``.
-
-    For :math:`2^e \le |r| < 2^{e+1}` half an ulp is :math:`2^e \epsilon / 2`, so a value that
-    is ``ref`` correctly rounded to ``dtype`` scores at most 1 (0 where ``ref`` is exactly
-    representable). Below ``floor`` the unit stays that of ``floor``: the outputs of a norm
-    have a root mean square of 1, and an error smaller than the rounding of 1 near a zero
-    output is not counted as many ulps of that tiny value (``floor=0`` counts it so).
-
-    Args:
-        y: the computed values, any dtype.
-        ref: the reference (float64), the same shape.
-        dtype: whose ulp is the unit.
-        floor: the magnitude below which the unit no longer shrinks (>= 0).
-
-    Returns:
-        float64 tensor of the shape of ``ref``.
-    """
+    r"""``|y - ref|`` in half-ulps of ``dtype`` at ``max(|ref|, floor)``, float64: a correctly
+    rounded ``ref`` scores at most 1 (for :math:`2^e \le |r| < 2^{e+1}` the unit is
+    :math:`2^e \epsilon / 2`); below ``floor`` the unit stops shrinking."""
     fi = torch.finfo(_check_dtype(dtype))
     r = ref.double()
     e = torch.floor(torch.log2(r.abs().clamp_min(max(floor, fi.tiny))))  # binade of ref
     return (y.double() - r).abs() / (torch.exp2(e) * fi.eps / 2)
 
 
-# ----------------------------------------------------------------------------------------------
-# (a) statistics: the float16 sum of squares, and one-pass against two-pass variance
-
-
 def sum_of_squares(x: Tensor, dtype: torch.dtype) -> Tensor:
-    r""":math:`\sum_i x_i^2` over the last dimension, written in ``dtype`` as torch runs it.
-
-    ``x`` is rounded to ``dtype``, squared there (each square rounded to ``dtype``) and summed
-    with :meth:`torch.Tensor.sum`, whose result is rounded to ``dtype``: on the CPU, torch
-    accumulates a float16/bfloat16 sum in float32 internally and rounds once at the end, so it
-    overflows exactly when the rounded total does.
-
-    Args:
-        x: ``(*, D)`` floating-point rows.
-        dtype: the dtype of the computation.
-
-    Returns:
-        ``(*)`` in ``dtype``.
-    """
+    r""":math:`\sum_i x_i^2` of rows ``(*, D)`` computed in ``dtype`` as torch runs it (squares
+    rounded; the CPU sums in float32 and rounds once), shape ``(*)``."""
     check_floating(x)
     xl = x.to(_check_dtype(dtype))  # (*, D)
     return (xl * xl).sum(-1)  # (*)
@@ -153,16 +74,8 @@ def sum_of_squares(x: Tensor, dtype: torch.dtype) -> Tensor:
 def overflow_grid(
     dims: Sequence[int], magnitudes: Sequence[float], dtype: torch.dtype = torch.float16
 ) -> Tensor:
-    """Whether :func:`sum_of_squares` of a row of ``D`` equal values ``a`` is infinite, measured.
-
-    Args:
-        dims: the row sizes ``D`` to try.
-        magnitudes: the values ``a`` to try (each row is ``D`` copies of ``a``).
-        dtype: the dtype of the computation.
-
-    Returns:
-        bool tensor ``(len(dims), len(magnitudes))``, True where the sum overflowed.
-    """
+    """Whether :func:`sum_of_squares` of ``D`` copies of ``a`` is infinite, measured, for each
+    ``D`` of ``dims`` and ``a`` of ``magnitudes``: bool ``(len(dims), len(magnitudes))``."""
     out = torch.zeros(len(dims), len(magnitudes), dtype=torch.bool)
     for i, d in enumerate(dims):
         check_size("dim", d)
@@ -174,15 +87,8 @@ def overflow_grid(
 def predicted_overflow(
     dims: Sequence[int], magnitudes: Sequence[float], dtype: torch.dtype = torch.float16
 ) -> Tensor:
-    r"""The overflow :func:`overflow_grid` should find, from the rounding rules alone.
-
-    The square of :math:`a` rounded to ``dtype`` is :math:`q = \mathrm{fl}(\mathrm{fl}(a)^2)`;
-    :math:`q` itself is infinite if :math:`\mathrm{fl}(a)^2` reaches :func:`overflow_threshold`,
-    and the sum :math:`D q` (exact in float64 for these sizes) overflows when it does.
-
-    Returns:
-        bool tensor ``(len(dims), len(magnitudes))``.
-    """
+    r"""The overflow :func:`overflow_grid` should find, from the rounding rules alone:
+    :math:`D\,\mathrm{fl}(\mathrm{fl}(a)^2)` reaches :func:`overflow_threshold`."""
     a = torch.tensor(list(magnitudes), dtype=torch.float64).to(dtype).double()
     q = (a * a).to(dtype).double()  # (M,) each square rounded, inf if it overflowed
     d = torch.tensor(list(dims), dtype=torch.float64)[:, None]  # (N, 1)
@@ -190,14 +96,8 @@ def predicted_overflow(
 
 
 def largest_safe_magnitude(dim: int, dtype: torch.dtype = torch.float16) -> float:
-    r"""The root mean square above which a row of ``dim`` values has a sum of squares that
-    overflows ``dtype``: :math:`\sqrt{x_{max} / D}` (4.0 for ``dim=4094`` in float16, since
-    :math:`4094 \cdot 16 = 65504`).
-
-    Example::
-
-        >>> largest_safe_magnitude(4094)  # 4094 * 4.0 ** 2 == 65504, the largest float16
-        4.0
+    r"""The root mean square above which the sum of squares of ``dim`` values overflows
+    ``dtype``: :math:`\sqrt{x_{max} / D}`.
     """
     check_size("dim", dim)
     return math.sqrt(torch.finfo(_check_dtype(dtype)).max / dim)
@@ -206,22 +106,8 @@ def largest_safe_magnitude(dim: int, dtype: torch.dtype = torch.float16) -> floa
 def variance(
     x: Tensor, dtype: torch.dtype, method: Literal["one-pass", "two-pass"]
 ) -> Tensor:
-    r"""The biased variance of each row, every operation's result rounded to ``dtype``.
-
-    - ``"one-pass"``: :math:`E[x^2] - E[x]^2` (one sweep over the data for both sums);
-    - ``"two-pass"``: :math:`E[(x - E[x])^2]` (the mean first, then the centred squares).
-
-    Means are :meth:`torch.Tensor.mean` in ``dtype`` (accumulated in float32 internally on the
-    CPU, rounded to ``dtype`` once), so the loss measured here is the formula's, not the sum's.
-
-    Args:
-        x: ``(*, D)`` rows (rounded to ``dtype`` first).
-        dtype: the dtype of the computation.
-        method: ``"one-pass"`` or ``"two-pass"``.
-
-    Returns:
-        ``(*)`` in ``dtype``.
-    """
+    r"""The biased variance of rows ``(*, D)`` -> ``(*)``, every result rounded to ``dtype``:
+    ``"one-pass"`` :math:`E[x^2] - E[x]^2` or ``"two-pass"`` :math:`E[(x - E[x])^2]`."""
     check_floating(x)
     check_choice("method", method, ("one-pass", "two-pass"))
     xl = x.to(_check_dtype(dtype))  # (*, D)
@@ -237,25 +123,10 @@ def _rows(mean: float, std: float, rows: int, dim: int, seed: int) -> Tensor:
     return mean + std * torch.randn(rows, dim, generator=g, dtype=torch.float64)  # (R, D)
 
 
-def variance_error(
-    mean: float,
-    dtype: torch.dtype,
-    method: Literal["one-pass", "two-pass"],
-    std: float = 1.0,
-    rows: int = 16,
-    dim: int = 1024,
-    seed: int = 0,
-) -> float:
-    r"""Largest relative error of :func:`variance` over ``rows`` rows of mean ``mean``.
-
-    The rows are ``mean + std * z`` with ``z`` standard normal (from a generator seeded with
-    ``seed``), rounded to ``dtype``; the reference is the float64 variance of the *rounded*
-    rows, so what is measured is the formula's error, not the input's rounding.
-
-    Returns:
-        :math:`\max_r |v_r - v^{64}_r| / v^{64}_r` (``inf`` or ``nan`` if the formula
-        overflowed).
-    """
+def variance_error(mean: float, dtype: torch.dtype, method: Literal["one-pass", "two-pass"],
+                   std: float = 1.0, rows: int = 16, dim: int = 1024, seed: int = 0) -> float:
+    r""":math:`\max_r |v_r - v^{64}_r| / v^{64}_r` of :func:`variance` on rows ``mean + std * z``
+    stored in ``dtype``, against the float64 variance of the same stored rows."""
     x = _rows(mean, std, rows, dim, seed).to(_check_dtype(dtype))  # (R, D) stored in dtype
     ref = x.double().var(-1, unbiased=False)  # (R,)
     got = variance(x, dtype, method).double()  # (R,)
@@ -263,44 +134,20 @@ def variance_error(
 
 
 def two_pass_bound(mean_over_std: float, dtype: torch.dtype, dim: int = 1024) -> float:
-    r"""A bound on the relative error of the two-pass :func:`variance` of rows of ``dim``.
-
-    torch sums a row in float32 (also for float16 and bfloat16 inputs), which errs by at most
-    :math:`\gamma_{D}` relative in any order (:func:`recursive_sum_bound`), and rounds the mean
-    to ``dtype``: the mean is off by :math:`\delta \le (u + \gamma_D)(1 + u)(|\mu| +
-    \sigma)` (the sample's own mean lies within about :math:`\sigma` of :math:`\mu`). The
-    centred values, their squares and their mean are rounded once each,
-    :math:`(1 + u)^3 - 1`, and the mean's error adds :math:`(\delta / \sigma)^2` to the
-    result. With a factor 2 of headroom for the float32 sums inside the means:
-    :math:`2\,((1 + u)^3 (1 + (\delta/\sigma)^2) - 1)`. For float32 rows the
-    :math:`\gamma_D` of an arbitrary summation order dominates, and the bound is loose.
-    """
+    r"""A bound on the relative error of the two-pass :func:`variance` of rows of ``dim``:
+    :math:`2\,((1 + u)^3 (1 + (\delta/\sigma)^2) - 1)` with the mean's error
+    :math:`\delta \le (u + \gamma_D)(1 + u)(|\mu| + \sigma)` (float32 sums, then rounded)."""
     u = unit_roundoff(dtype)
     g = recursive_sum_bound(check_size("dim", dim), torch.float32)
     shift = ((u + g) * (1 + u) * (abs(mean_over_std) + 1)) ** 2
     return 2 * ((1 + u) ** 3 * (1 + shift) - 1)
 
 
-# ----------------------------------------------------------------------------------------------
-# (b) the gain before or after the cast
-
-
 @dataclass(frozen=True)
 class CastOrder:
-    """What :func:`gain_cast_order` measured: the two outputs and their errors.
-
-    Attributes:
-        before: ``round(x_hat * g + b)``, the gain applied in float32 and the result cast once
-            (torch's kernel, :func:`lnbook.layer_norm`, Gemma 2's RMSNorm).
-        after: ``round(round(x_hat) * g) + b`` in ``dtype`` (cast first, then the gain in
-            ``dtype``: Llama's and Qwen2's RMSNorm in Hugging Face transformers).
-        reference: ``x_hat * g + b`` in float64 from the same stored inputs.
-        max_half_ulps_before, max_half_ulps_after: the largest error, in half-ulps of ``dtype``
-            at the reference (1 is what one correct rounding can cost).
-        exact_before, exact_after: the share of outputs equal to the reference rounded to
-            ``dtype`` (correctly rounded).
-        differ: the share of outputs where ``before`` and ``after`` differ.
-    """
+    """What :func:`gain_cast_order` measured: the outputs ``before`` (``round(x_hat g + b)``)
+    and ``after`` (``round(round(x_hat) g) + b``), the float64 ``reference``, their largest
+    errors in half-ulps, the shares correctly rounded, and the share where the two differ."""
 
     before: Tensor
     after: Tensor
@@ -312,31 +159,13 @@ class CastOrder:
     differ: float
 
 
-def gain_cast_order(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    eps: float = 1e-5,
-    rms: bool = False,
-) -> CastOrder:
+def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5,
+                    rms: bool = False) -> CastOrder:
     r"""Apply the gain before or after casting the normalized row back to ``x.dtype``.
 
-    Both orders normalize in float32, :math:`\hat x = (x - \mu)/\sqrt{\sigma^2 + \epsilon}`
-    (or :math:`x / \sqrt{E[x^2] + \epsilon}` with ``rms=True``), then
-
-    - before: :math:`y = \mathrm{fl}(\hat x g + b)`, one rounding;
-    - after: :math:`y = \mathrm{fl}(\mathrm{fl}(\mathrm{fl}(\hat x) g) + b)`, the gain and the
-      bias applied in ``x.dtype``, so up to three roundings.
-
-    Args:
-        x: ``(*, D)`` in float16 or bfloat16 (the stored activations).
-        weight: ``(D,)`` the gain, cast to ``x.dtype`` (a low-precision model stores it so).
-        bias: ``(D,)`` or None, cast likewise.
-        eps: added to the variance (mean square) inside the square root.
-        rms: normalize as RMSNorm (no mean) instead of layer norm.
-
-    Returns:
-        :class:`CastOrder`.
+    :math:`\hat x` in float32 (layer norm, or RMSNorm with ``rms=True``); before:
+    :math:`\mathrm{fl}(\hat x g + b)`; after: :math:`\mathrm{fl}(\mathrm{fl}(\mathrm{fl}
+    (\hat x) g) + b)`. x ``(*, D)`` float16 or bfloat16; weight, bias ``(D,)`` cast to it.
     """
     check_floating(x)
     if x.dtype not in LOW_PRECISION:
@@ -358,44 +187,20 @@ def gain_cast_order(
     ref = normalize(x.double()) * w.double() + (0.0 if b is None else b.double())
     hb, ha = half_ulps(before, ref, dt), half_ulps(after, ref, dt)
     exact = ref.to(dt)  # (*, D) the reference correctly rounded
-    return CastOrder(
-        before=before,
-        after=after,
-        reference=ref,
-        max_half_ulps_before=hb.max().item(),
-        max_half_ulps_after=ha.max().item(),
-        exact_before=(before == exact).double().mean().item(),
-        exact_after=(after == exact).double().mean().item(),
-        differ=(before != after).double().mean().item(),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# (c) the weight gradient summed over many rows
+    return CastOrder(before=before, after=after, reference=ref,
+                     max_half_ulps_before=hb.max().item(), max_half_ulps_after=ha.max().item(),
+                     exact_before=(before == exact).double().mean().item(),
+                     exact_after=(after == exact).double().mean().item(),
+                     differ=(before != after).double().mean().item())
 
 
 def accumulate_rows(
     terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1, at: Sequence[int] | None = None
 ) -> Tensor:
-    r""":math:`\sum_r t_r` over the rows of ``terms``, the running sum held in ``acc_dtype``.
-
-    The rows are taken ``chunk`` at a time (a micro-batch, or one kernel call): each chunk is
-    summed in float32, added to the running sum, and the result rounded to ``acc_dtype`` before
-    the next chunk, as when gradients are accumulated into a ``.grad`` of that dtype (torch's
-    in-place ``add_`` of a float32 tensor into one of ``acc_dtype`` adds in float32 and rounds
-    once). With ``chunk=1`` every row's term is rounded into the sum: plain recursive
-    summation in ``acc_dtype``.
-
-    Args:
-        terms: ``(R, D)`` float32 (or float64) terms.
-        acc_dtype: the dtype of the running sum.
-        chunk: rows per chunk; must divide ``R`` and every entry of ``at``.
-        at: row counts after which to record the running sum (the sums of the first ``n``
-            rows, for each ``n``); None for ``[R]``.
-
-    Returns:
-        ``(len(at), D)`` in ``acc_dtype`` (``(1, D)`` for ``at=None``).
-    """
+    r""":math:`\sum_r t_r` over the rows of ``terms`` ``(R, D)``, the running sum held in
+    ``acc_dtype``: ``chunk`` rows at a time are summed in float32 and added, then rounded (as
+    ``.grad.add_`` does). Returns the sums after each row count of ``at`` (None: ``[R]``),
+    ``(len(at), D)``."""
     check_floating(terms, "terms")
     check_size("chunk", chunk)
     r, d = terms.shape
@@ -419,19 +224,9 @@ def accumulate_rows(
 
 
 def weight_grad_terms(rows: int, dim: int, dtype: torch.dtype, seed: int = 0) -> Tensor:
-    r"""The per-row terms :math:`\partial L/\partial y_r \odot \hat x_r` of :math:`\partial L /
-    \partial g` for the loss :math:`L = \tfrac12 \sum_r \|y_r\|^2` at :math:`g = 1, b = 0`.
-
-    There :math:`\partial L/\partial y_r = y_r = \hat x_r`, so each term is :math:`\hat x^2
-    \ge 0` and :math:`\partial L/\partial g_j = \sum_r \hat x_{rj}^2` (whose columns sum to
-    ``rows * dim``). :math:`\hat x` comes from standard normal rows and is stored in ``dtype``,
-    as a low-precision layer would hand it on; the product of two float16 or bfloat16 numbers
-    is exact in float32, so the terms carry no rounding and every error measured from them is
-    the summation's.
-
-    Returns:
-        ``(rows, dim)`` float32, every entry >= 0.
-    """
+    r"""The per-row terms :math:`\hat x_r^2` of :math:`\partial L/\partial g` for
+    :math:`L = \tfrac12 \sum_r \|y_r\|^2` at :math:`g = 1, b = 0`, :math:`\hat x` stored in
+    ``dtype``: ``(rows, dim)`` float32, exact (the errors measured are the summation's)."""
     check_size("rows", rows)
     check_size("dim", dim)
     x = _rows(0.0, 1.0, rows, dim, seed)  # (R, D) float64
@@ -442,15 +237,8 @@ def weight_grad_terms(rows: int, dim: int, dtype: torch.dtype, seed: int = 0) ->
 def weight_grad_error(
     terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1, at: Sequence[int] | None = None
 ) -> list[float]:
-    r"""Largest relative error over columns of :func:`accumulate_rows` against float64.
-
-    Args:
-        terms, acc_dtype, chunk, at: as for :func:`accumulate_rows`.
-
-    Returns:
-        for each row count ``n`` of ``at``: :math:`\max_j |S_j - S^{64}_j| / S^{64}_j`, with
-        :math:`S^{64}` the float64 sum of the same first ``n`` terms.
-    """
+    r""":math:`\max_j |S_j - S^{64}_j| / S^{64}_j` of :func:`accumulate_rows` against the
+    float64 sums, for each row count of ``at``."""
     at = [terms.shape[0]] if at is None else list(at)
     ref = terms.double().cumsum(0)[torch.tensor(at) - 1]  # (len(at), D)
     got = accumulate_rows(terms, acc_dtype, chunk, at).double()  # (len(at), D)
@@ -458,19 +246,9 @@ def weight_grad_error(
 
 
 def stagnation_bound(max_term: float, dtype: torch.dtype) -> float:
-    r"""The most a running sum in ``dtype`` of terms in :math:`[0, T]` can ever reach.
-
-    Once the sum :math:`s` is at least :math:`S^* = 2^{\lceil \log_2 (2T/u) \rceil}` (the first
-    power of two with :math:`u S^* \ge 2T`), half an ulp of :math:`s` is at least :math:`2T`,
-    so :math:`s + t` with :math:`t \le T` rounds back to :math:`s` (the float32 addition
-    before it cannot pass :math:`s` plus half an ulp, a float32 number above the exact sum): the
-    sum stops. Before that it is below :math:`S^*`, and its last step adds at most :math:`T`
-    and one rounding: :math:`s \le (S^* + T)(1 + 2u)`, whatever the number of terms.
-
-    Example::
-
-        >>> stagnation_bound(1.0, torch.bfloat16)  # (512 + 1) * (1 + 2 ** -7)
-        517.0078125
+    r"""The most a running sum in ``dtype`` of terms in :math:`[0, T]` can ever reach:
+    :math:`(S^* + T)(1 + 2u)`, :math:`S^* = 2^{\lceil \log_2 (2T/u) \rceil}` (there half an ulp
+    is :math:`\ge 2T` and the sum stops).
     """
     u = unit_roundoff(dtype)
     s_star = 2.0 ** math.ceil(math.log2(2 * max_term / u))
@@ -478,43 +256,20 @@ def stagnation_bound(max_term: float, dtype: torch.dtype) -> float:
 
 
 def recursive_sum_bound(n: int, dtype: torch.dtype) -> float:
-    r""":math:`\gamma_{n} = n u / (1 - n u)`: the relative error bound of a sum of :math:`n + 1`
-    non-negative terms in ``dtype``, in any order (Higham, *Accuracy and Stability of
-    Numerical Algorithms*, section 4.2)."""
+    r""":math:`\gamma_{n} = n u / (1 - n u)`, the error bound of a sum of :math:`n + 1` terms
+    (Higham, section 4.2)."""
     nu = n * unit_roundoff(dtype)
     if nu >= 1:
         return math.inf
     return nu / (1 - nu)
 
 
-def kernel_weight_grad_error(
-    rows: int,
-    dim: int,
-    dtype: torch.dtype = torch.bfloat16,
-    impl: Literal["lnbook", "torch"] = "lnbook",
-    seed: int = 0,
-    weight_dtype: torch.dtype | None = None,
-) -> float:
-    r"""Largest relative error over columns of the weight gradient that a layer-norm kernel
-    returns for ``dtype`` inputs and weights, against float64.
-
-    The loss is :math:`L = \sum_r y_r \cdot \mathrm{sg}(y_r)` with :math:`\mathrm{sg}(y)` the
-    output itself, detached (so :math:`\partial L / \partial y = y`, stored in ``dtype``, and
-    every term :math:`y \hat x \ge 0`). The reference sums the same stored :math:`y` times the
-    float64 :math:`\hat x` of the stored input, in float64.
-
-    Args:
-        rows, dim: the input's shape ``(rows, dim)``.
-        dtype: float16 or bfloat16, for input and weight.
-        impl: ``"lnbook"`` (:func:`lnbook.layer_norm`, the backward of chapter 3) or
-            ``"torch"`` (:func:`torch.nn.functional.layer_norm`).
-        seed: seeds the generator of the standard normal input.
-        weight_dtype: the weight's dtype; None for ``dtype`` (a model stored in low
-            precision), ``torch.float32`` for the weights of mixed precision (autocast).
-
-    Returns:
-        :math:`\max_j |G_j - G^{64}_j| / G^{64}_j`.
-    """
+def kernel_weight_grad_error(rows: int, dim: int, dtype: torch.dtype = torch.bfloat16,
+                             impl: Literal["lnbook", "torch"] = "lnbook", seed: int = 0,
+                             weight_dtype: torch.dtype | None = None) -> float:
+    r""":math:`\max_j |G_j - G^{64}_j| / G^{64}_j` of the weight gradient a layer-norm kernel
+    (``impl`` ``"lnbook"`` or ``"torch"``) returns for ``dtype`` input ``(rows, dim)`` and
+    weight (``weight_dtype``, None: ``dtype``), for :math:`\partial L/\partial y = y`."""
     check_choice("impl", impl, ("lnbook", "torch"))
     x = _rows(0.0, 1.0, rows, dim, seed).to(_check_dtype(dtype))  # (R, D)
     wdt = dtype if weight_dtype is None else _check_dtype(weight_dtype, "weight_dtype")
@@ -527,24 +282,10 @@ def kernel_weight_grad_error(
     return ((w.grad.double() - ref).abs() / ref.abs()).max().item()
 
 
-# ----------------------------------------------------------------------------------------------
-# (d) autocast on the CPU
-
-
 @dataclass(frozen=True)
 class AutocastRow:
-    """One implementation under ``torch.autocast("cpu", dtype)``, measured.
-
-    Attributes:
-        name: the implementation.
-        input_dtype: the dtype of its input (the output of a ``nn.Linear`` under autocast).
-        output_dtype: the dtype it returned.
-        grad_dtype: the dtype of its weight's gradient (None: no weight).
-        max_half_ulps: the largest error of its output against float64, in half-ulps of
-            ``dtype``, on rows of mean 1000 and spread 1 (at most about 1 if the
-            statistics are computed in float32 from the stored input; hundreds if they were
-            rounded to ``dtype``).
-    """
+    """One implementation under ``torch.autocast("cpu", dtype)``: the dtypes of its input,
+    output and weight gradient (None: no weight), and its largest error in half-ulps."""
 
     name: str
     input_dtype: torch.dtype
@@ -563,19 +304,8 @@ def _naive_layer_norm(x: Tensor, weight: Tensor) -> Tensor:
 def autocast_report(
     dtype: torch.dtype = torch.bfloat16, dim: int = 256, rows: int = 64, mean: float = 1000.0
 ) -> list[AutocastRow]:
-    r"""Run each layer-norm implementation on the output of a ``nn.Linear`` under
-    ``torch.autocast("cpu", dtype)``, and record what comes out.
-
-    The Linear is the identity plus a bias of ``mean``, so its output (in ``dtype``, as autocast
-    runs a Linear) is the rows :math:`\mu + z` rounded to ``dtype``; the reference normalizes
-    that stored output in float64. The parameters are float32 (autocast leaves them so), their
-    gradients come from ``out.float().sum()``.
-
-    Returns:
-        one :class:`AutocastRow` per implementation: ``lnbook.layer_norm``,
-        ``lnbook.LayerNorm(impl="torch")``, ``F.layer_norm``, ``nn.LayerNorm``,
-        ``lnbook.rms_norm``, ``F.rms_norm`` and eq. 3 written out in tensor operations.
-    """
+    r"""One :class:`AutocastRow` per layer-norm implementation run under
+    ``torch.autocast("cpu", dtype)`` on a Linear's output, rows :math:`\mu + z` (``mean``)."""
     _check_dtype(dtype)
     check_size("dim", dim)
     lin = nn.Linear(dim, dim)

@@ -1,11 +1,5 @@
-"""Removing the layer norms of a trained model: each replaced by a fixed scale.
-
-Part III, chapter "Do we still need layer norm?" (claim P19, after Heimersheim 2024 and Baroni
-et al. 2025). A layer norm divides each token by its own standard deviation; :class:`FixedScale`
-divides every token by one number measured beforehand on training data, which makes the layer
-linear. :func:`norm_input_scales` measures that number for every norm of a model,
-:func:`replace_norm` swaps one norm for its fixed scale, and :func:`remove_norms` returns a copy
-of a model with every (or the named) norms replaced.
+"""Removing the layer norms of a trained model, each replaced by a fixed scale (Part III,
+chapter "Do we still need layer norm?", claim P19).
 """
 
 from __future__ import annotations
@@ -18,6 +12,7 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_floating
 from lnbook.norms import LayerNorm
+from lnbook.transformer import run_hooked
 
 __all__ = ["FixedScale", "norm_names", "norm_input_scales", "replace_norm", "remove_norms"]
 
@@ -27,24 +22,8 @@ class FixedScale(nn.Module):
 
     .. math:: y = \frac{x - \mu(x)}{s} \odot g + b
 
-    where :math:`\mu(x)` is the token's mean over the last dimension (a linear map, kept from
-    layer norm) and ``s`` a constant buffer, typically the average of
-    :math:`\sqrt{\sigma^2 + \epsilon}` over training tokens (:func:`norm_input_scales`). The
-    gain ``g`` and bias ``b`` are taken over from the replaced layer norm.
-
-    Args:
-        normalized_shape: size of the last dimension.
-        scale: ``s`` (> 0).
-        center: subtract each token's mean (default True, as layer norm does).
-
-    Shape:
-        - input ``(*, D)``; output the same.
-
-    Example::
-
-        >>> m = FixedScale(4, scale=2.0)
-        >>> m(torch.tensor([1.0, 2.0, 3.0, 6.0]))
-        tensor([-1.0000, -0.5000,  0.0000,  1.5000], grad_fn=<AddBackward0>)
+    with ``s`` a constant buffer (> 0; typically from :func:`norm_input_scales`), ``center``
+    subtracting the token's mean :math:`\mu(x)`. Shape: ``(*, D)`` in and out.
     """
 
     def __init__(self, normalized_shape: int, scale: float, center: bool = True) -> None:
@@ -97,12 +76,7 @@ def norm_input_scales(model: nn.Module, inputs: Tensor,
             seen[name] = float(torch.sqrt(var + getattr(m, "eps", 0.0)).mean())
 
         hooks.append(mod.register_forward_pre_hook(hook))
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, inputs, hooks)
     missing = [n for n in names if n not in seen]
     if missing:
         raise ValueError(f"norms {missing} were not called by the forward pass")
@@ -132,16 +106,7 @@ def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
 def remove_norms(model: nn.Module, inputs: Tensor,
                  names: Iterable[str] | None = None) -> nn.Module:
     """A copy of ``model`` with the named layer norms (default: all) replaced by fixed scales
-    measured on ``inputs`` (:func:`norm_input_scales`, all measured on the original model).
-
-    Example::
-
-        >>> from lnbook import Transformer
-        >>> m = Transformer(9, 16, 2, 1, 8)
-        >>> x = torch.randint(0, 9, (4, 8))
-        >>> free = remove_norms(m, x)
-        >>> norm_names(free)
-        []
+    measured on ``inputs`` (:func:`norm_input_scales`).
     """
     names = norm_names(model) if names is None else list(names)
     scales = norm_input_scales(model, inputs, names)

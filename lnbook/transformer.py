@@ -1,29 +1,8 @@
-"""A small, readable Transformer for the experiments of Part II ("layer normalization after 2016").
-
-Decoder-style (causal by default) with learned token and position embeddings, a stack of
-:class:`Block` layers and a linear head, in the flat style of nanoGPT: one
-:class:`TransformerConfig` holds every choice, and :class:`Transformer` and :class:`Block` are
-built from it. The choices the later papers argue about are fields of the config:
-
-- ``norm``: which normalization sits in each block: ``"layer"`` (:class:`lnbook.LayerNorm`,
-  the paper's eq. 3), ``"rms"`` (:class:`lnbook.RMSNorm`, Zhang and Sennrich 2019), ``"dyt"``
-  (:class:`lnbook.DyT`, Zhu et al. 2025), ``"none"``, or any factory ``size -> module``;
-  :func:`make_norm` is the one place a norm is made from the config;
-- ``position``: ``"pre"`` (x + F(LN(x))) or ``"post"`` (LN(x + F(x)), Vaswani et al. 2017),
-  compared by Xiong et al. (2020); ``"peri"`` (x + LN(F(LN(x))), the norms on both sides of
-  each sublayer of Gemma 2 and Peri-LN) and ``"output"`` (x + LN(F(x)), OLMo 2's reordered
-  norm); ``deepnorm`` gives Post-LN the up-weighted residual and down-scaled initialization of
-  Wang et al. (2022); ``depth_scaling`` multiplies each block's norms by 1/sqrt(l) (LayerNorm
-  Scaling, Sun et al. 2025);
-- ``qk_norm``: layer-normalize queries and keys per head before their dot product
-  (Dehghani et al. 2023; Wortsman et al. 2024).
-
-Next to the model, the measurements the chapters make: the largest attention logit of each
-block (:func:`max_attention_logits`), gradient norms per layer (:func:`layer_gradient_norms`),
-the inputs and outputs of every norm (:func:`norm_inputs_outputs`), and the Pre-LN to
-Pre-RMSNorm conversion of Jiang et al. (2023) (:func:`center_residual_stream_`,
-:func:`to_pre_rmsnorm`). Part II, chapters "RMSNorm", "Where the norm goes", "QK-norm" and
-"Transformers without normalization".
+"""A small, readable Transformer for Part II, built nanoGPT's way from one
+:class:`TransformerConfig` (norm kind, placement, qk-norm, DeepNorm, LayerNorm Scaling), with the
+measurements the chapters make (attention logits, gradient norms per layer, norm inputs and
+outputs, the Pre-LN to Pre-RMSNorm conversion). Chapters "RMSNorm", "Where the norm goes",
+"QK-norm" and "Transformers without normalization".
 """
 
 from __future__ import annotations
@@ -46,25 +25,16 @@ from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
 __all__ = [
-    "TransformerConfig",
-    "SelfAttention",
-    "MLP",
-    "Block",
-    "Transformer",
-    "make_norm",
-    "deepnorm_constants",
-    "sequence_loss",
-    "max_attention_logits",
-    "layer_gradient_norms",
-    "norm_inputs_outputs",
-    "residual_stream",
-    "center_residual_stream_",
-    "to_pre_rmsnorm",
+    "TransformerConfig", "SelfAttention", "MLP", "Block", "Transformer", "make_norm",
+    "deepnorm_constants", "sequence_loss", "max_attention_logits", "layer_gradient_norms",
+    "norm_inputs_outputs", "residual_stream", "center_residual_stream_", "to_pre_rmsnorm",
     "IGNORE_INDEX",
 ]
 
 NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]
+Device = torch.device | str | None
+Dtype = torch.dtype | None
 Position = Literal["pre", "post", "peri", "output"]
 NORMS = ("layer", "rms", "dyt", "none")
 POSITIONS = ("pre", "post", "peri", "output")
@@ -73,45 +43,22 @@ IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_ent
 
 @dataclass
 class TransformerConfig:
-    """Everything that defines a :class:`Transformer` (nanoGPT's ``GPTConfig``).
-
-    Checked once, when it is made (and again by ``dataclasses.replace``).
+    """Everything that defines a :class:`Transformer` (nanoGPT's ``GPTConfig``); checked when made.
 
     Attributes:
-        vocab_size: number of token ids ``V``.
-        d_model: width of the residual stream ``D``.
-        n_heads: attention heads per block; must divide ``d_model``.
-        n_layers: number of blocks ``L``.
-        max_len: the longest sequence the position embedding covers.
-        d_ff: hidden width of the feed-forward networks; None for ``4 * d_model``.
-        norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"``, or a factory ``size -> module``
-            (``torch.nn.LayerNorm``, ``functools.partial(lnbook.RMSNorm, eps=1e-6)``, ...).
-            Default: ``"layer"``.
+        vocab_size, d_model, n_heads, n_layers, max_len: ``V``, ``D``, heads (dividing ``D``),
+            blocks ``L``, the longest sequence.
+        d_ff: feed-forward width; None for ``4 * d_model``.
+        norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"`` or a factory ``size -> module``.
         position: ``"pre"``, ``"post"``, ``"peri"`` or ``"output"`` (see :class:`Block`).
-            Default: ``"pre"``.
-        qk_norm: layer-normalize queries and keys per head. Default: False.
-        final_norm: a norm after the last block; None (default) for the placement's usual
-            choice (see :meth:`has_final_norm`).
-        depth_scaling: LayerNorm Scaling: the output of each norm of block ``l`` (counted
-            from 1; the final norm and query/key norms excluded) is multiplied by
-            ``1 / sqrt(l)``. Default: False.
-        dropout: dropout on attention weights, on each branch's output and on the embeddings,
-            in [0, 1). Default: 0.
-        causal: causal attention (a language model). Default: True.
-        deepnorm: DeepNorm's residual weight and initialization (:func:`deepnorm_constants`;
-            needs ``position="post"``). Default: False.
-        eps: eps of the layer and RMS norms (queries' and keys' included). Default: 1e-5.
-        dyt_alpha_init: initial ``alpha`` of DyT norms. Default: 0.5.
-        bias: the linear layers have biases. Default: True.
-        ln_impl: ``impl`` of every :class:`lnbook.LayerNorm`: ``"torch"``, torch's fused
-            kernel, or ``"autograd"``, chapter 3's code; how the layer norms compute, not what
-            (the same numbers to rounding). Default: :data:`lnbook.norms.LN_IMPL`.
-
-    Example::
-
-        >>> config = TransformerConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=2,
-        ...                            max_len=16, norm="rms")
-        >>> model = Transformer(config)
+        qk_norm: layer-normalize queries and keys per head.
+        final_norm: a norm after the last block; None for the placement's usual choice.
+        depth_scaling: multiply the norms of block ``l`` by ``1 / sqrt(l)`` (Sun et al., 2025).
+        dropout: on attention weights, branch outputs and embeddings, in [0, 1).
+        causal, bias: causal attention; biases in the linear layers.
+        deepnorm: DeepNorm's residual weight and init (needs ``position="post"``).
+        eps, dyt_alpha_init: of the layer/RMS norms and of DyT.
+        ln_impl: ``impl`` of every :class:`lnbook.LayerNorm` (``"torch"`` or ``"autograd"``).
     """
 
     vocab_size: int
@@ -149,40 +96,21 @@ class TransformerConfig:
         if self.deepnorm and self.position != "post":
             raise ValueError(
                 f"deepnorm=True needs position='post', got position={self.position!r}")
-        self.qk_norm, self.causal, self.deepnorm, self.bias = (
-            bool(self.qk_norm), bool(self.causal), bool(self.deepnorm), bool(self.bias))
-        self.depth_scaling = bool(self.depth_scaling)
-        self.dropout, self.eps = float(self.dropout), float(self.eps)
-        self.dyt_alpha_init = float(self.dyt_alpha_init)
+        for name in ("qk_norm", "causal", "deepnorm", "bias", "depth_scaling"):
+            setattr(self, name, bool(getattr(self, name)))
+        for name in ("dropout", "eps", "dyt_alpha_init"):
+            setattr(self, name, float(getattr(self, name)))
 
     def has_final_norm(self) -> bool:
-        """Whether a norm follows the last block: ``final_norm``, or the usual choice for the
-        placement when it is None (Post-LN: no, its last block ends in a norm; the others:
-        yes, as Pre-LN, Gemma 2 and OLMo 2 do)."""
+        """``final_norm``; when None: no for Post-LN (its last block ends in a norm), else yes."""
         return self.position != "post" if self.final_norm is None else bool(self.final_norm)
 
 
-def make_norm(
-    config: TransformerConfig,
-    size: int | None = None,
-    *,
-    kind: NormKind | None = None,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-) -> nn.Module:
-    """The one place a Transformer's norms are made: ``config.norm`` over ``size`` features.
-
-    ``"layer"`` is :class:`lnbook.LayerNorm` (gain and bias, ``eps``, ``impl=config.ln_impl``),
-    ``"rms"`` :class:`lnbook.RMSNorm` (gain only), ``"dyt"`` :class:`lnbook.DyT` (no
-    statistics, ``alpha`` starts at ``config.dyt_alpha_init``), ``"none"``
-    :class:`torch.nn.Identity`; a factory in ``config.norm`` is called with ``size``.
-
-    Args:
-        config: the model's :class:`TransformerConfig`.
-        size: the normalized width; None for ``config.d_model``.
-        kind: a kind instead of ``config.norm`` (query/key norms are ``"layer"``).
-        device, dtype: of the parameters.
-    """
+def make_norm(config: TransformerConfig, size: int | None = None, *,
+              kind: NormKind | None = None, device: Device = None, dtype: Dtype = None
+              ) -> nn.Module:
+    """The one place a Transformer's norms are made: ``config.norm`` (or ``kind``) over ``size``
+    features (None: ``d_model``): LayerNorm, RMSNorm, DyT, Identity, or the factory's module."""
     if not isinstance(config, TransformerConfig):
         raise TypeError("make_norm takes the model's config: make_norm(TransformerConfig(..., "
                         f"norm='layer'), size), got {type(config).__name__}")
@@ -202,12 +130,8 @@ def make_norm(
 
 
 def deepnorm_constants(n_layers: int) -> tuple[float, float]:
-    """DeepNorm's ``(alpha, beta)`` for a decoder-only stack of ``n_layers`` blocks.
-
-    Wang et al. (2022) give alpha = (2N)^(1/4) (the weight of the residual, x_{l+1} =
-    LN(alpha x_l + G(x_l))) and beta = (8N)^(-1/4) (the gain of the initialization of the
-    value, output and feed-forward projections) for a decoder-only model of N layers.
-    """
+    """DeepNorm's ``(alpha, beta) = ((2N)^(1/4), (8N)^(-1/4))`` for N decoder blocks (Wang et
+    al., 2022): x_{l+1} = LN(alpha x_l + G(x_l)); beta is the init gain of v, out and the FFN."""
     n = check_size("n_layers", n_layers)
     return (2 * n) ** 0.25, (8 * n) ** -0.25
 
@@ -217,48 +141,18 @@ class SelfAttention(nn.Module):
 
     .. math:: \mathrm{softmax}\Big(\frac{Q K^\top}{\sqrt{d_h}}\Big) V
 
-    per head, with ``Q, K, V`` from separate :class:`nn.Linear` projections and an output
-    projection. With ``qk_norm`` the queries and keys are normalized over each head's ``d_h``
-    features before the product (Dehghani et al., 2023); a layer norm bounds every logit by
-    ``sqrt(d_h)`` times the product of the two gains. The logits are computed explicitly (not
-    with a fused kernel) so that they can be read: every forward stores the largest one,
-    detached, in ``last_max_logit`` (a 0-dim tensor; masked positions do not count).
-    Part II, chapter "QK-norm and attention-logit growth" (claims P08-P09).
-
-    Args:
-        d_model: width of the residual stream ``D``.
-        n_heads: number of heads ``H``; must divide ``d_model``.
-        qk_norm: normalize queries and keys per head: True for :class:`lnbook.LayerNorm`
-            (``impl`` :data:`lnbook.norms.LN_IMPL`), or a factory ``d_h -> module`` (for
-            example ``functools.partial(lnbook.LayerNorm, eps=1e-6)``). Default: False.
-        dropout: dropout on the attention weights. Default: 0.
-        causal: position t attends to positions <= t only. Default: True.
-        bias: the projections have biases. Default: True.
-        device, dtype: of the parameters.
+    per head. With ``qk_norm`` (True for :class:`lnbook.LayerNorm`, or a factory ``d_h ->
+    module``) queries and keys are normalized per head first (Dehghani et al., 2023). Every
+    forward stores its largest logit, detached, in ``last_max_logit`` (masked ones excluded).
 
     Shape:
         - Input: ``(B, T, D)``; output: ``(B, T, D)``.
-
-    Example::
-
-        >>> attn = SelfAttention(32, 4, qk_norm=True)
-        >>> y = attn(torch.randn(2, 16, 32))
-        >>> float(attn.last_max_logit) <= 8 ** 0.5  # d_h = 8, gains 1
-        True
     """
 
     def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        qk_norm: bool | NormFactory = False,
-        dropout: float = 0.0,
-        causal: bool = True,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **removed: object,
+        self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
+        dropout: float = 0.0, causal: bool = True, bias: bool = True, device: Device = None,
+        dtype: Dtype = None, **removed: object,
     ) -> None:
         super().__init__()
         if removed:
@@ -324,27 +218,11 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The position-wise feed-forward network ``fc2(gelu(fc1(x)))`` (Vaswani et al., 2017).
+    """The position-wise feed-forward network ``fc2(gelu(fc1(x)))``, ``(*, D) -> (*, D)``
+    (Vaswani et al., 2017); ``d_ff`` None for ``4 * d_model``."""
 
-    Args:
-        d_model: input and output width ``D``.
-        d_ff: hidden width. Default: ``4 * d_model``.
-        bias: the two linear layers have biases. Default: True.
-        device, dtype: of the parameters.
-
-    Shape:
-        - Input: ``(*, D)``; output: ``(*, D)``.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int | None = None,
-        *,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int | None = None, *, bias: bool = True,
+                 device: Device = None, dtype: Dtype = None) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else check_size("d_ff", d_ff)
         kw = {"device": device, "dtype": dtype}
@@ -378,44 +256,17 @@ class Block(nn.Module):
               \qquad\text{and}\qquad
               x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
 
-    ``N_1``, ``N_2`` (``norm1``, ``norm2``) and, for ``"peri"``, ``M_1``, ``M_2``
-    (``out_norm1``, ``out_norm2``) are made by :func:`make_norm` from the config; with
-    ``config.depth_scaling`` each of their outputs is multiplied by ``1 / sqrt(layer)``
-    (LayerNorm Scaling, Sun et al., 2025). Projections are :class:`nn.Linear`
-    layers initialized Xavier-normal (biases 0); with DeepNorm the value, output and
-    feed-forward projections get the gain ``beta``. Part II, chapters "Where the norm goes"
-    (P04, P05, P10) and "QK-norm" (P08, P09).
-
-    Args:
-        config: the model's :class:`TransformerConfig` (``d_model``, ``n_heads``, ``d_ff``,
-            ``norm``, ``position``, ``qk_norm``, ``dropout``, ``causal``, ``deepnorm`` with
-            ``n_layers``, ``eps``, ``dyt_alpha_init``, ``bias``, ``ln_impl``).
-        layer: the block's depth ``l``, from 1. Default: 1.
-        device, dtype: of the parameters.
-
-    The attributes ``deepnorm_alpha`` and ``deepnorm_beta`` hold DeepNorm's constants (None
-    without DeepNorm). The former form ``Block(d_model, n_heads, d_ff, norm=..., ...)`` still
-    builds the block, with a :class:`DeprecationWarning`.
+    The norms (``norm1``, ``norm2``; ``out_norm1``, ``out_norm2`` for ``"peri"``) come from
+    :func:`make_norm`, times ``1 / sqrt(layer)`` with ``depth_scaling``; projections are
+    Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
+    depth from 1. The former ``Block(d_model, n_heads, d_ff, ...)`` warns (deprecated).
 
     Shape:
         - Input: ``(B, T, D)``; output: ``(B, T, D)``.
-
-    Example::
-
-        >>> config = TransformerConfig(11, d_model=32, n_heads=4, n_layers=2, max_len=16,
-        ...                            norm="rms")
-        >>> y = Block(config)(torch.randn(2, 16, 32))
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig,
-        *args: object,
-        layer: int = 1,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **legacy: object,
-    ) -> None:
+    def __init__(self, config: TransformerConfig, *args: object, layer: int = 1,
+                 device: Device = None, dtype: Dtype = None, **legacy: object) -> None:
         super().__init__()
         alpha = beta = None
         if isinstance(config, TransformerConfig):
@@ -503,9 +354,7 @@ def _legacy_block_config(
     d_model: object, n_heads: object = None, d_ff: object = None, *,
     deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None, **options: object,
 ) -> tuple[TransformerConfig, float | None, float | None]:
-    """``Block(d_model, n_heads, d_ff, **options)``, the form before the config: its config
-    (with placeholder vocabulary, depth and length, which a block does not use) and its
-    explicit DeepNorm constants."""
+    """The config (placeholder V, L, max_len) and DeepNorm constants of the deprecated form."""
     warnings.warn("Block(d_model, n_heads, ...) is deprecated: build a block from the model's "
                   "config, Block(TransformerConfig(...), layer=l), or take "
                   "Transformer(config).blocks[l - 1]", DeprecationWarning, stacklevel=3)
@@ -525,43 +374,17 @@ def _legacy_block_config(
 class Transformer(nn.Module):
     r"""A stack of :class:`Block` layers between token + position embeddings and a linear head.
 
-    ``logits = head(N_f(x_L))`` with ``x_0 = E_tok[idx] + E_pos[t]`` and ``x_{l+1} =
-    Block_l(x_l)``; ``N_f`` is a final norm of the same kind (by default present for Pre-LN
-    and absent for Post-LN, whose last block already ends in a norm). Embeddings start
-    N(0, 1) (torch's default), projections Xavier-normal, biases 0. With ``deepnorm=True``
-    (Post-LN only) every block gets DeepNorm's alpha and beta for ``n_layers``
-    (:func:`deepnorm_constants`). Small enough to train on a CPU in seconds at the book's sizes
-    (``d_model`` 32-64, 2-4 layers, sequences of 16-32 tokens). Part II, chapters "RMSNorm",
-    "Where the norm goes", "QK-norm" and "Transformers without normalization".
-
-    Args:
-        config: a :class:`TransformerConfig`, which the model keeps as ``config``. The
-            shorthand ``Transformer(vocab_size, d_model, n_heads, n_layers, max_len,
-            **fields)`` builds that config from its fields first.
-        device, dtype: of the parameters (keyword-only).
+    ``logits = head(N_f(x_L))``, ``x_0 = E_tok[idx] + E_pos[t]``, ``x_{l+1} = Block_l(x_l)``;
+    ``N_f`` per :meth:`TransformerConfig.has_final_norm`. Embeddings N(0, 1), projections
+    Xavier-normal, biases 0. ``Transformer(vocab_size, d_model, n_heads, n_layers, max_len,
+    **fields)`` is shorthand for ``Transformer(TransformerConfig(...))``.
 
     Shape:
         - Input: token ids ``(B, T)`` (int64, ``T <= max_len``); output: logits ``(B, T, V)``.
-
-    Example::
-
-        >>> config = TransformerConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=2,
-        ...                            max_len=16)
-        >>> model = Transformer(config)
-        >>> logits = model(torch.randint(0, 11, (8, 16)))
-        >>> logits.shape
-        torch.Size([8, 16, 11])
-        >>> same = Transformer(11, 32, 4, 2, 16)  # the shorthand: the same config
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig | int,
-        *sizes: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-        **fields: object,
-    ) -> None:
+    def __init__(self, config: TransformerConfig | int, *sizes: int, device: Device = None,
+                 dtype: Dtype = None, **fields: object) -> None:
         super().__init__()
         if isinstance(config, TransformerConfig):
             if sizes or fields:
@@ -580,14 +403,9 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     @classmethod
-    def from_config(
-        cls,
-        config: TransformerConfig,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> Transformer:
-        """Build a fresh (newly initialized) model from a :class:`TransformerConfig`; the same
-        as ``Transformer(config, device=device, dtype=dtype)``."""
+    def from_config(cls, config: TransformerConfig, device: Device = None,
+                    dtype: Dtype = None) -> Transformer:
+        """``Transformer(config, device=device, dtype=dtype)``: a freshly initialized model."""
         return cls(config, device=device, dtype=dtype)
 
     def reset_parameters(self) -> None:
@@ -639,19 +457,8 @@ class Transformer(nn.Module):
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# What the chapters measure
-# ---------------------------------------------------------------------------------------------
-
-
 def sequence_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy over the scored positions (targets ``!= IGNORE_INDEX``).
-
-    Args:
-        logits: ``(B, T, V)``.
-        targets: int64 ``(B, T)``; ``-100`` marks a position that is not scored (the prompt
-            part of the tasks of :mod:`lnbook.data`).
-    """
+    """Mean cross-entropy of logits ``(B, T, V)`` over targets ``(B, T)`` ``!= IGNORE_INDEX``."""
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"expected logits (B, T, V) and targets (B, T), got {tuple(logits.shape)} and "
@@ -669,15 +476,8 @@ def _blocks(model: Transformer | Block) -> list[Block]:
 
 
 def max_attention_logits(model: Transformer | Block) -> list[float]:
-    """The largest attention logit of each block in the model's most recent forward pass.
-
-    Read after a forward (e.g. on a held-out batch, under ``torch.no_grad()``); one float per
-    block, first block first. Wortsman et al. (2024) track this number to show attention-logit
-    growth without qk-norm (claim P08).
-
-    Raises:
-        RuntimeError: when a block has not run a forward yet.
-    """
+    """The largest attention logit of each block in the most recent forward pass (claim P08);
+    RuntimeError when a block has not run one."""
     out = []
     for i, block in enumerate(_blocks(model)):
         if block.attn.last_max_logit is None:
@@ -689,19 +489,9 @@ def max_attention_logits(model: Transformer | Block) -> list[float]:
 def layer_gradient_norms(
     model: Transformer, inputs: Tensor, targets: Tensor
 ) -> list[dict[str, float]]:
-    """Euclidean norms of the loss gradient per block, for one batch (claims P04-P05).
-
-    Computes :func:`sequence_loss` of ``model(inputs)`` against ``targets`` and its gradient
-    with respect to every block parameter with :func:`torch.autograd.grad` (the ``.grad``
-    fields are left untouched). Call it on a fresh model (at initialization) in ``eval()``
-    mode if the model has dropout.
-
-    Returns:
-        One dict per block (first block first) with the norm of the gradient of every
-        parameter by its name inside the block (``"attn.q_proj.weight"``, ``"mlp.fc2.weight"``,
-        ...), and of the groups ``"attention"`` (all of ``attn``), ``"ffn"`` (all of ``mlp``),
-        ``"norms"`` (``norm1``, ``norm2``; 0 without norms) and ``"block"`` (everything).
-    """
+    """Norms of the gradient of :func:`sequence_loss` per block, one batch (claims P04-P05;
+    ``.grad`` untouched). One dict per block: each parameter by name, and the groups
+    ``"attention"``, ``"ffn"``, ``"norms"`` and ``"block"``."""
     blocks = _blocks(model)
     named = [[(n, p) for n, p in b.named_parameters() if p.requires_grad] for b in blocks]
     params = [p for per_block in named for _, p in per_block]
@@ -724,15 +514,8 @@ def layer_gradient_norms(
 
 
 def norm_inputs_outputs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """Input and output of every norm layer (LayerNorm, RMSNorm, DyT) in one forward pass.
-
-    For the S-shaped input-output curves of trained layer norms (Zhu et al., 2025; claim P11).
-    Uses forward hooks that are removed before returning; runs under ``torch.no_grad()``.
-
-    Returns:
-        ``{module name: (input, output)}``, detached, in the order the layers ran
-        (``"blocks.0.norm1"``, ..., ``"final_norm"``; query/key norms included).
-    """
+    """``{name: (input, output)}`` of every norm layer in one no-grad forward, detached, in
+    the order they ran (claim P11's S-shaped curves)."""
     found: dict[str, tuple[Tensor, Tensor]] = {}
     handles = []
     for name, module in model.named_modules():
@@ -740,21 +523,22 @@ def norm_inputs_outputs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Ten
             def hook(mod: nn.Module, args: tuple, out: Tensor, name: str = name) -> None:
                 found[name] = (args[0].detach(), out.detach())
             handles.append(module.register_forward_hook(hook))
+    run_hooked(model, inputs, handles)
+    return found
+
+
+def run_hooked(model: nn.Module, inputs: Tensor, handles: list) -> None:
+    """One no-grad forward of ``model`` on ``inputs``, then remove the hooks ``handles``."""
     try:
         with torch.no_grad():
             model(inputs)
     finally:
         for h in handles:
             h.remove()
-    return found
 
 
 def residual_stream(model: Transformer, inputs: Tensor) -> list[Tensor]:
-    """The residual stream ``[x_0, x_1, ..., x_L]``: the embeddings and each block's output.
-
-    Each entry ``(B, T, D)``, detached, computed under ``torch.no_grad()``. For the P03
-    chapter: after :func:`center_residual_stream_` every entry has zero mean over ``D``.
-    """
+    """The residual stream ``[x_0, ..., x_L]``, each ``(B, T, D)``, detached (no grad)."""
     with torch.no_grad():
         x = model.embed(inputs)  # (B, T, D)
         stream = [x]
@@ -778,23 +562,9 @@ def _check_pre_ln(model: Transformer, what: str) -> None:
 
 
 def center_residual_stream_(model: Transformer) -> Transformer:
-    """Make a Pre-LN model's residual stream mean-free, in place, without changing its function.
-
-    Jiang et al. (2023): every write into the residual stream of a Pre-LN Transformer is the
-    embedding or the output of a linear layer (``out_proj``, ``fc2``), and every read is a
-    layer norm, which ignores the mean. Removing the mean over ``D`` from the embedding rows
-    and from those layers' outputs (``W <- W - mean over output rows``, ``b <- b - mean(b)``)
-    therefore leaves every norm's output, and the logits, as they were, while each ``x_l``
-    becomes its own centred version (see :func:`residual_stream`). Exact up to rounding
-    (dropout, which rescales entries at random, must be off).
-
-    Returns:
-        The same ``model``, modified.
-
-    Raises:
-        ValueError: for a model that is not Pre-LN with a final norm (there, the mean
-            matters to whoever reads the stream).
-    """
+    """Make a Pre-LN model's residual stream mean-free in place, its function unchanged
+    (Jiang et al., 2023): embeddings and the outputs of ``out_proj``, ``fc2`` lose their mean
+    over ``D``; every reader is a layer norm. Returns ``model``."""
     _check_pre_ln(model, "center_residual_stream_")
     with torch.no_grad():
         for emb in (model.tok_emb, model.pos_emb):
@@ -808,27 +578,9 @@ def center_residual_stream_(model: Transformer) -> Transformer:
 
 
 def to_pre_rmsnorm(model: Transformer) -> Transformer:
-    """A Pre-RMSNorm Transformer that computes the same function as a Pre-LN one (claim P03).
-
-    Jiang et al. (2023): once the residual stream is mean-free (:func:`center_residual_stream_`,
-    applied to a copy), each layer norm ``g * (x - mean) / sqrt(var + eps) + b`` sees inputs
-    of mean 0, where it equals ``g * x / sqrt(mean(x^2) + eps) + b``, an RMSNorm with the same
-    gain and eps plus a bias. RMSNorm has no bias, so ``b`` is folded into the linear layers
-    that read the norm: ``W (y + b) + c = W y + (W b + c)`` for the query, key and value
-    projections (``norm1``), ``fc1`` (``norm2``) and the head (``final_norm``). Query/key
-    norms (``qk_norm``) act inside attention, not on the stream, and stay layer norms.
-
-    The input model is not modified. In float64 the two models agree to about 1e-12; in
-    float32 to float32 rounding.
-
-    Returns:
-        A new :class:`Transformer` with ``norm="rms"`` and otherwise the same configuration,
-        on the same device and in the same dtype.
-
-    Raises:
-        ValueError: for a model that is not Pre-LN with a final norm, or when a layer norm has
-            a nonzero bias but the layer reading it has no bias to fold it into.
-    """
+    """A new Pre-RMSNorm Transformer computing the same function as a Pre-LN one (claim P03;
+    Jiang et al., 2023): on a centred copy each LN equals an RMSNorm plus its bias, which is
+    folded into the readers, ``W (y + b) + c = W y + (W b + c)`` (q, k, v; fc1; head)."""
     _check_pre_ln(model, "to_pre_rmsnorm")
     src = center_residual_stream_(copy.deepcopy(model))
     p = next(src.parameters())

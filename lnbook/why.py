@@ -1,28 +1,7 @@
-"""Why does normalization help? The measurements of chapter 6.8, side by side.
-
-Chapter ``06_8_why_normalization_helps`` puts the accounts of why normalization speeds training
-next to each other and measures each on the deep MLP of lab 3.2
-(:class:`lnbook.experiments.deep_mlp.DeepMLP`, the 8x8 digits):
-
-- internal covariate shift, tested as Santurkar et al. (2018) tested it: :class:`SignalNoise`
-  after every norm moves each unit's distribution at every update, by an amount set relative
-  to the signal, and the same noise in a plain network is the control (:func:`train_deep`,
-  :func:`run`);
-- the effective learning rate of scale-invariant weights (Arora, Li and Lyu, 2019): the norm
-  of a weight matrix in front of a norm grows under SGD by exactly
-  ``||W'||^2 = ||W||^2 + lr^2 ||g||^2`` (:func:`norm_growth_step`), which lowers
-  ``lr / ||W||^2`` by itself (:func:`lr_sweep`);
-- a smoother loss (Santurkar et al., 2018): how much the loss and its gradient change along a
-  gradient step (:func:`landscape`), and how that depends on the scale of the weights;
-- the gradients through the statistics (Xu et al., 2019): chapter 13's four norms trained
-  again (:func:`stats_seeds`);
-- what is specific to layer against batch normalization: the units that a trained network
-  switches on for almost no example or for almost every one (:func:`unit_rates`).
-
-Every seed of a run trains at once (:func:`train_seeds`, :class:`lnbook.batched.SeedMLP`),
-from the weights and with the batches of the per-seed run (:func:`train_deep`), so that the
-chapter affords ten seeds. This module sits above the experiments (it uses ``deep_mlp``'s
-network and ``mistakes``' norms) and below the notebook.
+"""Why does normalization help? The measurements of chapter 6.8 (``06_8_why_normalization_helps``)
+on lab 3.2's deep MLP: covariate shift on purpose (:class:`SignalNoise`), the effective learning
+rate of scale-invariant weights, the smoothness of the loss, the gradients through the
+statistics, and dead or always-on units; every seed of a run trains at once (:func:`train_seeds`).
 """
 
 from __future__ import annotations
@@ -46,21 +25,9 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches
 
 __all__ = [
-    "VARIANTS",
-    "Config",
-    "get_config",
-    "SignalNoise",
-    "build",
-    "train_deep",
-    "train_seeds",
-    "seed_model",
-    "run",
-    "norm_growth_step",
-    "lr_sweep",
-    "landscape",
-    "landscape_seeds",
-    "stats_seeds",
-    "unit_rates",
+    "VARIANTS", "Config", "get_config", "SignalNoise", "build", "train_deep", "train_seeds",
+    "seed_model", "run", "norm_growth_step", "lr_sweep", "landscape", "landscape_seeds",
+    "stats_seeds", "unit_rates",
 ]
 
 VARIANTS = ("none", "none+noise", "layer", "layer+noise", "batch", "batch+noise")
@@ -70,21 +37,10 @@ VARIANTS = ("none", "none+noise", "layer", "layer+noise", "batch", "batch+noise"
 
 @dataclass
 class Config:
-    """Settings of the chapter's runs; :func:`get_config` gives the presets.
-
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        depth, width: hidden layers and units of the :class:`DeepMLP` (lab 3.2's sizes).
-        init_scale: the weights start at this times the He standard deviation (1: He's own;
-            lab 3.2's poor start is 0.5).
-        batch: examples per update.
-        steps: SGD updates per run.
-        lr, momentum: SGD's step size and momentum (lab 3.2's).
-        eval_every: updates between two evaluations of the test loss.
-        noise: the size of :class:`SignalNoise` relative to the signal.
-        variants: which of :data:`VARIANTS` :func:`run` trains.
-        seeds: seeds of the runs (weights, batch order and noise); ten, trained together.
-    """
+    """Settings of the chapter's runs (:func:`get_config` gives the presets): the
+    :class:`DeepMLP`'s ``depth`` and ``width``, ``init_scale`` (times He's std), SGD's
+    ``batch``, ``steps``, ``lr``, ``momentum``, ``eval_every``, the :class:`SignalNoise`
+    size ``noise``, the ``variants`` and the ``seeds`` (trained together)."""
 
     scale: str = "quick"
     depth: int = 8
@@ -126,27 +82,13 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 
 class SignalNoise(nn.Module):
-    r"""Covariate shift on purpose: a random scale and shift of every unit, new at every update.
-
-    In training mode each unit :math:`i` gets, at every forward pass (one update), a factor
-    :math:`s_i \sim U(1 - r, 1 + r)` and a shift :math:`m_i \sim \mathcal N(r, r^2)\,
-    \mathrm{rms}_i`, where :math:`\mathrm{rms}_i` is the unit's root mean square over the batch
-    (a constant to the backward pass): :math:`h_{ni} \to s_i h_{ni} + m_i`. The whole batch
-    shares the draw, so every unit's *distribution* moves from one update to the next (non-zero
-    mean, non-unit variance, as in Santurkar et al., 2018) while the examples keep their order
-    within it: the noise is scaled to the signal. In evaluation mode it does nothing.
-
-    Args:
-        size: relative size :math:`r` of the noise, ``0 <= r < 1``.
+    r"""Covariate shift on purpose (Santurkar et al., 2018): in training mode every unit gets,
+    at every forward, :math:`h_{ni} \to s_i h_{ni} + m_i` with :math:`s_i \sim U(1 - r, 1 + r)`,
+    :math:`m_i \sim \mathcal N(r, r^2)\,\mathrm{rms}_i` (its detached rms over the batch),
+    ``r = size`` in [0, 1). In evaluation mode it does nothing.
 
     Shape:
         - Input: ``(N, H)``; output: the same.
-
-    Example::
-
-        >>> noise = SignalNoise(0.5)
-        >>> noise.eval()(torch.ones(2, 3)).tolist()
-        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     """
 
     def __init__(self, size: float = 0.5) -> None:
@@ -199,16 +141,9 @@ def _nll(model: nn.Module, x: Tensor, y: Tensor) -> float:
 def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
                momentum: float | None = None, hidden_lr: float | None = None
                ) -> dict[str, Any]:
-    """Train one :func:`build` network on the digits with SGD; return its record.
-
-    Returns a dict with ``steps`` (the evaluated updates, 0 first), ``test_nll`` (nats, at
-    those updates), ``train_nll`` (final, on all training images), ``weight_norms`` (the
-    Frobenius norm of every hidden weight matrix at the start and at the end, shape
-    ``(2, depth)``), ``diverged`` (the loss stopped being finite; the curve is then cut) and
-    ``model`` (the trained network, in evaluation mode). ``lr`` and ``momentum`` replace
-    ``config``'s; ``hidden_lr`` gives the hidden weight matrices (those in front of a norm)
-    their own step size, as in Arora, Li and Lyu's analysis, the rest keeping ``lr``.
-    """
+    """Train one :func:`build` network on the digits with SGD. The record: ``steps``,
+    ``test_nll`` at them, final ``train_nll``, ``weight_norms`` ``(2, depth)`` (start, end),
+    ``diverged`` and ``model``. ``hidden_lr``: the hidden weight matrices' own step size."""
     x, y, xt, yt = _digits()
     torch.manual_seed(seed)
     model = build(variant, config)
@@ -269,14 +204,8 @@ def _seed_eval(model: SeedMLP, x: Tensor, y: Tensor) -> np.ndarray:
 def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
                 lr: float | None = None, momentum: float | None = None,
                 hidden_lr: float | None = None) -> list[dict[str, Any]]:
-    """:func:`train_deep` for every seed of ``seeds`` at once; one record per seed.
-
-    The networks start from the weights :func:`train_deep` gives each seed and see its
-    batches; one :class:`lnbook.batched.SeedMLP` trains them together (the same updates to
-    float rounding; the noise of ``+noise`` variants is drawn from another stream). A seed
-    whose loss stops being finite is marked ``diverged``, its curve cut there, while the
-    others go on. Each record's ``model`` is that seed's trained :class:`DeepMLP`.
-    """
+    """:func:`train_deep` for every seed at once in one :class:`lnbook.batched.SeedMLP` (its
+    weights and batches; the noise from another stream); one record per seed."""
     seeds = tuple(int(s) for s in seeds)
     x, y, xt, yt = _digits()
     model = seed_model(variant, seeds, config)
@@ -328,16 +257,9 @@ def run(config: Config) -> dict[str, list[dict[str, Any]]]:
 
 def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
                      layer: int = 1) -> dict[str, float]:
-    r"""One plain SGD step on ``model``: how the norm of a weight matrix before a norm grows.
-
-    For a weight matrix :math:`W` whose output is normalized, the loss does not change when
-    :math:`W` is scaled, so its gradient :math:`g` is orthogonal to :math:`W` (up to the
-    norm's ``eps``) and the step :math:`W - \eta g` has
-    :math:`\lVert W - \eta g\rVert^2 = \lVert W\rVert^2 + \eta^2\lVert g\rVert^2`: the norm
-    can only grow. Returns ``cos`` (the cosine between ``W`` and ``g``), ``before``, ``after``
-    (the squared norms) and ``predicted`` (:math:`\lVert W\rVert^2 + \eta^2\lVert g\rVert^2`).
-    The model is changed in place.
-    """
+    r"""One plain SGD step on ``model`` (in place): for a scale-invariant :math:`W`,
+    :math:`\lVert W - \eta g\rVert^2 = \lVert W\rVert^2 + \eta^2\lVert g\rVert^2`. Returns
+    ``cos`` (of W and g), the squared norms ``before``, ``after`` and ``predicted``."""
     w = model.linears[layer].weight
     model.zero_grad()
     F.cross_entropy(model(x), y).backward()
@@ -353,32 +275,36 @@ def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
 
 def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("none", "layer"),
              seeds: tuple[int, ...] | None = None) -> dict[tuple[str, float], list[dict]]:
-    """Train each norm with each step size on its hidden weights, with each seed.
-
-    Plain SGD (no momentum): the hidden weight matrices get the step size ``lr`` of ``lrs``,
-    every other parameter (the logits' layer, the norms' gain and bias) keeps ``config.lr``,
-    the setting of Arora, Li and Lyu (2019). Returns ``{(norm, lr): [record per seed]}`` with
-    :func:`train_deep`'s records; the effective step size of hidden layer ``l`` at the end is
-    ``lr / weight_norms[1, l]**2``. The seeds of one setting train together
-    (:func:`train_seeds`).
-    """
+    """``{(norm, lr): [record per seed]}``: plain SGD with step ``lr`` on the hidden weights,
+    ``config.lr`` on the rest (Arora, Li and Lyu, 2019)."""
     seeds = tuple(config.seeds if seeds is None else seeds)
     return {(n, lr): train_seeds(n, seeds, config, momentum=0.0, hidden_lr=lr)
             for n in norms for lr in lrs}
 
 
+def _along(params: list[Tensor], lr: float, multiples: tuple[float, ...], grad_at: Any,
+           norm: Any) -> tuple[list, list]:
+    """Losses and ``||g_k - g|| / (k lr ||g||)`` at ``w - k lr g`` for each ``k``."""
+    _, g = grad_at()
+    start = [p.detach().clone() for p in params]
+    gnorm = norm(g)
+    losses, betas = [], []
+    for k in multiples:
+        with torch.no_grad():
+            for p, p0, gi in zip(params, start, g, strict=True):
+                p.copy_(p0 - k * lr * gi)
+        loss, gk = grad_at()
+        losses.append(loss)
+        betas.append(norm([a - b for a, b in zip(gk, g, strict=True)]) / (k * lr * gnorm))
+    return losses, betas
+
+
 def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
               multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)) -> dict[str, float]:
-    r"""How the loss and its gradient change along the gradient, as Santurkar et al. measured.
-
-    From the current weights :math:`w` with gradient :math:`g` on the batch ``(x, y)``, steps
-    :math:`w - k\eta g` for ``k`` in ``multiples`` give the losses :math:`L_k` and gradients
-    :math:`g_k`. Returns ``loss_range`` (:math:`\max_k L_k - \min_k L_k`, nats) and
-    ``beta`` (the largest :math:`\lVert g_k - g\rVert / (k\eta\lVert g\rVert)`, the effective
-    smoothness along that direction). Computed on a copy of ``model`` in training mode (batch
-    normalization uses the batch's statistics, as while training, and :class:`SignalNoise`
-    would draw noise: use it on networks without); ``model`` is not changed.
-    """
+    r"""How the loss and its gradient change along the gradient (Santurkar et al., 2018): at
+    :math:`w - k\eta g` for ``k`` in ``multiples``, ``loss_range`` :math:`\max_k L_k - \min_k
+    L_k` and ``beta`` :math:`\max_k \lVert g_k - g\rVert / (k\eta\lVert g\rVert)`, on a copy
+    in training mode."""
     model = copy.deepcopy(model).train()
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -388,30 +314,15 @@ def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
         loss.backward()
         return float(loss.detach()), [p.grad.detach().clone() for p in params]
 
-    _, g = grad_at()
-    start = [p.detach().clone() for p in params]
-    gnorm = math.sqrt(sum(float(t.square().sum()) for t in g))
-    losses, betas = [], []
-    for k in multiples:
-        with torch.no_grad():
-            for p, p0, gi in zip(params, start, g, strict=True):
-                p.copy_(p0 - k * lr * gi)
-        loss, gk = grad_at()
-        losses.append(loss)
-        change = math.sqrt(sum(float((a - b).square().sum())
-                               for a, b in zip(gk, g, strict=True)))
-        betas.append(change / (k * lr * gnorm))
+    losses, betas = _along(params, lr, multiples, grad_at,
+                           lambda ts: math.sqrt(sum(float(t.square().sum()) for t in ts)))
     return {"loss_range": max(losses) - min(losses), "beta": max(betas)}
 
 
 def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
                     multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
                     ) -> dict[str, np.ndarray]:
-    """:func:`landscape` of every seed of a :class:`lnbook.batched.SeedMLP` at once.
-
-    Each seed steps along its own gradient; norms are taken per seed. Returns
-    ``loss_range`` and ``beta``, each of shape ``(S,)``; ``model`` is not changed.
-    """
+    """:func:`landscape` of every seed of a :class:`lnbook.batched.SeedMLP` at once, ``(S,)``."""
     model = copy.deepcopy(model).train()
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -421,31 +332,15 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
         losses.sum().backward()  # each seed's own gradient
         return losses.detach(), [p.grad.detach().clone() for p in params]
 
-    _, g = grad_at()
-    start = [p.detach().clone() for p in params]
-    gnorm = seed_sq_norm(g).sqrt()  # (S,)
-    losses, betas = [], []
-    for k in multiples:
-        with torch.no_grad():
-            for p, p0, gi in zip(params, start, g, strict=True):
-                p.copy_(p0 - k * lr * gi)
-        loss, gk = grad_at()
-        losses.append(loss)
-        change = seed_sq_norm([a - b for a, b in zip(gk, g, strict=True)]).sqrt()
-        betas.append(change / (k * lr * gnorm))
+    losses, betas = _along(params, lr, multiples, grad_at, lambda ts: seed_sq_norm(ts).sqrt())
     loss_k = torch.stack(losses)  # (K, S)
     return {"loss_range": (loss_k.max(0).values - loss_k.min(0).values).double().numpy(),
             "beta": torch.stack(betas).max(0).values.double().numpy()}
 
 
 def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]]:
-    """Chapter 13's :func:`lnbook.experiments.mistakes.run_stats`, every seed at once.
-
-    Each norm of ``config.norms`` (LayerNorm, LayerNorm-simple, DetachNorm, none) on
-    :class:`lnbook.experiments.mistakes.NormMLP`'s network, from its weights, with Adam and
-    its batches. Returns ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses
-    (nats) on the 359 held-out and the 1,438 training digits.
-    """
+    """Chapter 13's :func:`lnbook.experiments.mistakes.run_stats`, every seed at once:
+    ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses (nats)."""
     x, y, xv, yv = _digits()
     sizes = (64, *[config.hidden] * config.depth, 10)
     seeds = tuple(int(s) for s in config.seeds)
@@ -471,10 +366,8 @@ def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]
 
 
 def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
-    """How often each hidden unit is switched on: the fraction of the examples of ``x`` for
-    which its ReLU output is positive (evaluation mode). Shape ``(depth, H)``; a rate of 0 is a
-    dead unit, a rate near 1 a unit that acts as a linear one on these data.
-    """
+    """The fraction of the examples of ``x`` for which each hidden unit's ReLU is on,
+    ``(depth, H)`` (evaluation mode): 0 is a dead unit, near 1 an effectively linear one."""
     was = model.training
     model.eval()
     with torch.no_grad():
