@@ -23,21 +23,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "MissingExtra",
-    "MNISTData",
-    "load_mnist",
-    "read_idx",
-    "download_mnist",
-    "binarize",
-    "pixel_permutation",
-    "mnist_cache_dir",
-    "MNIST_FILES",
-    "MNIST_URLS",
-    "IGNORE_INDEX",
-    "copy_task",
-    "sort_task",
-    "associative_recall",
-    "load_digits_tensor",
+    "MissingExtra", "MNISTData", "load_mnist", "read_idx", "download_mnist", "binarize",
+    "pixel_permutation", "mnist_cache_dir", "MNIST_FILES", "MNIST_URLS", "IGNORE_INDEX",
+    "copy_task", "sort_task", "associative_recall", "load_digits_tensor",
 ]
 
 # file stem -> SHA-256 of the .gz file as published (same digests on every mirror)

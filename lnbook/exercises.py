@@ -28,13 +28,8 @@ from lnbook.table import Table
 from lnbook.train import Batches, fit
 
 __all__ = [
-    "CheckReport",
-    "ExerciseError",
-    "check_layer_norm",
-    "check_layer_norm_backward",
-    "check_ln_mlp",
-    "digits_split",
-    "prior_nll",
+    "CheckReport", "ExerciseError", "check_layer_norm", "check_layer_norm_backward",
+    "check_ln_mlp", "digits_split", "prior_nll",
 ]
 
 ForwardFn = Callable[[Tensor, tuple[int, ...], Tensor, Tensor, float], Tensor]

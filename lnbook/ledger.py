@@ -17,25 +17,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "UNDECIDED",
-    "VERDICTS",
-    "ClaimDecision",
-    "ClaimRecord",
-    "Decision",
-    "Rule",
-    "agreement",
-    "agreement_text",
-    "combine",
-    "decide",
-    "decide_claim",
-    "format_seen",
-    "ledger_dir",
-    "load_records",
-    "load_replication",
-    "claims_file",
-    "load_rules",
-    "record",
-    "verdict_from",
+    "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Rule", "agreement",
+    "agreement_text", "combine", "decide", "decide_claim", "format_seen", "ledger_dir",
+    "load_records", "load_replication", "claims_file", "load_rules", "record", "verdict_from",
 ]
 
 VERDICTS: tuple[str, ...] = (

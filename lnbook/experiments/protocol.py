@@ -34,25 +34,10 @@ from lnbook.table import Table
 from lnbook.train import UnreadableFile
 
 __all__ = [
-    "SCALES",
-    "Job",
-    "OutConflict",
-    "Results",
-    "Run",
-    "SweepInterrupted",
-    "Table",
-    "UnreadableFile",
-    "best_step",
-    "check_scale",
-    "classification_metrics",
-    "cpu_threads",
-    "load_results",
-    "make_config",
-    "mean_after_start",
-    "save_results",
-    "sweep",
-    "updates_to_reach",
-    "using_executor",
+    "SCALES", "Job", "OutConflict", "Results", "Run", "SweepInterrupted", "Table",
+    "UnreadableFile", "best_step", "check_scale", "classification_metrics", "cpu_threads",
+    "load_results", "make_config", "mean_after_start", "save_results", "sweep",
+    "updates_to_reach", "using_executor",
 ]
 
 _private = (_jsonable, _worker_ignores_ctrl_c)  # kept importable from here for old callers
