@@ -130,17 +130,9 @@ def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
                      rng: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(
-        {
-            "step": step,
-            "steps": steps,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": _rng_state() if rng is None else rng,
-            "history": history.to_dict(),
-        },
-        tmp,
-    )
+    torch.save({"step": step, "steps": steps, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "rng": _rng_state() if rng is None else rng,
+                "history": history.to_dict()}, tmp)
     os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
 
 
