@@ -243,11 +243,9 @@ def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) 
 
 
 def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> str:
-    """A claim's verdict from the decisions of its parts.
-
-    Every part holds: ``held`` ("reproduced", or "explained" for a derivation checked
-    numerically); some hold: "partially reproduced"; none holds and some fail: "not
-    reproduced"; every part undecided: :data:`UNDECIDED`.
+    """A claim's verdict from its parts: all hold: ``held`` ("reproduced", or "explained");
+    some hold: "partially reproduced"; none holds, some fail: "not reproduced"; all
+    undecided: :data:`UNDECIDED`.
 
     Example::
 
@@ -340,14 +338,9 @@ def decide_claim(
     trivial_ok: Mapping[str, Any] | None = None,
     rules: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ClaimDecision:
-    """A claim's verdict from per-seed values, by the rule ``claims.yml`` declares for it.
-
-    Args:
-        claim_id: e.g. ``"C15"``; its ``rule`` in ``claims.yml`` names the parts.
-        values: part name -> per-seed values; every declared part, and no other.
-        trivial_ok: optional, part name -> per-seed yes/no (see :func:`decide`).
-        rules: the rules to use (default :func:`load_rules`), e.g. in tests.
-    """
+    """A claim's verdict from per-seed ``values`` (part name -> values, every declared part)
+    by the rule ``claims.yml`` declares for ``claim_id``; ``trivial_ok`` as in :func:`decide`,
+    ``rules`` default :func:`load_rules`."""
     rules = load_rules() if rules is None else rules
     if claim_id not in rules:
         raise KeyError(f"{claim_id} declares no rule in claims.yml; add 'rule: parts: ...' "
@@ -362,11 +355,8 @@ def decide_claim(
 
 
 def ledger_dir(start: str | os.PathLike | None = None) -> Path | None:
-    """The folder records go to: ``$LNBOOK_LEDGER``, else ``<book>/_build/ledger``, else None.
-
-    ``<book>`` is the nearest folder at or above ``start`` (default: the current directory)
-    that holds ``_toc.yml``; a notebook executed by the build or by nbval runs inside ``book/``.
-    """
+    """The folder records go to: ``$LNBOOK_LEDGER``, else ``_build/ledger`` of the nearest
+    folder at or above ``start`` (default: the cwd) holding ``_toc.yml``, else None."""
     env = os.environ.get("LNBOOK_LEDGER")
     if env:
         return Path(env)
