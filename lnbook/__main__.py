@@ -1,15 +1,5 @@
-"""The command line: ``python -m lnbook list`` and ``python -m lnbook run NAME``.
-
-    python -m lnbook list
-    python -m lnbook run mnist --scale paper --device auto --out runs/
-
-``run`` trains one experiment (a key of :data:`lnbook.experiments.EXPERIMENTS`) at the
-``quick`` or ``paper`` scale. With ``--out`` it writes ``OUT/<NAME>.json``, keeps every finished
-run in ``OUT/runs/`` and, at paper scale, checkpoints in ``OUT/checkpoints/``: run the same
-command again after an interruption (Ctrl-C, a crash) and it goes on where it stopped. A
-finished run of another config in ``OUT`` is kept, never overwritten. ``run --help`` lists the
-experiments, the scales and the exit codes.
-"""
+"""The command line: ``python -m lnbook list`` and ``python -m lnbook run NAME [--out DIR]``
+(``run --help`` lists the experiments, the scales, resuming and the exit codes)."""
 
 from __future__ import annotations
 

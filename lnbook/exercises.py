@@ -1,38 +1,11 @@
-"""Checkers for the coding exercises of chapter 3: the reader's code against the reference.
+"""Checkers for the coding exercises of chapter 3 (`03_layer_norm`): the reader's code
+against the reference.
 
-Book chapter 3 (`03_layer_norm`). Exercise 3.1 asks for layer normalization's forward pass
-(paper eq. 3 with the gain ``g`` and bias ``b`` of eq. 15), Exercise 3.2 for the backward
-pass the chapter derives, and Exercise 3.3 for a small MLP with layer normalization on its two
-hidden layers, trained on the 8x8 digits. The reader calls one checker per exercise:
-
-- :func:`check_layer_norm` runs the reader's ``fn(x, normalized_shape, g, b, eps)`` on nine
-  small cases (two dtypes, ``normalized_shape`` of length 1 and 2, rows whose variance is
-  close to ``eps``, a float32 input with mean 1e4 where the one-pass variance
-  ``E[x^2] - E[x]^2`` fails, a constant row) against :func:`torch.nn.functional.layer_norm`,
-  and on the float64 cases compares the gradient with respect to ``x`` too (detached
-  statistics give the right values and the wrong gradient);
-- :func:`check_layer_norm_backward` compares the reader's ``(dL/da, dL/dg, dL/db)`` with
-  autograd, and names the known mistakes (eps outside the square root, the unbiased variance,
-  a swapped return order, a missing 1/sigma, a missing term, ...);
-- :func:`check_ln_mlp` looks where the reader's model applies layer normalization (two hidden
-  layers), then trains it for a hundred updates and asks for a held-out loss well below the
-  trivial predictor's.
-
-The wrong answers the checkers recognize are computed with :mod:`lnbook.functional` (its
-keywords are the mistakes of the forward pass); the reference is torch's own layer norm.
-
-On the first disagreement a checker raises :class:`ExerciseError` (an ``AssertionError``, so
-a wrong solution fails the book's build) whose message says *which part* is wrong (the shape,
-the axes, the mean, the variance, the place of ``eps``, the gain or the bias; which gradient;
-where the LN sits) and how to fix it; ``err.part`` names the part. When everything agrees it
-returns a :class:`CheckReport`, shown in a notebook as a small table of the checks passed.
-
-Example::
-
-    >>> import torch.nn.functional as F
-    >>> report = check_layer_norm(F.layer_norm)  # torch's own layer norm passes
-    >>> len(report.checks)
-    9
+:func:`check_layer_norm` (Exercise 3.1, the forward pass, paper eq. 3 with eq. 15's ``g``
+and ``b``), :func:`check_layer_norm_backward` (3.2) and :func:`check_ln_mlp` (3.3, an MLP
+with LN on its two hidden layers, trained on the 8x8 digits). The known wrong answers are
+computed with :mod:`lnbook.functional`. A checker raises :class:`ExerciseError` (an
+``AssertionError``; ``err.part`` names the wrong part) or returns a :class:`CheckReport`.
 """
 
 from __future__ import annotations
@@ -55,13 +28,8 @@ from lnbook.table import Table
 from lnbook.train import Batches, fit
 
 __all__ = [
-    "CheckReport",
-    "ExerciseError",
-    "check_layer_norm",
-    "check_layer_norm_backward",
-    "check_ln_mlp",
-    "digits_split",
-    "prior_nll",
+    "CheckReport", "ExerciseError", "check_layer_norm", "check_layer_norm_backward",
+    "check_ln_mlp", "digits_split", "prior_nll",
 ]
 
 ForwardFn = Callable[[Tensor, tuple[int, ...], Tensor, Tensor, float], Tensor]
@@ -71,16 +39,9 @@ _F64 = torch.float64
 
 
 class ExerciseError(AssertionError):
-    """A checker found a mistake; ``part`` names what is wrong, the message says how to fix it.
-
-    Attributes:
-        exercise: the checker that raised it, e.g. ``"check_layer_norm"``.
-        part: what is wrong, one short word: ``"error"``, ``"type"``, ``"shape"``, ``"dtype"``,
-            ``"axes"``, ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"nan"``,
-            ``"gradient"``, ``"order"``, ``"dL/da"``, ``"dL/dg"``, ``"dL/db"``, ``"placement"``,
-            ``"output"``, ``"training"`` or ``"other"``.
-        case: the test case it was found on (shape, dtype, what it probes).
-    """
+    """A checker found a mistake: ``exercise`` (the checker), ``part`` (what is wrong, one
+    word: ``"shape"``, ``"axes"``, ``"eps"``, ``"dL/da"``, ``"placement"``, ...) and ``case``
+    (the test case); the message says how to fix it."""
 
     def __init__(self, exercise: str, part: str, message: str, case: str = "") -> None:
         where = f"\n  (test case: {case})" if case else ""
@@ -90,13 +51,8 @@ class ExerciseError(AssertionError):
 
 @dataclass
 class CheckReport:
-    """What a checker verified: one row per check, and the numbers it measured.
-
-    Attributes:
-        exercise: the checker's name.
-        checks: ``(what was checked, what was seen)`` per check, in order.
-        figures: numbers measured on the way (e.g. the held-out loss of :func:`check_ln_mlp`).
-    """
+    """What a checker verified: ``checks`` (``(what, seen)`` per check) and ``figures``
+    (numbers measured on the way, e.g. :func:`check_ln_mlp`'s held-out loss)."""
 
     exercise: str
     checks: list[tuple[str, str]]
@@ -199,12 +155,7 @@ def _variant(
     eps_at: str = "inside", center: bool = True, divide: str = "std", affine: str = "g*x+b",
     one_pass: bool = False, detach: bool = False, dtype: torch.dtype = _F64,
 ) -> Tensor:
-    """Layer normalization with one thing changed (a known mistake), in ``dtype``.
-
-    The statistics are :func:`lnbook.functional.normalize`'s, over ``dims``, with its
-    keywords for the variance, eps and detached statistics; the other mistakes are made from
-    its ``x_hat`` and ``rstd``.
-    """
+    """Layer normalization with one known mistake, from :func:`lnbook.functional.normalize`."""
     x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
     rows = as_rows(x, dims)  # (R, D)
     kw = {"unbiased": ddof == 1, "eps_inside": eps_at != "outside", "one_pass": one_pass,
@@ -407,8 +358,7 @@ def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[
                             f"over the normalized dimensions; yours has means up to {mean:.3g}. "
                             f"Subtract mu = x.mean(dims, keepdim=True) with dims the last "
                             f"len(normalized_shape) dimensions; {at}")
-        var = y64.var(dim=dims, unbiased=False)
-        want = ref.var(dim=dims, unbiased=False)
+        var, want = (normalize(as_rows(t, dims), 0.0)[1].pow(-2) for t in (y64, ref))
         if float((var - want).abs().max()) > 1e-6:
             return "variance", (f"with g = 1 and b = 0 every example's output should have "
                                 f"(biased) variance {float(want.mean()):.6f} (1 up to eps); "
@@ -421,27 +371,15 @@ def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[
 
 
 def check_layer_norm(fn: ForwardFn) -> CheckReport:
-    """Check the reader's layer normalization forward pass (Exercise 3.1, chapter 3).
+    """Check the reader's layer normalization forward pass (Exercise 3.1).
 
-    ``fn(x, normalized_shape, g, b, eps)`` must return ``g * (x - mu) / sqrt(var + eps) + b``
-    with ``mu`` and the biased ``var`` taken over the trailing ``normalized_shape`` dimensions
-    of ``x`` (paper eq. 3; ``normalized_shape`` is a tuple of ints, ``g`` and ``b`` have that
-    shape), in the dtype of ``x``. Nine cases are run (one in float32 with mean 1e4, where
-    the one-pass variance ``E[x^2] - E[x]^2`` cancels), and on the first one that disagrees
-    with :func:`torch.nn.functional.layer_norm` an :class:`ExerciseError` says which part is
-    wrong. On the float64 cases the gradient of ``sum(y * r)`` with respect to ``x`` (through
-    the reader's function, by autograd) is compared with torch's too: statistics detached
-    from the graph give the right values and the wrong gradient.
-
-    Args:
-        fn: the reader's function, with :func:`torch.nn.functional.layer_norm`'s arguments.
+    ``fn(x, normalized_shape, g, b, eps)`` must return ``g * (x - mu) / sqrt(var + eps) + b``,
+    ``mu`` and the biased ``var`` over the trailing ``normalized_shape`` dims (paper eq. 3), in
+    ``x``'s dtype. Nine cases are compared with :func:`torch.nn.functional.layer_norm` (and the
+    float64 ones' gradient with respect to ``x`` too).
 
     Returns:
-        A :class:`CheckReport` listing the cases passed.
-
-    Raises:
-        ExerciseError: the first mistake found (``err.part``: ``"shape"``, ``"axes"``,
-            ``"mean"``, ``"variance"``, ``"eps"``, ``"gain/bias"``, ``"gradient"``, ...).
+        A :class:`CheckReport`. Raises :class:`ExerciseError` on the first mistake.
     """
     __tracebackhide__ = True
     if not callable(fn):
@@ -468,13 +406,7 @@ _Grads = tuple[Tensor, Tensor, Tensor]
 
 
 def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, _Grads]:
-    """What a reader who makes each known mistake returns, ``(dL/da, dL/dg, dL/db)`` (float64).
-
-    Every gradient is :func:`lnbook.functional.layer_norm_backward` of the statistics
-    :func:`lnbook.functional.normalize` gives, right or with the mistake's variant (a sigma
-    without eps, with eps outside the root, from the unbiased variance), or the right one with
-    one term changed. Keys start with the gradient the mistake is in: ``"da: ..."`` etc.
-    """
+    """``(dL/da, dL/dg, dL/db)`` of each known mistake, by :mod:`lnbook.functional`."""
     a_hat, rstd = normalize(a, eps)  # (N, H), (N, 1): eq. 3
     da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
     no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
@@ -564,28 +496,12 @@ def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
 def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
     """Check the reader's hand-written backward of layer normalization (Exercise 3.2).
 
-    ``fn(dy, a, g, eps)`` gets the summed inputs ``a`` of shape ``(N, H)`` (normalized over
-    their last dimension, ``y = g * a_hat + b``), the gain ``g`` ``(H,)`` and the upstream
-    gradient ``dy = dL/dy`` ``(N, H)``, and returns ``(dL/da (N, H), dL/dg (H,), dL/db (H,))``,
-    in the notation of chapter 3. They are compared with
-    autograd through :func:`torch.nn.functional.layer_norm` in float64 on two cases (one with
-    rows whose variance is close to ``eps``); the first gradient that disagrees is named, with
-    the mistake when it is a known one: eps outside the square root, the unbiased variance,
-    a sigma without eps, a missing 1/sigma, a missing or sign-flipped term, a forgotten gain,
-    a mean over rows instead of a sum, or the three returned in another order. An unknown
-    mistake in ``dL/da`` gets two checks the reader can run without a reference (the row sums,
-    which are necessary, and a finite difference, which is sufficient) with the reader's
-    numbers.
-
-    Args:
-        fn: the reader's backward, ``fn(dy, a, g, eps) -> (da, dg, db)``.
+    ``fn(dy, a, g, eps)`` (``a``, ``dy``: ``(N, H)``, ``g``: ``(H,)``, ``y = g * a_hat + b``)
+    returns ``(dL/da (N, H), dL/dg (H,), dL/db (H,))``, compared with float64 autograd through
+    :func:`torch.nn.functional.layer_norm` on two cases; a known mistake is named.
 
     Returns:
-        A :class:`CheckReport` with one row per gradient and case.
-
-    Raises:
-        ExerciseError: ``err.part`` is ``"type"``, ``"order"``, ``"shape"``, ``"dL/db"``,
-            ``"dL/dg"`` or ``"dL/da"``.
+        A :class:`CheckReport`, one row per gradient and case. Raises :class:`ExerciseError`.
     """
     __tracebackhide__ = True
     name = "check_layer_norm_backward"
@@ -684,28 +600,15 @@ def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> st
 
 
 def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The 8x8 digits, flattened: ``(x_train (1438, 64), y_train, x_test (359, 64), y_test)``.
-
-    The fixed 80/20 split of :func:`lnbook.data.load_digits_tensor` (offline, from the data
-    file inside scikit-learn); pixels in [0, 1], labels 0-9.
-    """
+    """The 8x8 digits' fixed split, flattened: ``(x (1438, 64), y, x_test (359, 64), y_test)``."""
     x, y = load_digits_tensor("train", flatten=True)
     xt, yt = load_digits_tensor("test", flatten=True)
     return x, y, xt, yt
 
 
 def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
-    """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies.
-
-    A classifier that ignores its input can do no better on average; a trained model must
-    beat it clearly before it counts as having learned anything. The frequencies are smoothed
-    by adding one to every class count, so that a class absent from ``y_train`` costs a
-    finite loss.
-
-    Args:
-        y_train: training labels ``(N,)``, integers in ``[0, classes)``.
-        y_test: held-out labels ``(M,)``.
-        classes: the number of classes.
+    """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies,
+    add-one smoothed.
 
     Example::
 
@@ -792,35 +695,17 @@ def check_ln_mlp(
     seed: int = 0,
     margin: float = 0.5,
 ) -> CheckReport:
-    """Check and train the reader's MLP with layer normalization (Exercise 3.3, chapter 3).
+    """Check and train the reader's MLP with layer normalization (Exercise 3.3).
 
-    ``model_fn()`` builds a fresh model (it is called under ``torch.manual_seed(seed)``) that
-    maps a batch of flattened 8x8 digits ``(N, 64)`` to 10 logits ``(N, 10)``. The checker
-
-    1. runs one forward pass and lists the modules it calls: there must be two hidden
-       layers, every hidden ``nn.Linear`` followed directly by a ``LayerNorm`` over its
-       outputs (the summed inputs, before the non-linearity, normalized with the statistics
-       of paper eq. 3), and the logits must not be normalized;
-    2. checks that one example alone gives its row of a batch's output (batch size 1 works);
-    3. trains the model with Adam (``steps`` updates of ``batch_size`` examples) on the
-       digits' training split with :func:`lnbook.fit`, and asks for a held-out NLL below
-       ``margin`` times that of the trivial predictor (:func:`prior_nll`).
-
-    Args:
-        model_fn: builds the reader's model, ``model_fn() -> nn.Module``.
-        steps: Adam updates of the training check.
-        batch_size: examples per update.
-        lr: Adam's step size.
-        seed: seeds the initialization (``model_fn`` runs under it) and the batch order.
-        margin: the held-out NLL must fall below ``margin`` x the trivial predictor's.
+    ``model_fn()`` (called under ``torch.manual_seed(seed)``) maps ``(N, 64)`` digits to
+    ``(N, 10)`` logits. The checker lists the modules one forward pass calls (two hidden
+    ``Linear -> LayerNorm -> non-linearity``, logits not normalized), checks that batch size 1
+    works, then trains ``steps`` Adam updates with :func:`lnbook.fit` and asks for a held-out
+    NLL below ``margin`` x the trivial predictor's (:func:`prior_nll`).
 
     Returns:
-        A :class:`CheckReport`; ``figures`` holds ``nll_before``, ``nll_after``,
-        ``error_after`` and ``trivial_nll`` (held-out, nats and fraction).
-
-    Raises:
-        ExerciseError: ``err.part`` is ``"error"``, ``"type"``, ``"output"``, ``"placement"``
-            or ``"training"``.
+        A :class:`CheckReport` whose ``figures`` hold ``nll_before``, ``nll_after``,
+        ``error_after`` and ``trivial_nll``. Raises :class:`ExerciseError`.
     """
     __tracebackhide__ = True
     name = "check_ln_mlp"

@@ -1,16 +1,7 @@
-"""The claims ledger, recorded from the runs: each chapter writes the figures its verdicts rest on.
-
-Book page "Claims ledger" (`book/claims.md`). A chapter that checks a claim of the paper (C01-C22)
-or of a later paper (P01-P22) computes its verdict from its own runs, asserts it in a cell, and
-then calls :func:`record` with the same numbers. The record is written as JSON to the build's
-ledger folder; the ledger page renders every record next to the paraphrase that
-``book/claims.yml`` keeps, and ``tests/test_ledger.py`` fails when a claim has no record or when
-the status a person wrote in ``claims.yml`` differs from the verdict the chapter computed. No
-figure of the ledger is typed by hand.
-
-Where the records go: the folder named by the environment variable ``LNBOOK_LEDGER``, else
-``_build/ledger`` of the book that contains the current directory (the folder holding
-``_toc.yml``), else nowhere (a reader running one notebook on its own still sees the record).
+"""The claims ledger (`book/claims.md`): each chapter records the verdict it computed for a
+claim (C01-C22, P01-P22) and the figures it rests on, as JSON in :func:`ledger_dir`
+(``$LNBOOK_LEDGER``, else ``<book>/_build/ledger``, else nowhere). Verdicts come from the
+decision rules declared in ``book/claims.yml`` (:func:`decide_claim`).
 """
 
 from __future__ import annotations
@@ -26,25 +17,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "UNDECIDED",
-    "VERDICTS",
-    "ClaimDecision",
-    "ClaimRecord",
-    "Decision",
-    "Rule",
-    "agreement",
-    "agreement_text",
-    "combine",
-    "decide",
-    "decide_claim",
-    "format_seen",
-    "ledger_dir",
-    "load_records",
-    "load_replication",
-    "claims_file",
-    "load_rules",
-    "record",
-    "verdict_from",
+    "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Rule", "agreement",
+    "agreement_text", "combine", "decide", "decide_claim", "format_seen", "ledger_dir",
+    "load_records", "load_replication", "claims_file", "load_rules", "record", "verdict_from",
 ]
 
 VERDICTS: tuple[str, ...] = (
@@ -65,16 +40,9 @@ Figure = int | float | str | bool | list[Any]
 
 @dataclass
 class ClaimRecord:
-    """What one chapter recorded about one claim.
-
-    Attributes:
-        id: the claim's ID, ``C01``-``C22`` or ``P01``-``P22``.
-        verdict: one of :data:`VERDICTS`, computed by the chapter from ``figures``.
-        figures: the numbers the verdict rests on, by name (numbers, short strings, or lists
-            of them, e.g. one value per seed).
-        note: an optional sentence, written in the chapter, with ``{name}`` placeholders.
-        scale: the experiment scale the chapter ran at (``"quick"`` or ``"paper"``).
-    """
+    """What one chapter recorded about one claim: ``id``, ``verdict`` (of :data:`VERDICTS`),
+    ``figures`` (name -> number, short string or list), an optional ``note`` with ``{name}``
+    placeholders, and the ``scale`` it ran at."""
 
     id: str
     verdict: str
@@ -151,22 +119,11 @@ DIRECTIONS = ("below", "above", "yes")
 class Rule:
     """One part of a claim's decision rule, as ``book/claims.yml`` declares it.
 
-    Per seed, the chapter measures ``quantity``. A seed counts *for* the part when the quantity
-    lies beyond ``at`` in the claimed ``direction`` by more than ``margin``, *against* it when it
-    lies beyond ``at`` on the other side by more than ``margin``, and for neither inside the
-    band (a tie, or an effect too small to count) or when it did not clear the trivial-phase
-    bar. The part holds when at least ``agree`` of ``of`` seeds count for it, fails when as many
-    count against it, and is undecided otherwise.
-
-    Attributes:
-        quantity: what is measured on each seed, in words (e.g. "LN's final error minus BN's").
-        direction: ``"below"`` or ``"above"`` ``at``; ``"yes"`` for a per-seed yes/no outcome.
-        at: the value the quantity is compared with (default 0).
-        margin: the smallest effect that counts, in the quantity's unit (default 0).
-        agree, of: the declared majority, written ``"8 of 10"`` in ``claims.yml``; more than
-            half of the seeds, so that a part cannot both hold and fail.
-        trivial: the trivial-phase bar in words (a seed where a compared arm stayed at the level
-            of a trivial predictor decides nothing), or None.
+    Per seed, ``quantity`` counts *for* the part when it lies beyond ``at`` in ``direction``
+    (``"below"``, ``"above"``; ``"yes"`` for yes/no outcomes) by more than ``margin``,
+    *against* it when beyond on the other side by more than ``margin``, else (or when the
+    seed failed the ``trivial`` bar) for neither. The part holds when ``agree`` of ``of``
+    seeds count for it, fails when as many count against, and is undecided otherwise.
     """
 
     quantity: str
@@ -222,14 +179,8 @@ class Rule:
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one part of a rule on the recorded seeds.
-
-    Attributes:
-        outcome: ``"holds"``, ``"fails"`` or ``"undecided"``.
-        n_for, n_against: seeds that count for and against the part.
-        n: seeds recorded; need: seeds that must agree (the declared majority, scaled to ``n``
-            when a run has another number of seeds than the rule declares).
-    """
+    """One part's outcome (``"holds"``, ``"fails"``, ``"undecided"``): ``n_for``,
+    ``n_against`` of ``n`` seeds; ``need`` must agree (the majority scaled to ``n``)."""
 
     outcome: str
     n_for: int
@@ -259,13 +210,9 @@ def _side(rule: Rule, value: Any) -> int:
 
 
 def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) -> Decision:
-    """Apply a declared rule to the per-seed values a chapter recorded.
-
-    Args:
-        rule: a :class:`Rule` or its ``claims.yml`` mapping.
-        values: one number (or yes/no) per seed, in seed order; a list, numpy array or tensor.
-        trivial_ok: optional, one yes/no per seed: did every compared arm clear the rule's
-            trivial-phase bar on that seed? A seed that did not decides nothing.
+    """Apply a declared rule (a :class:`Rule` or its mapping) to per-seed ``values``;
+    ``trivial_ok`` (one yes/no per seed) makes a seed that failed the trivial bar count for
+    neither side.
 
     Example::
 
@@ -296,11 +243,9 @@ def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) 
 
 
 def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> str:
-    """A claim's verdict from the decisions of its parts.
-
-    Every part holds: ``held`` ("reproduced", or "explained" for a derivation checked
-    numerically); some hold: "partially reproduced"; none holds and some fail: "not
-    reproduced"; every part undecided: :data:`UNDECIDED`.
+    """A claim's verdict from its parts: all hold: ``held`` ("reproduced", or "explained");
+    some hold: "partially reproduced"; none holds, some fail: "not reproduced"; all
+    undecided: :data:`UNDECIDED`.
 
     Example::
 
@@ -393,14 +338,9 @@ def decide_claim(
     trivial_ok: Mapping[str, Any] | None = None,
     rules: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ClaimDecision:
-    """A claim's verdict from per-seed values, by the rule ``claims.yml`` declares for it.
-
-    Args:
-        claim_id: e.g. ``"C15"``; its ``rule`` in ``claims.yml`` names the parts.
-        values: part name -> per-seed values; every declared part, and no other.
-        trivial_ok: optional, part name -> per-seed yes/no (see :func:`decide`).
-        rules: the rules to use (default :func:`load_rules`), e.g. in tests.
-    """
+    """A claim's verdict from per-seed ``values`` (part name -> values, every declared part)
+    by the rule ``claims.yml`` declares for ``claim_id``; ``trivial_ok`` as in :func:`decide`,
+    ``rules`` default :func:`load_rules`."""
     rules = load_rules() if rules is None else rules
     if claim_id not in rules:
         raise KeyError(f"{claim_id} declares no rule in claims.yml; add 'rule: parts: ...' "
@@ -415,11 +355,8 @@ def decide_claim(
 
 
 def ledger_dir(start: str | os.PathLike | None = None) -> Path | None:
-    """The folder records go to: ``$LNBOOK_LEDGER``, else ``<book>/_build/ledger``, else None.
-
-    ``<book>`` is the nearest folder at or above ``start`` (default: the current directory)
-    that holds ``_toc.yml``; a notebook executed by the build or by nbval runs inside ``book/``.
-    """
+    """The folder records go to: ``$LNBOOK_LEDGER``, else ``_build/ledger`` of the nearest
+    folder at or above ``start`` (default: the cwd) holding ``_toc.yml``, else None."""
     env = os.environ.get("LNBOOK_LEDGER")
     if env:
         return Path(env)
@@ -439,22 +376,15 @@ def record(
 ) -> ClaimRecord:
     """Record the verdict a chapter computed for one claim, with the figures it rests on.
 
-    Call it after the cell that asserts the claim, with the same numbers. Writes
-    ``<ledger_dir()>/<claim_id>.json`` (replacing an older record) and returns the record,
-    which a notebook shows as a small table.
+    Writes ``<ledger_dir()>/<claim_id>.json`` (replacing an older record) and returns it.
 
     Args:
-        claim_id: ``"C01"``-``"C22"`` (the paper) or ``"P01"``-``"P22"`` (Parts II and III).
-        verdict: one of :data:`VERDICTS` (see :func:`verdict_from`).
-        figures: name -> number, short string, or list of them (e.g. one value per seed).
-            Names are lower-case identifiers; ``claims.yml``'s ``seen`` sentence refers to
-            them as ``{name}``. Floats are kept to 4 significant digits.
-        note: an optional sentence with ``{name}`` placeholders, shown under the table.
+        claim_id: ``"C01"``-``"C22"`` or ``"P01"``-``"P22"``.
+        verdict: one of :data:`VERDICTS`.
+        figures: lower-case name -> number, short string, or list of them; floats kept to 4
+            significant digits. ``claims.yml``'s ``seen`` refers to them as ``{name}``.
+        note: an optional sentence with ``{name}`` placeholders.
         scale: the scale the chapter ran at.
-
-    Example::
-
-        >>> rec = record("C17", "reproduced", {"ln_area": [0.21, 0.2]})  # doctest: +SKIP
     """
     if not (isinstance(claim_id, str) and _ID.match(claim_id)):
         raise ValueError(f"claim_id must look like 'C07' or 'P03', got {claim_id!r}")

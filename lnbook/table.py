@@ -1,9 +1,5 @@
-"""How every chapter shows its numbers: a small table of text (Markdown in a notebook, columns
-in a terminal), and :func:`glue`, which hands a value to the chapter's prose.
-
-All the chapters show their numbers this way, those that run no experiment too, so it lives at
-the top of the package: ``from lnbook import Table, glue``.
-"""
+"""How every chapter shows its numbers: :class:`Table` (Markdown in a notebook, columns in a
+terminal) and :func:`glue`, which hands a value to the chapter's prose."""
 
 from __future__ import annotations
 
@@ -17,20 +13,11 @@ GLUE_PREFIX = "application/papermill.record/"
 
 
 def glue(name: str, value: Any, display: bool = True) -> None:
-    """Hand ``value`` to the prose of the page as ``name`` (``{glue:text}`name:.2f` `` in
-    Markdown), the output ``myst_nb.glue`` writes, read by the book's build in the same way.
+    """Hand ``value`` to the page's prose as ``name`` (``{glue:text}`name:.2f` ``).
 
-    ``myst_nb.glue`` imports MyST-NB's Sphinx extension into the kernel on its first call,
-    about 1.4 s of CPU per chapter (40 s over the book) for a function of a few lines; this
-    one needs only IPython. The output: the value's display formats (``format_display_data``,
-    so ``Markdown`` and numbers glue as there), each under ``GLUE_PREFIX`` when
-    ``display=False`` (not shown in the cell), with ``{"scrapbook": {"name": ...,
-    "mime_prefix": ...}}`` in its metadata.
-
-    Args:
-        name: the name the prose refers to; unique in the notebook.
-        value: any object IPython can display.
-        display: also show the value in the cell's output.
+    Writes the output ``myst_nb.glue`` writes (its display formats, under ``GLUE_PREFIX``
+    when ``display=False``, with ``scrapbook`` metadata) without importing MyST-NB's Sphinx
+    extension into the kernel (about 1.4 s of CPU per chapter).
     """
     from IPython.core.formatters import format_display_data
     from IPython.display import display as show
@@ -42,13 +29,8 @@ def glue(name: str, value: Any, display: bool = True) -> None:
 
 
 class Table:
-    """Rows of text shown as a Markdown table in a notebook and aligned columns in a terminal.
-
-    Args:
-        header: the column names.
-        rows: one sequence of cells per row (each cell shown with ``str``), as long as
-            ``header``.
-        caption: a line shown under the table, or None.
+    """Rows of text (``header``, ``rows`` of cells shown with ``str``, an optional
+    ``caption``) shown as a Markdown table in a notebook and aligned columns in a terminal.
 
     Example::
 

@@ -1,12 +1,7 @@
-"""The training loop every experiment of section 6 uses: `fit`, with checkpoint and resume.
-
-Book chapter 6 (`06_*`). The loop knows no experiment: it takes a model, a callable that returns
-the batch for a given step, and an optimizer, and it records a :class:`History` of training
-losses and evaluation metrics. Because the batch for step ``s`` is a pure function of ``s``
-(see :class:`Batches`) and the checkpoint holds the model, the optimizer, the random number
-generator states and the history, a run interrupted at any step and resumed from its last
-checkpoint ends with the same history and the same weights as a run that was never stopped
-(bit-identical on CPU; ``tests/test_train.py`` checks it).
+"""The training loop of section 6's experiments (`06_*`): :func:`fit`, with checkpoint and
+resume. The batch for step ``s`` is a pure function of ``s`` (:class:`Batches`) and the
+checkpoint holds model, optimizer, generator states and history, so a resumed run ends
+bit-identical to an uninterrupted one (on CPU; ``tests/test_train.py``).
 """
 
 from __future__ import annotations
@@ -32,16 +27,9 @@ Batch = tuple[Tensor, ...]
 
 @dataclass
 class History:
-    """What a training run recorded.
-
-    Attributes:
-        steps: update counts 1, 2, ..., one per update.
-        losses: the training loss of the batch that update ``steps[i]`` was computed on.
-        eval_steps: update counts at which ``eval_fn`` ran (0 = before training).
-        metrics: the dicts ``eval_fn`` returned, one per entry of ``eval_steps``.
-        wall_time: seconds spent in training and evaluation, summed over resumed sessions.
-        step_times: seconds per update (optional; not restored bit-identically on resume).
-    """
+    """What a training run recorded: per update ``steps`` and training ``losses``; at
+    ``eval_steps`` (0 = before training) the ``metrics`` dicts of ``eval_fn``; ``wall_time``
+    (seconds, summed over resumed sessions) and optional ``step_times``."""
 
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -74,15 +62,8 @@ class History:
 class Batches:
     """Mini-batches as a pure function of the step: ``batches(step) -> tuple of tensors``.
 
-    The examples are visited in a fresh random order each epoch; the order of epoch ``e`` comes
-    from a generator seeded with ``(seed, e)`` alone, so ``batches(s)`` is the same whenever it is
-    asked for, which is what makes resuming a run reproduce it. An incomplete last batch of an
-    epoch is dropped (every batch has exactly ``batch_size`` examples).
-
-    Args:
-        *tensors: tensors with the same first dimension N (e.g. images and labels).
-        batch_size: examples per batch, 1 <= batch_size <= N.
-        seed: seed of the shuffling.
+    Epoch ``e`` visits the examples in an order drawn from ``(seed, e)`` alone; an incomplete
+    last batch is dropped.
 
     Example::
 
@@ -149,31 +130,15 @@ def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimi
                      rng: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(
-        {
-            "step": step,
-            "steps": steps,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": _rng_state() if rng is None else rng,
-            "history": history.to_dict(),
-        },
-        tmp,
-    )
+    torch.save({"step": step, "steps": steps, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "rng": _rng_state() if rng is None else rng,
+                "history": history.to_dict()}, tmp)
     os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
 
 
 class UnreadableFile(RuntimeError):
-    """A checkpoint or a run file that cannot be read: truncated (the disk filled up, a copy
-    was cut short) or not lnbook's. The message names the file, what is wrong and what to do.
-
-    A ``RuntimeError``, as torch's own error for a truncated checkpoint is.
-
-    Attributes:
-        path: the file.
-        reason: what is wrong with it.
-        remedy: what to do about it.
-    """
+    """A checkpoint or run file that cannot be read (truncated, or not lnbook's): a
+    ``RuntimeError`` with ``path``, ``reason`` and ``remedy``, all in the message."""
 
     def __init__(self, path: str | os.PathLike, reason: str, remedy: str) -> None:
         self.path, self.reason, self.remedy = Path(path), reason, remedy
@@ -185,13 +150,7 @@ class UnreadableFile(RuntimeError):
 
 def load_checkpoint(path: str | os.PathLike,
                     map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The state :func:`fit` saved in ``path`` (its ``step``, ``steps``, model, optimizer,
-    generator states and history).
-
-    Raises:
-        UnreadableFile: the file is truncated, not a checkpoint, or lacks a field ``fit``
-            wrote; the message says to delete it (the run then starts afresh) or restore it.
-    """
+    """The state :func:`fit` saved in ``path``; :class:`UnreadableFile` if it cannot be read."""
     path = Path(path)
     remedy = "delete it to train that run from the start, or put back a good copy"
     try:
@@ -244,50 +203,28 @@ def fit(
 ) -> History:
     """Train ``model`` for ``steps`` updates; evaluate, checkpoint and resume on the way.
 
-    One update: ``batch = train_data(step)`` moved to the device, ``loss = loss_fn(model, batch)``
-    (default ``model(*batch)``, which must return the scalar loss), backward, ``optimizer.step()``.
-    ``eval_fn(model)`` runs in eval mode under ``torch.no_grad()`` before the first update,
-    after every ``eval_every`` updates and after the last one.
+    One update: ``batch = train_data(step)`` on the device, ``loss = loss_fn(model, batch)``
+    (default ``model(*batch)``), backward, ``optimizer.step()``. ``eval_fn(model)`` runs under
+    ``torch.no_grad()`` in eval mode before the first update, every ``eval_every`` updates and
+    after the last.
 
     Args:
-        model: the network; moved to ``device`` (its parameters keep their identity, so an
-            optimizer built on them beforehand stays valid).
-        train_data: ``step -> batch`` (a tuple of tensors), deterministic in ``step``; e.g.
-            :class:`Batches`.
+        model: the network, moved to ``device`` (parameters keep their identity).
+        train_data: ``step -> batch``, deterministic in ``step`` (e.g. :class:`Batches`).
         optimizer: a torch optimizer over ``model``'s parameters.
-        steps: total number of updates (>= 1), counting those done before a resume.
-        eval_every: evaluate (and checkpoint) every this many updates (>= 1).
-        eval_fn: ``model -> dict[str, float]``, or None to skip evaluation.
-        device: ``"auto"`` (cuda, then mps, then cpu) or a device name.
-        seed: seeds torch's global generator at the start, for dropout and other sampling in
-            the forward pass (initialize the model before calling ``fit``, under your own seed).
-        checkpoint: file path; written atomically every ``eval_every`` updates and at the end
-            (model, optimizer, generator states, history). If the file exists when ``fit``
-            starts, training continues from it (one that cannot be read raises
-            :class:`UnreadableFile`, naming it).
-        loss_fn: ``(model, batch) -> scalar loss``; default ``model(*batch)``.
-        progress: draw a tqdm bar; default only in a terminal and when ``CI`` is not set.
-        bar: advance this tqdm bar instead of drawing one (a sweep's bar over all its runs).
-        label: names the run in the bar and in messages (e.g. ``"layer seed 2"``).
-
-    Interrupting (Ctrl-C) between two updates saves a checkpoint of the last finished update
-    before the ``KeyboardInterrupt`` goes on, so no finished update is lost; an interrupt
-    inside ``optimizer.step()`` keeps the previous checkpoint. Resuming prints from which
-    update of how many it continues.
+        steps: total updates, counting those before a resume.
+        eval_every: evaluate (and checkpoint) every this many updates.
+        eval_fn: ``model -> dict[str, float]``, or None.
+        device: ``"auto"`` (cuda, mps, cpu) or a device name.
+        seed: seeds torch's global generator at the start (dropout etc., not the init).
+        checkpoint: file written atomically at each evaluation and at the end; if it exists,
+            training continues from it. Ctrl-C saves the last finished update.
+        loss_fn: ``(model, batch) -> scalar loss``.
+        progress: draw a tqdm bar (default: in a terminal without ``CI``).
+        bar: advance this tqdm bar instead; label: names the run in bar and messages.
 
     Returns:
-        The :class:`History` of the whole run (including the part before a resume).
-
-    Example::
-
-        >>> model = nn.Linear(3, 1)
-        >>> x, y = torch.randn(64, 3), torch.randn(64, 1)
-        >>> data = Batches(x, y, batch_size=16)
-        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> mse = lambda m, b: ((m(b[0]) - b[1]) ** 2).mean()
-        >>> hist = fit(model, data, opt, steps=20, eval_every=10, loss_fn=mse, device="cpu")
-        >>> hist.steps[-1]
-        20
+        The :class:`History` of the whole run.
     """
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")

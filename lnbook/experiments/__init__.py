@@ -1,26 +1,11 @@
-"""The mini-experiments of the book: a registry of modules that share one protocol.
+"""The mini-experiments of the book (chapters 3.1, 3.2, 6.1-6.7, 7, Part II): a registry,
+:data:`EXPERIMENTS` (name -> module), of modules that share one protocol.
 
-Book chapters 3.1, the lab 3.2, 6.1-6.7, 7 and Part II. Every experiment module
-``lnbook.experiments.<name>`` defines
-
-- ``NAME: str`` and ``DESCRIPTION: str``,
-- a ``@dataclass Config`` with a field ``scale``,
-- ``get_config(scale="quick", **overrides) -> Config`` (``scale`` is ``"quick"`` or ``"paper"``),
-- ``run(config, device="auto", out=None, seeds=None) -> Results``, which trains its variants x
-  seeds through :func:`lnbook.experiments.runner.sweep` and returns one
-  :class:`~lnbook.experiments.results.Results` (also written to ``out/<NAME>.json`` when
-  ``out`` is given, with the finished runs and checkpoints from which a sweep resumes), or
-  trains every seed of a variant as one model (``mnist``'s default engine, and the
-  Transformer experiments through :mod:`.stacked`), writing ``out/<NAME>.json`` when done;
-  either way the results of another config in ``out`` are never overwritten.
-
-The shared machinery lives one job per module: ``presets``, ``results``, ``metrics``,
-``store`` (the ``out`` folder), ``job``, ``workers`` and ``runner`` (the sweep);
-:mod:`.protocol` gathers them under their old name, and every public name is importable from
-here too.
-
-The command line (``python -m lnbook run NAME``) and the notebooks find them in
-:data:`EXPERIMENTS`, a plain mapping from name to module. Experiments never import each other.
+Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale``,
+``get_config(scale="quick", **overrides)`` and ``run(config, device="auto", out=None,
+seeds=None) -> Results``, which trains its variants x seeds (through :func:`sweep`, or every
+seed as one model via :mod:`.stacked`) and writes ``out/<NAME>.json``, never over results of
+another config. The shared machinery (:mod:`.protocol`) is importable from here too.
 """
 
 from __future__ import annotations
@@ -49,41 +34,10 @@ from lnbook.experiments import (
     rnn_length,
     skip_thoughts,
 )
-from lnbook.experiments.job import Job, SweepInterrupted, cpu_threads
-from lnbook.experiments.metrics import (
-    best_step,
-    classification_metrics,
-    mean_after_start,
-    updates_to_reach,
-)
-from lnbook.experiments.presets import SCALES, check_scale, make_config
-from lnbook.experiments.results import Results, Run, load_results, save_results
-from lnbook.experiments.runner import sweep, using_executor
-from lnbook.experiments.store import OutConflict
-from lnbook.table import Table
+from lnbook.experiments.protocol import *  # noqa: F403  (the shared machinery)
+from lnbook.experiments.protocol import __all__ as _shared
 
-__all__ = [
-    "EXPERIMENTS",
-    "SCALES",
-    "Job",
-    "OutConflict",
-    "Results",
-    "Run",
-    "SweepInterrupted",
-    "Table",
-    "best_step",
-    "check_scale",
-    "classification_metrics",
-    "cpu_threads",
-    "load_experiment",
-    "load_results",
-    "make_config",
-    "mean_after_start",
-    "save_results",
-    "sweep",
-    "updates_to_reach",
-    "using_executor",
-]
+__all__ = ["EXPERIMENTS", "load_experiment", *(n for n in _shared if n != "UnreadableFile")]
 
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m

@@ -20,13 +20,8 @@ __all__ = ["Job", "SweepInterrupted", "cpu_threads"]
 
 @dataclass
 class Job:
-    """One (variant, seed) pair, as :func:`~lnbook.experiments.runner.sweep` hands it to the
-    experiment's ``train_one``.
-
-    Pass ``bar`` and ``label`` on to :func:`lnbook.fit` (its ``bar=``, ``label=``) and
-    ``checkpoint`` as its ``checkpoint=``, so that the sweep's single progress bar advances and
-    an interrupted run resumes.
-    """
+    """One (variant, seed) pair handed to ``train_one``: pass ``bar``, ``label`` and
+    ``checkpoint`` on to :func:`lnbook.fit`."""
 
     variant: str
     params: Any
@@ -42,16 +37,8 @@ def label(variant: str, seed: int) -> str:
 
 
 class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a sweep: what is saved, so the caller can say how to resume.
-
-    Attributes:
-        finished: labels of the runs that were complete (saved when the sweep had ``out``).
-        saved: ``(label, step, steps)`` of the interrupted run's checkpoint, if it had one
-            (updates of that run).
-        out: the sweep's output folder, or None when nothing was kept on disk.
-        progress: ``(done, total)`` updates of the whole sweep, as its progress bar counts
-            them (``total`` None when unknown), or None.
-    """
+    """Ctrl-C during a sweep: ``finished`` run labels, ``saved`` ``(label, step, steps)``
+    checkpoints, the ``out`` folder (or None), and the sweep's ``progress`` ``(done, total)``."""
 
     def __init__(self, finished: list[str], saved: list[tuple[str, int, int]],
                  out: Path | None, progress: tuple[int, int | None] | None = None) -> None:
@@ -78,12 +65,7 @@ class SweepInterrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def cpu_threads(n: int | None) -> Iterator[None]:
-    """Run the body with ``n`` torch CPU threads, then restore the previous count.
-
-    The book's quick models multiply small matrices, for which extra threads only add
-    overhead (and, on a busy machine, spin while they wait), so their presets use 1;
-    ``None`` leaves torch's setting alone (the paper presets, on a GPU or a big CPU).
-    """
+    """Run the body with ``n`` torch CPU threads (None: torch's setting), then restore it."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"threads must be a positive int or None, got {n!r}")
     before = torch.get_num_threads()

@@ -1,9 +1,4 @@
-"""The measurements of learning curves that the chapters share, written once.
-
-:func:`updates_to_reach` (how soon a curve gets to a target), :func:`mean_after_start` (the
-area under it, the book's measure of "converges faster"), :func:`best_step`, and
-:func:`classification_metrics` (the negative log likelihood and error rate of a classifier).
-"""
+"""The measurements of learning curves that the chapters share, written once."""
 
 from __future__ import annotations
 
@@ -26,10 +21,8 @@ def _pick(mode: str) -> Callable[[Sequence[float]], float]:
 
 def updates_to_reach(steps: Sequence[int], values: Sequence[float], target: float,
                      mode: str = "min") -> int | None:
-    """The first evaluation step at which ``values`` reaches ``target``, or None if never.
-
-    With ``mode="min"`` (a loss or an error) reaching means ``value <= target``; with
-    ``mode="max"`` (an accuracy or a recall) it means ``value >= target``.
+    """The first evaluation step at which ``values`` reaches ``target`` (``<=`` for
+    ``mode="min"``, ``>=`` for ``"max"``), or None if never.
 
     Example::
 
@@ -46,11 +39,8 @@ def updates_to_reach(steps: Sequence[int], values: Sequence[float], target: floa
 
 
 def mean_after_start(values: np.ndarray) -> np.ndarray:
-    """The mean of each curve over its evaluations after step 0: ``(seeds, E) -> (seeds,)``.
-
-    The area under a learning curve, per evaluation: a method that gets low sooner has the
-    smaller value (the measure of "converges faster" used across the book).
-    """
+    """The mean of each curve after step 0, ``(seeds, E) -> (seeds,)``: the area under a
+    learning curve, the book's measure of "converges faster"."""
     values = np.asarray(values, dtype=float)
     if values.ndim != 2 or values.shape[1] < 2:
         raise ValueError(f"values must be (seeds, evaluations >= 2), got {values.shape}")
@@ -66,12 +56,8 @@ def best_step(steps: Sequence[int], values: Sequence[float], mode: str = "min") 
 def classification_metrics(
     model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
 ) -> dict[str, float]:
-    """Mean negative log likelihood (nats) and error rate of a classifier on ``(x, y)``.
-
-    ``model(x)`` returns logits ``(N, classes)``; evaluated without gradients in chunks of
-    ``chunk`` examples on the model's device, in whatever mode the model is in (``fit``'s
-    ``eval_fn`` runs in eval mode).
-    """
+    """Mean NLL (nats) and error rate of a classifier's logits on ``(x, y)``, without
+    gradients, in chunks, in whatever mode the model is in."""
     dev = next(model.parameters()).device
     nll, wrong = 0.0, 0
     with torch.no_grad():

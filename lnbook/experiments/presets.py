@@ -1,9 +1,5 @@
-"""The two scales of every experiment, and how a config is built from a preset.
-
-Every experiment's ``get_config(scale, **overrides)`` calls :func:`make_config` with its
-``Config`` dataclass and its two presets: ``quick`` (small, runs in under a minute on a laptop
-CPU: what the book shows and the tests assert) and ``paper`` (the paper's sizes, for a GPU).
-"""
+"""The two scales of every experiment (``quick``: a laptop CPU, what the book shows;
+``paper``: the paper's sizes) and :func:`make_config`, which builds a config from a preset."""
 
 from __future__ import annotations
 
@@ -25,11 +21,8 @@ def check_scale(scale: str) -> str:
 
 def make_config(config_cls: type, presets: Mapping[str, Mapping[str, Any]], scale: str,
                 overrides: Mapping[str, Any]) -> Any:
-    """``config_cls`` built from the ``scale`` preset, with fields replaced by ``overrides``.
-
-    Every experiment's ``get_config`` starts here: an unknown scale or field name raises
-    ``ValueError`` naming the valid ones.
-    """
+    """``config_cls`` from the ``scale`` preset with ``overrides``; ``ValueError`` naming the
+    valid scales or fields."""
     check_scale(scale)
     names = {f.name for f in dataclasses.fields(config_cls)} - {"scale"}
     unknown = set(overrides) - names

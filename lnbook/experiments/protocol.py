@@ -1,19 +1,7 @@
 """The one protocol every experiment follows, under one name: variants x seeds -> fit ->
-:class:`Results`.
-
-Book chapters 6.1-6.7, 3.1, 7 and Part II. This module gathers the machinery that lives in
-one file per job, so that ``from lnbook.experiments.protocol import ...`` keeps working:
-
-- :mod:`lnbook.experiments.presets`: ``SCALES``, :func:`check_scale`, :func:`make_config`
-- :mod:`lnbook.experiments.results`: :class:`Run`, :class:`Results`, :func:`save_results`,
-  :func:`load_results`
-- :mod:`lnbook.experiments.metrics`: :func:`updates_to_reach`, :func:`mean_after_start`,
-  :func:`best_step`, :func:`classification_metrics`
-- :mod:`lnbook.experiments.store`: the ``out`` folder, digests, :class:`OutConflict`
-- :mod:`lnbook.experiments.job`: :class:`Job`, :class:`SweepInterrupted`, :func:`cpu_threads`
-- :mod:`lnbook.experiments.workers`: runs trained at once (processes, or any executor)
-- :mod:`lnbook.experiments.runner`: :func:`sweep`, :func:`using_executor`
-- :mod:`lnbook.table`: :class:`Table`
+:class:`Results` (chapters 3.1, 6.1-6.7, 7, Part II). It gathers the machinery of
+``presets``, ``results``, ``metrics``, ``store``, ``job``, ``workers`` and ``runner``, so
+that ``from lnbook.experiments.protocol import ...`` keeps working.
 """
 
 from __future__ import annotations
@@ -34,25 +22,10 @@ from lnbook.table import Table
 from lnbook.train import UnreadableFile
 
 __all__ = [
-    "SCALES",
-    "Job",
-    "OutConflict",
-    "Results",
-    "Run",
-    "SweepInterrupted",
-    "Table",
-    "UnreadableFile",
-    "best_step",
-    "check_scale",
-    "classification_metrics",
-    "cpu_threads",
-    "load_results",
-    "make_config",
-    "mean_after_start",
-    "save_results",
-    "sweep",
-    "updates_to_reach",
-    "using_executor",
+    "SCALES", "Job", "OutConflict", "Results", "Run", "SweepInterrupted", "Table",
+    "UnreadableFile", "best_step", "check_scale", "classification_metrics", "cpu_threads",
+    "load_results", "make_config", "mean_after_start", "save_results", "sweep",
+    "updates_to_reach", "using_executor",
 ]
 
 _private = (_jsonable, _worker_ignores_ctrl_c)  # kept importable from here for old callers

@@ -64,11 +64,7 @@ def read_json(path: str | os.PathLike, remedy: str) -> Any:
 
 
 def load_results(path: str | os.PathLike) -> Results:
-    """Read a :class:`Results` written by :func:`save_results`.
-
-    Raises:
-        UnreadableFile: the file is truncated, not JSON, or not a results file.
-    """
+    """Read a :class:`Results` written by :func:`save_results` (:class:`UnreadableFile` if not)."""
     d = read_json(path, "write the results again (run the sweep into the same folder)")
     try:
         return Results.from_dict(d)
@@ -79,15 +75,8 @@ def load_results(path: str | os.PathLike) -> Results:
 
 @dataclass
 class Run:
-    """One trained (variant, seed) pair.
-
-    Attributes:
-        variant: the variant's name (a key of the ``variants`` given to the sweep).
-        seed: the seed of its initialization and data order.
-        history: the :class:`lnbook.train.History` that :func:`lnbook.fit` recorded.
-        info: anything else the experiment measured on this run (JSON types), e.g. the test
-            error per time step.
-    """
+    """One trained (variant, seed) pair: its :class:`~lnbook.train.History` and ``info``
+    (anything else the experiment measured on it, JSON types)."""
 
     variant: str
     seed: int
@@ -106,15 +95,8 @@ class Run:
 
 @dataclass
 class Results:
-    """What a sweep produced: every run, and how it was configured. One layout for all.
-
-    Attributes:
-        name: the experiment's name.
-        config: its configuration, as a dict.
-        device: the device it trained on.
-        runs: one :class:`Run` per (variant, seed), in the order they were trained.
-        info: what the experiment adds about the whole sweep (data source, trivial baselines).
-    """
+    """What a sweep produced: ``name``, ``config`` (a dict), ``device``, ``runs`` (one
+    :class:`Run` per (variant, seed), in training order) and ``info`` about the sweep."""
 
     name: str
     config: dict[str, Any]

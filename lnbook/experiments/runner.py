@@ -1,12 +1,8 @@
 """The one protocol every experiment follows: variants x seeds -> fit -> :class:`Results`.
 
-An experiment module describes *what* to train (its ``Config`` dataclass, a model, data, and a
-function that trains one variant with one seed); :func:`sweep` runs every (variant, seed) pair,
-shows one progress bar for the whole sweep, keeps finished runs and checkpoints on disk when
-given an ``out`` folder (so that an interrupted sweep resumes where it stopped, and a finished
-run is never overwritten: :mod:`lnbook.experiments.store`), and returns one :class:`Results`.
-Runs train one after another in this process, at once in worker processes (``workers``), or on
-any :class:`concurrent.futures.Executor` (:func:`using_executor`; :mod:`.workers`).
+:func:`sweep` trains every (variant, seed) pair (here, in worker processes, or on an
+executor: :mod:`.workers`) under one progress bar, keeps finished runs and checkpoints in
+``out`` (:mod:`.store`: resumable, never overwritten) and returns one :class:`Results`.
 """
 
 from __future__ import annotations
@@ -43,18 +39,10 @@ _EXECUTOR: contextvars.ContextVar[Executor | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def using_executor(executor: Executor | None) -> Iterator[Executor | None]:
-    """Every :func:`sweep` in the body (one an experiment's ``run`` calls too) trains its runs
-    on ``executor`` unless it is given one itself.
+    """Every :func:`sweep` in the body trains its runs on ``executor`` unless given one.
 
-    Use an executor of processes (a Dask cluster, ``ProcessPoolExecutor``): the runs of a
-    thread pool share torch's global random state, so an experiment that seeds it
-    (``torch.manual_seed`` before building its model) gets other numbers than in one process.
-
-    Example::
-
-        from dask.distributed import Client
-        with Client("tcp://scheduler:8786") as client, using_executor(client.get_executor()):
-            results = mnist.run(mnist.get_config("paper"), out="runs/")
+    Use processes (a Dask cluster, ``ProcessPoolExecutor``): threads share torch's global
+    random state, so seeded experiments would get other numbers.
     """
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor must be a concurrent.futures.Executor, got "
@@ -97,44 +85,30 @@ def sweep(
     """Train every variant with every seed through ``train_one``; return one :class:`Results`.
 
     Args:
-        name: the experiment's name (``Results.name``; files are ``out/<name>.json``).
-        variants: name -> parameters of the variant (anything ``train_one`` understands),
-            trained in this order.
-        seeds: the seeds, each variant trained once per seed.
+        name: the experiment's name (files are ``out/<name>.json``).
+        variants: name -> parameters (anything ``train_one`` understands), in order.
+        seeds: each variant is trained once per seed.
         train_one: ``Job -> History`` or ``(History, info)``; builds the model under
             ``torch.manual_seed(job.seed)`` and calls :func:`lnbook.fit` with ``bar=job.bar``,
             ``label=job.label`` and ``checkpoint=job.checkpoint``.
         config: the experiment's config dataclass (stored with the results and each run).
         device: ``"auto"`` (cuda, mps, cpu) or a device.
-        out: folder for ``<name>.json``, the finished runs (``runs/``) and the checkpoints
-            (``checkpoints/``, when ``checkpoint`` is True); None keeps everything in memory.
-            A finished run there is reused under the same config, continued when only
-            ``steps``, ``eval_every``, ``checkpoint``, ``threads`` or ``workers`` changed
-            (training longer continues from its checkpoint), and never overwritten by a run
-            of another config: the sweep then raises :class:`OutConflict` before training.
-        checkpoint: give every job a checkpoint file under ``out`` (paper-scale runs).
-        steps: updates per run (an int, or ``(variant, params) -> int``), for the total of
-            the progress bar.
-        info: what to store about the whole sweep in ``Results.info``.
+        out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
+            memory. Finished runs of the same config are reused (continued when only
+            ``steps``, ``eval_every``, ``checkpoint``, ``threads`` or ``workers`` changed);
+            runs of another config raise :class:`OutConflict` before anything trains.
+        checkpoint: give every job a checkpoint file under ``out``.
+        steps: updates per run (an int, or ``(variant, params) -> int``), for the bar.
+        info: stored as ``Results.info``.
         progress: show the bar; default only in a terminal outside CI.
-        threads: torch CPU threads while training (see
-            :func:`~lnbook.experiments.job.cpu_threads`); None leaves torch's setting.
-        workers: how many runs train at once, each in its own process, on a CPU device (on
-            a GPU, or with one run to train, they train one after another). Results are the
-            same as with 1: every run seeds itself. ``train_one`` must then be picklable (a
-            module-level function, or a ``functools.partial`` of one), and the bar moves
-            when a run finishes. Each worker starts a fresh Python (a few seconds), and ends
-            when this process does, however it ends.
-        executor: train the runs on this :class:`concurrent.futures.Executor` instead (for
-            example ``dask.distributed.Client(address).get_executor()``); default the one of
-            :func:`using_executor`, if any. ``train_one`` and its arguments travel to the
-            engine's workers (they must import lnbook); the same numbers as ``workers=1``.
+        threads: torch CPU threads while training (:func:`~.job.cpu_threads`).
+        workers: runs trained at once, one process each, on a CPU (same results;
+            ``train_one`` must be picklable).
+        executor: a :class:`concurrent.futures.Executor` to train on instead (default the
+            one of :func:`using_executor`); same numbers as ``workers=1``.
 
     Raises:
-        SweepInterrupted: on Ctrl-C, after saying which runs are finished and which
-            checkpoint the interrupted one left (a ``KeyboardInterrupt``).
-        OutConflict: ``out`` holds finished runs of another config (nothing was trained).
-        UnreadableFile: a run file or checkpoint in ``out`` is truncated or not lnbook's.
+        SweepInterrupted: on Ctrl-C, saying what is saved. OutConflict, UnreadableFile.
     """
     if not variants:
         raise ValueError("variants is empty: name at least one variant to train")

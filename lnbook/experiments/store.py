@@ -4,12 +4,9 @@
     out/runs/<variant>-seed<S>.json         each finished run, with its config and its digest
     out/checkpoints/<name>-<variant>-seed<S>-<digest>.pt   a run in progress (paper scale)
 
-The digest is a hash of the config without the fields that only continue a run
-(:data:`CONTINUES`: train longer, evaluate or checkpoint at other times, use other processes or
-threads). A finished run is reused when its config is the same (the number of ``workers`` aside);
-trained again, from its checkpoint, when only those fields changed (a longer run); and when its
-digest differs it is another experiment's result: it is kept, and the sweep refuses to start
-(:class:`OutConflict`) rather than overwrite it.
+The digest hashes the config without :data:`CONTINUES`. A finished run is reused under the
+same config, continued when only those fields changed, and otherwise kept: the sweep refuses
+to start (:class:`OutConflict`).
 """
 
 from __future__ import annotations

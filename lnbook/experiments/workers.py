@@ -1,11 +1,6 @@
-"""Runs of a sweep trained at once: in worker processes of this machine, or on any
-:class:`concurrent.futures.Executor` (a Dask cluster's, submitit's, Ray's), with Ctrl-C handling.
-
-Worker processes (``workers=N``) are fresh Pythons (the ``spawn`` start method). Each one ignores
-Ctrl-C between runs and takes it as ``KeyboardInterrupt`` only while a run trains (the run then
-saves its checkpoint), and each one watches its parent: when the process that runs the sweep
-dies, however it dies (Ctrl-C, ``kill -9``, a restarted Jupyter kernel), its workers end within
-a second instead of training on as orphans.
+"""Runs of a sweep trained at once: in fresh worker processes (``spawn``), or on any
+:class:`concurrent.futures.Executor`. Workers take Ctrl-C only while a run trains (it then
+saves its checkpoint) and end within a second when the sweep's process dies.
 """
 
 from __future__ import annotations
@@ -43,10 +38,7 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _worker_ignores_ctrl_c(parent: int | None = None) -> None:
-    """Pool initializer: between runs a worker ignores Ctrl-C. A terminal sends it to every
-    process of the group; a worker that is waiting for a run, or unpickling one, has nothing
-    to save, and a KeyboardInterrupt there would end it with a traceback (the parent stops
-    the sweep and reports). With ``parent`` (its pid), the worker also ends when it dies."""
+    """Pool initializer: ignore Ctrl-C between runs; with ``parent``, end when it dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if parent is not None:
         threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True,
@@ -86,12 +78,9 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
                        workers: int = 1, executor: Executor | None = None) -> None:
     """Train ``jobs`` at once, filling ``done`` (index -> run) as runs finish.
 
-    Without ``executor``, in ``workers`` processes of this machine, never more runs handed out
-    than there are workers (nothing queued that Ctrl-C must undo); a worker writes its
-    finished run's file itself. With ``executor``, every job is submitted at once and the
-    engine schedules them; the runs come back to this process, which writes their files (a
-    cluster's workers need not see ``folder``; its checkpoints, written where a run trains,
-    resume only on a folder they share).
+    Without ``executor``: ``workers`` local processes, never more runs handed out than
+    workers; each worker writes its run file. With ``executor``: all jobs submitted at once,
+    the runs' files written here.
     """
     own = executor is None
     if own:
