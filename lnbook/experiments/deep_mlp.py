@@ -48,20 +48,8 @@ from lnbook.norms import LayerNorm
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "PROBE_KEYS",
-    "Config",
-    "get_config",
-    "DeepMLP",
-    "LayerProbe",
-    "log_spread",
-    "prior_nll",
-    "probe_array",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
+           "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]
 
 NAME = "deep_mlp"
 DESCRIPTION = (

@@ -34,19 +34,8 @@ from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "TASKS",
-    "Config",
-    "get_config",
-    "make_task",
-    "norm_pairs",
-    "token_scale_spread",
-    "fit_line_and_tanh",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "TASKS", "Config", "get_config", "make_task",
+           "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run"]
 
 NAME = "dyt"
 DESCRIPTION = (

@@ -38,19 +38,8 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "Config",
-    "get_config",
-    "GhostBatchNorm",
-    "ConvNet",
-    "normalize",
-    "statistics_set",
-    "variant_name",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNorm", "ConvNet",
+           "normalize", "statistics_set", "variant_name", "run"]
 
 NAME = "group_norm"
 DESCRIPTION = (

@@ -46,31 +46,11 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "KINDS",
-    "Config",
-    "get_config",
-    "layer_norm_variant",
-    "UnbiasedLayerNorm",
-    "DigitsMLP",
-    "train_digits_mlp",
-    "to_biased",
-    "residual_placements",
-    "variant_name",
-    "run",
-    "STATS_NORMS",
-    "NORM_LABELS",
-    "DetachNorm",
-    "NormMLP",
-    "StatsConfig",
-    "get_stats_config",
-    "run_stats",
-    "AFFINE_NORMS",
-    "affine_mlp",
-    "run_affine",
-]
+__all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_variant",
+           "UnbiasedLayerNorm", "DigitsMLP", "train_digits_mlp", "to_biased",
+           "residual_placements", "variant_name", "run", "STATS_NORMS", "NORM_LABELS",
+           "DetachNorm", "NormMLP", "StatsConfig", "get_stats_config", "run_stats", "AFFINE_NORMS",
+           "affine_mlp", "run_affine"]
 
 NAME = "mistakes"
 DESCRIPTION = (
