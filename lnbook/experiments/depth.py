@@ -90,7 +90,7 @@ def _stream(model: Transformer, idx: Tensor, skip: int | None = None) -> list[Te
 
 
 def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
-    """The rise in loss on ``(x, y)`` when each block (``x_l = x_{l-1}``) is skipped, block 1 first."""
+    """The rise in loss on ``(x, y)`` when each block is skipped (``x_l = x_{l-1}``)."""
     with torch.no_grad():
         full = float(sequence_loss(model(x), y))
         costs = []
@@ -102,8 +102,9 @@ def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
 
 def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
                       ) -> list[float]:
-    """Mean over ``n_dirs`` random directions ``v`` (drawn with ``seed``) of ``||J v - v|| / ||v||``,
-    ``J`` each block's Jacobian at its input (:func:`torch.func.jvp`), block 1 first.
+    """Mean over ``n_dirs`` random directions ``v`` (drawn with ``seed``) of
+    ``||J v - v|| / ||v||``, ``J`` each block's Jacobian at its input
+    (:func:`torch.func.jvp`), block 1 first.
     """
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

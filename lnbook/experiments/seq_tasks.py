@@ -1,4 +1,4 @@
-"""What the Transformer experiments of Parts II and III share: a task, its trivial baseline, one run.
+"""What the Transformer experiments of Parts II-III share: a task, its trivial baseline, one run.
 
 Not an experiment itself; ``rmsnorm``, ``placement``, ``qk_norm``, ``peri_ln``, ``depth`` and
 ``attention_geometry`` build on :class:`TaskConfig` (shared settings and presets, and the model
@@ -93,9 +93,8 @@ def check_lrs(lrs: Sequence[float]) -> None:
 
 
 def presets(**paper: Any) -> dict[str, dict[str, Any]]:
-    """The ``quick`` (the Config's defaults) and ``paper`` presets (the shared large settings with the
-    experiment's own ``paper`` fields on top).
-    """
+    """The ``quick`` (the Config's defaults) and ``paper`` presets (the shared large settings
+    with the experiment's own ``paper`` fields on top)."""
     return {"quick": {}, "paper": {**_PAPER, **paper}}
 
 
