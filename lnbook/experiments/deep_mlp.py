@@ -111,18 +111,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
     # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
-    "paper": {
-        "threads": None,
-        "data": "mnist",
-        "width": 1000,
-        "batch_size": 128,
-        "steps": 5000,
-        "eval_every": 100,
-        "lr": 0.02,
-        "probe_updates": (1, 100, 1000, 5000),
-        "n_eval_train": 10_000,
-        "seeds": verdict_seeds(5),
-    },
+    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128, "steps":
+        5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
+        "n_eval_train": 10_000, "seeds": verdict_seeds(5)},
 }
 
 

@@ -90,22 +90,9 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "threads": None,
-        "length": 16,
-        "vocab_size": 32,
-        "n_train": 100_000,
-        "n_val": 2048,
-        "d_model": 128,
-        "n_heads": 8,
-        "n_layers": 6,
-        "batch": 128,
-        "steps": 5000,
-        "eval_every": 250,
-        "lr": 1e-3,
-        "n_probe": 256,
-        "seeds": verdict_seeds(5),
-    },
+    "paper": {"threads": None, "length": 16, "vocab_size": 32, "n_train": 100_000,
+        "n_val": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch": 128, "steps": 5000,
+        "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": verdict_seeds(5)},
 }
 
 
@@ -127,29 +114,25 @@ def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tens
     """``{name: (x, y)}`` for every layer norm on the residual stream (not q/k norms): its inputs
     and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64.
     """
-    out = {}
-    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
-        module = model.get_submodule(name)
-        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
-            continue
-        shape = module.normalized_shape
-        y = layer_norm(x, shape, eps=module.eps)  # (*, D) before gain and bias
-        out[name] = (x.flatten().double(), y.flatten().double())
-    return out
+    return {name: (x.flatten().double(),  # (*, D) before gain and bias:
+                   layer_norm(x, module.normalized_shape, eps=module.eps).flatten().double())
+            for name, module, x in _ln_inputs(model, inputs)}
+
+
+def _ln_inputs(model: nn.Module, inputs: Tensor) -> list[tuple[str, LayerNorm, Tensor]]:
+    """``(name, module, input)`` of every layer norm on the residual stream."""
+    return [(name, model.get_submodule(name), x)
+            for name, (x, _) in norm_inputs_outputs(model, inputs).items()
+            if isinstance(model.get_submodule(name), LayerNorm)
+            and not name.endswith(("q_norm", "k_norm"))]
 
 
 def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
     """Per layer norm of :func:`norm_pairs`, the standard deviation over tokens of ``log(sigma_t)``,
     ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled).
     """
-    out = {}
-    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
-        module = model.get_submodule(name)
-        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
-            continue
-        sigma = x.double().std(dim=-1, unbiased=False).flatten()  # (tokens,)
-        out[name] = float(sigma.log().std())
-    return out
+    return {name: float(x.double().std(dim=-1, unbiased=False).flatten().log().std())
+            for name, _, x in _ln_inputs(model, inputs)}  # std over tokens of log(sigma_t)
 
 
 def fit_line_and_tanh(
@@ -188,8 +171,13 @@ def fit_line_and_tanh(
             "cut": 1.0 - tanh / line if line > 0 else 0.0}
 
 
-def _fits(model: nn.Module, probe: Tensor) -> dict[str, dict[str, float]]:
-    return {name: fit_line_and_tanh(x, y) for name, (x, y) in norm_pairs(model, probe).items()}
+def _layer_info(info: dict, when: str, model: nn.Module, probe: Tensor, n_points: int) -> None:
+    """Add ``fits_``, ``spread_`` and (``n_points > 0``) ``points_`` + ``when`` to ``info``."""
+    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y)
+                            for name, (x, y) in norm_pairs(model, probe).items()}
+    info[f"spread_{when}"] = token_scale_spread(model, probe)
+    if n_points:
+        info[f"points_{when}"] = _points(model, probe, n_points)
 
 
 def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[float]]]:
@@ -231,12 +219,9 @@ def run(
                             config.n_layers, x.shape[1], norm=job.params,
                             dyt_alpha_init=config.dyt_alpha_init)
         info: dict[str, Any] = {}
-        keep = job.params == "layer" and job.seed == run_seeds[0]
+        keep = job.seed == run_seeds[0]
         if job.params == "layer":
-            info["fits_init"] = _fits(model, probe)
-            info["spread_init"] = token_scale_spread(model, probe)
-            if keep:
-                info["points_init"] = _points(model, probe, config.n_points)
+            _layer_info(info, "init", model, probe, config.n_points if keep else 0)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
         hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
                    steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
@@ -245,10 +230,7 @@ def run(
                    bar=job.bar, label=job.label)
         model.cpu().eval()
         if job.params == "layer":
-            info["fits_trained"] = _fits(model, probe)
-            info["spread_trained"] = token_scale_spread(model, probe)
-            if keep:
-                info["points_trained"] = _points(model, probe, config.n_points)
+            _layer_info(info, "trained", model, probe, config.n_points if keep else 0)
         elif job.params == "dyt":
             seen = norm_inputs_outputs(model, probe)
             info["alpha"] = {n: float(m.alpha.detach()) for n, m in model.named_modules()

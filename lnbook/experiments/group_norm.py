@@ -81,16 +81,8 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "threads": None,
-        "norms": NORMS,
-        "bn_batches": (2, 4, 8, 16, 32),
-        "channels": 64,
-        "groups": 32,
-        "steps": 2000,
-        "eval_every": 100,
-        "lr": 1e-3,
-    },
+    "paper": {"threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64,
+        "groups": 32, "steps": 2000, "eval_every": 100, "lr": 1e-3},
 }
 
 
