@@ -49,19 +49,15 @@ class Config:
     """Settings of the lab's deep-MLP experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        data: ``"digits"`` (scikit-learn's 8x8 digits) or ``"mnist"``.
+        scale: ``"quick"`` or ``"paper"``. data: ``"digits"`` or ``"mnist"``.
         depth, width: hidden layers (``Linear -> norm -> ReLU``) and their units.
         init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
-        norms: variants to train, from :data:`NORMS`.
-        batch_size, steps, eval_every: examples per update, updates, updates between evals.
-        lr, momentum: SGD's.
+        norms: variants, from :data:`NORMS`.
+        batch_size, steps, eval_every, lr, momentum: SGD's batch, updates, evaluations, rate.
         probe_updates: updates (1 = the first) at which the probe records.
-        hist_range, hist_bins: ``(low, high)`` in log10 of the absolute value, and bins, of the
-            histograms.
+        hist_range, hist_bins: the histograms' ``(low, high)`` in log10 ``|value|``, and bins.
         n_eval_train: training examples on which the training NLL is measured.
-        seeds: seeds of the runs (initialization and batch order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -111,8 +107,8 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
     # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
-    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128, "steps":
-        5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
+    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128,
+        "steps": 5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
         "n_eval_train": 10_000, "seeds": verdict_seeds(5)},
 }
 
@@ -125,13 +121,10 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 class DeepMLP(nn.Module):
     """A deep ReLU MLP, ``[Linear -> norm -> ReLU] * depth -> Linear``, with a scaled He init.
 
-    The norm (``"none"``, ``"batch"`` or ``"layer"``) acts on each hidden layer's summed inputs and
-    brings its own bias (the linear maps in front of one have none); weights start with standard
-    deviation ``init_scale * sqrt(2 / fan_in)``.
-
-    Shape:
-        - Input: ``(N, sizes[0])``; output: logits ``(N, sizes[-1])``, with ``return_summed=True``
-          also the summed inputs ``(N, sizes[l])`` of every hidden layer, before its norm.
+    The norm (``"none"``, ``"batch"``, ``"layer"``) acts on each hidden layer's summed inputs and
+    brings the bias; weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
+    ``(N, sizes[0])`` to logits ``(N, sizes[-1])``, with ``return_summed=True`` also every hidden
+    layer's summed inputs.
 
     Example::
 
@@ -198,10 +191,10 @@ def _log_hist(t: Tensor, edges: np.ndarray) -> list[int]:
 class LayerProbe:
     """Records per-layer statistics of a :class:`DeepMLP` at chosen updates (1-based).
 
-    Register it on the optimizer and route each update's forward through :meth:`forward`. At a
-    probed update it records, per hidden layer, the RMS and a histogram (bin ``edges`` in log10) of
-    ``log10 |value|`` of the summed inputs and of their gradients, and per weight matrix the
-    gradient norm and ``||W_after - W_before|| / ||W_before||``.
+    Register it on the optimizer and route each forward through :meth:`forward`. At a probed update
+    it records per hidden layer the RMS and a histogram (``edges`` in log10) of ``|value|`` of the
+    summed inputs and their gradients, and per weight the gradient norm and ``||W_after - W_before||
+    / ||W_before||``.
 
     Example::
 

@@ -42,17 +42,14 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` or ``"paper"``.
-        task, length, vocab_size: ``"sort"``, ``"copy"`` or ``"recall"``, its length (or pairs)
-            and content symbols.
+        task, length, vocab_size: ``"sort"``, ``"copy"`` or ``"recall"``, its length, symbols.
         n_train, n_val: training (seed 0) and held-out (seed 1) sequences.
         d_model, n_heads, n_layers: the Transformer.
         batch, steps, eval_every, lr: Adam's batch, updates, updates between evaluations, rate.
         dyt_alpha_init: initial ``alpha`` of every DyT.
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
-        n_probe: held-out sequences whose layer-norm inputs and outputs are fitted.
-        n_points: (input, output) pairs per layer norm kept for plotting (first seed).
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"

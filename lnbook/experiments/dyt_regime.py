@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
@@ -47,16 +48,13 @@ class Config:
     Attributes:
         scale: ``"quick"`` or ``"paper"``.
         task, size, symbols: the task (:func:`lnbook.experiments.seq_tasks.make_task`).
-        n_trains: the training-set sizes, smallest first (the first ``n`` of one draw).
-        n_test: held-out sequences.
+        n_trains, n_test: training-set sizes, increasing (the first ``n`` of one draw); held-out.
         d_model, n_heads, n_layers: the Transformer.
-        batch_size, steps, lr: sequences per update, Adam updates, rate (the same for both norms).
+        batch_size, steps, lr: Adam's batch, updates and rate (the same for both norms).
         dyt_alpha_init: initial ``alpha`` of every DyT.
-        early_step: the update after which the saturated share is measured.
-        threshold: a tanh unit is saturated when ``|alpha * x| > threshold``.
-        n_probe: training sequences (common to every size) the share is measured on.
-        seeds: seeds of the runs (initialization and batch order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        early_step, threshold, n_probe: the saturated share (``|alpha * x| > threshold``) is
+            measured after ``early_step`` updates on the first ``n_probe`` training sequences.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -209,11 +207,8 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
     task = make_task(config.task, config.n_trains[-1], config.n_test, config.size,
                      config.symbols)
     copies = [(n, s) for n in config.n_trains for s in seeds]
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
     runs = []
-    try:
+    with cpu_threads(config.threads):
         for norm in NORMS:
             mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
                                    n_heads=config.n_heads, n_layers=config.n_layers,
@@ -225,8 +220,6 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
                                     probe=task.x[: config.n_probe],
                                     threshold=config.threshold)
             runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
-    finally:
-        torch.set_num_threads(before)
     results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})

@@ -42,14 +42,11 @@ class Config:
     """Settings of the group-norm experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        norms: the variants, from :data:`NORMS` (must include ``"batch"``).
-        bn_batches: examples per batch-norm statistic, each dividing ``batch``.
-        batch: examples per update (the same for every variant).
-        channels, groups: channels of the two conv layers; groups of group norm.
-        steps, eval_every, lr: Adam updates, updates between evaluations, learning rate.
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        scale: ``"quick"`` or ``"paper"``. norms: from :data:`NORMS`, with ``"batch"``.
+        bn_batches: examples per batch-norm statistic, each dividing ``batch``, the examples per
+            update. channels, groups: of the two conv layers and of group norm.
+        steps, eval_every, lr: Adam updates, updates between evaluations, rate.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -97,17 +94,8 @@ class GhostBatchNorm(nn.Module):
     """Batch normalization whose statistics come from groups of ``batch_size`` examples.
 
     In training each of the ``N / batch_size`` consecutive groups is normalized with its own
-    per-channel mean and biased variance over ``(batch_size, H, W)`` (Wu and He's BN per GPU);
-    the running averages (unbiased variance, as torch) serve in evaluation. With ``batch_size = N``
-    it is :class:`torch.nn.BatchNorm2d` (eq. 2 of the paper).
-
-    Args:
-        num_features: channels ``C``.
-        batch_size: examples per group of statistics (>= 2); must divide ``N`` in training.
-        eps, momentum: as :class:`torch.nn.BatchNorm2d`.
-
-    Shape:
-        - Input: ``(N, C, H, W)``; output: the same shape.
+    per-channel mean and biased variance over ``(batch_size, H, W)`` (Wu and He's BN per GPU); the
+    running averages serve in evaluation. With ``batch_size = N``: :class:`torch.nn.BatchNorm2d`.
 
     Example::
 
@@ -172,18 +160,14 @@ def _norm(norm: str, channels: int, groups: int, bn_batch: int) -> nn.Module:
 
 
 class ConvNet(nn.Module):
-    """``[conv3x3 -> norm -> ReLU -> maxpool 2] * 2 -> Linear`` for 8x8 images.
+    """``[conv3x3 -> norm -> ReLU -> maxpool 2] * 2 -> Linear``, ``(N, 1, 8, 8)`` to ``(N, 10)``.
 
-    Bias-free convolutions; group norm with ``groups`` groups, layer norm = 1 group, instance norm =
-    ``C`` groups, batch norm :class:`GhostBatchNorm` over ``bn_batch`` examples.
-
-    Shape:
-        - Input: ``(N, 1, 8, 8)``; output: logits ``(N, 10)``.
+    Bias-free convolutions; layer norm is group norm with 1 group, instance norm with ``C``; batch
+    norm is :class:`GhostBatchNorm` over ``bn_batch`` examples.
 
     Example::
 
-        >>> net = ConvNet("group", channels=8, groups=2)
-        >>> net(torch.rand(4, 1, 8, 8)).shape
+        >>> ConvNet("group", channels=8, groups=2)(torch.rand(4, 1, 8, 8)).shape
         torch.Size([4, 10])
     """
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.job import Job
+from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results
@@ -60,23 +60,13 @@ def layer_norm_variant(
     stats_dtype: torch.dtype | None = None,
     detach: bool = False,
 ) -> Tensor:
-    """Eq. 3 over the last dimension, without gain and bias, right or in a common wrong way.
+    """Eq. 3 over the last dimension ``(*, H)``, no gain and bias, right or in a common wrong way.
 
     Right (every option at its default): ``(x - mu) / sqrt(var + eps)``, biased two-pass variance,
     float32 statistics for half inputs. Each option is the keyword of the same name of
-    :func:`lnbook.functional.normalize`.
-
-    Args:
-        x: floating-point input ``(*, H)``.
-        eps: keeps the denominator away from 0.
-        unbiased: divide by ``H - 1``: every output shrinks by ``sqrt((H - 1) / H)``.
-        one_pass: ``E[x^2] - E[x]^2`` (cancels for a large mean, can turn negative).
-        eps_inside: False: ``(x - mu) / (sqrt(var) + eps)`` (NaN gradient for a constant row).
-        stats_dtype: the statistics' dtype (``torch.float16``: ``x ** 2`` overflows above 256).
-        detach: mean and variance constants to autograd (:class:`DetachNorm`).
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape and dtype.
+    :func:`lnbook.functional.normalize`: ``unbiased`` (divide by ``H - 1``), ``one_pass``
+    (``E[x^2] - E[x]^2``), ``eps_inside=False`` (``(x - mu) / (sqrt(var) + eps)``), ``stats_dtype``
+    (``torch.float16``: ``x ** 2`` overflows above 256), ``detach`` (:class:`DetachNorm`).
     """
     if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1):
         raise TypeError("x must be a floating-point tensor of shape (*, H)")
@@ -89,13 +79,9 @@ def layer_norm_variant(
 
 
 class UnbiasedLayerNorm(nn.Module):
-    """Layer norm with the *unbiased* variance: the mistake, as a module.
-
-    The parameters and state dict of :class:`lnbook.LayerNorm` (so weights load across the two),
-    outputs ``sqrt((H - 1) / H)`` times LN's before the bias; :func:`to_biased` converts exactly.
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape.
+    """Layer norm with the *unbiased* variance: the mistake, as a module
+    (:class:`lnbook.LayerNorm`'s parameters and state dict; outputs ``sqrt((H - 1) / H)``
+    times LN's before the bias).
     """
 
     def __init__(self, hidden: int, eps: float = 1e-5) -> None:
@@ -189,14 +175,11 @@ class Config:
     """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        depths, kinds: blocks of the stacks; ``"post"`` and/or ``"deepnorm"``.
-        d_model, n_heads: width and heads of every block.
-        length, vocab_size: the sort task's sequences.
+        scale: ``"quick"`` or ``"paper"``. depths, kinds: blocks; ``"post"``/``"deepnorm"``.
+        d_model, n_heads: every block's. length, vocab_size: the sort task's.
         batch, steps, lr: Adam's batch, updates (the update size is measured after each), rate.
         n_probe: held-out sequences on which the logits are compared.
-        seeds: seeds of the runs.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -294,16 +277,12 @@ NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "De
 class DetachNorm(nn.Module):
     r"""Layer norm whose mean and variance are constants to the backward pass (Xu et al., 2019).
 
-    Forward: eq. 3 without gain and bias (LayerNorm-simple); the gradient is the upstream gradient
-    over ``sqrt(var + eps)``, without the projections along :math:`\mathbf{1}` and the output.
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape and dtype.
+    Forward: eq. 3 without gain and bias; the gradient is the upstream gradient over ``sqrt(var +
+    eps)``, without the projections along :math:`\mathbf{1}` and the output. ``(*, H)`` to the same.
 
     Example::
 
-        >>> norm = DetachNorm(16)
-        >>> y = norm(torch.randn(4, 16))  # same values as F.layer_norm(x, (16,))
+        >>> y = DetachNorm(16)(torch.randn(4, 16))  # the values of F.layer_norm(x, (16,))
     """
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
@@ -370,12 +349,10 @@ class StatsConfig:
     """Settings of the norm-ablation experiment on the digits; :func:`get_stats_config`.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        norms: which of :data:`STATS_NORMS` to train.
-        hidden, depth: width and hidden layers of the :class:`NormMLP`.
-        batch, steps, lr, eval_every: Adam's batch, updates and rate; updates between evaluations.
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        scale: ``"quick"`` or ``"paper"``. norms: from :data:`STATS_NORMS`.
+        hidden, depth: the :class:`NormMLP`. batch, steps, lr: Adam's.
+        eval_every: updates between evaluations.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -505,10 +482,7 @@ def run_affine(config: StatsConfig,
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         model = affine_mlp(seeds, config.hidden, config.depth)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
         batches = seed_batches(x, y, config.batch, seeds)
@@ -522,8 +496,6 @@ def run_affine(config: StatsConfig,
             val = seed_nll(logits, yv).double().numpy()
             err = (logits.argmax(-1) != yv).double().mean(1).numpy()
             train = seed_nll(model(x), y).double().numpy()
-    finally:
-        torch.set_num_threads(before)
     n = len(seeds)
     out: dict[str, dict[str, Any]] = {
         arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],

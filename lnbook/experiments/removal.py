@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
@@ -35,14 +36,12 @@ class Config:
     """Settings of the removal experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        size, symbols: the sort task. n_train, n_test: training and held-out sequences.
-        d_model, n_heads, n_layers: the Transformer. batch: sequences per update.
-        steps, lr: Adam updates and rate of the original training.
+        scale: ``"quick"`` or ``"paper"``. size, symbols: the sort task.
+        n_train, n_test: training and held-out sequences. d_model, n_heads, n_layers: the model.
+        batch, steps, lr: Adam's batch, updates and rate of the original training.
         finetune_steps, finetune_lr: Adam updates after each replacement, and their rate.
         n_probe: training sequences on which each fixed scale is measured.
-        seeds: seeds (initialization and batch order).
-        threads: torch CPU threads during the run (None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -128,15 +127,10 @@ def run(
                         f"{type(config).__name__}")
     task = make_task("sort", config.n_train, config.n_test, config.size, config.symbols)
     probe = task.x[: config.n_probe]
-    old = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
     runs = []
-    try:
+    with cpu_threads(config.threads):
         for seed in (config.seeds if seeds is None else seeds):
             runs.append(_one(config, task, probe, seed))
-    finally:
-        torch.set_num_threads(old)
     results = Results(NAME, dict(vars(config)), str(device), runs,
                       {"baseline_loss": task.baseline_loss, "ignore_index": IGNORE_INDEX})
     if out is not None:

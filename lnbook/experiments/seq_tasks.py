@@ -37,14 +37,12 @@ class TaskConfig:
     """The settings every Part II sequence-task experiment shares; its ``Config`` subclasses it.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        task, size, symbols: the task (:func:`make_task`), its length and content symbols.
+        scale: ``"quick"`` or ``"paper"``. task, size, symbols: :func:`make_task`'s.
         n_train, n_test: training and held-out sequences.
         d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
         batch_size, steps, eval_every: sequences per update, updates, updates between evaluations.
-        seeds: seeds of the runs (initialization and batch order).
-        checkpoint, workers: per-run checkpoints and worker processes of :func:`sweep_task`.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        seeds: seeds of the runs. checkpoint, workers: of :func:`sweep_task`.
+        threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -100,15 +98,10 @@ def presets(**paper: Any) -> dict[str, dict[str, Any]]:
 
 @dataclass
 class SequenceTask:
-    """A training set, a held-out set and what a model that learnt nothing would score.
-
-    Attributes:
-        name: ``"sort"`` or ``"recall"``.
-        x, y, x_test, y_test: inputs and next-token targets, int64 ``(n, T)``; targets are
-            :data:`lnbook.data.IGNORE_INDEX` where nothing is scored.
-        vocab_size: token ids a model needs (content symbols plus the separator).
-        uniform_loss: ``log(content symbols)``, nats per scored token of a uniform guess.
-        baseline_loss: held-out loss of :func:`position_unigram_loss`, which runs must beat.
+    """A training set, a held-out set and what a model that learnt nothing would score: ``x``,
+    ``y``, ``x_test``, ``y_test`` int64 ``(n, T)`` (targets :data:`lnbook.data.IGNORE_INDEX`
+    where not scored), ``vocab_size``, ``uniform_loss`` (``log(symbols)``) and ``baseline_loss``
+    (:func:`position_unigram_loss`).
     """
 
     name: str
@@ -127,14 +120,8 @@ class SequenceTask:
 
 
 def position_unigram_loss(y_train: Tensor, y_test: Tensor, vocab: int) -> float:
-    """Held-out loss of the best predictor that ignores the input: one histogram per position.
-
-    Each scored position ``t`` predicts the add-one smoothed frequencies of the training targets at
-    ``t``; returns the mean cross-entropy on the scored targets of ``y_test`` (nats per token).
-
-    Args:
-        y_train, y_test: int64 targets ``(n, T)`` with :data:`IGNORE_INDEX` where not scored.
-        vocab: the number of symbols a target can take.
+    """Held-out loss (nats per scored token) of the best predictor that ignores the input: per
+    position the add-one smoothed target frequencies of ``y_train`` ``(n, T)``.
 
     Example::
 

@@ -25,6 +25,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.data import IGNORE_INDEX
 from lnbook.device import resolve_device
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
 from lnbook.experiments.store import check_results_file
@@ -272,13 +273,8 @@ def sweep_stacked(
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
     task = dataclasses.replace(task, x=task.x.to(dev), y=task.y.to(dev),
                                x_test=task.x_test.to(dev), y_test=task.y_test.to(dev))
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         runs = train(task, seeds)
-    finally:
-        torch.set_num_threads(before)
     results = Results(name, cfg, str(dev), runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})
