@@ -306,12 +306,8 @@ def _data(config: Config) -> dict[str, Any]:
     return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": source}
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every norm with every seed; return the sweep's results.
 
     Runs record ``train_nll``, ``test_nll`` and ``test_error``, and the :class:`LayerProbe` records

@@ -120,12 +120,8 @@ def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
     return out
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the Pre-LN model with and without LayerNorm Scaling (:data:`VARIANTS`), every seed at
     once; each run's info holds ``removal`` and ``jacobian`` per block. With ``out``, also writes
     ``out/depth.json``.

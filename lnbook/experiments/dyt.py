@@ -132,9 +132,7 @@ def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
             for name, _, x in _ln_inputs(model, inputs)}  # std over tokens of log(sigma_t)
 
 
-def fit_line_and_tanh(
-    x: Tensor, y: Tensor, grid: Tensor | None = None
-) -> dict[str, float]:
+def fit_line_and_tanh(x: Tensor, y: Tensor, grid: Tensor | None = None) -> dict[str, float]:
     r"""Least-squares fits of a line and of a tanh to the points ``(x, y)``.
 
     The line is :math:`y = a x + c`; the tanh :math:`y = a \tanh(b (x - m)) + c`, ``m`` the mean
@@ -186,12 +184,8 @@ def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[floa
     return out
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the layer-norm and the DyT Transformer with every seed; fit the norms' maps.
 
     Runs record ``val_loss``. ``"layer"`` runs' info: ``fits_init``/``fits_trained``,

@@ -134,18 +134,9 @@ def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> 
     return model.eval()
 
 
-def train_copies(
-    model_config: TransformerConfig,
-    task: SequenceTask,
-    copies: list[tuple[int, int]],
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    early_step: int,
-    probe: Tensor,
-    threshold: float,
-) -> list[dict[str, Any]]:
+def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
+                 *, steps: int, batch_size: int, lr: float, early_step: int, probe: Tensor,
+                 threshold: float) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
     Copy ``(n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and trains

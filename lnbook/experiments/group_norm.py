@@ -231,12 +231,8 @@ def variant_name(norm: str, bn_batch: int | None = None) -> str:
     return f"batch/bs{bn_batch}" if norm == "batch" else norm
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train batch norm at every ``bn_batches`` size and the other norms once, per seed.
 
     Runs record ``test_error`` and ``test_nll`` on the 359 test digits; ``Results.info`` holds

@@ -46,20 +46,11 @@ DESCRIPTION = (
 KINDS = ("post", "deepnorm")
 
 
-# ---------------------------------------------------------------------------------------------
-# the wrong ways to compute eq. 3
 
 
-def layer_norm_variant(
-    x: Tensor,
-    eps: float = 1e-5,
-    *,
-    unbiased: bool = False,
-    one_pass: bool = False,
-    eps_inside: bool = True,
-    stats_dtype: torch.dtype | None = None,
-    detach: bool = False,
-) -> Tensor:
+def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
+                       one_pass: bool = False, eps_inside: bool = True,
+                       stats_dtype: torch.dtype | None = None, detach: bool = False) -> Tensor:
     """Eq. 3 over the last dimension ``(*, H)``, no gain and bias, right or in a common wrong way.
 
     Right (every option at its default): ``(x - mu) / sqrt(var + eps)``, biased two-pass variance,
@@ -166,8 +157,6 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
             "output": alpha * layer_norm(x + branch, d)}
 
 
-# ---------------------------------------------------------------------------------------------
-# the DeepNorm experiment
 
 
 @dataclass
@@ -224,12 +213,8 @@ def variant_name(kind: str, depth: int) -> str:
     return f"{kind}/L{depth}"
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (kind, depth) stack for ``steps`` Adam updates, with every seed; each evaluation
     records ``val_loss`` and ``update``, the RMS change of the logits on ``n_probe`` held-out
     sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
@@ -266,8 +251,6 @@ def run(
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
 
 
-# ---------------------------------------------------------------------------------------------
-# the statistics' gradients and the gain and bias (Xu et al., 2019)
 
 STATS_NORMS = ("layer", "simple", "detach", "none")
 NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
@@ -391,12 +374,9 @@ def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
     return make_config(StatsConfig, _STATS_PRESETS, scale, overrides)
 
 
-def run_stats(
-    config: StatsConfig,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run_stats(config: StatsConfig, device: str | torch.device = "auto",
+              out: str | os.PathLike | None = None,
+              seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed.
 
     Runs record ``val_nll``/``val_error`` (359 held-out digits) and ``train_nll``/``train_error``

@@ -78,12 +78,8 @@ def variant_name(position: str, lr: float) -> str:
     return f"{position}/lr{lr:g}"
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``.
 
     Every seed and rate of one placement train at once on ``device``; variants

@@ -159,12 +159,8 @@ def qk_logit_bound(model: Transformer) -> float:
     return max(bounds)
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the model with and without qk-layernorm at every learning rate and seed.
 
     Variants :func:`variant_name`; evaluations record ``loss``, ``accuracy`` and ``max_logit``;

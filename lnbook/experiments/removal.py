@@ -110,12 +110,8 @@ def _train(model: torch.nn.Module, task: SequenceTask, steps: int, lr: float, ba
         opt.step()
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train, then remove the norms one at a time with fine-tuning, for every seed.
 
     Each run's ``info``: ``original``, ``all_at_once`` (no fine-tuning), ``control`` (fine-tuned

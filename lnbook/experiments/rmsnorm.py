@@ -93,17 +93,9 @@ def _perturb_(model: Transformer, generator: torch.Generator, scale: float) -> N
             p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
 
 
-def prermsnorm_gaps(
-    seed: int = 0,
-    d_model: int = 32,
-    n_heads: int = 4,
-    n_layers: int = 2,
-    seq_len: int = 16,
-    vocab_size: int = 9,
-    batch: int = 8,
-    noise: float = 0.3,
-    dtype: torch.dtype = torch.float64,
-) -> dict[str, float]:
+def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers: int = 2,
+                    seq_len: int = 16, vocab_size: int = 9, batch: int = 8, noise: float = 0.3,
+                    dtype: torch.dtype = torch.float64) -> dict[str, float]:
     """How far apart a Pre-LN Transformer and its Pre-RMSNorm conversion are (claim P03).
 
     A Pre-LN model built under ``seed`` gets ``noise * N(0, 1)`` added to every parameter (so gains
@@ -141,12 +133,8 @@ def prermsnorm_gaps(
             "centred_logits": rel(ref, centred_logits)}
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed.
 
     Variants are named by the norm; every evaluation records ``loss``, ``accuracy`` and

@@ -259,15 +259,10 @@ def train_transformer(
     return hist, {"diverged": True, "diverged_at": at}
 
 
-def sweep_task(
-    name: str,
-    variants: Mapping[str, Any],
-    train_one: Callable[..., tuple[History, dict[str, Any]]],
-    config: Any,
-    device: str | torch.device,
-    out: str | os.PathLike | None,
-    seeds: Sequence[int] | None,
-) -> Results:
+def sweep_task(name: str, variants: Mapping[str, Any],
+               train_one: Callable[..., tuple[History, dict[str, Any]]], config: Any,
+               device: str | torch.device, out: str | os.PathLike | None,
+               seeds: Sequence[int] | None) -> Results:
     """:func:`lnbook.experiments.runner.sweep` of ``train_one(job, config=config, task=task)`` on
     ``config``'s task (made once); ``Results.info`` holds ``task``, ``uniform_loss`` and
     ``baseline_loss``.

@@ -119,22 +119,12 @@ class StackedRun:
         self.history, self.info, self.model = history, info, model
 
 
-def train_stacked(
-    model_config: TransformerConfig,
-    task: SequenceTask,
-    seeds: Sequence[int],
-    lrs: Sequence[float],
-    *,
-    steps: int,
-    batch_size: int,
-    eval_every: int,
-    n_eval: int | None = None,
-    warmup: int | Sequence[int] = 0,
-    order: str = "stacked",
-    max_logit: bool = False,
-    measure: Callable[[Transformer], dict[str, Any]] | None = None,
-    stream_var: bool = True,
-) -> list[StackedRun]:
+def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Sequence[int],
+                  lrs: Sequence[float], *, steps: int, batch_size: int, eval_every: int,
+                  n_eval: int | None = None, warmup: int | Sequence[int] = 0,
+                  order: str = "stacked", max_logit: bool = False,
+                  measure: Callable[[Transformer], dict[str, Any]] | None = None,
+                  stream_var: bool = True) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
     Copies are ordered learning rate first. Copy ``(lr, seed)`` starts from the model built under
@@ -250,14 +240,9 @@ def train_stacked(
     return out
 
 
-def sweep_stacked(
-    name: str,
-    config: Any,
-    device: Any,
-    seeds: Sequence[int] | None,
-    out: str | os.PathLike | None,
-    train: Callable[[SequenceTask, tuple[int, ...]], list[Run]],
-) -> Results:
+def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | None,
+                  out: str | os.PathLike | None,
+                  train: Callable[[SequenceTask, tuple[int, ...]], list[Run]]) -> Results:
     """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, one
     :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``).
 
