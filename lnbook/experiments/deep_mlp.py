@@ -1,29 +1,10 @@
 """Why normalization helps: a deep MLP with a poor start, watched layer by layer (lab 3.2).
 
-Book chapter `03_2_lab_why_it_helps`. The paper has no such experiment; the lab asks the
-question a learner asks first about section 1 of the paper ("why does normalizing help
-training?") on a network small enough to watch every layer. Three variants of one deep ReLU
-network, trained with plain SGD with momentum on the 8x8 digits of scikit-learn (or MNIST):
-
-- ``"none"``: no normalization;
-- ``"batch"``: batch normalization (eq. 2) of the summed inputs of every hidden layer;
-- ``"layer"``: layer normalization (eq. 3) of the summed inputs of every hidden layer.
-
-Both norms run on torch's fused kernels (:class:`torch.nn.BatchNorm1d`, and
-:class:`lnbook.norms.LayerNorm` with ``impl="torch"``): chapters 2 and 3 check lnbook's own
-implementations against them, and the fused ones keep the lab's 15 runs within seconds.
-
-The logits are not normalized in any variant (chapter 6.6 says why for LN; BN is left off them
-too, so that the three networks differ only in their hidden layers). Every weight matrix starts
-``init_scale`` times the He initialization (standard deviation ``init_scale * sqrt(2 /
-fan_in)``), which for ``init_scale < 1`` shrinks the signal of the plain network by that factor
-at every layer.
-
-While training, a :class:`LayerProbe` records, at a few chosen updates, per hidden layer: the
-histograms and root mean squares of the summed inputs ``a_l = W_l h_{l-1} (+ b_l)`` (before any
-normalization, so that the three networks are compared like with like) and of the gradient of
-the loss with respect to them, and per weight matrix the gradient norm and the size of the
-update relative to the weights (the update-to-weight ratio).
+Book chapter `03_2_lab_why_it_helps` (no experiment of the paper): one deep ReLU network with no
+norm, batch norm (eq. 2, :class:`torch.nn.BatchNorm1d`) or layer norm (eq. 3, torch's fused
+kernel) on every hidden layer's summed inputs (never the logits), weights started at
+``init_scale`` times He, trained by SGD with momentum on the 8x8 digits (or MNIST); a
+:class:`LayerProbe` records per-layer statistics at a few updates.
 """
 
 from __future__ import annotations
@@ -48,20 +29,8 @@ from lnbook.norms import LayerNorm
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "PROBE_KEYS",
-    "Config",
-    "get_config",
-    "DeepMLP",
-    "LayerProbe",
-    "log_spread",
-    "prior_nll",
-    "probe_array",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
+           "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]
 
 NAME = "deep_mlp"
 DESCRIPTION = (
@@ -80,27 +49,15 @@ class Config:
     """Settings of the lab's deep-MLP experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        data: ``"digits"`` (scikit-learn's 1,797 8x8 digits, offline) or ``"mnist"``
-            (:func:`lnbook.data.load_mnist`, the offline subset when nothing else is there).
-        depth: hidden layers (each ``Linear -> norm -> ReLU``); a last ``Linear`` gives logits.
-        width: units per hidden layer.
-        init_scale: every weight matrix starts with standard deviation
-            ``init_scale * sqrt(2 / fan_in)`` (He initialization times this factor); biases 0.
-        norms: variants to train, from :data:`NORMS`.
-        batch_size: examples per update.
-        steps: SGD updates per run.
-        eval_every: updates between evaluations.
-        lr: SGD learning rate.
-        momentum: SGD momentum.
-        probe_updates: the updates (1 = the first, taken from the initial weights) at which
-            the probe records per-layer statistics.
-        hist_range: ``(low, high)`` of the histograms, in log10 of the absolute value.
-        hist_bins: bins of each histogram.
+        scale: ``"quick"`` or ``"paper"``. data: ``"digits"`` or ``"mnist"``.
+        depth, width: hidden layers (``Linear -> norm -> ReLU``) and their units.
+        init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
+        norms: variants, from :data:`NORMS`.
+        batch_size, steps, eval_every, lr, momentum: SGD's batch, updates, evaluations, rate.
+        probe_updates: updates (1 = the first) at which the probe records.
+        hist_range, hist_bins: the histograms' ``(low, high)`` in log10 ``|value|``, and bins.
         n_eval_train: training examples on which the training NLL is measured.
-        seeds: seeds of the runs (initialization and batch order); three at the quick scale,
-            which keeps the lab within its time budget on a CPU, five at the paper scale.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -150,18 +107,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
     # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
-    "paper": {
-        "threads": None,
-        "data": "mnist",
-        "width": 1000,
-        "batch_size": 128,
-        "steps": 5000,
-        "eval_every": 100,
-        "lr": 0.02,
-        "probe_updates": (1, 100, 1000, 5000),
-        "n_eval_train": 10_000,
-        "seeds": verdict_seeds(5),
-    },
+    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128,
+        "steps": 5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
+        "n_eval_train": 10_000, "seeds": verdict_seeds(5)},
 }
 
 
@@ -173,20 +121,10 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 class DeepMLP(nn.Module):
     """A deep ReLU MLP, ``[Linear -> norm -> ReLU] * depth -> Linear``, with a scaled He init.
 
-    The norm is eq. 2 (:class:`torch.nn.BatchNorm1d`) or eq. 3 (:class:`lnbook.norms.LayerNorm`,
-    on torch's fused kernel) on the summed inputs of each hidden layer, or nothing.
-    A norm brings its own bias, so the linear maps in front of one have none. Lab chapter
-    ``03_2_lab_why_it_helps``.
-
-    Args:
-        sizes: widths, input first and classes last, e.g. ``(64, 64, ..., 64, 10)``.
-        norm: ``"none"``, ``"batch"`` or ``"layer"``.
-        init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
-
-    Shape:
-        - Input: ``(N, sizes[0])``; output: logits ``(N, sizes[-1])``, and with
-          ``return_summed=True`` also the list of summed inputs ``(N, sizes[l])`` of every
-          hidden layer, before its norm.
+    The norm (``"none"``, ``"batch"``, ``"layer"``) acts on each hidden layer's summed inputs and
+    brings the bias; weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
+    ``(N, sizes[0])`` to logits ``(N, sizes[-1])``, with ``return_summed=True`` also every hidden
+    layer's summed inputs.
 
     Example::
 
@@ -251,21 +189,12 @@ def _log_hist(t: Tensor, edges: np.ndarray) -> list[int]:
 
 
 class LayerProbe:
-    """Records per-layer statistics of a :class:`DeepMLP` at chosen updates of its training.
+    """Records per-layer statistics of a :class:`DeepMLP` at chosen updates (1-based).
 
-    Attach it to the model's optimizer before training; route the forward pass of each update
-    through :meth:`forward`. At a probed update (1 = the first) it keeps the summed inputs with
-    their gradients, and after ``optimizer.step()`` it records, per hidden layer, the root mean
-    square (RMS) and a histogram of ``log10(abs(value))`` of the summed inputs and of the
-    gradient of the loss with respect to them, and per weight matrix the gradient's norm and the
-    update-to-weight ratio ``||W_after - W_before|| / ||W_before||`` (Frobenius norms). It uses
-    the optimizer's public step hooks, so any optimizer works.
-
-    Args:
-        model: the network.
-        optimizer: its optimizer (hooks are registered on it).
-        updates: update numbers to record (1-based).
-        edges: histogram bin edges, in log10 of the absolute value.
+    Register it on the optimizer and route each forward through :meth:`forward`. At a probed update
+    it records per hidden layer the RMS and a histogram (``edges`` in log10) of ``|value|`` of the
+    summed inputs and their gradients, and per weight the gradient norm and ``||W_after - W_before||
+    / ||W_before||``.
 
     Example::
 
@@ -377,19 +306,12 @@ def _data(config: Config) -> dict[str, Any]:
     return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": source}
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every norm with every seed; return the sweep's results.
 
-    Each run records ``train_nll`` (on ``n_eval_train`` training examples), ``test_nll`` and
-    ``test_error`` at every evaluation, and in its ``info`` the :class:`LayerProbe` records
-    (:data:`PROBE_KEYS`, one entry per probed update, listed in ``info["probe_updates"]``).
-    ``Results.info`` holds the data source, the histogram edges and the NLL of the class-prior
-    predictor on the test set (``prior_nll``), the trivial baseline.
+    Runs record ``train_nll``, ``test_nll`` and ``test_error``, and the :class:`LayerProbe` records
+    in ``info``; ``Results.info`` holds the data source, the histogram edges and ``prior_nll``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a deep_mlp.Config (get_config), got "

@@ -1,29 +1,13 @@
 """The curse of depth: what each block of a deep, narrow Pre-LN Transformer contributes.
 
-Book chapter `15_curse_of_depth` (Part III), claims P17-P18. Sun et al. (2025) observe that in
-Pre-LN language models the deep blocks matter less than the early ones: removing one costs
-little, because the stream's variance grows with depth, so each deep block's addition is small
-next to the stream, and the block's Jacobian comes close to the identity. Their remedy,
-LayerNorm Scaling, multiplies the output of each norm of block ``l`` by ``1 / sqrt(l)``
-(:attr:`lnbook.transformer.TransformerConfig.depth_scaling`).
-
-:func:`run` trains the Pre-LN model with and without LayerNorm Scaling, every seed at once
-(:func:`lnbook.experiments.stacked.train_stacked`), on the sort task of
-:mod:`lnbook.experiments.seq_tasks`, and measures on each trained model, block by block, on the
-held-out set:
-
-- :func:`removal_costs`: the rise in held-out loss when the block is skipped;
-- :func:`jacobian_distance`: ``||J v - v|| / ||v||`` for random directions ``v`` of the block's
-  input, ``J`` the block's Jacobian (by :func:`torch.func.jvp`); 0 for the identity;
-- the variance of the stream after each block (every evaluation's ``var_l``).
-
-The ``quick`` preset is a 12-block, 16-wide model trained for 80 updates (seconds on a CPU);
-``paper`` a 32-block, 512-wide one for 10,000 updates.
+Book chapter `15_curse_of_depth` (Part III), claims P17-P18 (Sun et al. 2025; LayerNorm Scaling
+multiplies each norm's output in block ``l`` by ``1 / sqrt(l)``). :func:`run` trains the model
+with and without it and measures, per block, :func:`removal_costs`, :func:`jacobian_distance`
+and the stream's variance.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -35,23 +19,12 @@ from torch.func import jvp
 
 from lnbook.experiments.protocol import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
-from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "VARIANTS",
-    "Config",
-    "get_config",
-    "model_config",
-    "run",
-    "removal_costs",
-    "jacobian_distance",
-    "per_block",
-    "halves",
-]
+__all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "model_config", "run",
+           "removal_costs", "jacobian_distance", "per_block", "halves"]
 
 NAME = "depth"
 DESCRIPTION = (
@@ -64,17 +37,9 @@ VARIANTS = {"pre": False, "scaled": True}  # variant name -> depth_scaling
 
 @dataclass
 class Config(TaskConfig):
-    """Settings of the curse-of-depth experiment; :func:`get_config` gives the presets.
-
-    The task, model, training and sweep fields are
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here sort 6 symbols, a 12-block,
-    16-wide Pre-LN model with 2 heads, 80 updates of 16 sequences, evaluated every 40 on 128
-    held-out sequences); the experiment's own:
-
-    Attributes:
-        lr: Adam's learning rate.
-        n_eval: held-out sequences of each evaluation and measurement.
-        n_dirs: random directions per block for :func:`jacobian_distance`.
+    """Settings of the depth experiment (:class:`~lnbook.experiments.seq_tasks.TaskConfig` plus
+    ``lr``; ``n_eval``, held-out sequences of each evaluation and measurement; ``n_dirs``, random
+    directions per block for :func:`jacobian_distance`).
     """
 
     size: int = 6
@@ -115,8 +80,7 @@ def model_config(config: Config, depth_scaling: bool, seq_len: int) -> Transform
 
 
 def _stream(model: Transformer, idx: Tensor, skip: int | None = None) -> list[Tensor]:
-    """``[x_0, ..., x_L]`` of ``model`` on ``idx``, with block ``skip`` (from 1) left out
-    (``x_skip = x_{skip - 1}``)."""
+    """``[x_0, ..., x_L]`` on ``idx``, block ``skip`` (from 1) left out."""
     x = model.embed(idx)  # (B, T, D)
     out = [x]
     for i, block in enumerate(model.blocks, start=1):
@@ -126,11 +90,7 @@ def _stream(model: Transformer, idx: Tensor, skip: int | None = None) -> list[Te
 
 
 def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
-    """The rise in loss on ``(x, y)`` when each block is skipped, block 1 first.
-
-    Skipping block ``l`` passes its input on unchanged (``x_l = x_{l-1}``); the cost is that
-    model's :func:`~lnbook.transformer.sequence_loss` minus the whole model's, in nats.
-    """
+    """The rise in loss on ``(x, y)`` when each block is skipped (``x_l = x_{l-1}``)."""
     with torch.no_grad():
         full = float(sequence_loss(model(x), y))
         costs = []
@@ -142,13 +102,9 @@ def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
 
 def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
                       ) -> list[float]:
-    """How far each block's Jacobian is from the identity, block 1 first.
-
-    For block ``l`` with input ``x_{l-1}`` (the stream on ``x``), ``n_dirs`` random
-    directions ``v`` (standard normal, drawn with ``seed``) give ``||J v - v|| / ||v||``, where
-    ``J v`` is the Jacobian-vector product of the block at ``x_{l-1}``
-    (:func:`torch.func.jvp`); the mean over directions is returned. 0 for a block that is
-    the identity; a block ``x + f(x)`` gives ``||J_f v|| / ||v||``.
+    """Mean over ``n_dirs`` random directions ``v`` (drawn with ``seed``) of
+    ``||J v - v|| / ||v||``, ``J`` each block's Jacobian at its input
+    (:func:`torch.func.jvp`), block 1 first.
     """
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -164,29 +120,17 @@ def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
     return out
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
-    """Train the Pre-LN model with and without LayerNorm Scaling and measure every block.
-
-    Variants ``"pre"`` and ``"scaled"`` (:data:`VARIANTS`), every seed at once on ``device``.
-    Each run's info holds ``removal`` (:func:`removal_costs`) and ``jacobian``
-    (:func:`jacobian_distance`) of the trained model, one value per block, and ``diverged``;
-    ``Results.info`` the task's ``uniform_loss`` and ``baseline_loss``. With ``out``, the
-    results are also written to ``out/depth.json``.
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+    """Train the Pre-LN model with and without LayerNorm Scaling (:data:`VARIANTS`), every seed at
+    once; each run's info holds ``removal`` and ``jacobian`` per block. With ``out``, also writes
+    ``out/depth.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a depth.Config (get_config), got "
-                        f"{type(config).__name__}")
-    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+    return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Both variants of :func:`run`, each with all its seeds at once, measured block by
-    block on the first ``n_eval`` held-out sequences."""
+    """Both variants of :func:`run`, measured block by block on ``n_eval`` sequences."""
     x = task.x_test[: config.n_eval]
     y = task.y_test[: config.n_eval]
     runs = []
@@ -203,11 +147,8 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
 
 def per_block(results: Results, variant: str, what: str, step: int | None = None
               ) -> np.ndarray:
-    """One value per (seed, block) of a variant: ``(seeds, L)``, block 1 first.
-
-    ``what`` is ``"removal"`` or ``"jacobian"`` (measured on the trained model) or
-    ``"variance"`` (the variance of each block's output ``x_l`` at the evaluation after
-    ``step`` updates; None: the last).
+    """One value per (seed, block) of a variant, ``(seeds, L)``: ``what`` ``"removal"``,
+    ``"jacobian"`` or ``"variance"`` (of each ``x_l`` after ``step`` updates; None: the last).
     """
     rows = []
     for r in results.select(variant):
@@ -223,7 +164,6 @@ def per_block(results: Results, variant: str, what: str, step: int | None = None
 
 
 def halves(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mean over the early and the deep half of the blocks: two ``(seeds,)`` arrays
-    from ``(seeds, L)`` (the middle block of an odd ``L`` belongs to neither)."""
+    """The mean over the early and the deep half of the blocks, ``(seeds,)`` each."""
     n = values.shape[1] // 2
     return values[:, :n].mean(1), values[:, values.shape[1] - n:].mean(1)

@@ -1,19 +1,9 @@
 """Transformers without normalization: Dynamic Tanh against layer norm (Zhu et al., 2025).
 
-Part II, chapter `12_dyt` (claims P11 and P12). Two small Pre-LN Transformers
-(:class:`lnbook.transformer.Transformer`) learn the same synthetic sequence task
-(:func:`lnbook.data.sort_task` by default): one with layer norms (``norm="layer"``), one with
-every layer norm replaced by :class:`lnbook.DyT` (``norm="dyt"``), all else equal, with the same
-seeds, data order and learning rate.
-
-Two measurements:
-
-- P11, the shape of a trained layer norm's input-to-output map: for every layer norm of the
-  ``"layer"`` model, at initialization and after training, the (input, output) pairs of one
-  held-out batch (:func:`norm_pairs`; the output before the gain and bias, so the map shows
-  the normalization alone) and two least-squares fits to them, a line and a tanh
-  (:func:`fit_line_and_tanh`).
-- P12, the held-out loss of both models after the same number of updates.
+Part II, chapter `12_dyt` (claims P11 and P12): the same small Pre-LN Transformer with layer
+norms or with :class:`lnbook.DyT`, same seeds, data and rate. P11: least-squares line and tanh
+fits (:func:`fit_line_and_tanh`) to each trained layer norm's input-to-output map
+(:func:`norm_pairs`); P12: both models' held-out loss.
 """
 
 from __future__ import annotations
@@ -34,19 +24,8 @@ from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "TASKS",
-    "Config",
-    "get_config",
-    "make_task",
-    "norm_pairs",
-    "token_scale_spread",
-    "fit_line_and_tanh",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "TASKS", "Config", "get_config", "make_task",
+           "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run"]
 
 NAME = "dyt"
 DESCRIPTION = (
@@ -63,23 +42,14 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` or ``"paper"``.
-        task: ``"sort"`` (:func:`lnbook.data.sort_task`), ``"copy"`` or ``"recall"``
-            (associative recall).
-        length: sequence length to sort or copy, or number of key-value pairs to recall.
-        vocab_size: number of content symbols (chance: ``log(vocab_size)`` nats per token).
-        n_train: training sequences (drawn once, with seed 0).
-        n_val: held-out sequences (seed 1) for the loss and the layer-norm pairs.
-        d_model, n_heads, n_layers: the Transformer's width, heads and blocks.
-        batch: sequences per update.
-        steps: Adam updates per run.
-        eval_every: updates between evaluations.
-        lr: Adam learning rate (the same for both norms: no retuning, as in the paper).
-        dyt_alpha_init: initial ``alpha`` of every DyT (the paper's default 0.5).
-        norms: the variants to train, from :data:`NORMS` (``"none"``: no norm at all).
-        n_probe: held-out sequences whose layer-norm inputs and outputs are fitted.
-        n_points: (input, output) pairs per layer norm kept for plotting (first seed).
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        task, length, vocab_size: ``"sort"``, ``"copy"`` or ``"recall"``, its length, symbols.
+        n_train, n_val: training (seed 0) and held-out (seed 1) sequences.
+        d_model, n_heads, n_layers: the Transformer.
+        batch, steps, eval_every, lr: Adam's batch, updates, updates between evaluations, rate.
+        dyt_alpha_init: initial ``alpha`` of every DyT.
+        norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
+        n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -117,31 +87,14 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "threads": None,
-        "length": 16,
-        "vocab_size": 32,
-        "n_train": 100_000,
-        "n_val": 2048,
-        "d_model": 128,
-        "n_heads": 8,
-        "n_layers": 6,
-        "batch": 128,
-        "steps": 5000,
-        "eval_every": 250,
-        "lr": 1e-3,
-        "n_probe": 256,
-        "seeds": verdict_seeds(5),
-    },
+    "paper": {"threads": None, "length": 16, "vocab_size": 32, "n_train": 100_000,
+        "n_val": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch": 128, "steps": 5000,
+        "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": verdict_seeds(5)},
 }
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
-
-    Zhu et al. train ViTs, DiTs, LLaMA and wav2vec models; no preset here is theirs. ``paper``
-    only makes the sequences, vocabulary, model and run larger (it wants a GPU).
-    """
+    """The ``quick`` or ``paper`` preset (larger, wants a GPU), with ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
@@ -155,65 +108,41 @@ def make_task(config: Config, n: int, seed: int) -> tuple[Tensor, Tensor]:
 
 
 def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-    """(input, normalized output) of every layer norm on the residual stream, flattened.
-
-    For each :class:`lnbook.LayerNorm` of ``model`` (found by
-    :func:`lnbook.transformer.norm_inputs_outputs`), the input values ``x`` (all tokens and
-    features of the batch, flattened) and the layer norm's output *before* its gain and bias,
-    ``(x - mu) / sqrt(sigma^2 + eps)`` with each token's own statistics: one point per
-    element. Query/key norms (which act inside attention) are left out.
-
-    Returns:
-        ``{layer name: (x, y)}``, float64 tensors of the same length.
+    """``{name: (x, y)}`` for every layer norm on the residual stream (not q/k norms): its inputs
+    and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64.
     """
-    out = {}
-    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
-        module = model.get_submodule(name)
-        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
-            continue
-        shape = module.normalized_shape
-        y = layer_norm(x, shape, eps=module.eps)  # (*, D) before gain and bias
-        out[name] = (x.flatten().double(), y.flatten().double())
-    return out
+    return {name: (x.flatten().double(),  # (*, D) before gain and bias:
+                   layer_norm(x, module.normalized_shape, eps=module.eps).flatten().double())
+            for name, module, x in _ln_inputs(model, inputs)}
+
+
+def _ln_inputs(model: nn.Module, inputs: Tensor) -> list[tuple[str, LayerNorm, Tensor]]:
+    """``(name, module, input)`` of every layer norm on the residual stream."""
+    return [(name, model.get_submodule(name), x)
+            for name, (x, _) in norm_inputs_outputs(model, inputs).items()
+            if isinstance(model.get_submodule(name), LayerNorm)
+            and not name.endswith(("q_norm", "k_norm"))]
 
 
 def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
-    """How much the scale of a token's input differs between tokens, per layer norm.
-
-    For each layer norm of :func:`norm_pairs`, the standard deviation over the tokens of the
-    batch of ``log(sigma_t)``, where ``sigma_t`` is the standard deviation of token ``t``'s
-    input over its ``D`` features (the number layer norm divides token ``t`` by). 0 when every
-    token is divided by the same number: then the layer norm's map, pooled over tokens, is
-    one straight line; the larger the spread, the more the pooled points fan out.
+    """Per layer norm of :func:`norm_pairs`, the standard deviation over tokens of ``log(sigma_t)``,
+    ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled).
     """
-    out = {}
-    for name, (x, _) in norm_inputs_outputs(model, inputs).items():
-        module = model.get_submodule(name)
-        if not isinstance(module, LayerNorm) or name.endswith(("q_norm", "k_norm")):
-            continue
-        sigma = x.double().std(dim=-1, unbiased=False).flatten()  # (tokens,)
-        out[name] = float(sigma.log().std())
-    return out
+    return {name: float(x.double().std(dim=-1, unbiased=False).flatten().log().std())
+            for name, _, x in _ln_inputs(model, inputs)}  # std over tokens of log(sigma_t)
 
 
-def fit_line_and_tanh(
-    x: Tensor, y: Tensor, grid: Tensor | None = None
-) -> dict[str, float]:
+def fit_line_and_tanh(x: Tensor, y: Tensor, grid: Tensor | None = None) -> dict[str, float]:
     r"""Least-squares fits of a line and of a tanh to the points ``(x, y)``.
 
-    The line is :math:`y = a x + c`; the tanh is :math:`y = a \tanh(b (x - m)) + c`, with
-    ``m`` the mean of ``x``, ``(a, c)`` solved exactly for every ``b`` of ``grid`` (default:
-    100 values from 1e-3 to 1e2, log-spaced, in units of ``1 / std(x)``) and the best ``b``
-    kept. A tanh with a very small ``b`` is a line, so the tanh's error is at most the line's
-    (up to the grid); what the fits can tell apart is *how much* lower it is and whether the
-    best tanh bends within the data.
+    The line is :math:`y = a x + c`; the tanh :math:`y = a \tanh(b (x - m)) + c`, ``m`` the mean
+    of ``x``, ``(a, c)`` exact for every ``b`` of ``grid`` (default 100 log-spaced values from
+    1e-3 to 1e2 over ``std(x)``), the best ``b`` kept.
 
     Returns:
-        ``line_mse`` and ``tanh_mse`` (mean squared residuals), ``var_y`` (the variance of
-        ``y``, the error of a constant), ``b`` (the best tanh's slope parameter), ``bend``
-        (``b * max |x - m|``: above 1 the fitted curve flattens within the data, its slope at
-        the extremes below 0.42 of the slope at the centre) and ``cut`` (``1 - tanh_mse /
-        line_mse``, the share of the line's error the tanh removes).
+        ``line_mse``, ``tanh_mse``, ``var_y`` (the error of a constant), ``b``, ``bend`` (``b *
+        max |x - m|``; above 1 the curve flattens within the data) and ``cut`` (``1 - tanh_mse /
+        line_mse``).
     """
     x, y = x.double().flatten(), y.double().flatten()
     if x.shape != y.shape or x.numel() < 3:
@@ -237,8 +166,13 @@ def fit_line_and_tanh(
             "cut": 1.0 - tanh / line if line > 0 else 0.0}
 
 
-def _fits(model: nn.Module, probe: Tensor) -> dict[str, dict[str, float]]:
-    return {name: fit_line_and_tanh(x, y) for name, (x, y) in norm_pairs(model, probe).items()}
+def _layer_info(info: dict, when: str, model: nn.Module, probe: Tensor, n_points: int) -> None:
+    """Add ``fits_``, ``spread_`` and (``n_points > 0``) ``points_`` + ``when`` to ``info``."""
+    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y)
+                            for name, (x, y) in norm_pairs(model, probe).items()}
+    info[f"spread_{when}"] = token_scale_spread(model, probe)
+    if n_points:
+        info[f"points_{when}"] = _points(model, probe, n_points)
 
 
 def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[float]]]:
@@ -250,22 +184,14 @@ def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[floa
     return out
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the layer-norm and the DyT Transformer with every seed; fit the norms' maps.
 
-    Every run records ``val_loss`` (mean cross-entropy per scored token, nats, on the held-out
-    sequences). The ``"layer"`` runs add to their info ``fits_init`` and ``fits_trained``
-    (:func:`fit_line_and_tanh` of every layer norm, by name) and, for the first seed,
-    ``points_init`` / ``points_trained`` (``n_points`` pairs per layer norm), and
-    ``spread_init`` / ``spread_trained`` (:func:`token_scale_spread`); the ``"dyt"`` runs add
-    ``alpha``, the learned alpha of every DyT, and ``input_std``, the standard deviation of
-    each DyT's input on the probe sequences. ``Results.info["chance"]`` is
-    ``log(vocab_size)``, the loss of guessing uniformly.
+    Runs record ``val_loss``. ``"layer"`` runs' info: ``fits_init``/``fits_trained``,
+    ``spread_init``/``spread_trained`` and, first seed, ``points_init``/``points_trained``;
+    ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT. ``Results.info["chance"]`` is
+    ``log(vocab_size)``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a dyt.Config (get_config), got {type(config).__name__}")
@@ -284,12 +210,9 @@ def run(
                             config.n_layers, x.shape[1], norm=job.params,
                             dyt_alpha_init=config.dyt_alpha_init)
         info: dict[str, Any] = {}
-        keep = job.params == "layer" and job.seed == run_seeds[0]
+        keep = job.seed == run_seeds[0]
         if job.params == "layer":
-            info["fits_init"] = _fits(model, probe)
-            info["spread_init"] = token_scale_spread(model, probe)
-            if keep:
-                info["points_init"] = _points(model, probe, config.n_points)
+            _layer_info(info, "init", model, probe, config.n_points if keep else 0)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
         hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
                    steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
@@ -298,10 +221,7 @@ def run(
                    bar=job.bar, label=job.label)
         model.cpu().eval()
         if job.params == "layer":
-            info["fits_trained"] = _fits(model, probe)
-            info["spread_trained"] = token_scale_spread(model, probe)
-            if keep:
-                info["points_trained"] = _points(model, probe, config.n_points)
+            _layer_info(info, "trained", model, probe, config.n_points if keep else 0)
         elif job.params == "dyt":
             seen = norm_inputs_outputs(model, probe)
             info["alpha"] = {n: float(m.alpha.detach()) for n, m in model.named_modules()

@@ -1,23 +1,11 @@
 """DyT's regime dependence: Dynamic Tanh against layer norm over amounts of training data.
 
-Part III, chapter "Do we still need layer norm? Removing it" (claim P22, Verma 2026). One small
-Pre-LN Transformer (:class:`lnbook.transformer.Transformer`) learns the sort task of
-:mod:`lnbook.experiments.seq_tasks` from training sets of several sizes (nested: the first
-``n`` sequences of one draw), once with layer norms (``norm="layer"``) and once with every
-layer norm replaced by :class:`lnbook.DyT` (``norm="dyt"``), all else equal: seeds, batch
-order, learning rate and number of updates. Per seed and training-set size it measures
-
-- the held-out loss at the end of training of each norm, and so DyT's loss minus layer
-  norm's (:func:`dyt_minus_ln`);
-- early in training (after ``early_step`` updates), the share of the DyT model's tanh units
-  that are saturated (:func:`saturation_share`: ``|alpha * x| > threshold``), over every DyT
-  of the model and every feature of every token of ``n_probe`` training sequences;
-- whether that share ranks the data sizes as DyT's effect does (:func:`rank_correlation`).
-
-Every copy (norm x training-set size x seed) is one model of a stack trained at once with
-:func:`torch.func.vmap` (one stack per norm), as in :mod:`lnbook.experiments.stacked`; copy
-``(norm, n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and sees the
-batches :func:`lnbook.experiments.stacked.batch_indices` draws for ``seed`` over its ``n`` rows.
+Part III, chapter `16_removing_ln` (claim P22, Verma 2026): the small Pre-LN Transformer with
+layer norms or :class:`lnbook.DyT` learns the sort task from nested training sets of several
+sizes; per seed and size, DyT's final loss minus LN's (:func:`dyt_minus_ln`), the early share
+of saturated tanh units (:func:`saturation_share`) and their rank agreement
+(:func:`rank_correlation`). Every (size, seed) copy of one norm trains in one vmapped stack
+(:func:`train_copies`), as in :mod:`lnbook.experiments.stacked`.
 """
 
 from __future__ import annotations
@@ -33,10 +21,11 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.stacked import adam_step, batch_indices
+from lnbook.experiments.stacked import _Stream, adam_step, batch_indices
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
@@ -58,19 +47,14 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` or ``"paper"``.
-        task: ``"sort"`` or ``"recall"`` (:func:`lnbook.experiments.seq_tasks.make_task`).
-        size, symbols: sequence length and content symbols of the task.
-        n_trains: the training-set sizes, smallest first (the first ``n`` of one draw).
-        n_test: held-out sequences.
+        task, size, symbols: the task (:func:`lnbook.experiments.seq_tasks.make_task`).
+        n_trains, n_test: training-set sizes, increasing (the first ``n`` of one draw); held-out.
         d_model, n_heads, n_layers: the Transformer.
-        batch_size, steps: sequences per update, Adam updates per run.
-        lr: Adam's learning rate (the same for both norms).
+        batch_size, steps, lr: Adam's batch, updates and rate (the same for both norms).
         dyt_alpha_init: initial ``alpha`` of every DyT.
-        early_step: the update after which the saturated share is measured.
-        threshold: a tanh unit is saturated when ``|alpha * x| > threshold``.
-        n_probe: training sequences (the first, common to every size) the share is measured on.
-        seeds: seeds of the runs (initialization and batch order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        early_step, threshold, n_probe: the saturated share (``|alpha * x| > threshold``) is
+            measured after ``early_step`` updates on the first ``n_probe`` training sequences.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -118,22 +102,13 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
-
-    Verma trains GPT-2-family language models; no preset here is theirs (``paper`` only
-    makes the task, the model and the run larger, and wants a GPU's worth of time).
-    """
+    """The ``quick`` or ``paper`` preset (larger; not Verma's), with ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
 def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> float:
-    """The share of ``model``'s tanh units that are saturated on the token ids ``x``.
-
-    For every :class:`lnbook.DyT` of ``model``, the inputs ``u`` it receives when ``model``
-    runs on ``x``; a unit (one feature of one token at one DyT) is saturated when
-    ``|alpha * u| > threshold`` (at 2, ``tanh`` is within 4% of its bound and its slope below
-    0.08). Returns saturated units over all units, pooled over every DyT; NaN for a model
-    without DyT.
+    """The share of ``model``'s tanh units with ``|alpha * u| > threshold`` on the ids ``x``, ``u``
+    each :class:`lnbook.DyT`'s input, pooled over every DyT (NaN without DyT).
     """
     counts = [0, 0]
 
@@ -152,22 +127,6 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
     return counts[0] / counts[1] if counts[1] else math.nan
 
 
-class _Logits(nn.Module):
-    """The logits of :func:`lnbook.experiments.stacked.stream_forward` without its variances
-    (``model(idx)`` without the argument checks that cannot run under ``vmap``)."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: Tensor) -> Tensor:
-        m = self.model
-        x = m.tok_emb(idx) + m.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
-        for block in m.blocks:
-            x = block(x)
-        return m.head(m.final_norm(x))  # (B, T, V)
-
-
 def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
     model = Transformer.from_config(config)
     state = {n[len("model."):]: t[k].detach().clone() for n, t in (params | buffers).items()}
@@ -175,41 +134,28 @@ def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> 
     return model.eval()
 
 
-def train_copies(
-    model_config: TransformerConfig,
-    task: SequenceTask,
-    copies: list[tuple[int, int]],
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    early_step: int,
-    probe: Tensor,
-    threshold: float,
-) -> list[dict[str, Any]]:
+def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
+                 *, steps: int, batch_size: int, lr: float, early_step: int, probe: Tensor,
+                 threshold: float) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
-    Copy ``(n, seed)`` starts from ``Transformer.from_config(model_config)`` built under
-    ``torch.manual_seed(seed)`` and trains with Adam
-    (:func:`~lnbook.experiments.stacked.adam_step`) on the batches
+    Copy ``(n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and trains
+    with :func:`~lnbook.experiments.stacked.adam_step` on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
-    training sequences of ``task``.
-
-    Returns:
-        per copy, ``{"n", "seed", "loss" (held-out, at the end), "loss_early" (held-out, after
-        ``early_step`` updates), "train_loss" (mean of the last 10 updates), "saturated"
-        (:func:`saturation_share` on ``probe`` after ``early_step`` updates), "diverged"}``.
+    training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
+    ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
+    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
     """
     models = []
     for _, seed in copies:
         torch.manual_seed(seed)
-        models.append(_Logits(Transformer.from_config(model_config)))
+        models.append(_Stream(Transformer.from_config(model_config)))
     params, buffers = stack_module_state(models)
     base = copy.deepcopy(models[0]).to("meta")
     names = list(params)
 
     def one(p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
-        return sequence_loss(functional_call(base, (p, b), (x,)), y)
+        return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
 
     forward = vmap(one, in_dims=(0, 0, 0, 0))
     evaluate = vmap(one, in_dims=(0, 0, None, None))
@@ -244,23 +190,16 @@ def train_copies(
 
 def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = None,
         seeds: Any = None) -> Results:
-    """Train both norms on every training-set size and seed; one :class:`Results`.
-
-    One :class:`~lnbook.experiments.results.Run` per (norm, size, seed), variant
-    ``"<norm>/<n>"``, its measurements in ``info`` (see :func:`train_copies`; ``saturated``
-    is NaN for layer norm). ``Results.info`` holds the task's ``uniform_loss`` and
-    ``baseline_loss`` (the position-wise unigram predictor of the full training draw).
-    Trains on the CPU whatever ``device``.
+    """Train both norms on every training-set size and seed, on the CPU; one ``Run`` per
+    (norm, size, seed), variant ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`).
+    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``.
     """
     seeds = tuple(config.seeds if seeds is None else seeds)
     task = make_task(config.task, config.n_trains[-1], config.n_test, config.size,
                      config.symbols)
     copies = [(n, s) for n in config.n_trains for s in seeds]
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
     runs = []
-    try:
+    with cpu_threads(config.threads):
         for norm in NORMS:
             mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
                                    n_heads=config.n_heads, n_layers=config.n_layers,
@@ -272,8 +211,6 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
                                     probe=task.x[: config.n_probe],
                                     threshold=config.threshold)
             runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
-    finally:
-        torch.set_num_threads(before)
     results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})
@@ -298,28 +235,26 @@ def table(results: Results, key: str) -> dict[str, Tensor]:
 
 
 def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) -> Tensor:
-    """DyT's ``info[key]`` minus layer norm's, per training-set size and seed: ``(sizes,
-    seeds)``; with ``relative``, divided by layer norm's (``(DyT - LN) / LN``, the form of
-    Verma's percentages)."""
+    """DyT's ``info[key]`` minus layer norm's, ``(sizes, seeds)``; with ``relative``, over layer
+    norm's.
+    """
     t = table(results, key)
     diff = t["dyt"] - t["layer"]
     return diff / t["layer"] if relative else diff
 
 
 def left_trivial(results: Results, bar: float = 0.5) -> Tensor:
-    """Per seed: on every training-set size, both norms' training loss (mean of the last 10
-    updates) is at least ``bar`` below the position-wise unigram predictor's held-out loss.
-    ``(seeds,)`` booleans."""
+    """Per seed ``(seeds,)``: on every size both norms' training loss is at least ``bar`` below the
+    position-wise unigram predictor's held-out loss.
+    """
     t = table(results, "train_loss")
     limit = results.info["baseline_loss"] - bar
     return ((t["layer"] <= limit) & (t["dyt"] <= limit)).all(0)
 
 
 def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
-    """Spearman's rank correlation of ``a`` and ``b`` along dimension 0, per column.
-
-    ``a`` and ``b`` have shape ``(k, m)``: ``m`` columns of ``k`` paired values (ties get
-    their first rank; the book's values are continuous). Returns ``(m,)``.
+    """Spearman's rank correlation of ``a`` and ``b`` ``(k, m)`` along dimension 0, ``(m,)`` (ties
+    get their first rank).
     """
     if a.shape != b.shape or a.dim() != 2 or a.shape[0] < 2:
         raise ValueError(f"rank_correlation needs two (k >= 2, m) tensors of one shape, got "

@@ -1,21 +1,9 @@
 """Batch, layer, instance and group norm as one family; batch norm at tiny batches (Wu, He 2018).
 
-Part II, chapter `10_group_norm` (claims P06 and P07). The four normalizations of a
-convolutional layer's summed inputs ``(N, C, H, W)`` differ only in the set of entries whose mean
-and variance normalize a given entry: batch norm takes one channel over ``(N, H, W)``, layer norm
-one example over ``(C, H, W)``, instance norm one example and channel over ``(H, W)``, group norm
-one example over a group of ``C / G`` channels and ``(H, W)``. :func:`statistics_set` reads that
-set off the computation itself (which inputs the output at one entry depends on).
-
-The experiment trains a small ConvNet on the 8x8 digits (:func:`lnbook.data.load_digits_tensor`)
-and asks how batch norm's test error depends on the number of examples its statistics are
-computed from. Wu and He vary the images per GPU (each GPU normalizes its own images, 32 down to
-2) and scale the learning rate with the total batch. Here the optimizer's batch is held fixed
-(``batch`` examples per update, the same learning rate, so every variant makes the same number
-of updates on the same examples) and batch norm computes its statistics over groups of
-``bn_batch`` of those examples, as ``batch / bn_batch`` workers would (:class:`GhostBatchNorm`).
-Only the normalization's batch size changes. Group, layer and instance norm compute nothing
-across examples, so one run per seed serves every batch size.
+Part II, chapter `10_group_norm` (claims P06 and P07). :func:`statistics_set` reads off the
+computation which entries of ``(N, C, H, W)`` each normalization's statistics use; :func:`run`
+trains a small ConvNet on the 8x8 digits with batch norm's statistics over groups of
+``bn_batch`` examples of a fixed optimizer batch (:class:`GhostBatchNorm`) against group norm.
 """
 
 from __future__ import annotations
@@ -38,19 +26,8 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "Config",
-    "get_config",
-    "GhostBatchNorm",
-    "ConvNet",
-    "normalize",
-    "statistics_set",
-    "variant_name",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNorm", "ConvNet",
+           "normalize", "statistics_set", "variant_name", "run"]
 
 NAME = "group_norm"
 DESCRIPTION = (
@@ -62,21 +39,14 @@ NORMS = ("batch", "group", "layer", "instance")
 
 @dataclass
 class Config:
-    """Settings of the batch-size experiment; :func:`get_config` gives the presets.
+    """Settings of the group-norm experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        norms: the normalizations to train, from :data:`NORMS`.
-        bn_batches: batch sizes of batch norm's statistics (each must divide ``batch``).
-        batch: examples per update (the same for every variant).
-        channels: channels of the two conv layers.
-        groups: groups of group norm (Wu and He's default is 32 groups of wide layers; with
-            16 channels, 4 groups of 4).
-        steps: Adam updates per run.
-        eval_every: updates between evaluations.
-        lr: Adam learning rate.
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        scale: ``"quick"`` or ``"paper"``. norms: from :data:`NORMS`, with ``"batch"``.
+        bn_batches: examples per batch-norm statistic, each dividing ``batch``, the examples per
+            update. channels, groups: of the two conv layers and of group norm.
+        steps, eval_every, lr: Adam updates, updates between evaluations, rate.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -108,48 +78,24 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "threads": None,
-        "norms": NORMS,
-        "bn_batches": (2, 4, 8, 16, 32),
-        "channels": 64,
-        "groups": 32,
-        "steps": 2000,
-        "eval_every": 100,
-        "lr": 1e-3,
-    },
+    "paper": {"threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64,
+        "groups": 32, "steps": 2000, "eval_every": 100, "lr": 1e-3},
 }
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
-
-    ``paper`` trains all four normalizations at Wu and He's five batch sizes with Wu and He's
-    32 groups, on wider layers and for longer; the data stay the 1,438 training digits.
+    """The ``quick`` or ``paper`` preset (all four norms at Wu and He's batch sizes and 32 groups),
+    with any field replaced by ``overrides``.
     """
     return make_config(Config, _PRESETS, scale, overrides)
 
 
 class GhostBatchNorm(nn.Module):
-    r"""Batch normalization whose statistics come from groups of ``batch_size`` examples.
+    """Batch normalization whose statistics come from groups of ``batch_size`` examples.
 
-    The forward batch of ``N`` examples is split into ``N / batch_size`` consecutive groups;
-    in training mode each group is normalized with its own per-channel mean and biased variance
-    over ``(batch_size, H, W)``, as if every group sat on its own worker (Wu and He, 2018,
-    compute BN's statistics per GPU). The running averages move towards the mean over the
-    groups of their statistics (unbiased variance, as torch), and replace the statistics in
-    evaluation mode. With ``batch_size = N`` this is ordinary batch normalization (eq. 2 of the
-    paper), the same as :class:`torch.nn.BatchNorm2d`. Part II, chapter "One family: batch,
-    layer, instance and group norm" (claim P07).
-
-    Args:
-        num_features: number of channels ``C``.
-        batch_size: examples per group of statistics (>= 2); must divide ``N`` in training.
-        eps: added to the variance inside the square root. Default: 1e-5.
-        momentum: weight of the newest statistics in the running averages. Default: 0.1.
-
-    Shape:
-        - Input: ``(N, C, H, W)``; output: the same shape.
+    In training each of the ``N / batch_size`` consecutive groups is normalized with its own
+    per-channel mean and biased variance over ``(batch_size, H, W)`` (Wu and He's BN per GPU); the
+    running averages serve in evaluation. With ``batch_size = N``: :class:`torch.nn.BatchNorm2d`.
 
     Example::
 
@@ -171,7 +117,7 @@ class GhostBatchNorm(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Gain 1, bias 0, running mean 0 and running variance 1 (as torch)."""
+        """Gain 1, bias 0, running mean 0 and running variance 1."""
         nn.init.ones_(self.weight)
         nn.init.zeros_(self.bias)
         self.running_mean.zero_()
@@ -214,26 +160,14 @@ def _norm(norm: str, channels: int, groups: int, bn_batch: int) -> nn.Module:
 
 
 class ConvNet(nn.Module):
-    """``[conv3x3 -> norm -> ReLU -> maxpool 2] * 2 -> Linear`` for 8x8 images.
+    """``[conv3x3 -> norm -> ReLU -> maxpool 2] * 2 -> Linear``, ``(N, 1, 8, 8)`` to ``(N, 10)``.
 
-    The convolutions have no bias (each norm has its own). Group norm uses ``groups`` groups,
-    layer norm is group norm with one group (over ``(C, H, W)``, gain and bias per channel),
-    instance norm group norm with ``C`` groups; batch norm is :class:`GhostBatchNorm` with
-    statistics over ``bn_batch`` examples.
-
-    Args:
-        norm: one of :data:`NORMS`.
-        channels: channels of both conv layers.
-        groups: groups of group norm (must divide ``channels``).
-        bn_batch: batch size of batch norm's statistics.
-
-    Shape:
-        - Input: ``(N, 1, 8, 8)``; output: logits ``(N, 10)``.
+    Bias-free convolutions; layer norm is group norm with 1 group, instance norm with ``C``; batch
+    norm is :class:`GhostBatchNorm` over ``bn_batch`` examples.
 
     Example::
 
-        >>> net = ConvNet("group", channels=8, groups=2)
-        >>> net(torch.rand(4, 1, 8, 8)).shape
+        >>> ConvNet("group", channels=8, groups=2)(torch.rand(4, 1, 8, 8)).shape
         torch.Size([4, 10])
     """
 
@@ -259,11 +193,9 @@ class ConvNet(nn.Module):
 
 
 def normalize(kind: str, x: Tensor, groups: int = 2, eps: float = 1e-5) -> Tensor:
-    """Normalize ``x`` ``(N, C, H, W)`` the way ``kind`` does, without gain and bias.
-
-    ``"batch"``: per channel over ``(N, H, W)`` (training mode); ``"layer"``: per example over
-    ``(C, H, W)``; ``"instance"``: per example and channel over ``(H, W)``; ``"group"``: per
-    example over ``groups`` groups of channels and ``(H, W)`` (:func:`lnbook.group_norm`).
+    """Normalize ``x`` ``(N, C, H, W)`` the way ``kind`` does, without gain and bias:
+    ``"batch"`` over ``(N, H, W)``, ``"layer"`` over ``(C, H, W)``, ``"instance"`` over
+    ``(H, W)``, ``"group"`` over a group of channels and ``(H, W)``.
     """
     if x.dim() != 4:
         raise ValueError(f"x must be (N, C, H, W), got {tuple(x.shape)}")
@@ -279,15 +211,8 @@ def normalize(kind: str, x: Tensor, groups: int = 2, eps: float = 1e-5) -> Tenso
 
 def statistics_set(kind: str, shape: tuple[int, int, int, int], index: tuple[int, ...],
                    groups: int = 2) -> Tensor:
-    """Which inputs the normalized output at ``index`` depends on: its statistics' set.
-
-    Read off the computation: the gradient of output ``index`` of :func:`normalize` with
-    respect to every input, on random float64 inputs; an entry is in the set when its
-    gradient is not zero. (A normalized output depends on the inputs only through its own
-    value and the mean and variance of its set.)
-
-    Returns:
-        A boolean tensor of ``shape`` ``(N, C, H, W)``.
+    """Which inputs the normalized output at ``index`` depends on (nonzero gradient of
+    :func:`normalize` on random float64 inputs): a boolean tensor of ``shape``.
 
     Example::
 
@@ -306,17 +231,12 @@ def variant_name(norm: str, bn_batch: int | None = None) -> str:
     return f"batch/bs{bn_batch}" if norm == "batch" else norm
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train batch norm at every ``bn_batches`` size and the other norms once, per seed.
 
-    Every run records ``test_error`` and ``test_nll`` on the 359 test digits (evaluation mode:
-    batch norm uses its running averages) at every evaluation. ``Results.info`` holds the
-    test error of always answering the most frequent training digit (``majority_error``).
+    Runs record ``test_error`` and ``test_nll`` on the 359 test digits; ``Results.info`` holds
+    ``majority_error`` (always answering the most frequent training digit).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a group_norm.Config (get_config), got "

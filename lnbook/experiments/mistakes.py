@@ -1,25 +1,11 @@
-"""Common mistakes in layer normalization, each as a wrong and a right version; DeepNorm's update;
-what the statistics' gradients and the gain and bias do.
+"""Common mistakes in layer normalization, DeepNorm's update, and what the statistics' gradients
+and the gain and bias do.
 
-Part II, chapter `13_common_mistakes` (claims P10, P13, P14). :func:`layer_norm_variant`
-computes eq. 3 of the paper (over the last dimension, without gain and bias) in the ways it is
-commonly got wrong: the unbiased variance, the one-pass variance ``E[x^2] - E[x]^2``,
-statistics in float16, ``eps`` outside the square root, detached statistics. Every variant is
-a keyword of :func:`lnbook.functional.normalize` (the one place layer norm's statistics are
-computed, also for the checkers of :mod:`lnbook.exercises`). :class:`UnbiasedLayerNorm` and
-:func:`to_biased` show what loading weights across the biased and the unbiased variance does,
-on a small MLP trained on the 8x8 digits (:func:`train_digits_mlp`). :func:`residual_placements`
-puts DeepNorm's constant in the three places it is put (Wang et al., 2022).
-
-The experiment (:func:`run`) measures the size of a model update in deep Post-LN
-Transformers, plain and with DeepNorm (:func:`lnbook.transformer.deepnorm_constants`): the
-change of the logits on a fixed batch of held-out sequences after each of the first Adam
-updates, at several depths.
-
-The second experiment (:func:`run_stats`) trains an MLP on the 8x8 digits with four norms
-(Xu et al., 2019): layer norm with gain and bias, LayerNorm-simple (without them),
-:class:`DetachNorm` (LayerNorm-simple whose mean and variance are constants to the backward
-pass) and no norm, and measures held-out and training loss and error.
+Part II, chapter `13_common_mistakes` (claims P10, P13, P14): :func:`layer_norm_variant` (eq. 3
+computed right or in a common wrong way), the unbiased-variance weight-loading demonstration
+(:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's constant (:func:`residual_placements`,
+:func:`run`: the model update of deep Post-LN stacks), and Xu et al. (2019)'s ablation of the
+statistics' gradients and the affine parameters (:func:`run_stats`, :func:`run_affine`).
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.job import Job
+from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results
@@ -46,31 +32,11 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "KINDS",
-    "Config",
-    "get_config",
-    "layer_norm_variant",
-    "UnbiasedLayerNorm",
-    "DigitsMLP",
-    "train_digits_mlp",
-    "to_biased",
-    "residual_placements",
-    "variant_name",
-    "run",
-    "STATS_NORMS",
-    "NORM_LABELS",
-    "DetachNorm",
-    "NormMLP",
-    "StatsConfig",
-    "get_stats_config",
-    "run_stats",
-    "AFFINE_NORMS",
-    "affine_mlp",
-    "run_affine",
-]
+__all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_variant",
+           "UnbiasedLayerNorm", "DigitsMLP", "train_digits_mlp", "to_biased",
+           "residual_placements", "variant_name", "run", "STATS_NORMS", "NORM_LABELS",
+           "DetachNorm", "NormMLP", "StatsConfig", "get_stats_config", "run_stats", "AFFINE_NORMS",
+           "affine_mlp", "run_affine"]
 
 NAME = "mistakes"
 DESCRIPTION = (
@@ -80,45 +46,18 @@ DESCRIPTION = (
 KINDS = ("post", "deepnorm")
 
 
-# ---------------------------------------------------------------------------------------------
-# the wrong ways to compute eq. 3
 
 
-def layer_norm_variant(
-    x: Tensor,
-    eps: float = 1e-5,
-    *,
-    unbiased: bool = False,
-    one_pass: bool = False,
-    eps_inside: bool = True,
-    stats_dtype: torch.dtype | None = None,
-    detach: bool = False,
-) -> Tensor:
-    r"""Eq. 3 over the last dimension, without gain and bias, right or in a common wrong way.
+def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
+                       one_pass: bool = False, eps_inside: bool = True,
+                       stats_dtype: torch.dtype | None = None, detach: bool = False) -> Tensor:
+    """Eq. 3 over the last dimension ``(*, H)``, no gain and bias, right or in a common wrong way.
 
-    The right computation (every option at its default, ``stats_dtype=None``) is
-    ``(x - mu) / sqrt(var + eps)`` with the biased variance of the centred values (two passes:
-    the mean first), in float32 for half-precision inputs: what :func:`lnbook.layer_norm` and
-    :func:`torch.nn.functional.layer_norm` compute. Each option is the keyword of the same
-    name of :func:`lnbook.functional.normalize`, which computes it.
-
-    Args:
-        x: floating-point input ``(*, H)``.
-        eps: the constant that keeps the denominator away from 0.
-        unbiased: divide the sum of squares by ``H - 1`` (``torch.std``'s default) instead of
-            ``H``: every output shrinks by ``sqrt((H - 1) / H)``.
-        one_pass: the variance as ``E[x^2] - E[x]^2`` (one pass over the data); loses every
-            digit when the mean is large against the spread, and can turn negative.
-        eps_inside: False computes ``(x - mu) / (sqrt(var) + eps)``, whose gradient is NaN
-            for a constant row (the derivative of the square root at 0).
-        stats_dtype: the dtype of the statistics; ``torch.float16`` keeps half-precision
-            inputs in half precision, where ``x ** 2`` overflows above 256. None: float32 for
-            half inputs, the input's dtype otherwise.
-        detach: the mean and the variance are constants to autograd (:class:`DetachNorm`);
-            the values are unchanged, the gradient loses its projections.
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape and dtype.
+    Right (every option at its default): ``(x - mu) / sqrt(var + eps)``, biased two-pass variance,
+    float32 statistics for half inputs. Each option is the keyword of the same name of
+    :func:`lnbook.functional.normalize`: ``unbiased`` (divide by ``H - 1``), ``one_pass``
+    (``E[x^2] - E[x]^2``), ``eps_inside=False`` (``(x - mu) / (sqrt(var) + eps)``), ``stats_dtype``
+    (``torch.float16``: ``x ** 2`` overflows above 256), ``detach`` (:class:`DetachNorm`).
     """
     if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1):
         raise TypeError("x must be a floating-point tensor of shape (*, H)")
@@ -131,19 +70,9 @@ def layer_norm_variant(
 
 
 class UnbiasedLayerNorm(nn.Module):
-    """Layer norm normalized with the *unbiased* variance: the mistake, as a module.
-
-    The same parameters (``weight``, ``bias``) and state dict as :class:`lnbook.LayerNorm`
-    over the last dimension, so weights load across the two without an error, and with a
-    different function: this one's outputs are ``sqrt((H - 1) / H)`` times LN's (before the
-    bias). :func:`to_biased` converts a model that uses it exactly.
-
-    Args:
-        hidden: the size ``H`` of the last dimension.
-        eps: added to the (unbiased) variance. Default: 1e-5.
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape.
+    """Layer norm with the *unbiased* variance: the mistake, as a module
+    (:class:`lnbook.LayerNorm`'s parameters and state dict; outputs ``sqrt((H - 1) / H)``
+    times LN's before the bias).
     """
 
     def __init__(self, hidden: int, eps: float = 1e-5) -> None:
@@ -160,16 +89,9 @@ class UnbiasedLayerNorm(nn.Module):
 
 
 class DigitsMLP(nn.Module):
-    """``Linear -> norm -> ReLU -> Linear -> norm -> ReLU -> Linear`` on flat 8x8 digits.
-
-    Args:
-        norm: ``"biased"`` (:class:`lnbook.LayerNorm`, the right one) or ``"unbiased"``
-            (:class:`UnbiasedLayerNorm`).
-        hidden: width ``H`` of the two hidden layers.
-        eps: eps of both norms.
-
-    Shape:
-        - Input: ``(N, 64)``; output: logits ``(N, 10)``.
+    """``Linear -> norm -> ReLU -> Linear -> norm -> ReLU -> Linear`` on 8x8 digits ``(N, 64)``;
+    ``norm`` ``"biased"`` (:class:`lnbook.LayerNorm`) or ``"unbiased"``
+    (:class:`UnbiasedLayerNorm`).
     """
 
     def __init__(self, norm: str = "biased", hidden: int = 8, eps: float = 1e-5) -> None:
@@ -194,11 +116,7 @@ class DigitsMLP(nn.Module):
 
 def train_digits_mlp(norm: str = "unbiased", hidden: int = 8, steps: int = 300,
                      seed: int = 0, lr: float = 1e-2) -> DigitsMLP:
-    """A :class:`DigitsMLP` trained with Adam on the 1,438 training digits (batch 32).
-
-    A few hundred updates on a CPU take about a second; the model serves the chapter's
-    weight-loading demonstration, not a claim.
-    """
+    """A :class:`DigitsMLP` trained with Adam on the 1,438 training digits (batch 32)."""
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     torch.manual_seed(seed)
     model = DigitsMLP(norm, hidden)
@@ -210,12 +128,8 @@ def train_digits_mlp(norm: str = "unbiased", hidden: int = 8, steps: int = 300,
 
 
 def to_biased(model: DigitsMLP) -> DigitsMLP:
-    """The :class:`DigitsMLP` with biased layer norms that computes what ``model`` computes.
-
-    ``model`` normalizes with the unbiased variance ``v_u = v * H / (H - 1)``. With the biased
-    variance ``v``, ``g (x - mu) / sqrt(v_u + eps) = g' (x - mu) / sqrt(v + eps')`` exactly for
-    ``g' = g * sqrt((H - 1) / H)`` and ``eps' = eps * (H - 1) / H``: the conversion rescales
-    the gains (and eps) and keeps everything else.
+    """The :class:`DigitsMLP` with biased layer norms that computes what ``model`` computes:
+    ``g' = g * sqrt((H - 1) / H)`` and ``eps' = eps * (H - 1) / H``, all else kept.
     """
     if model.norm_kind != "unbiased":
         raise ValueError("to_biased converts a model built with norm='unbiased'")
@@ -230,11 +144,9 @@ def to_biased(model: DigitsMLP) -> DigitsMLP:
 
 
 def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Tensor]:
-    """A Post-LN residual with DeepNorm's constant ``alpha`` in each of three places.
-
-    ``"residual"``: ``LN(alpha x + G(x))``, DeepNorm (Wang et al., 2022); ``"branch"``:
-    ``LN(x + alpha G(x))``; ``"output"``: ``alpha LN(x + G(x))``. ``branch`` is ``G(x)``;
-    LN is over the last dimension without gain and bias (eps 1e-5).
+    """A Post-LN residual with DeepNorm's ``alpha`` in three places: ``"residual"`` ``LN(alpha x +
+    G(x))`` (Wang et al., 2022), ``"branch"`` ``LN(x + alpha G(x))``, ``"output"`` ``alpha LN(x +
+    G(x))``; ``branch`` is ``G(x)``, LN without gain and bias.
     """
     if x.shape != branch.shape:
         raise ValueError(f"x and branch must have the same shape, got {tuple(x.shape)} and "
@@ -245,8 +157,6 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
             "output": alpha * layer_norm(x + branch, d)}
 
 
-# ---------------------------------------------------------------------------------------------
-# the DeepNorm experiment
 
 
 @dataclass
@@ -254,17 +164,11 @@ class Config:
     """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        depths: numbers of blocks of the Post-LN stacks.
-        kinds: ``"post"`` (plain Post-LN) and/or ``"deepnorm"``.
-        d_model, n_heads: width and heads of every block.
-        length, vocab_size: the sort task's sequences (:func:`lnbook.data.sort_task`).
-        batch: sequences per update.
-        steps: Adam updates per run (the update size is measured after each).
-        lr: Adam learning rate (Adam's first update moves every parameter by about ``lr``).
+        scale: ``"quick"`` or ``"paper"``. depths, kinds: blocks; ``"post"``/``"deepnorm"``.
+        d_model, n_heads: every block's. length, vocab_size: the sort task's.
+        batch, steps, lr: Adam's batch, updates (the update size is measured after each), rate.
         n_probe: held-out sequences on which the logits are compared.
-        seeds: seeds of the runs.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -300,11 +204,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
-
-    Wang et al. go to 1,000 layers on machine translation; ``paper`` goes to 200 blocks on
-    the sort task and follows the first 100 updates (it wants a GPU).
-    """
+    """The ``quick`` or ``paper`` preset (200 blocks; wants a GPU), with ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
@@ -313,18 +213,11 @@ def variant_name(kind: str, depth: int) -> str:
     return f"{kind}/L{depth}"
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
-    """Train every (kind, depth) stack for ``steps`` Adam updates, with every seed.
-
-    Every run records, before the first update and after each, ``update``: the root mean
-    square change of the logits on ``n_probe`` held-out sequences since initialization (Wang
-    et al.'s model update ``||F(x, theta_t) - F(x, theta_0)||``, per logit), and
-    ``val_loss``.
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+    """Train every (kind, depth) stack for ``steps`` Adam updates, with every seed; each evaluation
+    records ``val_loss`` and ``update``, the RMS change of the logits on ``n_probe`` held-out
+    sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a mistakes.Config (get_config), got "
@@ -358,8 +251,6 @@ def run(
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
 
 
-# ---------------------------------------------------------------------------------------------
-# the statistics' gradients and the gain and bias (Xu et al., 2019)
 
 STATS_NORMS = ("layer", "simple", "detach", "none")
 NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
@@ -367,27 +258,14 @@ NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "De
 
 
 class DetachNorm(nn.Module):
-    r"""Layer norm whose mean and variance are constants to the backward pass (DetachNorm).
+    r"""Layer norm whose mean and variance are constants to the backward pass (Xu et al., 2019).
 
-    The forward pass is eq. 3 of the paper over the last dimension without gain and bias,
-    ``(x - mu) / sqrt(var + eps)`` (what LayerNorm-simple computes); the statistics are
-    detached, so the gradient with respect to ``x`` is the upstream gradient divided by
-    ``sqrt(var + eps)``, without the projections that remove its components along
-    :math:`\mathbf{1}` and along the output. Xu et al. (2019) use it to separate the forward
-    normalization from the gradients through the statistics; chapter ``13_common_mistakes``,
-    section 8. Statistics of half-precision inputs are computed in float32.
-
-    Args:
-        normalized_shape: the size ``H`` of the last dimension.
-        eps: added to the variance inside the square root. Default: 1e-5.
-
-    Shape:
-        - Input: ``(*, H)``; output: the same shape and dtype.
+    Forward: eq. 3 without gain and bias; the gradient is the upstream gradient over ``sqrt(var +
+    eps)``, without the projections along :math:`\mathbf{1}` and the output. ``(*, H)`` to the same.
 
     Example::
 
-        >>> norm = DetachNorm(16)
-        >>> y = norm(torch.randn(4, 16))  # same values as F.layer_norm(x, (16,))
+        >>> y = DetachNorm(16)(torch.randn(4, 16))  # the values of F.layer_norm(x, (16,))
     """
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
@@ -416,18 +294,9 @@ class DetachNorm(nn.Module):
 
 
 class NormMLP(nn.Module):
-    """``depth`` times ``Linear -> norm -> ReLU``, then ``Linear``, on flat 8x8 digits.
-
-    Args:
-        norm: ``"layer"`` (:class:`lnbook.LayerNorm` with gain and bias), ``"simple"``
-            (LayerNorm-simple: ``LayerNorm(elementwise_affine=False)``), ``"detach"``
-            (:class:`DetachNorm`) or ``"none"`` (no normalization).
-        hidden: width ``H`` of the hidden layers.
-        depth: number of hidden layers.
-        eps: eps of the norms.
-
-    Shape:
-        - Input: ``(N, 64)``; output: logits ``(N, 10)``.
+    """``depth`` times ``Linear -> norm -> ReLU``, then ``Linear``, on flat 8x8 digits ``(N, 64)``;
+    ``norm`` ``"layer"``, ``"simple"`` (no gain and bias), ``"detach"`` (:class:`DetachNorm`) or
+    ``"none"``.
     """
 
     def __init__(self, norm: str = "layer", hidden: int = 32, depth: int = 3,
@@ -463,15 +332,10 @@ class StatsConfig:
     """Settings of the norm-ablation experiment on the digits; :func:`get_stats_config`.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        norms: which of :data:`STATS_NORMS` to train.
-        hidden, depth: width and number of hidden layers of the :class:`NormMLP`.
-        batch: examples per update.
-        steps: Adam updates per run.
-        lr: Adam learning rate.
-        eval_every: evaluate held-out and training loss every this many updates.
-        seeds: seeds of the runs (initialization and data order).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
+        scale: ``"quick"`` or ``"paper"``. norms: from :data:`STATS_NORMS`.
+        hidden, depth: the :class:`NormMLP`. batch, steps, lr: Adam's.
+        eval_every: updates between evaluations.
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -506,30 +370,18 @@ _STATS_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
-    """The ``quick`` or ``paper`` preset of :func:`run_stats`, with ``overrides``.
-
-    Xu et al. compare the norms in Transformers and other models on translation, language
-    modelling and classification; ``paper`` keeps the digits and makes the MLP wider, deeper
-    and longer trained, with ten seeds.
-    """
+    """The ``quick`` or ``paper`` preset of :func:`run_stats`, with ``overrides``."""
     return make_config(StatsConfig, _STATS_PRESETS, scale, overrides)
 
 
-def run_stats(
-    config: StatsConfig,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run_stats(config: StatsConfig, device: str | torch.device = "auto",
+              out: str | os.PathLike | None = None,
+              seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed.
 
-    Every run records ``val_nll`` / ``val_error`` on the 359 held-out digits and
-    ``train_nll`` / ``train_error`` on the 1,438 training digits (mean nats, error rate),
-    before the first update and every ``eval_every`` updates, and in its ``info``
-    ``weight_growth``: the Frobenius norm of each hidden layer's weight at the end over its
-    norm at initialization (one value per hidden layer). ``Results.info`` holds
-    ``majority_error``: the held-out error of always predicting the most frequent training
-    class (the trivial predictor).
+    Runs record ``val_nll``/``val_error`` (359 held-out digits) and ``train_nll``/``train_error``
+    and, in ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds
+    ``majority_error``.
     """
     if not isinstance(config, StatsConfig):
         raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
@@ -573,17 +425,12 @@ AFFINE_NORMS = ("layer", "simple")
 
 def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32,
                depth: int = 3) -> SeedMLP:
-    """Both arms of :func:`run_affine` for every seed, as one batched network.
+    """Both arms of :func:`run_affine` for every seed, as one batched
+    :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
 
-    Each arm is, per seed, ``depth`` times ``Linear (no bias) -> norm -> + b -> ReLU``, then
-    ``Linear``, on flat 8x8 digits. Slices ``0 .. S-1`` are the ``"layer"`` arm: layer norm
-    with a gain and a bias per unit, ``b`` being layer norm's own bias (a Linear bias placed
-    after the norm would add to it: one bias per unit does both). Slices ``S .. 2S-1`` are the
-    ``"simple"`` arm: LayerNorm-simple (no gain, no bias) followed by the Linear's bias ``b``,
-    so that every ReLU keeps a threshold of its own; a gradient hook zeroes its gains'
-    gradients, so that under Adam they stay exactly 1. Slice ``i`` and ``S + i`` both start
-    from the network built under ``torch.manual_seed(seeds[i])``. A
-    :class:`~lnbook.batched.SeedMLP` with ``hidden_bias=False`` and ``affine=True``.
+    Slices ``0 .. S-1``: layer norm with gain and bias; ``S .. 2S-1``: LayerNorm-simple followed by
+    a bias (its gains' gradients zeroed, so they stay 1). Slices ``i`` and ``S + i`` start from the
+    network built under ``torch.manual_seed(seeds[i])``.
     """
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
@@ -604,15 +451,9 @@ def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32,
 
 def run_affine(config: StatsConfig,
                seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, dict[str, Any]]:
-    """LayerNorm against LayerNorm-simple in a network where every ReLU keeps its threshold.
-
-    Both arms of :data:`AFFINE_NORMS` (:func:`affine_mlp`) train with every seed at once, with
-    ``config``'s width, depth, batch, steps and Adam learning rate; seed ``s`` draws its
-    batches as :class:`lnbook.train.Batches` with seed ``s`` does, in both arms. Returns
-    ``{norm: {"val_nll", "val_error", "train_nll": (S,) arrays}}``, the final mean losses
-    (nats) and error rates on the 359 held-out and 1,438 training digits, and under ``"info"``
-    ``{"majority_error": float}``, the held-out error of always naming the most frequent
-    training class.
+    """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
+    every seed at once, batches as :class:`lnbook.train.Batches`). Returns ``{norm: {"val_nll",
+    "val_error", "train_nll": (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
     """
     if not isinstance(config, StatsConfig):
         raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
@@ -621,10 +462,7 @@ def run_affine(config: StatsConfig,
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         model = affine_mlp(seeds, config.hidden, config.depth)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
         batches = seed_batches(x, y, config.batch, seeds)
@@ -638,8 +476,6 @@ def run_affine(config: StatsConfig,
             val = seed_nll(logits, yv).double().numpy()
             err = (logits.argmax(-1) != yv).double().mean(1).numpy()
             train = seed_nll(model(x), y).double().numpy()
-    finally:
-        torch.set_num_threads(before)
     n = len(seeds)
     out: dict[str, dict[str, Any]] = {
         arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],

@@ -1,22 +1,13 @@
 """Normalizing both sides: the residual stream of Pre-LN, Post-LN and Peri-LN Transformers.
 
-Book chapter `14_peri_ln` (Part III), claims P15-P16. Kim et al. (2025) compare Pre-LN
-(``x + F(LN(x))``), Post-LN (``LN(x + F(x))``) and Peri-LN (``x + LN(F(LN(x)))``, the norms on
-both sides of each sublayer, Gemma 2's "sandwich"): in Pre-LN nothing bounds what a sublayer
-adds to the residual stream, whose variance grows with depth and over training; Peri-LN's output
-norms bound each addition, and they report steadier training over learning rates and seeds.
-
-:func:`run` trains Pre-LN and Peri-LN over a learning-rate sweep and Post-LN at one rate, every
-seed and rate of one placement at once (:func:`lnbook.experiments.stacked.train_stacked`), on
-the sort task of :mod:`lnbook.experiments.seq_tasks`; every evaluation records the variance of
-the residual stream after each block (``var_0`` ... ``var_L``). The ``quick`` preset is a
-6-block, 16-wide model trained for 60 updates (seconds on a CPU); ``paper`` a 24-block,
-512-wide one for 10,000 updates.
+Book chapter `14_peri_ln` (Part III), claims P15-P16 (Kim et al. 2025: Pre-LN ``x + F(LN(x))``,
+Post-LN ``LN(x + F(x))``, Peri-LN ``x + LN(F(LN(x)))``). :func:`run` trains Pre-LN and Peri-LN
+over a learning-rate sweep and Post-LN at one rate, recording the stream's variance after each
+block (``var_0 ... var_L``).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -25,23 +16,13 @@ import numpy as np
 import torch
 
 from lnbook.experiments.protocol import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
-from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
+from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "Config",
-    "get_config",
-    "model_config",
-    "variant_name",
-    "run",
-    "stream_variance",
-    "final_by_lr",
-    "rise_to_top",
-]
+__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name", "run",
+           "stream_variance", "final_by_lr", "rise_to_top"]
 
 NAME = "peri_ln"
 DESCRIPTION = (
@@ -52,17 +33,9 @@ DESCRIPTION = (
 
 @dataclass
 class Config(TaskConfig):
-    """Settings of the Peri-LN experiment; :func:`get_config` gives the presets.
-
-    The task, model, training and sweep fields are
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here sort 6 symbols, a 6-block,
-    16-wide model with 2 heads, 60 updates of 16 sequences, evaluated every 30 on 128 held-out
-    sequences); the experiment's own:
-
-    Attributes:
-        lrs: Adam learning rates of the sweep of Pre-LN and Peri-LN, increasing.
-        post_lr: the one rate at which Post-LN is trained (for its stream, not its loss).
-        n_eval: held-out sequences of each evaluation.
+    """Settings of the Peri-LN experiment (:class:`~lnbook.experiments.seq_tasks.TaskConfig` plus
+    ``lrs``, the increasing sweep of Pre-LN and Peri-LN; ``post_lr``, Post-LN's one rate; and
+    ``n_eval``, held-out sequences per evaluation).
     """
 
     size: int = 6
@@ -80,8 +53,7 @@ class Config(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.lrs or any(lr <= 0 for lr in self.lrs) or list(self.lrs) != sorted(self.lrs):
-            raise ValueError(f"lrs must be positive and increasing, got {self.lrs}")
+        check_lrs(self.lrs)
         if not self.post_lr > 0 or self.n_eval < 1:
             raise ValueError(f"post_lr must be > 0 and n_eval >= 1, got {self.post_lr}, "
                              f"{self.n_eval}")
@@ -97,8 +69,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 
 def model_config(config: Config, position: str, seq_len: int) -> TransformerConfig:
-    """The layer-normalized Transformer with ``position`` ``"pre"``, ``"post"`` or
-    ``"peri"`` (each with its usual final norm: none for Post-LN)."""
+    """The Transformer with ``position`` 'pre', 'post' or 'peri'."""
     return config.model_config(seq_len, norm="layer", position=position, ln_impl="torch")
 
 
@@ -107,24 +78,15 @@ def variant_name(position: str, lr: float) -> str:
     return f"{position}/lr{lr:g}"
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``.
 
-    Every seed and rate of one placement train at once
-    (:func:`~lnbook.experiments.stacked.train_stacked`, on ``device``); the runs come back as one
-    :class:`Results` (variants :func:`variant_name`, in the order pre, peri, post), each run's
-    info with ``lr`` and ``diverged``. ``Results.info`` holds the task's ``uniform_loss`` and
-    ``baseline_loss``. With ``out``, the results are also written to ``out/peri_ln.json``.
+    Every seed and rate of one placement train at once on ``device``; variants
+    :func:`variant_name`, in the order pre, peri, post. With ``out``, also writes
+    ``out/peri_ln.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a peri_ln.Config (get_config), got "
-                        f"{type(config).__name__}")
-    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+    return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
@@ -141,10 +103,8 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
 
 
 def stream_variance(results: Results, variant: str, step: int | None = None) -> np.ndarray:
-    """The residual stream's variance after each block, per seed: ``(seeds, L + 1)``.
-
-    Column 0 is the embeddings, column ``l`` block ``l``'s output; ``step`` is the evaluation's
-    update count (None: the last evaluation).
+    """The stream's variance after each block per seed, ``(seeds, L + 1)`` (column 0 the embeddings)
+    at the evaluation after ``step`` updates (None: the last).
     """
     rows = []
     for r in results.select(variant):
@@ -162,12 +122,9 @@ def final_by_lr(results: Results, position: str, metric: str = "loss") -> np.nda
 
 
 def rise_to_top(loss: np.ndarray) -> np.ndarray:
-    """How much the final loss rises from a seed's best rate to the sweep's highest rate.
-
-    ``loss`` is ``(seeds, rates)`` with the rates increasing (:func:`final_by_lr`); returns
-    ``loss[:, -1] - min over rates``, ``(seeds,)``: 0 when the highest rate is the best, large
-    when training at the highest rate falls apart (infinite when its loss is not finite, NaN
-    when no rate's is).
+    """``loss[:, -1] - min over rates`` per seed for ``loss`` ``(seeds, rates)``, rates increasing:
+    how much the final loss rises from a seed's best rate to the highest (inf when the top rate's
+    loss is not finite, NaN when no rate's is).
     """
     loss = np.asarray(loss, dtype=float)
     if loss.ndim != 2 or loss.shape[1] < 1:

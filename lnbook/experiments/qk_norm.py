@@ -1,26 +1,13 @@
 """QK-norm and attention-logit growth: a learning-rate sweep with and without normalized q and k.
 
-Book chapter `11_qk_norm` (Part II), claims P08-P09. Dehghani et al. (2023) saw the attention
-logits of a large vision Transformer grow without bound during training and layer-normalized
-the queries and keys to stop it; Wortsman et al. (2024) reproduced the instability in small
-Transformers trained at high learning rates and showed that with qk-layernorm the final loss
-depends much less on the learning rate. This module trains the same small Pre-LN Transformer
-with and without ``qk_norm`` (:class:`lnbook.transformer.SelfAttention`) at every learning
-rate of a sweep and every seed, recording the largest attention logit on held-out data at each
-evaluation, and summarizes a sweep by the learning-rate sensitivity of Wortsman et al.
-(:func:`lr_sensitivity`).
-
-Every seed and rate of one model train at once, as one stacked computation
-(:func:`lnbook.experiments.stacked.train_stacked`); each copy is the run that
-:func:`lnbook.experiments.seq_tasks.train_transformer` trains alone (the same initialization,
-batches and metrics, equal up to rounding). The ``quick`` preset trains for a few dozen
-updates on a CPU, without warm-up; ``paper`` uses a
-base-sized model, a longer run, a wider sweep and a warm-up, as Wortsman et al. do.
+Book chapter `11_qk_norm` (Part II), claims P08-P09 (Dehghani et al. 2023; Wortsman et al.
+2024). :func:`run` trains the small Pre-LN Transformer with and without ``qk_norm`` at every rate
+and seed (:func:`lnbook.experiments.stacked.train_stacked`), recording the largest attention
+logit; :func:`lr_sensitivity` summarizes a sweep.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -30,24 +17,13 @@ import numpy as np
 import torch
 
 from lnbook.experiments.protocol import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
-from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
+from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.norms import LN_IMPL, LN_IMPLS
 from lnbook.transformer import Transformer, TransformerConfig
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "Config",
-    "get_config",
-    "model_config",
-    "variant_name",
-    "by_lr",
-    "lr_sensitivity",
-    "compare_within_rounding",
-    "qk_logit_bound",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name", "by_lr",
+           "lr_sensitivity", "compare_within_rounding", "qk_logit_bound", "run"]
 
 NAME = "qk_norm"
 DESCRIPTION = (
@@ -58,21 +34,14 @@ DESCRIPTION = (
 
 @dataclass
 class Config(TaskConfig):
-    """Settings of the learning-rate sweep; :func:`get_config` gives the presets.
-
-    The task, model (Pre-LN), training and sweep fields are
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here 40 updates, evaluated every 20);
-    the experiment's own:
+    """Settings of the learning-rate sweep (:class:`~lnbook.experiments.seq_tasks.TaskConfig` plus):
 
     Attributes:
-        lrs: Adam learning rates of the sweep, increasing; the quick preset's top rate, 0.3,
-            was chosen on pilot runs (:func:`lnbook.seeds.pilot_seeds`) as the largest at which
-            every run of both models still ends below its loss before training.
+        lrs: Adam rates of the sweep, increasing (the quick top rate, 0.3, chosen on pilot seeds).
         qk_norms: which models to train: ``False`` (plain attention), ``True`` (qk-layernorm).
         warmup: updates of linear warm-up (0 = none).
-        ln_impl: ``impl`` of the models' layer norms (:data:`lnbook.norms.LN_IMPL`): changes
-            the runs at rounding level only, which is how the chapter shows which of its
-            comparisons rounding can move.
+        ln_impl: ``impl`` of the layer norms (:data:`lnbook.norms.LN_IMPL`; a rounding-level
+            change).
     """
 
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1)
@@ -86,8 +55,7 @@ class Config(TaskConfig):
         super().__post_init__()
         if self.ln_impl not in LN_IMPLS:
             raise ValueError(f"ln_impl must be one of {LN_IMPLS}, got {self.ln_impl!r}")
-        if not self.lrs or any(lr <= 0 for lr in self.lrs) or list(self.lrs) != sorted(self.lrs):
-            raise ValueError(f"lrs must be positive and increasing, got {self.lrs}")
+        check_lrs(self.lrs)
         if not self.qk_norms or any(not isinstance(q, bool) for q in self.qk_norms):
             raise ValueError(f"qk_norms must be a non-empty tuple of bools, got {self.qk_norms}")
         if not 0 <= self.warmup <= self.steps:
@@ -114,10 +82,8 @@ def variant_name(qk_norm: bool, lr: float) -> str:
 
 
 def by_lr(results: Results, qk_norm: bool, metric: str, stat: str = "final") -> np.ndarray:
-    """One number per (seed, learning rate) for one model: ``(seeds, len(lrs))``.
-
-    ``stat`` is ``"final"`` (the last evaluation), ``"max"`` or ``"min"`` (over training), or
-    ``"initial"`` (the evaluation before the first update).
+    """One number per (seed, learning rate) for one model, ``(seeds, len(lrs))``; ``stat``
+    ``"final"``, ``"max"``, ``"min"`` or ``"initial"``.
     """
     lrs = results.config["lrs"]
     cols = []
@@ -137,12 +103,8 @@ def by_lr(results: Results, qk_norm: bool, metric: str, stat: str = "final") -> 
 def lr_sensitivity(final: np.ndarray, initial: np.ndarray) -> np.ndarray:
     """Learning-rate sensitivity per seed: mean over rates of ``min(l, l0) - min over rates``.
 
-    Wortsman et al. (2024) summarize a loss-against-learning-rate curve by how far, on average
-    over the rates of the sweep, the final loss ``l`` lies above the best final loss of the
-    sweep, with a run that ends above its initial loss ``l0`` counted at ``l0`` (a failed run
-    cannot count worse than doing nothing). A model whose loss does not depend on the rate
-    scores 0. Arguments and result per seed: ``final`` and ``initial`` ``(seeds, rates)``,
-    result ``(seeds,)``.
+    Wortsman et al. (2024): a final loss ``l`` above the initial ``l0`` counts at ``l0``.
+    ``final``, ``initial`` ``(seeds, rates)``; returns ``(seeds,)``.
 
     Example::
 
@@ -158,13 +120,8 @@ def lr_sensitivity(final: np.ndarray, initial: np.ndarray) -> np.ndarray:
 
 
 def compare_within_rounding(margin: np.ndarray, band: float) -> str:
-    """Read per-seed margins ``plain - qk-norm`` against what rounding alone can move (P09).
-
-    ``band`` is the largest change that a rounding-level change of the computation (the same
-    runs with another layer-norm implementation) makes to the quantity compared. Returns
-    ``"lower on every seed"`` when every margin exceeds it, ``"higher on some seed"`` when a
-    margin is below ``-band``, and ``"undecided"`` otherwise: a margin inside the band is one
-    that the machine's rounding could flip. Chapter "QK-norm and attention-logit growth".
+    """Read per-seed margins ``plain - qk-norm`` against ``band``, what rounding alone moves (P09):
+    ``"lower on every seed"``, ``"higher on some seed"`` or ``"undecided"``.
 
     Example::
 
@@ -184,17 +141,10 @@ def compare_within_rounding(margin: np.ndarray, band: float) -> str:
 
 
 def qk_logit_bound(model: Transformer) -> float:
-    """The largest attention logit that a qk-normalized model can produce, from its gains.
+    """The largest attention logit a qk-normalized model can produce, from its gains.
 
-    A layer-normalized query is ``q = g_q * n + b_q`` with ``n`` of mean 0 and norm
-    ``sqrt(d_h)`` (before the gain), so ``|q| <= max|g_q| sqrt(d_h) + |b_q|``, the same for
-    keys, and every logit ``q . k / sqrt(d_h)`` is at most ``|q| |k| / sqrt(d_h)`` in absolute
-    value (Cauchy-Schwarz). Returns the largest of these bounds over the blocks (the learned
-    gains and biases of ``q_norm``/``k_norm`` set it; with gains 1 and biases 0 it is
-    ``sqrt(d_h)``).
-
-    Raises:
-        ValueError: for a model without ``qk_norm``.
+    ``|q| <= max|g_q| sqrt(d_h) + |b_q|`` (likewise ``k``), and a logit ``q . k / sqrt(d_h)`` is at
+    most ``|q| |k| / sqrt(d_h)``; the largest bound over blocks. ValueError without ``qk_norm``.
     """
     if not model.config.qk_norm:
         raise ValueError("qk_logit_bound needs a model built with qk_norm=True")
@@ -209,29 +159,16 @@ def qk_logit_bound(model: Transformer) -> float:
     return max(bounds)
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the model with and without qk-layernorm at every learning rate and seed.
 
-    Variants are named by :func:`variant_name`. Every evaluation records, on the held-out set,
-    ``loss``, ``accuracy`` and ``max_logit`` (the largest attention logit of any block); each
-    qk-normalized run's info holds ``logit_bound``, :func:`qk_logit_bound` of the trained
-    model. ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss``. Runs whose loss
-    stops being finite are marked ``diverged`` (their later evaluations repeat the model at
-    initialization; see :func:`lnbook.experiments.seq_tasks.train_transformer`); the other
-    copies of their stack train on unaffected. Every seed and rate of one model train at once
-    on ``device`` (:func:`~lnbook.experiments.stacked.train_stacked`; ``config.workers`` and
-    ``checkpoint`` are not used); with ``out``, the results are also written to
-    ``out/qk_norm.json``.
+    Variants :func:`variant_name`; evaluations record ``loss``, ``accuracy`` and ``max_logit``;
+    qk-normalized runs' info holds ``logit_bound`` (:func:`qk_logit_bound`). Diverged runs repeat
+    the model at initialization. Every seed and rate of one model train at once on ``device``;
+    with ``out``, also writes ``out/qk_norm.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a qk_norm.Config (get_config), got "
-                        f"{type(config).__name__}")
-    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+    return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:

@@ -1,11 +1,8 @@
 """Removing layer norm from a trained Transformer, one norm at a time (claim P19).
 
-Part III, chapter `16_removing_ln`. A small Pre-LN Transformer (:class:`lnbook.Transformer`)
-learns the sort task of :mod:`lnbook.experiments.seq_tasks`; then its layer norms are replaced,
-one at a time, by fixed scales measured on training data (:func:`lnbook.removal.replace_norm`),
-with a few fine-tuning updates after each replacement. The held-out loss is measured after
-every step, and against two references: the original model, and the model with every norm
-replaced at once and no fine-tuning (:func:`lnbook.removal.remove_norms`).
+Part III, chapter `16_removing_ln`: a small Pre-LN Transformer learns the sort task; its norms
+are replaced one at a time by fixed scales (:func:`lnbook.removal.replace_norm`) with a few
+fine-tuning updates after each, against the original model and all norms removed at once.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from typing import Any
 import torch
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
@@ -38,18 +36,12 @@ class Config:
     """Settings of the removal experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        size, symbols: the sort task (sequence length, content symbols).
-        n_train, n_test: training and held-out sequences.
-        d_model, n_heads, n_layers: the Transformer.
-        batch: sequences per update.
-        steps: Adam updates of the original training.
-        lr: Adam's learning rate of the original training.
-        finetune_steps: Adam updates after each norm is replaced.
-        finetune_lr: the learning rate of fine-tuning.
+        scale: ``"quick"`` or ``"paper"``. size, symbols: the sort task.
+        n_train, n_test: training and held-out sequences. d_model, n_heads, n_layers: the model.
+        batch, steps, lr: Adam's batch, updates and rate of the original training.
+        finetune_steps, finetune_lr: Adam updates after each replacement, and their rate.
         n_probe: training sequences on which each fixed scale is measured.
-        seeds: seeds (initialization and batch order).
-        threads: torch CPU threads during the run (None: leave as is).
+        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -87,15 +79,14 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset with fields replaced by ``overrides`` (``paper`` is
-    larger and longer; Heimersheim's GPT-2 setting is far beyond either)."""
+    """The ``quick`` or ``paper`` preset with fields replaced by ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
 def removal_order(model: Transformer) -> list[str]:
-    """The order in which the norms are removed: the feed-forward norms (``norm2``) of every
-    block, then the attention norms (``norm1``), then the final norm, as Heimersheim removes
-    GPT-2's (MLP norms first, final norm last)."""
+    """The feed-forward norms (``norm2``) of every block, then the attention norms, then the final
+    norm (Heimersheim's order for GPT-2).
+    """
     names = norm_names(model)
     return ([n for n in names if n.endswith("norm2")] + [n for n in names if n.endswith("norm1")]
             + [n for n in names if not n.endswith(("norm1", "norm2"))])
@@ -119,35 +110,23 @@ def _train(model: torch.nn.Module, task: SequenceTask, steps: int, lr: float, ba
         opt.step()
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "cpu",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train, then remove the norms one at a time with fine-tuning, for every seed.
 
-    Each run's ``info`` holds ``original`` (held-out loss of the trained model),
-    ``all_at_once`` (every norm replaced at once, no fine-tuning), ``control`` (the original
-    model fine-tuned for as many updates as the removal used, norms kept), and per removal
-    step (``order``) ``no_finetune`` (just after the replacement) and ``finetuned`` (after its
-    fine-tuning). ``Results.info`` holds the task's ``baseline_loss`` (the position-wise
-    unigram predictor every model must beat).
+    Each run's ``info``: ``original``, ``all_at_once`` (no fine-tuning), ``control`` (fine-tuned
+    as long, norms kept) held-out losses, and per removal step (``order``) ``no_finetune`` and
+    ``finetuned``. ``Results.info`` holds the task's ``baseline_loss``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a removal.Config (get_config), got "
                         f"{type(config).__name__}")
     task = make_task("sort", config.n_train, config.n_test, config.size, config.symbols)
     probe = task.x[: config.n_probe]
-    old = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
     runs = []
-    try:
+    with cpu_threads(config.threads):
         for seed in (config.seeds if seeds is None else seeds):
             runs.append(_one(config, task, probe, seed))
-    finally:
-        torch.set_num_threads(old)
     results = Results(NAME, dict(vars(config)), str(device), runs,
                       {"baseline_loss": task.baseline_loss, "ignore_index": IGNORE_INDEX})
     if out is not None:

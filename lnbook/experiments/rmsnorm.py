@@ -1,27 +1,13 @@
-"""RMSNorm against layer norm: invariances, quality on a sequence task, and Pre-RMSNorm equivalence.
+"""RMSNorm against layer norm: invariances, quality on a sequence task, Pre-RMSNorm equivalence.
 
-Book chapter `08_rmsnorm` (Part II), claims P01-P03. Zhang and Sennrich (2019) drop the mean
-from layer norm: ``a_i / RMS(a) * g_i`` with ``RMS(a) = sqrt(mean(a^2))`` and no bias inside the
-norm. The chapter checks three things, and this module holds the code of each:
-
-- P01, invariances: :func:`rms_normalized_layer` is the RMS-normalized layer in the form that
-  :func:`lnbook.analysis.invariance_changes` takes as an extra ``layers`` entry, so Table 1 of
-  Ba et al. (2016) gains an RMSNorm row computed by the same code as the other rows;
-- P02, comparable quality: :func:`run` trains the same small Pre-norm Transformer with layer
-  norm and with RMSNorm on the sort task (:mod:`lnbook.experiments.seq_tasks`) over several
-  seeds (the cost half of P02 is measured by ``benchmarks/bench_rmsnorm.py``, not here);
-- P03, Jiang et al. (2023): :func:`prermsnorm_gaps` measures how far a Pre-LN Transformer and
-  its Pre-RMSNorm conversion (:func:`lnbook.transformer.to_pre_rmsnorm`) are apart, and how far
-  a naive swap of the norms would be.
-
-The ``quick`` preset trains in seconds on a CPU; ``paper`` uses the sizes of a base Transformer
-(Zhang and Sennrich train machine-translation and other models of that size; our task stays
-the synthetic one).
+Book chapter `08_rmsnorm` (Part II), claims P01-P03 (Zhang and Sennrich 2019: ``a_i / RMS(a) *
+g_i``, ``RMS(a) = sqrt(mean(a^2))``): :func:`rms_normalized_layer` (P01, a Table 1 row),
+:func:`run` (P02, LN vs RMSNorm on the sort task; the cost half is
+``benchmarks/bench_rmsnorm.py``) and :func:`prermsnorm_gaps` (P03, Jiang et al. 2023).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,17 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lnbook.experiments.protocol import (
-    Results,
-    Run,
-    make_config,
-)
-from lnbook.experiments.seq_tasks import (
-    SequenceTask,
-    TaskConfig,
-    presets,
-)
-from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import (
     Transformer,
@@ -50,17 +28,8 @@ from lnbook.transformer import (
 )
 from lnbook.variants import rms_norm
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "Config",
-    "get_config",
-    "model_config",
-    "rms_normalized_layer",
-    "prermsnorm_gaps",
-    "run",
-]
+__all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "model_config",
+           "rms_normalized_layer", "prermsnorm_gaps", "run"]
 
 NAME = "rmsnorm"
 DESCRIPTION = (
@@ -72,14 +41,8 @@ NORMS = ("layer", "rms")
 
 @dataclass
 class Config(TaskConfig):
-    """Settings of the LN-vs-RMSNorm comparison; :func:`get_config` gives the presets.
-
-    The task, model (Pre-norm), training and sweep fields are
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`'s (here five seeds); the experiment's own:
-
-    Attributes:
-        norms: variants to train, from :data:`NORMS`.
-        lr: Adam's learning rate (constant).
+    """Settings of the LN-vs-RMSNorm comparison (:class:`~lnbook.experiments.seq_tasks.TaskConfig`
+    plus ``norms``, from :data:`NORMS`, and ``lr``, Adam's constant rate).
     """
 
     norms: tuple[str, ...] = NORMS
@@ -104,17 +67,13 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 
 def model_config(config: Config, norm: str, seq_len: int) -> TransformerConfig:
-    """The Pre-norm Transformer of one variant (``norm`` "layer" or "rms") for this config."""
+    """The Pre-norm Transformer of one variant (``norm`` 'layer' or 'rms')."""
     return config.model_config(seq_len, norm=norm, position="pre")
 
 
 def rms_normalized_layer(x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor) -> Tensor:
-    """The RMS-normalized layer of Zhang and Sennrich (2019): ``g * a / RMS(a) + b``.
-
-    With summed inputs ``a = x W^T`` ``(N, H)``; the bias is added after the norm (their
-    eq. for the layer output, ``f(a_bar + b)``; RMSNorm itself has none). The signature is the
-    one :func:`lnbook.analysis.invariance_changes` expects for an extra layer,
-    ``fn(x, weight, gain, bias) -> (N, H)``, so Table 1 gains an RMSNorm row (claim P01).
+    """The RMS-normalized layer ``g * a / RMS(a) + b`` with ``a = x W^T`` ``(N, H)`` (Zhang and
+    Sennrich 2019), in the form of an extra layer of :func:`lnbook.analysis.invariance_changes`.
 
     Example::
 
@@ -128,38 +87,24 @@ def rms_normalized_layer(x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor) 
 
 
 def _perturb_(model: Transformer, generator: torch.Generator, scale: float) -> None:
-    """Add ``scale * N(0, 1)`` noise to every parameter (norm gains and biases included)."""
+    """Add ``scale * N(0, 1)`` noise to every parameter."""
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
 
 
-def prermsnorm_gaps(
-    seed: int = 0,
-    d_model: int = 32,
-    n_heads: int = 4,
-    n_layers: int = 2,
-    seq_len: int = 16,
-    vocab_size: int = 9,
-    batch: int = 8,
-    noise: float = 0.3,
-    dtype: torch.dtype = torch.float64,
-) -> dict[str, float]:
+def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers: int = 2,
+                    seq_len: int = 16, vocab_size: int = 9, batch: int = 8, noise: float = 0.3,
+                    dtype: torch.dtype = torch.float64) -> dict[str, float]:
     """How far apart a Pre-LN Transformer and its Pre-RMSNorm conversion are (claim P03).
 
-    A Pre-LN model (with a final norm) is built under ``seed``, then every parameter gets
-    ``noise * N(0, 1)`` added, so that the layer norms have gains other than 1 and nonzero
-    biases and the linear layers nonzero biases (at initialization they are 1 and 0, which
-    would make part of the check trivial). On random token ids it returns:
-
-    - ``converted``: the largest ``abs(logits(Pre-LN) - logits(to_pre_rmsnorm(Pre-LN)))``
-      over the largest ``abs(logits)``, the gap Jiang et al. (2023) say is zero up to rounding;
-    - ``naive``: the same for a Pre-RMSNorm model that simply takes the Pre-LN weights (the
-      norms' biases dropped, nothing centred): the gap the conversion removes;
-    - ``mean_before``, ``mean_after``: the largest ``abs(mean over D)`` of the residual stream
-      ``x_0 .. x_L`` before and after :func:`lnbook.transformer.center_residual_stream_`;
-    - ``centred_logits``: the largest ``abs(logits before - logits after centring)`` over the
-      largest ``abs(logits)`` (the centring leaves the function unchanged).
+    A Pre-LN model built under ``seed`` gets ``noise * N(0, 1)`` added to every parameter (so gains
+    are not 1 and biases not 0); on random ids it returns ``converted`` (relative largest logit gap
+    to :func:`lnbook.transformer.to_pre_rmsnorm`, zero up to rounding), ``naive`` (the same for a
+    Pre-RMSNorm model that just takes the weights), ``mean_before``/``mean_after`` (the largest
+    ``|mean over D|`` of the stream before and after
+    :func:`lnbook.transformer.center_residual_stream_`) and ``centred_logits`` (the logit gap the
+    centring makes).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -188,28 +133,16 @@ def prermsnorm_gaps(
             "centred_logits": rel(ref, centred_logits)}
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed.
 
-    Variants are named by the norm (``"layer"``, ``"rms"``). Every run records, at each
-    evaluation on the held-out set, ``loss`` (nats per scored token), ``accuracy`` and
-    ``max_logit`` (:func:`lnbook.experiments.seq_tasks.sequence_metrics`);
-    ``Results.info`` holds the task's ``uniform_loss`` and ``baseline_loss`` (the
-    position-wise unigram predictor that every run must beat). Every seed of one norm trains
-    at once on ``device`` (:func:`lnbook.experiments.stacked.train_stacked`; each copy is the run
-    that :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, up to rounding;
-    ``config.workers`` and ``checkpoint`` are not used); with ``out``, the results are also
-    written to ``out/rmsnorm.json``.
+    Variants are named by the norm; every evaluation records ``loss``, ``accuracy`` and
+    ``max_logit``. Every seed of a norm trains at once on ``device``
+    (:func:`lnbook.experiments.stacked.train_stacked`); with ``out``, also writes
+    ``out/rmsnorm.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a rmsnorm.Config (get_config), got "
-                        f"{type(config).__name__}")
-    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+    return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:

@@ -1,30 +1,10 @@
-"""What the Transformer experiments of Part II share: a task, its trivial baseline, one run.
+"""What the Transformer experiments of Parts II-III share: a task, its trivial baseline, one run.
 
-Not an experiment itself (it is not registered in :data:`lnbook.experiments.EXPERIMENTS`); the
-experiments ``rmsnorm`` (chapter "RMSNorm", claim P02), ``placement`` (chapter "Where the norm
-goes", P04-P05) and ``qk_norm`` (chapter "QK-norm and attention-logit growth", P08-P09) import
-it, as they import ``lnbook.experiments.protocol``, so that the three train the same small
-model on the same task in the same way:
-
-- :class:`TaskConfig` holds the settings the three share (the task, the model's size, the
-  training loop, how the sweep runs) with their presets (:func:`presets`); each experiment's
-  ``Config`` subclasses it, adds its own fields and sets its own defaults, and
-  :meth:`TaskConfig.model_config` gives the Transformer every run builds;
-- :func:`make_task` draws a training and a held-out set of the sort task
-  (:func:`lnbook.data.sort_task`; the associative-recall task is the alternative) and
-  computes the loss of the trivial predictor every comparison must beat
-  (:func:`position_unigram_loss`);
-- :func:`sequence_metrics` is what every evaluation records: held-out loss, accuracy on the
-  scored tokens and the largest attention logit;
-- :func:`linear_warmup` ramps the learning rate up over the first updates (Xiong et al., 2020);
-- :func:`train_transformer` builds a :class:`lnbook.Transformer` under the job's seed and trains
-  it with Adam through :func:`lnbook.fit`; a run whose loss stops being finite is recorded as
-  diverged instead of stopping the sweep.
-
-The three chapters train through :func:`lnbook.experiments.stacked.train_stacked` (every seed
-and learning rate of one model as one computation), so ``workers`` and ``checkpoint`` of
-:class:`TaskConfig` are not used there; :func:`train_transformer` is the run trained alone that
-the tests hold each stacked copy to.
+Not an experiment itself; ``rmsnorm``, ``placement``, ``qk_norm``, ``peri_ln``, ``depth`` and
+``attention_geometry`` build on :class:`TaskConfig` (shared settings and presets, and the model
+every run builds), :func:`make_task` and :func:`sequence_metrics`, and train through
+:func:`lnbook.experiments.stacked.train_stacked`; :func:`train_transformer` is the run trained
+alone that the tests hold each stacked copy to.
 """
 
 from __future__ import annotations
@@ -45,18 +25,8 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
-__all__ = [
-    "TASKS",
-    "TaskConfig",
-    "presets",
-    "SequenceTask",
-    "make_task",
-    "position_unigram_loss",
-    "sequence_metrics",
-    "linear_warmup",
-    "train_transformer",
-    "sweep_task",
-]
+__all__ = ["TASKS", "TaskConfig", "presets", "SequenceTask", "make_task", "position_unigram_loss",
+           "sequence_metrics", "linear_warmup", "train_transformer", "sweep_task"]
 
 TASKS = ("sort", "recall")
 _TEST_SEED_OFFSET = 10_007  # the held-out set is drawn with another seed than the training set
@@ -67,20 +37,12 @@ class TaskConfig:
     """The settings every Part II sequence-task experiment shares; its ``Config`` subclasses it.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        task: ``"sort"`` or ``"recall"`` (:func:`make_task`).
-        size: sequence length to sort (or key-value pairs to recall).
-        symbols: content symbols of the task.
+        scale: ``"quick"`` or ``"paper"``. task, size, symbols: :func:`make_task`'s.
         n_train, n_test: training and held-out sequences.
         d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
-        batch_size, steps, eval_every: sequences per update, updates, updates between
-            evaluations.
-        seeds: seeds of the runs (initialization and batch order).
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.runner.sweep`; from a script, call the experiment's
-            ``run`` under ``if __name__ == "__main__":``). Results do not depend on it.
+        batch_size, steps, eval_every: sequences per update, updates, updates between evaluations.
+        seeds: seeds of the runs. checkpoint, workers: of :func:`sweep_task`.
+        threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -108,52 +70,38 @@ class TaskConfig:
             raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
 
     def model_config(self, seq_len: int, **fields: Any) -> TransformerConfig:
-        """The Transformer of this task (``symbols + 1`` token ids, this config's width,
-        heads and depth, ``max_len = seq_len``), with ``fields`` of
-        :class:`lnbook.transformer.TransformerConfig` set or replaced (``norm``,
-        ``position``, ``n_layers``, ...)."""
+        """The Transformer of this task (``symbols + 1`` token ids, ``max_len = seq_len``) with
+        ``fields`` of :class:`~lnbook.transformer.TransformerConfig` set or replaced.
+        """
         return TransformerConfig(**{"vocab_size": self.symbols + 1, "d_model": self.d_model,
                                     "n_heads": self.n_heads, "n_layers": self.n_layers,
                                     "max_len": seq_len, **fields})
 
 
 _PAPER: dict[str, Any] = {
-    "threads": None,
-    "size": 32,
-    "symbols": 64,
-    "n_train": 200_000,
-    "n_test": 2_000,
-    "d_model": 512,
-    "n_heads": 8,
-    "n_layers": 6,
-    "batch_size": 64,
-    "steps": 20_000,
-    "eval_every": 500,
-    "checkpoint": True,
-}
+    "threads": None, "size": 32, "symbols": 64, "n_train": 200_000, "n_test": 2_000,
+    "d_model": 512, "n_heads": 8, "n_layers": 6, "batch_size": 64, "steps": 20_000,
+    "eval_every": 500, "checkpoint": True}
+
+
+def check_lrs(lrs: Sequence[float]) -> None:
+    """Raise ValueError unless ``lrs`` is a non-empty increasing tuple of positive rates."""
+    if not lrs or any(lr <= 0 for lr in lrs) or list(lrs) != sorted(lrs):
+        raise ValueError(f"lrs must be positive and increasing, got {lrs}")
 
 
 def presets(**paper: Any) -> dict[str, dict[str, Any]]:
-    """The ``quick`` and ``paper`` presets of a :class:`TaskConfig` experiment: ``quick`` is
-    the Config's defaults, ``paper`` the shared large settings (the task at size 32 over 64
-    symbols, 200,000 sequences, a 6-block, 512-wide model, 20,000 updates of 64, checkpoints)
-    with the experiment's own ``paper`` fields on top."""
+    """The ``quick`` (the Config's defaults) and ``paper`` presets (the shared large settings
+    with the experiment's own ``paper`` fields on top)."""
     return {"quick": {}, "paper": {**_PAPER, **paper}}
 
 
 @dataclass
 class SequenceTask:
-    """A training set, a held-out set and what a model that learnt nothing would score.
-
-    Attributes:
-        name: ``"sort"`` or ``"recall"``.
-        x, y: training inputs and next-token targets, int64 ``(n_train, T)``; targets are
-            :data:`lnbook.data.IGNORE_INDEX` where nothing is scored.
-        x_test, y_test: the held-out set, ``(n_test, T)``.
-        vocab_size: token ids a model needs (content symbols plus the separator).
-        uniform_loss: ``log(content symbols)``, nats per scored token of a uniform guess.
-        baseline_loss: held-out loss of the position-wise unigram predictor
-            (:func:`position_unigram_loss`), the trivial predictor runs must beat.
+    """A training set, a held-out set and what a model that learnt nothing would score: ``x``,
+    ``y``, ``x_test``, ``y_test`` int64 ``(n, T)`` (targets :data:`lnbook.data.IGNORE_INDEX`
+    where not scored), ``vocab_size``, ``uniform_loss`` (``log(symbols)``) and ``baseline_loss``
+    (:func:`position_unigram_loss`).
     """
 
     name: str
@@ -172,17 +120,8 @@ class SequenceTask:
 
 
 def position_unigram_loss(y_train: Tensor, y_test: Tensor, vocab: int) -> float:
-    """Held-out loss of the best predictor that ignores the input: one histogram per position.
-
-    For each scored position ``t`` the predictor outputs the frequencies of the target tokens
-    at ``t`` in the training set (add-one smoothed), whatever the sequence; its mean
-    cross-entropy on the scored targets of ``y_test`` is returned, in nats per token. For the
-    sort task this is the distribution of the ``t``-th smallest of the random symbols, which
-    is lower than ``log(vocab)``: a model must beat this number to show that it reads its input.
-
-    Args:
-        y_train, y_test: int64 targets ``(n, T)`` with :data:`IGNORE_INDEX` where not scored.
-        vocab: the number of symbols a target can take (targets lie in ``[0, vocab)``).
+    """Held-out loss (nats per scored token) of the best predictor that ignores the input: per
+    position the add-one smoothed target frequencies of ``y_train`` ``(n, T)``.
 
     Example::
 
@@ -211,14 +150,10 @@ def make_task(
 ) -> SequenceTask:
     """Draw the training and held-out sets of one task and its trivial baseline.
 
-    Args:
-        name: ``"sort"`` (:func:`lnbook.data.sort_task`, ``size`` = sequence length; inputs
-            have length ``2 * size``) or ``"recall"`` (:func:`lnbook.data.associative_recall`,
-            ``size`` = key-value pairs; inputs have length ``2 * size + 2``).
-        n_train, n_test: number of training and held-out sequences.
-        size: see ``name``.
-        symbols: number of content symbols (the separator is one more token id).
-        seed: seed of the training set; the held-out set uses ``seed + 10007``.
+    ``name`` ``"sort"`` (:func:`lnbook.data.sort_task`, inputs of length ``2 * size``) or
+    ``"recall"`` (:func:`lnbook.data.associative_recall`, ``size`` pairs, length ``2 * size + 2``);
+    ``symbols`` content symbols; the training set is drawn with ``seed``, the held-out set with
+    ``seed + 10007``.
     """
     if name not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {name!r}")
@@ -231,11 +166,8 @@ def make_task(
 
 
 def sequence_metrics(model: Transformer, x: Tensor, y: Tensor) -> dict[str, float]:
-    """Held-out ``loss`` (nats per scored token), ``accuracy`` and ``max_logit`` of a model.
-
-    ``max_logit`` is the largest attention logit of any block on this batch
-    (:func:`lnbook.transformer.max_attention_logits`). Call it under ``torch.no_grad()`` in
-    eval mode, as :func:`lnbook.fit` runs its ``eval_fn``.
+    """Held-out ``loss`` (nats per scored token), ``accuracy`` and ``max_logit`` (the largest
+    attention logit of any block) of a model; call under ``torch.no_grad()`` in eval mode.
     """
     dev = next(model.parameters()).device
     x, y = x.to(dev), y.to(dev)
@@ -248,17 +180,11 @@ def sequence_metrics(model: Transformer, x: Tensor, y: Tensor) -> dict[str, floa
 
 
 def linear_warmup(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.Optimizer:
-    """Ramp every group's learning rate linearly from ``lr / warmup`` to ``lr`` over ``warmup``.
+    """Ramp every group's learning rate linearly: update ``t`` (1-based) uses ``lr * min(1, t /
+    warmup)``.
 
-    Update ``t`` (1-based) uses ``lr * min(1, t / warmup)``, then the rate stays at ``lr``: the
-    warm-up stage of Vaswani et al. (2017) without the decay that follows it, the schedule
-    Xiong et al. (2020) remove for Pre-LN. Implemented as a step pre-hook of ``optimizer``
-    that reads the number of updates done from the optimizer's own state (Adam's ``step``), so
-    a run resumed from a checkpoint continues the ramp where it stopped. The peak rate of each
-    group is stored in the group as ``"peak_lr"``.
-
-    Returns:
-        ``optimizer`` (with the hook registered).
+    A step pre-hook that reads the updates done from Adam's ``step`` state, so a resumed run
+    continues the ramp; the peak rate is kept in each group as ``"peak_lr"``. Returns ``optimizer``.
     """
     if isinstance(warmup, bool) or not (isinstance(warmup, int) and warmup >= 1):
         raise ValueError(f"warmup must be an int >= 1 (updates), got {warmup!r}")
@@ -289,30 +215,12 @@ def train_transformer(
 ) -> tuple[History, dict[str, Any]]:
     """Train one model for one (variant, seed) job of a sweep; returns ``(history, info)``.
 
-    The model is built with :meth:`lnbook.transformer.Transformer.from_config` under
-    ``torch.manual_seed(job.seed)`` and trained with Adam (``lr``, optional
-    :func:`linear_warmup` over ``warmup`` updates) on mini-batches of ``task``'s training set
-    shuffled with the job's seed, by :func:`lnbook.fit`; every ``eval_every`` updates
-    :func:`sequence_metrics` runs on the held-out set.
-
-    A run whose training loss stops being finite is not an error here: the updates before it
-    stay in the history, and every later evaluation is filled with the metrics of the model at
-    initialization, the convention of Wortsman et al. (2024), whose learning-rate sensitivity
-    counts a failed run at the loss it started from (``max_logit`` keeps the last value
-    measured). ``info`` says ``{"diverged": bool, "diverged_at": update or None}``, plus
-    what ``measure`` returns for the trained model (not called after a divergence).
-
-    Args:
-        job: from :func:`lnbook.experiments.runner.sweep`.
-        model_config: the Transformer to build (its ``vocab_size`` and ``max_len`` must fit
-            the task).
-        task: from :func:`make_task`.
-        lr: Adam's (peak) learning rate.
-        steps, batch_size, eval_every: updates, sequences per update, updates between
-            evaluations.
-        warmup: updates of linear warm-up; 0 for none.
-        measure: ``model -> dict`` of JSON values, called on the trained model (e.g. to
-            record its learned gains).
+    The model is built under ``torch.manual_seed(job.seed)`` and trained with Adam (``lr``, optional
+    :func:`linear_warmup`) by :func:`lnbook.fit` on batches shuffled with the job's seed;
+    :func:`sequence_metrics` runs every ``eval_every`` updates. A run whose loss stops being finite
+    is recorded as diverged: later evaluations repeat the metrics at initialization (Wortsman et al.
+    2024; ``max_logit`` keeps its last value). ``info``: ``diverged``, ``diverged_at`` and what
+    ``measure(model)`` returns (not called after a divergence).
     """
     torch.manual_seed(job.seed)
     model = Transformer.from_config(model_config)
@@ -351,22 +259,13 @@ def train_transformer(
     return hist, {"diverged": True, "diverged_at": at}
 
 
-def sweep_task(
-    name: str,
-    variants: Mapping[str, Any],
-    train_one: Callable[..., tuple[History, dict[str, Any]]],
-    config: Any,
-    device: str | torch.device,
-    out: str | os.PathLike | None,
-    seeds: Sequence[int] | None,
-) -> Results:
-    """The sweep of a Part II experiment on ``config``'s sequence task (:func:`make_task`).
-
-    Makes the task once, then runs :func:`lnbook.experiments.runner.sweep` with
-    ``train_one(job, config=config, task=task)`` (a module-level function, so that
-    ``config.workers > 1`` can train runs in worker processes) and ``config``'s seeds (or
-    ``seeds``), checkpointing, steps, threads and workers. ``Results.info`` holds the task's
-    name, ``uniform_loss`` and ``baseline_loss`` (the predictor every run must beat).
+def sweep_task(name: str, variants: Mapping[str, Any],
+               train_one: Callable[..., tuple[History, dict[str, Any]]], config: Any,
+               device: str | torch.device, out: str | os.PathLike | None,
+               seeds: Sequence[int] | None) -> Results:
+    """:func:`lnbook.experiments.runner.sweep` of ``train_one(job, config=config, task=task)`` on
+    ``config``'s task (made once); ``Results.info`` holds ``task``, ``uniform_loss`` and
+    ``baseline_loss``.
     """
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
     return sweep(name, variants, tuple(config.seeds if seeds is None else seeds),

@@ -1,20 +1,11 @@
 """Train many copies of one small Transformer at once: seeds and learning rates stacked.
 
-Not an experiment itself (it is not registered in :data:`lnbook.experiments.EXPERIMENTS`); the
-Part III experiments ``peri_ln`` (chapter "Normalizing both sides", claims P15-P16) and
-``depth`` (chapter "The curse of depth", P17-P18) import it, as they import
-:mod:`lnbook.experiments.seq_tasks`. At the book's sizes one update of a small model is mostly
-Python overhead, so training ``n`` models one after the other costs about ``n`` times one;
-:func:`train_stacked` trains them as one computation with a leading model dimension
-(:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`), which costs a few times
-one. Each copy is exactly the model :func:`lnbook.experiments.seq_tasks.train_transformer`
-builds for its seed (``torch.manual_seed(seed)``, then
-:meth:`lnbook.transformer.Transformer.from_config`), trained with Adam
-(:func:`adam_step`, the update of :class:`torch.optim.Adam` with one learning rate per copy).
-
-Every evaluation records, per copy, the held-out ``loss`` and ``accuracy`` and the variance of
-the residual stream after each block, ``var_0`` (the embeddings) to ``var_L`` (the last
-block's output): the quantity the two chapters follow by depth and over training.
+Not an experiment itself. At the book's sizes an update of a small model is mostly Python
+overhead, so :func:`train_stacked` trains ``n`` copies as one computation with a leading model
+dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). Each copy is the
+model :func:`lnbook.experiments.seq_tasks.train_transformer` builds for its seed, trained with
+Adam (:func:`adam_step`); evaluations record, per copy, the held-out ``loss``, ``accuracy`` and
+the residual stream's variance ``var_0`` (embeddings) ... ``var_L``.
 """
 
 from __future__ import annotations
@@ -34,6 +25,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.data import IGNORE_INDEX
 from lnbook.device import resolve_device
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
 from lnbook.experiments.store import check_results_file
@@ -50,14 +42,9 @@ BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 def stream_forward(model: Transformer, idx: Tensor, with_var: bool = True
                    ) -> tuple[Tensor, Tensor]:
-    """Logits ``(B, T, V)`` of ``model`` on ids ``idx`` ``(B, T)``, and the variance of every
-    entry of the residual stream ``x_0, ..., x_L``, shape ``(L + 1,)``.
-
-    The same computation as ``model(idx)`` without the argument checks of
-    :meth:`~lnbook.transformer.Transformer.embed` (which read values, and so cannot run
-    under :func:`torch.func.vmap`). With ``with_var=False`` the variances are not computed
-    (the training updates of :func:`train_stacked` do not use them) and the second result is
-    an empty tensor.
+    """Logits ``(B, T, V)`` of ``model`` on ``idx`` ``(B, T)`` and the variance of each of ``x_0 ..
+    x_L``, ``(L + 1,)`` (empty with ``with_var=False``): ``model(idx)`` without the argument checks
+    that cannot run under :func:`torch.func.vmap`.
     """
     x = model.tok_emb(idx) + model.pos_emb.weight[: idx.shape[-1]]  # (B, T, D)
     var = [x.var()] if with_var else []
@@ -80,20 +67,17 @@ class _Stream(nn.Module):
         return stream_forward(self.model, idx, with_var)
 
     def max_logit(self) -> Tensor:
-        """The largest attention logit of any block in the last forward, ``()``: read inside
-        the same (vmapped) call as the forward."""
+        """The largest attention logit of any block in the last forward, ``()``."""
         return torch.stack([b.attn.last_max_logit for b in self.model.blocks]).amax()
 
 
 def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str, Any],
               lr: Tensor) -> None:
-    """One update of Adam, in place, on stacked parameters with one learning rate per copy.
+    """One in-place update of Adam on stacked parameters, one learning rate per copy.
 
-    ``params[i]`` has shape ``(n, *shape_i)``, copy ``k`` of the model in row ``k``; ``lr`` is
-    ``(n,)``. The update of each entry is :class:`torch.optim.Adam`'s (defaults betas (0.9,
-    0.999), eps 1e-8, no weight decay): ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2)
-    g^2``, ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``state`` starts
-    as ``{}`` and holds ``t``, ``m`` and ``v``.
+    ``params[i]`` is ``(n, *shape_i)``, ``lr`` ``(n,)``; :class:`torch.optim.Adam`'s defaults:
+    ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
+    ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``state`` starts as ``{}``.
     """
     b1, b2 = BETAS
     if not state:
@@ -111,8 +95,9 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
 
 
 def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
-    """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of a
-    random permutation of ``n`` rows drawn with a generator seeded with ``seed``."""
+    """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of random
+    permutations of ``n`` rows drawn with a generator seeded with ``seed``.
+    """
     g = torch.Generator().manual_seed(seed)
     need = steps * batch_size
     perms = [torch.randperm(n, generator=g) for _ in range(math.ceil(need / n))]
@@ -120,69 +105,42 @@ def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
 
 
 def fit_batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
-    """The training rows of each update in the order of :class:`lnbook.train.Batches` with
-    ``seed``, ``(steps, batch_size)``: the batches that
-    :func:`lnbook.experiments.seq_tasks.train_transformer` (through :func:`lnbook.fit`) gives
-    a run of that seed."""
+    """The rows of each update in the order of :class:`lnbook.train.Batches` with ``seed``,
+    ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed.
+    """
     batches = Batches(torch.arange(n), batch_size=batch_size, seed=seed)
     return torch.stack([batches(step)[0] for step in range(steps)])
 
 
 class StackedRun:
-    """One trained copy: its ``history``, ``info`` (``seed``, ``lr``, ``diverged``,
-    ``diverged_at``; ``warmup`` when one was given; what ``measure`` returns) and the trained
-    ``model`` (a :class:`lnbook.Transformer`)."""
+    """One trained copy: its ``history``, ``info`` and trained ``model``."""
 
     def __init__(self, history: History, info: dict[str, Any], model: Transformer) -> None:
         self.history, self.info, self.model = history, info, model
 
 
-def train_stacked(
-    model_config: TransformerConfig,
-    task: SequenceTask,
-    seeds: Sequence[int],
-    lrs: Sequence[float],
-    *,
-    steps: int,
-    batch_size: int,
-    eval_every: int,
-    n_eval: int | None = None,
-    warmup: int | Sequence[int] = 0,
-    order: str = "stacked",
-    max_logit: bool = False,
-    measure: Callable[[Transformer], dict[str, Any]] | None = None,
-    stream_var: bool = True,
-) -> list[StackedRun]:
+def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Sequence[int],
+                  lrs: Sequence[float], *, steps: int, batch_size: int, eval_every: int,
+                  n_eval: int | None = None, warmup: int | Sequence[int] = 0,
+                  order: str = "stacked", max_logit: bool = False,
+                  measure: Callable[[Transformer], dict[str, Any]] | None = None,
+                  stream_var: bool = True) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
-    Copies are ordered learning rate first: ``[(lrs[0], seeds[0]), (lrs[0], seeds[1]), ...]``.
-    Copy ``(lr, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and sees
-    the batches :func:`batch_indices` draws for ``seed`` (so copies with the same seed start
-    alike and see the same data, whatever their learning rate). Every ``eval_every`` updates
-    (and before the first) the held-out ``loss``, ``accuracy`` and ``var_0 ... var_L`` are
-    recorded on the first ``n_eval`` held-out sequences (all by default).
-
-    A copy whose training loss stops being finite is marked ``diverged`` (with the update,
-    ``diverged_at``); its later evaluations repeat its metrics at initialization, the
-    convention of :func:`lnbook.experiments.seq_tasks.train_transformer`. Copies never mix:
-    a copy whose weights are not finite leaves the others' losses and updates unchanged.
-
-    The keywords after ``n_eval`` make a copy the run that
-    :func:`~lnbook.experiments.seq_tasks.train_transformer` trains alone (the same
-    initialization, batches, schedule and metrics; equal up to rounding):
+    Copies are ordered learning rate first. Copy ``(lr, seed)`` starts from the model built under
+    ``torch.manual_seed(seed)`` and sees the batches drawn for ``seed``. Every ``eval_every``
+    updates (and before the first) the held-out ``loss``, ``accuracy`` and ``var_0 ... var_L`` are
+    recorded on the first ``n_eval`` held-out sequences. A copy whose loss stops being finite is
+    marked ``diverged`` (``diverged_at``) and its later evaluations repeat its metrics at
+    initialization; copies never mix. ``info``: ``seed``, ``lr``, ``diverged``, ``diverged_at``.
 
     Args:
-        warmup: updates of linear warm-up (:func:`~lnbook.experiments.seq_tasks.linear_warmup`:
-            update ``t`` uses ``lr * min(1, t / warmup)``; 0 = none), one for every copy or
-            one per entry of ``lrs`` (recorded in ``info["warmup"]``).
-        order: ``"stacked"`` (:func:`batch_indices`) or ``"fit"`` (:func:`fit_batch_indices`,
-            the batches of a run trained alone).
-        max_logit: also record ``max_logit``, the largest attention logit of any block, at
-            every evaluation; a diverged copy keeps the last value it measured.
-        measure: ``model -> dict`` of JSON values, called on each trained copy that did not
-            diverge and merged into its ``info``.
-        stream_var: record ``var_0 ... var_L`` (False: the evaluations skip them, which
-            saves time when they are not used).
+        warmup: updates of linear warm-up (:func:`~lnbook.experiments.seq_tasks.linear_warmup`),
+            one for all or one per rate (then recorded in ``info["warmup"]``).
+        order: ``"stacked"`` (:func:`batch_indices`) or ``"fit"`` (:func:`fit_batch_indices`).
+        max_logit: also record ``max_logit`` (a diverged copy keeps its last value).
+        measure: ``model -> dict`` merged into the ``info`` of each copy that did not diverge.
+        stream_var: record ``var_0 ... var_L``.
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -282,25 +240,15 @@ def train_stacked(
     return out
 
 
-def sweep_stacked(
-    name: str,
-    config: Any,
-    device: Any,
-    seeds: Sequence[int] | None,
-    out: str | os.PathLike | None,
-    train: Callable[[SequenceTask, tuple[int, ...]], list[Run]],
-) -> Results:
-    """The ``run`` of a stacked experiment: ``config``'s task, ``train(task, seeds)``, one
-    :class:`Results`.
+def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | None,
+                  out: str | os.PathLike | None,
+                  train: Callable[[SequenceTask, tuple[int, ...]], list[Run]]) -> Results:
+    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, one
+    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``).
 
-    Makes the sort or recall task of ``config`` (a
-    :class:`~lnbook.experiments.seq_tasks.TaskConfig`), sets ``config.threads`` torch threads
-    while ``train`` runs, and returns its runs with ``Results.info`` holding the task's
-    ``uniform_loss`` and ``baseline_loss``; with ``out``, also writes ``out/<name>.json``
-    (:class:`~lnbook.experiments.store.OutConflict`, before anything trains, when that file
-    holds the results of another config: they are never overwritten).
-    The copies train on ``device`` (``"auto"``: a GPU when there is one); the trained models
-    come back on the CPU.
+    Sets ``config.threads`` while training; the copies train on ``device`` (``"auto"``: a GPU when
+    there is one). With ``out``, writes ``out/<name>.json``, after checking before anything trains
+    that it does not hold another config's results (they are never overwritten).
     """
     dev = resolve_device(device)
     seeds = tuple(config.seeds if seeds is None else seeds)
@@ -310,16 +258,21 @@ def sweep_stacked(
     task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
     task = dataclasses.replace(task, x=task.x.to(dev), y=task.y.to(dev),
                                x_test=task.x_test.to(dev), y_test=task.y_test.to(dev))
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         runs = train(task, seeds)
-    finally:
-        torch.set_num_threads(before)
     results = Results(name, cfg, str(dev), runs,
                       {"task": config.task, "uniform_loss": task.uniform_loss,
                        "baseline_loss": task.baseline_loss})
     if out is not None:
         save_results(results, Path(out) / f"{name}.json")
     return results
+
+
+def run_stacked(name: str, cls: type, config: Any, device: Any, out: Any, seeds: Any,
+                train: Callable[..., list[Run]]) -> Results:
+    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked to be a
+    ``cls``."""
+    if not isinstance(config, cls):
+        raise TypeError(f"config must be a {name}.Config (get_config), got "
+                        f"{type(config).__name__}")
+    return sweep_stacked(name, config, device, seeds, out, functools.partial(train, config))
