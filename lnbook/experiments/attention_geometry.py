@@ -291,9 +291,9 @@ def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
         opt.zero_grad()
         losses.sum().backward()
         opt.step()
-        for i, h in enumerate(hists):
+        for h, value in zip(hists, losses.detach().tolist(), strict=True):
             h.steps.append(step + 1)
-            h.losses.append(float(losses[i]))
+            h.losses.append(value)
     with torch.no_grad():  # the keys of every (symbol, position) pair, per model: (S, N, d)
         h = model.tok[:, :config.symbols, None] + model.pos[:, None, :config.length]
         keys = model.keys(normalize(h.reshape(s, config.symbols * config.length, -1), norm))
