@@ -26,7 +26,7 @@ def _lp_selectable(k: np.ndarray, i: int) -> bool:
 def test_registered_with_presets():
     assert EXPERIMENTS["attention_geometry"] is ag
     quick, paper = ag.get_config("quick"), ag.get_config("paper")
-    assert quick.norms == ("layer", "projection", "none") and len(quick.seeds) == 10
+    assert quick.norms == ("layer", "projection", "none") and len(quick.seeds) == 60
     assert paper.d_model > quick.d_model and paper.steps > quick.steps
     with pytest.raises(ValueError, match="norms must be one of"):
         ag.get_config("quick", norms=("batch",))
@@ -107,6 +107,8 @@ def test_tiny_run_matches_a_single_seed_run():
     assert a.eval_steps == [0, 3, 6] and np.allclose(a.losses, b.losses, atol=1e-5)
     assert res.final("none", "accuracy").shape == (2,)
     assert ag.learning_speed(res, "layer").shape == (2,)
+    speed = ag.learning_speed(res, "layer")
+    assert ag.learning_speed(res, "layer", 2) == pytest.approx(speed.mean())  # one group
     assert res.select("layer")[0].info["n_keys"] == cfg.symbols * cfg.length
     with pytest.raises(TypeError, match="attention_geometry.Config"):
         ag.run({"steps": 3})
