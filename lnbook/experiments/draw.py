@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import numbers
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,18 +41,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
+from lnbook.experiments._stack_loop import threads, train_copies
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import updates_to_reach
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit, progress_enabled
+from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
@@ -920,10 +919,7 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
     evaluates, before training, every ``eval_every`` updates and after the last.
     """
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with threads(config.threads):
         models = []
         for v, s in pairs:
             torch.manual_seed(s)
@@ -931,8 +927,6 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
         stack = StackedDRAW(models)
         histories = _train_stacked(stack, config, x_train.to(dev), x_test.to(dev),
                                    [s for _, s in pairs], dev, progress)
-    finally:
-        torch.set_num_threads(before)
     runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
     if out is not None:
@@ -947,7 +941,6 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
 def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: Tensor,
                    seeds: list[int], dev: torch.device, progress: bool | None) -> list[History]:
     """Train the copies of ``stack`` (copy ``k`` with seed ``seeds[k]``); their histories."""
-    m = len(stack)
     batches = {s: Batches(x_train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
     gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
     shape = (config.batch_size, config.z_size)
@@ -955,37 +948,14 @@ def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: 
     def noise(_: int) -> Tensor:
         return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
 
-    params = list(stack.params.values())
-    # Adam is elementwise: on the stacked parameters each copy keeps its own moments, and all
-    # copies share the learning rate and step count, so this is one torch Adam per copy
-    # (the fused kernel: one pass over all the parameters instead of a loop of small ops)
-    adam = torch.optim.Adam(params, lr=config.lr, fused=dev.type in ("cpu", "cuda"))
-    histories = [History() for _ in range(m)]
-    t_start = time.perf_counter()
-
-    def evaluate(step: int) -> None:
-        for h, metrics in zip(histories, stack.evaluate_terms(x_test), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append(metrics)
-
-    evaluate(0)
-    for step in tqdm(range(config.steps), disable=not progress_enabled(progress), desc=NAME):
+    def losses(step: int) -> Tensor:
         x = torch.stack([batches[s](step)[0] for s in seeds])  # (M, B, D)
         nll_x, kl = stack.bound_terms(x, noise)
-        losses = (nll_x + kl).mean(1)  # (M,)
-        adam.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        values = losses.tolist()
-        if not all(np.isfinite(values)):
-            raise FloatingPointError(f"the training losses are {values} at update {step + 1}")
-        adam.step()
-        done = step + 1
-        for h, v in zip(histories, values, strict=True):
-            h.steps.append(done)
-            h.losses.append(v)
-        if done % config.eval_every == 0 or done == config.steps:
-            evaluate(done)
-    wall = time.perf_counter() - t_start
-    for h in histories:
-        h.wall_time = wall
-    return histories
+        return (nll_x + kl).mean(1)  # (M,)
+
+    # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
+    adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
+                            fused=dev.type in ("cpu", "cuda"))
+    return train_copies(losses, partial(stack.evaluate_terms, x_test), adam,
+                        [History() for _ in seeds], config.steps, config.eval_every,
+                        progress, NAME)

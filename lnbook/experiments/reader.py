@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
+from lnbook.experiments._stack_loop import threads, train_copies
 from lnbook.experiments.protocol import (
     Job,
     Results,
@@ -614,17 +615,12 @@ def run(
                      device=device, out=out, checkpoint=config.checkpoint,
                      steps=config.steps, info=info, progress=progress,
                      threads=config.threads, workers=config.workers)
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
-        runs: list[Run] = []
+    runs: list[Run] = []
+    with threads(config.threads):
         for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
             group = tuple(v for v in config.variants if variant_kind(v) == kind)
             if group:
                 runs += train_stacked(config, train, valid, group, seeds)
-    finally:
-        torch.set_num_threads(before)
     runs.sort(key=lambda r: config.variants.index(r.variant))  # stable: seeds keep order
     results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs, info)
     if out is not None:
@@ -864,27 +860,12 @@ def train_stacked(
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
-    hists = [History(step_times=[]) for _ in jobs]
     tensors = train.tensors()
 
-    def record(step: int) -> None:
-        for h, m in zip(hists, model.evaluate(valid), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append(m)
-
-    record(0)
-    for step in range(config.steps):
+    def losses(step: int) -> Tensor:
         rows = torch.stack([order[s](step)[0] for _, s in jobs])  # (M, B)
-        losses = model.losses(*(t[rows] for t in tensors))  # (M,)
-        if not bool(torch.isfinite(losses).all()):
-            raise FloatingPointError(f"a training loss is not finite at update {step + 1}")
-        opt.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        opt.step()
-        for h, value in zip(hists, losses.tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(value)
-        done = step + 1
-        if done % config.eval_every == 0 or done == config.steps:
-            record(done)
+        return model.losses(*(t[rows] for t in tensors))  # (M,)
+
+    hists = train_copies(losses, partial(model.evaluate, valid), opt,
+                         [History(step_times=[]) for _ in jobs], config.steps, config.eval_every)
     return [Run(v, s, h) for (v, s), h in zip(jobs, hists, strict=True)]
