@@ -1,28 +1,10 @@
 """DRAW on binarized MNIST, with and without layer normalization (paper section 6.4, Figure 4).
 
-Book chapter `06_4_draw`. DRAW (Gregor et al., 2015) writes an image onto a canvas in
-``glimpses`` steps. At each step an encoder LSTM reads a small window of the image through a grid
-of Gaussian filters (the *filterbank*), proposes a Gaussian posterior over a latent ``z_t``, and a
-decoder LSTM turns a sample of ``z_t`` into a patch that another filterbank adds to the canvas.
-Both LSTMs are :class:`lnbook.DRAWLSTMCell`: the baseline follows eqs. 29-30, and the
-layer-normalized model normalizes only the cell state inside the output ``tanh`` (eq. 31).
-
-The training loss is the negative variational bound in nats per image,
-
-    L = L^x + L^z,  L^x = -log D(x | sigmoid(c_T)),
-    L^z = sum_t KL(N(mu_t, sigma_t^2) || N(0, 1)),
-
-with D a product of Bernoullis over the pixels. Section 6.4 trains 64 glimpses and 256 LSTM
-units with Adam at batch size 128 on 28 x 28 images (the ``paper`` preset). The ``quick`` preset
-is a miniature that a CPU trains in seconds per run: the digits are averaged down to 14 x 14
-pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
-updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
-:func:`run` trains both variants for every seed at once, as one
-:class:`StackedDRAW` (every parameter with a leading copy dimension, one batched matmul per
-layer for all the runs), or, with checkpoints (the ``paper`` preset), one model at a time
-through :func:`lnbook.experiments.runner.sweep`; both give the same
-:class:`~lnbook.experiments.protocol.Results`, and :func:`updates_to_bound` reads the speed
-off it.
+Book chapter `06_4_draw`. :class:`DRAW` (Gregor et al., 2015) with filterbank read and write
+attention and :class:`lnbook.DRAWLSTMCell` cells (eqs. 29-30; eq. 31 normalizes the cell state),
+trained on the negative variational bound ``L = L^x + L^z`` in nats per image. :func:`run`
+trains both variants for every seed as one :class:`StackedDRAW`, or one model at a time with
+checkpoints (the ``paper`` preset); :func:`mean_image_nll` is the trivial level.
 """
 
 from __future__ import annotations
@@ -91,35 +73,21 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` (seconds per run on a CPU) or ``"paper"`` (section 6.4's sizes).
-        image_size: side of the square images in pixels: 28 (MNIST as it is, the paper), or
-            14 or 7 (each pixel the mean of a 2 x 2 or 4 x 4 block, before binarizing).
+        image_size: side of the square images: 28 (the paper), 14 or 7 (block means).
         binarize_threshold: pixels above it become 1; None draws each pixel once from
-            Bernoulli(intensity) with ``binarize_seed`` (the paper's fixed stochastic
-            binarization of Larochelle and Murray, 2011).
-        glimpses: number of DRAW steps T (the paper: 64).
-        enc_size, dec_size: LSTM units of the encoder and the decoder (the paper: 256).
-        z_size: latent units per glimpse (Gregor et al. use 100 on MNIST).
+            Bernoulli(intensity) with ``binarize_seed`` (Larochelle and Murray, 2011).
+        glimpses: DRAW steps T; enc_size, dec_size: LSTM units; z_size: latent units per step.
         read_n, write_n: side of the read and write filter grids (Gregor et al.: 2 and 5).
-        batch_size: images per update (the paper: 128).
-        lr: Adam's learning rate (the paper: Adam's default, 1e-3).
-        steps: number of updates.
-        eval_every: updates between two evaluations of the held-out bound.
+        batch_size, lr, steps, eval_every: Adam training schedule.
         eval_images: held-out images scored at each evaluation (None: the whole test split).
         binarize_seed: seed of the stochastic binarization (training split; test: + 1).
-        data_source: passed to :func:`lnbook.data.load_mnist` (``"auto"`` falls back to the
-            offline 5,000-image subset).
-        seeds: training seeds, each run for every variant.
-        variants: ``"baseline"`` (eqs. 29-30) and/or ``"layer_norm"`` (eq. 31).
+        data_source: passed to :func:`lnbook.data.load_mnist`.
+        seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
         checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it. Used only
-            without ``stacked``.
-        stacked: train all the (variant, seed) runs at once as one :class:`StackedDRAW`
-            (one process, one batched computation); checkpointed runs (``checkpoint``) and
-            ``stacked=False`` train one model at a time through
-            :func:`lnbook.experiments.runner.sweep`.
+        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
+        stacked: train all runs as one :class:`StackedDRAW`; with ``checkpoint`` or False,
+            one model at a time through the sweep.
     """
 
     scale: str = "quick"
@@ -390,9 +358,6 @@ class DRAW(nn.Module):
                 f"{self.height}x{self.width}), got {tuple(x.shape)}"
             )
 
-    def _attend(self, layer: nn.Linear, h_dec: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
-        """:func:`attention_params` then :func:`filterbank`, fused into fewer tensor ops."""
-        return self._attend_raw(layer(h_dec), grid)
 
     def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
@@ -404,8 +369,6 @@ class DRAW(nn.Module):
         fx, fy = _split_axes(f, self.width, self.height, 1e-8)
         return fx, fy, pos[:, 2:3]
 
-    def _write(self, h_dec: Tensor) -> Tensor:
-        return self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
 
     def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
         """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
@@ -433,7 +396,7 @@ class DRAW(nn.Module):
         kl = x.new_zeros(bsz)  # (B,)
         for _ in range(self.glimpses):
             x_hat = img - torch.sigmoid(canvas)  # (B, H, W) error image
-            fx, fy, gamma = self._attend(self.read_attn, h_dec, self.read_grid)
+            fx, fy, gamma = self._attend_raw(self.read_attn(h_dec), self.read_grid)
             r = read_glimpse(torch.stack([img, x_hat], 1), fx, fy, gamma)  # (B, 2, Nr, Nr)
             enc_state = self.encoder(torch.cat([r.flatten(1), h_dec], 1), enc_state)
             mu, log_sigma = self.to_q(enc_state[0]).chunk(2, dim=1)  # (B, Z) each
@@ -441,7 +404,7 @@ class DRAW(nn.Module):
             kl = kl + gaussian_kl(mu, log_sigma)
             dec_state = self.decoder(z, dec_state)
             h_dec = dec_state[0]  # (B, Hd)
-            canvas = canvas + self._write(h_dec)
+            canvas = canvas + self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
             if canvases is not None:
                 canvases.append(canvas)
         nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((1, 2))
@@ -465,7 +428,8 @@ class DRAW(nn.Module):
         for _ in range(self.glimpses):
             z = torch.randn(n, self.z_size, generator=generator, device=dev)  # (n, Z)
             dec_state = self.decoder(z, dec_state)
-            canvas = canvas + self._write(dec_state[0])
+            h_dec = dec_state[0]
+            canvas = canvas + self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
             frames.append(torch.sigmoid(canvas))
         return torch.stack(frames)  # (T, n, H, W)
 
@@ -528,14 +492,9 @@ def _seeded(seed: int) -> Iterator[None]:
 class StackedDRAW:
     """Copies of one DRAW architecture (baseline and layer-normalized, any seeds) as one model.
 
-    Every parameter of :class:`DRAW` is held once for all ``M`` copies, stacked along a
-    leading copy dimension (``params[name]`` is ``(M, *shape)``), so that a step of all the
-    copies is one batched matmul per layer (:func:`torch.baddbmm`) and one pass through the
-    filterbanks, instead of ``M`` passes through small layers. Copy ``k`` computes exactly
-    what ``models[k]`` computes (up to the rounding of the batched matmuls): the same
-    attention (``DRAW._attend_raw``), LSTM cells (eqs. 29-31, LN on the cell state only in
-    the copies built with ``layer_norm=True``) and bound. A baseline copy also holds an unused
-    gain and bias for ``ln_c`` (1 and 0; their gradient is 0, so Adam leaves them there).
+    ``params[name]`` is ``(M, *shape)``, parameter ``name`` of every copy, so a step of all the
+    copies is one batched matmul per layer; copy ``k`` computes what ``models[k]`` computes.
+    A baseline copy holds an unused ``ln_c`` gain and bias (gradient 0).
 
     Args:
         models: :class:`DRAW` models of the same sizes; their parameters are copied.
@@ -737,16 +696,8 @@ def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarra
 
 
 def load_data(config: Config) -> tuple[Tensor, Tensor, str]:
-    """The fixed binarized training and held-out images of ``config``, and their source.
-
-    The grey 28 x 28 images are averaged over blocks down to ``image_size`` pixels a side,
-    then binarized once (a threshold, or one seeded Bernoulli sample: ``binarize_seed`` for
-    the training split, ``binarize_seed + 1`` for the test split) and kept fixed.
-
-    Returns:
-        ``(x_train (N, S*S), x_test (M, S*S), source)`` with S = ``image_size``; ``M`` is
-        ``config.eval_images`` when set.
-    """
+    """``(x_train (N, S*S), x_test (M, S*S), source)``: block means down to S = ``image_size``,
+    binarized once (seeds ``binarize_seed`` and ``+ 1``); M is ``config.eval_images`` if set."""
     train = load_mnist(split="train", source=config.data_source)
     warn_if_subset(train, config.scale, "draw")
     test = load_mnist(split="test", source=config.data_source)
@@ -848,26 +799,13 @@ def run(
 ) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    All the runs train at once as one :class:`StackedDRAW` (``config.stacked``, one
-    process), or one at a time through :func:`lnbook.experiments.runner.sweep` when
-    ``config.checkpoint`` is set or ``stacked`` is not; each run starts from the same
-    parameters, sees the same batches and noise, and gets the same numbers either way (up to
-    float rounding). Every run evaluates, before training and every ``eval_every`` updates,
-    the held-out ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one
-    posterior sample with fixed noise, :meth:`DRAW.evaluate_terms`).
-
-    Args:
-        config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
-        out: folder for ``draw.json``, the finished runs (one at a time only), the trained weights
-            (:func:`model_path`, read back by :func:`load_trained`) and, with
-            ``config.checkpoint``, the checkpoints from which an interrupted sweep resumes.
-        seeds: overrides ``config.seeds``.
-        progress: the sweep's progress bar (default: only in a terminal outside CI).
-
-    Returns:
-        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds ``data_source``,
-        ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll`` (the trivial level).
+    All runs train as one :class:`StackedDRAW` (``config.stacked`` without ``checkpoint``) or
+    one at a time through :func:`lnbook.experiments.runner.sweep`, with the same initial
+    parameters, batches and noise. Every run evaluates the held-out ``bound``, ``nll_x`` and
+    ``kl`` (:meth:`DRAW.evaluate_terms`) before training and every ``eval_every`` updates.
+    ``out``: folder for ``draw.json``, the trained weights (:func:`model_path`) and, with
+    ``config.checkpoint``, the checkpoints; ``seeds`` overrides ``config.seeds``. ``info`` holds
+    ``data_source``, ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll``.
     """
     if not isinstance(config, Config):
         raise TypeError(
@@ -908,16 +846,9 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
 def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
                  dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
                  progress: bool | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`.
-
-    Copy ``(variant, seed)`` starts from the model :func:`_train_one` builds
-    (``torch.manual_seed(seed)``, then :func:`build_model`), sees the batches of
-    ``Batches(x_train, seed=seed)``, draws its posterior noise from a generator seeded with
-    ``seed`` (the stream :func:`lnbook.fit` gives the single model) and has its own Adam
-    moments (Adam is elementwise; the copies share its learning rate and step count); it is
-    evaluated like :func:`lnbook.fit`
-    evaluates, before training, every ``eval_every`` updates and after the last.
-    """
+    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`:
+    copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
+    (a generator seeded with ``seed``) and its own Adam moments."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
     with threads(config.threads):
         models = []

@@ -1,31 +1,10 @@
 """The attentive reader on a generated cloze corpus (paper section 6.2, Figure 2, claim C13).
 
-Book chapter `06_2_attentive_reader`. Section 6.2 trains a unidirectional attentive reader
-(Hermann et al., 2015) on the CNN question-answering corpus and compares a plain LSTM, recurrent
-batch normalization (Cooijmans et al., 2016) and the layer-normalized LSTM of eqs. 20-22 with
-its gains started at 1.0 or at 0.1. The CNN corpus cannot be downloaded here, so
-:func:`make_cloze` writes a corpus with the same structure:
-
-- a passage of a few facts ``@entity3 praised @entity1`` (without punctuation, which would only
-  lengthen the sequences) about anonymized entities whose ids are drawn afresh (re-permuted) in
-  every example, so an id carries no meaning across examples and the answer cannot be memorized;
-- a query, one of the passage's facts with one entity replaced by ``@placeholder``;
-- the answer, the entity that fills the blank, always one of the passage's entities.
-
-Every relation word occurs at most once per passage, so the passage determines the answer, while
-the query alone does not (the answer id is uniform over the ids not in the query), and every
-entity is mentioned equally often, so counting mentions does not give it away either.
-:func:`chance_level` and :func:`frequency_baseline_accuracy` measure what guessing achieves.
-
-The model (:class:`AttentiveReader`) reads the passage with one LSTM and the query with another,
-attends from the query to every passage position, and scores the candidate entities of the
-passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without normalization),
-``"bn_lstm"`` (:class:`~lnbook.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
-``"bn_lstm_g1.0"`` (the same started at gain 1.0), ``"ln_lstm"`` (:class:`lnbook.LSTM` with
-layer normalization, gains 1.0) and ``"ln_lstm_g0.1"`` (the same with every layer-norm gain set
-to 0.1 after construction, see :func:`set_ln_gains`). :func:`run` trains them through
-:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_target` and :func:`gain_gap` read
-the speed and the gain sensitivity off its :class:`~lnbook.experiments.protocol.Results`.
+Book chapter `06_2_attentive_reader`. :func:`make_cloze` writes a corpus with the structure of
+the CNN corpus (anonymized entities re-permuted in every example, queries with
+``@placeholder``); :class:`AttentiveReader` (Hermann et al., 2015) reads it with one of the
+LSTMs of :data:`VARIANTS` (plain, recurrent BN, LN; gains 1.0 or 0.1); :func:`run` trains them
+and :func:`updates_to_target` / :func:`gain_gap` read speed and gain sensitivity off the runs.
 """
 
 from __future__ import annotations
@@ -106,32 +85,20 @@ class Config:
     """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
 
     Attributes:
-        scale: ``"quick"`` (a CPU, in seconds per run) or ``"paper"`` (larger, for a GPU).
-        n_train, n_valid: number of generated training and validation examples.
-        n_entities: size of the pool of anonymized ids ``@entity0 ...``.
-        sentences: sentences per passage (the corpus of section 6.2 keeps at most 4); a
-            passage names as many entities as it has sentences, each of them twice.
-        blank: which entity a query blanks: ``"both"`` (subject or object) or ``"object"``.
-        n_relations: relation words to draw from (at most ``len(RELATIONS)``).
+        scale: ``"quick"`` (a CPU, seconds per run) or ``"paper"`` (larger, for a GPU).
+        n_train, n_valid, n_entities, sentences, n_relations, blank: the corpus
+            (:func:`make_cloze`); ``blank`` is ``"both"`` or ``"object"``.
         embed_size, hidden_size: word embedding and LSTM sizes.
         batch_size, steps, eval_every, lr: Adam training schedule.
-        bn_gain_init: initial gain of the ``"bn_lstm"`` variant (0.1, as Cooijmans et al.);
-            ``"bn_lstm_g1.0"`` starts at 1.0.
-        ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant (``"ln_lstm"`` starts at 1).
-        variants: which LSTMs to train (from :data:`VARIANTS`; the quick preset leaves out the
-            gain-0.3 variants, which the paper preset trains).
-        seeds: seeds of the models (initialization and batch order); the corpus is fixed.
-        data_seed: seed of the corpus.
+        bn_gain_init: initial gain of ``"bn_lstm"`` (0.1, as Cooijmans et al.).
+        ln_small_gain: the gain of ``"ln_lstm_g0.1"`` (``"ln_lstm"`` starts at 1).
+        variants: which LSTMs to train (from :data:`VARIANTS`).
+        seeds: seeds of the models (initialization and batch order); data_seed: the corpus's.
         checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it. Only used with
-            ``stacked=False``.
-        stacked: train all seeds (and the variants of one LSTM family) of the sweep as one
-            :class:`StackedReader` on the CPU, one process (the default); False trains every
-            run on its own through the sweep (checkpoints, workers, a GPU). The runs are the
-            same up to float rounding.
+        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
+        stacked: train all runs of one LSTM family as one :class:`StackedReader` on the CPU;
+            False trains every run on its own through the sweep (checkpoints, workers, GPU).
     """
 
     scale: str = "quick"
@@ -236,27 +203,13 @@ def make_cloze(
     n_relations: int = 16,
     blank: str = "both",
 ) -> ClozeData:
-    """Generate ``n`` cloze examples, deterministically from ``seed``.
+    """Generate ``n`` cloze examples, deterministically from ``seed`` (numpy's generator).
 
-    Each example draws ``sentences`` distinct ids from the pool (a fresh random anonymization)
-    and writes ``sentences`` facts ``ENT_a REL ENT_b .`` with distinct relation words, in which
-    every one of those entities is mentioned exactly twice and never twice in one fact. The
-    answer is drawn uniformly from the passage's entities and the query is one of its facts with
-    the answer's mention replaced by ``@placeholder``. Because every entity occurs equally often,
-    counting mentions cannot betray the answer: the best a guesser that does not read can do is
-    to rule out the entity named in the query (:func:`frequency_baseline_accuracy`).
-
-    Args:
-        n: number of examples (>= 1).
-        seed: seed of numpy's generator; the same seed gives the same corpus.
-        n_entities: pool of anonymized ids.
-        sentences: facts per passage (2 .. min(n_entities, n_relations)).
-        n_relations: relation words in use (<= len(RELATIONS)).
-        blank: ``"both"``: the blank is the answer's subject or object mention, at random;
-            ``"object"``: always an object mention (an easier, shorter memory).
-
-    Returns:
-        A :class:`ClozeData`.
+    Each example draws ``sentences`` distinct entity ids and writes ``sentences`` facts
+    ``ENT_a REL ENT_b`` with distinct relations, every entity mentioned exactly twice, never
+    twice in one fact; the answer is uniform over the passage's entities and the query is one
+    of its facts with the answer's mention (``blank``: subject or object, or object only)
+    replaced by ``@placeholder``. Counting mentions cannot betray the answer.
 
     Example::
 
@@ -338,12 +291,8 @@ def chance_level(data: ClozeData) -> float:
 
 
 def frequency_baseline_accuracy(data: ClozeData) -> float:
-    """Expected accuracy of a guesser that sees the passage and the query but does not read.
-
-    It counts how often each entity occurs in the passage, drops the entity named in the query,
-    and picks uniformly among the most frequent of the rest (the usual frequency heuristic of
-    cloze corpora). Its accuracy is a stronger floor than :func:`chance_level`.
-    """
+    """Expected accuracy of guessing uniformly among the passage's most frequent entities,
+    the one named in the query excluded (a stronger floor than :func:`chance_level`)."""
     n_ent = data.candidates.shape[1]
     ent = data.passages - data.entity_offset  # (N, Tp), entity ids or negative
     is_ent = (ent >= 0) & (ent < n_ent)
@@ -582,22 +531,13 @@ def run(
     seeds: list[int] | tuple[int, ...] | None = None,
     progress: bool | None = None,
 ) -> Results:
-    """Train every variant under every seed through :func:`lnbook.experiments.runner.sweep`.
+    """Train every variant under every seed (stacked, or through the runner's sweep).
 
-    Every run evaluates, before training and every ``eval_every`` updates, the validation
-    cross-entropy ``xent`` (nats) and ``error`` (fraction of queries answered wrongly).
-
-    Args:
-        config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, then cpu) or a device.
-        out: folder for ``reader.json``, the finished runs and (with ``config.checkpoint``)
-            the checkpoints from which an interrupted sweep resumes.
-        seeds: overrides ``config.seeds``.
-        progress: the sweep's progress bar (default: only in a terminal outside CI).
-
-    Returns:
-        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds the validation
-        accuracy of guessing (``chance``) and of the ``frequency_baseline`` heuristic.
+    Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
+    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and (with
+    ``config.checkpoint``) the checkpoints an interrupted sweep resumes from; ``seeds``
+    overrides ``config.seeds``. Returns :class:`~lnbook.experiments.protocol.Results` whose
+    ``info`` holds the accuracy of guessing (``chance``) and of ``frequency_baseline``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
@@ -659,17 +599,9 @@ def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
 class StackedReader(nn.Module):
     """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
 
-    Every parameter of copy ``k`` is row ``k`` of a stacked tensor (``embed__weight`` is
-    ``(M, V, E)``, ``w_ym__weight`` is ``(M, H, H)``, ...; names are the single model's with
-    ``.`` written ``__``), and every operation acts on one copy's slice: matrix products are
-    batched over the copies, layer norm normalizes each example's units, and recurrent batch
-    normalization averages over the examples of that copy's own batch only, with running
-    statistics per copy and time step. :meth:`losses` returns each copy's mean cross-entropy,
-    so the gradient of their sum gives each copy exactly its own gradient, and an elementwise
-    optimizer (Adam) makes each copy's own update. ``tests/test_reader.py`` checks losses,
-    gradients and whole training runs against the single models.
-
-    Build it with :meth:`from_models` from single models of one family (``variant_kind``).
+    Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; matrix products are
+    batched over the copies and recurrent BN keeps statistics per copy and step, so copy ``k``
+    computes what its single model does and :meth:`losses` gives each copy its own gradient.
 
     Shape:
         - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
@@ -719,11 +651,7 @@ class StackedReader(nn.Module):
         return model
 
     def _bn(self, x: Tensor, name: str, t: int | slice, bias: Tensor | None = None) -> Tensor:
-        """Recurrent BN of ``x`` ``(M, B, F)`` at step ``t``, statistics per copy.
-
-        With ``t`` a slice, ``x`` is ``(T, M, B, F)``, every step normalized with its own
-        statistics (the input-to-hidden term, which does not wait for the recurrence).
-        """
+        """Recurrent BN of ``x`` (M, B, F) at step ``t`` (a slice: (T, M, B, F)), per copy."""
         rm, rv = getattr(self, name + "__running_mean"), getattr(self, name + "__running_var")
         gain = self.p[name + "__weight"].unsqueeze(1)  # (M, 1, F)
         steps = isinstance(t, slice)
@@ -839,14 +767,8 @@ def train_stacked(
     config: Config, train: ClozeData, valid: ClozeData,
     variants: tuple[str, ...], seeds: tuple[int, ...],
 ) -> list[Run]:
-    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would.
-
-    Copy ``(variant, seed)`` starts from the :class:`AttentiveReader` built under
-    ``torch.manual_seed(seed)``, sees the batches of ``Batches(..., seed=seed)`` and is updated
-    by Adam with ``config.lr``, exactly as :func:`lnbook.fit` trains the single model; its
-    validation ``xent`` and ``error`` are recorded before training and every
-    ``config.eval_every`` updates. Returns one :class:`Run` per copy, variant first.
-    """
+    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
+    (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
     p_len, q_len = train.passages.shape[1], train.queries.shape[1]
     models = []
