@@ -1,4 +1,4 @@
-"""The training loop of the stacked experiments (:mod:`~lnbook.experiments.reader`, ``draw``).
+"""Training loop and readout shared by the stacked experiments (`reader`, `draw`).
 
 ``M`` copies of a model are one computation: the loss of copy ``k`` depends only on its own
 parameters, so the gradient of the summed losses gives each copy its own gradient, and an
@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from lnbook.experiments.metrics import updates_to_reach
+from lnbook.experiments.results import Results
 from lnbook.train import History, progress_enabled
 
 
@@ -64,3 +66,12 @@ def train_copies(
     for h in histories:
         h.wall_time = wall
     return histories
+
+
+def updates_to(results: Results, variant: str, metric: str, target: float) -> np.ndarray:
+    """Per seed, the first evaluated update with ``metric`` <= ``target`` (never: ``inf``)."""
+    out = []
+    for run in results.select(variant):
+        n = updates_to_reach(run.history.eval_steps, run.history.metric(metric), target)
+        out.append(float("inf") if n is None else float(n))
+    return np.array(out)

@@ -27,9 +27,8 @@ from torch import Tensor, nn
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments._stack_loop import threads, train_copies
+from lnbook.experiments._stack_loop import threads, train_copies, updates_to
 from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import updates_to_reach
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
@@ -674,21 +673,11 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update at which the held-out bound is <= ``target``.
+    """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf).
 
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
-    counts as ``inf``. Returns ``(seeds,)`` floats, in the seed order of ``results``.
-
-    Example::
-
-        >>> updates_to_bound(results, "layer_norm", 45.0)  # doctest: +SKIP
-        array([250., 300., 275.])
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
     """
-    out = []
-    for run in results.select(variant):
-        n = updates_to_reach(run.history.eval_steps, run.history.metric("bound"), target)
-        out.append(float("inf") if n is None else float(n))
-    return np.array(out)
+    return updates_to(results, variant, "bound", target)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
-from lnbook.experiments._stack_loop import threads, train_copies
+from lnbook.experiments._stack_loop import threads, train_copies, updates_to
 from lnbook.experiments.protocol import (
     Job,
     Results,
@@ -29,7 +29,6 @@ from lnbook.experiments.protocol import (
     make_config,
     save_results,
     sweep,
-    updates_to_reach,
 )
 from lnbook.recurrent_bn import RecurrentBNLSTM
 from lnbook.seeds import verdict_seeds
@@ -149,19 +148,24 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     for v in cfg.variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
-    if not 2 <= cfg.sentences <= cfg.n_entities:
+    _check_corpus(cfg.n_entities, cfg.sentences, cfg.n_relations, cfg.blank)
+    return cfg
+
+
+def _check_corpus(n_entities: int, sentences: int, n_relations: int, blank: str) -> None:
+    """Raise ValueError unless :func:`make_cloze` can write a corpus of these sizes."""
+    if not 2 <= sentences <= n_entities:
         raise ValueError(
-            f"sentences must lie in [2, n_entities={cfg.n_entities}] (one entity per sentence), "
-            f"got {cfg.sentences}"
+            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
+            f"got {sentences}"
         )
-    if cfg.blank not in ("both", "object"):
-        raise ValueError(f"blank must be 'both' or 'object', got {cfg.blank!r}")
-    if not 1 <= cfg.sentences <= cfg.n_relations <= len(RELATIONS):
+    if blank not in ("both", "object"):
+        raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
+    if not 1 <= sentences <= n_relations <= len(RELATIONS):
         raise ValueError(
             f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
-            f"got sentences={cfg.sentences}, n_relations={cfg.n_relations}"
+            f"got sentences={sentences}, n_relations={n_relations}"
         )
-    return cfg
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -219,18 +223,7 @@ def make_cloze(
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    if not 2 <= sentences <= n_entities:
-        raise ValueError(
-            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
-            f"got {sentences}"
-        )
-    if blank not in ("both", "object"):
-        raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
-    if not 1 <= sentences <= n_relations <= len(RELATIONS):
-        raise ValueError(
-            f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
-            f"got sentences={sentences}, n_relations={n_relations}"
-        )
+    _check_corpus(n_entities, sentences, n_relations, blank)
     rel_offset = len(_SPECIAL)
     ent_offset = rel_offset + n_relations
     vocab = list(_SPECIAL) + list(RELATIONS[:n_relations]) + [
@@ -473,21 +466,11 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with validation error <= ``target``.
+    """Per seed, the first evaluated update with validation error <= ``target`` (never: inf).
 
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
-    counts as ``inf`` (slower than any seed that does). Returns ``(seeds,)`` floats.
-
-    Example::
-
-        >>> updates_to_target(results, "ln_lstm", 0.4)  # doctest: +SKIP
-        array([100., 125., inf])
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
     """
-    out = []
-    for run in results.select(variant):
-        n = updates_to_reach(run.history.eval_steps, run.history.metric("error"), target)
-        out.append(float("inf") if n is None else float(n))
-    return np.array(out)
+    return updates_to(results, variant, "error", target)
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
@@ -500,12 +483,7 @@ def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
 
 
 def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
-    """Per seed, the mean validation error of the ``last`` evaluations of the run.
-
-    ``last=1`` is the final evaluation (``results.final(variant, "error")``); a mean over the
-    last few evaluations measures where a run ended with less of the noise of one evaluation
-    (recurrent BN's error jumps by several hundredths between evaluations).
-    """
+    """Per seed, the mean validation error of the ``last`` evaluations (1: the final one)."""
     return np.array([float(np.mean(r.history.metric("error")[-last:]))
                      for r in results.select(variant)])
 
