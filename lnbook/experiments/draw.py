@@ -497,16 +497,6 @@ class StackedDRAW:
 
     Args:
         models: :class:`DRAW` models of the same sizes; their parameters are copied.
-
-    Example::
-
-        >>> _ = torch.manual_seed(0)
-        >>> models = [DRAW(14, 14, 2, 16, 16, 4, 3, 3, layer_norm=ln) for ln in (False, True)]
-        >>> stack = StackedDRAW(models)
-        >>> nll_x, kl = stack.bound_terms(torch.bernoulli(torch.full((2, 8, 196), 0.3)),
-        ...                               lambda t: torch.randn(2, 8, 4))
-        >>> nll_x.shape
-        torch.Size([2, 8])
     """
 
     def __init__(self, models: list[DRAW]) -> None:
@@ -716,12 +706,7 @@ def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
 def load_trained(
     config: Config, out: str | os.PathLike, variant: str, seed: int, device: str = "cpu"
 ) -> DRAW:
-    """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights.
-
-    Example::
-
-        >>> model = load_trained(cfg, "results/", "layer_norm", 0)  # doctest: +SKIP
-    """
+    """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     path = model_path(out, variant, seed)
@@ -734,13 +719,8 @@ def load_trained(
 
 
 def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) -> plt.Figure:
-    """The canvas after each glimpse, one row per digit, for each model (chapter 6.4).
-
-    For every model in ``models`` (a label such as ``"baseline"`` or ``"LN"`` -> a trained
-    :class:`DRAW`), the rows are the reconstructions of ``images`` (B, H*W) glimpse by glimpse,
-    then one sample from the prior; the last column holds the input (blank for the sample).
-    At most 8 glimpses are shown, spread evenly. Returns the matplotlib figure.
-    """
+    """The canvas after each glimpse (at most 8, spread evenly), one row per digit of
+    ``images`` (B, H*W) and one prior sample, for each model of ``models`` (label -> DRAW)."""
     first = next(iter(models.values()))
     h, w = first.height, first.width
     if images.dim() != 2 or images.shape[1] != h * w:

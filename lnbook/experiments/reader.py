@@ -306,12 +306,8 @@ def frequency_baseline_accuracy(data: ClozeData) -> float:
 
 
 def set_ln_gains(module: nn.Module, value: float) -> int:
-    """Set the gain of every :class:`lnbook.LayerNorm` inside ``module`` to ``value``.
-
-    This is how the ``"ln_lstm_g0.1"`` variant is made: :class:`lnbook.LSTM` starts its gains at
-    1 (the paper's default), and this rescales them after construction. Returns how many layer
-    norms were changed (so a caller can check the LSTM had any).
-    """
+    """Set the gain of every :class:`lnbook.LayerNorm` inside ``module`` to ``value`` (how
+    ``"ln_lstm_g0.1"`` is made); returns how many layer norms were changed."""
     count = 0
     for m in module.modules():
         if isinstance(m, (LayerNorm, nn.LayerNorm)) and m.weight is not None:
@@ -455,12 +451,8 @@ def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) ->
 
 
 def target_error(results: Results, baseline: str = "lstm") -> float:
-    """The target of "trains faster": halfway between chance and the baseline's final error.
-
-    Chance is guessing among the passage's entities (``results.info["chance"]`` is its
-    accuracy); the baseline's final error is its mean over seeds. The rule is fixed before
-    the runs; the level it gives depends on them only through the baseline.
-    """
+    """The target of "trains faster": halfway between chance error (guessing among the
+    passage's entities) and the baseline's final error, its mean over seeds."""
     chance_error = 1.0 - float(results.info["chance"])
     return 0.5 * (chance_error + float(results.final(baseline, "error").mean()))
 
