@@ -8,8 +8,7 @@ elementwise optimizer (Adam) makes each copy's own update, as :func:`lnbook.fit`
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,18 +18,6 @@ from tqdm import tqdm
 from lnbook.experiments.metrics import updates_to_reach
 from lnbook.experiments.results import Results
 from lnbook.train import History, progress_enabled
-
-
-@contextmanager
-def threads(n: int | None) -> Iterator[None]:
-    """Run a block with ``n`` torch CPU threads (None: unchanged), then restore them."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def train_copies(

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments._stack_loop import threads, train_copies, updates_to
-from lnbook.experiments.job import Job
+from lnbook.experiments._stack_loop import train_copies, updates_to
+from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
@@ -819,7 +819,7 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
     copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
     (a generator seeded with ``seed``) and its own Adam moments."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
-    with threads(config.threads):
+    with cpu_threads(config.threads):
         models = []
         for v, s in pairs:
             torch.manual_seed(s)

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
-from lnbook.experiments._stack_loop import threads, train_copies, updates_to
+from lnbook.experiments._stack_loop import train_copies, updates_to
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.protocol import (
     Job,
     Results,
@@ -526,7 +527,7 @@ def run(
                      steps=config.steps, info=info, progress=progress,
                      threads=config.threads, workers=config.workers)
     runs: list[Run] = []
-    with threads(config.threads):
+    with cpu_threads(config.threads):
         for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
             group = tuple(v for v in config.variants if variant_kind(v) == kind)
             if group:
