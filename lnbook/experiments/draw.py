@@ -1,28 +1,10 @@
 """DRAW on binarized MNIST, with and without layer normalization (paper section 6.4, Figure 4).
 
-Book chapter `06_4_draw`. DRAW (Gregor et al., 2015) writes an image onto a canvas in
-``glimpses`` steps. At each step an encoder LSTM reads a small window of the image through a grid
-of Gaussian filters (the *filterbank*), proposes a Gaussian posterior over a latent ``z_t``, and a
-decoder LSTM turns a sample of ``z_t`` into a patch that another filterbank adds to the canvas.
-Both LSTMs are :class:`lnbook.DRAWLSTMCell`: the baseline follows eqs. 29-30, and the
-layer-normalized model normalizes only the cell state inside the output ``tanh`` (eq. 31).
-
-The training loss is the negative variational bound in nats per image,
-
-    L = L^x + L^z,  L^x = -log D(x | sigmoid(c_T)),
-    L^z = sum_t KL(N(mu_t, sigma_t^2) || N(0, 1)),
-
-with D a product of Bernoullis over the pixels. Section 6.4 trains 64 glimpses and 256 LSTM
-units with Adam at batch size 128 on 28 x 28 images (the ``paper`` preset). The ``quick`` preset
-is a miniature that a CPU trains in seconds per run: the digits are averaged down to 14 x 14
-pixels, so that a small model gets past the cost of drawing the mean image within a few hundred
-updates (:func:`mean_image_nll` is that cost, the trivial level the runs must beat).
-:func:`run` trains both variants for every seed at once, as one
-:class:`StackedDRAW` (every parameter with a leading copy dimension, one batched matmul per
-layer for all the runs), or, with checkpoints (the ``paper`` preset), one model at a time
-through :func:`lnbook.experiments.runner.sweep`; both give the same
-:class:`~lnbook.experiments.protocol.Results`, and :func:`updates_to_bound` reads the speed
-off it.
+Book chapter `06_4_draw`. :class:`DRAW` (Gregor et al., 2015) with filterbank read and write
+attention and :class:`lnbook.DRAWLSTMCell` cells (eqs. 29-30; eq. 31 normalizes the cell state),
+trained on the negative variational bound ``L = L^x + L^z`` in nats per image. :func:`run`
+trains both variants for every seed as one :class:`StackedDRAW`, or one model at a time with
+checkpoints (the ``paper`` preset); :func:`mean_image_nll` is the trivial level.
 """
 
 from __future__ import annotations
@@ -30,7 +12,6 @@ from __future__ import annotations
 import copy
 import numbers
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,18 +23,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from lnbook import DRAWLSTMCell
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import updates_to_reach
+from lnbook.experiments._stack_loop import train_copies, updates_to
+from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit, progress_enabled
+from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",
@@ -92,35 +72,21 @@ class Config:
 
     Attributes:
         scale: ``"quick"`` (seconds per run on a CPU) or ``"paper"`` (section 6.4's sizes).
-        image_size: side of the square images in pixels: 28 (MNIST as it is, the paper), or
-            14 or 7 (each pixel the mean of a 2 x 2 or 4 x 4 block, before binarizing).
+        image_size: side of the square images: 28 (the paper), 14 or 7 (block means).
         binarize_threshold: pixels above it become 1; None draws each pixel once from
-            Bernoulli(intensity) with ``binarize_seed`` (the paper's fixed stochastic
-            binarization of Larochelle and Murray, 2011).
-        glimpses: number of DRAW steps T (the paper: 64).
-        enc_size, dec_size: LSTM units of the encoder and the decoder (the paper: 256).
-        z_size: latent units per glimpse (Gregor et al. use 100 on MNIST).
+            Bernoulli(intensity) with ``binarize_seed`` (Larochelle and Murray, 2011).
+        glimpses: DRAW steps T; enc_size, dec_size: LSTM units; z_size: latent units per step.
         read_n, write_n: side of the read and write filter grids (Gregor et al.: 2 and 5).
-        batch_size: images per update (the paper: 128).
-        lr: Adam's learning rate (the paper: Adam's default, 1e-3).
-        steps: number of updates.
-        eval_every: updates between two evaluations of the held-out bound.
+        batch_size, lr, steps, eval_every: Adam training schedule.
         eval_images: held-out images scored at each evaluation (None: the whole test split).
         binarize_seed: seed of the stochastic binarization (training split; test: + 1).
-        data_source: passed to :func:`lnbook.data.load_mnist` (``"auto"`` falls back to the
-            offline 5,000-image subset).
-        seeds: training seeds, each run for every variant.
-        variants: ``"baseline"`` (eqs. 29-30) and/or ``"layer_norm"`` (eq. 31).
+        data_source: passed to :func:`lnbook.data.load_mnist`.
+        seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
         checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it. Used only
-            without ``stacked``.
-        stacked: train all the (variant, seed) runs at once as one :class:`StackedDRAW`
-            (one process, one batched computation); checkpointed runs (``checkpoint``) and
-            ``stacked=False`` train one model at a time through
-            :func:`lnbook.experiments.runner.sweep`.
+        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
+        stacked: train all runs as one :class:`StackedDRAW`; with ``checkpoint`` or False,
+            one model at a time through the sweep.
     """
 
     scale: str = "quick"
@@ -391,9 +357,6 @@ class DRAW(nn.Module):
                 f"{self.height}x{self.width}), got {tuple(x.shape)}"
             )
 
-    def _attend(self, layer: nn.Linear, h_dec: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
-        """:func:`attention_params` then :func:`filterbank`, fused into fewer tensor ops."""
-        return self._attend_raw(layer(h_dec), grid)
 
     def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
@@ -405,8 +368,6 @@ class DRAW(nn.Module):
         fx, fy = _split_axes(f, self.width, self.height, 1e-8)
         return fx, fy, pos[:, 2:3]
 
-    def _write(self, h_dec: Tensor) -> Tensor:
-        return self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
 
     def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
         """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
@@ -434,7 +395,7 @@ class DRAW(nn.Module):
         kl = x.new_zeros(bsz)  # (B,)
         for _ in range(self.glimpses):
             x_hat = img - torch.sigmoid(canvas)  # (B, H, W) error image
-            fx, fy, gamma = self._attend(self.read_attn, h_dec, self.read_grid)
+            fx, fy, gamma = self._attend_raw(self.read_attn(h_dec), self.read_grid)
             r = read_glimpse(torch.stack([img, x_hat], 1), fx, fy, gamma)  # (B, 2, Nr, Nr)
             enc_state = self.encoder(torch.cat([r.flatten(1), h_dec], 1), enc_state)
             mu, log_sigma = self.to_q(enc_state[0]).chunk(2, dim=1)  # (B, Z) each
@@ -442,7 +403,7 @@ class DRAW(nn.Module):
             kl = kl + gaussian_kl(mu, log_sigma)
             dec_state = self.decoder(z, dec_state)
             h_dec = dec_state[0]  # (B, Hd)
-            canvas = canvas + self._write(h_dec)
+            canvas = canvas + self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
             if canvases is not None:
                 canvases.append(canvas)
         nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((1, 2))
@@ -466,7 +427,8 @@ class DRAW(nn.Module):
         for _ in range(self.glimpses):
             z = torch.randn(n, self.z_size, generator=generator, device=dev)  # (n, Z)
             dec_state = self.decoder(z, dec_state)
-            canvas = canvas + self._write(dec_state[0])
+            h_dec = dec_state[0]
+            canvas = canvas + self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
             frames.append(torch.sigmoid(canvas))
         return torch.stack(frames)  # (T, n, H, W)
 
@@ -529,27 +491,12 @@ def _seeded(seed: int) -> Iterator[None]:
 class StackedDRAW:
     """Copies of one DRAW architecture (baseline and layer-normalized, any seeds) as one model.
 
-    Every parameter of :class:`DRAW` is held once for all ``M`` copies, stacked along a
-    leading copy dimension (``params[name]`` is ``(M, *shape)``), so that a step of all the
-    copies is one batched matmul per layer (:func:`torch.baddbmm`) and one pass through the
-    filterbanks, instead of ``M`` passes through small layers. Copy ``k`` computes exactly
-    what ``models[k]`` computes (up to the rounding of the batched matmuls): the same
-    attention (``DRAW._attend_raw``), LSTM cells (eqs. 29-31, LN on the cell state only in
-    the copies built with ``layer_norm=True``) and bound. A baseline copy also holds an unused
-    gain and bias for ``ln_c`` (1 and 0; their gradient is 0, so Adam leaves them there).
+    ``params[name]`` is ``(M, *shape)``, parameter ``name`` of every copy, so a step of all the
+    copies is one batched matmul per layer; copy ``k`` computes what ``models[k]`` computes.
+    A baseline copy holds an unused ``ln_c`` gain and bias (gradient 0).
 
     Args:
         models: :class:`DRAW` models of the same sizes; their parameters are copied.
-
-    Example::
-
-        >>> _ = torch.manual_seed(0)
-        >>> models = [DRAW(14, 14, 2, 16, 16, 4, 3, 3, layer_norm=ln) for ln in (False, True)]
-        >>> stack = StackedDRAW(models)
-        >>> nll_x, kl = stack.bound_terms(torch.bernoulli(torch.full((2, 8, 196), 0.3)),
-        ...                               lambda t: torch.randn(2, 8, 4))
-        >>> nll_x.shape
-        torch.Size([2, 8])
     """
 
     def __init__(self, models: list[DRAW]) -> None:
@@ -716,21 +663,11 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update at which the held-out bound is <= ``target``.
+    """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf).
 
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
-    counts as ``inf``. Returns ``(seeds,)`` floats, in the seed order of ``results``.
-
-    Example::
-
-        >>> updates_to_bound(results, "layer_norm", 45.0)  # doctest: +SKIP
-        array([250., 300., 275.])
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
     """
-    out = []
-    for run in results.select(variant):
-        n = updates_to_reach(run.history.eval_steps, run.history.metric("bound"), target)
-        out.append(float("inf") if n is None else float(n))
-    return np.array(out)
+    return updates_to(results, variant, "bound", target)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -738,16 +675,8 @@ def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarra
 
 
 def load_data(config: Config) -> tuple[Tensor, Tensor, str]:
-    """The fixed binarized training and held-out images of ``config``, and their source.
-
-    The grey 28 x 28 images are averaged over blocks down to ``image_size`` pixels a side,
-    then binarized once (a threshold, or one seeded Bernoulli sample: ``binarize_seed`` for
-    the training split, ``binarize_seed + 1`` for the test split) and kept fixed.
-
-    Returns:
-        ``(x_train (N, S*S), x_test (M, S*S), source)`` with S = ``image_size``; ``M`` is
-        ``config.eval_images`` when set.
-    """
+    """``(x_train (N, S*S), x_test (M, S*S), source)``: block means down to S = ``image_size``,
+    binarized once (seeds ``binarize_seed`` and ``+ 1``); M is ``config.eval_images`` if set."""
     train = load_mnist(split="train", source=config.data_source)
     warn_if_subset(train, config.scale, "draw")
     test = load_mnist(split="test", source=config.data_source)
@@ -777,12 +706,7 @@ def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
 def load_trained(
     config: Config, out: str | os.PathLike, variant: str, seed: int, device: str = "cpu"
 ) -> DRAW:
-    """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights.
-
-    Example::
-
-        >>> model = load_trained(cfg, "results/", "layer_norm", 0)  # doctest: +SKIP
-    """
+    """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     path = model_path(out, variant, seed)
@@ -795,13 +719,8 @@ def load_trained(
 
 
 def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) -> plt.Figure:
-    """The canvas after each glimpse, one row per digit, for each model (chapter 6.4).
-
-    For every model in ``models`` (a label such as ``"baseline"`` or ``"LN"`` -> a trained
-    :class:`DRAW`), the rows are the reconstructions of ``images`` (B, H*W) glimpse by glimpse,
-    then one sample from the prior; the last column holds the input (blank for the sample).
-    At most 8 glimpses are shown, spread evenly. Returns the matplotlib figure.
-    """
+    """The canvas after each glimpse (at most 8, spread evenly), one row per digit of
+    ``images`` (B, H*W) and one prior sample, for each model of ``models`` (label -> DRAW)."""
     first = next(iter(models.values()))
     h, w = first.height, first.width
     if images.dim() != 2 or images.shape[1] != h * w:
@@ -849,26 +768,13 @@ def run(
 ) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    All the runs train at once as one :class:`StackedDRAW` (``config.stacked``, one
-    process), or one at a time through :func:`lnbook.experiments.runner.sweep` when
-    ``config.checkpoint`` is set or ``stacked`` is not; each run starts from the same
-    parameters, sees the same batches and noise, and gets the same numbers either way (up to
-    float rounding). Every run evaluates, before training and every ``eval_every`` updates,
-    the held-out ``bound`` and its two parts ``nll_x`` and ``kl`` (nats per image, one
-    posterior sample with fixed noise, :meth:`DRAW.evaluate_terms`).
-
-    Args:
-        config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, else cpu) or a torch device.
-        out: folder for ``draw.json``, the finished runs (one at a time only), the trained weights
-            (:func:`model_path`, read back by :func:`load_trained`) and, with
-            ``config.checkpoint``, the checkpoints from which an interrupted sweep resumes.
-        seeds: overrides ``config.seeds``.
-        progress: the sweep's progress bar (default: only in a terminal outside CI).
-
-    Returns:
-        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds ``data_source``,
-        ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll`` (the trivial level).
+    All runs train as one :class:`StackedDRAW` (``config.stacked`` without ``checkpoint``) or
+    one at a time through :func:`lnbook.experiments.runner.sweep`, with the same initial
+    parameters, batches and noise. Every run evaluates the held-out ``bound``, ``nll_x`` and
+    ``kl`` (:meth:`DRAW.evaluate_terms`) before training and every ``eval_every`` updates.
+    ``out``: folder for ``draw.json``, the trained weights (:func:`model_path`) and, with
+    ``config.checkpoint``, the checkpoints; ``seeds`` overrides ``config.seeds``. ``info`` holds
+    ``data_source``, ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll``.
     """
     if not isinstance(config, Config):
         raise TypeError(
@@ -909,21 +815,11 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
 def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
                  dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
                  progress: bool | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`.
-
-    Copy ``(variant, seed)`` starts from the model :func:`_train_one` builds
-    (``torch.manual_seed(seed)``, then :func:`build_model`), sees the batches of
-    ``Batches(x_train, seed=seed)``, draws its posterior noise from a generator seeded with
-    ``seed`` (the stream :func:`lnbook.fit` gives the single model) and has its own Adam
-    moments (Adam is elementwise; the copies share its learning rate and step count); it is
-    evaluated like :func:`lnbook.fit`
-    evaluates, before training, every ``eval_every`` updates and after the last.
-    """
+    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`:
+    copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
+    (a generator seeded with ``seed``) and its own Adam moments."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
+    with cpu_threads(config.threads):
         models = []
         for v, s in pairs:
             torch.manual_seed(s)
@@ -931,8 +827,6 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
         stack = StackedDRAW(models)
         histories = _train_stacked(stack, config, x_train.to(dev), x_test.to(dev),
                                    [s for _, s in pairs], dev, progress)
-    finally:
-        torch.set_num_threads(before)
     runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
     if out is not None:
@@ -947,7 +841,6 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
 def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: Tensor,
                    seeds: list[int], dev: torch.device, progress: bool | None) -> list[History]:
     """Train the copies of ``stack`` (copy ``k`` with seed ``seeds[k]``); their histories."""
-    m = len(stack)
     batches = {s: Batches(x_train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
     gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
     shape = (config.batch_size, config.z_size)
@@ -955,37 +848,14 @@ def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: 
     def noise(_: int) -> Tensor:
         return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
 
-    params = list(stack.params.values())
-    # Adam is elementwise: on the stacked parameters each copy keeps its own moments, and all
-    # copies share the learning rate and step count, so this is one torch Adam per copy
-    # (the fused kernel: one pass over all the parameters instead of a loop of small ops)
-    adam = torch.optim.Adam(params, lr=config.lr, fused=dev.type in ("cpu", "cuda"))
-    histories = [History() for _ in range(m)]
-    t_start = time.perf_counter()
-
-    def evaluate(step: int) -> None:
-        for h, metrics in zip(histories, stack.evaluate_terms(x_test), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append(metrics)
-
-    evaluate(0)
-    for step in tqdm(range(config.steps), disable=not progress_enabled(progress), desc=NAME):
+    def losses(step: int) -> Tensor:
         x = torch.stack([batches[s](step)[0] for s in seeds])  # (M, B, D)
         nll_x, kl = stack.bound_terms(x, noise)
-        losses = (nll_x + kl).mean(1)  # (M,)
-        adam.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        values = losses.tolist()
-        if not all(np.isfinite(values)):
-            raise FloatingPointError(f"the training losses are {values} at update {step + 1}")
-        adam.step()
-        done = step + 1
-        for h, v in zip(histories, values, strict=True):
-            h.steps.append(done)
-            h.losses.append(v)
-        if done % config.eval_every == 0 or done == config.steps:
-            evaluate(done)
-    wall = time.perf_counter() - t_start
-    for h in histories:
-        h.wall_time = wall
-    return histories
+        return (nll_x + kl).mean(1)  # (M,)
+
+    # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
+    adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
+                            fused=dev.type in ("cpu", "cuda"))
+    return train_copies(losses, partial(stack.evaluate_terms, x_test), adam,
+                        [History() for _ in seeds], config.steps, config.eval_every,
+                        progress, NAME)

@@ -1,31 +1,10 @@
 """The attentive reader on a generated cloze corpus (paper section 6.2, Figure 2, claim C13).
 
-Book chapter `06_2_attentive_reader`. Section 6.2 trains a unidirectional attentive reader
-(Hermann et al., 2015) on the CNN question-answering corpus and compares a plain LSTM, recurrent
-batch normalization (Cooijmans et al., 2016) and the layer-normalized LSTM of eqs. 20-22 with
-its gains started at 1.0 or at 0.1. The CNN corpus cannot be downloaded here, so
-:func:`make_cloze` writes a corpus with the same structure:
-
-- a passage of a few facts ``@entity3 praised @entity1`` (without punctuation, which would only
-  lengthen the sequences) about anonymized entities whose ids are drawn afresh (re-permuted) in
-  every example, so an id carries no meaning across examples and the answer cannot be memorized;
-- a query, one of the passage's facts with one entity replaced by ``@placeholder``;
-- the answer, the entity that fills the blank, always one of the passage's entities.
-
-Every relation word occurs at most once per passage, so the passage determines the answer, while
-the query alone does not (the answer id is uniform over the ids not in the query), and every
-entity is mentioned equally often, so counting mentions does not give it away either.
-:func:`chance_level` and :func:`frequency_baseline_accuracy` measure what guessing achieves.
-
-The model (:class:`AttentiveReader`) reads the passage with one LSTM and the query with another,
-attends from the query to every passage position, and scores the candidate entities of the
-passage. ``variant`` picks the LSTM: ``"lstm"`` (:class:`lnbook.LSTM` without normalization),
-``"bn_lstm"`` (:class:`~lnbook.recurrent_bn.RecurrentBNLSTM`, gains 0.1),
-``"bn_lstm_g1.0"`` (the same started at gain 1.0), ``"ln_lstm"`` (:class:`lnbook.LSTM` with
-layer normalization, gains 1.0) and ``"ln_lstm_g0.1"`` (the same with every layer-norm gain set
-to 0.1 after construction, see :func:`set_ln_gains`). :func:`run` trains them through
-:func:`lnbook.experiments.runner.sweep`; :func:`updates_to_target` and :func:`gain_gap` read
-the speed and the gain sensitivity off its :class:`~lnbook.experiments.protocol.Results`.
+Book chapter `06_2_attentive_reader`. :func:`make_cloze` writes a corpus with the structure of
+the CNN corpus (anonymized entities re-permuted in every example, queries with
+``@placeholder``); :class:`AttentiveReader` (Hermann et al., 2015) reads it with one of the
+LSTMs of :data:`VARIANTS` (plain, recurrent BN, LN; gains 1.0 or 0.1); :func:`run` trains them
+and :func:`updates_to_target` / :func:`gain_gap` read speed and gain sensitivity off the runs.
 """
 
 from __future__ import annotations
@@ -42,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
+from lnbook.experiments._stack_loop import train_copies, updates_to
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.protocol import (
     Job,
     Results,
@@ -49,7 +30,6 @@ from lnbook.experiments.protocol import (
     make_config,
     save_results,
     sweep,
-    updates_to_reach,
 )
 from lnbook.recurrent_bn import RecurrentBNLSTM
 from lnbook.seeds import verdict_seeds
@@ -105,32 +85,20 @@ class Config:
     """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
 
     Attributes:
-        scale: ``"quick"`` (a CPU, in seconds per run) or ``"paper"`` (larger, for a GPU).
-        n_train, n_valid: number of generated training and validation examples.
-        n_entities: size of the pool of anonymized ids ``@entity0 ...``.
-        sentences: sentences per passage (the corpus of section 6.2 keeps at most 4); a
-            passage names as many entities as it has sentences, each of them twice.
-        blank: which entity a query blanks: ``"both"`` (subject or object) or ``"object"``.
-        n_relations: relation words to draw from (at most ``len(RELATIONS)``).
+        scale: ``"quick"`` (a CPU, seconds per run) or ``"paper"`` (larger, for a GPU).
+        n_train, n_valid, n_entities, sentences, n_relations, blank: the corpus
+            (:func:`make_cloze`); ``blank`` is ``"both"`` or ``"object"``.
         embed_size, hidden_size: word embedding and LSTM sizes.
         batch_size, steps, eval_every, lr: Adam training schedule.
-        bn_gain_init: initial gain of the ``"bn_lstm"`` variant (0.1, as Cooijmans et al.);
-            ``"bn_lstm_g1.0"`` starts at 1.0.
-        ln_small_gain: the gain of the ``"ln_lstm_g0.1"`` variant (``"ln_lstm"`` starts at 1).
-        variants: which LSTMs to train (from :data:`VARIANTS`; the quick preset leaves out the
-            gain-0.3 variants, which the paper preset trains).
-        seeds: seeds of the models (initialization and batch order); the corpus is fixed.
-        data_seed: seed of the corpus.
+        bn_gain_init: initial gain of ``"bn_lstm"`` (0.1, as Cooijmans et al.).
+        ln_small_gain: the gain of ``"ln_lstm_g0.1"`` (``"ln_lstm"`` starts at 1).
+        variants: which LSTMs to train (from :data:`VARIANTS`).
+        seeds: seeds of the models (initialization and batch order); data_seed: the corpus's.
         checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
         threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: runs trained at once, each in its own process, on a CPU (see
-            :func:`lnbook.experiments.runner.sweep`; from a script, call :func:`run` under
-            ``if __name__ == "__main__":``). Results do not depend on it. Only used with
-            ``stacked=False``.
-        stacked: train all seeds (and the variants of one LSTM family) of the sweep as one
-            :class:`StackedReader` on the CPU, one process (the default); False trains every
-            run on its own through the sweep (checkpoints, workers, a GPU). The runs are the
-            same up to float rounding.
+        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
+        stacked: train all runs of one LSTM family as one :class:`StackedReader` on the CPU;
+            False trains every run on its own through the sweep (checkpoints, workers, GPU).
     """
 
     scale: str = "quick"
@@ -181,19 +149,24 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     for v in cfg.variants:
         if v not in VARIANTS:
             raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
-    if not 2 <= cfg.sentences <= cfg.n_entities:
+    _check_corpus(cfg.n_entities, cfg.sentences, cfg.n_relations, cfg.blank)
+    return cfg
+
+
+def _check_corpus(n_entities: int, sentences: int, n_relations: int, blank: str) -> None:
+    """Raise ValueError unless :func:`make_cloze` can write a corpus of these sizes."""
+    if not 2 <= sentences <= n_entities:
         raise ValueError(
-            f"sentences must lie in [2, n_entities={cfg.n_entities}] (one entity per sentence), "
-            f"got {cfg.sentences}"
+            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
+            f"got {sentences}"
         )
-    if cfg.blank not in ("both", "object"):
-        raise ValueError(f"blank must be 'both' or 'object', got {cfg.blank!r}")
-    if not 1 <= cfg.sentences <= cfg.n_relations <= len(RELATIONS):
+    if blank not in ("both", "object"):
+        raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
+    if not 1 <= sentences <= n_relations <= len(RELATIONS):
         raise ValueError(
             f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
-            f"got sentences={cfg.sentences}, n_relations={cfg.n_relations}"
+            f"got sentences={sentences}, n_relations={n_relations}"
         )
-    return cfg
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -235,27 +208,13 @@ def make_cloze(
     n_relations: int = 16,
     blank: str = "both",
 ) -> ClozeData:
-    """Generate ``n`` cloze examples, deterministically from ``seed``.
+    """Generate ``n`` cloze examples, deterministically from ``seed`` (numpy's generator).
 
-    Each example draws ``sentences`` distinct ids from the pool (a fresh random anonymization)
-    and writes ``sentences`` facts ``ENT_a REL ENT_b .`` with distinct relation words, in which
-    every one of those entities is mentioned exactly twice and never twice in one fact. The
-    answer is drawn uniformly from the passage's entities and the query is one of its facts with
-    the answer's mention replaced by ``@placeholder``. Because every entity occurs equally often,
-    counting mentions cannot betray the answer: the best a guesser that does not read can do is
-    to rule out the entity named in the query (:func:`frequency_baseline_accuracy`).
-
-    Args:
-        n: number of examples (>= 1).
-        seed: seed of numpy's generator; the same seed gives the same corpus.
-        n_entities: pool of anonymized ids.
-        sentences: facts per passage (2 .. min(n_entities, n_relations)).
-        n_relations: relation words in use (<= len(RELATIONS)).
-        blank: ``"both"``: the blank is the answer's subject or object mention, at random;
-            ``"object"``: always an object mention (an easier, shorter memory).
-
-    Returns:
-        A :class:`ClozeData`.
+    Each example draws ``sentences`` distinct entity ids and writes ``sentences`` facts
+    ``ENT_a REL ENT_b`` with distinct relations, every entity mentioned exactly twice, never
+    twice in one fact; the answer is uniform over the passage's entities and the query is one
+    of its facts with the answer's mention (``blank``: subject or object, or object only)
+    replaced by ``@placeholder``. Counting mentions cannot betray the answer.
 
     Example::
 
@@ -265,18 +224,7 @@ def make_cloze(
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    if not 2 <= sentences <= n_entities:
-        raise ValueError(
-            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
-            f"got {sentences}"
-        )
-    if blank not in ("both", "object"):
-        raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
-    if not 1 <= sentences <= n_relations <= len(RELATIONS):
-        raise ValueError(
-            f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
-            f"got sentences={sentences}, n_relations={n_relations}"
-        )
+    _check_corpus(n_entities, sentences, n_relations, blank)
     rel_offset = len(_SPECIAL)
     ent_offset = rel_offset + n_relations
     vocab = list(_SPECIAL) + list(RELATIONS[:n_relations]) + [
@@ -337,12 +285,8 @@ def chance_level(data: ClozeData) -> float:
 
 
 def frequency_baseline_accuracy(data: ClozeData) -> float:
-    """Expected accuracy of a guesser that sees the passage and the query but does not read.
-
-    It counts how often each entity occurs in the passage, drops the entity named in the query,
-    and picks uniformly among the most frequent of the rest (the usual frequency heuristic of
-    cloze corpora). Its accuracy is a stronger floor than :func:`chance_level`.
-    """
+    """Expected accuracy of guessing uniformly among the passage's most frequent entities,
+    the one named in the query excluded (a stronger floor than :func:`chance_level`)."""
     n_ent = data.candidates.shape[1]
     ent = data.passages - data.entity_offset  # (N, Tp), entity ids or negative
     is_ent = (ent >= 0) & (ent < n_ent)
@@ -363,12 +307,8 @@ def frequency_baseline_accuracy(data: ClozeData) -> float:
 
 
 def set_ln_gains(module: nn.Module, value: float) -> int:
-    """Set the gain of every :class:`lnbook.LayerNorm` inside ``module`` to ``value``.
-
-    This is how the ``"ln_lstm_g0.1"`` variant is made: :class:`lnbook.LSTM` starts its gains at
-    1 (the paper's default), and this rescales them after construction. Returns how many layer
-    norms were changed (so a caller can check the LSTM had any).
-    """
+    """Set the gain of every :class:`lnbook.LayerNorm` inside ``module`` to ``value`` (how
+    ``"ln_lstm_g0.1"`` is made); returns how many layer norms were changed."""
     count = 0
     for m in module.modules():
         if isinstance(m, (LayerNorm, nn.LayerNorm)) and m.weight is not None:
@@ -512,32 +452,18 @@ def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) ->
 
 
 def target_error(results: Results, baseline: str = "lstm") -> float:
-    """The target of "trains faster": halfway between chance and the baseline's final error.
-
-    Chance is guessing among the passage's entities (``results.info["chance"]`` is its
-    accuracy); the baseline's final error is its mean over seeds. The rule is fixed before
-    the runs; the level it gives depends on them only through the baseline.
-    """
+    """The target of "trains faster": halfway between chance error (guessing among the
+    passage's entities) and the baseline's final error, its mean over seeds."""
     chance_error = 1.0 - float(results.info["chance"])
     return 0.5 * (chance_error + float(results.final(baseline, "error").mean()))
 
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with validation error <= ``target``.
+    """Per seed, the first evaluated update with validation error <= ``target`` (never: inf).
 
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; a seed that never gets there
-    counts as ``inf`` (slower than any seed that does). Returns ``(seeds,)`` floats.
-
-    Example::
-
-        >>> updates_to_target(results, "ln_lstm", 0.4)  # doctest: +SKIP
-        array([100., 125., inf])
+    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
     """
-    out = []
-    for run in results.select(variant):
-        n = updates_to_reach(run.history.eval_steps, run.history.metric("error"), target)
-        out.append(float("inf") if n is None else float(n))
-    return np.array(out)
+    return updates_to(results, variant, "error", target)
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
@@ -550,12 +476,7 @@ def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
 
 
 def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
-    """Per seed, the mean validation error of the ``last`` evaluations of the run.
-
-    ``last=1`` is the final evaluation (``results.final(variant, "error")``); a mean over the
-    last few evaluations measures where a run ended with less of the noise of one evaluation
-    (recurrent BN's error jumps by several hundredths between evaluations).
-    """
+    """Per seed, the mean validation error of the ``last`` evaluations (1: the final one)."""
     return np.array([float(np.mean(r.history.metric("error")[-last:]))
                      for r in results.select(variant)])
 
@@ -581,22 +502,13 @@ def run(
     seeds: list[int] | tuple[int, ...] | None = None,
     progress: bool | None = None,
 ) -> Results:
-    """Train every variant under every seed through :func:`lnbook.experiments.runner.sweep`.
+    """Train every variant under every seed (stacked, or through the runner's sweep).
 
-    Every run evaluates, before training and every ``eval_every`` updates, the validation
-    cross-entropy ``xent`` (nats) and ``error`` (fraction of queries answered wrongly).
-
-    Args:
-        config: from :func:`get_config`.
-        device: ``"auto"`` (cuda, then mps, then cpu) or a device.
-        out: folder for ``reader.json``, the finished runs and (with ``config.checkpoint``)
-            the checkpoints from which an interrupted sweep resumes.
-        seeds: overrides ``config.seeds``.
-        progress: the sweep's progress bar (default: only in a terminal outside CI).
-
-    Returns:
-        :class:`~lnbook.experiments.protocol.Results`; ``info`` holds the validation
-        accuracy of guessing (``chance``) and of the ``frequency_baseline`` heuristic.
+    Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
+    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and (with
+    ``config.checkpoint``) the checkpoints an interrupted sweep resumes from; ``seeds``
+    overrides ``config.seeds``. Returns :class:`~lnbook.experiments.protocol.Results` whose
+    ``info`` holds the accuracy of guessing (``chance``) and of ``frequency_baseline``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
@@ -614,17 +526,12 @@ def run(
                      device=device, out=out, checkpoint=config.checkpoint,
                      steps=config.steps, info=info, progress=progress,
                      threads=config.threads, workers=config.workers)
-    before = torch.get_num_threads()
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    try:
-        runs: list[Run] = []
+    runs: list[Run] = []
+    with cpu_threads(config.threads):
         for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
             group = tuple(v for v in config.variants if variant_kind(v) == kind)
             if group:
                 runs += train_stacked(config, train, valid, group, seeds)
-    finally:
-        torch.set_num_threads(before)
     runs.sort(key=lambda r: config.variants.index(r.variant))  # stable: seeds keep order
     results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs, info)
     if out is not None:
@@ -663,17 +570,9 @@ def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
 class StackedReader(nn.Module):
     """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
 
-    Every parameter of copy ``k`` is row ``k`` of a stacked tensor (``embed__weight`` is
-    ``(M, V, E)``, ``w_ym__weight`` is ``(M, H, H)``, ...; names are the single model's with
-    ``.`` written ``__``), and every operation acts on one copy's slice: matrix products are
-    batched over the copies, layer norm normalizes each example's units, and recurrent batch
-    normalization averages over the examples of that copy's own batch only, with running
-    statistics per copy and time step. :meth:`losses` returns each copy's mean cross-entropy,
-    so the gradient of their sum gives each copy exactly its own gradient, and an elementwise
-    optimizer (Adam) makes each copy's own update. ``tests/test_reader.py`` checks losses,
-    gradients and whole training runs against the single models.
-
-    Build it with :meth:`from_models` from single models of one family (``variant_kind``).
+    Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; matrix products are
+    batched over the copies and recurrent BN keeps statistics per copy and step, so copy ``k``
+    computes what its single model does and :meth:`losses` gives each copy its own gradient.
 
     Shape:
         - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
@@ -723,11 +622,7 @@ class StackedReader(nn.Module):
         return model
 
     def _bn(self, x: Tensor, name: str, t: int | slice, bias: Tensor | None = None) -> Tensor:
-        """Recurrent BN of ``x`` ``(M, B, F)`` at step ``t``, statistics per copy.
-
-        With ``t`` a slice, ``x`` is ``(T, M, B, F)``, every step normalized with its own
-        statistics (the input-to-hidden term, which does not wait for the recurrence).
-        """
+        """Recurrent BN of ``x`` (M, B, F) at step ``t`` (a slice: (T, M, B, F)), per copy."""
         rm, rv = getattr(self, name + "__running_mean"), getattr(self, name + "__running_var")
         gain = self.p[name + "__weight"].unsqueeze(1)  # (M, 1, F)
         steps = isinstance(t, slice)
@@ -843,14 +738,8 @@ def train_stacked(
     config: Config, train: ClozeData, valid: ClozeData,
     variants: tuple[str, ...], seeds: tuple[int, ...],
 ) -> list[Run]:
-    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would.
-
-    Copy ``(variant, seed)`` starts from the :class:`AttentiveReader` built under
-    ``torch.manual_seed(seed)``, sees the batches of ``Batches(..., seed=seed)`` and is updated
-    by Adam with ``config.lr``, exactly as :func:`lnbook.fit` trains the single model; its
-    validation ``xent`` and ``error`` are recorded before training and every
-    ``config.eval_every`` updates. Returns one :class:`Run` per copy, variant first.
-    """
+    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
+    (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
     p_len, q_len = train.passages.shape[1], train.queries.shape[1]
     models = []
@@ -864,27 +753,12 @@ def train_stacked(
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
-    hists = [History(step_times=[]) for _ in jobs]
     tensors = train.tensors()
 
-    def record(step: int) -> None:
-        for h, m in zip(hists, model.evaluate(valid), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append(m)
-
-    record(0)
-    for step in range(config.steps):
+    def losses(step: int) -> Tensor:
         rows = torch.stack([order[s](step)[0] for _, s in jobs])  # (M, B)
-        losses = model.losses(*(t[rows] for t in tensors))  # (M,)
-        if not bool(torch.isfinite(losses).all()):
-            raise FloatingPointError(f"a training loss is not finite at update {step + 1}")
-        opt.zero_grad(set_to_none=True)
-        losses.sum().backward()
-        opt.step()
-        for h, value in zip(hists, losses.tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(value)
-        done = step + 1
-        if done % config.eval_every == 0 or done == config.steps:
-            record(done)
+        return model.losses(*(t[rows] for t in tensors))  # (M,)
+
+    hists = train_copies(losses, partial(model.evaluate, valid), opt,
+                         [History(step_times=[]) for _ in jobs], config.steps, config.eval_every)
     return [Run(v, s, h) for (v, s), h in zip(jobs, hists, strict=True)]
