@@ -214,17 +214,9 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "channels": (32, 64),
-        "norms": NORMS,
-        "groups": 8,
-        "batch_size": 128,
-        "steps": 10_000,
-        "n_train": 55_000,
-        "n_test": None,
-        "threads": None,
-        "checkpoint": True,
-    },
+    "paper": {"channels": (32, 64), "norms": NORMS, "groups": 8, "batch_size": 128,
+              "steps": 10_000, "n_train": 55_000, "n_test": None, "threads": None,
+              "checkpoint": True},
 }
 
 

@@ -475,11 +475,15 @@ class HandwritingModel(nn.Module):
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
 
     def _run(
-        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None
+        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
+        factors: list[float] | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states."""
+        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states;
+        with ``factors``, matches the input scales first (:meth:`match_input_scales`)."""
         inp, outs, new_states = x, [], []
         for k, lstm in enumerate(self.layers):
+            if factors is not None and isinstance(lstm, RecurrenceLNLSTM):
+                factors.append(lstm.match_input_scale(inp))
             y, st = lstm(inp, None if states is None else states[k])  # (T, B, H)
             outs.append(y)
             new_states.append(st)
@@ -514,13 +518,8 @@ class HandwritingModel(nn.Module):
     def match_input_scales(self, points: Tensor, letters: Tensor) -> list[float]:
         """:meth:`RecurrenceLNLSTM.match_input_scale` on every such layer, layer by layer on
         the inputs it gets from these lines; the factors."""
-        x = self._inputs(points[:, :-1], letters)  # (T, B, 3 + K)
-        inp, factors = x, []
-        for lstm in self.layers:
-            if isinstance(lstm, RecurrenceLNLSTM):
-                factors.append(lstm.match_input_scale(inp))
-            y, _ = lstm(inp)  # (T, B, H)
-            inp = torch.cat([x, y], dim=-1)
+        factors: list[float] = []
+        self._run(self._inputs(points[:, :-1], letters), factors=factors)
         return factors
 
     @torch.no_grad()

@@ -96,9 +96,7 @@ class Config:
         if bad:
             raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
         if any(b < 2 for b in self.batch_sizes):
-            raise ValueError(
-                f"batch sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}"
-            )
+            raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.checkpoint and self.engine != "runs":
@@ -112,8 +110,7 @@ class Config:
             raise ValueError("give examples and eval_examples together (or neither, to train "
                              f"every batch size for `steps` updates), got {self.examples} and "
                              f"{self.eval_examples}")
-        if self.examples is not None:
-            assert self.eval_examples is not None
+        if self.examples is not None and self.eval_examples is not None:
             bad = [b for b in self.batch_sizes
                    if self.examples % b or self.eval_examples % b or self.eval_examples < b]
             if bad or self.examples < self.eval_examples:
@@ -129,17 +126,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # 784-64-64-10, Adam 1e-3, 1,000 updates at each batch size (equal updates), 5 seeds
     "quick": {"hidden": (64, 64), "steps": 1000, "eval_every": 50, "n_recal": 1000,
               "seeds": verdict_seeds(5)},
-    "paper": {
-        "hidden": (1000, 1000),
-        # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
-        "steps": 20_000,
-        "eval_every": 500,
-        "n_train": 55_000,
-        "n_eval_train": 10_000,
-        "n_recal": 10_000,
-        "n_test": None,
-        "threads": None,
-    },
+    # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
+    "paper": {"hidden": (1000, 1000), "steps": 20_000, "eval_every": 500, "n_train": 55_000,
+              "n_eval_train": 10_000, "n_recal": 10_000, "n_test": None, "threads": None},
 }
 
 
@@ -238,15 +227,11 @@ def degradation(results: Results, norm: str, metric: str, small: int, big: int,
     """:func:`late_mean` of ``metric`` at batch size ``small`` minus that at ``big``, per seed
     ``(seeds,)``: positive when the small batches do worse. Both must have been evaluated after
     the same numbers of ``at`` (``"examples"`` or ``"updates"``)."""
-    if at == "examples":
-        seen = examples_seen(results, norm, small)
-        same = np.array_equal(seen, examples_seen(results, norm, big))
-    elif at == "updates":
-        seen = curves(results, norm, small, metric)[0]
-        same = np.array_equal(seen, curves(results, norm, big, metric)[0])
-    else:
+    if at not in ("examples", "updates"):
         raise ValueError(f"at must be 'examples' or 'updates', got {at!r}")
-    if not same:
+    seen = [examples_seen(results, norm, b) if at == "examples"
+            else curves(results, norm, b, metric)[0] for b in (small, big)]
+    if not np.array_equal(*seen):
         raise ValueError(f"{norm}: batch sizes {small} and {big} were not evaluated after the "
                          f"same numbers of {at}; run with Config."
                          f"{'examples' if at == 'examples' else 'steps'} set")
@@ -293,12 +278,8 @@ def _data(config: Config) -> dict[str, Any]:
     train = load_mnist(split="train", source=config.source)
     warn_if_subset(train, config.scale, "mnist")
     test = load_mnist(split="test", source=config.source)
-    x, y = train.images, train.labels  # (N, 784), (N,)
-    if config.n_train is not None:
-        x, y = x[: config.n_train], y[: config.n_train]
-    xt, yt = test.images, test.labels
-    if config.n_test is not None:
-        xt, yt = xt[: config.n_test], yt[: config.n_test]
+    x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
+    xt, yt = test.images[: config.n_test], test.labels[: config.n_test]
     if config.permute_pixels:
         perm = pixel_permutation(0)
         x, xt = x[:, perm], xt[:, perm]
