@@ -1,30 +1,10 @@
 """A small ConvNet on MNIST with no norm, batch norm, layer norm (two readings) and group norm.
 
-Paper section 6.7; book chapter `06_7_convnets`. The paper reports, without numbers, that layer
-normalization speeds up a ConvNet over no normalization but that batch normalization does
-better, and blames the hidden units whose receptive fields lie near the image boundary: they are
-rarely on and their statistics differ from those of the other units of the layer (claim C19).
-The paper does not say over which axes LN runs in a convolutional layer, so both readings are
-here, for summed inputs ``a`` of shape ``(N, C, H, W)``:
-
-- ``"layer_chw"``: one mean and variance per example over all ``C * H * W`` units of the layer
-  (eq. 3 read literally: every hidden unit of the layer), gain and bias per unit
-  (:class:`lnbook.LayerNorm` with ``normalized_shape=(C, H, W)``);
-- ``"layer_c"``: one mean and variance per example *and position* over the ``C`` channels
-  (:class:`lnbook.norms.ChannelLayerNorm`), gain and bias per channel, as later ConvNets do;
-
-plus ``"batch"`` (:class:`lnbook.BatchNorm`, per channel over ``N, H, W``) and ``"group"``
-(:class:`torch.nn.GroupNorm`, Wu and He 2018: per example over groups of channels and all
-positions, the later remedy).
-
-The network is ``[conv3x3 -> norm -> ReLU -> maxpool2] * 2 -> Linear``. Neither preset comes from
-the paper, which gives no architecture; ``paper`` only makes the network and the run larger.
-
-MNIST digits sit in a blank frame: a unit of the first layer whose window lies in the outer
-ring of the 28 x 28 image sees no ink in almost every image. To test whether that frame is what
-the paper's explanation is about, the experiment also trains a control on the same digits
-cropped to their central ``crop`` x ``crop`` pixels (:func:`crop_center`), where the units near
-the boundary do see ink; its variants are named ``"<norm>/crop<size>"`` (:func:`variant_name`).
+Paper section 6.7; book chapter `06_7_convnets` (claim C19). LN of summed inputs ``(N, C, H, W)``
+is read two ways: ``"layer_chw"`` over all ``C * H * W`` units (eq. 3 literally) and
+``"layer_c"`` over the channels per position (:class:`lnbook.norms.ChannelLayerNorm`); with
+``"batch"`` and ``"group"`` (:class:`torch.nn.GroupNorm`). A control trains on digits cropped to
+their centre (:func:`crop_center`), where the units near the boundary do see ink.
 """
 
 from __future__ import annotations
@@ -48,19 +28,8 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "Config",
-    "get_config",
-    "ConvNet",
-    "crop_center",
-    "boundary_mask",
-    "activation_maps",
-    "ring_and_centre",
-    "maps_of",
-    "variant_name",
-    "run",
+    "NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "ConvNet", "crop_center",
+    "boundary_mask", "activation_maps", "ring_and_centre", "maps_of", "variant_name", "run",
 ]
 
 NAME = "convnet"
@@ -88,21 +57,9 @@ def _norm_layer(norm: str, channels: int, size: int, groups: int) -> nn.Module:
 class ConvNet(nn.Module):
     """``[conv3x3 (padding 1) -> norm -> ReLU -> maxpool 2] * len(channels) -> Linear``.
 
-    Args:
-        channels: output channels of each conv layer, e.g. ``(8, 16)``.
-        norm: one of :data:`NORMS`.
-        groups: number of groups for ``norm="group"`` (must divide every channel count).
-        classes: number of outputs.
-        image_size: height and width S of the (square) input images. Default: 28.
+    ``norm`` from :data:`NORMS`; ``groups`` (for ``"group"``) must divide every channel count.
 
-    Shape:
-        - Input: ``(N, S * S)`` or ``(N, 1, S, S)``; output: logits ``(N, classes)``.
-
-    Example::
-
-        >>> net = ConvNet((8, 16), norm="layer_c")
-        >>> net(torch.rand(2, 784)).shape
-        torch.Size([2, 10])
+    Shape: ``(N, S * S)`` or ``(N, 1, S, S)`` with ``S = image_size`` -> logits ``(N, classes)``.
     """
 
     def __init__(
@@ -146,13 +103,7 @@ class ConvNet(nn.Module):
 
 
 def crop_center(images: Tensor, size: int) -> Tensor:
-    """The central ``size`` x ``size`` pixels of flat 28 x 28 images: ``(N, 784) -> (N, size^2)``.
-
-    Example::
-
-        >>> crop_center(torch.zeros(3, 784), 20).shape
-        torch.Size([3, 400])
-    """
+    """The central ``size`` x ``size`` pixels of flat 28 x 28 images: ``(N, 784) -> (N, size^2)``"""
     if images.dim() != 2 or images.shape[1] != IMAGE_SIZE * IMAGE_SIZE:
         raise ValueError(f"images must be (N, {IMAGE_SIZE * IMAGE_SIZE}), got "
                          f"{tuple(images.shape)}")
@@ -173,12 +124,9 @@ def boundary_mask(size: int = IMAGE_SIZE, width: int = 4) -> Tensor:
 
 
 def activation_maps(model: ConvNet, x: Tensor, layer: int = 0) -> dict[str, Tensor]:
-    """Per-position statistics of one conv layer's units over the examples ``x``.
-
-    Returns ``(S, S)`` maps, each averaged over the channels: ``on`` = fraction of examples for
-    which a unit's output after norm and ReLU is > 0; ``mean`` and ``std`` = mean and standard
-    deviation over examples of the unit's summed input (before the norm).
-    """
+    """Per-position statistics of one conv layer's units over the examples ``x``, ``(S, S)`` maps
+    averaged over the channels: ``on`` (fraction of examples with output after norm and ReLU
+    > 0), ``mean`` and ``std`` over examples of the summed input."""
     model.eval()
     with torch.no_grad():
         _, summed = model(x, return_summed=True)
@@ -230,23 +178,9 @@ def ring_and_centre(maps: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarra
 class Config:
     """Settings of the ConvNet experiment; :func:`get_config` gives the presets.
 
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        channels: conv layer widths.
-        norms: variants trained on the full 28 x 28 images, from :data:`NORMS`.
-        control_norms: variants also trained on the cropped images (the control).
-        crop: side of the central crop of the control (0: no control).
-        groups: groups for GroupNorm.
-        batch_size: mini-batch size.
-        steps: Adam updates per run.
-        lr: Adam learning rate.
-        n_train, n_test: images for training and for the test error and the activation
-            maps (None = all).
-        boundary_width: width of the ring of positions counted as "near the boundary".
-        seeds: seeds of the runs.
-        source: MNIST source for :func:`lnbook.data.load_mnist`.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    ``norms`` train on the full images, ``control_norms`` on the central ``crop`` pixels (0: no
+    control); ``boundary_width``: the ring of positions "near the boundary"; ``threads``: torch
+    CPU threads (None: as is); ``checkpoint``: per-run checkpoints under ``out/``.
     """
 
     scale: str = "quick"
@@ -280,17 +214,9 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {
-        "channels": (32, 64),
-        "norms": NORMS,
-        "groups": 8,
-        "batch_size": 128,
-        "steps": 10_000,
-        "n_train": 55_000,
-        "n_test": None,
-        "threads": None,
-        "checkpoint": True,
-    },
+    "paper": {"channels": (32, 64), "norms": NORMS, "groups": 8, "batch_size": 128,
+              "steps": 10_000, "n_train": 55_000, "n_test": None, "threads": None,
+              "checkpoint": True},
 }
 
 
@@ -310,15 +236,11 @@ def run(
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
 ) -> Results:
-    """Train every variant with every seed; return the sweep's :class:`Results`.
+    """Train every variant (:func:`variant_name`) with every seed; return the sweep's results.
 
-    Variants are ``config.norms`` on the full images and, when ``config.crop`` is set,
-    ``config.control_norms`` on the images cropped to their centre (:func:`variant_name`).
-    Every run records its training loss at every update; after training, its ``info`` holds
-    ``test_error`` and ``test_nll`` (eval mode, on the test images cropped like its training
-    images) and the first conv layer's activation ``maps`` ``{"on", "mean", "std"}`` over the
-    same test images (``(S, S)`` lists). ``Results.info`` holds the data ``source`` and
-    ``majority_error``: the test error of always answering the most frequent training class.
+    Each run's ``info`` holds ``test_error``, ``test_nll`` and the first layer's activation
+    ``maps`` on the test images cropped like its training images; ``Results.info`` the data
+    ``source`` and ``majority_error`` (always answering the commonest training class).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a convnet.Config, got {type(config).__name__}")

@@ -1,37 +1,11 @@
 """Text-conditioned handwriting generation with a mixture density LSTM (section 6.5, Figure 5).
 
-Book chapter `06_5_handwriting`; claim C16. Section 6.5 trains the synthesis network of Graves
-(2013) on IAM-OnDB pen trajectories (lines of about 700 points, the text of each line as input)
-with mini-batches of 8, with and without layer normalization in its LSTMs. IAM-OnDB cannot be
-downloaded here, so :func:`make_handwriting` writes lines of cursive from a small alphabet of
-letter shapes (:data:`LETTERS`) with an oscillation model of handwriting: the pen moves right at
-a steady pace while it swings up and down once or twice per letter; a sideways swing in
-quadrature with the vertical one draws a loop when it is strong enough to reverse the pen. Each
-letter of the alphabet has its own height, width, loopiness and number of swings (some dip below
-the baseline); every instance varies a little, every line has its own slant, size and speed, and
-the pen is lifted between words. A point is stored as Graves does, as the offset from the
-previous point and an end-of-stroke bit ``(dx, dy, eos)``, and each point carries the index of
-the letter it belongs to: the text of the line, aligned with the pen.
-
-The model (:class:`HandwritingModel`) is the network of Graves (2013, section 4) with a
-conditioning input in the spirit of his synthesis network (section 5): at every step it reads the
-pen point and the one-hot code of the letter being written (the alignment is given, where Graves'
-network learns it with a soft attention window). Stacked LSTMs with skip connections feed a
-mixture density output: ``M`` bivariate Gaussians for the next offset and a Bernoulli for the
-end-of-stroke bit. The loss is the negative log likelihood of the next point,
-:func:`mixture_nll`, averaged over the points of a line (nats per point).
-
-Three variants (:data:`VARIANTS`):
-
-- ``"baseline"``: the plain LSTM of eqs. 17-19 (:class:`torch.nn.LSTM`, which is
-  ``lnbook.LSTM(layer_norm=False)`` with torch's fast kernel);
-- ``"layer_norm"``: the LN-LSTM of eqs. 20-22 (``lnbook.LSTM(layer_norm=True)``);
-- ``"ln_recurrent"``: eqs. 20-22 without the layer normalization of the input term ``W_x x_t``
-  (:class:`RecurrenceLNLSTM`): its weights are scaled once, at initialization, so that the
-  term starts with the unit variance LN would give it, and it is never normalized again. With
-  only the three pen numbers and a one-hot letter code as input, LN(W_x x_t) changes how the
-  length of the pen's last move reaches the gates (with the pen alone it removes it); this
-  variant separates that effect from LN on the recurrence.
+Book chapter `06_5_handwriting`; claim C16. :func:`make_handwriting` writes generated cursive
+(IAM-OnDB cannot be downloaded here) as Graves' ``(dx, dy, eos)`` points with the letter each
+point belongs to; :class:`HandwritingModel` is Graves' (2013) stacked LSTM with skip connections
+and a mixture density output, reading the pen and the letter. :data:`VARIANTS`: ``"baseline"``
+(eqs. 17-19), ``"layer_norm"`` (eqs. 20-22) and ``"ln_recurrent"`` (:class:`RecurrenceLNLSTM`:
+eqs. 20-22 without the LN of ``W_x x_t``).
 """
 
 from __future__ import annotations
@@ -60,28 +34,10 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "VARIANTS",
-    "LETTERS",
-    "Letter",
-    "Lines",
-    "Config",
-    "get_config",
-    "make_handwriting",
-    "strokes",
-    "MixtureParams",
-    "split_mixture_params",
-    "mixture_nll",
-    "fit_gaussian_mixture",
-    "mixture_baseline_nll",
-    "RecurrenceLNLSTM",
-    "HandwritingModel",
-    "StackedHandwriting",
-    "evaluate",
-    "crossing",
-    "race",
-    "run",
+    "NAME", "DESCRIPTION", "VARIANTS", "LETTERS", "Letter", "Lines", "Config", "get_config",
+    "make_handwriting", "strokes", "MixtureParams", "split_mixture_params", "mixture_nll",
+    "fit_gaussian_mixture", "mixture_baseline_nll", "RecurrenceLNLSTM", "HandwritingModel",
+    "StackedHandwriting", "evaluate", "crossing", "race", "run",
 ]
 
 NAME = "handwriting"
@@ -117,38 +73,22 @@ LETTERS: tuple[Letter, ...] = (
 
 
 class Lines(NamedTuple):
-    """Lines of handwriting: pen points and the letter each point belongs to."""
+    """Lines of handwriting: ``points`` float32 ``(N, T + 1, 3)`` (a zero start point, then
+    ``(dx, dy, eos)`` in units of :data:`OFFSET_SCALE`) and ``letters`` int64 ``(N, T)`` (the
+    index into :data:`LETTERS` of the letter of point ``t + 1``)."""
 
     points: Tensor
-    """float32 ``(N, T + 1, 3)``: a zero start point, then ``T`` points ``(dx, dy, eos)`` in
-    units of :data:`OFFSET_SCALE`."""
     letters: Tensor
-    """int64 ``(N, T)``: the index into :data:`LETTERS` of the letter that point ``t + 1``
-    belongs to."""
 
 
 @dataclass
 class Config:
     """Sizes of the data, the model and the run (presets in :func:`get_config`).
 
-    Attributes:
-        scale: ``"quick"`` (seconds on a CPU) or ``"paper"`` (the paper's sizes, for a GPU).
-        seq_len: points per training line (the model predicts ``seq_len`` points).
-        n_train, n_valid: generated training and held-out lines.
-        hidden_size, num_layers: LSTM units per layer and stacked layers.
-        n_mixtures: bivariate Gaussian components M of the output.
-        batch_size, steps, eval_every, lr: Adam training schedule (batch 8 as the paper).
-        grad_clip: every gradient entry is clipped to [-grad_clip, grad_clip] (Graves 2013
-            clips the derivatives too); 0 disables it.
-        variants: from :data:`VARIANTS`.
-        seeds: seeds of the models (initialization and batch order); the data are fixed.
-        data_seed: seed of the generated lines.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        stacked: train every (variant, seed) as one :class:`StackedHandwriting` (one time
-            loop for all; the same models, updates and evaluations as one at a time, to
-            rounding); False trains them one by one with :func:`lnbook.fit`, which
-            checkpoints (the ``paper`` preset).
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them.
+    ``grad_clip`` clips every gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
+    ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
+    updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
+    checkpoints (the ``paper`` preset); ``threads``: torch CPU threads (None: as is).
     """
 
     scale: str = "quick"
@@ -193,13 +133,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field overridden by keyword.
-
-    Example::
-
-        >>> get_config("paper").hidden_size
-        400
-    """
+    """The ``quick`` or ``paper`` preset, with any field overridden by keyword."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
@@ -239,28 +173,12 @@ def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarr
 
 
 def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
-    """Write ``n`` lines of ``seq_len`` points, deterministically from ``seed``.
+    """Write ``n`` (>= 1) lines of ``seq_len`` (>= 2) points, deterministically from ``seed``.
 
-    Each line starts with the zero point ``(0, 0, 0)`` (the model's first input), followed by
-    ``seq_len`` points ``(dx, dy, eos)``: the pen's offset from the previous point in units of
-    :data:`OFFSET_SCALE` and 1 when the pen is lifted after this point. ``letters[:, t]`` is the
-    letter that point ``t + 1`` belongs to. See the module docstring for the model of
-    handwriting.
-
-    Args:
-        n: number of lines (>= 1).
-        seq_len: points per line (>= 2).
-        seed: seed of numpy's generator.
-
-    Returns:
-        :class:`Lines` with ``points`` float32 ``(n, seq_len + 1, 3)`` and ``letters`` int64
-        ``(n, seq_len)``.
-
-    Example::
-
-        >>> lines = make_handwriting(2, 50, seed=0)
-        >>> lines.points.shape, lines.letters.shape
-        (torch.Size([2, 51, 3]), torch.Size([2, 50]))
+    The pen moves right at a steady pace while it swings up and down once or twice per letter
+    (a sideways swing in quadrature draws loops); every line has its own slant, size and speed,
+    and the pen is lifted between words. Returns :class:`Lines` ``(n, seq_len + 1, 3)``,
+    ``(n, seq_len)``.
     """
     for name, v, lo in (("n", n, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -277,11 +195,8 @@ def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
 
 
 def strokes(seq: Tensor | np.ndarray) -> list[np.ndarray]:
-    """Turn ``(T, 3)`` offsets into a list of pen-down strokes, each ``(n, 2)`` positions.
-
-    Positions are the running sum of the offsets (in pen units); a stroke ends at every point
-    whose end-of-stroke bit is 1 (the move to the next point is made with the pen up).
-    """
+    """Turn ``(T, 3)`` offsets into a list of pen-down strokes, each ``(n, 2)`` positions (pen
+    units); a stroke ends at every point whose end-of-stroke bit is 1."""
     a = np.asarray(seq.detach().cpu() if isinstance(seq, Tensor) else seq, dtype=np.float64)
     if a.ndim != 2 or a.shape[1] != 3:
         raise ValueError(f"seq must have shape (T, 3) = (dx, dy, eos) per point, got {a.shape}")
@@ -300,21 +215,13 @@ def strokes(seq: Tensor | np.ndarray) -> list[np.ndarray]:
 
 @dataclass
 class MixtureParams:
-    """The output distribution of one point: ``M`` bivariate Gaussians and a Bernoulli.
+    """The output distribution of one point: ``M`` bivariate Gaussians and a Bernoulli."""
 
-    Attributes (each with leading shape ``(*)``):
-        log_pi: ``(*, M)`` log mixture weights (log-softmax of the raw outputs).
-        mu: ``(*, M, 2)`` means of (dx, dy).
-        log_sigma: ``(*, M, 2)`` log standard deviations.
-        rho: ``(*, M)`` correlations in (-1, 1).
-        eos_logit: ``(*,)`` logit of the end-of-stroke probability.
-    """
-
-    log_pi: Tensor
-    mu: Tensor
-    log_sigma: Tensor
-    rho: Tensor
-    eos_logit: Tensor
+    log_pi: Tensor  # (*, M) log mixture weights
+    mu: Tensor  # (*, M, 2) means of (dx, dy)
+    log_sigma: Tensor  # (*, M, 2)
+    rho: Tensor  # (*, M) correlations in (-1, 1)
+    eos_logit: Tensor  # (*,) logit of the end-of-stroke probability
 
 
 def split_mixture_params(y: Tensor, n_mixtures: int) -> MixtureParams:
@@ -346,11 +253,7 @@ def mixture_nll(p: MixtureParams, target: Tensor) -> Tensor:
     with the bivariate normal density
     :math:`\exp(-Z / (2(1-\rho^2))) / (2\pi\sigma_1\sigma_2\sqrt{1-\rho^2})`,
     :math:`Z = z_1^2 + z_2^2 - 2\rho z_1 z_2`, :math:`z_k = (x_k - \mu_k)/\sigma_k`
-    (Graves 2013, eqs. 23-26). Computed with ``logsumexp``, so it stays finite when every
-    component is far from the point.
-
-    Returns:
-        ``(*)`` the NLL of every point.
+    (Graves 2013, eqs. 23-26), with ``logsumexp``. Returns ``(*)``.
     """
     if target.shape[-1] != 3:
         raise ValueError(f"target must end in 3 = (dx, dy, eos), got shape {tuple(target.shape)}")
@@ -372,15 +275,10 @@ def mixture_nll(p: MixtureParams, target: Tensor) -> Tensor:
 def fit_gaussian_mixture(
     xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40, reg: float = 1e-4
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fit a mixture of ``n_components`` bivariate Gaussians (full covariances) to the points
-    ``xy`` ``(N, 2)`` by expectation-maximization (at most ``iters`` steps), in float64.
+    """Fit ``n_components`` bivariate Gaussians to ``xy`` ``(N, 2)`` by EM (at most ``iters``
+    steps, float64; ``reg`` added to every covariance's diagonal).
 
-    The means start at distinct random points of ``xy`` and every covariance at the covariance
-    of all points; ``reg`` is added to the diagonal of each covariance at every step, so that
-    none collapses onto a single point.
-
-    Returns:
-        ``(weights (K,), means (K, 2), covariances (K, 2, 2))``.
+    Returns ``(weights (K,), means (K, 2), covariances (K, 2, 2))``.
     """
     x = np.asarray(xy, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != 2 or len(x) < n_components:
@@ -428,18 +326,8 @@ def mixture_baseline_nll(
     max_points: int = 1500,
 ) -> float:
     """Held-out NLL per point (nats) of a memoryless predictor: a Gaussian mixture of the
-    offsets and a Bernoulli of the end-of-stroke bit, fitted to the training points.
-
-    The trivial predictor the networks must beat: it knows how offsets are distributed (with
-    ``per_letter``, for each letter of the text), but not where the pen is in the letter.
-
-    Args:
-        train, valid: lines from :func:`make_handwriting`.
-        n_components: Gaussians of each mixture (:func:`fit_gaussian_mixture`).
-        per_letter: fit one mixture and one Bernoulli per letter (else one for all points).
-        seed: seed of the initialization and of the subset.
-        max_points: at most this many training points per mixture (a random subset).
-    """
+    offsets and a Bernoulli of the end-of-stroke bit (one per letter with ``per_letter``),
+    fitted to at most ``max_points`` training points each: the trivial predictor to beat."""
     rng = np.random.default_rng(seed)
     tr_xy = train.points[:, 1:, :2].reshape(-1, 2).double().numpy()  # (N T, 2)
     tr_eos = train.points[:, 1:, 2].reshape(-1).double().numpy()
@@ -466,35 +354,20 @@ def mixture_baseline_nll(
 
 
 class RecurrenceLNLSTM(nn.Module):
-    r"""One LSTM layer with layer normalization on the recurrence (eqs. 20-22 of the paper,
-    optionally without the LN of the input term); book chapter 6.5.
+    r"""One LSTM layer with layer normalization on the recurrence (eqs. 20-22, optionally
+    without the LN of the input term).
 
     .. math::
 
         (f_t, i_t, o_t, g_t) = \mathrm{LN}(W_h h_{t-1}; \alpha_1) + [\mathrm{LN}](W_x x_t) + b,
         \qquad h_t = \sigma(o_t) \odot \tanh(\mathrm{LN}(c_t; \alpha_3, \beta_3)),
 
-    with :math:`c_t` as eq. 21. ``normalize_input=False`` (the default) leaves the input term
-    :math:`W_x x_t` un-normalized; with ``normalize_input=True`` the layer is eqs. 20-22
-    exactly, the same function as ``lnbook.LSTM(layer_norm=True)``. The time loop and its
-    backward pass through time are :func:`lnbook.bptt.ln_lstm_recurrence`'s.
+    with :math:`c_t` as eq. 21; ``normalize_input=True`` normalizes :math:`W_x x_t` too (then
+    it is ``lnbook.LSTM(layer_norm=True)``). The time loop is
+    :func:`lnbook.bptt.ln_lstm_recurrence`.
 
-    Args:
-        input_size: features of ``x_t``.
-        hidden_size: H.
-        normalize_input: layer-normalize ``W_x x_t`` too. Default: False.
-        eps: the LNs' epsilon. Default: 1e-5.
-
-    Shape:
-        - x: ``(T, B, input_size)``; state: ``(h_0, c_0)``, each ``(1, B, H)``, or None.
-        - Output: ``(output (T, B, H), (h_n, c_n))``, as :class:`torch.nn.LSTM`.
-
-    Example::
-
-        >>> lstm = RecurrenceLNLSTM(5, 8)
-        >>> out, (h, c) = lstm(torch.randn(7, 3, 5))
-        >>> out.shape
-        torch.Size([7, 3, 8])
+    Shape: x ``(T, B, input_size)``, state ``(h_0, c_0)`` each ``(1, B, H)`` or None; output
+    ``(output (T, B, H), (h_n, c_n))`` as :class:`torch.nn.LSTM`.
     """
 
     def __init__(self, input_size: int, hidden_size: int, normalize_input: bool = False,
@@ -544,11 +417,9 @@ class RecurrenceLNLSTM(nn.Module):
 
     @torch.no_grad()
     def match_input_scale(self, x: Tensor) -> float:
-        """Scale ``weight_ih`` once so that the un-normalized input term ``W_x x`` has, on the
-        inputs ``x`` ``(T, B, input_size)``, the unit variance across the gates that LN would give
-        it (a data-dependent initialization); returns the factor applied. A no-op factor of 1
-        with ``normalize_input=True``.
-        """
+        """Scale ``weight_ih`` once so that ``W_x x`` has unit variance across the gates on
+        ``x`` ``(T, B, input_size)``, as LN would give it; returns the factor (1 with
+        ``normalize_input``)."""
         if self.ln_ih is not None:
             return 1.0
         std = float(F.linear(x, self.weight_ih).var(-1, unbiased=False).mean().sqrt())
@@ -577,28 +448,14 @@ def _lstm(variant: str, input_size: int, hidden_size: int) -> nn.Module:
 
 class HandwritingModel(nn.Module):
     """Stacked LSTMs with skip connections and a mixture density output, reading the pen and
-    the letter being written (Graves 2013, sections 4-5; the paper's section 6.5).
+    the letter being written (Graves 2013, sections 4-5).
 
-    At step t the input is ``x_t = [pen point t (3), one-hot letter of point t + 1 (K)]``.
-    Layer 1 reads ``x_t``; layer l > 1 reads ``x_t`` and layer l-1's output; the output layer
-    reads all layers' outputs and emits the ``6M + 1`` mixture parameters of point t + 1.
+    Step t reads ``x_t = [pen point t (3), one-hot letter of point t + 1 (K)]``; layer l > 1
+    also reads layer l-1's output; the head reads all layers and emits the ``6M + 1`` mixture
+    parameters of point t + 1.
 
-    Args:
-        hidden_size: LSTM units per layer.
-        num_layers: stacked layers.
-        n_mixtures: Gaussian components M.
-        variant: one of :data:`VARIANTS` (which LSTM, see the module docstring).
-        n_letters: K, the size of the alphabet. Default: ``len(LETTERS)``.
-
-    Shape:
-        - ``forward(points, letters)``: points ``(B, T + 1, 3)`` (first point the zero start
-          point), letters ``(B, T)``; returns the mean NLL per predicted point (a scalar).
-        - :meth:`nll`: ``(B, T)`` per-point NLL. :meth:`sample`: ``(T, 3)``.
-
-    Example::
-
-        >>> model = HandwritingModel(16, num_layers=2, n_mixtures=3, variant="layer_norm")
-        >>> loss = model(*make_handwriting(4, 30, seed=0))
+    Shape: ``forward(points (B, T + 1, 3), letters (B, T))`` -> mean NLL per point (scalar);
+    :meth:`nll` -> ``(B, T)``; :meth:`sample` -> ``(T, 3)``.
     """
 
     def __init__(
@@ -618,11 +475,15 @@ class HandwritingModel(nn.Module):
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
 
     def _run(
-        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None
+        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
+        factors: list[float] | None = None,
     ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states."""
+        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states;
+        with ``factors``, matches the input scales first (:meth:`match_input_scales`)."""
         inp, outs, new_states = x, [], []
         for k, lstm in enumerate(self.layers):
+            if factors is not None and isinstance(lstm, RecurrenceLNLSTM):
+                factors.append(lstm.match_input_scale(inp))
             y, st = lstm(inp, None if states is None else states[k])  # (T, B, H)
             outs.append(y)
             new_states.append(st)
@@ -655,26 +516,16 @@ class HandwritingModel(nn.Module):
 
     @torch.no_grad()
     def match_input_scales(self, points: Tensor, letters: Tensor) -> list[float]:
-        """Call :meth:`RecurrenceLNLSTM.match_input_scale` on every such layer with the inputs
-        it gets from these lines (layer by layer, since each one feeds the next); the factors.
-        """
-        x = self._inputs(points[:, :-1], letters)  # (T, B, 3 + K)
-        inp, factors = x, []
-        for lstm in self.layers:
-            if isinstance(lstm, RecurrenceLNLSTM):
-                factors.append(lstm.match_input_scale(inp))
-            y, _ = lstm(inp)  # (T, B, H)
-            inp = torch.cat([x, y], dim=-1)
+        """:meth:`RecurrenceLNLSTM.match_input_scale` on every such layer, layer by layer on
+        the inputs it gets from these lines; the factors."""
+        factors: list[float] = []
+        self._run(self._inputs(points[:, :-1], letters), factors=factors)
         return factors
 
     @torch.no_grad()
     def sample(self, letters: Tensor, seed: int = 0, bias: float = 0.0) -> Tensor:
-        """Write the letters ``letters`` (``(T,)``, one per point: the text and its timing),
-        one point at a time, feeding each sampled point back as the next input.
-
-        ``bias`` >= 0 sharpens the samples as Graves (2013, section 5.4): the mixture weights'
-        logits are scaled by ``1 + bias`` and the standard deviations shrink by ``exp(-bias)``.
-        """
+        """Write ``letters`` ``(T,)`` (one per point) one point at a time, feeding each sample
+        back; ``bias`` >= 0 sharpens it as Graves (2013, section 5.4)."""
         g = torch.Generator().manual_seed(seed)
         dev = self.head.weight.device
         pen = torch.zeros(1, 1, 3, device=dev)  # (B=1, T=1, 3) the start point
@@ -727,19 +578,11 @@ class StackedHandwriting(nn.Module):
         z_t = [\mathrm{LN}](W_x x_t) + b + [\mathrm{LN}](W_h h_{t-1}),\qquad
         h_t = \sigma(o_t) \odot \tanh([\mathrm{LN}](c_t)),
 
-    where each bracketed LN applies to the models whose variant has it (the input's for
-    ``layer_norm``, the recurrence's and the cell's for ``layer_norm`` and ``ln_recurrent``)
-    and ``b`` sums the biases that variant has. Each model keeps its own parameters, entry
-    for entry (a parameter a variant lacks stays at its start and gets no gradient), so Adam
-    and the clipping of gradient entries update each model as if it were trained alone.
+    where each bracketed LN applies to the models whose variant has it and ``b`` sums the
+    biases that variant has. Each model keeps its own parameters (copied from ``models``;
+    :meth:`write_back` returns them), so Adam and clipping update each as if alone.
 
-    Args:
-        models: the models, started as they would be trained alone; their parameters are
-            copied (write the trained ones back with :meth:`write_back`).
-
-    Shape:
-        - :meth:`nll`: points ``(M, B, T + 1, 3)``, letters ``(M, B, T)`` (model m reads
-          row m); returns ``(M, B, T)``.
+    Shape: :meth:`nll`: points ``(M, B, T + 1, 3)``, letters ``(M, B, T)`` -> ``(M, B, T)``.
     """
 
     def __init__(self, models: list[HandwritingModel]) -> None:
@@ -855,9 +698,7 @@ class StackedHandwriting(nn.Module):
 def _train_stacked(config: Config, models: list[HandwritingModel], seeds: list[int],
                    train: Lines, valid: Lines) -> list[History]:
     """Train ``models`` (model m on the batches of ``seeds[m]``) as one
-    :class:`StackedHandwriting`, with what :func:`lnbook.fit` does for each alone: Adam,
-    gradient entries clipped, the held-out NLL before the first update, every
-    ``eval_every`` updates and after the last. Writes the trained weights back."""
+    :class:`StackedHandwriting`, as :func:`lnbook.fit` would each alone; writes them back."""
     net = StackedHandwriting(models)
     _clip_hooks(net, config.grad_clip)
     opt = torch.optim.Adam(net.parameters(), lr=config.lr)
@@ -913,13 +754,7 @@ def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict
 
 def crossing(steps: np.ndarray, values: np.ndarray, target: float) -> float:
     """The update at which a falling curve first reaches ``target``, interpolated linearly
-    between the two evaluations around the crossing; NaN if it never does.
-
-    Example::
-
-        >>> crossing(np.array([0, 10, 20]), np.array([3.0, 2.0, 1.0]), 1.5)
-        15.0
-    """
+    between the two evaluations around the crossing; NaN if it never does."""
     steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
     if steps.shape != values.shape or steps.ndim != 1:
         raise ValueError(f"steps and values must be 1-D of one length, got {steps.shape} "
@@ -936,22 +771,11 @@ def crossing(steps: np.ndarray, values: np.ndarray, target: float) -> float:
 
 def race(results: Results, variant: str, reference: str = "baseline",
          metric: str = "nll") -> dict[str, np.ndarray]:
-    """Updates each seed of ``variant`` needs to reach the final ``metric`` of the same seed of
-    ``reference`` (lower is better), and the speed-up this gives.
+    """Updates each seed of ``variant`` needs to reach the last ``metric`` of the same seed of
+    ``reference`` (lower is better), both read with :func:`crossing`.
 
-    The target of seed s is ``reference``'s last value in seed s. Both curves are read with
-    :func:`crossing`: the first evaluation at or below the target, interpolated linearly
-    from the evaluation before it (``reference`` reaches its own target at its last
-    evaluation, unless its curve went below it earlier).
-
-    Returns:
-        ``{"target", "reference_updates", "updates", "speedup"}``, one value per seed:
-        ``updates`` is NaN where ``variant`` never reached the target within the run, and
-        ``speedup = reference_updates / updates`` (NaN there too).
-
-    Example::
-
-        >>> r = race(results, "layer_norm")  # doctest: +SKIP
+    Returns ``{"target", "reference_updates", "updates", "speedup"}``, one value per seed
+    (``updates`` NaN where never reached; ``speedup = reference_updates / updates``).
     """
     steps, ref = results.curves(reference, metric)  # (E,), (seeds, E)
     _, other = results.curves(variant, metric)
@@ -980,13 +804,10 @@ def run(
 ) -> Results:
     """Train every variant under every seed; return the sweep's :class:`Results`.
 
-    Every run records the held-out ``nll`` (nats per point) at each evaluation. Its ``info``
-    holds ``input_scales`` (the factors :meth:`HandwritingModel.match_input_scales` applied:
-    one per ``ln_recurrent`` layer, none for the other variants) and, for the first seed,
-    ``sample``: a line the trained model wrote for the letters of the first held-out line
-    (``(seq_len, 3)`` as a list). ``Results.info`` holds the held-out NLL of the memoryless
-    predictors (:func:`mixture_baseline_nll`): ``gmm_nll`` (one mixture for all points) and
-    ``gmm_letter_nll`` (one per letter).
+    Runs record the held-out ``nll`` (nats per point); their ``info`` holds ``input_scales``
+    (:meth:`HandwritingModel.match_input_scales`) and, for the first seed, ``sample`` (a line
+    written for the first held-out line's letters). ``Results.info``: ``gmm_nll`` and
+    ``gmm_letter_nll`` (:func:`mixture_baseline_nll` without and with ``per_letter``).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a handwriting.Config (get_config), "
@@ -1003,26 +824,38 @@ def run(
             return _run_stacked(config, seeds, train, valid, train_head, trivial, device, out)
 
         def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-            torch.manual_seed(job.seed)
-            model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
-                                     variant=job.params)
-            scales = model.match_input_scales(*train_head)  # ln_recurrent only
+            model, scales = _start(config, job.params, job.seed, train_head)
             _clip_hooks(model, config.grad_clip)
             opt = torch.optim.Adam(model.parameters(), lr=config.lr)
             hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
                        opt, steps=config.steps, eval_every=config.eval_every,
                        eval_fn=lambda m: evaluate(m, valid), device=job.device, seed=job.seed,
                        checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-            info: dict[str, Any] = {"input_scales": scales}
-            if job.seed == seeds[0]:  # a line written by the model, for the chapter's figure
-                model.eval()
-                sample = model.sample(valid.letters[0], seed=job.seed)  # (seq_len, 3)
-                info["sample"] = sample.cpu().numpy().round(4).tolist()
-            return hist, info
+            return hist, _info(model, scales, job.seed, seeds, valid)
 
         return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
                      config=config, device=device, out=out, checkpoint=config.checkpoint,
                      steps=config.steps, info=trivial)
+
+
+def _start(config: Config, variant: str, seed: int,
+           train_head: tuple[Tensor, Tensor]) -> tuple[HandwritingModel, list[float]]:
+    """A model started under ``seed``, its input scales matched (ln_recurrent only)."""
+    torch.manual_seed(seed)
+    model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
+                             variant=variant)
+    return model, model.match_input_scales(*train_head)
+
+
+def _info(model: HandwritingModel, scales: list[float], seed: int, seeds: tuple[int, ...],
+          valid: Lines) -> dict[str, Any]:
+    """A run's info: its input scales and, for the first seed, a line the model wrote."""
+    info: dict[str, Any] = {"input_scales": scales}
+    if seed == seeds[0]:
+        model.eval()
+        sample = model.sample(valid.letters[0].to(model.head.weight.device), seed=seed)
+        info["sample"] = sample.cpu().numpy().round(4).tolist()  # (seq_len, 3)
+    return info
 
 
 def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Lines,
@@ -1033,22 +866,14 @@ def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Li
     pairs = [(v, s) for v in config.variants for s in seeds]
     models, scales = [], []
     for v, s in pairs:  # each model started exactly as train_one starts it
-        torch.manual_seed(s)
-        model = HandwritingModel(config.hidden_size, config.num_layers, config.n_mixtures,
-                                 variant=v)
-        scales.append(model.match_input_scales(*train_head))  # ln_recurrent only
+        model, sc = _start(config, v, s, train_head)
+        scales.append(sc)
         models.append(model.to(dev))
     hist = _train_stacked(config, models, [s for _, s in pairs],
                           Lines(*(t.to(dev) for t in train)),
                           Lines(*(t.to(dev) for t in valid)))
-    runs = []
-    for (v, s), model, h, sc in zip(pairs, models, hist, scales, strict=True):
-        info: dict[str, Any] = {"input_scales": sc}
-        if s == seeds[0]:  # a line written by the model, for the chapter's figure
-            model.eval()
-            sample = model.sample(valid.letters[0].to(dev), seed=s)  # (seq_len, 3)
-            info["sample"] = sample.cpu().numpy().round(4).tolist()
-        runs.append(Run(v, s, h, info))
+    runs = [Run(v, s, h, _info(model, sc, s, seeds, valid))
+            for (v, s), model, h, sc in zip(pairs, models, hist, scales, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
     if out is not None:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -1,25 +1,10 @@
 """Permutation-invariant MNIST with a 784-1000-1000-10 MLP (paper section 6.6, Figure 6).
 
-Book chapter `06_6_mnist`. Three variants of the same fully connected ReLU network, trained with
-Adam at two batch sizes (128 and 4):
-
-- ``"none"``: no normalization;
-- ``"batch"``: batch normalization (eq. 2) on the summed inputs of every layer, the logits
-  included; for small batches the variance is the unbiased estimate (claim C18);
-- ``"layer"``: layer normalization (eq. 3) on the summed inputs of the hidden layers only. The
-  logits stay un-normalized: LN would make the output invariant to re-scaling the logits, but
-  the scale of the logits is exactly the confidence of the softmax prediction.
-
-The metrics follow Figure 6: the negative log likelihood on (a fixed subset of) the training set
-and the error rate on the test set. The presets compare the batch sizes at an equal number of
-*updates* (``Config.steps``, 1,000 in the ``quick`` preset, long enough that batch norm's running
-averages have forgotten their start); giving ``examples`` instead compares them at an equal
-number of examples seen (a run at batch size 4 then makes 32 times the updates of one at 128).
-Engine ``"seeds"`` (the default, :func:`run_seeds`) trains the seeds of each variant together as
-one :class:`lnbook.batched.SeedMLP` and reads batch norm three ways at every evaluation: with its
-running averages, with statistics recalibrated on training images, and in training mode
-(``BN_READINGS``); engine ``"runs"`` trains one run at a time with checkpoints. The ``paper``
-preset uses 55,000 training images and the paper's layer sizes.
+Book chapter `06_6_mnist`. :class:`MLP` with no norm, batch norm on every layer (the unbiased
+variance for small batches, claim C18) or layer norm on the hidden layers, trained with Adam at
+batch sizes 128 and 4. Engine ``"seeds"`` (:func:`run_seeds`) trains the seeds of a variant as
+one :class:`lnbook.batched.SeedMLP` and reads batch norm three ways (:data:`BN_READINGS`);
+engine ``"runs"`` trains one run at a time with checkpoints.
 """
 
 from __future__ import annotations
@@ -57,27 +42,9 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 __all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "NORMS",
-    "ENGINES",
-    "BN_READINGS",
-    "by_examples",
-    "Config",
-    "get_config",
-    "MLP",
-    "curves",
-    "degradation",
-    "examples_seen",
-    "late_mean",
-    "mean_gap",
-    "mode_nll",
-    "run",
-    "run_seeds",
-    "seed_metrics",
-    "seed_model",
-    "schedule",
-    "variant_name",
+    "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "by_examples", "Config",
+    "get_config", "MLP", "curves", "degradation", "examples_seen", "late_mean", "mean_gap",
+    "mode_nll", "run", "run_seeds", "seed_metrics", "seed_model", "schedule", "variant_name",
 ]
 
 NAME = "mnist"
@@ -95,36 +62,11 @@ BN_READINGS = ("", "_recal", "_tmode")
 class Config:
     """Settings of the permutation-invariant MNIST experiment; :func:`get_config` gives presets.
 
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        hidden: sizes of the hidden layers (the paper: 1000, 1000).
-        norms: variants to train, from :data:`NORMS`.
-        batch_sizes: mini-batch sizes (the paper: 128 and 4).
-        examples: training examples seen per run, the same for every batch size: a run at
-            batch size B makes ``examples // B`` updates. None: every run makes ``steps``
-            updates instead, whatever its batch size.
-        eval_examples: examples seen between evaluations (with ``examples``).
-        steps: Adam updates per run when ``examples`` is None.
-        eval_every: updates between evaluations when ``examples`` is None.
-        lr: Adam learning rate (the paper does not give it; Adam's default 1e-3).
-        n_train: training images used (the paper: 55,000; None = all available).
-        n_eval_train: training images on which the training NLL is measured.
-        n_test: test images on which the error is measured (None = all).
-        bn_unbiased_max_batch: BN uses the unbiased variance for batch sizes up to this.
-        permute_pixels: shuffle the pixels with a fixed permutation (seed 0).
-        seeds: seeds of the runs (initialization and batch order).
-        source: MNIST source for :func:`lnbook.data.load_mnist`.
-        checkpoint: write per-run checkpoints under ``out/`` and resume from them (engine
-            ``"runs"`` only).
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        engine: ``"seeds"``: the seeds of a variant train together as one
-            :class:`lnbook.batched.SeedMLP` (the same updates as one at a time), and every
-            evaluation also measures batch norm in training mode and with recalibrated
-            statistics (:func:`run_seeds`); ``"runs"``: one run at a time through
-            :func:`lnbook.experiments.runner.sweep`, with checkpoints and resuming, in
-            evaluation mode only.
-        n_recal: training images whose statistics recalibrate batch norm before an
-            evaluation (engine ``"seeds"``; at most the training images available).
+    ``examples`` (with ``eval_examples``): examples seen per run at every batch size (``examples
+    // B`` updates at batch size B); None: ``steps`` updates whatever the batch size.
+    ``bn_unbiased_max_batch``: BN uses the unbiased variance up to this batch size. ``engine``:
+    from :data:`ENGINES` (``checkpoint`` needs ``"runs"``); ``n_recal``: training images that
+    recalibrate batch norm (engine ``"seeds"``); ``threads``: torch CPU threads (None: as is).
     """
 
     scale: str = "quick"
@@ -154,9 +96,7 @@ class Config:
         if bad:
             raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
         if any(b < 2 for b in self.batch_sizes):
-            raise ValueError(
-                f"batch sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}"
-            )
+            raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.checkpoint and self.engine != "runs":
@@ -170,8 +110,7 @@ class Config:
             raise ValueError("give examples and eval_examples together (or neither, to train "
                              f"every batch size for `steps` updates), got {self.examples} and "
                              f"{self.eval_examples}")
-        if self.examples is not None:
-            assert self.eval_examples is not None
+        if self.examples is not None and self.eval_examples is not None:
             bad = [b for b in self.batch_sizes
                    if self.examples % b or self.eval_examples % b or self.eval_examples < b]
             if bad or self.examples < self.eval_examples:
@@ -187,31 +126,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # 784-64-64-10, Adam 1e-3, 1,000 updates at each batch size (equal updates), 5 seeds
     "quick": {"hidden": (64, 64), "steps": 1000, "eval_every": 50, "n_recal": 1000,
               "seeds": verdict_seeds(5)},
-    "paper": {
-        "hidden": (1000, 1000),
-        # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
-        "steps": 20_000,
-        "eval_every": 500,
-        "n_train": 55_000,
-        "n_eval_train": 10_000,
-        "n_recal": 10_000,
-        "n_test": None,
-        "threads": None,
-    },
+    # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
+    "paper": {"hidden": (1000, 1000), "steps": 20_000, "eval_every": 500, "n_train": 55_000,
+              "n_eval_train": 10_000, "n_recal": 10_000, "n_test": None, "threads": None},
 }
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``.
-
-    The presets compare batch sizes at equal examples seen. Overriding ``steps`` or
-    ``eval_every`` without ``examples`` asks for equal *updates* instead: ``examples`` and
-    ``eval_examples`` are then set to None.
-
-    Example::
-
-        >>> get_config("quick", steps=50).examples is None
-        True
+    """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``; overriding
+    ``steps`` or ``eval_every`` without ``examples`` sets ``examples`` to None (equal updates).
     """
     if ({"steps", "eval_every"} & set(overrides)) and "examples" not in overrides:
         overrides = {**overrides, "examples": None, "eval_examples": None}
@@ -219,13 +142,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 
 def schedule(config: Config, batch_size: int) -> tuple[int, int]:
-    """``(updates, updates between evaluations)`` of a run at ``batch_size`` under ``config``.
-
-    Example::
-
-        >>> schedule(get_config("quick", examples=1024, eval_examples=256), 4)
-        (256, 64)
-    """
+    """``(updates, updates between evaluations)`` of a run at ``batch_size`` under ``config``."""
     if config.examples is None or config.eval_examples is None:
         return config.steps, config.eval_every
     return config.examples // batch_size, config.eval_examples // batch_size
@@ -235,21 +152,10 @@ class MLP(nn.Module):
     """A ReLU MLP whose summed inputs go through a normalization before the nonlinearity.
 
     ``x -> [Linear -> norm -> ReLU] * len(hidden) -> Linear [-> BN]``: LN on the hidden layers
-    only, BN on every layer including the logits (section 6.6).
+    only (LN of the logits would remove their scale, the softmax's confidence), BN on every
+    layer; ``bn_unbiased``: BN with the unbiased variance (claim C18).
 
-    Args:
-        sizes: layer widths, input first and classes last, e.g. ``(784, 1000, 1000, 10)``.
-        norm: ``"none"``, ``"batch"`` or ``"layer"``.
-        bn_unbiased: BN normalizes with the unbiased variance (for small batches, claim C18).
-
-    Shape:
-        - Input: ``(N, sizes[0])``; output: logits ``(N, sizes[-1])``.
-
-    Example::
-
-        >>> model = MLP((784, 100, 100, 10), norm="layer")
-        >>> model(torch.rand(4, 784)).shape
-        torch.Size([4, 10])
+    Shape: ``(N, sizes[0])`` -> logits ``(N, sizes[-1])``.
     """
 
     def __init__(self, sizes: tuple[int, ...], norm: str = "layer", bn_unbiased: bool = False):
@@ -299,12 +205,7 @@ def examples_seen(results: Results, norm: str, batch_size: int) -> np.ndarray:
 
 
 def by_examples(results: Results) -> Results:
-    """A copy of ``results`` whose step counts are training examples seen, not updates.
-
-    Every run's ``eval_steps`` and ``steps`` are multiplied by its batch size, so that
-    :func:`lnbook.plots.plot_runs` draws all batch sizes against the same axis (label it
-    "training examples seen").
-    """
+    """A copy of ``results`` whose step counts are training examples seen, not updates."""
     runs = []
     for r in results.runs:
         bs = int(r.variant.rsplit("/bs", 1)[1])
@@ -323,23 +224,14 @@ def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def degradation(results: Results, norm: str, metric: str, small: int, big: int,
                 at: str = "examples") -> np.ndarray:
-    """How much worse ``metric`` is at batch size ``small`` than at ``big``, per seed: ``(seeds,)``.
-
-    ``at="examples"``: both runs must have been evaluated after the same numbers of examples
-    (a config with ``examples``); ``at="updates"``: after the same numbers of updates (a
-    config with ``steps``). The value is the mean of ``metric`` over the evaluations in the
-    second half of training (examples seen, or updates made, > half of the total) at
-    ``small``, minus the same mean at ``big``: positive when the small batches do worse.
-    """
-    if at == "examples":
-        seen = examples_seen(results, norm, small)
-        same = np.array_equal(seen, examples_seen(results, norm, big))
-    elif at == "updates":
-        seen = curves(results, norm, small, metric)[0]
-        same = np.array_equal(seen, curves(results, norm, big, metric)[0])
-    else:
+    """:func:`late_mean` of ``metric`` at batch size ``small`` minus that at ``big``, per seed
+    ``(seeds,)``: positive when the small batches do worse. Both must have been evaluated after
+    the same numbers of ``at`` (``"examples"`` or ``"updates"``)."""
+    if at not in ("examples", "updates"):
         raise ValueError(f"at must be 'examples' or 'updates', got {at!r}")
-    if not same:
+    seen = [examples_seen(results, norm, b) if at == "examples"
+            else curves(results, norm, b, metric)[0] for b in (small, big)]
+    if not np.array_equal(*seen):
         raise ValueError(f"{norm}: batch sizes {small} and {big} were not evaluated after the "
                          f"same numbers of {at}; run with Config."
                          f"{'examples' if at == 'examples' else 'steps'} set")
@@ -354,24 +246,11 @@ def late_mean(results: Results, norm: str, batch_size: int, metric: str) -> np.n
 
 
 def mode_nll(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> dict[str, float]:
-    """NLL of ``model`` on ``(x, y)`` in training mode (batch statistics) and in eval mode.
+    """NLL and error of a copy of ``model`` on the whole batches of ``batch_size`` in ``(x, y)``,
+    in training mode (each batch's statistics) and eval mode (running averages).
 
-    Training mode normalizes each mini-batch of ``batch_size`` examples with its own statistics,
-    as during training; eval mode uses batch norm's running averages. Both are measured on the
-    same ``len(x) // batch_size`` whole batches, on a copy of the model (the running averages
-    of ``model`` are not touched). For a network without batch norm the two are equal.
-
-    Returns:
-        ``nll_train_mode``, ``nll_eval_mode`` (nats per example), ``error_train_mode``,
-        ``error_eval_mode`` (fractions) and ``logit_std``: the standard deviation of the logits
-        over the classes, averaged over the examples (eval mode), a measure of how confident
-        the softmax can be.
-
-    Example::
-
-        >>> model = MLP((784, 32, 10), "batch")
-        >>> sorted(mode_nll(model, torch.rand(8, 784), torch.arange(8), 4))[:2]
-        ['error_eval_mode', 'error_train_mode']
+    Returns ``nll_{train,eval}_mode``, ``error_{train,eval}_mode`` and ``logit_std`` (the std
+    of the logits over the classes, mean over examples, eval mode).
     """
     n = (len(y) // batch_size) * batch_size
     if n == 0:
@@ -399,25 +278,25 @@ def _data(config: Config) -> dict[str, Any]:
     train = load_mnist(split="train", source=config.source)
     warn_if_subset(train, config.scale, "mnist")
     test = load_mnist(split="test", source=config.source)
-    x, y = train.images, train.labels  # (N, 784), (N,)
-    if config.n_train is not None:
-        x, y = x[: config.n_train], y[: config.n_train]
-    xt, yt = test.images, test.labels
-    if config.n_test is not None:
-        xt, yt = xt[: config.n_test], yt[: config.n_test]
+    x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
+    xt, yt = test.images[: config.n_test], test.labels[: config.n_test]
     if config.permute_pixels:
         perm = pixel_permutation(0)
         x, xt = x[:, perm], xt[:, perm]
     return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": train.source}
 
 
+def _trivial(d: dict[str, Any]) -> dict[str, Any]:
+    """The data's source and the test error of always answering the commonest training label."""
+    majority = torch.bincount(d["y"], minlength=10).argmax()
+    return {"source": d["source"],
+            "majority_error": float((d["y_test"] != majority).float().mean())}
+
+
 def seed_model(config: Config, norm: str, batch_size: int,
                seeds: tuple[int, ...] | list[int]) -> SeedMLP:
-    """The networks of one variant, one per seed, as one :class:`lnbook.batched.SeedMLP`.
-
-    Each seed's network is the :class:`MLP` that engine ``"runs"`` builds under
-    ``torch.manual_seed(seed)``, with the same initial weights.
-    """
+    """The :class:`MLP` s engine ``"runs"`` starts under each seed, as one
+    :class:`lnbook.batched.SeedMLP`."""
     sizes = (784, *config.hidden, 10)
     unbiased = batch_size <= config.bn_unbiased_max_batch
     models = []
@@ -439,25 +318,20 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
                  x_recal: Tensor) -> dict[str, np.ndarray]:
     """One evaluation of every seed of ``model``: metric name -> ``(S,)`` values.
 
-    ``train_*`` on ``data["x_eval"]`` (training images), ``test_*`` on the test images, read
-    three ways: evaluation mode with the running averages (no suffix), evaluation mode with
-    statistics recalibrated on ``x_recal`` (``_recal``,
-    :meth:`lnbook.batched.SeedMLP.recalibrated`) and, on the training images, training mode
-    with the statistics of each block of ``batch_size`` examples (``_tmode``,
-    :func:`lnbook.batched.train_mode_logits`). Without batch norm the three readings are one
-    computation, measured once and copied.
+    ``train_*`` (``data["x_eval"]``) and ``test_*``, in eval mode (no suffix), recalibrated on
+    ``x_recal`` (``_recal``) and, on the training images, in training mode with blocks of
+    ``batch_size`` (``_tmode``); without batch norm the three are one reading, copied.
     """
     was_training = model.training
     out: dict[str, np.ndarray] = {}
     with torch.no_grad():
         model.eval()
-        for prefix, x, y in (("train", data["x_eval"], data["y_eval"]),
-                             ("test", data["x_test"], data["y_test"])):
+        sets = (("train", data["x_eval"], data["y_eval"]), ("test", data["x_test"], data["y_test"]))
+        for prefix, x, y in sets:
             out.update(_scores(model(x), y, prefix, ""))
         if model.norm == "batch":
             recal = model.recalibrated(x_recal)
-            for prefix, x, y in (("train", data["x_eval"], data["y_eval"]),
-                                 ("test", data["x_test"], data["y_test"])):
+            for prefix, x, y in sets:
                 out.update(_scores(recal(x), y, prefix, "_recal"))
             out.update(_scores(train_mode_logits(model, data["x_eval"], batch_size),
                                data["y_eval"], "train", "_tmode"))
@@ -471,15 +345,8 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
 def run_seeds(config: Config, device: str | torch.device = "auto",
               seeds: tuple[int, ...] | list[int] | None = None,
               data: dict[str, Any] | None = None) -> Results:
-    """Engine ``"seeds"``: every (norm, batch size) variant with all its seeds as one network.
-
-    For each variant one :class:`lnbook.batched.SeedMLP` (:func:`seed_model`) trains every
-    seed with Adam, each seed on its own mini-batches in the order
-    :class:`lnbook.train.Batches` gives it (the same updates as engine ``"runs"``, to float
-    rounding). Every evaluation (:func:`schedule`) records :func:`seed_metrics`: the
-    evaluation-mode metrics of engine ``"runs"`` and batch norm's recalibrated and
-    training-mode readings. Returns the :class:`Results` layout of :func:`run`.
-    """
+    """Engine ``"seeds"``: each variant's seeds trained as one :func:`seed_model` (the updates
+    of engine ``"runs"``, to rounding), :func:`seed_metrics` at every evaluation."""
     seeds = tuple(config.seeds if seeds is None else seeds)
     d = _data(config) if data is None else data
     dev = resolve_device(device)
@@ -518,12 +385,10 @@ def run_seeds(config: Config, device: str | torch.device = "auto",
                                             for e in evals],
                                    wall_time=wall / len(seeds))
                     runs.append(Run(variant_name(norm, bs), seed, hist))
-    counts = torch.bincount(d["y"], minlength=10)  # (10,) training labels per class
-    majority = float((d["y_test"] != counts.argmax()).float().mean())
     order = [variant_name(n, bs) for bs in config.batch_sizes for n in config.norms]
     runs.sort(key=lambda r: (order.index(r.variant), seeds.index(r.seed)))
     return Results(NAME, asdict(config), str(dev), runs,
-                   {"source": d["source"], "majority_error": majority, "engine": "seeds"})
+                   {**_trivial(d), "engine": "seeds"})
 
 
 def run(
@@ -532,20 +397,12 @@ def run(
     out: str | os.PathLike | None = None,
     seeds: tuple[int, ...] | list[int] | None = None,
 ) -> Results:
-    """Train every (norm, batch size) variant with every seed; return the results.
+    """Train every (norm, batch size) variant (:func:`variant_name`) with every seed.
 
-    Engine ``"seeds"`` (:func:`run_seeds`) trains each variant's seeds as one network and
-    writes ``out/mnist.json`` when ``out`` is given; engine ``"runs"`` (described below) goes
-    through the sweep, one run at a time, with checkpoints.
-
-    Variants are named ``"<norm>/bs<B>"`` (:func:`variant_name`); every run records, at each
-    evaluation, ``train_nll`` and ``train_error`` (on ``n_eval_train`` training images) and
-    ``test_nll`` and ``test_error``, in eval mode; a run at batch size B makes
-    :func:`schedule` ``(config, B)`` updates. At the end each run's ``info`` holds
-    :func:`mode_nll` on the same training images at its own batch size (on the first B
-    training images when ``n_eval_train`` is smaller than B). ``Results.info``
-    holds ``source`` (the data) and ``majority_error``, the test error of always predicting
-    the most frequent training label (the trivial predictor every run must beat).
+    Runs record ``train_nll``, ``train_error`` (``n_eval_train`` training images),
+    ``test_nll`` and ``test_error`` in eval mode; engine ``"runs"`` adds :func:`mode_nll` to
+    each run's info. ``Results.info``: ``source`` and ``majority_error`` (the test error of
+    always answering the most frequent training label). Writes ``out/mnist.json``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
@@ -584,11 +441,9 @@ def run(
         n_mode = max(config.n_eval_train, bs)
         return hist, mode_nll(model, d["x"][:n_mode], d["y"][:n_mode], bs)
 
-    counts = torch.bincount(d["y"], minlength=10)  # (10,) training labels per class
-    majority = float((d["y_test"] != counts.argmax()).float().mean())
     variants = {variant_name(n, bs): (n, bs) for bs in config.batch_sizes for n in config.norms}
     with cpu_threads(config.threads):
         return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
                      train_one, config=config, device=device, out=out,
                      checkpoint=config.checkpoint, steps=lambda _, p: schedule(config, p[1])[0],
-                     info={"source": d["source"], "majority_error": majority})
+                     info=_trivial(d))
