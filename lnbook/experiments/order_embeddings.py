@@ -39,12 +39,11 @@ DESCRIPTION = (
     "MNIST digits with generated captions; Recall@K and mean rank (Figure 1, Table 2)"
 )
 
-__all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS",
-           "Config", "get_config", "load_data", "run", "CaptionData",
-           "image_attributes", "tercile_edges", "attribute_bins", "make_caption",
-           "build_vocab", "encode_captions", "load_caption_data", "CaptionBatches",
-           "order_violation", "contrastive_loss", "retrieval_ranks", "recall_metrics",
-           "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
+__all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", "Config",
+           "get_config", "load_data", "run", "CaptionData", "image_attributes", "tercile_edges",
+           "attribute_bins", "make_caption", "build_vocab", "encode_captions", "load_caption_data",
+           "CaptionBatches", "order_violation", "contrastive_loss", "retrieval_ranks",
+           "recall_metrics", "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
            "time_to_best", "on_test", "table2"]
 
 PAD, UNK = "<pad>", "<unk>"
