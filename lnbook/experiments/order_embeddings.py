@@ -21,23 +21,14 @@ from torch import Tensor, nn
 from lnbook import GRU
 from lnbook.data import load_mnist
 from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    Table,
-    best_step,
-    cpu_threads,
-    make_config,
-    sweep,
-)
+from lnbook.experiments.metrics import best_step
+from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History, fit
 
 NAME = "order_embeddings"
-DESCRIPTION = (
-    "6.1 order embeddings: GRU caption encoder with/without LN, linear image encoder, "
-    "MNIST digits with generated captions; Recall@K and mean rank (Figure 1, Table 2)"
-)
+DESCRIPTION = ("6.1 order embeddings: GRU caption encoder with/without LN, linear image encoder, "
+               "MNIST digits with generated captions; Recall@K and mean rank (Figure 1, Table 2)")
 
 __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", "Config",
            "get_config", "load_data", "run", "CaptionData", "image_attributes", "tercile_edges",
@@ -59,9 +50,6 @@ _SLANT = [["leftward", "left-leaning", "left-tilted"], ["upright", "straight", "
           ["rightward", "right-leaning", "right-tilted"]]
 _OPENERS = ["a", "the", "this", "my"]
 _NOUNS = ["digit", "number", "numeral", "figure"]
-
-
-# ----------------------------------------------------------------------------- data
 
 
 def image_attributes(images: Tensor) -> dict[str, Tensor]:
@@ -169,16 +157,10 @@ class CaptionData:
         """The images ``idx`` with their captions (a test split)."""
         c = self.tokens.shape[0] // len(self)
         cap = (idx.view(-1, 1) * c + torch.arange(c)).reshape(-1)  # (len(idx) * C,)
-        return CaptionData(
-            self.images[idx],
-            self.labels[idx],
-            self.bins[idx],
-            [self.texts[k] for k in cap.tolist()],
-            self.tokens[cap],
-            self.lengths[cap],
-            torch.arange(len(idx)).repeat_interleave(c),
-            self.vocab,
-        )
+        return CaptionData(self.images[idx], self.labels[idx], self.bins[idx],
+                           [self.texts[k] for k in cap.tolist()], self.tokens[cap],
+                           self.lengths[cap], torch.arange(len(idx)).repeat_interleave(c),
+                           self.vocab)
 
 
 def load_caption_data(n_train: int, n_val: int, n_test: int, captions_per_image: int = 5,
@@ -192,18 +174,14 @@ def load_caption_data(n_train: int, n_val: int, n_test: int, captions_per_image:
     train = load_mnist(split="train", source=source)
     test = load_mnist(split="test", source=source)
     if n_train + n_val > len(train) or n_test > len(test):
-        raise ValueError(
-            f"asked for {n_train}+{n_val} training and {n_test} test images, but MNIST "
-            f"(source {train.source!r}) has {len(train)} and {len(test)}"
-        )
+        raise ValueError(f"asked for {n_train}+{n_val} training and {n_test} test images, but "
+                         f"MNIST (source {train.source!r}) has {len(train)} and {len(test)}")
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(len(train), generator=g)
     tr_idx, va_idx = perm[:n_train], perm[n_train : n_train + n_val]
-    parts = {
-        "train": (train.images[tr_idx], train.labels[tr_idx]),
-        "val": (train.images[va_idx], train.labels[va_idx]),
-        "test": (test.images[:n_test], test.labels[:n_test]),
-    }
+    parts = {"train": (train.images[tr_idx], train.labels[tr_idx]),
+             "val": (train.images[va_idx], train.labels[va_idx]),
+             "test": (test.images[:n_test], test.labels[:n_test])}
     tr_images, tr_labels = parts["train"]
     tr_attr = image_attributes(tr_images)
     edges = {a: tercile_edges(tr_attr[a], tr_labels) for a in ATTRIBUTES}
@@ -211,15 +189,12 @@ def load_caption_data(n_train: int, n_val: int, n_test: int, captions_per_image:
     raw: dict[str, tuple[Tensor, Tensor, Tensor, list[str]]] = {}
     for s_i, (split, (images, labels)) in enumerate(parts.items()):
         attr = image_attributes(images)
-        bins = torch.stack(
-            [attribute_bins(attr[a], labels, edges[a]) for a in ATTRIBUTES], dim=1
-        )  # (N, 3)
+        bins = torch.stack([attribute_bins(attr[a], labels, edges[a]) for a in ATTRIBUTES],
+                           dim=1)  # (N, 3)
         rng = random.Random(seed * 1009 + s_i)
-        texts = [
-            make_caption(int(lab), tuple(b.tolist()), rng)
-            for lab, b in zip(labels.tolist(), bins, strict=True)
-            for _ in range(captions_per_image)
-        ]
+        texts = [make_caption(int(lab), tuple(b.tolist()), rng)
+                 for lab, b in zip(labels.tolist(), bins, strict=True)
+                 for _ in range(captions_per_image)]
         raw[split] = (images.float(), labels, bins, texts)
     vocab = build_vocab(raw["train"][3])
     out = {}
@@ -251,9 +226,6 @@ class CaptionBatches:
         lengths = self.data.lengths[cap]
         tokens = self.data.tokens[cap, : int(lengths.max())]
         return self.data.images[img], tokens, lengths
-
-
-# ----------------------------------------------------------------------------- loss, metrics
 
 
 def order_violation(captions: Tensor, images: Tensor) -> Tensor:
@@ -321,9 +293,6 @@ def recall_metrics(scores: Tensor, caption_image: Tensor) -> dict[str, float]:
     return out
 
 
-# ----------------------------------------------------------------------------- model
-
-
 class OrderEmbedding(nn.Module):
     """Vendrov et al.'s order-embedding model with a (layer-normalized) GRU caption encoder.
 
@@ -339,15 +308,8 @@ class OrderEmbedding(nn.Module):
         >>> loss = m(torch.rand(4, 784), torch.randint(1, 50, (4, 6)), torch.tensor([6, 5, 3, 2]))
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        word_dim: int,
-        hidden_size: int,
-        image_dim: int = 784,
-        layer_norm: bool = False,
-        margin: float = 0.05,
-    ) -> None:
+    def __init__(self, vocab_size: int, word_dim: int, hidden_size: int, image_dim: int = 784,
+                 layer_norm: bool = False, margin: float = 0.05) -> None:
         super().__init__()
         self.margin = margin
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
@@ -383,9 +345,8 @@ def evaluate(model: OrderEmbedding, data: CaptionData, chunk: int = 2000) -> dic
     caps = torch.cat(caps)  # (Nc, D)
     imgs = model.encode_images(data.images.to(device))  # (Ni, D)
     rows = max(1, 2**18 // (imgs.shape[0] * imgs.shape[1]))  # chunks of ~1 MB: in cache
-    scores = torch.cat(
-        [-order_violation(caps[k : k + rows], imgs).cpu() for k in range(0, caps.shape[0], rows)]
-    )  # (Nc, Ni)
+    scores = torch.cat([-order_violation(caps[k : k + rows], imgs).cpu()
+                        for k in range(0, caps.shape[0], rows)])  # (Nc, Ni)
     return recall_metrics(scores, data.caption_image)
 
 
@@ -404,8 +365,6 @@ def random_recall(n_images: int, k: int) -> float:
         raise ValueError(f"need 1 <= k <= n_images, got k={k}, n_images={n_images}")
     return 100.0 * k / n_images
 
-
-# ----------------------------------------------------------------------------- experiment
 
 #: Table 2 of the paper (MS-COCO, mean over 5 test splits): R@K in percent, mean rank.
 PAPER_TABLE2: dict[str, dict[str, float]] = {
@@ -459,18 +418,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         # Vendrov et al.'s sizes: 300-d words, 1024-d GRU = embedding, batch 128, Adam 1e-3,
         # validation every 300 updates; 5 test splits of 1,000 images from MNIST's test set.
-        "n_train": 59_000,
-        "n_val": 1_000,
-        "n_test": 5_000,
-        "word_dim": 300,
-        "hidden_size": 1024,
-        "batch_size": 128,
-        "lr": 1e-3,
-        "steps": 30_000,
-        "eval_every": 300,
-        "seeds": verdict_seeds(1),
-        "threads": None,
-        "checkpoint": True,
+        "n_train": 59_000, "n_val": 1_000, "n_test": 5_000, "word_dim": 300, "hidden_size": 1024,
+        "batch_size": 128, "lr": 1e-3, "steps": 30_000, "eval_every": 300,
+        "seeds": verdict_seeds(1), "threads": None, "checkpoint": True,
     },
 }
 
@@ -546,9 +496,6 @@ def run(config: Config, device: str | torch.device = "auto",
                   "vocab_size": len(splits["train"].vocab),
                   "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()}},
         )
-
-
-# ----------------------------------------------------------------------------- measurements
 
 
 def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseline",

@@ -27,11 +27,9 @@ from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 NAME = "skip_thoughts"
-DESCRIPTION = (
-    "6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "
-    "reference prose (pydoc_data); linear probes on frozen vectors (Figure 3, Table 3), "
-    "time per update"
-)
+DESCRIPTION = ("6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "
+               "reference prose (pydoc_data); linear probes on frozen vectors (Figure 3, "
+               "Table 3), time per update")
 
 __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE3", "VARIANTS", "Config", "get_config", "load_data",
            "run", "Corpus", "split_sentences", "tokenize", "load_corpus", "build_vocab", "encode",
@@ -43,9 +41,6 @@ PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 _HEADING = re.compile(r"^[*=\-~^]+$")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"*(])")
 _WORD = re.compile(r"[a-z_][a-z0-9_]*|\d+")
-
-
-# ----------------------------------------------------------------------------- corpus
 
 
 def split_sentences(text: str) -> list[str]:
@@ -182,19 +177,9 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
             neg.append((int(idx[a]), int(idx[b])))
     pairs = torch.tensor(pos + neg, dtype=torch.long).view(-1, 2)
     pair_labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).long()
-    return SkipThoughtData(
-        vocab=vocab,
-        tokens=tokens,
-        topic=topic,
-        heldout=held,
-        train_triples=triples[same & all_train],
-        test_triples=triples[same & all_held],
-        topic_ids=topic_ids,
-        topic_labels=topic_labels,
-        topic_names=[corpus.topics[t] for t in chosen],
-        pairs=pairs,
-        pair_labels=pair_labels,
-    )
+    return SkipThoughtData(vocab, tokens, topic, held, triples[same & all_train],
+                           triples[same & all_held], topic_ids, topic_labels,
+                           [corpus.topics[t] for t in chosen], pairs, pair_labels)
 
 
 def unigram_loss(data: SkipThoughtData) -> float:
@@ -224,9 +209,6 @@ def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
     counts.scatter_add_(1, tokens, torch.ones(tokens.shape, dtype=counts.dtype))  # (N, V)
     counts[:, 0] = 0.0
     return counts
-
-
-# ----------------------------------------------------------------------------- model
 
 
 def _lengths(tokens: Tensor) -> Tensor:
@@ -290,9 +272,6 @@ class SkipThoughts(nn.Module):
         return (ce_p + ce_n) / (n_p + n_n)
 
 
-# ----------------------------------------------------------------------------- probes
-
-
 def stratified_folds(labels: Tensor, folds: int, seed: int = 0) -> Tensor:
     """Fold id ``(N,)`` of every example: each class shuffled (seeded), then dealt round-robin."""
     g = torch.Generator().manual_seed(seed)
@@ -316,10 +295,8 @@ def probe_accuracy(
     intercept, in float64; the mean accuracy over stratified ``folds``-fold cross-validation.
     """
     if features.dim() != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features must be (N, F) and labels (N,), got {tuple(features.shape)} and "
-            f"{tuple(labels.shape)}"
-        )
+        raise ValueError(f"features must be (N, F) and labels (N,), got "
+                         f"{tuple(features.shape)} and {tuple(labels.shape)}")
     x = features.detach().double().cpu()  # (N, F)
     classes, y = torch.unique(labels.cpu(), return_inverse=True)
     targets = 2.0 * F.one_hot(y, len(classes)).double() - 1.0  # (N, K)
@@ -408,8 +385,6 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
     return out
 
 
-# ----------------------------------------------------------------------------- experiment
-
 #: Table 3 of the paper: SICK (Pearson r, Spearman rho, MSE), then accuracy (percent) on MR,
 #: CR, SUBJ and MPQA; the dagger row trained for a month (about 1.7M updates), the others 1M.
 PAPER_TABLE3: dict[str, dict[str, float]] = {
@@ -462,20 +437,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         # Kiros et al.: 20k words, 620-d word vectors, 2400-d GRUs, batch 128, Adam, sentences
         # up to 30 words; the paper trains for 1M updates and evaluates every 50,000.
-        "vocab_size": 20_000,
-        "max_tokens": 30,
-        "word_dim": 620,
-        "hidden_size": 2400,
-        "batch_size": 128,
-        "lr": 1e-3,
-        "steps": 1_000_000,
-        "eval_every": 50_000,
-        "probe_folds": 10,
-        "timing_hidden": (2400,),
-        "timing_updates": 20,
-        "seeds": verdict_seeds(1),
-        "threads": None,
-        "checkpoint": True,
+        "vocab_size": 20_000, "max_tokens": 30, "word_dim": 620, "hidden_size": 2400,
+        "batch_size": 128, "lr": 1e-3, "steps": 1_000_000, "eval_every": 50_000,
+        "probe_folds": 10, "timing_hidden": (2400,), "timing_updates": 20,
+        "seeds": verdict_seeds(1), "threads": None, "checkpoint": True,
     },
 }
 
@@ -528,31 +493,20 @@ def run(config: Config, device: str | torch.device = "auto",
         timing = {str(h): time_per_update(data, config.word_dim, h, config.batch_size,
                                           config.timing_updates)
                   for h in config.timing_hidden}
-        info = {
-            "corpus": {
-                "source": corpus.source,
-                "topics": len(corpus.topics),
-                "sentences": len(corpus),
-                "words": sum(len(s) for s in corpus.sentences),
-                "train_triples": int(data.train_triples.shape[0]),
-                "test_triples": int(data.test_triples.shape[0]),
-                "vocab": len(data.vocab),
-                "probe_topics": data.topic_names,
-                "topic_probe_sentences": int(data.topic_ids.numel()),
-                "neighbour_probe_pairs": int(data.pairs.shape[0]),
-            },
-            "unigram": unigram_loss(data),
-            "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
-            / len(data.topic_labels),
-            "timing": timing,
-        }
+        corpus_info = {"source": corpus.source, "topics": len(corpus.topics),
+                       "sentences": len(corpus), "words": sum(len(s) for s in corpus.sentences),
+                       "train_triples": int(data.train_triples.shape[0]),
+                       "test_triples": int(data.test_triples.shape[0]),
+                       "vocab": len(data.vocab), "probe_topics": data.topic_names,
+                       "topic_probe_sentences": int(data.topic_ids.numel()),
+                       "neighbour_probe_pairs": int(data.pairs.shape[0])}
+        info = {"corpus": corpus_info, "unigram": unigram_loss(data),
+                "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
+                / len(data.topic_labels), "timing": timing}
         return sweep(NAME, {v: VARIANTS[v] for v in config.variants},
                      tuple(config.seeds if seeds is None else seeds),
                      lambda job: _train_one(config, data, job), config=config, device=device,
                      out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
-
-
-# ----------------------------------------------------------------------------- measurements
 
 
 def updates_to_target(results: Results, target: float,
