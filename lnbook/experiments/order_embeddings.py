@@ -301,11 +301,6 @@ class OrderEmbedding(nn.Module):
 
     Shape:
         ``forward(images (B, image_dim), tokens (B, L), lengths (B,)) -> scalar loss``.
-
-    Example::
-
-        >>> m = OrderEmbedding(50, 16, 32, layer_norm=True)
-        >>> loss = m(torch.rand(4, 784), torch.randint(1, 50, (4, 6)), torch.tensor([6, 5, 3, 2]))
     """
 
     def __init__(self, vocab_size: int, word_dim: int, hidden_size: int, image_dim: int = 784,

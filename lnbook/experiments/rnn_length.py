@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.device import resolve_device
 from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
 from lnbook.recurrent_bn import BatchNormRNN
@@ -74,8 +75,7 @@ class Config:
         if not self.train_lens or min(self.train_lens) < 1:
             raise ValueError(f"train_lens must be lengths >= 1, got {self.train_lens}")
         if not self.batch_sizes or min(self.batch_sizes) < 2:
-            raise ValueError(
-                f"batch_sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}")
+            raise ValueError(f"batch_sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -115,20 +115,12 @@ class SignModel(nn.Module):
 
     Shape:
         x: ``(T, B, 1)``, y: ``(T, B)``; ``forward(x, y)``: mean BCE; ``logits(x)``: ``(T, B)``.
-
-    Example::
-
-        >>> x, y = running_sum_batch(4, 6, torch.Generator().manual_seed(0))
-        >>> SignModel("ln", hidden=8, train_len=6)(x, y).dim()
-        0
     """
 
     def __init__(self, variant: str, hidden: int, train_len: int,
                  bn_gain_init: float = 1.0) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        self.variant = variant
+        self.variant = check_choice("variant", variant, VARIANTS)
         if variant == "bn":
             self.rnn: nn.Module = BatchNormRNN(1, hidden, max_steps=train_len,
                                                gain_init=bn_gain_init)
@@ -212,8 +204,8 @@ def run(
     and ``constant_nll`` (log 2).
     """
     if not isinstance(config, Config):
-        raise TypeError(f"config must be an rnn_length.Config (get_config), "
-                        f"got {type(config).__name__}")
+        raise TypeError(f"config must be an rnn_length.Config, got {type(config).__name__}")
+
     def test_len(train_len: int) -> int:
         return train_len if config.test_len is None else config.test_len
 
@@ -295,9 +287,6 @@ class StackedRNN(nn.Module):
                  eps: float = 1e-5) -> None:
         super().__init__()
         flags = [bool(f) for f in layer_norm]
-        if not flags or hidden < 1:
-            raise ValueError(f"need at least one model and hidden >= 1, got {len(flags)} "
-                             f"models, hidden={hidden}")
         m, h = len(flags), hidden
         self.n_models, self.hidden, self.eps = m, h, eps
         self.register_buffer("ln_mask", torch.tensor(flags).view(m, 1, 1), persistent=False)

@@ -211,6 +211,11 @@ def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
     return counts
 
 
+def _batches(data: SkipThoughtData, batch_size: int, seed: int) -> Batches:
+    t = data.tokens[data.train_triples.T]  # (3, Nt, L): previous, current, next
+    return Batches(t[0], t[1], t[2], batch_size=batch_size, seed=seed)
+
+
 def _lengths(tokens: Tensor) -> Tensor:
     return (tokens != 0).sum(dim=1).clamp(min=1)  # (B,)
 
@@ -225,17 +230,10 @@ class SkipThoughts(nn.Module):
     Shape:
         ``forward(prev (B, L), cur (B, L), next (B, L)) -> scalar``: mean cross entropy per
         predicted word (nats) over both decoders.
-
-    Example::
-
-        >>> m = SkipThoughts(100, 16, 32, layer_norm=True)
-        >>> t = torch.randint(4, 100, (3, 3, 7))
-        >>> loss = m(t[:, 0], t[:, 1], t[:, 2])
     """
 
-    def __init__(
-        self, vocab_size: int, word_dim: int, hidden_size: int, layer_norm: bool = False
-    ) -> None:
+    def __init__(self, vocab_size: int, word_dim: int, hidden_size: int,
+                 layer_norm: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.encoder = GRU(word_dim, hidden_size, layer_norm=layer_norm, batch_first=True)
@@ -333,10 +331,9 @@ def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> 
     vec = torch.zeros(data.tokens.shape[0], model.out.in_features)
     vec[need] = model.encode(toks[need]).cpu()  # (N, H), only the probed rows are filled
     u, v = vec[data.pairs[:, 0]], vec[data.pairs[:, 1]]
-    return {
-        "topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
-        "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels, folds),
-    }
+    return {"topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
+            "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels,
+                                        folds)}
 
 
 def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batch_size: int,
@@ -351,9 +348,7 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     dev = torch.device(device)
-    tri = data.train_triples
-    batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
-                      batch_size=batch_size, seed=seed)
+    batches = _batches(data, batch_size, seed)
     models, opts = {}, {}
     times: dict[str, list[float]] = {"baseline": [], "layer_norm": []}
     for v in times:
@@ -463,11 +458,8 @@ def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History
                          layer_norm=job.params)
     start = probe_scores(model, data, config.probe_folds)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    tri = data.train_triples
-    batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
-                      batch_size=config.batch_size, seed=job.seed)
-    hist = fit(model, batches, opt, config.steps, config.eval_every,
-               eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},  # type: ignore[arg-type]
+    hist = fit(model, _batches(data, config.batch_size, job.seed), opt, config.steps,
+               config.eval_every, eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},
                device=job.device, seed=job.seed, checkpoint=job.checkpoint, bar=job.bar,
                label=job.label)
     model.eval()
