@@ -454,8 +454,7 @@ def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
 def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History, dict[str, Any]]:
     """One (variant, seed): probe the untrained encoder, train, probe again."""
     torch.manual_seed(job.seed)
-    model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size,
-                         layer_norm=job.params)
+    model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size, job.params)
     start = probe_scores(model, data, config.probe_folds)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     hist = fit(model, _batches(data, config.batch_size, job.seed), opt, config.steps,
@@ -504,23 +503,16 @@ def run(config: Config, device: str | torch.device = "auto",
 def updates_to_target(results: Results, target: float,
                       metric: str = "heldout_loss") -> dict[str, np.ndarray]:
     """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (NaN: never)."""
-    out = {}
-    for v in results.variants:
-        steps, values = results.curves(v, metric)  # (E,), (seeds, E)
-        out[v] = first_reach(steps, values, [target] * len(values), "min")
-    return out
+    curves = {v: results.curves(v, metric) for v in results.variants}  # (E,), (seeds, E)
+    return {v: first_reach(steps, values, [target] * len(values), "min")
+            for v, (steps, values) in curves.items()}
 
 
 def probe_table(results: Results, fmt: str = ".1f") -> Table:
     """Probe accuracies (percent) of the untrained and the trained encoders, one value per seed."""
-    rows = []
-    for v in results.variants:
-        cells = [v]
-        for when in ("probe_start", "probe_final"):
-            for probe in ("topic", "neighbour"):
-                vals = [p[probe] for p in results.info_of(v, when)]
-                cells.append(" / ".join(format(x, fmt) for x in vals))
-        rows.append(cells)
+    rows = [[v, *(" / ".join(format(p[probe], fmt) for p in results.info_of(v, when))
+                  for when in ("probe_start", "probe_final") for probe in ("topic", "neighbour"))]
+            for v in results.variants]
     seeds = ", ".join(str(s) for s in results.seeds)
     return Table(["variant", "topic (untrained)", "neighbour (untrained)", "topic (trained)",
                   "neighbour (trained)"], rows, caption=f"percent; one value per seed ({seeds})")
