@@ -234,10 +234,8 @@ def order_violation(captions: Tensor, images: Tensor) -> Tensor:
     ``captions (Nc, D)``, ``images (Ni, D)`` -> ``(Nc, Ni)``, entry [k, j] = E(c_k, i_j).
     """
     if captions.dim() != 2 or images.dim() != 2 or captions.shape[1] != images.shape[1]:
-        raise ValueError(
-            "captions and images must be (Nc, D) and (Ni, D) with the same D, got "
-            f"{tuple(captions.shape)} and {tuple(images.shape)}"
-        )
+        raise ValueError("captions and images must be (Nc, D) and (Ni, D) with the same D, "
+                         f"got {tuple(captions.shape)} and {tuple(images.shape)}")
     diff = captions.unsqueeze(1) - images.unsqueeze(0)  # (Nc, Ni, D)
     if torch.is_grad_enabled() and (captions.requires_grad or images.requires_grad):
         return diff.clamp(min=0).pow(2).sum(dim=2)
