@@ -437,8 +437,7 @@ def _train_one(config: Config, splits: dict[str, CaptionData], job: Job
     model = OrderEmbedding(len(splits["train"].vocab), config.word_dim, config.hidden_size,
                            layer_norm=job.params, margin=config.margin)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    # the model with the best validation rsum, as the paper keeps it; next to the checkpoint,
-    # so that a resumed run still knows it
+    # the best validation model (as the paper keeps), saved next to the checkpoint for resume
     best_path = None
     if job.checkpoint is not None:
         best_path = job.checkpoint.with_name(f"{job.checkpoint.stem}-best.pt")

@@ -192,10 +192,8 @@ def _batch(n: int, length: int, seed: int) -> tuple[Tensor, Tensor]:
     return running_sum_batch(n, length, torch.Generator().manual_seed(seed))
 
 
-def run(
-    config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (variant, length, batch size) with every seed; return the sweep's results.
 
     Curves: held-out ``nll`` and ``error``. ``Run.info``: ``error`` (per test step),
@@ -205,13 +203,10 @@ def run(
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be an rnn_length.Config, got {type(config).__name__}")
-
-    def test_len(train_len: int) -> int:
-        return train_len if config.test_len is None else config.test_len
-
+    test_len = {n: n if config.test_len is None else config.test_len for n in config.train_lens}
     held = {n: _batch(config.n_eval, n, _EVAL_SEED + n) for n in config.train_lens}
     tests = {n: _batch(config.test_batch, n, _TEST_SEED + n)
-             for n in sorted({test_len(L) for L in config.train_lens})}
+             for n in sorted(set(test_len.values()))}
     trivial = {str(n): {**trivial_errors(*xy), "constant_nll": math.log(2)}
                for n, xy in tests.items()}
 
@@ -234,7 +229,7 @@ def run(
         hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
                    eval_fn=eval_fn, device=job.device, seed=job.seed,
                    checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-        x_test, y_test = (t.to(job.device) for t in tests[test_len(length)])
+        x_test, y_test = (t.to(job.device) for t in tests[test_len[length]])
         x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
         info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
                 "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
@@ -254,8 +249,7 @@ def run(
 # --- the sign of the first input, seeds trained together (chapter 7, claim C22) -----------
 
 
-def first_sign_batch(batch: int, length: int,
-                     generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def first_sign_batch(batch: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Inputs ``(length, batch, 1)`` ~ N(0, 1) and targets ``(length, batch)``: ``x_1 > 0``."""
     x = torch.randn(length, batch, 1, generator=generator)  # (T, B, 1)
     return x, (x[:1, :, 0] > 0).float().expand(length, -1)  # (T, B)
