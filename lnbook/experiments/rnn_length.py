@@ -1,37 +1,9 @@
-"""The running-sum sign task: RNNs with and without normalization, by sequence length and batch.
+"""The running-sum sign task: RNNs with and without normalization, by length and batch size.
 
-Book chapters 3.1 (`03_1_ln_rnn`, claim C04) and 7 (`07_conclusion`, claim C22).
-
-The task: inputs x_t ~ N(0, 1) (one feature), and at every step the target is 1 when
-x_1 + ... + x_t > 0, else 0. Solving it needs an integrator, whose state keeps growing (like
-sqrt(t)), so the statistics of the summed inputs change with t: exactly the case where
-per-step batch statistics learned on short sequences are not the right ones for later steps,
-and where a long sequence asks the recurrence to carry information over many steps.
-
-Three single-layer tanh RNNs with a linear read-out to one logit per step:
-
-- ``ln``: :class:`lnbook.RNN` with layer normalization (paper eq. 4);
-- ``bn``: :class:`lnbook.BatchNormRNN`, batch normalization with separate statistics per step
-  (beyond the training length, eval mode reuses the last trained step's statistics);
-- ``plain``: :class:`lnbook.RNN` with ``layer_norm=False`` (the computation of
-  :class:`torch.nn.RNN`).
-
-Every (variant, training length, batch size) is one variant of the sweep, named by
-:func:`variant_name` (e.g. ``"ln/len80/bs4"``), trained with Adam for the same number of updates
-on fresh random sequences (the data never repeat, so runs at different batch sizes differ in
-the noise of each update, not in how much data they could memorize). Each run records, at every
-evaluation, the held-out cross-entropy ``nll`` (nats per prediction) and error rate ``error``
-on fixed sequences of its training length; at the end, its error at every step of the test
-sequences (``info["error"]``, longer than the training ones in chapter 3.1) and how strongly its
-last prediction depends on each input (``info["sensitivity"]``). ``Results.info["trivial"]``
-holds the errors of two predictors that need no training, to check that the runs left the
-trivial phase.
-
-Chapter 7 adds a task whose answer is not a magnitude, the *sign of the first input*
-(:func:`first_sign_batch`): the target at every step is ``x_1 > 0`` and every later input is
-noise. :func:`run_first_sign` trains the plain and the layer-normalized RNN on it for every
-(length, batch size, seed) of a :class:`FirstSignConfig`, all seeds and both variants of one
-setting as one batched :class:`StackedRNN` (a leading model dimension, one time loop).
+Book chapters 3.1 (`03_1_ln_rnn`, claim C04) and 7 (`07_conclusion`, claim C22): :func:`run`
+trains the ``ln``, ``bn`` and ``plain`` :class:`SignModel` per (variant, training length, batch
+size); :func:`run_first_sign` trains plain and LN :class:`StackedRNN` on the sign of the first
+input, every seed and variant of one setting as one batched model.
 """
 
 from __future__ import annotations
@@ -47,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.device import resolve_device
 from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
 from lnbook.recurrent_bn import BatchNormRNN
@@ -54,27 +27,10 @@ from lnbook.rnn import RNN
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History, fit
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "VARIANTS",
-    "Config",
-    "get_config",
-    "running_sum_batch",
-    "trivial_errors",
-    "SignModel",
-    "error_per_step",
-    "input_sensitivity",
-    "state_sum_corr",
-    "variant_name",
-    "per_step",
-    "run",
-    "first_sign_batch",
-    "StackedRNN",
-    "FirstSignConfig",
-    "FirstSignResults",
-    "run_first_sign",
-]
+__all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
+           "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
+           "variant_name", "per_step", "run", "first_sign_batch", "StackedRNN", "FirstSignConfig",
+           "FirstSignResults", "run_first_sign"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -87,24 +43,11 @@ _TEST_SEED, _EVAL_SEED = 10_000, 20_000
 class Config:
     """Sizes of the running-sum experiment; ``quick`` runs in seconds on a CPU.
 
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        variants: models to train, from :data:`VARIANTS`.
-        train_lens: training sequence lengths (one variant per length).
-        batch_sizes: mini-batch sizes (one variant per size); every run makes ``steps``
-            updates, so a smaller batch sees fewer sequences.
-        test_len: length of the test sequences of ``info["error"]``; None tests each run at
-            its own training length.
-        hidden: units of the recurrent layer.
-        steps: Adam updates per run.
-        eval_every: updates between evaluations of the held-out ``nll`` and ``error``.
-        lr: Adam learning rate.
-        n_eval: held-out sequences (of the training length) for the learning curves.
-        test_batch: test sequences (of ``test_len``) for the per-step error.
-        bn_gain_init: initial gain of the BN-RNN (Cooijmans et al. recommend 0.1).
-        seeds: seeds of the runs (initialization and data).
-        threads: torch CPU threads while running (1 is fastest for tiny models; None leaves
-            torch's setting).
+    One sweep variant per (``variants``, ``train_lens``, ``batch_sizes``), each ``steps`` Adam
+    updates at ``lr``; ``test_len`` (None: the training length) is the length of the
+    ``test_batch`` test sequences, ``n_eval`` held-out sequences give the learning curves every
+    ``eval_every`` updates; ``bn_gain_init`` is the BN-RNN's initial gain; ``threads``: torch
+    CPU threads while running (None leaves torch's setting).
     """
 
     scale: str = "quick"
@@ -132,12 +75,7 @@ class Config:
         if not self.train_lens or min(self.train_lens) < 1:
             raise ValueError(f"train_lens must be lengths >= 1, got {self.train_lens}")
         if not self.batch_sizes or min(self.batch_sizes) < 2:
-            raise ValueError(
-                f"batch_sizes must be >= 2 (BN needs two examples), got {self.batch_sizes}")
-        if self.test_len is not None and self.test_len < 1:
-            raise ValueError(f"test_len must be >= 1 or None, got {self.test_len}")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+            raise ValueError(f"batch_sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -161,12 +99,8 @@ def running_sum_batch(batch: int, length: int, generator: torch.Generator) -> tu
 
 
 def trivial_errors(x: Tensor, y: Tensor) -> dict[str, list[float]]:
-    """Per-step error rates of two predictors that need no training, ``(T,)`` lists.
-
-    ``majority``: the more frequent target at each step (about 0.5: the sum is as often
-    positive as negative). ``last_input``: the sign of the newest input x_t alone, right at
-    t = 1 and ever less often after (the sum of t inputs is dominated by the earlier ones).
-    """
+    """Per-step error rates, ``(T,)`` lists, of two untrained predictors: ``majority`` (the
+    more frequent target at each step) and ``last_input`` (the sign of x_t alone)."""
     pos = y.mean(1)  # (T,)
     majority = torch.minimum(pos, 1 - pos)  # (T,)
     last = ((x.squeeze(-1) > 0).float() != y).float().mean(1)  # (T,)
@@ -176,29 +110,17 @@ def trivial_errors(x: Tensor, y: Tensor) -> dict[str, list[float]]:
 class SignModel(nn.Module):
     """A one-layer tanh RNN (``ln``, ``bn`` or ``plain``) and a linear read-out to one logit.
 
-    Args:
-        variant: ``"ln"``, ``"bn"`` or ``"plain"``.
-        hidden: units of the recurrent layer.
-        train_len: the longest training sequence (the BN-RNN's per-step statistics slots).
-        bn_gain_init: initial gain of the BN-RNN's normalization.
+    ``ln``: :class:`lnbook.RNN` with eq. 4; ``bn``: :class:`lnbook.BatchNormRNN` with
+    ``train_len`` per-step statistics slots; ``plain``: :class:`lnbook.RNN` without LN.
 
     Shape:
-        - x: ``(T, B, 1)``, y: ``(T, B)``; ``forward(x, y)`` is the mean binary cross-entropy,
-          ``logits(x)`` is ``(T, B)``.
-
-    Example::
-
-        >>> x, y = running_sum_batch(4, 6, torch.Generator().manual_seed(0))
-        >>> SignModel("ln", hidden=8, train_len=6)(x, y).dim()
-        0
+        x: ``(T, B, 1)``, y: ``(T, B)``; ``forward(x, y)``: mean BCE; ``logits(x)``: ``(T, B)``.
     """
 
     def __init__(self, variant: str, hidden: int, train_len: int,
                  bn_gain_init: float = 1.0) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        self.variant = variant
+        self.variant = check_choice("variant", variant, VARIANTS)
         if variant == "bn":
             self.rnn: nn.Module = BatchNormRNN(1, hidden, max_steps=train_len,
                                                gain_init=bn_gain_init)
@@ -219,12 +141,8 @@ class SignModel(nn.Module):
 
 
 def error_per_step(model: SignModel, x: Tensor, y: Tensor, batch_stats: bool = False) -> Tensor:
-    """Fraction of wrong signs at each step, ``(T,)``, without gradients.
-
-    In eval mode (BN uses its running averages), or with ``batch_stats=True`` in training mode
-    on a copy of the model (BN normalizes with the statistics of the batch ``x``; the model's
-    running averages are left alone). ``T`` must not exceed a BN model's ``max_steps`` then.
-    """
+    """Fraction of wrong signs at each step, ``(T,)``: in eval mode, or with ``batch_stats``
+    in training mode on a copy (BN uses the statistics of ``x``; T <= BN's ``max_steps``)."""
     m = copy.deepcopy(model) if batch_stats else model
     was = m.training
     m.train(batch_stats)
@@ -235,12 +153,7 @@ def error_per_step(model: SignModel, x: Tensor, y: Tensor, batch_stats: bool = F
 
 
 def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
-    """How much the last step's logit moves with each input: mean ``abs(d logit_T / d x_t)``.
-
-    Returns a ``(T,)`` tensor, averaged over the sequences of ``x``. A perfect integrator
-    weighs every input alike (a flat profile); a recurrence whose signal
-    fades gives the early inputs less weight. Computed in eval mode.
-    """
+    """Mean ``abs(d logit_T / d x_t)`` over the sequences of ``x``, ``(T,)``, in eval mode."""
     was = model.training
     model.eval()
     x = x.detach().clone().requires_grad_(True)  # (T, B, 1)
@@ -252,12 +165,8 @@ def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
 
 
 def state_sum_corr(model: SignModel, x: Tensor) -> float:
-    """Pearson correlation of the state's norm with the size of the sum ``abs(x_1 + ... + x_t)``.
-
-    Over all steps and sequences of ``x`` (T, B, 1), in eval mode. An integrator that keeps
-    the running sum as the size of its state has a high value; a layer that normalizes away the
-    size of its summed inputs (LN, eq. 4) must carry it some other way.
-    """
+    """Pearson correlation of the state's norm with ``abs(x_1 + ... + x_t)`` over all steps
+    and sequences of ``x`` (T, B, 1), in eval mode."""
     was = model.training
     model.eval()
     with torch.no_grad():
@@ -283,37 +192,21 @@ def _batch(n: int, length: int, seed: int) -> tuple[Tensor, Tensor]:
     return running_sum_batch(n, length, torch.Generator().manual_seed(seed))
 
 
-def run(
-    config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (variant, length, batch size) with every seed; return the sweep's results.
 
-    Each run records ``nll`` and ``error`` on held-out sequences of its training length at
-    every evaluation, and in ``Run.info``: ``error`` (the test error at each step of the test
-    sequences, a list), ``sensitivity`` (:func:`input_sensitivity` on those sequences),
-    ``state_sum_corr`` (:func:`state_sum_corr` on their first ``length`` steps) and, for the
-    BN-RNN, ``error_batch_stats`` (the error at each of those steps with batch statistics).
-    ``Results.info["trivial"][str(length)]`` holds :func:`trivial_errors` of the test
-    sequences of that length and the cross-entropy of always answering 1/2 (``log 2``).
+    Curves: held-out ``nll`` and ``error``. ``Run.info``: ``error`` (per test step),
+    ``sensitivity``, ``state_sum_corr`` (first ``length`` steps) and, for BN,
+    ``error_batch_stats``. ``Results.info["trivial"][str(length)]``: :func:`trivial_errors`
+    and ``constant_nll`` (log 2).
     """
     if not isinstance(config, Config):
-        raise TypeError(f"config must be an rnn_length.Config (get_config), "
-                        f"got {type(config).__name__}")
-    dev = resolve_device(device)
-    with cpu_threads(config.threads):
-        return _run(config, dev, tuple(config.seeds if seeds is None else seeds), out)
-
-
-def _test_len(config: Config, train_len: int) -> int:
-    return train_len if config.test_len is None else config.test_len
-
-
-def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
-         out: str | os.PathLike | None) -> Results:
+        raise TypeError(f"config must be an rnn_length.Config, got {type(config).__name__}")
+    test_len = {n: n if config.test_len is None else config.test_len for n in config.train_lens}
     held = {n: _batch(config.n_eval, n, _EVAL_SEED + n) for n in config.train_lens}
     tests = {n: _batch(config.test_batch, n, _TEST_SEED + n)
-             for n in sorted({_test_len(config, L) for L in config.train_lens})}
+             for n in sorted(set(test_len.values()))}
     trivial = {str(n): {**trivial_errors(*xy), "constant_nll": math.log(2)}
                for n, xy in tests.items()}
 
@@ -336,7 +229,7 @@ def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
         hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
                    eval_fn=eval_fn, device=job.device, seed=job.seed,
                    checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-        x_test, y_test = (t.to(job.device) for t in tests[_test_len(config, length)])
+        x_test, y_test = (t.to(job.device) for t in tests[test_len[length]])
         x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
         info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
                 "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
@@ -347,21 +240,17 @@ def _run(config: Config, dev: torch.device, seeds: tuple[int, ...],
 
     variants = {variant_name(v, L, B): (v, L, B) for L in config.train_lens
                 for B in config.batch_sizes for v in config.variants}
-    return sweep(NAME, variants, seeds, train_one, config=config, device=dev, out=out,
-                 steps=config.steps, info={"trivial": trivial})
+    with cpu_threads(config.threads):
+        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+                     config=config, device=resolve_device(device), out=out, steps=config.steps,
+                     info={"trivial": trivial})
 
 
 # --- the sign of the first input, seeds trained together (chapter 7, claim C22) -----------
 
 
-def first_sign_batch(batch: int, length: int,
-                     generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Inputs ``(length, batch, 1)`` ~ N(0, 1) and targets ``(length, batch)``: ``x_1 > 0``.
-
-    The answer at every step is the sign of the *first* input; every later input is noise.
-    Unlike the running sum, the answer is one bit, not a magnitude: a state can hold it in
-    its direction, whatever its size.
-    """
+def first_sign_batch(batch: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Inputs ``(length, batch, 1)`` ~ N(0, 1) and targets ``(length, batch)``: ``x_1 > 0``."""
     x = torch.randn(length, batch, 1, generator=generator)  # (T, B, 1)
     return x, (x[:1, :, 0] > 0).float().expand(length, -1)  # (T, B)
 
@@ -374,20 +263,11 @@ class StackedRNN(nn.Module):
     :math:`h_t = \tanh(\mathrm{LN}(a_t; g_m) + b_m)` with layer normalization (paper eq. 4,
     the mean and deviation over the H summed inputs of each example), or
     :math:`h_t = \tanh(a_t + b_m)` without, and one logit :math:`w^{out}_m \cdot h_t + c_m`
-    per step. Slot ``m`` computes what :class:`lnbook.RNN` computes (``bias_ih`` =
-    :math:`b_m`, ``bias_hh`` = 0, LN bias 0) followed by a linear read-out. The slots share
-    no parameter, so the sum of their losses trains each one on its own loss, and Adam,
-    being element-wise, updates each slot as if it were alone; the time loop runs once for
-    all ``M`` models.
-
-    Args:
-        layer_norm: one bool per model (M = its length): normalize that model's summed
-            inputs (eq. 4) or not.
-        hidden: H, units of each recurrent layer.
-        eps: added to the variance inside the square root.
+    per step. The slots share no parameter, so the sum of their losses (and Adam) trains each
+    as if it were alone. ``layer_norm``: one bool per model (M = its length); ``hidden``: H.
 
     Shape:
-        - x: ``(T, M, B)``, one scalar input per step; ``logits(x)``: ``(T, M, B)``.
+        x: ``(T, M, B)``, one scalar input per step; ``logits(x)``: ``(T, M, B)``.
 
     Example::
 
@@ -401,9 +281,6 @@ class StackedRNN(nn.Module):
                  eps: float = 1e-5) -> None:
         super().__init__()
         flags = [bool(f) for f in layer_norm]
-        if not flags or hidden < 1:
-            raise ValueError(f"need at least one model and hidden >= 1, got {len(flags)} "
-                             f"models, hidden={hidden}")
         m, h = len(flags), hidden
         self.n_models, self.hidden, self.eps = m, h, eps
         self.register_buffer("ln_mask", torch.tensor(flags).view(m, 1, 1), persistent=False)
@@ -416,9 +293,8 @@ class StackedRNN(nn.Module):
         self.reset_parameters(list(range(m)))
 
     def reset_parameters(self, seeds: list[int] | tuple[int, ...]) -> None:
-        """Model ``m`` drawn as :class:`torch.nn.RNN` and :class:`torch.nn.Linear` draw theirs
-        (uniform in +-1/sqrt(H); the gain at 1) from a generator seeded with ``seeds[m]``: a
-        plain and a normalized model with the same seed start from the same weights."""
+        """Model ``m`` drawn uniform in +-1/sqrt(H) (as torch's RNN and Linear), gain 1, from a
+        generator seeded with ``seeds[m]``."""
         if len(seeds) != self.n_models:
             raise ValueError(f"need one seed per model ({self.n_models}), got {len(seeds)}")
         k = 1 / math.sqrt(self.hidden)
@@ -468,19 +344,9 @@ class StackedRNN(nn.Module):
 
 @dataclass
 class FirstSignConfig:
-    """Sizes of the first-sign experiment (chapter 7); every run makes ``steps`` updates.
-
-    Attributes:
-        lengths: sequence lengths (the answer is asked ``length`` steps after x_1).
-        batch_sizes: mini-batch sizes.
-        variants: ``"ln"`` and/or ``"plain"`` (:class:`StackedRNN` with and without eq. 4).
-        hidden: units of each recurrent layer.
-        steps: Adam updates per run.
-        eval_every: updates between evaluations of the held-out error at the last step.
-        lr: Adam learning rate (the same for every run).
-        n_eval: held-out sequences per length.
-        seeds: seeds of the runs (initial weights and data; shared by the variants).
-    """
+    """Sizes of the first-sign experiment (chapter 7): every (length, batch size, variant
+    ``"ln"``/``"plain"``, seed) makes ``steps`` Adam updates; the held-out error at the last
+    step, on ``n_eval`` sequences, every ``eval_every`` updates."""
 
     lengths: tuple[int, ...] = (20, 100)
     batch_sizes: tuple[int, ...] = (4, 64)
@@ -495,26 +361,14 @@ class FirstSignConfig:
     def __post_init__(self) -> None:
         self.lengths, self.batch_sizes = tuple(self.lengths), tuple(self.batch_sizes)
         self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
-        if not self.lengths or min(self.lengths) < 1:
-            raise ValueError(f"lengths must be >= 1, got {self.lengths}")
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise ValueError(f"batch_sizes must be >= 1, got {self.batch_sizes}")
         if not self.variants or not set(self.variants) <= {"ln", "plain"}:
             raise ValueError(f"variants must be drawn from ('ln', 'plain'), got {self.variants}")
-        if not self.seeds or self.steps < 1 or self.eval_every < 1 or self.hidden < 1:
-            raise ValueError("seeds must be given, and steps, eval_every, hidden >= 1")
 
 
 @dataclass
 class FirstSignResults:
-    """Learning curves of the first-sign runs.
-
-    Attributes:
-        config: the :class:`FirstSignConfig` they ran with.
-        steps: the updates at which the held-out error was measured, ``(E,)``.
-        error: ``(variant, length, batch size)`` -> ``(seeds, E)``: the fraction of held-out
-            sequences whose answer at the last step (``length`` steps after x_1) is wrong.
-    """
+    """Learning curves: ``error[(variant, length, batch)]`` is ``(seeds, E)``, the held-out
+    error at the last step at the updates ``steps`` ``(E,)``."""
 
     config: FirstSignConfig
     steps: np.ndarray
@@ -527,12 +381,7 @@ class FirstSignResults:
 
 def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
     """Train every (variant, length, batch size, seed) of ``config``: one batched
-    :class:`StackedRNN` per (length, batch size), holding every variant and seed.
-
-    The runs of one seed share their initial weights and their data (plain and normalized
-    runs are paired). Each model's loss is the mean cross-entropy over its L steps and B
-    sequences; its held-out error is measured at the last step.
-    """
+    :class:`StackedRNN` per (length, batch size); the runs of one seed share weights and data."""
     if not isinstance(config, FirstSignConfig):
         raise TypeError(f"config must be a FirstSignConfig, got {type(config).__name__}")
     c = config

@@ -1,18 +1,7 @@
 """Skip-thought vectors with and without layer normalization (paper section 6.3).
 
-Book chapter `06_3_skip_thoughts`. A GRU encoder reads a sentence; two GRU decoders, conditioned
-on the encoder's last state, predict the previous and the next sentence word by word (Kiros et
-al., 2015). Every GRU is the LN-GRU of paper eqs. 26-28 or the plain GRU of eqs. 23-25. The
-frozen sentence vectors are then scored by linear probes.
-
-The paper trains on the BookCorpus (74M sentences) and probes on SICK, MR, CR, SUBJ and MPQA.
-Offline we use real English prose that ships with Python: the text of the language reference
-topics in :mod:`pydoc_data.topics` (the help pages of ``help("if")`` etc.). It is split into
-sentences, in order, inside each topic, so every sentence has neighbours; the last fifth of every
-topic is held out. The probes use held-out sentences only: which topic a sentence comes from (a
-classification task like MR or SUBJ) and whether two sentences are neighbours (a sentence-pair
-task like SICK, with the features ``|u - v|`` and ``u * v`` of Kiros et al.), each scored by a
-cross-validated linear (ridge) classifier.
+Book chapter `06_3_skip_thoughts`: a GRU encoder and two GRU decoders (Kiros et al., 2015) on
+the prose of :mod:`pydoc_data.topics`, the frozen sentence vectors scored by linear probes.
 """
 
 from __future__ import annotations
@@ -32,53 +21,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import GRU
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    Table,
-    cpu_threads,
-    make_config,
-    sweep,
-    updates_to_reach,
-)
+from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
+from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
 
 NAME = "skip_thoughts"
-DESCRIPTION = (
-    "6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "
-    "reference prose (pydoc_data); linear probes on frozen vectors (Figure 3, Table 3), "
-    "time per update"
-)
+DESCRIPTION = ("6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "
+               "reference prose (pydoc_data); linear probes on frozen vectors (Figure 3, "
+               "Table 3), time per update")
 
-__all__ = [
-    "NAME",
-    "DESCRIPTION",
-    "PAPER_TABLE3",
-    "VARIANTS",
-    "Config",
-    "get_config",
-    "load_data",
-    "run",
-    "Corpus",
-    "split_sentences",
-    "tokenize",
-    "load_corpus",
-    "build_vocab",
-    "encode",
-    "SkipThoughtData",
-    "make_data",
-    "unigram_loss",
-    "bag_of_words",
-    "SkipThoughts",
-    "stratified_folds",
-    "probe_accuracy",
-    "heldout_loss",
-    "probe_scores",
-    "time_per_update",
-    "updates_to_target",
-    "probe_table",
-]
+__all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE3", "VARIANTS", "Config", "get_config", "load_data",
+           "run", "Corpus", "split_sentences", "tokenize", "load_corpus", "build_vocab", "encode",
+           "SkipThoughtData", "make_data", "unigram_loss", "bag_of_words", "SkipThoughts",
+           "stratified_folds", "probe_accuracy", "heldout_loss", "probe_scores", "time_per_update",
+           "updates_to_target", "probe_table"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 _HEADING = re.compile(r"^[*=\-~^]+$")
@@ -86,17 +43,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"*(])")
 _WORD = re.compile(r"[a-z_][a-z0-9_]*|\d+")
 
 
-# ----------------------------------------------------------------------------- corpus
-
-
 def split_sentences(text: str) -> list[str]:
-    """Prose sentences of one help topic, in order.
-
-    Paragraphs are separated by blank lines. Headings (a line underlined with ``*``, ``=`` or
-    ``-``) and indented blocks (code, grammar rules, examples) are dropped; a bullet's ``*`` is
-    removed. The remaining paragraphs are joined into one line each and cut after ``.``, ``!``
-    or ``?`` when the next word starts with a capital, a quote, ``*`` or ``(``.
-    """
+    """Prose sentences of one help topic, in order (headings and indented blocks dropped)."""
     sentences: list[str] = []
     for para in re.split(r"\n\s*\n", text):
         lines = [ln for ln in para.split("\n") if ln.strip()]
@@ -118,11 +66,7 @@ def tokenize(sentence: str) -> list[str]:
 
 @dataclass
 class Corpus:
-    """Tokenized sentences of the help topics, in reading order.
-
-    ``sentences[k]`` belongs to topic ``topics[topic[k]]``; consecutive entries with the same
-    topic are neighbours in the text.
-    """
+    """Tokenized sentences in reading order; ``sentences[k]`` is in ``topics[topic[k]]``."""
 
     sentences: list[list[str]]
     topic: list[int]
@@ -134,13 +78,8 @@ class Corpus:
 
 
 def load_corpus(min_tokens: int = 3, max_tokens: int = 20) -> Corpus:
-    """All prose sentences of :mod:`pydoc_data.topics` with ``min_tokens`` or more words.
-
-    Sentences longer than ``max_tokens`` words are cut to their first ``max_tokens``. Topics are
-    taken in sorted order. The text depends on the Python version (recorded in ``source``).
-    """
-    if not 1 <= min_tokens <= max_tokens:
-        raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
+    """All prose sentences of :mod:`pydoc_data.topics` with ``min_tokens`` or more words, cut
+    to ``max_tokens``; topics in sorted order."""
     names = sorted(help_topics)
     sentences, topic = [], []
     for k, name in enumerate(names):
@@ -165,21 +104,13 @@ def build_vocab(sentences: list[list[str]], size: int) -> list[str]:
 def encode(sentences: list[list[str]], vocab: list[str], length: int) -> Tensor:
     """Word ids ``(N, length)``, right-padded with 0 (``<pad>``); unknown words -> 1."""
     index = {w: i for i, w in enumerate(vocab)}
-    out = torch.zeros(len(sentences), length, dtype=torch.long)
-    for n, s in enumerate(sentences):
-        ids = [index.get(w, 1) for w in s[:length]]
-        out[n, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out
+    return pad_ids([[index.get(w, 1) for w in s[:length]] for s in sentences], length)
 
 
 @dataclass
 class SkipThoughtData:
-    """Training triples, held-out triples and the probe sets.
-
-    Triples hold sentence ids into ``tokens``: ``(previous, current, next)``. Every sentence of a
-    training triple lies in the first ``1 - heldout`` of its topic, every sentence of a held-out
-    triple and of a probe in the last part, so the encoder never trains on a probed sentence.
-    """
+    """Triples ``(previous, current, next)`` of sentence ids into ``tokens`` (training ones
+    from the first ``1 - heldout`` of each topic) and the probe sets (held-out part only)."""
 
     vocab: list[str]
     tokens: Tensor  # (N, L) word ids of every sentence, 0 = pad
@@ -194,25 +125,14 @@ class SkipThoughtData:
     pair_labels: Tensor  # (Q,) 1 = neighbours, 0 = not
 
 
-def make_data(
-    corpus: Corpus,
-    vocab_size: int = 1000,
-    heldout: float = 0.2,
-    probe_topics: int = 8,
-    seed: int = 0,
-) -> SkipThoughtData:
+def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
+              probe_topics: int = 8, seed: int = 0) -> SkipThoughtData:
     """Triples, vocabulary (training part only) and probe sets from a :class:`Corpus`.
 
-    Args:
-        corpus: from :func:`load_corpus`.
-        vocab_size: words kept besides the four special tokens.
-        heldout: fraction of every topic (its end) held out from training.
-        probe_topics: the topic probe classifies among this many topics, those with the most
-            held-out sentences.
-        seed: seed of the negative pairs of the neighbour probe.
+    ``heldout``: the fraction at the end of every topic held out; the topic probe classifies
+    the ``probe_topics`` topics with the most held-out sentences; ``seed``: the neighbour
+    probe's negative pairs.
     """
-    if not 0.0 < heldout < 1.0:
-        raise ValueError(f"heldout must lie in (0, 1), got {heldout}")
     n = len(corpus)
     topic = torch.tensor(corpus.topic)
     held = torch.zeros(n, dtype=torch.bool)
@@ -257,30 +177,14 @@ def make_data(
             neg.append((int(idx[a]), int(idx[b])))
     pairs = torch.tensor(pos + neg, dtype=torch.long).view(-1, 2)
     pair_labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).long()
-    return SkipThoughtData(
-        vocab=vocab,
-        tokens=tokens,
-        topic=topic,
-        heldout=held,
-        train_triples=triples[same & all_train],
-        test_triples=triples[same & all_held],
-        topic_ids=topic_ids,
-        topic_labels=topic_labels,
-        topic_names=[corpus.topics[t] for t in chosen],
-        pairs=pairs,
-        pair_labels=pair_labels,
-    )
+    return SkipThoughtData(vocab, tokens, topic, held, triples[same & all_train],
+                           triples[same & all_held], topic_ids, topic_labels,
+                           [corpus.topics[t] for t in chosen], pairs, pair_labels)
 
 
 def unigram_loss(data: SkipThoughtData) -> float:
-    """Held-out loss (nats per word) of the best predictor that knows only word frequencies.
-
-    The trivial predictor the skip-thought models must beat before they are compared: it
-    predicts every word of the previous and the next sentence (and the ``<eos>`` that ends
-    each) from the words' frequencies among the training triples' targets, add-one smoothed
-    over the words a decoder can emit (all but ``<pad>`` and ``<bos>``), and is scored on the
-    held-out triples' targets, pooled over words as :func:`heldout_loss` pools them.
-    """
+    """Held-out loss (nats per word) of the add-one smoothed unigram predictor of the
+    previous and next sentences' words and ``<eos>`` (the trivial predictor)."""
     size = len(data.vocab)
 
     def counts(triples: Tensor) -> Tensor:
@@ -298,11 +202,7 @@ def unigram_loss(data: SkipThoughtData) -> float:
 
 
 def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
-    """Word counts of each sentence: ``(N, L)`` ids -> ``(N, vocab_size)`` floats.
-
-    Padding (id 0) is not counted. The reference a sentence encoder's probe accuracy is read
-    against: what a linear probe gets from the words alone, in any order.
-    """
+    """Word counts of each sentence, padding not counted: ``(N, L)`` -> ``(N, vocab_size)``."""
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be (N, L) word ids, got shape {tuple(tokens.shape)}")
     counts = torch.zeros(tokens.shape[0], vocab_size)
@@ -311,7 +211,9 @@ def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
     return counts
 
 
-# ----------------------------------------------------------------------------- model
+def _batches(data: SkipThoughtData, batch_size: int, seed: int) -> Batches:
+    t = data.tokens[data.train_triples.T]  # (3, Nt, L): previous, current, next
+    return Batches(t[0], t[1], t[2], batch_size=batch_size, seed=seed)
 
 
 def _lengths(tokens: Tensor) -> Tensor:
@@ -321,32 +223,17 @@ def _lengths(tokens: Tensor) -> Tensor:
 class SkipThoughts(nn.Module):
     """Skip-thought model: a GRU encoder and two conditioned GRU decoders (Kiros et al., 2015).
 
-    The sentence vector s is the encoder's last state. Each decoder reads ``<bos>`` and the
-    target sentence shifted by one word, with s appended to every input word vector (Kiros et
-    al. add C s to the decoder's gate pre-activations, which a slice of W_x [x; s] is), and
-    predicts the next word through an output layer shared by the two decoders. All three GRUs
-    follow eqs. 26-28 with ``layer_norm`` and eqs. 23-25 without.
-
-    Args:
-        vocab_size: word ids (0 = pad, 2 = ``<bos>``, 3 = ``<eos>``).
-        word_dim: size of the (shared) word embeddings.
-        hidden_size: state size of the three GRUs = size of a sentence vector.
-        layer_norm: LN-GRUs.
+    The sentence vector s is the encoder's last state; each decoder reads ``<bos>`` and the
+    shifted target with s appended to every word vector, and predicts the next word through a
+    shared output layer. GRUs of eqs. 26-28 with ``layer_norm``, eqs. 23-25 without.
 
     Shape:
-        ``forward(prev (B, L), cur (B, L), next (B, L)) -> scalar``: the mean cross entropy per
+        ``forward(prev (B, L), cur (B, L), next (B, L)) -> scalar``: mean cross entropy per
         predicted word (nats) over both decoders.
-
-    Example::
-
-        >>> m = SkipThoughts(100, 16, 32, layer_norm=True)
-        >>> t = torch.randint(4, 100, (3, 3, 7))
-        >>> loss = m(t[:, 0], t[:, 1], t[:, 2])
     """
 
-    def __init__(
-        self, vocab_size: int, word_dim: int, hidden_size: int, layer_norm: bool = False
-    ) -> None:
+    def __init__(self, vocab_size: int, word_dim: int, hidden_size: int,
+                 layer_norm: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.encoder = GRU(word_dim, hidden_size, layer_norm=layer_norm, batch_first=True)
@@ -383,16 +270,8 @@ class SkipThoughts(nn.Module):
         return (ce_p + ce_n) / (n_p + n_n)
 
 
-# ----------------------------------------------------------------------------- probes
-
-
 def stratified_folds(labels: Tensor, folds: int, seed: int = 0) -> Tensor:
-    """Fold id ``(N,)`` of every example: each class shuffled (seeded), then dealt round-robin.
-
-    Every fold gets each class in proportion, as scikit-learn's ``StratifiedKFold`` does.
-    """
-    if folds < 2:
-        raise ValueError(f"folds must be >= 2, got {folds}")
+    """Fold id ``(N,)`` of every example: each class shuffled (seeded), then dealt round-robin."""
     g = torch.Generator().manual_seed(seed)
     fold = torch.empty(labels.shape[0], dtype=torch.long)
     offset = 0
@@ -409,27 +288,13 @@ def probe_accuracy(
 ) -> float:
     r"""Cross-validated accuracy (percent) of a linear probe on frozen ``features``.
 
-    The probe is a ridge-regression classifier (as scikit-learn's ``RidgeClassifier``):
-    features standardized with the training folds' mean and deviation, one-hot targets in
-    {-1, 1}, weights :math:`W = (X^\top X + \lambda I)^{-1} X^\top Y` with an unpenalized
-    intercept, prediction by the largest output. Closed form in float64, so a probe costs
-    milliseconds and can run at every checkpoint. Stratified ``folds``-fold cross-validation;
-    the mean accuracy over folds.
-
-    Args:
-        features: ``(N, F)``.
-        labels: ``(N,)`` class ids.
-        folds: number of cross-validation folds (>= 2).
-        ridge: lambda (>= 0).
-        seed: seed of the fold assignment.
+    A ridge classifier on standardized ``features (N, F)``, one-hot targets in {-1, 1},
+    :math:`W = (X^\top X + \lambda I)^{-1} X^\top Y` (``ridge`` = lambda) with an unpenalized
+    intercept, in float64; the mean accuracy over stratified ``folds``-fold cross-validation.
     """
     if features.dim() != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features must be (N, F) and labels (N,), got {tuple(features.shape)} and "
-            f"{tuple(labels.shape)}"
-        )
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
+        raise ValueError(f"features must be (N, F) and labels (N,), got "
+                         f"{tuple(features.shape)} and {tuple(labels.shape)}")
     x = features.detach().double().cpu()  # (N, F)
     classes, y = torch.unique(labels.cpu(), return_inverse=True)
     targets = 2.0 * F.one_hot(y, len(classes)).double() - 1.0  # (N, K)
@@ -458,51 +323,32 @@ def heldout_loss(model: SkipThoughts, data: SkipThoughtData) -> float:
 
 @torch.no_grad()
 def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> dict[str, float]:
-    """Accuracy (percent) of the two linear probes on the frozen sentence vectors.
-
-    ``topic``: which of the probed topics a held-out sentence comes from; ``neighbour``: are
-    two held-out sentences consecutive, from the features ``[|u - v|, u * v]``.
-    """
+    """Accuracy (percent) of the ``topic`` and the ``neighbour`` probe (features
+    ``[|u - v|, u * v]``) on the frozen sentence vectors."""
     device = next(model.parameters()).device
     toks = data.tokens.to(device)
     need = torch.unique(torch.cat([data.topic_ids, data.pairs.flatten()]))
     vec = torch.zeros(data.tokens.shape[0], model.out.in_features)
     vec[need] = model.encode(toks[need]).cpu()  # (N, H), only the probed rows are filled
     u, v = vec[data.pairs[:, 0]], vec[data.pairs[:, 1]]
-    return {
-        "topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
-        "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels, folds),
-    }
+    return {"topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
+            "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels,
+                                        folds)}
 
 
-def time_per_update(
-    data: SkipThoughtData,
-    word_dim: int,
-    hidden_size: int,
-    batch_size: int,
-    updates: int = 10,
-    device: str | torch.device = "cpu",
-    seed: int = 0,
-) -> dict[str, float]:
-    """Median seconds per training update of the baseline and the LN model, interleaved.
+def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batch_size: int,
+                    updates: int = 10, device: str | torch.device = "cpu",
+                    seed: int = 0) -> dict[str, float]:
+    """Median seconds per update of the baseline and the LN model, taking turns on the same
+    batches after one untimed warm-up each (CPU time on a CPU, synchronized wall clock on a GPU).
 
-    Both models (same sizes, same batches) take turns, one update each, so a change in the
-    machine's load touches both alike; one warm-up update each is not timed. On a CPU the clock
-    is the process's CPU time (``time.process_time``), which other jobs on a shared machine
-    disturb far less than the wall clock (with one torch thread it is the update's own time);
-    on a GPU it is the wall clock, after waiting for the device (``torch.cuda.synchronize``).
-
-    Returns:
-        ``{"baseline": s, "layer_norm": s, "ratio": r}``: the median seconds per update of each
-        model and the median over updates of the ratio of the LN update's time to the time of
-        the baseline update just before it.
+    Returns ``{"baseline": s, "layer_norm": s, "ratio": r}``, r the median over updates of
+    the LN update's time over the baseline update's just before it.
     """
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     dev = torch.device(device)
-    tri = data.train_triples
-    batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
-                      batch_size=batch_size, seed=seed)
+    batches = _batches(data, batch_size, seed)
     models, opts = {}, {}
     times: dict[str, list[float]] = {"baseline": [], "layer_norm": []}
     for v in times:
@@ -534,8 +380,6 @@ def time_per_update(
     return out
 
 
-# ----------------------------------------------------------------------------- experiment
-
 #: Table 3 of the paper: SICK (Pearson r, Spearman rho, MSE), then accuracy (percent) on MR,
 #: CR, SUBJ and MPQA; the dagger row trained for a month (about 1.7M updates), the others 1M.
 PAPER_TABLE3: dict[str, dict[str, float]] = {
@@ -555,21 +399,9 @@ VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> l
 class Config:
     """Sizes and schedule of the skip-thought experiment; :func:`get_config` gives presets.
 
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``.
-        vocab_size: words kept besides the four special tokens.
-        max_tokens: sentences are cut to their first ``max_tokens`` words.
-        heldout: fraction of every topic (its end) held out from training.
-        probe_topics, probe_folds: classes of the topic probe, cross-validation folds.
-        word_dim, hidden_size: word vectors and GRU states (= sentence vector size).
-        batch_size, lr: Adam's mini-batch (triples) and step size.
-        steps, eval_every: updates per run, and updates between held-out evaluations.
-        timing_hidden: state sizes at which :func:`time_per_update` is measured.
-        timing_updates: interleaved updates per variant for each timing.
-        seeds: seeds of initialization and batch order.
-        variants: names from :data:`VARIANTS`.
-        threads: torch CPU threads during the run (restored afterwards; None: leave as is).
-        checkpoint: checkpoint every run under ``out`` and resume from it.
+    ``timing_hidden``: state sizes at which :func:`time_per_update` runs ``timing_updates``
+    updates per variant; ``threads``: torch CPU threads during the run (None: leave as is);
+    ``checkpoint``: checkpoint every run under ``out`` and resume from it.
     """
 
     scale: str = "quick"
@@ -592,9 +424,7 @@ class Config:
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
-        bad = [v for v in self.variants if v not in VARIANTS]
-        if bad:
-            raise ValueError(f"variants must be drawn from {tuple(VARIANTS)}, got {bad}")
+        check_variants(self.variants, VARIANTS)
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -602,20 +432,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         # Kiros et al.: 20k words, 620-d word vectors, 2400-d GRUs, batch 128, Adam, sentences
         # up to 30 words; the paper trains for 1M updates and evaluates every 50,000.
-        "vocab_size": 20_000,
-        "max_tokens": 30,
-        "word_dim": 620,
-        "hidden_size": 2400,
-        "batch_size": 128,
-        "lr": 1e-3,
-        "steps": 1_000_000,
-        "eval_every": 50_000,
-        "probe_folds": 10,
-        "timing_hidden": (2400,),
-        "timing_updates": 20,
-        "seeds": verdict_seeds(1),
-        "threads": None,
-        "checkpoint": True,
+        "vocab_size": 20_000, "max_tokens": 30, "word_dim": 620, "hidden_size": 2400,
+        "batch_size": 128, "lr": 1e-3, "steps": 1_000_000, "eval_every": 50_000,
+        "probe_folds": 10, "timing_hidden": (2400,), "timing_updates": 20,
+        "seeds": verdict_seeds(1), "threads": None, "checkpoint": True,
     },
 }
 
@@ -634,41 +454,28 @@ def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
 def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History, dict[str, Any]]:
     """One (variant, seed): probe the untrained encoder, train, probe again."""
     torch.manual_seed(job.seed)
-    model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size,
-                         layer_norm=job.params)
+    model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size, job.params)
     start = probe_scores(model, data, config.probe_folds)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    tri = data.train_triples
-    batches = Batches(data.tokens[tri[:, 0]], data.tokens[tri[:, 1]], data.tokens[tri[:, 2]],
-                      batch_size=config.batch_size, seed=job.seed)
-    hist = fit(model, batches, opt, config.steps, config.eval_every,
-               eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},  # type: ignore[arg-type]
+    hist = fit(model, _batches(data, config.batch_size, job.seed), opt, config.steps,
+               config.eval_every, eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},
                device=job.device, seed=job.seed, checkpoint=job.checkpoint, bar=job.bar,
                label=job.label)
     model.eval()
     final = probe_scores(model, data, config.probe_folds)
-    times = sorted(hist.step_times or [hist.wall_time / config.steps])
     return hist, {"probe_start": start, "probe_final": final,
-                  "sec_per_update": times[len(times) // 2]}
+                  "sec_per_update": median_step_time(hist, config.steps)}
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-    data: tuple[Corpus, SkipThoughtData] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None, seeds: tuple[int, ...] | list[int] | None = None,
+        data: tuple[Corpus, SkipThoughtData] | None = None) -> Results:
     """Train the baseline and the LN skip-thought models for every seed; probe before and after.
 
-    Every ``eval_every`` updates the held-out loss is recorded (``Results.curves(variant,
-    "heldout_loss")``). ``Results.info_of(variant, key)`` gives per seed ``probe_start`` and
-    ``probe_final`` (the probes of :func:`probe_scores` on the untrained and the trained
-    encoder) and ``sec_per_update`` (median wall-clock seconds of one update).
-    ``Results.info`` holds the corpus sizes, ``unigram`` (:func:`unigram_loss`) and
-    ``timing``: :func:`time_per_update` at each state size of ``timing_hidden`` (keys are the
-    sizes as strings). ``data``: what :func:`load_data` returns for this config, if already
-    loaded.
+    Curves: ``heldout_loss``. Per seed: ``probe_start``, ``probe_final`` (:func:`probe_scores`)
+    and ``sec_per_update``. ``Results.info``: ``corpus`` sizes, ``unigram``, ``majority_topic``
+    and ``timing`` (:func:`time_per_update` per size of ``timing_hidden``, keys as strings).
+    ``data``: what :func:`load_data` returns, if already loaded.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a skip_thoughts.Config, got {type(config).__name__}")
@@ -677,54 +484,35 @@ def run(
         timing = {str(h): time_per_update(data, config.word_dim, h, config.batch_size,
                                           config.timing_updates)
                   for h in config.timing_hidden}
-        info = {
-            "corpus": {
-                "source": corpus.source,
-                "topics": len(corpus.topics),
-                "sentences": len(corpus),
-                "words": sum(len(s) for s in corpus.sentences),
-                "train_triples": int(data.train_triples.shape[0]),
-                "test_triples": int(data.test_triples.shape[0]),
-                "vocab": len(data.vocab),
-                "probe_topics": data.topic_names,
-                "topic_probe_sentences": int(data.topic_ids.numel()),
-                "neighbour_probe_pairs": int(data.pairs.shape[0]),
-            },
-            "unigram": unigram_loss(data),
-            "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
-            / len(data.topic_labels),
-            "timing": timing,
-        }
+        corpus_info = {"source": corpus.source, "topics": len(corpus.topics),
+                       "sentences": len(corpus), "words": sum(len(s) for s in corpus.sentences),
+                       "train_triples": int(data.train_triples.shape[0]),
+                       "test_triples": int(data.test_triples.shape[0]),
+                       "vocab": len(data.vocab), "probe_topics": data.topic_names,
+                       "topic_probe_sentences": int(data.topic_ids.numel()),
+                       "neighbour_probe_pairs": int(data.pairs.shape[0])}
+        info = {"corpus": corpus_info, "unigram": unigram_loss(data),
+                "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
+                / len(data.topic_labels), "timing": timing}
         return sweep(NAME, {v: VARIANTS[v] for v in config.variants},
                      tuple(config.seeds if seeds is None else seeds),
                      lambda job: _train_one(config, data, job), config=config, device=device,
                      out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
 
 
-# ----------------------------------------------------------------------------- measurements
-
-
 def updates_to_target(results: Results, target: float,
                       metric: str = "heldout_loss") -> dict[str, np.ndarray]:
     """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (NaN: never)."""
-    out = {}
-    for v in results.variants:
-        steps, values = results.curves(v, metric)  # (E,), (seeds, E)
-        reach = [updates_to_reach(steps, row, target, mode="min") for row in values]
-        out[v] = np.array([np.nan if r is None else r for r in reach], dtype=float)
-    return out
+    curves = {v: results.curves(v, metric) for v in results.variants}  # (E,), (seeds, E)
+    return {v: first_reach(steps, values, [target] * len(values), "min")
+            for v, (steps, values) in curves.items()}
 
 
 def probe_table(results: Results, fmt: str = ".1f") -> Table:
     """Probe accuracies (percent) of the untrained and the trained encoders, one value per seed."""
-    rows = []
-    for v in results.variants:
-        cells = [v]
-        for when in ("probe_start", "probe_final"):
-            for probe in ("topic", "neighbour"):
-                vals = [p[probe] for p in results.info_of(v, when)]
-                cells.append(" / ".join(format(x, fmt) for x in vals))
-        rows.append(cells)
+    rows = [[v, *(" / ".join(format(p[probe], fmt) for p in results.info_of(v, when))
+                  for when in ("probe_start", "probe_final") for probe in ("topic", "neighbour"))]
+            for v in results.variants]
     seeds = ", ".join(str(s) for s in results.seeds)
     return Table(["variant", "topic (untrained)", "neighbour (untrained)", "topic (trained)",
                   "neighbour (trained)"], rows, caption=f"percent; one value per seed ({seeds})")

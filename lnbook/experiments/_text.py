@@ -1,0 +1,41 @@
+"""Helpers shared by the text experiments of chapter 6 (order embeddings, skip-thoughts)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lnbook.experiments.protocol import updates_to_reach
+from lnbook.train import History
+
+
+def pad_ids(seqs: Sequence[Sequence[int]], length: int) -> Tensor:
+    """Word ids ``(N, length)``: each sequence cut to ``length``, right-padded with 0."""
+    out = torch.zeros(len(seqs), length, dtype=torch.long)
+    for n, s in enumerate(seqs):
+        out[n, : len(s[:length])] = torch.tensor(s[:length], dtype=torch.long)
+    return out
+
+
+def check_variants(variants: Iterable[str], known: Mapping[str, bool]) -> None:
+    """Raise ValueError unless every name of ``variants`` is a key of ``known``."""
+    bad = [v for v in variants if v not in known]
+    if bad:
+        raise ValueError(f"variants must be drawn from {tuple(known)}, got {bad}")
+
+
+def median_step_time(hist: History, steps: int) -> float:
+    """Median seconds of one update of ``hist`` (robust to a busy machine)."""
+    times = sorted(hist.step_times or [hist.wall_time / steps])
+    return times[len(times) // 2]
+
+
+def first_reach(steps: Sequence[int], rows: Iterable[Sequence[float]], targets: Iterable[float],
+                mode: str) -> np.ndarray:
+    """Per row, the first update at which it reaches its target (NaN: never), ``(rows,)``."""
+    reach = [updates_to_reach(steps, row, float(t), mode=mode)
+             for row, t in zip(rows, targets, strict=True)]
+    return np.array([np.nan if r is None else r for r in reach], dtype=float)
