@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import mean_after_start
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
@@ -244,13 +245,9 @@ def run(config: Config, device: str | torch.device = "cpu",
     x, y = majority_task(config.n_train, config.length, config.symbols, seed=0)
     xt, yt = majority_task(config.n_test, config.length, config.symbols, seed=1)
     chance = float((yt == torch.bincount(y).argmax()).double().mean())
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads or old_threads)
-    try:
+    with cpu_threads(config.threads or None):
         runs = [r for norm in config.norms
                 for r in _train_norm(config, norm, run_seeds, (x, y), (xt, yt))]
-    finally:
-        torch.set_num_threads(old_threads)
     results = Results(NAME, dict(vars(config)), str(device), runs, {"chance": chance})
     if out is not None:
         save_results(results, Path(out) / f"{NAME}.json")

@@ -7,7 +7,6 @@ warm-up of one placement at once (:func:`lnbook.experiments.stacked.train_stacke
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from lnbook.experiments.protocol import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, make_task, presets
-from lnbook.experiments.stacked import sweep_stacked, train_stacked
+from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
@@ -115,10 +114,7 @@ def run(config: Config, device: str | torch.device = "auto",
     is the run :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, to rounding;
     ``config.workers`` and ``checkpoint`` are unused; ``out``: also write
     ``out/placement.json``."""
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a placement.Config (get_config), got "
-                        f"{type(config).__name__}")
-    return sweep_stacked(NAME, config, device, seeds, out, functools.partial(_train, config))
+    return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
