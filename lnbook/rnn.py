@@ -781,8 +781,8 @@ class RNN(_RNNKind, _RNNBase):
     Each layer runs :class:`LNRNNCell`'s step over time (norms ``ln_l{k}``, ``ln_l{k}_reverse``).
 
     Args:
-        input_size, hidden_size, num_layers, nonlinearity, bias, batch_first, dropout,
-            bidirectional, device, dtype: as :class:`torch.nn.RNN`.
+        input_size, hidden_size, num_layers, nonlinearity, bias: as :class:`torch.nn.RNN`.
+        batch_first, dropout, bidirectional, device, dtype: as :class:`torch.nn.RNN`.
         layer_norm, eps, ln_impl, norm: keyword-only, as :class:`LNRNNCell`.
 
     Shape:

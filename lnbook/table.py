@@ -13,7 +13,7 @@ GLUE_PREFIX = "application/papermill.record/"
 
 
 def glue(name: str, value: Any, display: bool = True) -> None:
-    """Hand ``value`` to the page's prose as ``name`` (``{glue:text}`name:.2f` ``).
+    """Hand ``value`` to the page's prose as ``name`` (MyST's ``glue:text`` role).
 
     Writes the output ``myst_nb.glue`` writes (its display formats, under ``GLUE_PREFIX``
     when ``display=False``, with ``scrapbook`` metadata) without importing MyST-NB's Sphinx

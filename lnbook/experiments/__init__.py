@@ -3,9 +3,10 @@
 
 Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale``,
 ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto", out=None,
-seeds=None) -> Results``, which trains its variants x seeds (through :func:`sweep`, or every
-seed as one model via :mod:`.stacked`) and writes ``out/<NAME>.json``, never over results of
-another config. The shared machinery (:mod:`.protocol`) is importable from here too.
+seeds=None) -> Results``, which trains its variants x seeds (through
+:func:`~lnbook.experiments.runner.sweep`, or every seed as one model via :mod:`.stacked`) and
+writes ``out/<NAME>.json``, never over results of another config. The shared machinery
+(:mod:`.protocol`) is importable from here too.
 """
 
 from __future__ import annotations
