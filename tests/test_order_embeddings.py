@@ -365,3 +365,12 @@ def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
     run = longer.select("layer_norm")[0]
     assert run.history.eval_steps == [0, 2, 4, 6]
     assert run.history.losses[:4] == a.history.losses  # resumed from update 4, not restarted
+
+
+def test_bad_arguments_name_what_was_expected():
+    with pytest.raises(ValueError, match="captions_per_image"):
+        oe.load_caption_data(10, 10, 10, captions_per_image=0)
+    with pytest.raises(ValueError, match="same shape"):
+        oe.contrastive_loss(torch.zeros(3, 4), torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="caption_image"):
+        oe.retrieval_ranks(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))

@@ -240,3 +240,16 @@ def test_run_first_sign_curves_and_pairing():
         E.FirstSignConfig(variants=("bn",))
     with pytest.raises(TypeError, match="FirstSignConfig"):
         E.run_first_sign({"steps": 1})
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: E.Config(steps=0), "steps and eval_every"),
+    (lambda: E.Config(test_len=0), "test_len"),
+    (lambda: E.FirstSignConfig(lengths=(0,)), "lengths"),
+    (lambda: E.FirstSignConfig(batch_sizes=()), "batch_sizes"),
+    (lambda: E.FirstSignConfig(hidden=0), "hidden"),
+    (lambda: E.StackedRNN([], 8), "at least one model"),
+])
+def test_bad_arguments_name_what_was_expected(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

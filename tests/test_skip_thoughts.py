@@ -306,3 +306,14 @@ def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
     longer = st.run(st.get_config("paper", **{**kw, "steps": 3}), device="cpu", out=tmp_path)
     a, b = first.select("baseline")[0].history, longer.select("baseline")[0].history
     assert b.losses[:2] == a.losses and len(b.losses) == 3  # resumed, not restarted
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: st.load_corpus(min_tokens=5, max_tokens=4), "min_tokens"),
+    (lambda: st.stratified_folds(torch.zeros(6, dtype=torch.long), 1), "folds"),
+    (lambda: st.probe_accuracy(torch.zeros(6, 2), torch.zeros(6, dtype=torch.long), ridge=-1.0),
+     "ridge"),
+])
+def test_bad_arguments_name_what_was_expected(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -171,6 +171,8 @@ def load_caption_data(n_train: int, n_val: int, n_test: int, captions_per_image:
     split, the first ``n_test`` test images from its test split; tercile edges and vocabulary
     from the training split only. Deterministic in ``seed``.
     """
+    if captions_per_image < 1:
+        raise ValueError(f"captions_per_image must be >= 1, got {captions_per_image}")
     train = load_mnist(split="train", source=source)
     test = load_mnist(split="test", source=source)
     if n_train + n_val > len(train) or n_test > len(test):
@@ -249,6 +251,9 @@ def contrastive_loss(captions: Tensor, images: Tensor, margin: float = 0.05) -> 
     With S = -E: the batch mean of the sums over j != k of
     max(0, margin - S(c_k, i_k) + S(c_j, i_k)) and max(0, margin - S(c_k, i_k) + S(c_k, i_j)).
     """
+    if captions.shape != images.shape:
+        raise ValueError(f"captions and images must have the same shape (B, D), got "
+                         f"{tuple(captions.shape)} and {tuple(images.shape)}")
     s = -order_violation(captions, images)  # (B, B)
     pos = s.diag()  # (B,)
     off = ~torch.eye(s.shape[0], dtype=torch.bool, device=s.device)
@@ -265,6 +270,8 @@ def retrieval_ranks(scores: Tensor, caption_image: Tensor) -> tuple[Tensor, Tens
     caption k's image among all images).
     """
     nc, ni = scores.shape
+    if caption_image.shape != (nc,):
+        raise ValueError(f"caption_image must have shape ({nc},), got {tuple(caption_image.shape)}")
     rows = torch.arange(nc)
     right = scores[rows, caption_image]  # (Nc,)
     is_right = torch.zeros(nc, ni, dtype=torch.bool)

@@ -76,6 +76,10 @@ class Config:
             raise ValueError(f"train_lens must be lengths >= 1, got {self.train_lens}")
         if not self.batch_sizes or min(self.batch_sizes) < 2:
             raise ValueError(f"batch_sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
+        if self.test_len is not None and self.test_len < 1:
+            raise ValueError(f"test_len must be >= 1 or None, got {self.test_len}")
+        if self.steps < 1 or self.eval_every < 1:
+            raise ValueError("steps and eval_every must be >= 1")
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -281,6 +285,9 @@ class StackedRNN(nn.Module):
                  eps: float = 1e-5) -> None:
         super().__init__()
         flags = [bool(f) for f in layer_norm]
+        if not flags or hidden < 1:
+            raise ValueError(f"need at least one model and hidden >= 1, got {len(flags)} "
+                             f"models, hidden={hidden}")
         m, h = len(flags), hidden
         self.n_models, self.hidden, self.eps = m, h, eps
         self.register_buffer("ln_mask", torch.tensor(flags).view(m, 1, 1), persistent=False)
@@ -363,6 +370,12 @@ class FirstSignConfig:
         self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
         if not self.variants or not set(self.variants) <= {"ln", "plain"}:
             raise ValueError(f"variants must be drawn from ('ln', 'plain'), got {self.variants}")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths must be >= 1, got {self.lengths}")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch_sizes must be >= 1, got {self.batch_sizes}")
+        if not self.seeds or self.steps < 1 or self.eval_every < 1 or self.hidden < 1:
+            raise ValueError("seeds must be given, and steps, eval_every, hidden >= 1")
 
 
 @dataclass

@@ -80,6 +80,8 @@ class Corpus:
 def load_corpus(min_tokens: int = 3, max_tokens: int = 20) -> Corpus:
     """All prose sentences of :mod:`pydoc_data.topics` with ``min_tokens`` or more words, cut
     to ``max_tokens``; topics in sorted order."""
+    if not 1 <= min_tokens <= max_tokens:
+        raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
     names = sorted(help_topics)
     sentences, topic = [], []
     for k, name in enumerate(names):
@@ -133,6 +135,8 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
     the ``probe_topics`` topics with the most held-out sentences; ``seed``: the neighbour
     probe's negative pairs.
     """
+    if not 0.0 < heldout < 1.0:
+        raise ValueError(f"heldout must lie in (0, 1), got {heldout}")
     n = len(corpus)
     topic = torch.tensor(corpus.topic)
     held = torch.zeros(n, dtype=torch.bool)
@@ -272,6 +276,8 @@ class SkipThoughts(nn.Module):
 
 def stratified_folds(labels: Tensor, folds: int, seed: int = 0) -> Tensor:
     """Fold id ``(N,)`` of every example: each class shuffled (seeded), then dealt round-robin."""
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
     g = torch.Generator().manual_seed(seed)
     fold = torch.empty(labels.shape[0], dtype=torch.long)
     offset = 0
@@ -295,6 +301,8 @@ def probe_accuracy(
     if features.dim() != 2 or labels.shape != (features.shape[0],):
         raise ValueError(f"features must be (N, F) and labels (N,), got "
                          f"{tuple(features.shape)} and {tuple(labels.shape)}")
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
     x = features.detach().double().cpu()  # (N, F)
     classes, y = torch.unique(labels.cpu(), return_inverse=True)
     targets = 2.0 * F.one_hot(y, len(classes)).double() - 1.0  # (N, K)
