@@ -357,7 +357,6 @@ class DRAW(nn.Module):
                 f"{self.height}x{self.width}), got {tuple(x.shape)}"
             )
 
-
     def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
         centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
@@ -368,12 +367,48 @@ class DRAW(nn.Module):
         fx, fy = _split_axes(f, self.width, self.height, 1e-8)
         return fx, fy, pos[:, 2:3]
 
-
     def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
         """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
         fx, fy, gamma = self._attend_raw(raw, self.write_grid)
         w = w.reshape(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
         return write_patch(w, fx, fy, gamma)  # (B, H, W)
+
+    def _heads(self, h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The read head, the write head and the write patch of ``h_dec``."""
+        write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)
+        return self.read_attn(h_dec), write_raw, w
+
+    def _glimpses(self, x: Tensor, read_raw: Tensor, layers: tuple[Callable, ...],
+                  noise: Callable[[int], Tensor] | None = None,
+                  canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """The glimpse loop on images ``x`` (*lead, H*W) for one model (lead = (B,)) or a stack
+        of copies (lead = (M, B)); ``layers`` = (encoder, decoder, to_q, heads) of h -> output,
+        ``read_raw`` the read head of h_dec = 0, ``noise(t)`` the posterior noise (None: drawn)."""
+        encoder, decoder, to_q, heads = layers
+        lead = x.shape[:-1]
+        img = x.view(*lead, self.height, self.width)  # (*lead, H, W)
+        canvas = torch.zeros_like(img)  # logits c_0
+        h_dec = x.new_zeros(*lead, self.decoder.hidden_size)  # (*lead, Hd)
+        enc = dec = None
+        kl = x.new_zeros(lead)  # (*lead,)
+        for step in range(self.glimpses):
+            x_hat = img - torch.sigmoid(canvas)  # (*lead, H, W) error image
+            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_grid)
+            both = torch.stack([img, x_hat], -3).reshape(-1, 2, self.height, self.width)
+            r = read_glimpse(both, fx, fy, gamma).reshape(*lead, -1)  # (*lead, 2 Nr^2)
+            enc = encoder(torch.cat([r, h_dec], -1), enc)
+            mu, log_sigma = to_q(enc[0]).chunk(2, -1)  # (*lead, Z) each
+            eps = torch.randn_like(mu) if noise is None else noise(step)
+            z = mu + torch.exp(log_sigma) * eps
+            kl = kl + gaussian_kl(mu, log_sigma)
+            dec = decoder(z, dec)
+            h_dec = dec[0]  # (*lead, Hd)
+            read_raw, write_raw, w = heads(h_dec)
+            canvas = canvas + self._write_raw(write_raw.reshape(-1, 5), w).view(img.shape)
+            if canvases is not None:
+                canvases.append(canvas)
+        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((-2, -1))
+        return nll_x, kl
 
     def bound_terms(self, x: Tensor, canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """The two parts of the negative variational bound for each image, in nats.
@@ -387,27 +422,9 @@ class DRAW(nn.Module):
             ``(nll_x, kl)``, each ``(B,)``: ``-log D(x | sigmoid(c_T))`` and ``sum_t KL_t``.
         """
         self._check(x)
-        bsz = x.shape[0]
-        img = x.view(bsz, self.height, self.width)  # (B, H, W)
-        canvas = torch.zeros_like(img)  # (B, H, W) logits c_0
-        h_dec = x.new_zeros(bsz, self.decoder.hidden_size)  # (B, Hd)
-        enc_state = dec_state = None
-        kl = x.new_zeros(bsz)  # (B,)
-        for _ in range(self.glimpses):
-            x_hat = img - torch.sigmoid(canvas)  # (B, H, W) error image
-            fx, fy, gamma = self._attend_raw(self.read_attn(h_dec), self.read_grid)
-            r = read_glimpse(torch.stack([img, x_hat], 1), fx, fy, gamma)  # (B, 2, Nr, Nr)
-            enc_state = self.encoder(torch.cat([r.flatten(1), h_dec], 1), enc_state)
-            mu, log_sigma = self.to_q(enc_state[0]).chunk(2, dim=1)  # (B, Z) each
-            z = mu + torch.exp(log_sigma) * torch.randn_like(mu)  # (B, Z)
-            kl = kl + gaussian_kl(mu, log_sigma)
-            dec_state = self.decoder(z, dec_state)
-            h_dec = dec_state[0]  # (B, Hd)
-            canvas = canvas + self._write_raw(self.write_attn(h_dec), self.write_w(h_dec))
-            if canvases is not None:
-                canvases.append(canvas)
-        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((1, 2))
-        return nll_x, kl
+        read_raw = self.read_attn(x.new_zeros(x.shape[0], self.decoder.hidden_size))
+        layers = (self.encoder, self.decoder, self.to_q, self._heads)
+        return self._glimpses(x, read_raw, layers, canvases=canvases)
 
     def forward(self, x: Tensor) -> Tensor:
         """Negative variational bound ``L^x + L^z`` averaged over the batch (nats per image)."""
@@ -416,11 +433,7 @@ class DRAW(nn.Module):
 
     @torch.no_grad()
     def generate(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """Draw ``n`` images from the prior; returns the canvas after each step.
-
-        Returns:
-            ``(glimpses, n, height, width)`` pixel probabilities ``sigmoid(c_t)``.
-        """
+        """Draw ``n`` images from the prior: ``sigmoid(c_t)`` after each step, (T, n, H, W)."""
         dev = self.write_w.weight.device
         canvas = torch.zeros(n, self.height, self.width, device=dev)
         dec_state, frames = None, []
@@ -434,15 +447,8 @@ class DRAW(nn.Module):
 
     @torch.no_grad()
     def reconstruct(self, x: Tensor, seed: int = 0) -> Tensor:
-        """The canvas after each glimpse while the model encodes and redraws ``x``.
-
-        Args:
-            x: ``(B, height * width)`` binary images.
-            seed: seeds the posterior samples (the global RNG is restored afterwards).
-
-        Returns:
-            ``(glimpses, B, height, width)`` pixel probabilities ``sigmoid(c_t)``.
-        """
+        """``sigmoid(c_t)`` after each glimpse while the model encodes and redraws ``x``
+        (B, H*W), (T, B, H, W); ``seed`` seeds the posterior samples (global RNG restored)."""
         canvases: list[Tensor] = []
         with _seeded(seed):
             self.bound_terms(x, canvases)
@@ -511,17 +517,11 @@ class StackedDRAW:
         self.ln = torch.tensor(self.layer_norm, device=dev).view(-1, 1, 1)  # (M, 1, 1)
         ln_model = next((m for m in models if m.layer_norm), None)
         self.eps = ln_model.encoder.ln_c.eps if ln_model is not None else 1e-5
-        names = [n for n, _ in (ln_model or models[0]).named_parameters()]
+        owns = [dict(m.named_parameters()) for m in models]
         self.params: dict[str, Tensor] = {}
-        for name in names:
-            rows = []
-            for m in models:
-                own = dict(m.named_parameters())
-                if name in own:
-                    rows.append(own[name].detach())
-                else:  # the LN gain and bias of a baseline copy: unused
-                    rows.append(torch.full_like(dict(ln_model.named_parameters())[name],
-                                                1.0 if name.endswith("weight") else 0.0))
+        for name, q in (ln_model or models[0]).named_parameters():
+            unused = torch.full_like(q, 1.0 if name.endswith("weight") else 0.0)  # LN of a baseline
+            rows = [own[name].detach() if name in own else unused for own in owns]
             self.params[name] = torch.stack(rows).clone().requires_grad_(True)
 
     def __len__(self) -> int:
@@ -551,8 +551,8 @@ class StackedDRAW:
                           p[f"{prefix}.ln_c.weight"].unsqueeze(1))
         return n if all(self.layer_norm) else torch.where(self.ln, n, c)
 
-    def _lstm(self, prefix: str, inp: Tensor, state: tuple[Tensor, Tensor] | None,
-              w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    def _lstm(self, prefix: str, w: Tensor, b: Tensor, inp: Tensor,
+              state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
         """One step of every copy's :class:`lnbook.DRAWLSTMCell`; ``w`` is ``(M, I + H, 4H)``
         (``[W_ih, W_hh]`` transposed), ``b`` is ``(M, 1, 4H)``; gates in torch's order."""
         if state is None:
@@ -579,39 +579,25 @@ class StackedDRAW:
         if x.dim() != 3 or x.shape[0] != len(self) or x.shape[2] != t.width * t.height:
             raise ValueError(f"x must have shape ({len(self)}, B, {t.width * t.height}), got "
                              f"{tuple(x.shape)}")
-        m, bsz = x.shape[:2]
-        lstm = {}
-        for cell in ("encoder", "decoder"):
-            lstm[cell] = (torch.cat([p[f"{cell}.weight_ih"], p[f"{cell}.weight_hh"]],
-                                    2).transpose(1, 2),
-                          (p[f"{cell}.bias_ih"] + p[f"{cell}.bias_hh"]).unsqueeze(1))
+        cells = [partial(self._lstm, c, torch.cat([p[f"{c}.weight_ih"], p[f"{c}.weight_hh"]],
+                                                  2).transpose(1, 2),
+                         (p[f"{c}.bias_ih"] + p[f"{c}.bias_hh"]).unsqueeze(1))
+                 for c in ("encoder", "decoder")]
         w_q, b_q = p["to_q.weight"].transpose(1, 2), p["to_q.bias"].unsqueeze(1)
         heads = ("read_attn", "write_attn", "write_w")  # all three read h_dec: one matmul
         w_h = torch.cat([p[f"{h}.weight"] for h in heads], 1).transpose(1, 2)  # (M, Hd, 10+Nw^2)
         b_h = torch.cat([p[f"{h}.bias"] for h in heads], 1).unsqueeze(1)  # (M, 1, 10+Nw^2)
-        img = x.view(m, bsz, t.height, t.width)  # (M, B, H, W)
-        canvas = torch.zeros_like(img)
-        h_dec = x.new_zeros(m, bsz, t.decoder.hidden_size)
-        read_raw = b_h[..., :5].expand(m, bsz, 5)  # the read head of h_dec = 0
-        enc = dec = None
-        kl = x.new_zeros(m, bsz)
-        for step in range(t.glimpses):
-            x_hat = img - torch.sigmoid(canvas)  # (M, B, H, W)
-            fx, fy, gamma = t._attend_raw(read_raw.reshape(m * bsz, 5), t.read_grid)
-            both = torch.stack([img, x_hat], 2).view(m * bsz, 2, t.height, t.width)
-            r = read_glimpse(both, fx, fy, gamma).reshape(m, bsz, -1)  # (M, B, 2 Nr^2)
-            enc = self._lstm("encoder", torch.cat([r, h_dec], -1), enc, *lstm["encoder"])
-            mu, log_sigma = torch.baddbmm(b_q, enc[0], w_q).chunk(2, -1)  # (M, B, Z) each
-            z = mu + torch.exp(log_sigma) * noise(step)
-            kl = kl + gaussian_kl(mu, log_sigma)
-            dec = self._lstm("decoder", z, dec, *lstm["decoder"])
-            h_dec = dec[0]
+
+        def to_q(h_enc: Tensor) -> Tensor:
+            return torch.baddbmm(b_q, h_enc, w_q)  # (M, B, 2Z)
+
+        def all_heads(h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             out = torch.baddbmm(b_h, h_dec, w_h)  # (M, B, 10 + Nw^2)
-            read_raw = out[..., :5]
-            patch = t._write_raw(out[..., 5:10].reshape(m * bsz, 5), out[..., 10:])
-            canvas = canvas + patch.view(m, bsz, t.height, t.width)
-        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((2, 3))
-        return nll_x, kl
+            return out[..., :5], out[..., 5:10], out[..., 10:]
+
+        layers = (*cells, to_q, all_heads)
+        read_raw = b_h[..., :5].expand(*x.shape[:2], 5)  # the read head of h_dec = 0
+        return t._glimpses(x, read_raw, layers, noise)
 
     @torch.no_grad()
     def evaluate_terms(self, x: Tensor, batch_size: int = 500,
