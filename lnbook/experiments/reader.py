@@ -10,6 +10,7 @@ and :func:`updates_to_target` / :func:`gain_gap` read speed and gain sensitivity
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -423,17 +424,22 @@ class AttentiveReader(nn.Module):
             )
         y, _ = self.passage_lstm(self.embed(passages.t()))  # (Tp, B, H)
         uq, _ = self.query_lstm(self.embed(queries.t()))  # (Tq, B, H)
-        u = uq[-1]  # (B, H)
-        m = torch.tanh(self.w_ym(y) + self.w_um(u))  # (Tp, B, H)
-        s = torch.softmax(self.w_ms(m).squeeze(-1), dim=0)  # (Tp, B) attention over positions
-        r = (s.unsqueeze(-1) * y).sum(dim=0)  # (B, H)
-        g = torch.tanh(self.w_rg(r) + self.w_ug(u))  # (B, H)
-        return self.w_a(g).masked_fill(~candidates, float("-inf"))  # (B, n_entities)
+        return _answer(y, uq[-1], candidates, self.get_submodule)  # (B, n_entities)
 
     def forward(
         self, passages: Tensor, queries: Tensor, candidates: Tensor, answers: Tensor
     ) -> Tensor:
         return F.cross_entropy(self.logits(passages, queries, candidates), answers)
+
+
+def _answer(y: Tensor, u: Tensor, candidates: Tensor,
+            layer: Callable[[str], Callable[[Tensor], Tensor]]) -> Tensor:
+    """AttentiveReader's equations from ``y`` (Tp, *, H), ``u`` (*, H); ``layer(name)``: W_name."""
+    m = torch.tanh(layer("w_ym")(y) + layer("w_um")(u))  # (Tp, *, H)
+    s = torch.softmax(layer("w_ms")(m).squeeze(-1), dim=0)  # (Tp, *) attention over positions
+    r = (s.unsqueeze(-1) * y).sum(dim=0)  # (*, H)
+    g = torch.tanh(layer("w_rg")(r) + layer("w_ug")(u))  # (*, H)
+    return layer("w_a")(g).masked_fill(~candidates, float("-inf"))  # (*, n_entities)
 
 
 def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) -> dict[str, float]:
@@ -539,14 +545,17 @@ def run(
     return results
 
 
+def _seeded_model(config: Config, data: ClozeData, variant: str, seed: int) -> AttentiveReader:
+    """The :class:`AttentiveReader` of ``variant`` initialized under ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return AttentiveReader(len(data.vocab), config.n_entities, data.passages.shape[1],
+                           data.queries.shape[1], config.embed_size, config.hidden_size, variant,
+                           config.bn_gain_init, config.ln_small_gain)
+
+
 def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> History:
     """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
-    torch.manual_seed(job.seed)
-    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
-    model = AttentiveReader(
-        len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
-        config.hidden_size, job.variant, config.bn_gain_init, config.ln_small_gain,
-    )
+    model = _seeded_model(config, train, job.variant, job.seed)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     return fit(model, Batches(*train.tensors(), batch_size=config.batch_size, seed=job.seed),
                opt, steps=config.steps, eval_every=config.eval_every,
@@ -593,12 +602,10 @@ class StackedReader(nn.Module):
             for n, q in models[0].named_parameters() if q.requires_grad})
         self.bn_momentum, self.bn_eps = 0.1, 1e-5
         self.trained = False  # whether BN has batch statistics (of every step: fixed lengths)
-        if self.kind == "bn":
-            for lstm in ("passage_lstm", "query_lstm"):
-                for bn in ("bn_ih", "bn_hh", "bn_c"):
-                    for s in ("running_mean", "running_var"):
-                        b = torch.stack([m.get_buffer(f"{lstm}.{bn}.{s}") for m in models])
-                        self.register_buffer(f"{lstm}__{bn}__{s}", b.clone())  # (M, T, F)
+        for n, _ in models[0].named_buffers():  # recurrent BN's statistics, (M, T, F) each
+            if n.endswith(("running_mean", "running_var")):
+                b = torch.stack([m.get_buffer(n) for m in models])
+                self.register_buffer(n.replace(".", "__"), b.clone())
 
     @classmethod
     def from_models(cls, models: list[AttentiveReader]) -> StackedReader:
@@ -696,17 +703,16 @@ class StackedReader(nn.Module):
         emb = p["embed__weight"]  # (M, V, E)
         rows = torch.arange(emb.shape[0]).view(-1, 1, 1)  # (M, 1, 1)
 
-        def lin(x: Tensor, name: str, bias: bool = True) -> Tensor:  # x (..., M, B, in)
-            y = torch.matmul(x, p[name + "__weight"].transpose(1, 2))
-            return y + p[name + "__bias"].unsqueeze(1) if bias else y
+        def layer(name: str) -> Callable[[Tensor], Tensor]:
+            def lin(x: Tensor) -> Tensor:  # x (..., M, B, in)
+                y = torch.matmul(x, p[name + "__weight"].transpose(1, 2))
+                bias = p.get(name + "__bias")
+                return y if bias is None else y + bias.unsqueeze(1)
+            return lin
 
         y = self._lstm(emb[rows, passages].permute(2, 0, 1, 3), "passage_lstm")  # (Tp, M, B, H)
         u = self._lstm(emb[rows, queries].permute(2, 0, 1, 3), "query_lstm")[-1]  # (M, B, H)
-        m = torch.tanh(lin(y, "w_ym", False) + lin(u, "w_um"))  # (Tp, M, B, H)
-        s = torch.softmax(lin(m, "w_ms", False).squeeze(-1), dim=0)  # (Tp, M, B)
-        r = (s.unsqueeze(-1) * y).sum(dim=0)  # (M, B, H)
-        g = torch.tanh(lin(r, "w_rg", False) + lin(u, "w_ug"))  # (M, B, H)
-        return lin(g, "w_a").masked_fill(~candidates, float("-inf"))
+        return _answer(y, u, candidates, layer)
 
     def losses(self, passages: Tensor, queries: Tensor, candidates: Tensor,
                answers: Tensor) -> Tensor:
@@ -741,14 +747,7 @@ def train_stacked(
     """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
-    p_len, q_len = train.passages.shape[1], train.queries.shape[1]
-    models = []
-    for v, s in jobs:
-        torch.manual_seed(s)
-        models.append(AttentiveReader(
-            len(train.vocab), config.n_entities, p_len, q_len, config.embed_size,
-            config.hidden_size, v, config.bn_gain_init, config.ln_small_gain))
-    model = StackedReader.from_models(models)
+    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
