@@ -805,14 +805,30 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
     copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
     (a generator seeded with ``seed``) and its own Adam moments."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
+    batches = {s: Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for _, s in pairs}
+    gens = [torch.Generator(device=dev).manual_seed(s) for _, s in pairs]
+    shape = (config.batch_size, config.z_size)
+
+    def noise(_: int) -> Tensor:
+        return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
+
+    def losses(step: int) -> Tensor:
+        x = torch.stack([batches[s](step)[0] for _, s in pairs])  # (M, B, D)
+        nll_x, kl = stack.bound_terms(x, noise)
+        return (nll_x + kl).mean(1)  # (M,)
+
     with cpu_threads(config.threads):
         models = []
         for v, s in pairs:
             torch.manual_seed(s)
             models.append(build_model(config, layer_norm=(v == "layer_norm")).to(dev))
         stack = StackedDRAW(models)
-        histories = _train_stacked(stack, config, x_train.to(dev), x_test.to(dev),
-                                   [s for _, s in pairs], dev, progress)
+        # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
+        adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
+                                fused=dev.type in ("cpu", "cuda"))
+        histories = train_copies(losses, partial(stack.evaluate_terms, x_test.to(dev)), adam,
+                                 [History() for _ in pairs], config.steps, config.eval_every,
+                                 progress, NAME)
     runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
     if out is not None:
@@ -822,26 +838,3 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
             torch.save(stack.state_dict(k), path)
         save_results(results, Path(out) / f"{NAME}.json")
     return results
-
-
-def _train_stacked(stack: StackedDRAW, config: Config, x_train: Tensor, x_test: Tensor,
-                   seeds: list[int], dev: torch.device, progress: bool | None) -> list[History]:
-    """Train the copies of ``stack`` (copy ``k`` with seed ``seeds[k]``); their histories."""
-    batches = {s: Batches(x_train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
-    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
-    shape = (config.batch_size, config.z_size)
-
-    def noise(_: int) -> Tensor:
-        return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
-
-    def losses(step: int) -> Tensor:
-        x = torch.stack([batches[s](step)[0] for s in seeds])  # (M, B, D)
-        nll_x, kl = stack.bound_terms(x, noise)
-        return (nll_x + kl).mean(1)  # (M,)
-
-    # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
-    adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
-                            fused=dev.type in ("cpu", "cuda"))
-    return train_copies(losses, partial(stack.evaluate_terms, x_test), adam,
-                        [History() for _ in seeds], config.steps, config.eval_every,
-                        progress, NAME)
