@@ -1,10 +1,7 @@
 """DRAW on binarized MNIST, with and without layer normalization (paper section 6.4, Figure 4).
 
-Book chapter `06_4_draw`. :class:`DRAW` (Gregor et al., 2015) with filterbank read and write
-attention and :class:`lnbook.DRAWLSTMCell` cells (eqs. 29-30; eq. 31 normalizes the cell state),
-trained on the negative variational bound ``L = L^x + L^z`` in nats per image. :func:`run`
-trains both variants for every seed as one :class:`StackedDRAW`, or one model at a time with
-checkpoints (the ``paper`` preset); :func:`mean_image_nll` is the trivial level.
+Book chapter `06_4_draw`: :class:`DRAW` (Gregor et al., 2015) with :class:`lnbook.DRAWLSTMCell`
+cells (eqs. 29-31), trained on the negative variational bound ``L = L^x + L^z`` (nats per image).
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ class Config:
     """Settings of the DRAW experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` (seconds per run on a CPU) or ``"paper"`` (section 6.4's sizes).
+        scale: ``"quick"`` (a CPU) or ``"paper"`` (section 6.4's sizes).
         image_size: side of the square images: 28 (the paper), 14 or 7 (block means).
         binarize_threshold: pixels above it become 1; None draws each pixel once from
             Bernoulli(intensity) with ``binarize_seed`` (Larochelle and Murray, 2011).
@@ -82,11 +79,9 @@ class Config:
         binarize_seed: seed of the stochastic binarization (training split; test: + 1).
         data_source: passed to :func:`lnbook.data.load_mnist`.
         seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
-        checkpoint: checkpoint each run under ``out/`` so that a sweep resumes (paper scale).
-        threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
-        stacked: train all runs as one :class:`StackedDRAW`; with ``checkpoint`` or False,
-            one model at a time through the sweep.
+        checkpoint, threads, workers: checkpoint each run under ``out/`` (a sweep resumes);
+            torch CPU threads (None: leave them); worker processes of the sweep.
+        stacked: train all runs as one :class:`StackedDRAW` (not with ``checkpoint``).
     """
 
     scale: str = "quick"
@@ -124,13 +119,7 @@ _PRESETS: dict[str, dict] = {
 
 
 def get_config(scale: str = "quick", **overrides) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument.
-
-    Example::
-
-        >>> get_config("paper").glimpses
-        64
-    """
+    """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
     bad = set(cfg.variants) - set(VARIANTS)
     if bad:
@@ -158,9 +147,7 @@ def attention_params(
     ``delta~ = 1`` stretches the grid over the whole image.
 
     Args:
-        raw: ``(B, 5)``.
-        n: side N of the filter grid (N x N filters).
-        width, height: image size A x B in pixels.
+        raw: ``(B, 5)``; n: side N of the filter grid; width, height: image size A x B.
 
     Returns:
         ``gx, gy, sigma2, delta, gamma``, each ``(B, 1)``; pixel coordinates run from 1.
@@ -186,8 +173,6 @@ def filterbank(
 
     Args:
         gx, gy, sigma2, delta: ``(B, 1)`` grid centre, variance and stride, in pixels.
-        n: grid side N.
-        width, height: image size in pixels.
         eps: keeps the row sums away from 0 when a grid lies far outside the image.
 
     Returns:
@@ -214,10 +199,7 @@ def _coords(length: int, like: Tensor) -> Tensor:
 def _filters(
     centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor, eps: float
 ) -> Tensor:
-    """Both axes' filterbanks in one pass; ``centre`` is (B, 2) = (gx, gy); rows sum to 1.
-
-    Returns ``(B, 2, N, L)``: ``[:, 0]`` is F_X, ``[:, 1]`` is F_Y over coordinates 1..L.
-    """
+    """F_X and F_Y over coordinates 1..L as ``(B, 2, N, L)`` from ``centre`` (B, 2) = (gx, gy)."""
     mu = centre.unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) filter centres
     d2 = (coords - mu.unsqueeze(-1)).pow(2)  # (B, 2, N, L)
     f = torch.exp(d2 * (-0.5 / sigma2).view(-1, 1, 1, 1))  # (B, 2, N, L)
@@ -235,13 +217,10 @@ def _split_axes(f: Tensor, width: int, height: int, eps: float) -> tuple[Tensor,
 def read_glimpse(images: Tensor, fx: Tensor, fy: Tensor, gamma: Tensor) -> Tensor:
     """Read an N x N glimpse: ``gamma * F_Y x F_X^T`` for each image of the batch.
 
-    Args:
-        images: ``(B, height, width)`` or ``(B, C, height, width)`` (e.g. C = 2 for the image and
-            the error image, read with the same filters).
-        fx: ``(B, N, width)``; fy: ``(B, N, height)``; gamma: ``(B, 1)``.
-
-    Returns:
-        ``(B, N, N)`` or ``(B, C, N, N)``.
+    Shape:
+        - images ``(B, height, width)`` or ``(B, C, height, width)`` (C channels read with the
+          same filters); fx ``(B, N, width)``; fy ``(B, N, height)``; gamma ``(B, 1)``.
+        - output ``(B, N, N)`` or ``(B, C, N, N)``.
     """
     if images.dim() not in (3, 4):
         raise ValueError(f"images must be (B, H, W) or (B, C, H, W), got {tuple(images.shape)}")
@@ -258,23 +237,16 @@ def read_glimpse(images: Tensor, fx: Tensor, fy: Tensor, gamma: Tensor) -> Tenso
 def write_patch(patch: Tensor, fx: Tensor, fy: Tensor, gamma: Tensor) -> Tensor:
     """Spread an N x N patch over the canvas: ``F_Y^T w F_X / gamma``.
 
-    Args:
-        patch: ``(B, N, N)``; fx: ``(B, N, width)``; fy: ``(B, N, height)``; gamma: ``(B, 1)``.
-
-    Returns:
-        ``(B, height, width)``.
+    Shape:
+        - patch ``(B, N, N)``; fx ``(B, N, width)``; fy ``(B, N, height)``; gamma ``(B, 1)``.
+        - output ``(B, height, width)``.
     """
     return (fy.transpose(-1, -2) @ patch @ fx) / gamma.view(-1, 1, 1)  # (B, H, W)
 
 
 def gaussian_kl(mu: Tensor, log_sigma: Tensor) -> Tensor:
-    """KL(N(mu, sigma^2) || N(0, 1)) summed over the last dimension (the DRAW latent loss).
-
-    ``0.5 * sum(mu^2 + sigma^2 - log sigma^2 - 1)``, in nats.
-
-    Shape:
-        - mu, log_sigma: ``(*, Z)``; output: ``(*)``.
-    """
+    """KL(N(mu, sigma^2) || N(0, 1)) = ``0.5 * sum(mu^2 + sigma^2 - log sigma^2 - 1)`` (nats),
+    summed over the last dimension (the DRAW latent loss); ``(*, Z) -> (*)``."""
     if mu.shape != log_sigma.shape:
         raise ValueError(
             f"mu and log_sigma must have the same shape, got {tuple(mu.shape)} and "
@@ -381,10 +353,8 @@ class DRAW(nn.Module):
     def _glimpses(self, x: Tensor, read_raw: Tensor, layers: tuple[Callable, ...],
                   noise: Callable[[int], Tensor] | None = None,
                   canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """The glimpse loop on images ``x`` (*lead, H*W) for one model (lead = (B,)) or a stack
-        of copies (lead = (M, B)); ``layers`` = (encoder, decoder, to_q, heads) of h -> output,
-        ``read_raw`` the read head of h_dec = 0, ``noise(t)`` the posterior noise (None: drawn)."""
-        encoder, decoder, to_q, heads = layers
+        """The glimpse loop of one model (``x`` (B, H*W)) or of M copies (``x`` (M, B, H*W))."""
+        encoder, decoder, to_q, heads = layers  # functions of h; heads -> (read, write, patch)
         lead = x.shape[:-1]
         img = x.view(*lead, self.height, self.width)  # (*lead, H, W)
         canvas = torch.zeros_like(img)  # logits c_0
@@ -415,14 +385,13 @@ class DRAW(nn.Module):
 
         Args:
             x: ``(B, height * width)`` binary images.
-            canvases: if a list is given, the canvas logits ``c_t`` (B, H, W) of every step are
-                appended to it.
+            canvases: a list to append the canvas logits ``c_t`` (B, H, W) of every step to.
 
         Returns:
             ``(nll_x, kl)``, each ``(B,)``: ``-log D(x | sigmoid(c_T))`` and ``sum_t KL_t``.
         """
         self._check(x)
-        read_raw = self.read_attn(x.new_zeros(x.shape[0], self.decoder.hidden_size))
+        read_raw = self.read_attn(x.new_zeros(x.shape[0], self.decoder.hidden_size))  # h_dec = 0
         layers = (self.encoder, self.decoder, self.to_q, self._heads)
         return self._glimpses(x, read_raw, layers, canvases=canvases)
 
@@ -456,11 +425,8 @@ class DRAW(nn.Module):
 
     @torch.no_grad()
     def evaluate_terms(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> dict[str, float]:
-        """Held-out ``bound`` = ``nll_x`` + ``kl``, nats per image (one posterior sample each).
-
-        The posterior noise is seeded with ``seed`` and the global RNG is restored afterwards,
-        so evaluating does not change training and two evaluations of one model agree.
-        """
+        """Held-out ``bound`` = ``nll_x`` + ``kl``, nats per image (one posterior sample each),
+        the noise seeded with ``seed`` (the global RNG is restored: training is unchanged)."""
         nll_total = kl_total = 0.0
         with _seeded(seed):
             for chunk in x.split(batch_size):
@@ -497,12 +463,9 @@ def _seeded(seed: int) -> Iterator[None]:
 class StackedDRAW:
     """Copies of one DRAW architecture (baseline and layer-normalized, any seeds) as one model.
 
-    ``params[name]`` is ``(M, *shape)``, parameter ``name`` of every copy, so a step of all the
-    copies is one batched matmul per layer; copy ``k`` computes what ``models[k]`` computes.
-    A baseline copy holds an unused ``ln_c`` gain and bias (gradient 0).
-
-    Args:
-        models: :class:`DRAW` models of the same sizes; their parameters are copied.
+    ``params[name]`` is ``(M, *shape)``, parameter ``name`` of every copy (copied from
+    ``models``, DRAWs of one size); copy ``k`` computes what ``models[k]`` computes. A baseline
+    copy holds an unused ``ln_c`` gain and bias (gradient 0).
     """
 
     def __init__(self, models: list[DRAW]) -> None:
@@ -572,8 +535,7 @@ class StackedDRAW:
             x: ``(M, B, height * width)`` binary images, row ``k`` for copy ``k``.
             noise: ``t -> (M, B, z_size)`` standard normal noise of glimpse ``t``.
 
-        Returns:
-            ``(nll_x, kl)``, each ``(M, B)``.
+        Returns: ``(nll_x, kl)``, each ``(M, B)``.
         """
         t, p = self.template, self.params
         if x.dim() != 3 or x.shape[0] != len(self) or x.shape[2] != t.width * t.height:
@@ -632,12 +594,8 @@ def _sizes(m: DRAW) -> tuple[int, ...]:
 
 
 def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
-    """Nats per test image when every pixel is an independent Bernoulli with its training mean.
-
-    The cost of drawing the same average digit for every image: a model whose bound is near
-    this number has not yet learned to use its latent variables. Means are clipped to
-    ``[eps, 1 - eps]`` so that a pixel never seen on in training costs a finite amount.
-    """
+    """Nats per test image when every pixel is an independent Bernoulli with its training mean
+    (the trivial level), the means clipped to ``[eps, 1 - eps]``."""
     if x_train.dim() != 2 or x_test.dim() != 2 or x_train.shape[1] != x_test.shape[1]:
         raise ValueError(
             f"x_train and x_test must be (N, D) and (M, D), got {tuple(x_train.shape)} and "
@@ -649,10 +607,7 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf).
-
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
-    """
+    """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf)."""
     return updates_to(results, variant, "bound", target)
 
 
@@ -754,14 +709,12 @@ def run(
 ) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    All runs train as one :class:`StackedDRAW` (``config.stacked`` without ``checkpoint``) or
-    one at a time through :func:`lnbook.experiments.runner.sweep`, with the same initial
-    parameters, batches and noise. Every run evaluates the held-out ``bound``, ``nll_x`` and
-    ``kl`` (:meth:`DRAW.evaluate_terms`) before training and every ``eval_every`` updates.
-    ``out``: folder for ``draw.json``, the trained weights (:func:`model_path`) and, with
-    ``config.checkpoint``, the checkpoints; ``seeds`` overrides ``config.seeds``. ``info`` holds
-    ``data_source``, ``n_train``, ``n_test``, ``n_pixels`` and ``mean_image_nll``.
+    The runs train as one :class:`StackedDRAW` or one at a time (the same numbers) and evaluate
+    :meth:`DRAW.evaluate_terms` every ``eval_every`` updates. ``out``: folder for ``draw.json``,
+    the weights (:func:`model_path`) and checkpoints; ``seeds`` overrides ``config.seeds``.
+    ``info``: ``data_source``, ``n_train``, ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
+
     if not isinstance(config, Config):
         raise TypeError(
             f"config must be a draw.Config (use get_config), got {type(config).__name__}"

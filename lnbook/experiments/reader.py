@@ -1,10 +1,7 @@
 """The attentive reader on a generated cloze corpus (paper section 6.2, Figure 2, claim C13).
 
-Book chapter `06_2_attentive_reader`. :func:`make_cloze` writes a corpus with the structure of
-the CNN corpus (anonymized entities re-permuted in every example, queries with
-``@placeholder``); :class:`AttentiveReader` (Hermann et al., 2015) reads it with one of the
-LSTMs of :data:`VARIANTS` (plain, recurrent BN, LN; gains 1.0 or 0.1); :func:`run` trains them
-and :func:`updates_to_target` / :func:`gain_gap` read speed and gain sensitivity off the runs.
+Book chapter `06_2_attentive_reader`: :class:`AttentiveReader` (Hermann et al., 2015) with the
+LSTMs of :data:`VARIANTS` (plain, recurrent BN, LN; several gains) on :func:`make_cloze`'s corpus.
 """
 
 from __future__ import annotations
@@ -86,7 +83,7 @@ class Config:
     """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
 
     Attributes:
-        scale: ``"quick"`` (a CPU, seconds per run) or ``"paper"`` (larger, for a GPU).
+        scale: ``"quick"`` (a CPU) or ``"paper"`` (larger, for a GPU).
         n_train, n_valid, n_entities, sentences, n_relations, blank: the corpus
             (:func:`make_cloze`); ``blank`` is ``"both"`` or ``"object"``.
         embed_size, hidden_size: word embedding and LSTM sizes.
@@ -95,11 +92,10 @@ class Config:
         ln_small_gain: the gain of ``"ln_lstm_g0.1"`` (``"ln_lstm"`` starts at 1).
         variants: which LSTMs to train (from :data:`VARIANTS`).
         seeds: seeds of the models (initialization and batch order); data_seed: the corpus's.
-        checkpoint: checkpoint every run under ``out/`` so that a sweep resumes (paper scale).
-        threads: torch CPU threads during the run (restored afterwards); None leaves them.
-        workers: worker processes of :func:`lnbook.experiments.runner.sweep` (not stacked).
-        stacked: train all runs of one LSTM family as one :class:`StackedReader` on the CPU;
-            False trains every run on its own through the sweep (checkpoints, workers, GPU).
+        checkpoint, threads, workers: checkpoint each run under ``out/`` (a sweep resumes);
+            torch CPU threads (None: leave them); worker processes of the sweep.
+        stacked: train the runs of each LSTM family as one :class:`StackedReader` on the CPU
+            (False: one at a time through the sweep, with checkpoints, workers or a GPU).
     """
 
     scale: str = "quick"
@@ -139,13 +135,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset, with any field overridden by keyword.
-
-    Example::
-
-        >>> get_config("quick", steps=10).steps
-        10
-    """
+    """The ``quick`` or ``paper`` preset, with any field overridden by keyword."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
         if v not in VARIANTS:
@@ -216,12 +206,6 @@ def make_cloze(
     twice in one fact; the answer is uniform over the passage's entities and the query is one
     of its facts with the answer's mention (``blank``: subject or object, or object only)
     replaced by ``@placeholder``. Counting mentions cannot betray the answer.
-
-    Example::
-
-        >>> data = make_cloze(3, seed=0)
-        >>> data.passages.shape, data.queries.shape
-        (torch.Size([3, 12]), torch.Size([3, 3]))
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -268,10 +252,7 @@ def make_cloze(
 
 
 def describe_example(data: ClozeData, i: int) -> str:
-    """Example ``i`` as text: the passage, the query and the answer.
-
-    Facts are separated by ``|`` for the reader's eye only; the model gets no such token.
-    """
+    """Example ``i`` as text: the passage (facts separated by ``|``, not a token), query, answer."""
     words = data.vocab
     toks = [words[t] for t in data.passages[i].tolist()]
     passage = " | ".join(" ".join(toks[j : j + 3]) for j in range(0, len(toks), 3))
@@ -323,11 +304,8 @@ def make_lstm(
     variant: str, input_size: int, hidden_size: int, max_steps: int,
     bn_gain_init: float = 0.1, ln_small_gain: float = 0.1,
 ) -> nn.Module:
-    """A one-layer, time-first LSTM of the given ``variant`` (see the module docstring).
-
-    Every variant maps ``(T, B, input_size)`` to ``(output (T, B, H), (h_n, c_n))``.
-    ``max_steps`` is only used by recurrent batch normalization (statistics per step).
-    """
+    """A one-layer LSTM of ``variant``: ``(T, B, input_size) -> (output (T, B, H), (h_n, c_n))``;
+    ``max_steps``: the steps recurrent batch normalization keeps statistics for."""
     kind, gain = variant_gain(variant, bn_gain_init, ln_small_gain)
     if kind == "lstm":
         return LSTM(input_size, hidden_size, layer_norm=False)
@@ -347,11 +325,6 @@ def variant_gain(
     ``"bn_lstm"`` starts at ``bn_gain_init`` and ``"ln_lstm"`` at 1; a suffix ``_g<gain>``
     names the gain (``"bn_lstm_g1.0"``, ``"ln_lstm_g0.3"``), except that ``"ln_lstm_g0.1"``
     takes ``ln_small_gain``.
-
-    Example::
-
-        >>> variant_gain("ln_lstm_g0.3")
-        ('ln', 0.3)
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -376,12 +349,9 @@ class AttentiveReader(nn.Module):
     The softmax over answers is restricted to the entities that occur in the passage.
 
     Args:
-        vocab_size: number of token ids.
-        n_entities: number of entity ids (the answer classes).
+        vocab_size, n_entities: numbers of token ids and of entity ids (the answer classes).
         passage_len, query_len: sequence lengths (used by recurrent batch normalization).
-        embed_size, hidden_size: embedding and LSTM sizes.
-        variant: the LSTM, one of :data:`VARIANTS` or ``"bn_lstm_g1.0"``.
-        bn_gain_init, ln_small_gain: see :class:`Config`.
+        variant: the LSTM, one of :data:`VARIANTS`; bn_gain_init, ln_small_gain: as in Config.
 
     Shape:
         - passages ``(B, Tp)``, queries ``(B, Tq)`` int64; candidates ``(B, n_entities)`` bool;
@@ -465,19 +435,13 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with validation error <= ``target`` (never: inf).
-
-    Uses :func:`lnbook.experiments.metrics.updates_to_reach`; returns ``(seeds,)`` floats.
-    """
+    """Per seed, the first evaluated update with validation error <= ``target`` (never: inf)."""
     return updates_to(results, variant, "error", target)
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
-    """Per seed, ``|final error(small gain) - final error(large gain)|``: gain sensitivity.
-
-    ``small`` and ``large`` are two variants of one LSTM that differ only in the initial gain
-    (``"ln_lstm_g0.1"`` and ``"ln_lstm"``, or ``"bn_lstm"`` and ``"bn_lstm_g1.0"``).
-    """
+    """Per seed, ``|final error(small) - final error(large)|`` of two variants of one LSTM that
+    differ only in the initial gain (e.g. ``"ln_lstm_g0.1"`` and ``"ln_lstm"``)."""
     return np.abs(results.final(small, "error") - results.final(large, "error"))
 
 
@@ -489,11 +453,8 @@ def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
 
 def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
                 last: int = 1) -> np.ndarray:
-    """Per seed, the spread (max - min) of :func:`final_error` over ``variants``.
-
-    ``variants`` are one LSTM started at several gains (e.g. ``"ln_lstm_g0.1"``,
-    ``"ln_lstm_g0.3"``, ``"ln_lstm"``); with two of them this is :func:`gain_gap`.
-    """
+    """Per seed, the spread (max - min) of :func:`final_error` over ``variants``, one LSTM
+    started at several gains; with two of them this is :func:`gain_gap`."""
     errs = np.stack([final_error(results, v, last) for v in variants])  # (gains, seeds)
     return errs.max(axis=0) - errs.min(axis=0)
 
@@ -510,11 +471,9 @@ def run(
 ) -> Results:
     """Train every variant under every seed (stacked, or through the runner's sweep).
 
-    Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
-    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and (with
-    ``config.checkpoint``) the checkpoints an interrupted sweep resumes from; ``seeds``
-    overrides ``config.seeds``. Returns :class:`~lnbook.experiments.protocol.Results` whose
-    ``info`` holds the accuracy of guessing (``chance``) and of ``frequency_baseline``.
+    Every run evaluates the validation ``xent`` (nats) and ``error`` every ``eval_every``
+    updates. ``out``: folder for ``reader.json``, the runs and checkpoints; ``seeds`` overrides
+    ``config.seeds``. ``info``: the accuracy of ``chance`` and of ``frequency_baseline``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
@@ -579,9 +538,9 @@ def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
 class StackedReader(nn.Module):
     """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
 
-    Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; matrix products are
-    batched over the copies and recurrent BN keeps statistics per copy and step, so copy ``k``
-    computes what its single model does and :meth:`losses` gives each copy its own gradient.
+    Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; copy ``k`` computes
+    what its single model does (recurrent BN keeps statistics per copy and step).
+
 
     Shape:
         - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
