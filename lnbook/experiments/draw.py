@@ -9,8 +9,7 @@ from __future__ import annotations
 import copy
 import numbers
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -285,18 +284,9 @@ class DRAW(nn.Module):
         >>> loss = model(torch.bernoulli(torch.full((16, 784), 0.3)))
     """
 
-    def __init__(
-        self,
-        width: int = 28,
-        height: int = 28,
-        glimpses: int = 64,
-        enc_size: int = 256,
-        dec_size: int = 256,
-        z_size: int = 100,
-        read_n: int = 2,
-        write_n: int = 5,
-        layer_norm: bool = False,
-    ) -> None:
+    def __init__(self, width: int = 28, height: int = 28, glimpses: int = 64,
+                 enc_size: int = 256, dec_size: int = 256, z_size: int = 100, read_n: int = 2,
+                 write_n: int = 5, layer_norm: bool = False) -> None:
         super().__init__()
         for name, v in (("width", width), ("height", height), ("glimpses", glimpses),
                         ("enc_size", enc_size), ("dec_size", dec_size), ("z_size", z_size),
@@ -419,7 +409,8 @@ class DRAW(nn.Module):
         """``sigmoid(c_t)`` after each glimpse while the model encodes and redraws ``x``
         (B, H*W), (T, B, H, W); ``seed`` seeds the posterior samples (global RNG restored)."""
         canvases: list[Tensor] = []
-        with _seeded(seed):
+        with torch.random.fork_rng():  # the global RNG is restored afterwards
+            torch.manual_seed(seed)
             self.bound_terms(x, canvases)
         return torch.sigmoid(torch.stack(canvases))
 
@@ -428,7 +419,8 @@ class DRAW(nn.Module):
         """Held-out ``bound`` = ``nll_x`` + ``kl``, nats per image (one posterior sample each),
         the noise seeded with ``seed`` (the global RNG is restored: training is unchanged)."""
         nll_total = kl_total = 0.0
-        with _seeded(seed):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
             for chunk in x.split(batch_size):
                 nll_x, kl = self.bound_terms(chunk)
                 nll_total += float(nll_x.sum())
@@ -440,20 +432,6 @@ class DRAW(nn.Module):
     def evaluate(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> float:
         """Held-out negative bound in nats per image; see :meth:`evaluate_terms`."""
         return self.evaluate_terms(x, batch_size, seed)["bound"]
-
-
-@contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """Run a block under ``torch.manual_seed(seed)``, then restore the previous RNG states."""
-    state = torch.random.get_rng_state()
-    cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    torch.manual_seed(seed)
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(state)
-        if cuda_state is not None:
-            torch.cuda.set_rng_state_all(cuda_state)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,7 +449,8 @@ class StackedDRAW:
     def __init__(self, models: list[DRAW]) -> None:
         if not models or not all(isinstance(m, DRAW) for m in models):
             raise TypeError("StackedDRAW takes a non-empty list of DRAW models")
-        sizes = {_sizes(m) for m in models}
+        sizes = {(m.width, m.height, m.glimpses, m.encoder.hidden_size, m.decoder.hidden_size,
+                  m.z_size, m.read_n, m.write_n) for m in models}
         if len(sizes) != 1:
             raise ValueError(f"the models must share their sizes, got {sorted(sizes)}")
         self.template = copy.deepcopy(models[0])  # buffers and sizes for the attention
@@ -535,7 +514,8 @@ class StackedDRAW:
             x: ``(M, B, height * width)`` binary images, row ``k`` for copy ``k``.
             noise: ``t -> (M, B, z_size)`` standard normal noise of glimpse ``t``.
 
-        Returns: ``(nll_x, kl)``, each ``(M, B)``.
+        Returns:
+            ``(nll_x, kl)``, each ``(M, B)``.
         """
         t, p = self.template, self.params
         if x.dim() != 3 or x.shape[0] != len(self) or x.shape[2] != t.width * t.height:
@@ -582,11 +562,6 @@ class StackedDRAW:
         n = x.shape[0]
         return [{"bound": (a + b) / n, "nll_x": a / n, "kl": b / n}
                 for a, b in zip(nll.tolist(), kl.tolist(), strict=True)]
-
-
-def _sizes(m: DRAW) -> tuple[int, ...]:
-    return (m.width, m.height, m.glimpses, m.encoder.hidden_size, m.decoder.hidden_size,
-            m.z_size, m.read_n, m.write_n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -700,13 +675,9 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
     return fig
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: list[int] | tuple[int, ...] | None = None,
-    progress: bool | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
+
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
     The runs train as one :class:`StackedDRAW` or one at a time (the same numbers) and evaluate

@@ -191,14 +191,8 @@ class ClozeData:
         return self.passages, self.queries, self.candidates, self.answers
 
 
-def make_cloze(
-    n: int,
-    seed: int,
-    n_entities: int = 16,
-    sentences: int = 4,
-    n_relations: int = 16,
-    blank: str = "both",
-) -> ClozeData:
+def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_relations: int = 16,
+               blank: str = "both") -> ClozeData:
     """Generate ``n`` cloze examples, deterministically from ``seed`` (numpy's generator).
 
     Each example draws ``sentences`` distinct entity ids and writes ``sentences`` facts
@@ -462,13 +456,8 @@ def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
 # ----------------------------------------------------------------------------- the experiment
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: list[int] | tuple[int, ...] | None = None,
-    progress: bool | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
+        seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
     """Train every variant under every seed (stacked, or through the runner's sweep).
 
     Every run evaluates the validation ``xent`` (nats) and ``error`` every ``eval_every``
@@ -699,10 +688,9 @@ class StackedReader(nn.Module):
                 for k in range(M)]
 
 
-def train_stacked(
-    config: Config, train: ClozeData, valid: ClozeData,
-    variants: tuple[str, ...], seeds: tuple[int, ...],
-) -> list[Run]:
+def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: tuple[str, ...],
+                  seeds: tuple[int, ...]) -> list[Run]:
+
     """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
