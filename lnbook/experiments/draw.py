@@ -677,7 +677,6 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
         seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
-
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
     The runs train as one :class:`StackedDRAW` or one at a time (the same numbers) and evaluate
@@ -685,7 +684,6 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     the weights (:func:`model_path`) and checkpoints; ``seeds`` overrides ``config.seeds``.
     ``info``: ``data_source``, ``n_train``, ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
-
     if not isinstance(config, Config):
         raise TypeError(
             f"config must be a draw.Config (use get_config), got {type(config).__name__}"

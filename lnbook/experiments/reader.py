@@ -530,7 +530,6 @@ class StackedReader(nn.Module):
     Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; copy ``k`` computes
     what its single model does (recurrent BN keeps statistics per copy and step).
 
-
     Shape:
         - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
           ``(M, B, n_entities)`` bool, answers ``(M, B)`` int64.
@@ -690,7 +689,6 @@ class StackedReader(nn.Module):
 
 def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: tuple[str, ...],
                   seeds: tuple[int, ...]) -> list[Run]:
-
     """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
