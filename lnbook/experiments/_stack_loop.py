@@ -1,8 +1,7 @@
 """Training loop and readout shared by the stacked experiments (`reader`, `draw`).
 
-``M`` copies of a model are one computation: the loss of copy ``k`` depends only on its own
-parameters, so the gradient of the summed losses gives each copy its own gradient, and an
-elementwise optimizer (Adam) makes each copy's own update, as :func:`lnbook.fit` would.
+Copy ``k``'s loss depends only on its own parameters, so the gradient of the summed losses is
+each copy's own, and an elementwise optimizer (Adam) makes each copy's update as ``fit`` would.
 """
 
 from __future__ import annotations

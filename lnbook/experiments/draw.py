@@ -267,10 +267,8 @@ class DRAW(nn.Module):
     ``c_t = c_{t-1} + write(h_dec_t)``.
 
     Args:
-        width, height: image size in pixels (28 x 28 for MNIST).
-        glimpses: number of steps T.
-        enc_size, dec_size: LSTM units.
-        z_size: latent units per step.
+        width, height: image size in pixels; glimpses: number of steps T.
+        enc_size, dec_size, z_size: LSTM units and latent units per step.
         read_n, write_n: side of the read and write filter grids.
         layer_norm: normalize the LSTM cell state inside ``tanh`` (eq. 31) in both LSTMs.
 
@@ -310,14 +308,6 @@ class DRAW(nn.Module):
         self.register_buffer("read_grid", _grid(read_n, self.half_size), persistent=False)
         self.register_buffer("write_grid", _grid(write_n, self.half_size), persistent=False)
 
-    def _check(self, x: Tensor) -> None:
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError("images must be a floating-point torch.Tensor of 0s and 1s")
-        if x.dim() != 2 or x.shape[1] != self.width * self.height:
-            raise ValueError(
-                f"images must have shape (B, {self.width * self.height}) (flattened "
-                f"{self.height}x{self.width}), got {tuple(x.shape)}"
-            )
 
     def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
@@ -380,7 +370,11 @@ class DRAW(nn.Module):
         Returns:
             ``(nll_x, kl)``, each ``(B,)``: ``-log D(x | sigmoid(c_T))`` and ``sum_t KL_t``.
         """
-        self._check(x)
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError("images must be a floating-point torch.Tensor of 0s and 1s")
+        if x.dim() != 2 or x.shape[1] != self.width * self.height:
+            raise ValueError(f"images must have shape (B, {self.width * self.height}) (flattened "
+                             f"{self.height}x{self.width}), got {tuple(x.shape)}")
         read_raw = self.read_attn(x.new_zeros(x.shape[0], self.decoder.hidden_size))  # h_dec = 0
         layers = (self.encoder, self.decoder, self.to_q, self._heads)
         return self._glimpses(x, read_raw, layers, canvases=canvases)
@@ -653,23 +647,20 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
     n_rows = sum(f.shape[1] for f in frames)
     fig, axes = plt.subplots(n_rows, len(cols) + 1, squeeze=False,
                              figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows))
-    r = 0
-    for label, f in zip(models, frames, strict=True):
-        for b in range(f.shape[1]):
-            for j, t in enumerate(cols):
-                axes[r, j].imshow(f[t, b], cmap="gray_r", vmin=0, vmax=1)
-                if r == 0:
-                    axes[r, j].set_title(f"glimpse {t + 1}", fontsize=8)
-            is_digit = b < images.shape[0]
-            target = images[b].view(h, w).cpu().numpy() if is_digit else np.zeros((h, w))
-            axes[r, -1].imshow(target, cmap="gray_r", vmin=0, vmax=1)
-            if r == 0:
-                axes[r, -1].set_title("input", fontsize=8)
-            axes[r, 0].set_ylabel(f"{label} {'digit' if is_digit else 'prior'}", fontsize=8)
-            r += 1
+    rows = [(label, f[:, b], b) for label, f in zip(models, frames, strict=True)
+            for b in range(f.shape[1])]  # one row per digit and prior sample of each model
+    for r, (label, canvas, b) in enumerate(rows):
+        for j, t in enumerate(cols):
+            axes[r, j].imshow(canvas[t], cmap="gray_r", vmin=0, vmax=1)
+        is_digit = b < images.shape[0]
+        target = images[b].view(h, w).cpu().numpy() if is_digit else np.zeros((h, w))
+        axes[r, -1].imshow(target, cmap="gray_r", vmin=0, vmax=1)
+        axes[r, 0].set_ylabel(f"{label} {'digit' if is_digit else 'prior'}", fontsize=8)
+    for j, t in enumerate(cols):
+        axes[0, j].set_title(f"glimpse {t + 1}", fontsize=8)
+    axes[0, -1].set_title("input", fontsize=8)
     for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
     fig.suptitle(f"Canvas after each glimpse ({h}x{w} px): {', '.join(models)}", fontsize=10)
     fig.tight_layout()
     return fig
