@@ -543,8 +543,7 @@ class StackedDRAW:
         draws it), so copy ``k`` gets what ``self.model(k).evaluate_terms(x)`` returns."""
         m, z = len(self), self.template.z_size
         gen = torch.Generator(device=x.device).manual_seed(seed)
-        nll = torch.zeros(m, dtype=torch.float64)
-        kl = torch.zeros(m, dtype=torch.float64)
+        nll, kl = torch.zeros(2, m, dtype=torch.float64)  # sums per copy
         for chunk in x.split(batch_size):
             n = chunk.shape[0]
             draws = [torch.randn(n, z, generator=gen, device=x.device, dtype=x.dtype)

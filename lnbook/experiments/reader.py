@@ -561,25 +561,21 @@ class StackedReader(nn.Module):
 
     def copy_to(self, model: AttentiveReader, k: int) -> AttentiveReader:
         """Write copy ``k``'s parameters (and running statistics) into ``model``."""
+        mine = {**self.p, **dict(self.named_buffers())}
         with torch.no_grad():
-            for n, q in model.named_parameters():
-                key = n.replace(".", "__")
-                if key in self.p:
-                    q.copy_(self.p[key][k])
-            mine = dict(self.named_buffers())
-            for n, b in model.named_buffers():
+            for n, q in [*model.named_parameters(), *model.named_buffers()]:
                 key = n.replace(".", "__")
                 if key in mine:
-                    b.copy_(mine[key][k])
+                    q.copy_(mine[key][k])
                 elif n.endswith("steps_seen") and self.trained:  # every step has statistics
-                    b.fill_(mine[key.replace("steps_seen", "running_mean")].shape[1])
+                    q.fill_(mine[key.replace("steps_seen", "running_mean")].shape[1])
         return model
 
     def _bn(self, x: Tensor, name: str, t: int | slice, bias: Tensor | None = None) -> Tensor:
         """Recurrent BN of ``x`` (M, B, F) at step ``t`` (a slice: (T, M, B, F)), per copy."""
-        rm, rv = getattr(self, name + "__running_mean"), getattr(self, name + "__running_var")
+        rm, rv = (getattr(self, f"{name}__running_{s}").transpose(0, 1)[t]  # (M, F), (T, M, F)
+                  for s in ("mean", "var"))  # views: updated in place
         gain = self.p[name + "__weight"].unsqueeze(1)  # (M, 1, F)
-        steps = isinstance(t, slice)
         if self.training:
             self.trained = True
             mean = x.mean(dim=-2, keepdim=True)  # (M, 1, F) or (T, M, 1, F)
@@ -587,17 +583,11 @@ class StackedReader(nn.Module):
             var = (xc * xc).mean(dim=-2, keepdim=True)  # biased
             with torch.no_grad():
                 n, m = x.shape[-2], self.bn_momentum
-                new_m, new_v = mean.squeeze(-2), var.squeeze(-2) * (n / (n - 1))
-                if steps:  # (T, M, F) -> (M, T, F)
-                    new_m, new_v = new_m.transpose(0, 1), new_v.transpose(0, 1)
-                rm[:, t].mul_(1 - m).add_(m * new_m)
-                rv[:, t].mul_(1 - m).add_(m * new_v)
+                rm.mul_(1 - m).add_(m * mean.squeeze(-2))
+                rv.mul_(1 - m).add_(m * (var.squeeze(-2) * (n / (n - 1))))
         else:
-            mu, var = rm[:, t], rv[:, t]  # (M, F) or (M, T, F)
-            if steps:
-                mu, var = mu.transpose(0, 1), var.transpose(0, 1)
-            xc = x - mu.unsqueeze(-2)
-            var = var.unsqueeze(-2)
+            xc = x - rm.unsqueeze(-2)
+            var = rv.unsqueeze(-2)
         scale = torch.rsqrt(var + self.bn_eps) * gain
         return xc * scale if bias is None else torch.addcmul(bias.unsqueeze(1), xc, scale)
 
@@ -608,7 +598,6 @@ class StackedReader(nn.Module):
         w_ih = p[f"{pre}__weight_ih{sfx}"].transpose(1, 2)  # (M, E, 4H)
         w_hh = p[f"{pre}__weight_hh{sfx}"].transpose(1, 2)  # (M, H, 4H)
         bias = (p[f"{pre}__bias_ih{sfx}"] + p[f"{pre}__bias_hh{sfx}"]).unsqueeze(1)  # (M, 1, 4H)
-        _, M, B, _ = x.shape
         H = w_hh.shape[1]
         gi = torch.matmul(x, w_ih)  # (T, M, B, 4H), all steps at once
         if kind == "lstm":
@@ -621,8 +610,7 @@ class StackedReader(nn.Module):
                                                 + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
             g_hh = p[f"{pre}__ln_hh_l0__weight"].unsqueeze(1)  # (M, 1, 4H)
             g_c, b_c = (p[f"{pre}__ln_c_l0__{s}"].unsqueeze(1) for s in ("weight", "bias"))
-        h = x.new_zeros(M, B, H)
-        c = x.new_zeros(M, B, H)
+        h = c = x.new_zeros(*x.shape[1:3], H)  # (M, B, H)
         outs = []
         for t, gi_t in enumerate(gi.unbind(0)):  # unbind: no full-size zeros in backward
             if kind == "lstm":
