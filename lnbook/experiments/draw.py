@@ -247,10 +247,8 @@ def gaussian_kl(mu: Tensor, log_sigma: Tensor) -> Tensor:
     """KL(N(mu, sigma^2) || N(0, 1)) = ``0.5 * sum(mu^2 + sigma^2 - log sigma^2 - 1)`` (nats),
     summed over the last dimension (the DRAW latent loss); ``(*, Z) -> (*)``."""
     if mu.shape != log_sigma.shape:
-        raise ValueError(
-            f"mu and log_sigma must have the same shape, got {tuple(mu.shape)} and "
-            f"{tuple(log_sigma.shape)}"
-        )
+        raise ValueError(f"mu and log_sigma must have the same shape, got {tuple(mu.shape)} "
+                         f"and {tuple(log_sigma.shape)}")
     return 0.5 * (mu.pow(2) + torch.exp(2 * log_sigma) - 2 * log_sigma - 1).sum(-1)
 
 
@@ -565,10 +563,8 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
     """Nats per test image when every pixel is an independent Bernoulli with its training mean
     (the trivial level), the means clipped to ``[eps, 1 - eps]``."""
     if x_train.dim() != 2 or x_test.dim() != 2 or x_train.shape[1] != x_test.shape[1]:
-        raise ValueError(
-            f"x_train and x_test must be (N, D) and (M, D), got {tuple(x_train.shape)} and "
-            f"{tuple(x_test.shape)}"
-        )
+        raise ValueError(f"x_train and x_test must be (N, D) and (M, D), got "
+                         f"{tuple(x_train.shape)} and {tuple(x_test.shape)}")
     p = x_train.double().mean(0).clamp(eps, 1 - eps)  # (D,)
     x = x_test.double()
     return float(-(x * p.log() + (1 - x) * (1 - p).log()).sum(1).mean())
@@ -675,9 +671,8 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     ``info``: ``data_source``, ``n_train``, ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
     if not isinstance(config, Config):
-        raise TypeError(
-            f"config must be a draw.Config (use get_config), got {type(config).__name__}"
-        )
+        raise TypeError(f"config must be a draw.Config (use get_config), got "
+                        f"{type(config).__name__}")
     x_train, x_test, source = load_data(config)
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),

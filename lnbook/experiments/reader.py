@@ -21,14 +21,7 @@ from torch import Tensor, nn
 from lnbook import LSTM, LayerNorm
 from lnbook.experiments._stack_loop import train_copies, updates_to
 from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    Run,
-    make_config,
-    save_results,
-    sweep,
-)
+from lnbook.experiments.protocol import Job, Results, Run, make_config, save_results, sweep
 from lnbook.recurrent_bn import RecurrentBNLSTM
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
@@ -147,17 +140,13 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 def _check_corpus(n_entities: int, sentences: int, n_relations: int, blank: str) -> None:
     """Raise ValueError unless :func:`make_cloze` can write a corpus of these sizes."""
     if not 2 <= sentences <= n_entities:
-        raise ValueError(
-            f"sentences must lie in [2, n_entities={n_entities}] (one entity per sentence), "
-            f"got {sentences}"
-        )
+        raise ValueError(f"sentences must lie in [2, n_entities={n_entities}] (one entity per "
+                         f"sentence), got {sentences}")
     if blank not in ("both", "object"):
         raise ValueError(f"blank must be 'both' or 'object', got {blank!r}")
     if not 1 <= sentences <= n_relations <= len(RELATIONS):
-        raise ValueError(
-            f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
-            f"got sentences={sentences}, n_relations={n_relations}"
-        )
+        raise ValueError(f"need 1 <= sentences <= n_relations <= {len(RELATIONS)}, "
+                         f"got sentences={sentences}, n_relations={n_relations}")
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -382,10 +371,8 @@ class AttentiveReader(nn.Module):
         if passages.dtype != torch.long or queries.dtype != torch.long:
             raise TypeError("passages and queries must be int64 token ids")
         if candidates.dtype != torch.bool or candidates.shape[-1] != self.n_entities:
-            raise ValueError(
-                f"candidates must be a bool tensor (B, {self.n_entities}), "
-                f"got {candidates.dtype} {tuple(candidates.shape)}"
-            )
+            raise ValueError(f"candidates must be a bool tensor (B, {self.n_entities}), "
+                             f"got {candidates.dtype} {tuple(candidates.shape)}")
         y, _ = self.passage_lstm(self.embed(passages.t()))  # (Tp, B, H)
         uq, _ = self.query_lstm(self.embed(queries.t()))  # (Tq, B, H)
         return _answer(y, uq[-1], candidates, self.get_submodule)  # (B, n_entities)
