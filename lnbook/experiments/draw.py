@@ -306,7 +306,6 @@ class DRAW(nn.Module):
         self.register_buffer("read_grid", _grid(read_n, self.half_size), persistent=False)
         self.register_buffer("write_grid", _grid(write_n, self.half_size), persistent=False)
 
-
     def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
         """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
         centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
@@ -398,8 +397,8 @@ class DRAW(nn.Module):
 
     @torch.no_grad()
     def reconstruct(self, x: Tensor, seed: int = 0) -> Tensor:
-        """``sigmoid(c_t)`` after each glimpse while the model encodes and redraws ``x``
-        (B, H*W), (T, B, H, W); ``seed`` seeds the posterior samples (global RNG restored)."""
+        """The canvases ``sigmoid(c_t)`` (T, B, H, W) while the model redraws ``x`` (B, H*W);
+        ``seed`` seeds the posterior samples (the global RNG is restored afterwards)."""
         canvases: list[Tensor] = []
         with torch.random.fork_rng():  # the global RNG is restored afterwards
             torch.manual_seed(seed)

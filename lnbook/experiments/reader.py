@@ -447,9 +447,10 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
         seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
     """Train every variant under every seed (stacked, or through the runner's sweep).
 
-    Every run evaluates the validation ``xent`` (nats) and ``error`` every ``eval_every``
-    updates. ``out``: folder for ``reader.json``, the runs and checkpoints; ``seeds`` overrides
-    ``config.seeds``. ``info``: the accuracy of ``chance`` and of ``frequency_baseline``.
+    Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
+    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and checkpoints;
+    ``seeds`` overrides ``config.seeds``. ``info``: the accuracy of ``chance`` and of
+    ``frequency_baseline``.
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
