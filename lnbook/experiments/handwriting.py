@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.device import resolve_device
+from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
@@ -701,41 +701,26 @@ def _train_stacked(config: Config, models: list[HandwritingModel], seeds: list[i
     :class:`StackedHandwriting`, as :func:`lnbook.fit` would each alone; writes them back."""
     net = StackedHandwriting(models)
     _clip_hooks(net, config.grad_clip)
-    opt = torch.optim.Adam(net.parameters(), lr=config.lr)
     order = {s: Batches(*train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
     M = len(models)
     vp = valid.points.expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
     vl = valid.letters.expand(M, *valid.letters.shape)
-    hist = [History() for _ in models]
-    t0 = time.perf_counter()
 
-    def evaluate_all(step: int) -> None:
-        with torch.no_grad():
-            nll = net.nll(vp, vl).mean((1, 2))  # (M,)
-        for h, v in zip(hist, nll.tolist(), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append({"nll": v})
-
-    evaluate_all(0)
-    for step in range(config.steps):
+    def losses(step: int) -> Tensor:
         got = {s: b(step) for s, b in order.items()}
         pts = torch.stack([got[s][0] for s in seeds])  # (M, B, T + 1, 3)
         let = torch.stack([got[s][1] for s in seeds])  # (M, B, T)
-        loss = net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
-        if not torch.isfinite(loss.detach()).all():
-            raise FloatingPointError(f"a training loss is not finite at update {step + 1}: "
-                                     f"{loss.detach().tolist()}")
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()  # model m's gradient is that of its own loss
-        opt.step()
-        for h, v in zip(hist, loss.detach().tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(v)
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            evaluate_all(step + 1)
+        return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+
+    def evaluate_all() -> list[dict[str, float]]:
+        with torch.no_grad():
+            return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
+
+    hist = train_copies(losses, evaluate_all, torch.optim.Adam(net.parameters(), lr=config.lr),
+                        [History() for _ in models], config.steps, config.eval_every)
     net.write_back(models)
     for h in hist:
-        h.wall_time = (time.perf_counter() - t0) / M
+        h.wall_time /= M
     return hist
 
 
