@@ -68,12 +68,10 @@ class SeedMLP(nn.Module):
         hidden_bias = norm == "none" if hidden_bias is None else hidden_bias
         pairs = list(zip(self.sizes[:-1], self.sizes[1:], strict=True))
         self.weights = nn.ParameterList(nn.Parameter(torch.empty(seeds, i, o)) for i, o in pairs)
+        self._has_bias = [hidden_bias] * (len(pairs) - 1) + [out_bias]
         self.biases = nn.ParameterList(
             nn.Parameter(torch.zeros(seeds, 1, o))
-            for k, (_, o) in enumerate(pairs)
-            if (out_bias if k == len(pairs) - 1 else hidden_bias))
-        self._has_bias = [out_bias if k == len(pairs) - 1 else hidden_bias
-                          for k in range(len(pairs))]
+            for (_, o), b in zip(pairs, self._has_bias, strict=True) if b)
         normed = [o for _, o in pairs[:-1]] if norm != "none" else []
         if norm_logits:
             normed.append(self.sizes[-1])
@@ -173,8 +171,7 @@ class SeedMLP(nn.Module):
 
     def recalibrated(self, x: Tensor) -> SeedMLP:
         """A copy whose batch-norm running averages are ``x``'s statistics under the present
-        weights, layer by layer (this network is untouched).
-        """
+        weights, layer by layer (this network is untouched)."""
         probe = copy.deepcopy(self)
         if self.norm != "batch":
             return probe.eval()
@@ -185,17 +182,12 @@ class SeedMLP(nn.Module):
         return probe.eval()
 
     # -- per-seed networks in and out ------------------------------------------------------
-    @staticmethod
-    def _parts(model: nn.Module) -> tuple[list[nn.Linear], list[nn.Module]]:
+    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor, bool]]:
+        """``(batched tensor, per-seed tensor, transposed)`` for every parameter and average."""
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         norms = [m for m in model.modules()
                  if m is not model and not isinstance(m, nn.Linear)
                  and (hasattr(m, "running_mean") or getattr(m, "weight", None) is not None)]
-        return linears, norms
-
-    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor, bool]]:
-        """``(batched tensor, per-seed tensor, transposed)`` for every parameter and average."""
-        linears, norms = self._parts(model)
         if len(linears) != len(self.weights):
             raise ValueError(f"expected a network with {len(self.weights)} Linear layers, "
                              f"got {len(linears)}")

@@ -24,18 +24,11 @@ from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    Run,
-    check_scale,
-    classification_metrics,
-    cpu_threads,
-    make_config,
-    save_results,
-    sweep,
-)
-from lnbook.experiments.results import _jsonable
+from lnbook.experiments.job import Job, cpu_threads
+from lnbook.experiments.metrics import classification_metrics
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
+from lnbook.experiments.runner import sweep
 from lnbook.experiments.store import check_results_file
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
@@ -191,9 +184,8 @@ def variant_name(norm: str, batch_size: int) -> str:
     return f"{norm}/bs{batch_size}"
 
 
-def curves(
-    results: Results, norm: str, batch_size: int, metric: str
-) -> tuple[np.ndarray, np.ndarray]:
+def curves(results: Results, norm: str, batch_size: int,
+           metric: str) -> tuple[np.ndarray, np.ndarray]:
     """One metric of every seed of one variant: ``(eval_steps (E,), values (seeds, E))``."""
     return results.curves(variant_name(norm, batch_size), metric)
 
@@ -387,12 +379,9 @@ def run_seeds(config: Config, device: str | torch.device = "auto",
     return Results(NAME, asdict(config), str(dev), runs, {**_trivial(d), "engine": "seeds"})
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (norm, batch size) variant (:func:`variant_name`) with every seed.
 
     Runs record ``train_nll``, ``train_error`` (``n_eval_train`` training images),
