@@ -258,20 +258,15 @@ def mixture_nll(p: MixtureParams, target: Tensor) -> Tensor:
     z = (xy - p.mu) * torch.exp(-p.log_sigma)  # (*, M, 2)
     one_m_r2 = 1 - p.rho**2  # (*, M)
     Z = z[..., 0] ** 2 + z[..., 1] ** 2 - 2 * p.rho * z[..., 0] * z[..., 1]  # (*, M)
-    log_n = (
-        -Z / (2 * one_m_r2)
-        - math.log(2 * math.pi)
-        - p.log_sigma.sum(-1)
-        - 0.5 * torch.log(one_m_r2)
-    )  # (*, M)
+    log_n = (-Z / (2 * one_m_r2) - math.log(2 * math.pi) - p.log_sigma.sum(-1)
+             - 0.5 * torch.log(one_m_r2))  # (*, M)
     nll_xy = -torch.logsumexp(p.log_pi + log_n, dim=-1)  # (*)
     nll_eos = F.binary_cross_entropy_with_logits(p.eos_logit, target[..., 2], reduction="none")
     return nll_xy + nll_eos
 
 
-def fit_gaussian_mixture(
-    xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40, reg: float = 1e-4
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fit_gaussian_mixture(xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40,
+                         reg: float = 1e-4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fit ``n_components`` bivariate Gaussians to ``xy`` ``(N, 2)`` by EM (at most ``iters``
     steps, float64; ``reg`` added to every covariance's diagonal).
 
@@ -318,10 +313,8 @@ def _mixture_log_density(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
     return np.log(weights) - np.log(2 * np.pi) - 0.5 * np.log(det) - 0.5 * maha
 
 
-def mixture_baseline_nll(
-    train: Lines, valid: Lines, n_components: int = 5, per_letter: bool = True, seed: int = 0,
-    max_points: int = 1500,
-) -> float:
+def mixture_baseline_nll(train: Lines, valid: Lines, n_components: int = 5,
+                         per_letter: bool = True, seed: int = 0, max_points: int = 1500) -> float:
     """Held-out NLL per point (nats) of a memoryless predictor: a Gaussian mixture of the
     offsets and a Bernoulli of the end-of-stroke bit (one per letter with ``per_letter``),
     fitted to at most ``max_points`` training points each: the trivial predictor to beat."""
@@ -393,9 +386,8 @@ class RecurrenceLNLSTM(nn.Module):
             if m is not None:
                 m.reset_parameters()
 
-    def forward(
-        self, x: Tensor, state: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(f"x must be (T, B, {self.input_size}), got {tuple(x.shape)}")
         B, H, G = x.shape[1], self.hidden_size, 4 * self.hidden_size
@@ -454,26 +446,20 @@ class HandwritingModel(nn.Module):
     :meth:`nll` -> ``(B, T)``; :meth:`sample` -> ``(T, 3)``.
     """
 
-    def __init__(
-        self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
-        variant: str = "layer_norm", n_letters: int = len(LETTERS),
-    ) -> None:
+    def __init__(self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
+                 variant: str = "layer_norm", n_letters: int = len(LETTERS)) -> None:
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         self.hidden_size, self.num_layers, self.n_mixtures = hidden_size, num_layers, n_mixtures
         self.variant, self.n_letters = variant, n_letters
         n_in = 3 + n_letters
-        self.layers = nn.ModuleList(
-            _lstm(variant, n_in if k == 0 else n_in + hidden_size, hidden_size)
-            for k in range(num_layers)
-        )
+        self.layers = nn.ModuleList(_lstm(variant, n_in if k == 0 else n_in + hidden_size,
+                                          hidden_size) for k in range(num_layers))
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
 
-    def _run(
-        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
-        factors: list[float] | None = None,
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    def _run(self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
+             factors: list[float] | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
         """Raw outputs ``(T, B, 6M + 1)`` and states; ``factors``: match input scales first."""
         inp, outs, new_states = x, [], []
         for k, lstm in enumerate(self.layers):
@@ -555,10 +541,8 @@ def _layer_params(lstm: nn.Module) -> dict[str, nn.Parameter]:
     p = {"w_ih": lstm.weight_ih_l0, "w_hh": lstm.weight_hh_l0, "b_ih": lstm.bias_ih_l0,
          "b_hh": lstm.bias_hh_l0}
     if isinstance(lstm, LSTM):  # eqs. 20-22: three layer norms, each with gain and bias
-        for short, name in (("ih", "ln_ih_l0"), ("hh", "ln_hh_l0")):
-            ln = getattr(lstm, name)
-            p[f"g_{short}"], p[f"bn_{short}"] = ln.weight, ln.bias
-        p["g_c"], p["b_c"] = lstm.ln_c_l0.weight, lstm.ln_c_l0.bias
+        p.update(g_ih=lstm.ln_ih_l0.weight, bn_ih=lstm.ln_ih_l0.bias, g_hh=lstm.ln_hh_l0.weight,
+                 bn_hh=lstm.ln_hh_l0.bias, g_c=lstm.ln_c_l0.weight, b_c=lstm.ln_c_l0.bias)
     return p
 
 
