@@ -182,8 +182,9 @@ class SeedMLP(nn.Module):
         return probe.eval()
 
     # -- per-seed networks in and out ------------------------------------------------------
-    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor, bool]]:
-        """``(batched tensor, per-seed tensor, transposed)`` for every parameter and average."""
+    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor]]:
+        """``(batched tensor, per-seed tensor)`` for every parameter and average (a Linear's
+        weight transposed, as the batched one is laid out)."""
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         norms = [m for m in model.modules()
                  if m is not model and not isinstance(m, nn.Linear)
@@ -191,25 +192,25 @@ class SeedMLP(nn.Module):
         if len(linears) != len(self.weights):
             raise ValueError(f"expected a network with {len(self.weights)} Linear layers, "
                              f"got {len(linears)}")
-        out: list[tuple[Tensor, Tensor, bool]] = []
+        out: list[tuple[Tensor, Tensor]] = []
         biases = iter(self.biases)
         for k, lin in enumerate(linears):
-            out.append((self.weights[k], lin.weight, True))
+            out.append((self.weights[k], lin.weight.t()))
             if self._has_bias[k] != (lin.bias is not None):
                 raise ValueError(f"layer {k}: bias {lin.bias is not None} in the network, "
                                  f"{self._has_bias[k]} here")
             if lin.bias is not None:
-                out.append((next(biases), lin.bias, False))
+                out.append((next(biases), lin.bias))
         if self.affine:
             if len(norms) != self.n_norms:
                 raise ValueError(f"expected {self.n_norms} norms with parameters, got "
                                  f"{len(norms)}")
             for k, n in enumerate(norms):
-                out += [(self.gains[k], n.weight, False), (self.shifts[k], n.bias, False)]
+                out += [(self.gains[k], n.weight), (self.shifts[k], n.bias)]
         if self.norm == "batch":
             for k, n in enumerate(norms):
-                out += [(getattr(self, f"running_mean{k}"), n.running_mean, False),
-                        (getattr(self, f"running_var{k}"), n.running_var, False)]
+                out += [(getattr(self, f"running_mean{k}"), n.running_mean),
+                        (getattr(self, f"running_var{k}"), n.running_var)]
         return out
 
     @classmethod
@@ -220,17 +221,15 @@ class SeedMLP(nn.Module):
         batched = cls(len(models), sizes, norm, **kwargs)
         with torch.no_grad():
             for s, model in enumerate(models):
-                for big, small, transposed in batched._pairs(model):
-                    t = small.detach().t() if transposed else small.detach()
-                    big[s].copy_(t.reshape(big[s].shape))
+                for big, small in batched._pairs(model):
+                    big[s].copy_(small.reshape(big[s].shape))
         return batched
 
     def copy_to(self, model: nn.Module, seed: int) -> nn.Module:
         """Write seed ``seed``'s weights (and averages) into ``model`` (per-seed layout)."""
         with torch.no_grad():
-            for big, small, transposed in self._pairs(model):
-                t = big[seed].t() if transposed else big[seed]
-                small.copy_(t.reshape(small.shape))
+            for big, small in self._pairs(model):
+                small.copy_(big[seed].reshape(small.shape))
         return model
 
 

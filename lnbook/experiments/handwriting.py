@@ -817,6 +817,5 @@ def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Li
         runs.append(Run(v, s, h, _info(model, scales, s, seeds, valid)))
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
     if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
         save_results(results, Path(out) / f"{NAME}.json")
     return results
