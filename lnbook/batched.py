@@ -68,12 +68,10 @@ class SeedMLP(nn.Module):
         hidden_bias = norm == "none" if hidden_bias is None else hidden_bias
         pairs = list(zip(self.sizes[:-1], self.sizes[1:], strict=True))
         self.weights = nn.ParameterList(nn.Parameter(torch.empty(seeds, i, o)) for i, o in pairs)
+        self._has_bias = [hidden_bias] * (len(pairs) - 1) + [out_bias]
         self.biases = nn.ParameterList(
             nn.Parameter(torch.zeros(seeds, 1, o))
-            for k, (_, o) in enumerate(pairs)
-            if (out_bias if k == len(pairs) - 1 else hidden_bias))
-        self._has_bias = [out_bias if k == len(pairs) - 1 else hidden_bias
-                          for k in range(len(pairs))]
+            for (_, o), b in zip(pairs, self._has_bias, strict=True) if b)
         normed = [o for _, o in pairs[:-1]] if norm != "none" else []
         if norm_logits:
             normed.append(self.sizes[-1])
@@ -173,8 +171,7 @@ class SeedMLP(nn.Module):
 
     def recalibrated(self, x: Tensor) -> SeedMLP:
         """A copy whose batch-norm running averages are ``x``'s statistics under the present
-        weights, layer by layer (this network is untouched).
-        """
+        weights, layer by layer (this network is untouched)."""
         probe = copy.deepcopy(self)
         if self.norm != "batch":
             return probe.eval()
@@ -185,39 +182,35 @@ class SeedMLP(nn.Module):
         return probe.eval()
 
     # -- per-seed networks in and out ------------------------------------------------------
-    @staticmethod
-    def _parts(model: nn.Module) -> tuple[list[nn.Linear], list[nn.Module]]:
+    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor]]:
+        """``(batched tensor, per-seed tensor)`` for every parameter and average (a Linear's
+        weight transposed, as the batched one is laid out)."""
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         norms = [m for m in model.modules()
                  if m is not model and not isinstance(m, nn.Linear)
                  and (hasattr(m, "running_mean") or getattr(m, "weight", None) is not None)]
-        return linears, norms
-
-    def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor, bool]]:
-        """``(batched tensor, per-seed tensor, transposed)`` for every parameter and average."""
-        linears, norms = self._parts(model)
         if len(linears) != len(self.weights):
             raise ValueError(f"expected a network with {len(self.weights)} Linear layers, "
                              f"got {len(linears)}")
-        out: list[tuple[Tensor, Tensor, bool]] = []
+        out: list[tuple[Tensor, Tensor]] = []
         biases = iter(self.biases)
         for k, lin in enumerate(linears):
-            out.append((self.weights[k], lin.weight, True))
+            out.append((self.weights[k], lin.weight.t()))
             if self._has_bias[k] != (lin.bias is not None):
                 raise ValueError(f"layer {k}: bias {lin.bias is not None} in the network, "
                                  f"{self._has_bias[k]} here")
             if lin.bias is not None:
-                out.append((next(biases), lin.bias, False))
+                out.append((next(biases), lin.bias))
         if self.affine:
             if len(norms) != self.n_norms:
                 raise ValueError(f"expected {self.n_norms} norms with parameters, got "
                                  f"{len(norms)}")
             for k, n in enumerate(norms):
-                out += [(self.gains[k], n.weight, False), (self.shifts[k], n.bias, False)]
+                out += [(self.gains[k], n.weight), (self.shifts[k], n.bias)]
         if self.norm == "batch":
             for k, n in enumerate(norms):
-                out += [(getattr(self, f"running_mean{k}"), n.running_mean, False),
-                        (getattr(self, f"running_var{k}"), n.running_var, False)]
+                out += [(getattr(self, f"running_mean{k}"), n.running_mean),
+                        (getattr(self, f"running_var{k}"), n.running_var)]
         return out
 
     @classmethod
@@ -228,17 +221,15 @@ class SeedMLP(nn.Module):
         batched = cls(len(models), sizes, norm, **kwargs)
         with torch.no_grad():
             for s, model in enumerate(models):
-                for big, small, transposed in batched._pairs(model):
-                    t = small.detach().t() if transposed else small.detach()
-                    big[s].copy_(t.reshape(big[s].shape))
+                for big, small in batched._pairs(model):
+                    big[s].copy_(small.reshape(big[s].shape))
         return batched
 
     def copy_to(self, model: nn.Module, seed: int) -> nn.Module:
         """Write seed ``seed``'s weights (and averages) into ``model`` (per-seed layout)."""
         with torch.no_grad():
-            for big, small, transposed in self._pairs(model):
-                t = big[seed].t() if transposed else big[seed]
-                small.copy_(t.reshape(small.shape))
+            for big, small in self._pairs(model):
+                small.copy_(big[seed].reshape(small.shape))
         return model
 
 

@@ -62,10 +62,8 @@ class ConvNet(nn.Module):
     Shape: ``(N, S * S)`` or ``(N, 1, S, S)`` with ``S = image_size`` -> logits ``(N, classes)``.
     """
 
-    def __init__(
-        self, channels: tuple[int, ...] = (8, 16), norm: str = "none", groups: int = 4,
-        classes: int = 10, image_size: int = IMAGE_SIZE,
-    ) -> None:
+    def __init__(self, channels: tuple[int, ...] = (8, 16), norm: str = "none", groups: int = 4,
+                 classes: int = 10, image_size: int = IMAGE_SIZE) -> None:
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
@@ -83,9 +81,8 @@ class ConvNet(nn.Module):
             c_in, size = c, size // 2
         self.head = nn.Linear(c_in * size * size, classes)
 
-    def forward(
-        self, x: Tensor, return_summed: bool = False
-    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+    def forward(self, x: Tensor, return_summed: bool = False
+                ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Logits; with ``return_summed`` also the summed inputs of each conv layer."""
         S = self.image_size
         if x.dim() == 2 and x.shape[1] == S * S:
@@ -129,18 +126,10 @@ def activation_maps(model: ConvNet, x: Tensor, layer: int = 0) -> dict[str, Tens
     > 0), ``mean`` and ``std`` over examples of the summed input."""
     model.eval()
     with torch.no_grad():
-        _, summed = model(x, return_summed=True)
-        return _maps(model, summed, layer)
-
-
-def _maps(model: ConvNet, summed: list[Tensor], layer: int) -> dict[str, Tensor]:
-    a = summed[layer]  # (N, C, S, S)
-    on = (F.relu(model.norms[layer](a)) > 0).float()  # (N, C, S, S)
-    return {
-        "on": on.mean(dim=(0, 1)),
-        "mean": a.mean(dim=0).mean(dim=0),
-        "std": a.std(dim=0).mean(dim=0),
-    }
+        a = model(x, return_summed=True)[1][layer]  # (N, C, S, S)
+        on = (F.relu(model.norms[layer](a)) > 0).float()  # (N, C, S, S)
+    return {"on": on.mean(dim=(0, 1)), "mean": a.mean(dim=0).mean(dim=0),
+            "std": a.std(dim=0).mean(dim=0)}
 
 
 def _test(model: ConvNet, x: Tensor, y: Tensor, chunk: int = 250) -> dict[str, Any]:
@@ -230,12 +219,9 @@ def variant_name(norm: str, crop: int = 0) -> str:
     return f"{norm}/crop{crop}" if crop else norm
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every variant (:func:`variant_name`) with every seed; return the sweep's results.
 
     Each run's ``info`` holds ``test_error``, ``test_nll`` and the first layer's activation
@@ -258,10 +244,9 @@ def run(
 
     def train_one(job: Job) -> tuple[History, dict[str, Any]]:
         norm, crop = job.params
-        size = crop or IMAGE_SIZE
         xs, xts = (crop_center(x, crop), crop_center(xt, crop)) if crop else (x, xt)
         torch.manual_seed(job.seed)
-        model = ConvNet(config.channels, norm, groups=config.groups, image_size=size)
+        model = ConvNet(config.channels, norm, groups=config.groups, image_size=crop or IMAGE_SIZE)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr)
         hist = fit(model, Batches(xs, y, batch_size=config.batch_size, seed=job.seed), opt,
                    steps=config.steps, eval_every=config.steps, device=job.device,

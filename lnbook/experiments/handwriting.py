@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.device import resolve_device
+from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
@@ -173,12 +173,9 @@ def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarr
 
 
 def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
-    """Write ``n`` (>= 1) lines of ``seq_len`` (>= 2) points, deterministically from ``seed``.
-
-    The pen moves right at a steady pace while it swings up and down once or twice per letter
-    (a sideways swing in quadrature draws loops); every line has its own slant, size and speed,
-    and the pen is lifted between words. Returns :class:`Lines` ``(n, seq_len + 1, 3)``,
-    ``(n, seq_len)``.
+    """Write ``n`` (>= 1) lines of ``seq_len`` (>= 2) points, deterministically from ``seed``:
+    :class:`Lines` ``(n, seq_len + 1, 3)``, ``(n, seq_len)`` (the pen swings up and down once or
+    twice per letter; each line has its own slant, size and speed; the pen lifts between words).
     """
     for name, v, lo in (("n", n, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -261,20 +258,15 @@ def mixture_nll(p: MixtureParams, target: Tensor) -> Tensor:
     z = (xy - p.mu) * torch.exp(-p.log_sigma)  # (*, M, 2)
     one_m_r2 = 1 - p.rho**2  # (*, M)
     Z = z[..., 0] ** 2 + z[..., 1] ** 2 - 2 * p.rho * z[..., 0] * z[..., 1]  # (*, M)
-    log_n = (
-        -Z / (2 * one_m_r2)
-        - math.log(2 * math.pi)
-        - p.log_sigma.sum(-1)
-        - 0.5 * torch.log(one_m_r2)
-    )  # (*, M)
+    log_n = (-Z / (2 * one_m_r2) - math.log(2 * math.pi) - p.log_sigma.sum(-1)
+             - 0.5 * torch.log(one_m_r2))  # (*, M)
     nll_xy = -torch.logsumexp(p.log_pi + log_n, dim=-1)  # (*)
     nll_eos = F.binary_cross_entropy_with_logits(p.eos_logit, target[..., 2], reduction="none")
     return nll_xy + nll_eos
 
 
-def fit_gaussian_mixture(
-    xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40, reg: float = 1e-4
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def fit_gaussian_mixture(xy: np.ndarray, n_components: int, seed: int = 0, iters: int = 40,
+                         reg: float = 1e-4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Fit ``n_components`` bivariate Gaussians to ``xy`` ``(N, 2)`` by EM (at most ``iters``
     steps, float64; ``reg`` added to every covariance's diagonal).
 
@@ -321,10 +313,8 @@ def _mixture_log_density(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
     return np.log(weights) - np.log(2 * np.pi) - 0.5 * np.log(det) - 0.5 * maha
 
 
-def mixture_baseline_nll(
-    train: Lines, valid: Lines, n_components: int = 5, per_letter: bool = True, seed: int = 0,
-    max_points: int = 1500,
-) -> float:
+def mixture_baseline_nll(train: Lines, valid: Lines, n_components: int = 5,
+                         per_letter: bool = True, seed: int = 0, max_points: int = 1500) -> float:
     """Held-out NLL per point (nats) of a memoryless predictor: a Gaussian mixture of the
     offsets and a Bernoulli of the end-of-stroke bit (one per letter with ``per_letter``),
     fitted to at most ``max_points`` training points each: the trivial predictor to beat."""
@@ -396,9 +386,8 @@ class RecurrenceLNLSTM(nn.Module):
             if m is not None:
                 m.reset_parameters()
 
-    def forward(
-        self, x: Tensor, state: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor, state: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(f"x must be (T, B, {self.input_size}), got {tuple(x.shape)}")
         B, H, G = x.shape[1], self.hidden_size, 4 * self.hidden_size
@@ -417,9 +406,8 @@ class RecurrenceLNLSTM(nn.Module):
 
     @torch.no_grad()
     def match_input_scale(self, x: Tensor) -> float:
-        """Scale ``weight_ih`` once so that ``W_x x`` has unit variance across the gates on
-        ``x`` ``(T, B, input_size)``, as LN would give it; returns the factor (1 with
-        ``normalize_input``)."""
+        """Scale ``weight_ih`` so that ``W_x x`` has unit variance across the gates on ``x``
+        ``(T, B, input_size)``, as LN would give it; the factor (1 with ``normalize_input``)."""
         if self.ln_ih is not None:
             return 1.0
         std = float(F.linear(x, self.weight_ih).var(-1, unbiased=False).mean().sqrt())
@@ -458,28 +446,21 @@ class HandwritingModel(nn.Module):
     :meth:`nll` -> ``(B, T)``; :meth:`sample` -> ``(T, 3)``.
     """
 
-    def __init__(
-        self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
-        variant: str = "layer_norm", n_letters: int = len(LETTERS),
-    ) -> None:
+    def __init__(self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
+                 variant: str = "layer_norm", n_letters: int = len(LETTERS)) -> None:
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         self.hidden_size, self.num_layers, self.n_mixtures = hidden_size, num_layers, n_mixtures
         self.variant, self.n_letters = variant, n_letters
         n_in = 3 + n_letters
-        self.layers = nn.ModuleList(
-            _lstm(variant, n_in if k == 0 else n_in + hidden_size, hidden_size)
-            for k in range(num_layers)
-        )
+        self.layers = nn.ModuleList(_lstm(variant, n_in if k == 0 else n_in + hidden_size,
+                                          hidden_size) for k in range(num_layers))
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
 
-    def _run(
-        self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
-        factors: list[float] | None = None,
-    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-        """Raw outputs ``(T, B, 6M + 1)`` for time-first ``x`` ``(T, B, 3 + K)``, and states;
-        with ``factors``, matches the input scales first (:meth:`match_input_scales`)."""
+    def _run(self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
+             factors: list[float] | None = None) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Raw outputs ``(T, B, 6M + 1)`` and states; ``factors``: match input scales first."""
         inp, outs, new_states = x, [], []
         for k, lstm in enumerate(self.layers):
             if factors is not None and isinstance(lstm, RecurrenceLNLSTM):
@@ -560,10 +541,8 @@ def _layer_params(lstm: nn.Module) -> dict[str, nn.Parameter]:
     p = {"w_ih": lstm.weight_ih_l0, "w_hh": lstm.weight_hh_l0, "b_ih": lstm.bias_ih_l0,
          "b_hh": lstm.bias_hh_l0}
     if isinstance(lstm, LSTM):  # eqs. 20-22: three layer norms, each with gain and bias
-        for short, name in (("ih", "ln_ih_l0"), ("hh", "ln_hh_l0")):
-            ln = getattr(lstm, name)
-            p[f"g_{short}"], p[f"bn_{short}"] = ln.weight, ln.bias
-        p["g_c"], p["b_c"] = lstm.ln_c_l0.weight, lstm.ln_c_l0.bias
+        p.update(g_ih=lstm.ln_ih_l0.weight, bn_ih=lstm.ln_ih_l0.bias, g_hh=lstm.ln_hh_l0.weight,
+                 bn_hh=lstm.ln_hh_l0.bias, g_c=lstm.ln_c_l0.weight, b_c=lstm.ln_c_l0.bias)
     return p
 
 
@@ -599,16 +578,11 @@ class StackedHandwriting(nn.Module):
         dev = m0.head.weight.device
         for k in range(self.num_layers):
             own = [_layer_params(m.layers[k]) for m in models]
-            for name in _SLOT:
-                size = G if name[-2:] in ("ih", "hh") and name[0] in "bg" else None
-                fill = 1.0 if name.startswith("g_") else 0.0
-                rows = []
-                for p in own:
-                    if name in p:
-                        rows.append(p[name].detach().clone())
-                    else:
-                        n = self.hidden_size if name.endswith("_c") else size
-                        rows.append(torch.full((n,), fill, device=dev))
+            for name in _SLOT:  # a kind lacks only LN gains (filled with 1) and biases (0)
+                size = self.hidden_size if name.endswith("_c") else G
+                rows = [p[name].detach().clone() if name in p else
+                        torch.full((size,), float(name.startswith("g_")), device=dev)
+                        for p in own]
                 self.register_parameter(f"l{k}_{name}", nn.Parameter(torch.stack(rows)))
                 self.register_buffer(f"l{k}_use_{name}", torch.tensor(
                     [name in p for p in own], device=dev).float()[:, None])
@@ -650,10 +624,8 @@ class StackedHandwriting(nn.Module):
         gi = gi + bias[:, None]  # (T, M, B, 4H)
         w_t = p["w_hh"].transpose(1, 2)  # (M, H, 4H)
         plain, ln = self.plain, self.ln  # the models without and with LN in the recurrence
-        outs = []
-        if len(plain):
-            outs.append(self._loop(gi[:, plain], w_t[plain]))
-        if len(ln):
+        outs = [self._loop(gi[:, plain], w_t[plain])] if plain else []
+        if ln:
             outs.append(self._loop(gi[:, ln], w_t[ln], p["g_hh"][ln, None],
                                    p["g_c"][ln, None], p["b_c"][ln, None]))
         hs = torch.cat(outs, 1)  # (T, M, B, H) in the order plain, ln
@@ -661,8 +633,7 @@ class StackedHandwriting(nn.Module):
 
     def _loop(self, gi: Tensor, w_t: Tensor, g_hh: Tensor | None = None,
               g_c: Tensor | None = None, b_c: Tensor | None = None) -> Tensor:
-        """The time loop of eqs. 17-19 (``g_hh`` None) or 20-22 for the models of ``gi``
-        ``(T, M', B, 4H)``: outputs ``(T, M', B, H)``. LN gains ``(M', 1, .)``."""
+        """Eqs. 17-19 (``g_hh`` None) or 20-22 over time: ``(T, M', B, 4H) -> (T, M', B, H)``."""
         T, M, B, G = gi.shape
         H, eps = G // 4, self.eps
         h = c = gi.new_zeros(M, B, H)
@@ -693,50 +664,6 @@ class StackedHandwriting(nn.Module):
         y = y.reshape(M, T, B, -1)  # (M, T, B, 6 n_mixtures + 1)
         target = points[:, :, 1:].transpose(1, 2)  # (M, T, B, 3)
         return mixture_nll(split_mixture_params(y, self.n_mixtures), target).transpose(1, 2)
-
-
-def _train_stacked(config: Config, models: list[HandwritingModel], seeds: list[int],
-                   train: Lines, valid: Lines) -> list[History]:
-    """Train ``models`` (model m on the batches of ``seeds[m]``) as one
-    :class:`StackedHandwriting`, as :func:`lnbook.fit` would each alone; writes them back."""
-    net = StackedHandwriting(models)
-    _clip_hooks(net, config.grad_clip)
-    opt = torch.optim.Adam(net.parameters(), lr=config.lr)
-    order = {s: Batches(*train, batch_size=config.batch_size, seed=s) for s in set(seeds)}
-    M = len(models)
-    vp = valid.points.expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
-    vl = valid.letters.expand(M, *valid.letters.shape)
-    hist = [History() for _ in models]
-    t0 = time.perf_counter()
-
-    def evaluate_all(step: int) -> None:
-        with torch.no_grad():
-            nll = net.nll(vp, vl).mean((1, 2))  # (M,)
-        for h, v in zip(hist, nll.tolist(), strict=True):
-            h.eval_steps.append(step)
-            h.metrics.append({"nll": v})
-
-    evaluate_all(0)
-    for step in range(config.steps):
-        got = {s: b(step) for s, b in order.items()}
-        pts = torch.stack([got[s][0] for s in seeds])  # (M, B, T + 1, 3)
-        let = torch.stack([got[s][1] for s in seeds])  # (M, B, T)
-        loss = net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
-        if not torch.isfinite(loss.detach()).all():
-            raise FloatingPointError(f"a training loss is not finite at update {step + 1}: "
-                                     f"{loss.detach().tolist()}")
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()  # model m's gradient is that of its own loss
-        opt.step()
-        for h, v in zip(hist, loss.detach().tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(v)
-        if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-            evaluate_all(step + 1)
-    net.write_back(models)
-    for h in hist:
-        h.wall_time = (time.perf_counter() - t0) / M
-    return hist
 
 
 def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict[str, float]:
@@ -796,12 +723,9 @@ def _clip_hooks(model: nn.Module, clip: float) -> None:
             p.register_hook(lambda g: g.clamp(-clip, clip))
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every variant under every seed; return the sweep's :class:`Results`.
 
     Runs record the held-out ``nll`` (nats per point); their ``info`` holds ``input_scales``
@@ -861,21 +785,37 @@ def _info(model: HandwritingModel, scales: list[float], seed: int, seeds: tuple[
 def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Lines,
                  train_head: tuple[Tensor, Tensor], trivial: dict[str, float],
                  device: str | torch.device, out: str | os.PathLike | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once (``config.stacked``)."""
+    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedHandwriting`."""
     dev = resolve_device(device)
     pairs = [(v, s) for v in config.variants for s in seeds]
-    models, scales = [], []
-    for v, s in pairs:  # each model started exactly as train_one starts it
-        model, sc = _start(config, v, s, train_head)
-        scales.append(sc)
-        models.append(model.to(dev))
-    hist = _train_stacked(config, models, [s for _, s in pairs],
-                          Lines(*(t.to(dev) for t in train)),
-                          Lines(*(t.to(dev) for t in valid)))
-    runs = [Run(v, s, h, _info(model, sc, s, seeds, valid))
-            for (v, s), model, h, sc in zip(pairs, models, hist, scales, strict=True)]
+    started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one starts them
+    models = [model.to(dev) for model, _ in started]
+    net = StackedHandwriting(models)
+    _clip_hooks(net, config.grad_clip)
+    on_dev = [t.to(dev) for t in train]
+    order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds}
+    M = len(models)
+    vp = valid.points.to(dev).expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
+    vl = valid.letters.to(dev).expand(M, *valid.letters.shape)
+
+    def losses(step: int) -> Tensor:
+        got = {s: b(step) for s, b in order.items()}
+        pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
+        let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
+        return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+
+    def evaluate_all() -> list[dict[str, float]]:
+        with torch.no_grad():
+            return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
+
+    hist = train_copies(losses, evaluate_all, torch.optim.Adam(net.parameters(), lr=config.lr),
+                        [History() for _ in models], config.steps, config.eval_every)
+    net.write_back(models)
+    runs = []
+    for (v, s), model, (_, scales), h in zip(pairs, models, started, hist, strict=True):
+        h.wall_time /= M
+        runs.append(Run(v, s, h, _info(model, scales, s, seeds, valid)))
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
     if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
         save_results(results, Path(out) / f"{NAME}.json")
     return results

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,18 +23,12 @@ from torch import Tensor, nn
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import (
-    Job,
-    Results,
-    Run,
-    check_scale,
-    classification_metrics,
-    cpu_threads,
-    make_config,
-    save_results,
-    sweep,
-)
-from lnbook.experiments.results import _jsonable
+from lnbook.experiments._stack_loop import train_copies
+from lnbook.experiments.job import Job, cpu_threads
+from lnbook.experiments.metrics import classification_metrics
+from lnbook.experiments.presets import check_scale, make_config
+from lnbook.experiments.results import Results, Run, _jsonable, save_results
+from lnbook.experiments.runner import sweep
 from lnbook.experiments.store import check_results_file
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
@@ -191,9 +184,8 @@ def variant_name(norm: str, batch_size: int) -> str:
     return f"{norm}/bs{batch_size}"
 
 
-def curves(
-    results: Results, norm: str, batch_size: int, metric: str
-) -> tuple[np.ndarray, np.ndarray]:
+def curves(results: Results, norm: str, batch_size: int,
+           metric: str) -> tuple[np.ndarray, np.ndarray]:
     """One metric of every seed of one variant: ``(eval_steps (E,), values (seeds, E))``."""
     return results.curves(variant_name(norm, batch_size), metric)
 
@@ -342,6 +334,29 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
     return out
 
 
+def _train_variant(config: Config, norm: str, bs: int, seeds: tuple[int, ...],
+                   d: dict[str, Tensor]) -> list[History]:
+    """One variant's seeds trained as one :func:`seed_model` on ``d["x"]``, ``d["y"]``."""
+    dev = d["x"].device
+    model = seed_model(config, norm, bs, seeds).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, fused=dev.type in ("cpu", "cuda"))
+    batches = seed_batches(d["x"], d["y"], bs, seeds)
+
+    def losses(step: int) -> Tensor:
+        xb, yb = batches(step)  # (S, B, 784), (S, B)
+        return seed_nll(model(xb), yb)  # (S,)
+
+    def evaluate() -> list[dict[str, float]]:
+        m = seed_metrics(model, d, bs, d["x_recal"])
+        return [{k: float(v[i]) for k, v in m.items()} for i in range(len(seeds))]
+
+    steps, eval_every = schedule(config, bs)
+    hist = train_copies(losses, evaluate, opt, [History() for _ in seeds], steps, eval_every)
+    for h in hist:
+        h.wall_time /= len(seeds)
+    return hist
+
+
 def run_seeds(config: Config, device: str | torch.device = "auto",
               seeds: tuple[int, ...] | list[int] | None = None,
               data: dict[str, Any] | None = None) -> Results:
@@ -351,52 +366,22 @@ def run_seeds(config: Config, device: str | torch.device = "auto",
     d = _data(config) if data is None else data
     dev = resolve_device(device)
     n_eval = max(config.n_eval_train, max(config.batch_sizes))
-    ev = {"x_eval": d["x"][:n_eval].to(dev), "y_eval": d["y"][:n_eval].to(dev),
-          "x_test": d["x_test"].to(dev), "y_test": d["y_test"].to(dev)}
-    x_recal = d["x"][: config.n_recal].to(dev)
-    x_all, y_all = d["x"].to(dev), d["y"].to(dev)
+    on_dev = {"x": d["x"], "y": d["y"], "x_eval": d["x"][:n_eval], "y_eval": d["y"][:n_eval],
+              "x_test": d["x_test"], "y_test": d["y_test"], "x_recal": d["x"][: config.n_recal]}
+    on_dev = {k: v.to(dev) for k, v in on_dev.items()}
     runs = []
     with cpu_threads(config.threads):
         for bs in config.batch_sizes:
-            steps, eval_every = schedule(config, bs)
             for norm in config.norms:
-                t0 = time.perf_counter()
-                model = seed_model(config, norm, bs, seeds).to(dev)
-                opt = torch.optim.Adam(model.parameters(), lr=config.lr,
-                                       fused=dev.type in ("cpu", "cuda"))
-                batches = seed_batches(x_all, y_all, bs, seeds)
-                evals, at = [seed_metrics(model, ev, bs, x_recal)], [0]
-                losses = torch.empty(steps, len(seeds))  # (steps, S)
-                for step in range(steps):
-                    xb, yb = batches(step)  # (S, B, 784), (S, B)
-                    opt.zero_grad(set_to_none=True)
-                    loss = seed_nll(model(xb), yb)  # (S,)
-                    loss.sum().backward()  # the sum: each seed gets its own gradient
-                    opt.step()
-                    losses[step] = loss.detach().cpu()
-                    if (step + 1) % eval_every == 0 or step + 1 == steps:
-                        evals.append(seed_metrics(model, ev, bs, x_recal))
-                        at.append(step + 1)
-                wall = time.perf_counter() - t0
-                for i, seed in enumerate(seeds):
-                    hist = History(steps=list(range(1, steps + 1)),
-                                   losses=losses[:, i].tolist(), eval_steps=list(at),
-                                   metrics=[{k: float(v[i]) for k, v in e.items()}
-                                            for e in evals],
-                                   wall_time=wall / len(seeds))
-                    runs.append(Run(variant_name(norm, bs), seed, hist))
-    order = [variant_name(n, bs) for bs in config.batch_sizes for n in config.norms]
-    runs.sort(key=lambda r: (order.index(r.variant), seeds.index(r.seed)))
-    return Results(NAME, asdict(config), str(dev), runs,
-                   {**_trivial(d), "engine": "seeds"})
+                hist = _train_variant(config, norm, bs, seeds, on_dev)
+                runs += [Run(variant_name(norm, bs), s, h)
+                         for s, h in zip(seeds, hist, strict=True)]
+    return Results(NAME, asdict(config), str(dev), runs, {**_trivial(d), "engine": "seeds"})
 
 
-def run(
-    config: Config,
-    device: str | torch.device = "auto",
-    out: str | os.PathLike | None = None,
-    seeds: tuple[int, ...] | list[int] | None = None,
-) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None,
+        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (norm, batch size) variant (:func:`variant_name`) with every seed.
 
     Runs record ``train_nll``, ``train_error`` (``n_eval_train`` training images),
