@@ -10,25 +10,25 @@ of saturated tanh units (:func:`saturation_share`) and their rank agreement
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import vmap
 
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results, Run, save_results
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.stacked import _Stream, adam_step, batch_indices
+from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
-from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+from lnbook.transformer import TransformerConfig, run_hooked
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
@@ -118,20 +118,8 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
         counts[1] += z.numel()
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, DyT)]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, x, handles)
     return counts[0] / counts[1] if counts[1] else math.nan
-
-
-def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
-    model = Transformer.from_config(config)
-    state = {n[len("model."):]: t[k].detach().clone() for n, t in (params | buffers).items()}
-    model.load_state_dict(state)
-    return model.eval()
 
 
 def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
@@ -146,19 +134,8 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
     ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
     """
-    models = []
-    for _, seed in copies:
-        torch.manual_seed(seed)
-        models.append(_Stream(Transformer.from_config(model_config)))
-    params, buffers = stack_module_state(models)
-    base = copy.deepcopy(models[0]).to("meta")
-    names = list(params)
-
-    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
-        return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
-
-    forward = vmap(one, in_dims=(0, 0, 0, 0))
-    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    params, buffers, base = _stack(model_config, [s for _, s in copies], task.x.device)
+    evaluate = vmap(partial(_loss, base), in_dims=(0, 0, None, None))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
     rate = torch.full((len(copies),), float(lr))
     state: dict[str, Any] = {}
@@ -166,18 +143,15 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     last: list[Tensor] = []
     for step in range(1, steps + 1):
         idx = rows[:, step - 1]  # (copies, batch)
-        p = {k: v.detach().requires_grad_() for k, v in params.items()}
-        loss = forward(p, buffers, task.x[idx], task.y[idx])  # (copies,)
-        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
-        adam_step([params[k] for k in names], grads, state, rate)
-        last = [*last[-9:], loss.detach()]
+        loss = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx])  # (copies,)
+        last = [*last[-9:], loss]
         if step == early_step:
             with torch.no_grad():
                 early = evaluate(params, buffers, task.x_test, task.y_test)
             for k, o in enumerate(out):
                 o["loss_early"] = float(early[k])
                 o["saturated"] = saturation_share(
-                    _unstack(model_config, params, buffers, k), probe, threshold
+                    _unstack(model_config, params, buffers, k).eval(), probe, threshold
                 ) if model_config.norm == "dyt" else math.nan
     with torch.no_grad():
         final = evaluate(params, buffers, task.x_test, task.y_test)

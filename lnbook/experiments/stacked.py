@@ -3,9 +3,9 @@
 Not an experiment itself. At the book's sizes an update of a small model is mostly Python
 overhead, so :func:`train_stacked` trains ``n`` copies as one computation with a leading model
 dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). Each copy is the
-model :func:`lnbook.experiments.seq_tasks.train_transformer` builds for its seed, trained with
-Adam (:func:`adam_step`); evaluations record, per copy, the held-out ``loss``, ``accuracy`` and
-the residual stream's variance ``var_0`` (embeddings) ... ``var_L``.
+model built under ``torch.manual_seed(seed)``, trained with Adam (:func:`adam_step`);
+evaluations record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's
+variance ``var_0`` (embeddings) ... ``var_L``.
 """
 
 from __future__ import annotations
@@ -94,6 +94,42 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
             p.sub_(rate * (m / c1) / ((v / c2).sqrt() + ADAM_EPS))
 
 
+def _stack(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.device
+           ) -> tuple[dict[str, Tensor], dict[str, Tensor], _Stream]:
+    """The model of each seed, stacked on ``dev`` (``{name: (n, ...)}``), and a meta copy."""
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(_Stream(Transformer.from_config(model_config)))
+    params, buffers = stack_module_state(models)
+    params = {k: v.detach().to(dev) for k, v in params.items()}
+    buffers = {k: v.to(dev) for k, v in buffers.items()}
+    return params, buffers, copy.deepcopy(models[0]).to("meta")
+
+
+def _loss(base: _Stream, p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
+    """The loss of one copy (``base`` with ``p``, ``b``) on ids ``x`` and targets ``y``."""
+    return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
+
+
+def _update(base: _Stream, params: dict, buffers: dict, state: dict, rate: Tensor, x: Tensor,
+            y: Tensor) -> Tensor:
+    """One :func:`adam_step` of every copy on its batch ``x``, ``y`` ``(n, B, T)``; the losses."""
+    p = {k: v.detach().requires_grad_() for k, v in params.items()}
+    loss = vmap(functools.partial(_loss, base))(p, buffers, x, y)  # (n,)
+    grads = torch.autograd.grad(loss.sum(), list(p.values()))
+    adam_step(list(params.values()), grads, state, rate)
+    return loss.detach()
+
+
+def _unstack(model_config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
+    """Copy ``k`` of the stacked ``params`` and ``buffers`` as a model on the CPU."""
+    model = Transformer.from_config(model_config)
+    model.load_state_dict({n[len("model."):]: t[k].detach().cpu().clone()
+                           for n, t in (params | buffers).items()})
+    return model
+
+
 def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of random
     permutations of ``n`` rows drawn with a generator seeded with ``seed``.
@@ -155,29 +191,19 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
         raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
-    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=task.x.device)  # (n,)
-    models = []
-    for _, seed in jobs:
-        torch.manual_seed(seed)
-        models.append(_Stream(Transformer.from_config(model_config)))
     dev = task.x.device  # the copies train where the task's tensors are
-    params, buffers = stack_module_state(models)  # {name: (n, ...)}
-    params = {k: v.detach().to(dev) for k, v in params.items()}
-    buffers = {k: v.to(dev) for k, v in buffers.items()}
-    base = copy.deepcopy(models[0]).to("meta")
-    names = list(params)
+    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=dev)  # (n,)
+    params, buffers, base = _stack(model_config, [s for _, s in jobs], dev)  # {name: (n, ...)}
 
-    def one(p: dict, b: dict, x: Tensor, y: Tensor, with_var: bool = True
-            ) -> tuple[Tensor, Tensor, Tensor]:
-        logits, var = functional_call(base, (p, b), (x, with_var))  # (B, T, V), (L + 1,)
+    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits, var = functional_call(base, (p, b), (x, stream_var))  # (B, T, V), (L + 1,)
         scored = y != IGNORE_INDEX  # (B, T)
         right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
         if max_logit:  # read in the same call as the forward that set it
             var = torch.cat([var, base.max_logit().view(1)])  # (L + 2,)
         return sequence_loss(logits, y), right, var
 
-    forward = vmap(functools.partial(one, with_var=False), in_dims=(0, 0, 0, 0))
-    evaluate = vmap(functools.partial(one, with_var=stream_var), in_dims=(0, 0, None, None))
+    evaluate = vmap(one, in_dims=(0, 0, None, None))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
     rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs]).to(dev)
@@ -208,13 +234,9 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     record(0)
     for step in range(1, steps + 1):
         idx = rows[:, step - 1]  # (n, batch)
-        p = {k: v.detach().requires_grad_() for k, v in params.items()}
-        loss, _, _ = forward(p, buffers, task.x[idx], task.y[idx])  # (n,)
-        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
-        adam_step([params[k] for k in names], grads, state, rate)
-        losses = loss.detach().tolist()  # (n,)
+        losses = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
         for k, h in enumerate(hists):
             value = losses[k]
             if diverged_at[k] is None and not math.isfinite(value):
@@ -226,10 +248,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             record(step)
     out = []
     for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
-        model = Transformer.from_config(model_config)
-        model.load_state_dict({n[len("model."):]: params[n][k].detach().cpu().clone()
-                               for n in names} | {n[len("model."):]: buffers[n][k].cpu()
-                                                  for n in buffers})
+        model = _unstack(model_config, params, buffers, k)
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                 "diverged_at": diverged_at[k]}
         if not isinstance(warmup, int) or warmup:
