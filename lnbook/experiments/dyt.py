@@ -33,7 +33,8 @@ DESCRIPTION = (
     "trained layer norms' input-output maps (Zhu et al. 2025)"
 )
 NORMS = ("layer", "dyt", "none")
-TASKS = ("sort", "copy", "recall")
+_MAKERS = {"sort": sort_task, "copy": copy_task, "recall": associative_recall}
+TASKS = tuple(_MAKERS)
 
 
 @dataclass
@@ -100,11 +101,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def make_task(config: Config, n: int, seed: int) -> tuple[Tensor, Tensor]:
     """``n`` sequences of the configured task: ``(inputs, targets)`` (see :mod:`lnbook.data`)."""
-    if config.task == "sort":
-        return sort_task(n, config.length, config.vocab_size, seed=seed)
-    if config.task == "copy":
-        return copy_task(n, config.length, config.vocab_size, seed=seed)
-    return associative_recall(n, config.length, config.vocab_size, seed=seed)
+    return _MAKERS[config.task](n, config.length, config.vocab_size, seed=seed)
 
 
 def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
@@ -168,20 +165,16 @@ def fit_line_and_tanh(x: Tensor, y: Tensor, grid: Tensor | None = None) -> dict[
 
 def _layer_info(info: dict, when: str, model: nn.Module, probe: Tensor, n_points: int) -> None:
     """Add ``fits_``, ``spread_`` and (``n_points > 0``) ``points_`` + ``when`` to ``info``."""
-    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y)
-                            for name, (x, y) in norm_pairs(model, probe).items()}
+    pairs = norm_pairs(model, probe)
+    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y) for name, (x, y) in pairs.items()}
     info[f"spread_{when}"] = token_scale_spread(model, probe)
     if n_points:
-        info[f"points_{when}"] = _points(model, probe, n_points)
-
-
-def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[float]]]:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for name, (x, y) in norm_pairs(model, probe).items():
-        idx = torch.randperm(x.numel(), generator=g)[:n]
-        out[name] = [x[idx].tolist(), y[idx].tolist()]
-    return out
+        g = torch.Generator().manual_seed(0)
+        points = {}
+        for name, (x, y) in pairs.items():
+            idx = torch.randperm(x.numel(), generator=g)[:n_points]
+            points[name] = [x[idx].tolist(), y[idx].tolist()]
+        info[f"points_{when}"] = points
 
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
@@ -229,8 +222,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
             info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
         return hist, info
 
-    variants = {n: n for n in config.norms}
-    return sweep(NAME, variants, run_seeds, train_one, config=config, device=device,
-                 out=out, steps=config.steps, threads=config.threads,
+    return sweep(NAME, {n: n for n in config.norms}, run_seeds, train_one, config=config,
+                 device=device, out=out, steps=config.steps, threads=config.threads,
                  info={"chance": math.log(config.vocab_size), "task": config.task,
                        "seq_len": int(x.shape[1])})

@@ -14,21 +14,19 @@ import math
 import os
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run, save_results
-from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices
+from lnbook.experiments.results import Results, Run
+from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16's)
+from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices, run_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
-from lnbook.transformer import TransformerConfig, run_hooked
+from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
@@ -90,6 +88,11 @@ class Config:
                              f"{self.early_step}")
         if not self.threshold > 0:
             raise ValueError(f"threshold must be > 0, got {self.threshold!r}")
+
+    @property
+    def n_train(self) -> int:
+        """The largest training set, the one drawn (the others are its first ``n``)."""
+        return self.n_trains[-1]
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -168,29 +171,24 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
     (norm, size, seed), variant ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`).
     ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``.
     """
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    task = make_task(config.task, config.n_trains[-1], config.n_test, config.size,
-                     config.symbols)
+    return run_stacked(NAME, Config, config, "cpu", out, seeds, _train)
+
+
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Both norms of :func:`run`, each with all its sizes and seeds at once."""
     copies = [(n, s) for n in config.n_trains for s in seeds]
     runs = []
-    with cpu_threads(config.threads):
-        for norm in NORMS:
-            mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
-                                   n_heads=config.n_heads, n_layers=config.n_layers,
-                                   max_len=task.x.shape[1], norm=norm,
-                                   dyt_alpha_init=config.dyt_alpha_init)
-            measured = train_copies(mc, task, copies, steps=config.steps,
-                                    batch_size=config.batch_size, lr=config.lr,
-                                    early_step=config.early_step,
-                                    probe=task.x[: config.n_probe],
-                                    threshold=config.threshold)
-            runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
-    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
-                      {"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    for norm in NORMS:
+        mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
+                               n_heads=config.n_heads, n_layers=config.n_layers,
+                               max_len=task.x.shape[1], norm=norm,
+                               dyt_alpha_init=config.dyt_alpha_init)
+        measured = train_copies(mc, task, copies, steps=config.steps,
+                                batch_size=config.batch_size, lr=config.lr,
+                                early_step=config.early_step, probe=task.x[: config.n_probe],
+                                threshold=config.threshold)
+        runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
+    return runs
 
 
 def table(results: Results, key: str) -> dict[str, Tensor]:

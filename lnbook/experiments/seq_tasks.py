@@ -125,19 +125,15 @@ def position_unigram_loss(y_train: Tensor, y_test: Tensor, vocab: int) -> float:
         0.6931
     """
     if y_train.dim() != 2 or y_test.dim() != 2 or y_train.shape[1] != y_test.shape[1]:
-        raise ValueError(
-            f"targets must be (n, T) with the same T, got {tuple(y_train.shape)} and "
-            f"{tuple(y_test.shape)}"
-        )
-    scored = y_train != IGNORE_INDEX  # (n, T)
+        raise ValueError(f"targets must be (n, T) with the same T, got {tuple(y_train.shape)} "
+                         f"and {tuple(y_test.shape)}")
+    row, pos = (y_train != IGNORE_INDEX).nonzero(as_tuple=True)  # the scored (row, position)s
     counts = torch.ones(y_train.shape[1], vocab, dtype=torch.float64)  # (T, V) add-one
-    pos = torch.arange(y_train.shape[1]).expand_as(y_train)  # (n, T)
-    counts.index_put_((pos[scored], y_train[scored]), torch.ones(int(scored.sum()),
-                      dtype=torch.float64), accumulate=True)
+    counts.index_put_((pos, y_train[row, pos]), torch.ones(len(pos), dtype=torch.float64),
+                      accumulate=True)
     log_p = (counts / counts.sum(1, keepdim=True)).log()  # (T, V)
-    test_scored = y_test != IGNORE_INDEX  # (m, T)
-    pos_t = torch.arange(y_test.shape[1]).expand_as(y_test)  # (m, T)
-    return float(-log_p[pos_t[test_scored], y_test[test_scored]].mean())
+    row, pos = (y_test != IGNORE_INDEX).nonzero(as_tuple=True)
+    return float(-log_p[pos, y_test[row, pos]].mean())
 
 
 def make_task(
