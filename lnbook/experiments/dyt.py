@@ -28,10 +28,8 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "TASKS", "Config", "get_config", "mak
            "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run"]
 
 NAME = "dyt"
-DESCRIPTION = (
-    "small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; shape of the "
-    "trained layer norms' input-output maps (Zhu et al. 2025)"
-)
+DESCRIPTION = ("small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; "
+               "shape of the trained layer norms' input-output maps (Zhu et al. 2025)")
 NORMS = ("layer", "dyt", "none")
 _MAKERS = {"sort": sort_task, "copy": copy_task, "recall": associative_recall}
 TASKS = tuple(_MAKERS)

@@ -193,23 +193,17 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
 
 def table(results: Results, key: str) -> dict[str, Tensor]:
     """``{norm: (sizes, seeds) tensor of info[key]}`` from :func:`run`'s results."""
-    sizes = list(results.config["n_trains"])
-    seeds = list(results.config["seeds"])
-    out = {}
-    for norm in NORMS:
-        grid = torch.full((len(sizes), len(seeds)), math.nan, dtype=torch.float64)
-        for r in results.runs:
-            v, n = r.variant.split("/")
-            if v == norm:
-                grid[sizes.index(int(n)), seeds.index(r.seed)] = float(r.info[key])
-        out[norm] = grid
+    sizes, seeds = list(results.config["n_trains"]), list(results.config["seeds"])
+    out = {norm: torch.full((len(sizes), len(seeds)), math.nan, dtype=torch.float64)
+           for norm in NORMS}
+    for r in results.runs:
+        norm, n = r.variant.split("/")
+        out[norm][sizes.index(int(n)), seeds.index(r.seed)] = float(r.info[key])
     return out
 
 
 def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) -> Tensor:
-    """DyT's ``info[key]`` minus layer norm's, ``(sizes, seeds)``; with ``relative``, over layer
-    norm's.
-    """
+    """DyT's ``info[key]`` minus layer norm's, ``(sizes, seeds)``; ``relative``: over LN's."""
     t = table(results, key)
     diff = t["dyt"] - t["layer"]
     return diff / t["layer"] if relative else diff

@@ -136,9 +136,8 @@ def position_unigram_loss(y_train: Tensor, y_test: Tensor, vocab: int) -> float:
     return float(-log_p[pos, y_test[row, pos]].mean())
 
 
-def make_task(
-    name: str, n_train: int, n_test: int, size: int, symbols: int, seed: int = 0
-) -> SequenceTask:
+def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, seed: int = 0
+              ) -> SequenceTask:
     """Draw the training and held-out sets of one task and its trivial baseline.
 
     ``name`` ``"sort"`` (:func:`lnbook.data.sort_task`, inputs of length ``2 * size``) or

@@ -84,8 +84,7 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
         state.update(t=0, m=[torch.zeros_like(p) for p in params],
                      v=[torch.zeros_like(p) for p in params])
     state["t"] += 1
-    t = state["t"]
-    c1, c2 = 1 - b1**t, 1 - b2**t
+    c1, c2 = 1 - b1 ** state["t"], 1 - b2 ** state["t"]
     with torch.no_grad():
         for p, g, m, v in zip(params, grads, state["m"], state["v"], strict=True):
             m.mul_(b1).add_(g, alpha=1 - b1)
@@ -237,8 +236,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
         losses = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
-        for k, h in enumerate(hists):
-            value = losses[k]
+        for k, (h, value) in enumerate(zip(hists, losses, strict=True)):
             if diverged_at[k] is None and not math.isfinite(value):
                 diverged_at[k] = step
             if diverged_at[k] is None:
@@ -262,13 +260,10 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
 def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | None,
                   out: str | os.PathLike | None,
                   train: Callable[[SequenceTask, tuple[int, ...]], list[Run]]) -> Results:
-    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, one
-    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``).
-
-    Sets ``config.threads`` while training; the copies train on ``device`` (``"auto"``: a GPU when
-    there is one). With ``out``, writes ``out/<name>.json``, after checking before anything trains
-    that it does not hold another config's results (they are never overwritten).
-    """
+    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, on
+    ``device`` (``"auto"``: a GPU when there is one) with ``config.threads``, as one
+    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``). With ``out``, also
+    writes ``out/<name>.json``, never over another config's results (checked before training)."""
     dev = resolve_device(device)
     seeds = tuple(config.seeds if seeds is None else seeds)
     cfg = {**vars(config), "seeds": list(seeds)}
