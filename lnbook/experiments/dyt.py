@@ -104,8 +104,7 @@ def make_task(config: Config, n: int, seed: int) -> tuple[Tensor, Tensor]:
 
 def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     """``{name: (x, y)}`` for every layer norm on the residual stream (not q/k norms): its inputs
-    and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64.
-    """
+    and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64."""
     return {name: (x.flatten().double(),  # (*, D) before gain and bias:
                    layer_norm(x, module.normalized_shape, eps=module.eps).flatten().double())
             for name, module, x in _ln_inputs(model, inputs)}
@@ -121,8 +120,7 @@ def _ln_inputs(model: nn.Module, inputs: Tensor) -> list[tuple[str, LayerNorm, T
 
 def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
     """Per layer norm of :func:`norm_pairs`, the standard deviation over tokens of ``log(sigma_t)``,
-    ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled).
-    """
+    ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled)."""
     return {name: float(x.double().std(dim=-1, unbiased=False).flatten().log().std())
             for name, _, x in _ln_inputs(model, inputs)}  # std over tokens of log(sigma_t)
 
@@ -181,9 +179,8 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
 
     Runs record ``val_loss``. ``"layer"`` runs' info: ``fits_init``/``fits_trained``,
     ``spread_init``/``spread_trained`` and, first seed, ``points_init``/``points_trained``;
-    ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT. ``Results.info["chance"]`` is
-    ``log(vocab_size)``.
-    """
+    ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT; ``Results.info["chance"]``:
+    ``log(vocab_size)``."""
     if not isinstance(config, Config):
         raise TypeError(f"config must be a dyt.Config (get_config), got {type(config).__name__}")
     x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)

@@ -97,10 +97,9 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"threads": None, "size": 16, "symbols": 32,
-              "n_trains": (256, 4096, 65536), "n_test": 2048, "d_model": 128,
-              "n_heads": 8, "n_layers": 6, "batch_size": 128, "steps": 5000, "lr": 1e-3,
-              "early_step": 250, "n_probe": 256},
+    "paper": {"threads": None, "size": 16, "symbols": 32, "n_trains": (256, 4096, 65536),
+              "n_test": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch_size": 128,
+              "steps": 5000, "lr": 1e-3, "early_step": 250, "n_probe": 256},
 }
 
 
@@ -111,8 +110,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> float:
     """The share of ``model``'s tanh units with ``|alpha * u| > threshold`` on the ids ``x``, ``u``
-    each :class:`lnbook.DyT`'s input, pooled over every DyT (NaN without DyT).
-    """
+    each :class:`lnbook.DyT`'s input, pooled over every DyT (NaN without DyT)."""
     counts = [0, 0]
 
     def hook(module: DyT, args: tuple[Tensor, ...], _out: Tensor) -> None:
@@ -130,15 +128,13 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
                  threshold: float) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
-    Copy ``(n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and trains
-    with :func:`~lnbook.experiments.stacked.adam_step` on the batches
+    Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
     training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
-    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
-    """
+    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``."""
     params, buffers, base = _stack(model_config, [s for _, s in copies], task.x.device)
-    evaluate = vmap(partial(_loss, base), in_dims=(0, 0, None, None))
+    evaluate = torch.no_grad()(vmap(partial(_loss, base), in_dims=(0, 0, None, None)))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
     rate = torch.full((len(copies),), float(lr))
     state: dict[str, Any] = {}
@@ -149,15 +145,13 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
         loss = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx])  # (copies,)
         last = [*last[-9:], loss]
         if step == early_step:
-            with torch.no_grad():
-                early = evaluate(params, buffers, task.x_test, task.y_test)
+            early = evaluate(params, buffers, task.x_test, task.y_test)
             for k, o in enumerate(out):
                 o["loss_early"] = float(early[k])
                 o["saturated"] = saturation_share(
                     _unstack(model_config, params, buffers, k).eval(), probe, threshold
                 ) if model_config.norm == "dyt" else math.nan
-    with torch.no_grad():
-        final = evaluate(params, buffers, task.x_test, task.y_test)
+    final = evaluate(params, buffers, task.x_test, task.y_test)
     train = torch.stack(last).mean(0)
     for k, o in enumerate(out):
         o["loss"], o["train_loss"] = float(final[k]), float(train[k])
@@ -169,8 +163,7 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
         seeds: Any = None) -> Results:
     """Train both norms on every training-set size and seed, on the CPU; one ``Run`` per
     (norm, size, seed), variant ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`).
-    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``.
-    """
+    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``."""
     return run_stacked(NAME, Config, config, "cpu", out, seeds, _train)
 
 
@@ -211,17 +204,15 @@ def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) ->
 
 def left_trivial(results: Results, bar: float = 0.5) -> Tensor:
     """Per seed ``(seeds,)``: on every size both norms' training loss is at least ``bar`` below the
-    position-wise unigram predictor's held-out loss.
-    """
+    position-wise unigram predictor's held-out loss."""
     t = table(results, "train_loss")
     limit = results.info["baseline_loss"] - bar
     return ((t["layer"] <= limit) & (t["dyt"] <= limit)).all(0)
 
 
 def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
-    """Spearman's rank correlation of ``a`` and ``b`` ``(k, m)`` along dimension 0, ``(m,)`` (ties
-    get their first rank).
-    """
+    """Spearman's rank correlation of ``a`` and ``b`` ``(k, m)`` along dimension 0, ``(m,)``
+    (ties get their first rank)."""
     if a.shape != b.shape or a.dim() != 2 or a.shape[0] < 2:
         raise ValueError(f"rank_correlation needs two (k >= 2, m) tensors of one shape, got "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")

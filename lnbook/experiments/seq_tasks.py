@@ -86,8 +86,7 @@ def check_lrs(lrs: Sequence[float]) -> None:
 
 
 def presets(**paper: Any) -> dict[str, dict[str, Any]]:
-    """The ``quick`` (the Config's defaults) and ``paper`` presets (the shared large settings
-    with the experiment's own ``paper`` fields on top)."""
+    """The ``quick`` (the Config's defaults) and ``paper`` presets (shared, ``paper`` on top)."""
     return {"quick": {}, "paper": {**_PAPER, **paper}}
 
 
@@ -96,8 +95,7 @@ class SequenceTask:
     """A training set, a held-out set and what a model that learnt nothing would score: ``x``,
     ``y``, ``x_test``, ``y_test`` int64 ``(n, T)`` (targets :data:`lnbook.data.IGNORE_INDEX`
     where not scored), ``vocab_size``, ``uniform_loss`` (``log(symbols)``) and ``baseline_loss``
-    (:func:`position_unigram_loss`).
-    """
+    (:func:`position_unigram_loss`)."""
 
     name: str
     x: Tensor
@@ -143,8 +141,7 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
     ``name`` ``"sort"`` (:func:`lnbook.data.sort_task`, inputs of length ``2 * size``) or
     ``"recall"`` (:func:`lnbook.data.associative_recall`, ``size`` pairs, length ``2 * size + 2``);
     ``symbols`` content symbols; the training set is drawn with ``seed``, the held-out set with
-    ``seed + 10007``.
-    """
+    ``seed + 10007``."""
     if name not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {name!r}")
     make = sort_task if name == "sort" else associative_recall

@@ -131,8 +131,7 @@ def _unstack(model_config: TransformerConfig, params: dict, buffers: dict, k: in
 
 def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of random
-    permutations of ``n`` rows drawn with a generator seeded with ``seed``.
-    """
+    permutations of ``n`` rows drawn with a generator seeded with ``seed``."""
     g = torch.Generator().manual_seed(seed)
     need = steps * batch_size
     perms = [torch.randperm(n, generator=g) for _ in range(math.ceil(need / n))]
@@ -141,8 +140,7 @@ def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
 
 def fit_batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     """The rows of each update in the order of :class:`lnbook.train.Batches` with ``seed``,
-    ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed.
-    """
+    ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed."""
     batches = Batches(torch.arange(n), batch_size=batch_size, seed=seed)
     return torch.stack([batches(step)[0] for step in range(steps)])
 
@@ -202,7 +200,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             var = torch.cat([var, base.max_logit().view(1)])  # (L + 2,)
         return sequence_loss(logits, y), right, var
 
-    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    evaluate = torch.no_grad()(vmap(one, in_dims=(0, 0, None, None)))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
     rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs]).to(dev)
@@ -213,8 +211,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     initial: list[dict[str, float]] = []
 
     def record(step: int) -> None:
-        with torch.no_grad():
-            loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
+        loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
         n_var = var.shape[1] - int(max_logit)
         loss, acc, var = loss.tolist(), acc.tolist(), var.tolist()  # one copy off a GPU
         for k, h in enumerate(hists):
@@ -284,9 +281,7 @@ def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | No
 
 def run_stacked(name: str, cls: type, config: Any, device: Any, out: Any, seeds: Any,
                 train: Callable[..., list[Run]]) -> Results:
-    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked to be a
-    ``cls``."""
+    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked as a ``cls``."""
     if not isinstance(config, cls):
-        raise TypeError(f"config must be a {name}.Config (get_config), got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"config must be a {name}.Config (get_config), got {type(config).__name__}")
     return sweep_stacked(name, config, device, seeds, out, functools.partial(train, config))
