@@ -117,3 +117,6 @@ def test_tiny_run_tables_and_helpers():
     ok = dyt_regime.left_trivial(res, bar=-100.0)
     assert ok.shape == (2,) and bool(ok.all())
     assert not bool(dyt_regime.left_trivial(res, bar=100.0).any())
+    assert res.device == "cpu" and res.config["seeds"] == [0, 1]
+    with pytest.raises(TypeError, match="dyt_regime.Config"):
+        dyt_regime.run({"steps": 1})

@@ -8,10 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from seq_reference import train_transformer
 
 from lnbook.experiments import OutConflict, load_results, placement
 from lnbook.experiments.protocol import Job
-from lnbook.experiments.seq_tasks import make_task, train_transformer
+from lnbook.experiments.seq_tasks import make_task
 from lnbook.train import Batches
 from lnbook.transformer import Transformer, layer_gradient_norms
 

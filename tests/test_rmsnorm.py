@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from seq_reference import train_transformer
 
 from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
 from lnbook.experiments import rmsnorm
 from lnbook.experiments.protocol import Job
-from lnbook.experiments.seq_tasks import make_task, train_transformer
+from lnbook.experiments.seq_tasks import make_task
 
 
 def test_presets_and_validation():

@@ -1,14 +1,14 @@
 """The shared parts of the Part II Transformer experiments: task, trivial baseline, warm-up,
-one training run (and what a diverged run leaves)."""
+and the one training run the stacked copies are held to (and what a diverged run leaves)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
+from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
 from lnbook.experiments import placement, qk_norm, rmsnorm
@@ -19,9 +19,6 @@ from lnbook.experiments.seq_tasks import (
     make_task,
     position_unigram_loss,
     presets,
-    sequence_metrics,
-    sweep_task,
-    train_transformer,
 )
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -124,39 +121,6 @@ def test_a_diverged_run_is_recorded_not_raised():
     initial = hist.metrics[0]
     for m in hist.metrics[1:]:  # counted at the initial loss, as Wortsman et al. do
         assert m["loss"] == initial["loss"] and m["accuracy"] == initial["accuracy"]
-
-
-@dataclass
-class _Cfg:
-    task: str = "sort"
-    n_train: int = 64
-    n_test: int = 16
-    size: int = 4
-    symbols: int = 5
-    seeds: tuple[int, ...] = (0, 1)
-    checkpoint: bool = False
-    steps: int = 2
-    threads: int | None = 1
-    workers: int = 1
-
-
-def _train_lr(job: Job, config: _Cfg, task) -> tuple:
-    return train_transformer(job, _tiny(task), task, lr=job.params, steps=config.steps,
-                             batch_size=16, eval_every=1)
-
-
-def test_sweep_task_makes_the_task_once_and_records_its_baselines():
-    cfg = _Cfg()
-    res = sweep_task("toy", {"slow": 1e-3, "fast": 1e-2}, _train_lr, cfg, "cpu", None, None)
-    task = make_task("sort", 64, 16, size=4, symbols=5)
-    assert res.info == {"task": "sort", "uniform_loss": task.uniform_loss,
-                        "baseline_loss": task.baseline_loss}
-    assert [(r.variant, r.seed) for r in res.runs] == [("slow", 0), ("slow", 1), ("fast", 0),
-                                                      ("fast", 1)]
-    assert res.select("slow")[0].history.losses != res.select("fast")[0].history.losses
-    again = sweep_task("toy", {"slow": 1e-3}, _train_lr, cfg, "cpu", None, [1])
-    assert again.seeds == [1]
-    assert again.runs[0].history.losses == res.select("slow")[1].history.losses
 
 
 def test_task_config_is_the_one_shared_part_of_the_three_experiments():

@@ -28,12 +28,11 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "TASKS", "Config", "get_config", "mak
            "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run"]
 
 NAME = "dyt"
-DESCRIPTION = (
-    "small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; shape of the "
-    "trained layer norms' input-output maps (Zhu et al. 2025)"
-)
+DESCRIPTION = ("small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; "
+               "shape of the trained layer norms' input-output maps (Zhu et al. 2025)")
 NORMS = ("layer", "dyt", "none")
-TASKS = ("sort", "copy", "recall")
+_MAKERS = {"sort": sort_task, "copy": copy_task, "recall": associative_recall}
+TASKS = tuple(_MAKERS)
 
 
 @dataclass
@@ -100,17 +99,12 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def make_task(config: Config, n: int, seed: int) -> tuple[Tensor, Tensor]:
     """``n`` sequences of the configured task: ``(inputs, targets)`` (see :mod:`lnbook.data`)."""
-    if config.task == "sort":
-        return sort_task(n, config.length, config.vocab_size, seed=seed)
-    if config.task == "copy":
-        return copy_task(n, config.length, config.vocab_size, seed=seed)
-    return associative_recall(n, config.length, config.vocab_size, seed=seed)
+    return _MAKERS[config.task](n, config.length, config.vocab_size, seed=seed)
 
 
 def norm_pairs(model: nn.Module, inputs: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     """``{name: (x, y)}`` for every layer norm on the residual stream (not q/k norms): its inputs
-    and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64.
-    """
+    and its outputs before gain and bias, ``(x - mu) / sqrt(sigma^2 + eps)``, flattened, float64."""
     return {name: (x.flatten().double(),  # (*, D) before gain and bias:
                    layer_norm(x, module.normalized_shape, eps=module.eps).flatten().double())
             for name, module, x in _ln_inputs(model, inputs)}
@@ -126,8 +120,7 @@ def _ln_inputs(model: nn.Module, inputs: Tensor) -> list[tuple[str, LayerNorm, T
 
 def token_scale_spread(model: nn.Module, inputs: Tensor) -> dict[str, float]:
     """Per layer norm of :func:`norm_pairs`, the standard deviation over tokens of ``log(sigma_t)``,
-    ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled).
-    """
+    ``sigma_t`` token ``t``'s input standard deviation (0: one straight line when pooled)."""
     return {name: float(x.double().std(dim=-1, unbiased=False).flatten().log().std())
             for name, _, x in _ln_inputs(model, inputs)}  # std over tokens of log(sigma_t)
 
@@ -168,20 +161,16 @@ def fit_line_and_tanh(x: Tensor, y: Tensor, grid: Tensor | None = None) -> dict[
 
 def _layer_info(info: dict, when: str, model: nn.Module, probe: Tensor, n_points: int) -> None:
     """Add ``fits_``, ``spread_`` and (``n_points > 0``) ``points_`` + ``when`` to ``info``."""
-    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y)
-                            for name, (x, y) in norm_pairs(model, probe).items()}
+    pairs = norm_pairs(model, probe)
+    info[f"fits_{when}"] = {name: fit_line_and_tanh(x, y) for name, (x, y) in pairs.items()}
     info[f"spread_{when}"] = token_scale_spread(model, probe)
     if n_points:
-        info[f"points_{when}"] = _points(model, probe, n_points)
-
-
-def _points(model: nn.Module, probe: Tensor, n: int) -> dict[str, list[list[float]]]:
-    g = torch.Generator().manual_seed(0)
-    out = {}
-    for name, (x, y) in norm_pairs(model, probe).items():
-        idx = torch.randperm(x.numel(), generator=g)[:n]
-        out[name] = [x[idx].tolist(), y[idx].tolist()]
-    return out
+        g = torch.Generator().manual_seed(0)
+        points = {}
+        for name, (x, y) in pairs.items():
+            idx = torch.randperm(x.numel(), generator=g)[:n_points]
+            points[name] = [x[idx].tolist(), y[idx].tolist()]
+        info[f"points_{when}"] = points
 
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
@@ -190,9 +179,8 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
 
     Runs record ``val_loss``. ``"layer"`` runs' info: ``fits_init``/``fits_trained``,
     ``spread_init``/``spread_trained`` and, first seed, ``points_init``/``points_trained``;
-    ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT. ``Results.info["chance"]`` is
-    ``log(vocab_size)``.
-    """
+    ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT; ``Results.info["chance"]``:
+    ``log(vocab_size)``."""
     if not isinstance(config, Config):
         raise TypeError(f"config must be a dyt.Config (get_config), got {type(config).__name__}")
     x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)
@@ -229,8 +217,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
             info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
         return hist, info
 
-    variants = {n: n for n in config.norms}
-    return sweep(NAME, variants, run_seeds, train_one, config=config, device=device,
-                 out=out, steps=config.steps, threads=config.threads,
+    return sweep(NAME, {n: n for n in config.norms}, run_seeds, train_one, config=config,
+                 device=device, out=out, steps=config.steps, threads=config.threads,
                  info={"chance": math.log(config.vocab_size), "task": config.task,
                        "seq_len": int(x.shape[1])})

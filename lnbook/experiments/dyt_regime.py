@@ -10,25 +10,23 @@ of saturated tanh units (:func:`saturation_share`) and their rank agreement
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch.func import vmap
 
-from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run, save_results
-from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.stacked import _Stream, adam_step, batch_indices
+from lnbook.experiments.results import Results, Run
+from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16's)
+from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices, run_stacked
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
-from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
@@ -91,13 +89,17 @@ class Config:
         if not self.threshold > 0:
             raise ValueError(f"threshold must be > 0, got {self.threshold!r}")
 
+    @property
+    def n_train(self) -> int:
+        """The largest training set, the one drawn (the others are its first ``n``)."""
+        return self.n_trains[-1]
+
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"threads": None, "size": 16, "symbols": 32,
-              "n_trains": (256, 4096, 65536), "n_test": 2048, "d_model": 128,
-              "n_heads": 8, "n_layers": 6, "batch_size": 128, "steps": 5000, "lr": 1e-3,
-              "early_step": 250, "n_probe": 256},
+    "paper": {"threads": None, "size": 16, "symbols": 32, "n_trains": (256, 4096, 65536),
+              "n_test": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch_size": 128,
+              "steps": 5000, "lr": 1e-3, "early_step": 250, "n_probe": 256},
 }
 
 
@@ -108,8 +110,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> float:
     """The share of ``model``'s tanh units with ``|alpha * u| > threshold`` on the ids ``x``, ``u``
-    each :class:`lnbook.DyT`'s input, pooled over every DyT (NaN without DyT).
-    """
+    each :class:`lnbook.DyT`'s input, pooled over every DyT (NaN without DyT)."""
     counts = [0, 0]
 
     def hook(module: DyT, args: tuple[Tensor, ...], _out: Tensor) -> None:
@@ -118,20 +119,8 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
         counts[1] += z.numel()
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, DyT)]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, x, handles)
     return counts[0] / counts[1] if counts[1] else math.nan
-
-
-def _unstack(config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
-    model = Transformer.from_config(config)
-    state = {n[len("model."):]: t[k].detach().clone() for n, t in (params | buffers).items()}
-    model.load_state_dict(state)
-    return model.eval()
 
 
 def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
@@ -139,26 +128,13 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
                  threshold: float) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
-    Copy ``(n, seed)`` starts from the model built under ``torch.manual_seed(seed)`` and trains
-    with :func:`~lnbook.experiments.stacked.adam_step` on the batches
+    Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
     training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
-    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
-    """
-    models = []
-    for _, seed in copies:
-        torch.manual_seed(seed)
-        models.append(_Stream(Transformer.from_config(model_config)))
-    params, buffers = stack_module_state(models)
-    base = copy.deepcopy(models[0]).to("meta")
-    names = list(params)
-
-    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
-        return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
-
-    forward = vmap(one, in_dims=(0, 0, 0, 0))
-    evaluate = vmap(one, in_dims=(0, 0, None, None))
+    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``."""
+    params, buffers, base = _stack(model_config, [s for _, s in copies], task.x.device)
+    evaluate = torch.no_grad()(vmap(partial(_loss, base), in_dims=(0, 0, None, None)))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
     rate = torch.full((len(copies),), float(lr))
     state: dict[str, Any] = {}
@@ -166,21 +142,16 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     last: list[Tensor] = []
     for step in range(1, steps + 1):
         idx = rows[:, step - 1]  # (copies, batch)
-        p = {k: v.detach().requires_grad_() for k, v in params.items()}
-        loss = forward(p, buffers, task.x[idx], task.y[idx])  # (copies,)
-        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
-        adam_step([params[k] for k in names], grads, state, rate)
-        last = [*last[-9:], loss.detach()]
+        loss = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx])  # (copies,)
+        last = [*last[-9:], loss]
         if step == early_step:
-            with torch.no_grad():
-                early = evaluate(params, buffers, task.x_test, task.y_test)
+            early = evaluate(params, buffers, task.x_test, task.y_test)
             for k, o in enumerate(out):
                 o["loss_early"] = float(early[k])
                 o["saturated"] = saturation_share(
-                    _unstack(model_config, params, buffers, k), probe, threshold
+                    _unstack(model_config, params, buffers, k).eval(), probe, threshold
                 ) if model_config.norm == "dyt" else math.nan
-    with torch.no_grad():
-        final = evaluate(params, buffers, task.x_test, task.y_test)
+    final = evaluate(params, buffers, task.x_test, task.y_test)
     train = torch.stack(last).mean(0)
     for k, o in enumerate(out):
         o["loss"], o["train_loss"] = float(final[k]), float(train[k])
@@ -192,52 +163,40 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
         seeds: Any = None) -> Results:
     """Train both norms on every training-set size and seed, on the CPU; one ``Run`` per
     (norm, size, seed), variant ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`).
-    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``.
-    """
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    task = make_task(config.task, config.n_trains[-1], config.n_test, config.size,
-                     config.symbols)
+    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``."""
+    return run_stacked(NAME, Config, config, "cpu", out, seeds, _train)
+
+
+def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Both norms of :func:`run`, each with all its sizes and seeds at once."""
     copies = [(n, s) for n in config.n_trains for s in seeds]
     runs = []
-    with cpu_threads(config.threads):
-        for norm in NORMS:
-            mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
-                                   n_heads=config.n_heads, n_layers=config.n_layers,
-                                   max_len=task.x.shape[1], norm=norm,
-                                   dyt_alpha_init=config.dyt_alpha_init)
-            measured = train_copies(mc, task, copies, steps=config.steps,
-                                    batch_size=config.batch_size, lr=config.lr,
-                                    early_step=config.early_step,
-                                    probe=task.x[: config.n_probe],
-                                    threshold=config.threshold)
-            runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
-    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs,
-                      {"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    for norm in NORMS:
+        mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
+                               n_heads=config.n_heads, n_layers=config.n_layers,
+                               max_len=task.x.shape[1], norm=norm,
+                               dyt_alpha_init=config.dyt_alpha_init)
+        measured = train_copies(mc, task, copies, steps=config.steps,
+                                batch_size=config.batch_size, lr=config.lr,
+                                early_step=config.early_step, probe=task.x[: config.n_probe],
+                                threshold=config.threshold)
+        runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
+    return runs
 
 
 def table(results: Results, key: str) -> dict[str, Tensor]:
     """``{norm: (sizes, seeds) tensor of info[key]}`` from :func:`run`'s results."""
-    sizes = list(results.config["n_trains"])
-    seeds = list(results.config["seeds"])
-    out = {}
-    for norm in NORMS:
-        grid = torch.full((len(sizes), len(seeds)), math.nan, dtype=torch.float64)
-        for r in results.runs:
-            v, n = r.variant.split("/")
-            if v == norm:
-                grid[sizes.index(int(n)), seeds.index(r.seed)] = float(r.info[key])
-        out[norm] = grid
+    sizes, seeds = list(results.config["n_trains"]), list(results.config["seeds"])
+    out = {norm: torch.full((len(sizes), len(seeds)), math.nan, dtype=torch.float64)
+           for norm in NORMS}
+    for r in results.runs:
+        norm, n = r.variant.split("/")
+        out[norm][sizes.index(int(n)), seeds.index(r.seed)] = float(r.info[key])
     return out
 
 
 def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) -> Tensor:
-    """DyT's ``info[key]`` minus layer norm's, ``(sizes, seeds)``; with ``relative``, over layer
-    norm's.
-    """
+    """DyT's ``info[key]`` minus layer norm's, ``(sizes, seeds)``; ``relative``: over LN's."""
     t = table(results, key)
     diff = t["dyt"] - t["layer"]
     return diff / t["layer"] if relative else diff
@@ -245,17 +204,15 @@ def dyt_minus_ln(results: Results, key: str = "loss", relative: bool = False) ->
 
 def left_trivial(results: Results, bar: float = 0.5) -> Tensor:
     """Per seed ``(seeds,)``: on every size both norms' training loss is at least ``bar`` below the
-    position-wise unigram predictor's held-out loss.
-    """
+    position-wise unigram predictor's held-out loss."""
     t = table(results, "train_loss")
     limit = results.info["baseline_loss"] - bar
     return ((t["layer"] <= limit) & (t["dyt"] <= limit)).all(0)
 
 
 def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
-    """Spearman's rank correlation of ``a`` and ``b`` ``(k, m)`` along dimension 0, ``(m,)`` (ties
-    get their first rank).
-    """
+    """Spearman's rank correlation of ``a`` and ``b`` ``(k, m)`` along dimension 0, ``(m,)``
+    (ties get their first rank)."""
     if a.shape != b.shape or a.dim() != 2 or a.shape[0] < 2:
         raise ValueError(f"rank_correlation needs two (k >= 2, m) tensors of one shape, got "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")

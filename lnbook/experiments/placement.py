@@ -108,12 +108,9 @@ def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None,
         seeds: tuple[int, ...] | list[int] | None = None) -> Results:
     """Train every (placement, warm-up) variant (:func:`variant_name`) with every seed (P05):
-    Adam reaches ``config.lr`` after ``warmup`` updates of linear warm-up; held-out ``loss``,
-    ``accuracy`` and ``max_logit`` at every evaluation; a run whose loss stops being finite is
-    ``diverged``; ``Results.info``: the task's ``uniform_loss`` and ``baseline_loss``. Each copy
-    is the run :func:`lnbook.experiments.seq_tasks.train_transformer` trains alone, to rounding;
-    ``config.workers`` and ``checkpoint`` are unused; ``out``: also write
-    ``out/placement.json``."""
+    Adam reaches ``config.lr`` after ``warmup`` updates of linear warm-up; evaluations record
+    ``loss``, ``accuracy`` and ``max_logit``; a run whose loss stops being finite is
+    ``diverged``. ``out``: also write ``out/placement.json``."""
     return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 

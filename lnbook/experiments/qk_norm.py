@@ -26,10 +26,9 @@ __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "varia
            "lr_sensitivity", "compare_within_rounding", "qk_logit_bound", "run"]
 
 NAME = "qk_norm"
-DESCRIPTION = (
-    "small Pre-LN Transformer over a learning-rate sweep with and without qk-layernorm: "
-    "largest attention logit and final loss (Dehghani et al. 2023, Wortsman et al. 2024; P08-P09)"
-)
+DESCRIPTION = ("small Pre-LN Transformer over a learning-rate sweep with and without "
+               "qk-layernorm: largest attention logit and final loss (Dehghani et al. 2023, "
+               "Wortsman et al. 2024; P08-P09)")
 
 
 @dataclass
@@ -40,8 +39,7 @@ class Config(TaskConfig):
         lrs: Adam rates of the sweep, increasing (the quick top rate, 0.3, chosen on pilot seeds).
         qk_norms: which models to train: ``False`` (plain attention), ``True`` (qk-layernorm).
         warmup: updates of linear warm-up (0 = none).
-        ln_impl: ``impl`` of the layer norms (:data:`lnbook.norms.LN_IMPL`; a rounding-level
-            change).
+        ln_impl: ``impl`` of the layer norms (:data:`lnbook.norms.LN_IMPL`; rounding only).
     """
 
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1)
@@ -161,13 +159,11 @@ def qk_logit_bound(model: Transformer) -> float:
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
         seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train the model with and without qk-layernorm at every learning rate and seed.
-
-    Variants :func:`variant_name`; evaluations record ``loss``, ``accuracy`` and ``max_logit``;
-    qk-normalized runs' info holds ``logit_bound`` (:func:`qk_logit_bound`). Diverged runs repeat
-    the model at initialization. Every seed and rate of one model train at once on ``device``;
-    with ``out``, also writes ``out/qk_norm.json``.
-    """
+    """Train the model with and without qk-layernorm at every learning rate and seed (those of
+    one model at once on ``device``); variants :func:`variant_name`; evaluations record ``loss``,
+    ``accuracy`` and ``max_logit`` (a diverged run repeats its initial model's); qk-normalized
+    runs' info holds ``logit_bound`` (:func:`qk_logit_bound`). With ``out``, also writes
+    ``out/qk_norm.json``."""
     return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
@@ -178,8 +174,7 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
         trained = train_stacked(
             model_config(config, qk, task.seq_len), task, seeds, config.lrs,
             steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
-            warmup=config.warmup, order="fit", max_logit=True,
-            stream_var=False,
+            warmup=config.warmup, order="fit", max_logit=True, stream_var=False,
             measure=_logit_bound if qk else None)
         runs += [Run(variant_name(qk, r.info["lr"]), r.info["seed"], r.history, r.info)
                  for r in trained]

@@ -32,10 +32,8 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "model_config
            "rms_normalized_layer", "prermsnorm_gaps", "run"]
 
 NAME = "rmsnorm"
-DESCRIPTION = (
-    "small Pre-norm Transformer on the sort task with layer norm vs RMSNorm, several seeds "
-    "(Zhang and Sennrich 2019; Part II, claim P02)"
-)
+DESCRIPTION = ("small Pre-norm Transformer on the sort task with layer norm vs RMSNorm, several "
+               "seeds (Zhang and Sennrich 2019; Part II, claim P02)")
 NORMS = ("layer", "rms")
 
 
@@ -51,8 +49,7 @@ class Config(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad or not self.norms:
+        if not self.norms or any(n not in NORMS for n in self.norms):
             raise ValueError(f"norms must be drawn from {NORMS}, got {self.norms}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
@@ -86,13 +83,6 @@ def rms_normalized_layer(x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor) 
     return rms_norm(a, a.shape[-1], weight=gain) + bias  # (N, H)
 
 
-def _perturb_(model: Transformer, generator: torch.Generator, scale: float) -> None:
-    """Add ``scale * N(0, 1)`` noise to every parameter."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
-
-
 def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers: int = 2,
                     seq_len: int = 16, vocab_size: int = 9, batch: int = 8, noise: float = 0.3,
                     dtype: torch.dtype = torch.float64) -> dict[str, float]:
@@ -108,20 +98,20 @@ def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = Transformer(vocab_size, d_model, n_heads, n_layers, seq_len, dtype=dtype)
-    _perturb_(model, gen, noise)
-    model.eval()
-    idx = torch.randint(0, vocab_size, (batch, seq_len), generator=gen)  # (B, T)
+    model = Transformer(vocab_size, d_model, n_heads, n_layers, seq_len, dtype=dtype).eval()
 
     def rel(a: Tensor, b: Tensor) -> float:
         return float((a - b).abs().max() / a.abs().max())
 
     with torch.no_grad():
+        for p in model.parameters():  # gains not 1, biases not 0
+            p.add_(noise * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        idx = torch.randint(0, vocab_size, (batch, seq_len), generator=gen)  # (B, T)
         ref = model(idx)  # (B, T, V)
         converted = to_pre_rmsnorm(model)(idx)  # (B, T, V)
         naive_model = Transformer.from_config(replace(model.config, norm="rms"), dtype=dtype)
-        state = {k: v for k, v in model.state_dict().items() if not k.endswith("norm1.bias")
-                 and not k.endswith("norm2.bias") and k != "final_norm.bias"}
+        state = {k: v for k, v in model.state_dict().items()
+                 if not k.endswith(("norm1.bias", "norm2.bias", "final_norm.bias"))}
         naive_model.load_state_dict(state)
         naive = naive_model(idx)  # (B, T, V)
         before = max(float(x.mean(-1).abs().max()) for x in residual_stream(model, idx))
@@ -135,13 +125,10 @@ def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
         seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed.
-
-    Variants are named by the norm; every evaluation records ``loss``, ``accuracy`` and
-    ``max_logit``. Every seed of a norm trains at once on ``device``
-    (:func:`lnbook.experiments.stacked.train_stacked`); with ``out``, also writes
-    ``out/rmsnorm.json``.
-    """
+    """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed (those
+    of a norm at once on ``device``, :func:`~lnbook.experiments.stacked.train_stacked`); variants
+    are named by the norm, evaluations record ``loss``, ``accuracy`` and ``max_logit``. With
+    ``out``, also writes ``out/rmsnorm.json``."""
     return run_stacked(NAME, Config, config, device, out, seeds, _train)
 
 
@@ -152,7 +139,6 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
         trained = train_stacked(
             model_config(config, norm, task.seq_len), task, seeds, [config.lr],
             steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
-            order="fit", max_logit=True,
-            stream_var=False)
+            order="fit", max_logit=True, stream_var=False)
         runs += [Run(norm, r.info["seed"], r.history, r.info) for r in trained]
     return runs

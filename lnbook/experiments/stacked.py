@@ -3,9 +3,9 @@
 Not an experiment itself. At the book's sizes an update of a small model is mostly Python
 overhead, so :func:`train_stacked` trains ``n`` copies as one computation with a leading model
 dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). Each copy is the
-model :func:`lnbook.experiments.seq_tasks.train_transformer` builds for its seed, trained with
-Adam (:func:`adam_step`); evaluations record, per copy, the held-out ``loss``, ``accuracy`` and
-the residual stream's variance ``var_0`` (embeddings) ... ``var_L``.
+model built under ``torch.manual_seed(seed)``, trained with Adam (:func:`adam_step`);
+evaluations record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's
+variance ``var_0`` (embeddings) ... ``var_L``.
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
         state.update(t=0, m=[torch.zeros_like(p) for p in params],
                      v=[torch.zeros_like(p) for p in params])
     state["t"] += 1
-    t = state["t"]
-    c1, c2 = 1 - b1**t, 1 - b2**t
+    c1, c2 = 1 - b1 ** state["t"], 1 - b2 ** state["t"]
     with torch.no_grad():
         for p, g, m, v in zip(params, grads, state["m"], state["v"], strict=True):
             m.mul_(b1).add_(g, alpha=1 - b1)
@@ -94,10 +93,45 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
             p.sub_(rate * (m / c1) / ((v / c2).sqrt() + ADAM_EPS))
 
 
+def _stack(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.device
+           ) -> tuple[dict[str, Tensor], dict[str, Tensor], _Stream]:
+    """The model of each seed, stacked on ``dev`` (``{name: (n, ...)}``), and a meta copy."""
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(_Stream(Transformer.from_config(model_config)))
+    params, buffers = stack_module_state(models)
+    params = {k: v.detach().to(dev) for k, v in params.items()}
+    buffers = {k: v.to(dev) for k, v in buffers.items()}
+    return params, buffers, copy.deepcopy(models[0]).to("meta")
+
+
+def _loss(base: _Stream, p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
+    """The loss of one copy (``base`` with ``p``, ``b``) on ids ``x`` and targets ``y``."""
+    return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
+
+
+def _update(base: _Stream, params: dict, buffers: dict, state: dict, rate: Tensor, x: Tensor,
+            y: Tensor) -> Tensor:
+    """One :func:`adam_step` of every copy on its batch ``x``, ``y`` ``(n, B, T)``; the losses."""
+    p = {k: v.detach().requires_grad_() for k, v in params.items()}
+    loss = vmap(functools.partial(_loss, base))(p, buffers, x, y)  # (n,)
+    grads = torch.autograd.grad(loss.sum(), list(p.values()))
+    adam_step(list(params.values()), grads, state, rate)
+    return loss.detach()
+
+
+def _unstack(model_config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
+    """Copy ``k`` of the stacked ``params`` and ``buffers`` as a model on the CPU."""
+    model = Transformer.from_config(model_config)
+    model.load_state_dict({n[len("model."):]: t[k].detach().cpu().clone()
+                           for n, t in (params | buffers).items()})
+    return model
+
+
 def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     """The training rows of each update for one seed, ``(steps, batch_size)``: epochs of random
-    permutations of ``n`` rows drawn with a generator seeded with ``seed``.
-    """
+    permutations of ``n`` rows drawn with a generator seeded with ``seed``."""
     g = torch.Generator().manual_seed(seed)
     need = steps * batch_size
     perms = [torch.randperm(n, generator=g) for _ in range(math.ceil(need / n))]
@@ -106,8 +140,7 @@ def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
 
 def fit_batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
     """The rows of each update in the order of :class:`lnbook.train.Batches` with ``seed``,
-    ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed.
-    """
+    ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed."""
     batches = Batches(torch.arange(n), batch_size=batch_size, seed=seed)
     return torch.stack([batches(step)[0] for step in range(steps)])
 
@@ -155,29 +188,19 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
         raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
-    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=task.x.device)  # (n,)
-    models = []
-    for _, seed in jobs:
-        torch.manual_seed(seed)
-        models.append(_Stream(Transformer.from_config(model_config)))
     dev = task.x.device  # the copies train where the task's tensors are
-    params, buffers = stack_module_state(models)  # {name: (n, ...)}
-    params = {k: v.detach().to(dev) for k, v in params.items()}
-    buffers = {k: v.to(dev) for k, v in buffers.items()}
-    base = copy.deepcopy(models[0]).to("meta")
-    names = list(params)
+    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=dev)  # (n,)
+    params, buffers, base = _stack(model_config, [s for _, s in jobs], dev)  # {name: (n, ...)}
 
-    def one(p: dict, b: dict, x: Tensor, y: Tensor, with_var: bool = True
-            ) -> tuple[Tensor, Tensor, Tensor]:
-        logits, var = functional_call(base, (p, b), (x, with_var))  # (B, T, V), (L + 1,)
+    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        logits, var = functional_call(base, (p, b), (x, stream_var))  # (B, T, V), (L + 1,)
         scored = y != IGNORE_INDEX  # (B, T)
         right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
         if max_logit:  # read in the same call as the forward that set it
             var = torch.cat([var, base.max_logit().view(1)])  # (L + 2,)
         return sequence_loss(logits, y), right, var
 
-    forward = vmap(functools.partial(one, with_var=False), in_dims=(0, 0, 0, 0))
-    evaluate = vmap(functools.partial(one, with_var=stream_var), in_dims=(0, 0, None, None))
+    evaluate = torch.no_grad()(vmap(one, in_dims=(0, 0, None, None)))
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
     rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs]).to(dev)
@@ -188,8 +211,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     initial: list[dict[str, float]] = []
 
     def record(step: int) -> None:
-        with torch.no_grad():
-            loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
+        loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
         n_var = var.shape[1] - int(max_logit)
         loss, acc, var = loss.tolist(), acc.tolist(), var.tolist()  # one copy off a GPU
         for k, h in enumerate(hists):
@@ -208,15 +230,10 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     record(0)
     for step in range(1, steps + 1):
         idx = rows[:, step - 1]  # (n, batch)
-        p = {k: v.detach().requires_grad_() for k, v in params.items()}
-        loss, _, _ = forward(p, buffers, task.x[idx], task.y[idx])  # (n,)
-        grads = torch.autograd.grad(loss.sum(), [p[k] for k in names])
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
-        adam_step([params[k] for k in names], grads, state, rate)
-        losses = loss.detach().tolist()  # (n,)
-        for k, h in enumerate(hists):
-            value = losses[k]
+        losses = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
+        for k, (h, value) in enumerate(zip(hists, losses, strict=True)):
             if diverged_at[k] is None and not math.isfinite(value):
                 diverged_at[k] = step
             if diverged_at[k] is None:
@@ -226,10 +243,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             record(step)
     out = []
     for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
-        model = Transformer.from_config(model_config)
-        model.load_state_dict({n[len("model."):]: params[n][k].detach().cpu().clone()
-                               for n in names} | {n[len("model."):]: buffers[n][k].cpu()
-                                                  for n in buffers})
+        model = _unstack(model_config, params, buffers, k)
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                 "diverged_at": diverged_at[k]}
         if not isinstance(warmup, int) or warmup:
@@ -243,13 +257,10 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
 def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | None,
                   out: str | os.PathLike | None,
                   train: Callable[[SequenceTask, tuple[int, ...]], list[Run]]) -> Results:
-    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, one
-    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``).
-
-    Sets ``config.threads`` while training; the copies train on ``device`` (``"auto"``: a GPU when
-    there is one). With ``out``, writes ``out/<name>.json``, after checking before anything trains
-    that it does not hold another config's results (they are never overwritten).
-    """
+    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, on
+    ``device`` (``"auto"``: a GPU when there is one) with ``config.threads``, as one
+    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``). With ``out``, also
+    writes ``out/<name>.json``, never over another config's results (checked before training)."""
     dev = resolve_device(device)
     seeds = tuple(config.seeds if seeds is None else seeds)
     cfg = {**vars(config), "seeds": list(seeds)}
@@ -270,9 +281,7 @@ def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | No
 
 def run_stacked(name: str, cls: type, config: Any, device: Any, out: Any, seeds: Any,
                 train: Callable[..., list[Run]]) -> Results:
-    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked to be a
-    ``cls``."""
+    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked as a ``cls``."""
     if not isinstance(config, cls):
-        raise TypeError(f"config must be a {name}.Config (get_config), got "
-                        f"{type(config).__name__}")
+        raise TypeError(f"config must be a {name}.Config (get_config), got {type(config).__name__}")
     return sweep_stacked(name, config, device, seeds, out, functools.partial(train, config))
