@@ -1,9 +1,7 @@
 """Batch, layer, instance and group norm as one family; batch norm at tiny batches (Wu, He 2018).
 
-Part II, chapter `10_group_norm` (claims P06 and P07). :func:`statistics_set` reads off the
-computation which entries of ``(N, C, H, W)`` each normalization's statistics use; :func:`run`
-trains a small ConvNet on the 8x8 digits with batch norm's statistics over groups of
-``bn_batch`` examples of a fixed optimizer batch (:class:`GhostBatchNorm`) against group norm.
+Part II, chapter `10_group_norm` (claims P06 and P07): :func:`statistics_set` and :func:`run`
+(:class:`ConvNet` with :class:`GhostBatchNorm` or group norm on the 8x8 digits).
 """
 
 from __future__ import annotations
@@ -84,9 +82,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset (all four norms at Wu and He's batch sizes and 32 groups),
-    with any field replaced by ``overrides``.
-    """
+    """The ``quick`` or ``paper`` preset (all four norms, Wu and He's sizes), with ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
@@ -130,8 +126,8 @@ class GhostBatchNorm(nn.Module):
         n, c, h, w = x.shape
         view = (1, c, 1, 1)
         if not self.training:
-            xc = x - self.running_mean.view(view)  # (N, C, H, W)
-            y = xc * torch.rsqrt(self.running_var.view(view) + self.eps)
+            xc = x[None] - self.running_mean.view(1, *view)  # (1, N, C, H, W)
+            var = self.running_var.view(1, *view)  # (1, 1, C, 1, 1)
         else:
             if n % self.batch_size:
                 raise ValueError(f"the batch of {n} examples does not split into groups of "
@@ -140,12 +136,12 @@ class GhostBatchNorm(nn.Module):
             mu = xg.mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1)
             xc = xg - mu  # (K, b, C, H, W)
             var = xc.square().mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1) biased
-            y = (xc * torch.rsqrt(var + self.eps)).view(n, c, h, w)  # (N, C, H, W)
             with torch.no_grad():
                 m = self.batch_size * h * w  # values behind each statistic
                 self.running_mean.lerp_(mu.mean(dim=0).flatten(), self.momentum)
                 unbiased = var.mean(dim=0).flatten() * m / (m - 1)  # (C,)
                 self.running_var.lerp_(unbiased, self.momentum)
+        y = (xc * torch.rsqrt(var + self.eps)).view(n, c, h, w)  # (N, C, H, W)
         return y * self.weight.view(view) + self.bias.view(view)
 
     def extra_repr(self) -> str:
@@ -243,8 +239,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
                         f"{type(config).__name__}")
     x, y = load_digits_tensor("train")  # (1438, 1, 8, 8), (1438,)
     xt, yt = load_digits_tensor("test")  # (359, 1, 8, 8), (359,)
-    majority = int(torch.bincount(y).argmax())
-    majority_error = float((yt != majority).float().mean())
+    majority_error = float((yt != torch.bincount(y).argmax()).float().mean())
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         m = classification_metrics(model, xt, yt)
