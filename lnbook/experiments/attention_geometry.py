@@ -1,13 +1,9 @@
 """Layer norm and attention, geometrically (Brody, Alon and Yahav, 2023; chapter
 `17_attention_geometry`, claims P20 and P21).
 
-Layer norm without its gain and bias is a *projection* onto the hyperplane orthogonal to the
-all-ones vector (:func:`project`) followed by a *scaling* to norm ``sqrt(d)`` (:func:`scale`).
-P21: a key is *un-selectable* when no query scores it strictly above every other key, exactly
-when it lies in the convex hull of the others (:func:`unselectable`); :func:`random_keys` draws
-keys through each map. P20: a one-layer, one-head attention model (:class:`MajorityAttention`)
-learns "majority" (:func:`majority_task`) with layer norm, the projection only, or no norm
-(:data:`NORMS`); every seed and variant trains at once as one batched model (:func:`run`).
+Layer norm without gain and bias is a projection (:func:`project`) then a scaling
+(:func:`scale`); P21's un-selectable keys (:func:`unselectable`); P20's one-layer attention
+model (:class:`MajorityAttention`) learning "majority" with each of :data:`NORMS` (:func:`run`).
 """
 
 from __future__ import annotations
@@ -241,13 +237,13 @@ def run(config: Config, device: str | torch.device = "cpu",
     if not isinstance(config, Config):
         raise TypeError(f"config must be an attention_geometry.Config (get_config), got "
                         f"{type(config).__name__}")
+    train = majority_task(config.n_train, config.length, config.symbols, seed=0)
+    test = majority_task(config.n_test, config.length, config.symbols, seed=1)
+    chance = float((test[1] == torch.bincount(train[1]).argmax()).double().mean())
     run_seeds = tuple(config.seeds if seeds is None else seeds)
-    x, y = majority_task(config.n_train, config.length, config.symbols, seed=0)
-    xt, yt = majority_task(config.n_test, config.length, config.symbols, seed=1)
-    chance = float((yt == torch.bincount(y).argmax()).double().mean())
     with cpu_threads(config.threads or None):
         runs = [r for norm in config.norms
-                for r in _train_norm(config, norm, run_seeds, (x, y), (xt, yt))]
+                for r in _train_norm(config, norm, run_seeds, train, test)]
     results = Results(NAME, dict(vars(config)), str(device), runs, {"chance": chance})
     if out is not None:
         save_results(results, Path(out) / f"{NAME}.json")

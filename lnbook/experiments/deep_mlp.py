@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -77,11 +78,9 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        if self.data not in ("digits", "mnist"):
-            raise ValueError(f"data must be 'digits' or 'mnist', got {self.data!r}")
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad:
-            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        check_choice("data", self.data, ("digits", "mnist"))
+        for n in self.norms:
+            check_choice("norms", n, NORMS)
         if self.depth < 1 or self.width < 2:
             raise ValueError(f"depth must be >= 1 and width >= 2, got {self.depth}, {self.width}")
         if not self.init_scale > 0:
@@ -133,8 +132,7 @@ class DeepMLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...], norm: str = "none",
                  init_scale: float = 1.0) -> None:
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if len(sizes) < 3:
             raise ValueError(f"sizes needs an input, at least one hidden and an output width, "
                              f"got {sizes}")
@@ -262,13 +260,7 @@ def probe_array(results: Results, variant: str, key: str) -> np.ndarray:
 
 
 def log_spread(values: np.ndarray) -> np.ndarray:
-    """log10(largest / smallest) over the last axis: how many decades the layers span.
-
-    Example::
-
-        >>> log_spread(np.array([[1.0, 10.0, 0.1]])).round(6).tolist()
-        [2.0]
-    """
+    """log10(largest / smallest) over the last axis: how many decades the layers span."""
     values = np.asarray(values, dtype=float)
     if np.any(values <= 0):
         raise ValueError("log_spread needs positive values (RMS, norms)")

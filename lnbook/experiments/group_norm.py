@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.data import load_digits_tensor
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -151,8 +152,7 @@ class GhostBatchNorm(nn.Module):
 def _norm(norm: str, channels: int, groups: int, bn_batch: int) -> nn.Module:
     if norm == "batch":
         return GhostBatchNorm(channels, bn_batch)
-    n_groups = {"group": groups, "layer": 1, "instance": channels}[norm]
-    return GroupNorm(n_groups, channels)
+    return GroupNorm({"group": groups, "layer": 1, "instance": channels}[norm], channels)
 
 
 class ConvNet(nn.Module):
@@ -169,8 +169,7 @@ class ConvNet(nn.Module):
 
     def __init__(self, norm: str, channels: int = 16, groups: int = 4, bn_batch: int = 32):
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if channels % groups:
             raise ValueError(f"groups={groups} must divide channels={channels}")
         self.norm = norm
@@ -199,10 +198,8 @@ def normalize(kind: str, x: Tensor, groups: int = 2, eps: float = 1e-5) -> Tenso
         mu = x.mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
         var = x.var(dim=(0, 2, 3), unbiased=False, keepdim=True)  # (1, C, 1, 1)
         return (x - mu) * torch.rsqrt(var + eps)
-    if kind not in NORMS:
-        raise ValueError(f"kind must be one of {NORMS}, got {kind!r}")
-    n_groups = {"group": groups, "layer": 1, "instance": x.shape[1]}[kind]
-    return group_norm(x, n_groups, eps=eps)
+    check_choice("kind", kind, NORMS)
+    return group_norm(x, {"group": groups, "layer": 1, "instance": x.shape[1]}[kind], eps=eps)
 
 
 def statistics_set(kind: str, shape: tuple[int, int, int, int], index: tuple[int, ...],
