@@ -1,6 +1,4 @@
-"""Removing the layer norms of a trained model, each replaced by a fixed scale (Part III,
-chapter "Do we still need layer norm?", claim P19).
-"""
+"""The layer norms of a trained model replaced by fixed scales (chapter `16_removing_ln`, P19)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ class FixedScale(nn.Module):
         super().__init__()
         if not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale!r}")
-        self.normalized_shape = int(normalized_shape)
-        self.center = bool(center)
+        self.normalized_shape, self.center = int(normalized_shape), bool(center)
         self.register_buffer("scale", torch.tensor(float(scale)))
         self.weight = nn.Parameter(torch.ones(self.normalized_shape))
         self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
@@ -89,8 +86,7 @@ def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
     old = model.get_submodule(name)
     if not isinstance(old, LayerNorm | nn.LayerNorm):
         raise TypeError(f"{name!r} is a {type(old).__name__}, not a layer norm")
-    d = int(old.normalized_shape[-1])
-    new = FixedScale(d, scale)
+    new = FixedScale(int(old.normalized_shape[-1]), scale)
     p = next(old.parameters(), None)
     new = new.to(p.device, p.dtype) if p is not None else new
     with torch.no_grad():
