@@ -93,20 +93,17 @@ class Config:
         if any(not 1 <= u <= self.steps for u in self.probe_updates):
             raise ValueError(f"probe_updates must lie in [1, steps={self.steps}], got "
                              f"{self.probe_updates}")
-        low, high = self.hist_range
-        if not (low < high and self.hist_bins >= 1):
+        if not (self.hist_range[0] < self.hist_range[1] and self.hist_bins >= 1):
             raise ValueError(f"hist_range must be (low, high) with low < high and hist_bins >= 1, "
                              f"got {self.hist_range}, {self.hist_bins}")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
-    # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
-    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128,
-        "steps": 5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
-        "n_eval_train": 10_000, "seeds": verdict_seeds(5)},
-}
+# The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6: 1000
+# units, mini-batches of 128) at the lab's depth, on MNIST.
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "data": "mnist", "width": 1000, "batch_size": 128, "steps": 5000,
+    "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000), "n_eval_train": 10_000,
+    "seeds": verdict_seeds(5)}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:

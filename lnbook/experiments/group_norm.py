@@ -75,11 +75,9 @@ class Config:
             raise ValueError("steps and eval_every must be >= 1")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64,
-        "groups": 32, "steps": 2000, "eval_every": 100, "lr": 1e-3},
-}
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64, "groups": 32,
+    "steps": 2000, "eval_every": 100, "lr": 1e-3}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -160,11 +158,6 @@ class ConvNet(nn.Module):
 
     Bias-free convolutions; layer norm is group norm with 1 group, instance norm with ``C``; batch
     norm is :class:`GhostBatchNorm` over ``bn_batch`` examples.
-
-    Example::
-
-        >>> ConvNet("group", channels=8, groups=2)(torch.rand(4, 1, 8, 8)).shape
-        torch.Size([4, 10])
     """
 
     def __init__(self, norm: str, channels: int = 16, groups: int = 4, bn_batch: int = 32):

@@ -73,13 +73,10 @@ class Config:
         return "sort"
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"threads": None, "size": 16, "symbols": 32, "n_train": 100_000,
-              "n_test": 2048, "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64,
-              "steps": 10_000, "lr": 1e-3, "finetune_steps": 300, "finetune_lr": 3e-4,
-              "n_probe": 1024},
-}
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "size": 16, "symbols": 32, "n_train": 100_000, "n_test": 2048,
+    "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64, "steps": 10_000, "lr": 1e-3,
+    "finetune_steps": 300, "finetune_lr": 3e-4, "n_probe": 1024}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
