@@ -65,14 +65,12 @@ def norm_input_scales(model: nn.Module, inputs: Tensor,
     seen: dict[str, float] = {}
     hooks = []
     for name in names:
-        mod = model.get_submodule(name)
-
         def hook(m: nn.Module, args: tuple[Tensor, ...], name: str = name) -> None:
             x = args[0].detach().double()
             var = x.var(dim=-1, unbiased=False)
             seen[name] = float(torch.sqrt(var + getattr(m, "eps", 0.0)).mean())
 
-        hooks.append(mod.register_forward_pre_hook(hook))
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
     run_hooked(model, inputs, hooks)
     missing = [n for n in names if n not in seen]
     if missing:

@@ -31,11 +31,9 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config",
            "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]
 
 NAME = "deep_mlp"
-DESCRIPTION = (
-    "lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD with no "
-    "norm / batch norm / layer norm on the 8x8 digits; per-layer activations, gradients and "
-    "update-to-weight ratios recorded during training"
-)
+DESCRIPTION = ("lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD "
+               "with no norm / batch norm / layer norm on the 8x8 digits; per-layer activations, "
+               "gradients and update-to-weight ratios recorded during training")
 NORMS = ("none", "batch", "layer")
 PROBE_KEYS = ("act_rms", "grad_rms", "grad_zero_frac", "act_hist", "grad_hist",
               "weight_grad_norm", "update_ratio")

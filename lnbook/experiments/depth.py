@@ -25,11 +25,9 @@ __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "model_con
            "removal_costs", "jacobian_distance", "per_block", "halves"]
 
 NAME = "depth"
-DESCRIPTION = (
-    "Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream variance, "
-    "cost of removing each block, distance of each block's Jacobian from the identity "
-    "(Sun et al. 2025; P17-P18)"
-)
+DESCRIPTION = ("Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream "
+               "variance, cost of removing each block, distance of each block's Jacobian from the "
+               "identity (Sun et al. 2025; P17-P18)")
 VARIANTS = {"pre": False, "scaled": True}  # variant name -> depth_scaling
 
 

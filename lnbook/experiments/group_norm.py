@@ -29,10 +29,9 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNo
            "normalize", "statistics_set", "variant_name", "run"]
 
 NAME = "group_norm"
-DESCRIPTION = (
-    "small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 examples against "
-    "group, layer and instance norm, at a fixed optimizer batch (Wu and He 2018)"
-)
+DESCRIPTION = ("small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 "
+               "examples against group, layer and instance norm, at a fixed optimizer batch (Wu "
+               "and He 2018)")
 NORMS = ("batch", "group", "layer", "instance")
 
 

@@ -23,10 +23,9 @@ __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "varia
            "stream_variance", "final_by_lr", "rise_to_top"]
 
 NAME = "peri_ln"
-DESCRIPTION = (
-    "Pre-LN, Post-LN and Peri-LN Transformers: residual-stream variance by depth and over "
-    "training, and final loss over a learning-rate sweep (Kim et al. 2025; P15-P16)"
-)
+DESCRIPTION = ("Pre-LN, Post-LN and Peri-LN Transformers: residual-stream variance by depth and "
+               "over training, and final loss over a learning-rate sweep (Kim et al. 2025; "
+               "P15-P16)")
 
 
 @dataclass
