@@ -61,8 +61,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad or "batch" not in self.norms:
+        if "batch" not in self.norms or not set(self.norms) <= set(NORMS):
             raise ValueError(f"norms must include 'batch' and be drawn from {NORMS}, got "
                              f"{self.norms}")
         if any(b < 2 or self.batch % b for b in self.bn_batches):
@@ -104,11 +103,10 @@ class GhostBatchNorm(nn.Module):
             raise ValueError(f"batch_size must be an int >= 2, got {batch_size!r}")
         self.num_features, self.batch_size = int(num_features), batch_size
         self.eps, self.momentum = float(eps), float(momentum)
-        self.weight = nn.Parameter(torch.empty(num_features))
-        self.bias = nn.Parameter(torch.empty(num_features))
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Gain 1, bias 0, running mean 0 and running variance 1."""
