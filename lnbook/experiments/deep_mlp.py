@@ -158,12 +158,11 @@ class DeepMLP(nn.Module):
             raise ValueError(f"DeepMLP expects (N, {self.in_features}) inputs, got "
                              f"{tuple(x.shape)}")
         summed = []
-        h = x  # (N, D)
         for lin, norm in zip(self.linears[:-1], self.norms, strict=True):
-            a = lin(h)  # (N, H) summed inputs, before the norm
+            a = lin(x)  # (N, H) summed inputs of (N, D) inputs, before the norm
             summed.append(a)
-            h = torch.relu(norm(a))  # (N, H)
-        logits = self.linears[-1](h)  # (N, classes)
+            x = torch.relu(norm(a))  # (N, H)
+        logits = self.linears[-1](x)  # (N, classes)
         return (logits, summed) if return_summed else logits
 
     def extra_repr(self) -> str:
