@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice
+from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import mean_after_start
 from lnbook.experiments.presets import check_scale, make_config
@@ -259,6 +260,7 @@ def _loss_acc(model: MajorityAttention, x: Tensor, y: Tensor) -> tuple[Tensor, T
 
 def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
                 train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> list[Run]:
+    """Every seed of one variant as one batched model, trained by ``_stack_loop.train_copies``."""
     s, (x, y), (xt, yt) = len(seeds), train, test
     model = MajorityAttention(s, config.symbols, config.length, config.d_model, norm)
     with torch.no_grad():
@@ -268,25 +270,20 @@ def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
             for p, q in zip(model.parameters(), one.parameters(), strict=True):
                 p[i] = q[0]
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    hists = [History() for _ in seeds]
-    for step in range(config.steps + 1):
-        if step % config.eval_every == 0 or step == config.steps:
-            with torch.no_grad():
-                loss, acc = _loss_acc(model, xt.expand(s, -1, -1), yt.expand(s, -1))
-            for i, h in enumerate(hists):
-                h.eval_steps.append(step)
-                h.metrics.append({"loss": float(loss[i]), "accuracy": float(acc[i])})
-        if step == config.steps:
-            break
+
+    def losses(step: int) -> Tensor:
         idx = torch.stack([torch.randint(len(x), (config.batch,), generator=g) for g in gens])
-        losses = _loss_acc(model, x[idx], y[idx])[0]  # (S,)
-        opt.zero_grad()
-        losses.sum().backward()
-        opt.step()
-        for h, value in zip(hists, losses.detach().tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(value)
+        return _loss_acc(model, x[idx], y[idx])[0]  # (S,)
+
+    def evaluate() -> list[dict[str, float]]:
+        with torch.no_grad():
+            loss, acc = _loss_acc(model, xt.expand(s, -1, -1), yt.expand(s, -1))
+        return [{"loss": lo, "accuracy": ac}
+                for lo, ac in zip(loss.tolist(), acc.tolist(), strict=True)]
+
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
+                         config.eval_every)
     with torch.no_grad():  # the keys of every (symbol, position) pair, per model: (S, N, d)
         h = model.tok[:, :config.symbols, None] + model.pos[:, None, :config.length]
         keys = model.keys(normalize(h.reshape(s, config.symbols * config.length, -1), norm))
