@@ -1,6 +1,4 @@
-"""Removing the layer norms of a trained model, each replaced by a fixed scale (Part III,
-chapter "Do we still need layer norm?", claim P19).
-"""
+"""The layer norms of a trained model replaced by fixed scales (chapter `16_removing_ln`, P19)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ class FixedScale(nn.Module):
         super().__init__()
         if not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale!r}")
-        self.normalized_shape = int(normalized_shape)
-        self.center = bool(center)
+        self.normalized_shape, self.center = int(normalized_shape), bool(center)
         self.register_buffer("scale", torch.tensor(float(scale)))
         self.weight = nn.Parameter(torch.ones(self.normalized_shape))
         self.bias = nn.Parameter(torch.zeros(self.normalized_shape))
@@ -68,14 +65,12 @@ def norm_input_scales(model: nn.Module, inputs: Tensor,
     seen: dict[str, float] = {}
     hooks = []
     for name in names:
-        mod = model.get_submodule(name)
-
         def hook(m: nn.Module, args: tuple[Tensor, ...], name: str = name) -> None:
             x = args[0].detach().double()
             var = x.var(dim=-1, unbiased=False)
             seen[name] = float(torch.sqrt(var + getattr(m, "eps", 0.0)).mean())
 
-        hooks.append(mod.register_forward_pre_hook(hook))
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(hook))
     run_hooked(model, inputs, hooks)
     missing = [n for n in names if n not in seen]
     if missing:
@@ -89,8 +84,7 @@ def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
     old = model.get_submodule(name)
     if not isinstance(old, LayerNorm | nn.LayerNorm):
         raise TypeError(f"{name!r} is a {type(old).__name__}, not a layer norm")
-    d = int(old.normalized_shape[-1])
-    new = FixedScale(d, scale)
+    new = FixedScale(int(old.normalized_shape[-1]), scale)
     p = next(old.parameters(), None)
     new = new.to(p.device, p.dtype) if p is not None else new
     with torch.no_grad():

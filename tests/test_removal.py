@@ -80,3 +80,7 @@ def test_experiment_presets_order_and_tiny_run():
     info = res.runs[0].info
     assert len(info["finetuned"]) == len(info["no_finetune"]) == 5
     assert res.runs[0].history.metrics[-1]["loss"] == info["finetuned"][-1]
+    assert quick.task == "sort" and "task" not in vars(quick)  # the one task, not a field
+    assert res.info["baseline_loss"] > 0 and res.config["seeds"] == [0]
+    with pytest.raises(TypeError, match="removal.Config"):
+        rm.run({"steps": 3})

@@ -1,13 +1,9 @@
 """Layer norm and attention, geometrically (Brody, Alon and Yahav, 2023; chapter
 `17_attention_geometry`, claims P20 and P21).
 
-Layer norm without its gain and bias is a *projection* onto the hyperplane orthogonal to the
-all-ones vector (:func:`project`) followed by a *scaling* to norm ``sqrt(d)`` (:func:`scale`).
-P21: a key is *un-selectable* when no query scores it strictly above every other key, exactly
-when it lies in the convex hull of the others (:func:`unselectable`); :func:`random_keys` draws
-keys through each map. P20: a one-layer, one-head attention model (:class:`MajorityAttention`)
-learns "majority" (:func:`majority_task`) with layer norm, the projection only, or no norm
-(:data:`NORMS`); every seed and variant trains at once as one batched model (:func:`run`).
+Layer norm without gain and bias is a projection (:func:`project`) then a scaling
+(:func:`scale`); P21's un-selectable keys (:func:`unselectable`); P20's one-layer attention
+model (:class:`MajorityAttention`) learning "majority" with each of :data:`NORMS` (:func:`run`).
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice
+from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import mean_after_start
 from lnbook.experiments.presets import check_scale, make_config
@@ -241,13 +238,13 @@ def run(config: Config, device: str | torch.device = "cpu",
     if not isinstance(config, Config):
         raise TypeError(f"config must be an attention_geometry.Config (get_config), got "
                         f"{type(config).__name__}")
+    train = majority_task(config.n_train, config.length, config.symbols, seed=0)
+    test = majority_task(config.n_test, config.length, config.symbols, seed=1)
+    chance = float((test[1] == torch.bincount(train[1]).argmax()).double().mean())
     run_seeds = tuple(config.seeds if seeds is None else seeds)
-    x, y = majority_task(config.n_train, config.length, config.symbols, seed=0)
-    xt, yt = majority_task(config.n_test, config.length, config.symbols, seed=1)
-    chance = float((yt == torch.bincount(y).argmax()).double().mean())
     with cpu_threads(config.threads or None):
         runs = [r for norm in config.norms
-                for r in _train_norm(config, norm, run_seeds, (x, y), (xt, yt))]
+                for r in _train_norm(config, norm, run_seeds, train, test)]
     results = Results(NAME, dict(vars(config)), str(device), runs, {"chance": chance})
     if out is not None:
         save_results(results, Path(out) / f"{NAME}.json")
@@ -263,6 +260,7 @@ def _loss_acc(model: MajorityAttention, x: Tensor, y: Tensor) -> tuple[Tensor, T
 
 def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
                 train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> list[Run]:
+    """Every seed of one variant as one batched model, trained by ``_stack_loop.train_copies``."""
     s, (x, y), (xt, yt) = len(seeds), train, test
     model = MajorityAttention(s, config.symbols, config.length, config.d_model, norm)
     with torch.no_grad():
@@ -272,25 +270,20 @@ def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
             for p, q in zip(model.parameters(), one.parameters(), strict=True):
                 p[i] = q[0]
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    hists = [History() for _ in seeds]
-    for step in range(config.steps + 1):
-        if step % config.eval_every == 0 or step == config.steps:
-            with torch.no_grad():
-                loss, acc = _loss_acc(model, xt.expand(s, -1, -1), yt.expand(s, -1))
-            for i, h in enumerate(hists):
-                h.eval_steps.append(step)
-                h.metrics.append({"loss": float(loss[i]), "accuracy": float(acc[i])})
-        if step == config.steps:
-            break
+
+    def losses(step: int) -> Tensor:
         idx = torch.stack([torch.randint(len(x), (config.batch,), generator=g) for g in gens])
-        losses = _loss_acc(model, x[idx], y[idx])[0]  # (S,)
-        opt.zero_grad()
-        losses.sum().backward()
-        opt.step()
-        for h, value in zip(hists, losses.detach().tolist(), strict=True):
-            h.steps.append(step + 1)
-            h.losses.append(value)
+        return _loss_acc(model, x[idx], y[idx])[0]  # (S,)
+
+    def evaluate() -> list[dict[str, float]]:
+        with torch.no_grad():
+            loss, acc = _loss_acc(model, xt.expand(s, -1, -1), yt.expand(s, -1))
+        return [{"loss": lo, "accuracy": ac}
+                for lo, ac in zip(loss.tolist(), acc.tolist(), strict=True)]
+
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
+                         config.eval_every)
     with torch.no_grad():  # the keys of every (symbol, position) pair, per model: (S, N, d)
         h = model.tok[:, :config.symbols, None] + model.pos[:, None, :config.length]
         keys = model.keys(normalize(h.reshape(s, config.symbols * config.length, -1), norm))

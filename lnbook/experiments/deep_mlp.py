@@ -1,10 +1,7 @@
 """Why normalization helps: a deep MLP with a poor start, watched layer by layer (lab 3.2).
 
-Book chapter `03_2_lab_why_it_helps` (no experiment of the paper): one deep ReLU network with no
-norm, batch norm (eq. 2, :class:`torch.nn.BatchNorm1d`) or layer norm (eq. 3, torch's fused
-kernel) on every hidden layer's summed inputs (never the logits), weights started at
-``init_scale`` times He, trained by SGD with momentum on the 8x8 digits (or MNIST); a
-:class:`LayerProbe` records per-layer statistics at a few updates.
+Chapter `03_2_lab_why_it_helps` (no experiment of the paper): :class:`DeepMLP` with no norm,
+batch norm (eq. 2) or layer norm (eq. 3), and :class:`LayerProbe`, which records its layers.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -33,11 +31,9 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config",
            "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]
 
 NAME = "deep_mlp"
-DESCRIPTION = (
-    "lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD with no "
-    "norm / batch norm / layer norm on the 8x8 digits; per-layer activations, gradients and "
-    "update-to-weight ratios recorded during training"
-)
+DESCRIPTION = ("lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD "
+               "with no norm / batch norm / layer norm on the 8x8 digits; per-layer activations, "
+               "gradients and update-to-weight ratios recorded during training")
 NORMS = ("none", "batch", "layer")
 PROBE_KEYS = ("act_rms", "grad_rms", "grad_zero_frac", "act_hist", "grad_hist",
               "weight_grad_norm", "update_ratio")
@@ -80,11 +76,9 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        if self.data not in ("digits", "mnist"):
-            raise ValueError(f"data must be 'digits' or 'mnist', got {self.data!r}")
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad:
-            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        check_choice("data", self.data, ("digits", "mnist"))
+        for n in self.norms:
+            check_choice("norms", n, NORMS)
         if self.depth < 1 or self.width < 2:
             raise ValueError(f"depth must be >= 1 and width >= 2, got {self.depth}, {self.width}")
         if not self.init_scale > 0:
@@ -97,20 +91,17 @@ class Config:
         if any(not 1 <= u <= self.steps for u in self.probe_updates):
             raise ValueError(f"probe_updates must lie in [1, steps={self.steps}], got "
                              f"{self.probe_updates}")
-        low, high = self.hist_range
-        if not (low < high and self.hist_bins >= 1):
+        if not (self.hist_range[0] < self.hist_range[1] and self.hist_bins >= 1):
             raise ValueError(f"hist_range must be (low, high) with low < high and hist_bins >= 1, "
                              f"got {self.hist_range}, {self.hist_bins}")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    # The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6:
-    # 1000 units, mini-batches of 128) at the lab's depth, on MNIST.
-    "paper": {"threads": None, "data": "mnist", "width": 1000, "batch_size": 128,
-        "steps": 5000, "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000),
-        "n_eval_train": 10_000, "seeds": verdict_seeds(5)},
-}
+# The paper has no such experiment; "paper" takes the sizes of its MNIST MLP (section 6.6: 1000
+# units, mini-batches of 128) at the lab's depth, on MNIST.
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "data": "mnist", "width": 1000, "batch_size": 128, "steps": 5000,
+    "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000), "n_eval_train": 10_000,
+    "seeds": verdict_seeds(5)}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -122,9 +113,8 @@ class DeepMLP(nn.Module):
     """A deep ReLU MLP, ``[Linear -> norm -> ReLU] * depth -> Linear``, with a scaled He init.
 
     The norm (``"none"``, ``"batch"``, ``"layer"``) acts on each hidden layer's summed inputs and
-    brings the bias; weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
-    ``(N, sizes[0])`` to logits ``(N, sizes[-1])``, with ``return_summed=True`` also every hidden
-    layer's summed inputs.
+    brings the bias. Shape: ``(N, sizes[0])`` to logits ``(N, sizes[-1])``, with
+    ``return_summed=True`` also every hidden layer's summed inputs.
 
     Example::
 
@@ -137,8 +127,7 @@ class DeepMLP(nn.Module):
     def __init__(self, sizes: tuple[int, ...], norm: str = "none",
                  init_scale: float = 1.0) -> None:
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if len(sizes) < 3:
             raise ValueError(f"sizes needs an input, at least one hidden and an output width, "
                              f"got {sizes}")
@@ -169,12 +158,11 @@ class DeepMLP(nn.Module):
             raise ValueError(f"DeepMLP expects (N, {self.in_features}) inputs, got "
                              f"{tuple(x.shape)}")
         summed = []
-        h = x  # (N, D)
         for lin, norm in zip(self.linears[:-1], self.norms, strict=True):
-            a = lin(h)  # (N, H) summed inputs, before the norm
+            a = lin(x)  # (N, H) summed inputs of (N, D) inputs, before the norm
             summed.append(a)
-            h = torch.relu(norm(a))  # (N, H)
-        logits = self.linears[-1](h)  # (N, classes)
+            x = torch.relu(norm(a))  # (N, H)
+        logits = self.linears[-1](x)  # (N, classes)
         return (logits, summed) if return_summed else logits
 
     def extra_repr(self) -> str:
@@ -191,20 +179,10 @@ def _log_hist(t: Tensor, edges: np.ndarray) -> list[int]:
 class LayerProbe:
     """Records per-layer statistics of a :class:`DeepMLP` at chosen updates (1-based).
 
-    Register it on the optimizer and route each forward through :meth:`forward`. At a probed update
-    it records per hidden layer the RMS and a histogram (``edges`` in log10) of ``|value|`` of the
-    summed inputs and their gradients, and per weight the gradient norm and ``||W_after - W_before||
-    / ||W_before||``.
-
-    Example::
-
-        >>> model = DeepMLP((4, 8, 8, 3))
-        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> probe = LayerProbe(model, opt, updates=(1,), edges=np.linspace(-8, 2, 11))
-        >>> loss = F.cross_entropy(probe.forward(torch.randn(5, 4)), torch.zeros(5).long())
-        >>> loss.backward(); opt.step()
-        >>> probe.records["update_ratio"][0][0] > 0
-        True
+    It hooks the optimizer; route each forward through :meth:`forward`. At a probed update it
+    records per hidden layer the RMS and a histogram (``edges`` in log10) of ``|value|`` of the
+    summed inputs and their gradients, and per weight the gradient norm and ``||W_after -
+    W_before|| / ||W_before||`` (:data:`PROBE_KEYS`, in :attr:`records`).
     """
 
     def __init__(self, model: DeepMLP, optimizer: torch.optim.Optimizer,
@@ -212,8 +190,7 @@ class LayerProbe:
         self.model, self.updates = model, sorted(set(int(u) for u in updates))
         self.edges = np.asarray(edges, dtype=float)
         self.done = 0  # updates finished
-        self.records: dict[str, list[Any]] = {k: [] for k in PROBE_KEYS}
-        self.records["probe_updates"] = []
+        self.records: dict[str, list[Any]] = {k: [] for k in (*PROBE_KEYS, "probe_updates")}
         self._summed: list[Tensor] | None = None
         self._before: list[Tensor] | None = None
         optimizer.register_step_pre_hook(self._pre_step)
@@ -242,34 +219,30 @@ class LayerProbe:
         self.done += 1
         if self._summed is None or self._before is None:
             return
-        rec = self.records
-        rec["probe_updates"].append(self.done)
-        grads = [a.grad if a.grad is not None else torch.zeros_like(a) for a in self._summed]
-        rec["act_rms"].append([float(a.detach().pow(2).mean().sqrt()) for a in self._summed])
-        rec["grad_rms"].append([float(g.pow(2).mean().sqrt()) for g in grads])
-        rec["grad_zero_frac"].append([float((g == 0).double().mean()) for g in grads])
-        rec["act_hist"].append([_log_hist(a, self.edges) for a in self._summed])
-        rec["grad_hist"].append([_log_hist(g, self.edges) for g in grads])
-        lins = self.model.linears
-        rec["weight_grad_norm"].append(
-            [float(lin.weight.grad.norm()) if lin.weight.grad is not None else 0.0
-             for lin in lins])
-        rec["update_ratio"].append(
-            [float((lin.weight.detach() - w0).norm() / w0.norm())
-             for lin, w0 in zip(lins, self._before, strict=True)])
+        summed, lins = self._summed, self.model.linears
+        grads = [a.grad if a.grad is not None else torch.zeros_like(a) for a in summed]
+        new = {
+            "probe_updates": self.done,
+            "act_rms": [float(a.detach().pow(2).mean().sqrt()) for a in summed],
+            "grad_rms": [float(g.pow(2).mean().sqrt()) for g in grads],
+            "grad_zero_frac": [float((g == 0).double().mean()) for g in grads],
+            "act_hist": [_log_hist(a, self.edges) for a in summed],
+            "grad_hist": [_log_hist(g, self.edges) for g in grads],
+            "weight_grad_norm": [float(lin.weight.grad.norm()) if lin.weight.grad is not None
+                                 else 0.0 for lin in lins],
+            "update_ratio": [float((lin.weight.detach() - w0).norm() / w0.norm())
+                             for lin, w0 in zip(lins, self._before, strict=True)],
+        }
+        for key, value in new.items():
+            self.records[key].append(value)
         self._summed, self._before = None, None
 
 
 def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
-    """NLL (nats) on ``y_test`` of the trivial predictor that outputs the training class shares.
-
-    Example::
-
-        >>> round(prior_nll(torch.tensor([0, 1]), torch.tensor([0, 1]), classes=2), 4)
-        0.6931
-    """
+    """NLL (nats) on ``y_test`` of the trivial predictor that outputs the training class shares
+    (add-one smoothed)."""
     counts = torch.bincount(y_train, minlength=classes).double()
-    p = (counts + 1.0) / (counts.sum() + classes)  # add-one, so no class has probability 0
+    p = (counts + 1.0) / (counts.sum() + classes)  # no class has probability 0
     return float(-p.log()[y_test].mean())
 
 
@@ -281,29 +254,20 @@ def probe_array(results: Results, variant: str, key: str) -> np.ndarray:
 
 
 def log_spread(values: np.ndarray) -> np.ndarray:
-    """log10(largest / smallest) over the last axis: how many decades the layers span.
-
-    Example::
-
-        >>> log_spread(np.array([[1.0, 10.0, 0.1]])).round(6).tolist()
-        [2.0]
-    """
+    """log10(largest / smallest) over the last axis: how many decades the layers span."""
     values = np.asarray(values, dtype=float)
     if np.any(values <= 0):
         raise ValueError("log_spread needs positive values (RMS, norms)")
     return np.log10(values.max(axis=-1) / values.min(axis=-1))
 
 
-def _data(config: Config) -> dict[str, Any]:
+def _data(config: Config) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
+    """``x, y, x_test, y_test`` (inputs flattened, ``(N, 64)`` or ``(N, 784)``) and the source."""
     if config.data == "digits":
-        x, y = load_digits_tensor("train", flatten=True)  # (N, 64), (N,)
-        xt, yt = load_digits_tensor("test", flatten=True)
-        source = "sklearn digits"
-    else:
-        train, test = load_mnist(split="train"), load_mnist(split="test")
-        x, y, xt, yt = train.images, train.labels, test.images, test.labels  # (N, 784)
-        source = f"mnist ({train.source})"
-    return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": source}
+        return (*load_digits_tensor("train", flatten=True),
+                *load_digits_tensor("test", flatten=True), "sklearn digits")
+    train, test = load_mnist(split="train"), load_mnist(split="test")
+    return train.images, train.labels, test.images, test.labels, f"mnist ({train.source})"
 
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
@@ -316,14 +280,14 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     if not isinstance(config, Config):
         raise TypeError(f"config must be a deep_mlp.Config (get_config), got "
                         f"{type(config).__name__}")
-    d = _data(config)
-    x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
-    sizes = (d["x"].shape[1], *([config.width] * config.depth), 10)
+    x, y, x_test, y_test, source = _data(config)
+    x_eval, y_eval = x[: config.n_eval_train], y[: config.n_eval_train]
+    sizes = (x.shape[1], *([config.width] * config.depth), 10)
     edges = np.linspace(*config.hist_range, config.hist_bins + 1)
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         tr = classification_metrics(model, x_eval, y_eval)
-        te = classification_metrics(model, d["x_test"], d["y_test"])
+        te = classification_metrics(model, x_test, y_test)
         return {"train_nll": tr["nll"], "test_nll": te["nll"], "test_error": te["error"]}
 
     def train_one(job: Job) -> tuple[History, dict[str, Any]]:
@@ -331,7 +295,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
         model = DeepMLP(sizes, job.params, config.init_scale)
         opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
         probe = LayerProbe(model, opt, config.probe_updates, edges)
-        hist = fit(model, Batches(d["x"], d["y"], batch_size=config.batch_size, seed=job.seed),
+        hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed),
                    opt, steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
                    device=job.device, seed=job.seed, checkpoint=job.checkpoint,
                    loss_fn=lambda m, b: F.cross_entropy(probe.forward(b[0]), b[1]),
@@ -339,8 +303,8 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
         return hist, probe.records
 
     variants = {n: n for n in config.norms}
-    info = {"source": d["source"], "hist_edges": edges.tolist(),
-            "prior_nll": prior_nll(d["y"], d["y_test"]), "sizes": list(sizes)}
+    info = {"source": source, "hist_edges": edges.tolist(),
+            "prior_nll": prior_nll(y, y_test), "sizes": list(sizes)}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, checkpoint=False,
                  steps=config.steps, info=info, threads=config.threads)

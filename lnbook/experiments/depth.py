@@ -1,9 +1,7 @@
 """The curse of depth: what each block of a deep, narrow Pre-LN Transformer contributes.
 
 Book chapter `15_curse_of_depth` (Part III), claims P17-P18 (Sun et al. 2025; LayerNorm Scaling
-multiplies each norm's output in block ``l`` by ``1 / sqrt(l)``). :func:`run` trains the model
-with and without it and measures, per block, :func:`removal_costs`, :func:`jacobian_distance`
-and the stream's variance.
+multiplies each norm's output in block ``l`` by ``1 / sqrt(l)``).
 """
 
 from __future__ import annotations
@@ -27,11 +25,9 @@ __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "model_con
            "removal_costs", "jacobian_distance", "per_block", "halves"]
 
 NAME = "depth"
-DESCRIPTION = (
-    "Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream variance, "
-    "cost of removing each block, distance of each block's Jacobian from the identity "
-    "(Sun et al. 2025; P17-P18)"
-)
+DESCRIPTION = ("Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream "
+               "variance, cost of removing each block, distance of each block's Jacobian from the "
+               "identity (Sun et al. 2025; P17-P18)")
 VARIANTS = {"pre": False, "scaled": True}  # variant name -> depth_scaling
 
 
@@ -131,8 +127,7 @@ def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLi
 
 def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
     """Both variants of :func:`run`, measured block by block on ``n_eval`` sequences."""
-    x = task.x_test[: config.n_eval]
-    y = task.y_test[: config.n_eval]
+    x, y = task.x_test[: config.n_eval], task.y_test[: config.n_eval]
     runs = []
     for name, scaling in VARIANTS.items():
         trained = train_stacked(model_config(config, scaling, task.seq_len), task, seeds,
@@ -150,16 +145,16 @@ def per_block(results: Results, variant: str, what: str, step: int | None = None
     """One value per (seed, block) of a variant, ``(seeds, L)``: ``what`` ``"removal"``,
     ``"jacobian"`` or ``"variance"`` (of each ``x_l`` after ``step`` updates; None: the last).
     """
+    if what not in ("removal", "jacobian", "variance"):
+        raise ValueError(f"what must be 'removal', 'jacobian' or 'variance', got {what!r}")
     rows = []
     for r in results.select(variant):
-        if what in ("removal", "jacobian"):
+        if what == "variance":
+            h = r.history
+            m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
+            rows.append([m[f"var_{k}"] for k in range(1, len(r.info["removal"]) + 1)])
+        else:
             rows.append(r.info[what])
-            continue
-        if what != "variance":
-            raise ValueError(f"what must be 'removal', 'jacobian' or 'variance', got {what!r}")
-        h = r.history
-        m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
-        rows.append([m[f"var_{k}"] for k in range(1, len(r.info["removal"]) + 1)])
     return np.array(rows, dtype=float)
 
 

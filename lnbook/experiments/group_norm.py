@@ -1,9 +1,7 @@
 """Batch, layer, instance and group norm as one family; batch norm at tiny batches (Wu, He 2018).
 
-Part II, chapter `10_group_norm` (claims P06 and P07). :func:`statistics_set` reads off the
-computation which entries of ``(N, C, H, W)`` each normalization's statistics use; :func:`run`
-trains a small ConvNet on the 8x8 digits with batch norm's statistics over groups of
-``bn_batch`` examples of a fixed optimizer batch (:class:`GhostBatchNorm`) against group norm.
+Part II, chapter `10_group_norm` (claims P06 and P07): :func:`statistics_set` and :func:`run`
+(:class:`ConvNet` with :class:`GhostBatchNorm` or group norm on the 8x8 digits).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.data import load_digits_tensor
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -30,10 +29,9 @@ __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNo
            "normalize", "statistics_set", "variant_name", "run"]
 
 NAME = "group_norm"
-DESCRIPTION = (
-    "small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 examples against "
-    "group, layer and instance norm, at a fixed optimizer batch (Wu and He 2018)"
-)
+DESCRIPTION = ("small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 "
+               "examples against group, layer and instance norm, at a fixed optimizer batch (Wu "
+               "and He 2018)")
 NORMS = ("batch", "group", "layer", "instance")
 
 
@@ -63,8 +61,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad or "batch" not in self.norms:
+        if "batch" not in self.norms or not set(self.norms) <= set(NORMS):
             raise ValueError(f"norms must include 'batch' and be drawn from {NORMS}, got "
                              f"{self.norms}")
         if any(b < 2 or self.batch % b for b in self.bn_batches):
@@ -76,17 +73,13 @@ class Config:
             raise ValueError("steps and eval_every must be >= 1")
 
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64,
-        "groups": 32, "steps": 2000, "eval_every": 100, "lr": 1e-3},
-}
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "norms": NORMS, "bn_batches": (2, 4, 8, 16, 32), "channels": 64, "groups": 32,
+    "steps": 2000, "eval_every": 100, "lr": 1e-3}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
-    """The ``quick`` or ``paper`` preset (all four norms at Wu and He's batch sizes and 32 groups),
-    with any field replaced by ``overrides``.
-    """
+    """The ``quick`` or ``paper`` preset (all four norms, Wu and He's sizes), with ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
 
 
@@ -110,11 +103,10 @@ class GhostBatchNorm(nn.Module):
             raise ValueError(f"batch_size must be an int >= 2, got {batch_size!r}")
         self.num_features, self.batch_size = int(num_features), batch_size
         self.eps, self.momentum = float(eps), float(momentum)
-        self.weight = nn.Parameter(torch.empty(num_features))
-        self.bias = nn.Parameter(torch.empty(num_features))
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Gain 1, bias 0, running mean 0 and running variance 1."""
@@ -130,8 +122,8 @@ class GhostBatchNorm(nn.Module):
         n, c, h, w = x.shape
         view = (1, c, 1, 1)
         if not self.training:
-            xc = x - self.running_mean.view(view)  # (N, C, H, W)
-            y = xc * torch.rsqrt(self.running_var.view(view) + self.eps)
+            xc = x[None] - self.running_mean.view(1, *view)  # (1, N, C, H, W)
+            var = self.running_var.view(1, *view)  # (1, 1, C, 1, 1)
         else:
             if n % self.batch_size:
                 raise ValueError(f"the batch of {n} examples does not split into groups of "
@@ -140,12 +132,12 @@ class GhostBatchNorm(nn.Module):
             mu = xg.mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1)
             xc = xg - mu  # (K, b, C, H, W)
             var = xc.square().mean(dim=(1, 3, 4), keepdim=True)  # (K, 1, C, 1, 1) biased
-            y = (xc * torch.rsqrt(var + self.eps)).view(n, c, h, w)  # (N, C, H, W)
             with torch.no_grad():
                 m = self.batch_size * h * w  # values behind each statistic
                 self.running_mean.lerp_(mu.mean(dim=0).flatten(), self.momentum)
                 unbiased = var.mean(dim=0).flatten() * m / (m - 1)  # (C,)
                 self.running_var.lerp_(unbiased, self.momentum)
+        y = (xc * torch.rsqrt(var + self.eps)).view(n, c, h, w)  # (N, C, H, W)
         return y * self.weight.view(view) + self.bias.view(view)
 
     def extra_repr(self) -> str:
@@ -155,8 +147,7 @@ class GhostBatchNorm(nn.Module):
 def _norm(norm: str, channels: int, groups: int, bn_batch: int) -> nn.Module:
     if norm == "batch":
         return GhostBatchNorm(channels, bn_batch)
-    n_groups = {"group": groups, "layer": 1, "instance": channels}[norm]
-    return GroupNorm(n_groups, channels)
+    return GroupNorm({"group": groups, "layer": 1, "instance": channels}[norm], channels)
 
 
 class ConvNet(nn.Module):
@@ -164,17 +155,11 @@ class ConvNet(nn.Module):
 
     Bias-free convolutions; layer norm is group norm with 1 group, instance norm with ``C``; batch
     norm is :class:`GhostBatchNorm` over ``bn_batch`` examples.
-
-    Example::
-
-        >>> ConvNet("group", channels=8, groups=2)(torch.rand(4, 1, 8, 8)).shape
-        torch.Size([4, 10])
     """
 
     def __init__(self, norm: str, channels: int = 16, groups: int = 4, bn_batch: int = 32):
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if channels % groups:
             raise ValueError(f"groups={groups} must divide channels={channels}")
         self.norm = norm
@@ -203,10 +188,8 @@ def normalize(kind: str, x: Tensor, groups: int = 2, eps: float = 1e-5) -> Tenso
         mu = x.mean(dim=(0, 2, 3), keepdim=True)  # (1, C, 1, 1)
         var = x.var(dim=(0, 2, 3), unbiased=False, keepdim=True)  # (1, C, 1, 1)
         return (x - mu) * torch.rsqrt(var + eps)
-    if kind not in NORMS:
-        raise ValueError(f"kind must be one of {NORMS}, got {kind!r}")
-    n_groups = {"group": groups, "layer": 1, "instance": x.shape[1]}[kind]
-    return group_norm(x, n_groups, eps=eps)
+    check_choice("kind", kind, NORMS)
+    return group_norm(x, {"group": groups, "layer": 1, "instance": x.shape[1]}[kind], eps=eps)
 
 
 def statistics_set(kind: str, shape: tuple[int, int, int, int], index: tuple[int, ...],
@@ -243,8 +226,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
                         f"{type(config).__name__}")
     x, y = load_digits_tensor("train")  # (1438, 1, 8, 8), (1438,)
     xt, yt = load_digits_tensor("test")  # (359, 1, 8, 8), (359,)
-    majority = int(torch.bincount(y).argmax())
-    majority_error = float((yt != majority).float().mean())
+    majority_error = float((yt != torch.bincount(y).argmax()).float().mean())
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         m = classification_metrics(model, xt, yt)

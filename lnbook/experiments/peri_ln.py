@@ -1,9 +1,7 @@
 """Normalizing both sides: the residual stream of Pre-LN, Post-LN and Peri-LN Transformers.
 
 Book chapter `14_peri_ln` (Part III), claims P15-P16 (Kim et al. 2025: Pre-LN ``x + F(LN(x))``,
-Post-LN ``LN(x + F(x))``, Peri-LN ``x + LN(F(LN(x)))``). :func:`run` trains Pre-LN and Peri-LN
-over a learning-rate sweep and Post-LN at one rate, recording the stream's variance after each
-block (``var_0 ... var_L``).
+Post-LN ``LN(x + F(x))``, Peri-LN ``x + LN(F(LN(x)))``).
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "varia
            "stream_variance", "final_by_lr", "rise_to_top"]
 
 NAME = "peri_ln"
-DESCRIPTION = (
-    "Pre-LN, Post-LN and Peri-LN Transformers: residual-stream variance by depth and over "
-    "training, and final loss over a learning-rate sweep (Kim et al. 2025; P15-P16)"
-)
+DESCRIPTION = ("Pre-LN, Post-LN and Peri-LN Transformers: residual-stream variance by depth and "
+               "over training, and final loss over a learning-rate sweep (Kim et al. 2025; "
+               "P15-P16)")
 
 
 @dataclass
@@ -80,10 +77,9 @@ def variant_name(position: str, lr: float) -> str:
 
 def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
         seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``.
-
-    Every seed and rate of one placement train at once on ``device``; variants
-    :func:`variant_name`, in the order pre, peri, post. With ``out``, also writes
+    """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``, every
+    seed and rate of one placement at once; variants :func:`variant_name` (pre, peri, post), each
+    recording the stream's variance ``var_0 ... var_L``. With ``out``, also writes
     ``out/peri_ln.json``.
     """
     return run_stacked(NAME, Config, config, device, out, seeds, _train)
@@ -109,8 +105,7 @@ def stream_variance(results: Results, variant: str, step: int | None = None) -> 
     rows = []
     for r in results.select(variant):
         h = r.history
-        i = len(h.eval_steps) - 1 if step is None else h.eval_steps.index(step)
-        m = h.metrics[i]
+        m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
         rows.append([m[f"var_{k}"] for k in range(sum(n.startswith("var_") for n in m))])
     return np.array(rows, dtype=float)
 

@@ -7,18 +7,17 @@ fine-tuning updates after each, against the original model and all norms removed
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from lnbook.data import IGNORE_INDEX
-from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run, save_results
-from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.experiments.results import Results, Run
+from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16)
+from lnbook.experiments.stacked import run_stacked
 from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
 from lnbook.seeds import verdict_seeds
 from lnbook.train import History
@@ -68,14 +67,16 @@ class Config:
             raise ValueError("size, n_train, n_test, batch, steps and n_probe must be >= 1, "
                              "finetune_steps >= 0")
 
+    @property
+    def task(self) -> str:
+        """The task, always ``"sort"``."""
+        return "sort"
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"threads": None, "size": 16, "symbols": 32, "n_train": 100_000,
-              "n_test": 2048, "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64,
-              "steps": 10_000, "lr": 1e-3, "finetune_steps": 300, "finetune_lr": 3e-4,
-              "n_probe": 1024},
-}
+
+_PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
+    "threads": None, "size": 16, "symbols": 32, "n_train": 100_000, "n_test": 2048,
+    "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64, "steps": 10_000, "lr": 1e-3,
+    "finetune_steps": 300, "finetune_lr": 3e-4, "n_probe": 1024}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -116,46 +117,36 @@ def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLi
 
     Each run's ``info``: ``original``, ``all_at_once`` (no fine-tuning), ``control`` (fine-tuned
     as long, norms kept) held-out losses, and per removal step (``order``) ``no_finetune`` and
-    ``finetuned``. ``Results.info`` holds the task's ``baseline_loss``.
+    ``finetuned``. ``Results.info`` holds the task's ``baseline_loss``. With ``out``, also
+    writes ``out/removal.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a removal.Config (get_config), got "
-                        f"{type(config).__name__}")
-    task = make_task("sort", config.n_train, config.n_test, config.size, config.symbols)
+    return run_stacked(NAME, Config, config, device, out, seeds, _runs)
+
+
+def _runs(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
+    """Every seed of :func:`run`, one after the other."""
     probe = task.x[: config.n_probe]
     runs = []
-    with cpu_threads(config.threads):
-        for seed in (config.seeds if seeds is None else seeds):
-            runs.append(_one(config, task, probe, seed))
-    results = Results(NAME, dict(vars(config)), str(device), runs,
-                      {"baseline_loss": task.baseline_loss, "ignore_index": IGNORE_INDEX})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
-
-
-def _one(config: Config, task: SequenceTask, probe: torch.Tensor, seed: int) -> Run:
-    torch.manual_seed(seed)
-    model = Transformer.from_config(TransformerConfig(
-        vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
-        n_layers=config.n_layers, max_len=task.seq_len))
-    gen = torch.Generator().manual_seed(seed)
-    _train(model, task, config.steps, config.lr, config.batch, gen)
-    original = _loss(model, task)
-    at_once = _loss(remove_norms(model, probe), task)
-    order = removal_order(model)
-    control = Transformer.from_config(model.config)
-    control.load_state_dict(model.state_dict())
-    _train(control, task, config.finetune_steps * len(order), config.finetune_lr,
-           config.batch, torch.Generator().manual_seed(seed + 1))
-    no_ft, ft = [], []
-    for name in order:
-        scale = norm_input_scales(model, probe, [name])[name]
-        replace_norm(model, name, scale)
-        no_ft.append(_loss(model, task))
-        _train(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen)
-        ft.append(_loss(model, task))
-    info = {"original": original, "all_at_once": at_once, "control": _loss(control, task),
-            "order": order, "no_finetune": no_ft, "finetuned": ft}
-    hist = History(eval_steps=[0], metrics=[{"loss": ft[-1]}])
-    return Run("removal", seed, hist, info)
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model = Transformer.from_config(TransformerConfig(
+            vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
+            n_layers=config.n_layers, max_len=task.seq_len)).to(task.x.device)
+        gen = torch.Generator().manual_seed(seed)
+        _train(model, task, config.steps, config.lr, config.batch, gen)
+        original = _loss(model, task)
+        at_once = _loss(remove_norms(model, probe), task)
+        order = removal_order(model)
+        control = copy.deepcopy(model)
+        _train(control, task, config.finetune_steps * len(order), config.finetune_lr,
+               config.batch, torch.Generator().manual_seed(seed + 1))
+        no_ft, ft = [], []
+        for name in order:
+            replace_norm(model, name, norm_input_scales(model, probe, [name])[name])
+            no_ft.append(_loss(model, task))
+            _train(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen)
+            ft.append(_loss(model, task))
+        info = {"original": original, "all_at_once": at_once, "control": _loss(control, task),
+                "order": order, "no_finetune": no_ft, "finetuned": ft}
+        runs.append(Run(NAME, seed, History(eval_steps=[0], metrics=[{"loss": ft[-1]}]), info))
+    return runs
