@@ -14,13 +14,16 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import classification_metrics
 from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
@@ -70,10 +73,6 @@ class CheckReport:
         return str(self.table())
 
     __repr__ = __str__
-
-
-def _fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _max_diff(a: Tensor, b: Tensor) -> float:
@@ -183,69 +182,59 @@ _VARIANCE_HINT = ("eq. 3 divides by D, the number of units normalized over: torc
                   "correction=0), or write ((x - mu) ** 2).mean(dims, keepdim=True)")
 
 
-def _forward_mistakes(case: _Case) -> list[tuple[str, str, Tensor]]:
-    """``(part, diagnosis, output)`` for each known mistake, on ``case``."""
-    x, g, b, eps, shape = case.x, case.g, case.b, case.eps, case.shape
-    dims, k = _dims(x, shape), len(shape)
-    d = math.prod(shape)
+def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(part, diagnosis, keywords of _variant)`` for each known mistake, on ``case``."""
+    x, shape, k = case.x, case.shape, len(case.shape)
     out = [
         ("axes", "you normalized each unit over the batch (dimension 0): that is batch "
          "normalization (chapter 2). Layer normalization takes the mean and the variance of "
-         f"each example over its last len(normalized_shape) = {k} dimension(s)",
-         _variant(x, g, b, eps, (0,))),
+         f"each example over its last len(normalized_shape) = {k} dimension(s)", {"dims": (0,)}),
         ("axes", "you normalized over every dimension, the batch included: each example must "
          f"get its own mean and variance, over the last {k} dimension(s) only",
-         _variant(x, g, b, eps, tuple(range(x.dim())))),
+         {"dims": tuple(range(x.dim()))}),
     ]
     if x.dim() > 2 and k == 1:
-        out.append(("axes", "you normalized over every dimension after the first; "
-                    f"normalized_shape {_fmt_shape(shape)} means the last dimension only "
-                    "(statistics per example AND per position)",
-                    _variant(x, g, b, eps, tuple(range(1, x.dim())))))
+        out.append(("axes", f"you normalized over every dimension after the first; "
+                    f"normalized_shape {shape} means the last dimension only (statistics per "
+                    "example AND per position)", {"dims": tuple(range(1, x.dim()))}))
     if k > 1:
-        out.append(("axes", "you normalized over the last dimension only; normalized_shape "
-                    f"{_fmt_shape(shape)} means the statistics are taken over the last {k} "
-                    f"dimensions together: dims = tuple(range(-{k}, 0))",
-                    _variant(x, g, b, eps, (x.dim() - 1,))))
+        out.append(("axes", f"you normalized over the last dimension only; normalized_shape "
+                    f"{shape} means the statistics are taken over the last {k} dimensions "
+                    f"together: dims = tuple(range(-{k}, 0))", {"dims": (x.dim() - 1,)}))
     out += [
-        ("variance", f"the variance is the unbiased one (divided by D - 1 = {d - 1}); "
-         + _VARIANCE_HINT, _variant(x, g, b, eps, dims, ddof=1)),
+        ("variance", "the variance is the unbiased one (divided by D - 1 = "
+         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"ddof": 1}),
         ("variance", "you divided by the variance sigma^2 + eps; divide by its square root, "
-         "sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims, divide="var")),
+         "sigma = sqrt(var + eps)", {"divide": "var"}),
         ("variance", "your sigma is the root mean square of x, not of x - mu: subtract the "
-         "mean before squaring (that is RMSNorm's statistic, Part II)",
-         _variant(x, g, b, eps, dims, divide="rms")),
+         "mean before squaring (that is RMSNorm's statistic, Part II)", {"divide": "rms"}),
         ("mean", "the numerator is x, not x - mu: subtract the mean of each example before "
-         "dividing", _variant(x, g, b, eps, dims, center=False)),
+         "dividing", {"center": False}),
         ("variance", "you subtracted the mean but never divided by sigma = sqrt(var + eps)",
-         _variant(x, g, b, eps, dims, divide="none")),
+         {"divide": "none"}),
         ("eps", "eps is added to sigma, outside the square root; torch and the chapter add it "
-         "to the variance: sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims,
-                                                               eps_at="outside")),
+         "to the variance: sigma = sqrt(var + eps)", {"eps_at": "outside"}),
         ("eps", "eps is missing: sigma = sqrt(var + eps), so that a row of equal values "
-         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", _variant(x, g, b, eps, dims,
-                                                              eps_at="none")),
+         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", {"eps_at": "none"}),
     ]
     if x.dtype == torch.float32:
         out.append(("variance", "your variance is E[x^2] - E[x]^2, computed in one pass: "
-                    + _ONE_PASS_HINT, _variant(x, g, b, eps, dims, one_pass=True,
-                                               dtype=torch.float32)))
-    if eps != 1e-5:
-        out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {eps:g}: use the "
-                    "eps argument", _variant(x, g, b, 1e-5, dims)))
-    out += [  # with g = 1 and b = 0 these equal the right answer and are skipped
+                    + _ONE_PASS_HINT, {"one_pass": True, "dtype": torch.float32}))
+    if case.eps != 1e-5:
+        out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {case.eps:g}: use "
+                    "the eps argument", {"eps": 1e-5}))
+    return out + [  # with g = 1 and b = 0 these equal the right answer and are skipped
         ("gain/bias", "the gain and the bias are swapped: the output is g * x_hat + b "
-         "(g multiplies, b is added)", _variant(x, g, b, eps, dims, affine="b*x+g")),
+         "(g multiplies, b is added)", {"affine": "b*x+g"}),
         ("gain/bias", "the gain g is never applied: the output is g * x_hat + b",
-         _variant(x, g, b, eps, dims, affine="x+b")),
+         {"affine": "x+b"}),
         ("gain/bias", "the bias b is never added: the output is g * x_hat + b",
-         _variant(x, g, b, eps, dims, affine="g*x")),
+         {"affine": "g*x"}),
         ("gain/bias", "neither the gain g nor the bias b is applied: the output is "
-         "g * x_hat + b", _variant(x, g, b, eps, dims, affine="x")),
+         "g * x_hat + b", {"affine": "x"}),
         ("gain/bias", "the bias is added before the gain multiplies, (x_hat + b) * g; the "
-         "output is g * x_hat + b", _variant(x, g, b, eps, dims, affine="(x+b)*g")),
+         "output is g * x_hat + b", {"affine": "(x+b)*g"}),
     ]
-    return out
 
 
 def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: str) -> Any:
@@ -261,8 +250,8 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
     __tracebackhide__ = True
     name = "check_layer_norm"
     x = case.x
-    shown = (f"fn(x, {_fmt_shape(case.shape)}, g, b, {case.eps:g}) with x of shape "
-             f"{_fmt_shape(x.shape)} and g, b of shape {_fmt_shape(case.shape)}")
+    shown = (f"fn(x, {case.shape}, g, b, {case.eps:g}) with x of shape {tuple(x.shape)} and g, "
+             f"b of shape {case.shape}")
     y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
               shown, case.name)
     if not isinstance(y, Tensor):
@@ -272,8 +261,8 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         hint = ("did a mean or a sum drop the normalized dimensions? Use keepdim=True so that "
                 "mu and sigma broadcast against x, and return the normalized x, not its "
                 "statistics")
-        raise ExerciseError(name, "shape", f"the output has shape {_fmt_shape(y.shape)}, the "
-                            f"input {_fmt_shape(x.shape)}: layer normalization keeps the "
+        raise ExerciseError(name, "shape", f"the output has shape {tuple(y.shape)}, the "
+                            f"input {tuple(x.shape)}: layer normalization keeps the "
                             f"shape; {hint}", case.name)
     if y.dtype != x.dtype:
         raise ExerciseError(name, "dtype", f"the output is {y.dtype} for a {x.dtype} input; "
@@ -298,7 +287,9 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         if x.dtype == _F64:  # the values are right: now the gradient with respect to x
             seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
         return seen
-    for part, why, wrong in _forward_mistakes(case):
+    dims = _dims(x, case.shape)
+    for part, why, kw in _forward_mistakes(case):
+        wrong = _variant(x, case.g, case.b, **{"eps": case.eps, "dims": dims, **kw})
         if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
             raise ExerciseError(name, part, why, case.name)
     raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
@@ -315,28 +306,25 @@ def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
     """Autograd through the reader's function against torch's: dL/dx for L = sum(y * r)."""
     __tracebackhide__ = True
     name = "check_layer_norm"
-    gen = torch.Generator().manual_seed(7)
-    r = torch.randn(case.x.shape, generator=gen, dtype=_F64)  # dL/dy
-    x = case.x.clone().requires_grad_()
+    r = torch.randn(case.x.shape, generator=torch.Generator().manual_seed(7), dtype=_F64)
+    x = case.x.clone().requires_grad_()  # float64
+
+    def grad(out: Tensor) -> Tensor:  # dL/dx for L = sum(out * r)
+        return torch.autograd.grad((out * r).sum(), x)[0]
+
     y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
               shown + ", x requiring a gradient", case.name)
     if not (isinstance(y, Tensor) and y.requires_grad):
         raise ExerciseError(name, "gradient", _DETACHED.format(
             what="no gradient reaches x at all"), case.name)
-    (mine,) = torch.autograd.grad((y * r).sum(), x)
-    x64 = case.x.to(_F64).clone().requires_grad_()
-    ref = F.layer_norm(x64, case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    (want,) = torch.autograd.grad((ref * r).sum(), x64)
-    err = _max_diff(mine, want)
+    mine = grad(y)
+    err = _max_diff(mine, grad(F.layer_norm(x, case.shape, case.g, case.b, case.eps)))
     if err <= 1e-8:
         return err
-    x64 = case.x.to(_F64).clone().requires_grad_()
-    dims = _dims(case.x, case.shape)
-    detached = _variant(x64, case.g, case.b, case.eps, dims, detach=True)
-    (wrong,) = torch.autograd.grad((detached * r).sum(), x64)
+    detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape), detach=True)
     what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient with "
             "the mean and the variance detached (treated as constants)"
-            if _max_diff(mine, wrong) <= 1e-8 else
+            if _max_diff(mine, grad(detached)) <= 1e-8 else
             f"it differs from torch's by up to {err:.2e}")
     raise ExerciseError(name, "gradient", _DETACHED.format(what=what), case.name)
 
@@ -344,10 +332,8 @@ def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
 def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
     """Which part is off when no known mistake matches: read the output's own statistics."""
     dims = _dims(case.x, case.shape)
-    flat, idx = int((y.to(_F64) - ref).abs().argmax()), ()
-    for size in reversed(y.shape):  # the flat index as a tuple (no torch.unravel_index: its
-        flat, i = divmod(flat, size)  # first call imports sympy, seconds of start-up)
-        idx = (i, *idx)
+    # the index as a tuple (not torch.unravel_index: its first call imports sympy, seconds)
+    idx = tuple(int(i) for i in np.unravel_index(int((y.to(_F64) - ref).abs().argmax()), y.shape))
     at = (f"largest difference {err:.2e} at index {idx}: expected {float(ref[idx]):.6g}, "
           f"got {float(y[idx]):.6g}")
     if case.plain:
@@ -403,10 +389,18 @@ def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tens
 
 
 _Grads = tuple[Tensor, Tensor, Tensor]
+_LABELS = ("dL/da", "dL/dg", "dL/db")
+_SAME_SIGMA = "; the backward must use the forward's sigma and a_hat, in dL/da and in dL/dg"
+_EPS_OUTSIDE = ("your sigma is sqrt(var) + eps, with eps outside the square root; the forward "
+                "(eq. 3 as torch computes it) uses sigma = sqrt(var + eps)" + _SAME_SIGMA)
+_UNBIASED = ("your sigma comes from the unbiased variance (divided by H - 1, torch.var's "
+             "default); eq. 3 divides by H (unbiased=False, or ((a - mu) ** 2).mean(-1))"
+             + _SAME_SIGMA)
 
 
-def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, _Grads]:
-    """``(dL/da, dL/dg, dL/db)`` of each known mistake, by :mod:`lnbook.functional`."""
+def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
+                       ) -> list[tuple[int, str, _Grads]]:
+    """``(i, diagnosis, (dL/da, dL/dg, dL/db))`` of each known mistake in gradient ``i``."""
     a_hat, rstd = normalize(a, eps)  # (N, H), (N, 1): eq. 3
     da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
     no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
@@ -416,66 +410,43 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str
         x_hat, r = normalize(a, variant.get("eps", eps), **back)
         return layer_norm_backward(dy, x_hat, r, g, **variant.get("backward", {}))
 
-    return {
-        "da: gain forgotten": (layer_norm_backward(dy, a_hat, rstd)[0], dg, db),
-        "da: mean(u) term missing": (
-            layer_norm_backward(dy, a_hat, rstd, g, center=False)[0], dg, db),
-        "da: a_hat term missing": (no_proj, dg, db),
-        "da: both terms missing": (
-            layer_norm_backward(dy, a_hat, rstd, g, detach=True)[0], dg, db),
-        "da: sign of the a_hat term": (2 * no_proj - da, dg, db),
-        "da: times sigma": (da / rstd.square(), dg, db),
-        "da: 1/sigma missing": (da / rstd, dg, db),
-        "da: sigma without eps": with_stats(eps=0.0),
-        "da: eps outside the root": with_stats(eps_inside=False),
-        "da: eps outside the root, derived": with_stats(
-            eps_inside=False, backward={"eps_inside": False, "eps": eps}),
-        "da: unbiased sigma": with_stats(unbiased=True),
-        "da: unbiased sigma, derived": with_stats(unbiased=True, backward={"unbiased": True}),
-        "dg: a instead of a_hat": (da, (dy * a).sum(0), db),
-        "dg: a_hat forgotten": (da, dy.sum(0), db),
-        "dg: mean over rows": (da, (dy * a_hat).mean(0), db),
-        "dg: times g": (da, (dy * a_hat * g).sum(0), db),
-        "db: mean over rows": (da, dg, dy.mean(0)),
-        "db: times g": (da, dg, (dy * g).sum(0)),
-    }
+    def da_of(**variant: Any) -> _Grads:  # dL/da of layer_norm_backward's variant, the rest right
+        return layer_norm_backward(dy, a_hat, rstd, **{"weight": g, **variant})[0], dg, db
 
-
-_SAME_SIGMA = "; the backward must use the forward's sigma and a_hat, in dL/da and in dL/dg"
-_EPS_OUTSIDE = ("your sigma is sqrt(var) + eps, with eps outside the square root; the forward "
-                "(eq. 3 as torch computes it) uses sigma = sqrt(var + eps)" + _SAME_SIGMA)
-_UNBIASED = ("your sigma comes from the unbiased variance (divided by H - 1, torch.var's "
-             "default); eq. 3 divides by H (unbiased=False, or ((a - mu) ** 2).mean(-1))"
-             + _SAME_SIGMA)
-_BACKWARD_WHY = {
-    "da: gain forgotten": "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
-    "da: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
-    "a_j moves by 1/H (so dL/da must sum to 0 over each row)",
-    "da: a_hat term missing": "the term - a_hat * mean(u * a_hat) is missing: it comes from "
-    "sigma, which a_j moves by a_hat_j / H",
-    "da: both terms missing": "you kept only u / sigma: a also moves mu and sigma, which adds "
-    "- mean(u) - a_hat * mean(u * a_hat) inside the bracket",
-    "da: sign of the a_hat term": "the a_hat term has the wrong sign: dL/da = (u - mean(u) - "
-    "a_hat * mean(u * a_hat)) / sigma",
-    "da: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
-    "da: 1/sigma missing": "the bracket (u - mean(u) - a_hat * mean(u * a_hat)) is not divided "
-    "by sigma: dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot "
-    "see this mistake",
-    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps)"
-    + _SAME_SIGMA,
-    "da: eps outside the root": _EPS_OUTSIDE,
-    "da: eps outside the root, derived": _EPS_OUTSIDE,
-    "da: unbiased sigma": _UNBIASED,
-    "da: unbiased sigma, derived": _UNBIASED,
-    "dg: a instead of a_hat": "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
-    "dg: a_hat forgotten": "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy "
-    "alone (that is dL/db)",
-    "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); "
-    "you averaged",
-    "dg: times g": "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
-    "db: mean over rows": "dL/db sums dL/dy over the rows of the batch; you averaged",
-    "db: times g": "dL/db is the sum over rows of dL/dy, with no factor g",
-}
+    return [
+        (0, "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
+         da_of(weight=None)),
+        (0, "the term - mean(u) is missing: it comes from mu, which every a_j moves by 1/H (so "
+         "dL/da must sum to 0 over each row)", da_of(center=False)),
+        (0, "the term - a_hat * mean(u * a_hat) is missing: it comes from sigma, which a_j "
+         "moves by a_hat_j / H", (no_proj, dg, db)),
+        (0, "you kept only u / sigma: a also moves mu and sigma, which adds - mean(u) - a_hat * "
+         "mean(u * a_hat) inside the bracket", da_of(detach=True)),
+        (0, "the a_hat term has the wrong sign: dL/da = (u - mean(u) - a_hat * mean(u * "
+         "a_hat)) / sigma", (2 * no_proj - da, dg, db)),
+        (0, "you multiplied by sigma; the bracket is divided by sigma",
+         (da / rstd.square(), dg, db)),
+        (0, "the bracket (u - mean(u) - a_hat * mean(u * a_hat)) is not divided by sigma: "
+         "dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot see "
+         "this mistake", (da / rstd, dg, db)),
+        (0, "your sigma has no eps; the forward used sqrt(var + eps)" + _SAME_SIGMA,
+         with_stats(eps=0.0)),
+        (0, _EPS_OUTSIDE, with_stats(eps_inside=False)),
+        (0, _EPS_OUTSIDE, with_stats(eps_inside=False,
+                                     backward={"eps_inside": False, "eps": eps})),
+        (0, _UNBIASED, with_stats(unbiased=True)),
+        (0, _UNBIASED, with_stats(unbiased=True, backward={"unbiased": True})),
+        (1, "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
+         (da, (dy * a).sum(0), db)),
+        (1, "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy alone (that is "
+         "dL/db)", (da, dy.sum(0), db)),
+        (1, "dL/dg sums over the rows of the batch (each row adds its share); you averaged",
+         (da, (dy * a_hat).mean(0), db)),
+        (1, "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
+         (da, (dy * a_hat * g).sum(0), db)),
+        (2, "dL/db sums dL/dy over the rows of the batch; you averaged", (da, dg, dy.mean(0))),
+        (2, "dL/db is the sum over rows of dL/dy, with no factor g", (da, dg, (dy * g).sum(0))),
+    ]
 
 
 def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
@@ -509,7 +480,7 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
         raise TypeError(f"{name} takes your function, got {type(fn).__name__}")
     checks = []
     for case, a, g, dy, eps in _backward_cases():
-        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {_fmt_shape(a.shape)}"
+        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {tuple(a.shape)}"
         got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
         if not (isinstance(got, Sequence) and len(got) == 3
                 and all(isinstance(t, Tensor) for t in got)):
@@ -517,18 +488,14 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
                                 case)
         want = _reference_grads(dy, a, g, eps)
         _check_order(name, case, got, want)
-        mistakes = _backward_mistakes(dy, a, g, eps)
-        for label, mine, ref in zip(("dL/da", "dL/dg", "dL/db"), got, want, strict=True):
+        for label, mine, ref in zip(_LABELS, got, want, strict=True):
             if tuple(mine.shape) != tuple(ref.shape):
                 hint = (" The gain and the bias are shared by every row, so their gradients "
                         "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
-                raise ExerciseError(name, "shape", f"{label} has shape {_fmt_shape(mine.shape)},"
-                                    f" expected {_fmt_shape(ref.shape)}.{hint}", case)
-        checks += _compare_grads(name, case, got, want, mistakes, (dy, a, g, eps))
+                raise ExerciseError(name, "shape", f"{label} has shape {tuple(mine.shape)},"
+                                    f" expected {tuple(ref.shape)}.{hint}", case)
+        checks += _compare_grads(name, case, got, want, (dy, a, g, eps))
     return CheckReport(name, checks)
-
-
-_LABELS = ("dL/da", "dL/dg", "dL/db")
 
 
 def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor]) -> None:
@@ -551,26 +518,25 @@ def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Ten
 
 
 def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor],
-                   mistakes: dict[str, _Grads], inputs: tuple) -> list[tuple[str, str]]:
+                   inputs: tuple) -> list[tuple[str, str]]:
     __tracebackhide__ = True
     rows = []
-    # the simplest first: dL/db, then dL/dg, then dL/da
-    for i, label, key in ((2, "dL/db", "db"), (1, "dL/dg", "dg"), (0, "dL/da", "da")):
-        err = _max_diff(got[i], want[i])
+    for i in (2, 1, 0):  # the simplest first: dL/db, then dL/dg, then dL/da
+        label, err = _LABELS[i], _max_diff(got[i], want[i])
         if err <= 1e-9:
             rows.append((f"{label}: {case}", f"max |yours - autograd| = {err:.1e}"))
             continue
         # a known mistake: first one that gives all three of your gradients, then one that
         # gives this one (your other gradients may hold a second mistake)
+        mistakes = _backward_mistakes(*inputs)
         for whole in (True, False):
-            for mistake, wrong in mistakes.items():
+            for j, why, wrong in mistakes:
                 same = range(3) if whole else (i,)
                 if (_max_diff(wrong[i], want[i]) > 1e-8
                         and all(_max_diff(got[k], wrong[k]) <= 1e-9 for k in same)
-                        and (whole or mistake.startswith(key))):
-                    raise ExerciseError(name, label, f"{label} is wrong: "
-                                        f"{_BACKWARD_WHY[mistake]}", case)
-        extra = _self_checks(got[0], *inputs) if key == "da" else ""
+                        and (whole or j == i)):
+                    raise ExerciseError(name, label, f"{label} is wrong: {why}", case)
+        extra = _self_checks(got[0], *inputs) if i == 0 else ""
         raise ExerciseError(name, label, f"{label} differs from autograd by up to {err:.2e}."
                             + extra, case)
     return rows
@@ -679,7 +645,7 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
         if shape != (lin.out_features,):
             raise ExerciseError(name, "placement", f"the LayerNorm {calls[i + 1][0]!r} after "
                                 f"Linear {lin.in_features} -> {lin.out_features} normalizes "
-                                f"over {_fmt_shape(shape)}; use ({lin.out_features},)")
+                                f"over {shape}; use ({lin.out_features},)")
     if len(linears) - 1 < 2:
         raise ExerciseError(name, "placement", f"the exercise asks for two hidden layers, each "
                             "Linear -> LayerNorm -> non-linearity, then an output Linear; your "
@@ -722,7 +688,7 @@ def check_ln_mlp(
     calls, out = _call(name, _leaf_order, (model, x[:8]), "model(x) with x of shape (8, 64)",
                        "")
     if not isinstance(out, Tensor) or tuple(out.shape) != (8, 10):
-        got = _fmt_shape(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ExerciseError(name, "output", f"for x of shape (8, 64) (8 flattened 8x8 digits) "
                             f"the model must return 10 logits per image, (8, 10); got {got}")
     if torch.allclose(out.sum(-1), torch.ones(8)) and bool((out >= 0).all()):
@@ -739,18 +705,11 @@ def check_ln_mlp(
                             f"8 get logits that differ by {gap:.2e}: something in the model "
                             "mixes the examples of a batch")
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def evaluate(m: nn.Module) -> dict[str, float]:
-        return classification_metrics(m, xt, yt)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads only add overhead
-    try:
+    with cpu_threads(1):  # a tiny model: more threads only add overhead
         hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
-                   eval_every=steps, eval_fn=evaluate, device="cpu", seed=seed,
-                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
-    finally:
-        torch.set_num_threads(threads)
+                   eval_every=steps, eval_fn=partial(classification_metrics, x=xt, y=yt),
+                   device="cpu", seed=seed, loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                   progress=False)
     trivial = prior_nll(y, yt)
     before, after = hist.metric("nll")[0], hist.metric("nll")[-1]
     error = hist.metric("error")[-1]
