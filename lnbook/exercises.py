@@ -95,11 +95,7 @@ class _Case:
     constant_row: int | None = None  # index of a row whose entries are all equal
     probe: str = "other"  # the part this case tests, named when an unknown mistake shows here
     hint: str = ""  # what a right answer does on this case
-    tol: float | None = None  # largest difference from torch allowed (None: by dtype)
-
-    @property
-    def tolerance(self) -> float:
-        return self.tol if self.tol is not None else 1e-9 if self.x.dtype == _F64 else 2e-5
+    tol: float = 1e-9  # largest difference from torch allowed
 
 
 def _forward_cases() -> list[_Case]:
@@ -135,7 +131,7 @@ def _forward_cases() -> list[_Case]:
               gain(3, 5), randn(3, 5), 1e-5, probe="axes", hint="the statistics are taken over "
               "the last two dimensions together, one (mu, sigma) per b"),
         _Case("float32 input (16, 32): the output stays float32", (3.0 + 2.0 * randn(16, 32))
-              .float(), (32,), gain(32).float(), randn(32).float(), 1e-5),
+              .float(), (32,), gain(32).float(), randn(32).float(), 1e-5, tol=2e-5),
         _Case("float32 input (8, 32) with mean 1e4 and spread 1", (1e4 + randn(8, 32)).float(),
               (32,), gain(32).float(), randn(32).float(), 1e-5, probe="variance", tol=1e-2,
               hint=_ONE_PASS_HINT),
@@ -150,16 +146,13 @@ def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _variant(
-    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, ddof: int = 0,
-    eps_at: str = "inside", center: bool = True, divide: str = "std", affine: str = "g*x+b",
-    one_pass: bool = False, detach: bool = False, dtype: torch.dtype = _F64,
+    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, center: bool = True,
+    divide: str = "std", affine: str = "g*x+b", dtype: torch.dtype = _F64, **stats: bool,
 ) -> Tensor:
-    """Layer normalization with one known mistake, from :func:`lnbook.functional.normalize`."""
+    """Layer norm with one known mistake; ``stats``: :func:`lnbook.functional.normalize`'s."""
     x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
     rows = as_rows(x, dims)  # (R, D)
-    kw = {"unbiased": ddof == 1, "eps_inside": eps_at != "outside", "one_pass": one_pass,
-          "detach": detach}
-    x_hat, rstd = normalize(rows, 0.0 if eps_at == "none" else eps, **kw)  # (R, D), (R, 1)
+    x_hat, rstd = normalize(rows, eps, **stats)  # (R, D), (R, 1)
     if divide == "rms":  # (x - mu) / sqrt(mean(x^2) + eps): sigma of x, not of x - mu
         x_hat = x_hat / rstd * normalize(rows, eps, center=False)[1]
     elif divide == "var":  # (x - mu) / (var + eps)
@@ -203,7 +196,7 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
                     f"together: dims = tuple(range(-{k}, 0))", {"dims": (x.dim() - 1,)}))
     out += [
         ("variance", "the variance is the unbiased one (divided by D - 1 = "
-         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"ddof": 1}),
+         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"unbiased": True}),
         ("variance", "you divided by the variance sigma^2 + eps; divide by its square root, "
          "sigma = sqrt(var + eps)", {"divide": "var"}),
         ("variance", "your sigma is the root mean square of x, not of x - mu: subtract the "
@@ -213,9 +206,9 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
         ("variance", "you subtracted the mean but never divided by sigma = sqrt(var + eps)",
          {"divide": "none"}),
         ("eps", "eps is added to sigma, outside the square root; torch and the chapter add it "
-         "to the variance: sigma = sqrt(var + eps)", {"eps_at": "outside"}),
+         "to the variance: sigma = sqrt(var + eps)", {"eps_inside": False}),
         ("eps", "eps is missing: sigma = sqrt(var + eps), so that a row of equal values "
-         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", {"eps_at": "none"}),
+         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", {"eps": 0.0}),
     ]
     if x.dtype == torch.float32:
         out.append(("variance", "your variance is E[x^2] - E[x]^2, computed in one pass: "
@@ -280,7 +273,7 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
                             case.name)
     ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    tol = case.tolerance
+    tol = case.tol
     err = _max_diff(y, ref)
     if err <= tol:
         seen = f"max |yours - torch| = {err:.1e}"
