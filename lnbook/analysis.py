@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.checks import check_choice, check_floating
+from lnbook.checks import check_choice, check_floating, check_shape
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
@@ -34,12 +35,8 @@ METHODS: tuple[str, ...] = ("batch", "weight", "layer")
 _ALL_METHODS: tuple[str, ...] = ("none", "input", "batch", "weight", "layer")
 
 TRANSFORMATIONS: tuple[str, ...] = (
-    "weight_matrix_rescaling",
-    "weight_matrix_recentering",
-    "weight_vector_rescaling",
-    "dataset_rescaling",
-    "dataset_recentering",
-    "single_case_rescaling",
+    "weight_matrix_rescaling", "weight_matrix_recentering", "weight_vector_rescaling",
+    "dataset_rescaling", "dataset_recentering", "single_case_rescaling",
 )
 """The six columns of Table 1, in the paper's order."""
 
@@ -54,20 +51,13 @@ _FAMILIES = ("softmax", "bernoulli")
 _EPS = 1e-12  # inside the square root of BN and LN; float64 keeps the invariances to ~1e-12
 
 
-def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != 2 or (cols is not None and t.shape[1] != cols):
-        want = f"(*, {cols})" if cols is not None else "2-D"
-        raise ValueError(f"{name} must be a {want} matrix, got shape {tuple(t.shape)}")
-    return t
+def _check_matrix(t: object, name: str, cols: int | None = None) -> None:
+    check_floating(t, name)
+    check_shape(t, (None, cols), name)  # a ShapeError, a ValueError
 
 
-def normalized_layer(
-    method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor, eps: float = _EPS
-) -> Tensor:
+def normalized_layer(method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor,
+                     eps: float = _EPS) -> Tensor:
     r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, ``a = x W^T``.
 
     ``method``: ``"batch"`` (statistics of unit i over the N cases, eq. 2), ``"weight"``
@@ -102,9 +92,8 @@ def normalized_layer(
     return functional_call(bn, {"weight": gain, "bias": bias}, (a,))
 
 
-def transform(
-    name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
+def transform(name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
+              ) -> tuple[Tensor, Tensor]:
     """Apply one transformation of Table 1 (:data:`TRANSFORMATIONS`) to x ``(N, D)`` or W
     ``(H, D)``; returns the new ``(x, weight)``. W' = delta W; W' = W + 1 gamma^T (eq. 6);
     w_i' = delta_i w_i; x' = delta x; x' = x + c; x_n' = delta_n x_n (eq. 7). The factors are
@@ -166,10 +155,7 @@ def invariance_changes(
     if min(n, d, h) < 2:
         raise ValueError(f"n, d and h must be >= 2, got n={n}, d={d}, h={h}")
     x, w, g, b, gen = _random_layer(seed, n, d, h)
-    fns: dict[str, LayerFn] = {
-        m: (lambda xx, ww, gg, bb, m=m: normalized_layer(m, xx, ww, gg, bb)) for m in methods
-    }
-    fns.update(layers)
+    fns: dict[str, LayerFn] = {m: partial(normalized_layer, m) for m in methods} | layers
     out: dict[str, dict[str, float]] = {m: {} for m in fns}
     for t in transformations:
         x2, w2 = transform(t, x, w, generator=gen)  # the same transformation for every method
@@ -192,9 +178,8 @@ def invariance_table(
     return {m: {t: c < tol for t, c in row.items()} for m, row in changes.items()}
 
 
-def reparameterization_residual(
-    method: str, seed: int = 0, n: int = 512, d: int = 6, h: int = 5
-) -> float:
+def reparameterization_residual(method: str, seed: int = 0, n: int = 512, d: int = 6,
+                                h: int = 5) -> float:
     """How far a normalized layer is from an affine map of its input (section 4, claim C21):
     ``||y - fit||_F / ||y - mean(y)||_F`` of a least-squares affine fit on ``n`` random inputs
     (~1e-15 for an affine layer). ``"batch"`` uses statistics frozen from a separate batch."""
@@ -223,10 +208,8 @@ def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
     if not isinstance(theta, Tensor) or theta.dim() != 2 or theta.shape[1] != cols:
         shape = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
         layout = "[w_i, b_i]" if method == "none" else "[w_i, b_i, g_i]"
-        raise ValueError(
-            f"theta for method {method!r} and x of shape {tuple(x.shape)} must have shape "
-            f"(H, {cols}) with rows {layout}, got {shape}"
-        )
+        raise ValueError(f"theta for method {method!r} and x of shape {tuple(x.shape)} must "
+                         f"have shape (H, {cols}) with rows {layout}, got {shape}")
 
 
 def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
@@ -238,9 +221,8 @@ def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
     return normalized_layer(method, x, w, theta[:, d + 1], b)
 
 
-def glm_log_probs(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
+                  family: str = "softmax") -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
 
     ``theta``: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), else
@@ -255,9 +237,8 @@ def glm_log_probs(
     return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
 
 
-def glm_output_covariance(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def glm_output_covariance(theta: Tensor, x: Tensor, method: str = "none",
+                          family: str = "softmax") -> Tensor:
     """Cov[y | x] of the GLM's output for each case (the prediction-error term), ``(N, H, H)``."""
     with torch.no_grad():
         logp = glm_log_probs(theta, x, method, family)
@@ -279,9 +260,8 @@ def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
         return normalized_layer(method, x, theta[:, :d], ones, torch.zeros_like(ones))
 
 
-def fisher_information(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def fisher_information(theta: Tensor, x: Tensor, method: str = "none",
+                       family: str = "softmax") -> Tensor:
     r"""The Fisher information matrix F(theta) of eq. 9, exactly, by autograd.
 
     .. math:: F = \frac{1}{N} \sum_n \sum_y P(y|x_n) \, s_{n,y} s_{n,y}^\top
@@ -323,16 +303,13 @@ def metric(fisher: Tensor, direction: Tensor) -> float:
         raise ValueError("fisher must be a square (P, P) matrix")
     delta = direction.reshape(-1).to(fisher.dtype)
     if delta.numel() != fisher.shape[0]:
-        raise ValueError(
-            f"direction has {delta.numel()} entries but fisher is {tuple(fisher.shape)}; "
-            "give a direction shaped like theta"
-        )
+        raise ValueError(f"direction has {delta.numel()} entries but fisher is "
+                         f"{tuple(fisher.shape)}; give a direction shaped like theta")
     return float(0.5 * delta @ fisher @ delta)
 
 
-def glm_kl_divergence(
-    theta: Tensor, delta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> float:
+def glm_kl_divergence(theta: Tensor, delta: Tensor, x: Tensor, method: str = "none",
+                      family: str = "softmax") -> float:
     """E_x KL[P(y|x; theta) || P(y|x; theta + delta)], exactly: the left side of eq. 8."""
     if not isinstance(delta, Tensor) or delta.shape != theta.shape:
         raise ValueError(f"delta must have theta's shape {tuple(theta.shape)}")
@@ -491,6 +468,4 @@ def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> 
     grad = torch.stack([hh.grad.norm(dim=1).mean() for hh in hs])  # type: ignore[union-attr]
     cell.zero_grad(set_to_none=True)
     f64 = torch.float64
-    return RecurrentDynamics(
-        torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64)
-    )
+    return RecurrentDynamics(torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64))
