@@ -39,13 +39,9 @@ __all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_v
            "affine_mlp", "run_affine"]
 
 NAME = "mistakes"
-DESCRIPTION = (
-    "size of the first model updates of deep Post-LN Transformers, plain and with DeepNorm "
-    "(Wang et al. 2022), at several depths"
-)
+DESCRIPTION = ("size of the first model updates of deep Post-LN Transformers, plain and with "
+               "DeepNorm (Wang et al. 2022), at several depths")
 KINDS = ("post", "deepnorm")
-
-
 
 
 def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
@@ -157,8 +153,6 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
             "output": alpha * layer_norm(x + branch, d)}
 
 
-
-
 @dataclass
 class Config:
     """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
@@ -249,7 +243,6 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
     return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
-
 
 
 STATS_NORMS = ("layer", "simple", "detach", "none")
