@@ -398,10 +398,9 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
     da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
     no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
 
-    def with_stats(**variant: Any) -> _Grads:  # the whole backward from other statistics
-        back = {k: v for k, v in variant.items() if k not in ("backward", "eps")}
-        x_hat, r = normalize(a, variant.get("eps", eps), **back)
-        return layer_norm_backward(dy, x_hat, r, g, **variant.get("backward", {}))
+    def with_stats(backward: dict | None = None, **stats: Any) -> _Grads:  # other statistics
+        x_hat, r = normalize(a, **{"eps": eps, **stats})
+        return layer_norm_backward(dy, x_hat, r, g, **(backward or {}))
 
     def da_of(**variant: Any) -> _Grads:  # dL/da of layer_norm_backward's variant, the rest right
         return layer_norm_backward(dy, a_hat, rstd, **{"weight": g, **variant})[0], dg, db
@@ -683,9 +682,8 @@ def check_ln_mlp(
                             "return the logits and leave the softmax to F.cross_entropy")
     seen = _check_placement(name, calls)
     model.eval()  # (dropout, if any, off) the same weights, one image vs a batch
-    with torch.no_grad():
-        alone = model(x[:1])  # (1, 10) batch size 1
-        gap = _max_diff(alone[0], model(x[:8])[0])
+    with torch.no_grad():  # batch size 1 against 8
+        gap = _max_diff(model(x[:1])[0], model(x[:8])[0])
     model.train()
     if gap > 1e-4:
         raise ExerciseError(name, "output", f"one image alone and the same image in a batch of "

@@ -95,13 +95,9 @@ class DigitsMLP(nn.Module):
         if norm not in ("biased", "unbiased"):
             raise ValueError(f"norm must be 'biased' or 'unbiased', got {norm!r}")
         self.norm_kind, self.hidden = norm, int(hidden)
-
-        def make() -> nn.Module:
-            return LayerNorm(hidden, eps=eps) if norm == "biased" else UnbiasedLayerNorm(
-                hidden, eps=eps)
-
-        self.fc1, self.norm1 = nn.Linear(64, hidden), make()
-        self.fc2, self.norm2 = nn.Linear(hidden, hidden), make()
+        norm_cls = LayerNorm if norm == "biased" else UnbiasedLayerNorm
+        self.fc1, self.norm1 = nn.Linear(64, hidden), norm_cls(hidden, eps=eps)
+        self.fc2, self.norm2 = nn.Linear(hidden, hidden), norm_cls(hidden, eps=eps)
         self.head = nn.Linear(hidden, 10)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -155,15 +151,11 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
 
 @dataclass
 class Config:
-    """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
-
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``. depths, kinds: blocks; ``"post"``/``"deepnorm"``.
-        d_model, n_heads: every block's. length, vocab_size: the sort task's.
-        batch, steps, lr: Adam's batch, updates (the update size is measured after each), rate.
-        n_probe: held-out sequences on which the logits are compared.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
-    """
+    """Settings of the DeepNorm update-size experiment (:func:`get_config` gives the presets):
+    a stack of each of ``depths`` blocks and ``kinds``, on the sort task (``length``,
+    ``vocab_size``), ``steps`` Adam updates (the update size measured after each) and
+    ``n_probe`` held-out sequences on which the logits are compared; ``threads``: torch CPU
+    threads (None: leave as is)."""
 
     scale: str = "quick"
     depths: tuple[int, ...] = (2, 6, 18)
@@ -322,14 +314,9 @@ class NormMLP(nn.Module):
 
 @dataclass
 class StatsConfig:
-    """Settings of the norm-ablation experiment on the digits; :func:`get_stats_config`.
-
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``. norms: from :data:`STATS_NORMS`.
-        hidden, depth: the :class:`NormMLP`. batch, steps, lr: Adam's.
-        eval_every: updates between evaluations.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
-    """
+    """Settings of the norm-ablation experiment on the digits (:func:`get_stats_config`): a
+    :class:`NormMLP` (``hidden``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
+    trained with Adam; ``threads``: torch CPU threads (None: leave as is)."""
 
     scale: str = "quick"
     norms: tuple[str, ...] = STATS_NORMS
