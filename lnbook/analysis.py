@@ -85,11 +85,8 @@ def normalized_layer(method: str, x: Tensor, weight: Tensor, gain: Tensor, bias:
     a = x @ weight.T  # (N, H) summed inputs
     if method == "none":
         return gain * a + bias
-    if method == "layer":
-        ln = LayerNorm(h, eps=eps).to(**kw)
-        return functional_call(ln, {"weight": gain, "bias": bias}, (a,))
-    bn = BatchNorm(h, eps=eps).to(**kw).train()
-    return functional_call(bn, {"weight": gain, "bias": bias}, (a,))
+    norm = LayerNorm(h, eps=eps) if method == "layer" else BatchNorm(h, eps=eps).train()
+    return functional_call(norm.to(**kw), {"weight": gain, "bias": bias}, (a,))  # eq. 3, eq. 2
 
 
 def transform(name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
@@ -372,8 +369,7 @@ def weight_scaling_curvature(theta: Tensor, x: Tensor, method: str, factor: floa
         return float(grad[rows, :d].norm())
 
     with torch.no_grad():
-        lp_before = glm_log_probs(theta, x, method, family)
-        change = glm_log_probs(scaled, x, method, family) - lp_before
+        change = glm_log_probs(scaled, x, method, family) - glm_log_probs(theta, x, method, family)
     return {"before": before, "after": after, "ratio": after / before,
             "grad_ratio": grad_norm(scaled) / grad_norm(theta),
             "output_change": float(change.abs().max())}

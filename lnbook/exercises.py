@@ -594,8 +594,7 @@ def _leaf_order(model: nn.Module, x: Tensor) -> tuple[list[tuple[str, nn.Module]
 
 def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
     __tracebackhide__ = True
-    kinds = [type(m).__name__ for _, m in calls]
-    seen = " -> ".join(kinds)
+    seen = " -> ".join(type(m).__name__ for _, m in calls)
     if any(isinstance(m, _BATCH_NORMS) for _, m in calls):
         raise ExerciseError(name, "placement", f"your model uses batch normalization ({seen}); "
                             "this exercise is about layer normalization, which (unlike BN) "
@@ -616,17 +615,16 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
                             "prediction (chapter 6.6 computes the ceiling)")
     for i in linears[:-1]:
         lin = calls[i][1]
-        nxt = calls[i + 1][1] if i + 1 < len(calls) else None
+        nxt = calls[i + 1][1]  # there: a later Linear ran
         if not isinstance(nxt, _NORMALIZERS):
-            after = type(nxt).__name__ if nxt is not None else "nothing"
             more = (" The LayerNorm comes after the non-linearity; the paper normalizes the "
                     "summed inputs, before it (eq. 3)." if isinstance(nxt, _ACTIVATIONS) and
                     i + 2 < len(calls) and isinstance(calls[i + 2][1], _NORMALIZERS) else "")
-            raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} "
-                                f"(Linear {lin.in_features} -> {lin.out_features}) is followed "
-                                f"by {after}, not by a LayerNorm ({seen}). Every hidden layer's "
-                                f"summed inputs are normalized, between the Linear and the "
-                                f"non-linearity.{more}")
+            raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} (Linear "
+                                f"{lin.in_features} -> {lin.out_features}) is followed by "
+                                f"{type(nxt).__name__}, not by a LayerNorm ({seen}). Every hidden "
+                                "layer's summed inputs are normalized, between the Linear and "
+                                f"the non-linearity.{more}")
         shape = tuple(nxt.normalized_shape)
         if shape != (lin.out_features,):
             raise ExerciseError(name, "placement", f"the LayerNorm {calls[i + 1][0]!r} after "

@@ -48,11 +48,10 @@ def plot_normalization_axes(
     figure) for the outlined cell (example, unit); returns the figure."""
     masks = {m: statistics_mask(m, batch, units, example, unit) for m in ("batch", "layer")}
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
-    else:
-        if len(axes) != 2:
-            raise ValueError(f"axes must hold two matplotlib axes, got {len(axes)}")
-        fig = axes[0].figure
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    elif len(axes) != 2:
+        raise ValueError(f"axes must hold two matplotlib axes, got {len(axes)}")
+    fig = axes[0].figure
     titles = {
         "batch": "Batch normalization (eq. 2):\none unit over the mini-batch",
         "layer": "Layer normalization (eq. 3):\none example over the units",
