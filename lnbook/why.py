@@ -156,10 +156,10 @@ def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
     x, y, xt, yt = digits_split()
     torch.manual_seed(seed)
     model = build(variant, config)
-    hidden = model.linears[:-1]
-    opt = _sgd(model, [lin.weight for lin in hidden], config, lr, momentum, hidden_lr)
+    hidden = [lin.weight for lin in model.linears[:-1]]
+    opt = _sgd(model, hidden, config, lr, momentum, hidden_lr)
     batches = Batches(x, y, batch_size=config.batch, seed=seed)
-    norms0 = [float(lin.weight.detach().norm()) for lin in hidden]
+    norms0 = [float(w.detach().norm()) for w in hidden]
     steps, test, diverged = [0], [_nll(model, xt, yt)], False
     for step in range(1, config.steps + 1):
         xb, yb = batches(step - 1)
@@ -178,8 +178,7 @@ def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
     diverged = diverged or not (math.isfinite(train) and math.isfinite(test[-1]))
     return {"steps": np.array(steps), "test_nll": np.array(test),
             "train_nll": train if math.isfinite(train) else math.inf,
-            "weight_norms": np.array([norms0, [float(lin.weight.detach().norm())
-                                               for lin in hidden]]),
+            "weight_norms": np.array([norms0, [float(w.detach().norm()) for w in hidden]]),
             "diverged": diverged, "model": model}
 
 
