@@ -1,11 +1,9 @@
-"""Checkers for the coding exercises of chapter 3 (`03_layer_norm`): the reader's code
-against the reference.
-
-:func:`check_layer_norm` (Exercise 3.1, the forward pass, paper eq. 3 with eq. 15's ``g``
-and ``b``), :func:`check_layer_norm_backward` (3.2) and :func:`check_ln_mlp` (3.3, an MLP
-with LN on its two hidden layers, trained on the 8x8 digits). The known wrong answers are
-computed with :mod:`lnbook.functional`. A checker raises :class:`ExerciseError` (an
-``AssertionError``; ``err.part`` names the wrong part) or returns a :class:`CheckReport`.
+"""Checkers of chapter 3's coding exercises (`03_layer_norm`): :func:`check_layer_norm` (3.1,
+the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_layer_norm_backward` (3.2)
+and :func:`check_ln_mlp` (3.3, an MLP with LN on its two hidden layers, trained on the 8x8
+digits). The known wrong answers are computed with :mod:`lnbook.functional`. A checker raises
+:class:`ExerciseError` (an ``AssertionError``; ``err.part`` names the wrong part) or returns a
+:class:`CheckReport`.
 """
 
 from __future__ import annotations
