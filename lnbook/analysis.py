@@ -133,11 +133,10 @@ def _random_layer(seed: int, n: int, d: int, h: int) -> tuple[Tensor, ...]:
 LayerFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def invariance_changes(
-    seed: int = 0, methods: Sequence[str] = METHODS,
-    transformations: Sequence[str] = TRANSFORMATIONS, n: int = 64, d: int = 10, h: int = 8,
-    layers: Mapping[str, LayerFn] | None = None,
-) -> dict[str, dict[str, float]]:
+def invariance_changes(seed: int = 0, methods: Sequence[str] = METHODS,
+                       transformations: Sequence[str] = TRANSFORMATIONS, n: int = 64, d: int = 10,
+                       h: int = 8, layers: Mapping[str, LayerFn] | None = None
+                       ) -> dict[str, dict[str, float]]:
     """``{method: {transformation: ||h' - h|| / ||h||}}`` of :func:`normalized_layer` on random
     float64 data and weights from ``seed`` (``n`` cases, ``d`` inputs, ``h`` units), before and
     after :func:`transform`; ``layers`` adds ``name -> fn(x, weight, gain, bias)``."""
@@ -162,13 +161,11 @@ def invariance_changes(
     return out
 
 
-def invariance_table(
-    seed: int = 0, tol: float = 1e-8, methods: Sequence[str] = METHODS,
-    layers: Mapping[str, LayerFn] | None = None, n: int = 64, d: int = 10, h: int = 8,
-) -> dict[str, dict[str, bool]]:
+def invariance_table(seed: int = 0, tol: float = 1e-8, methods: Sequence[str] = METHODS,
+                     layers: Mapping[str, LayerFn] | None = None, n: int = 64, d: int = 10,
+                     h: int = 8) -> dict[str, dict[str, bool]]:
     """Table 1, decided numerically: True where :func:`invariance_changes` is below ``tol``
-    (far above float64 rounding, ~1e-15, far below a real change, ~0.1).
-    """
+    (far above float64 rounding, ~1e-15, far below a real change, ~0.1)."""
     if not (isinstance(tol, float | int) and 0 < tol < 1):
         raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
     changes = invariance_changes(seed=seed, methods=methods, layers=layers, n=n, d=d, h=h)
@@ -183,9 +180,8 @@ def reparameterization_residual(method: str, seed: int = 0, n: int = 512, d: int
     check_choice("method", method, _ALL_METHODS)
     x, w, g, b, gen = _random_layer(seed, n, d, h)
     if method == "batch":
-        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double()
+        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double().train()
         x_stats = torch.randn(n, d, generator=gen, dtype=torch.float64) + x.mean(0)
-        bn.train()
         with torch.no_grad():
             bn(x_stats @ w.T)  # momentum 1: running stats := this batch's statistics
         bn.eval()
@@ -194,8 +190,7 @@ def reparameterization_residual(method: str, seed: int = 0, n: int = 512, d: int
         y = normalized_layer(method, x, w, g, b)  # (N, H)
     design = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], dim=1)  # (N, D + 1)
     coef = torch.linalg.lstsq(design, y).solution  # (D + 1, H)
-    resid = y - design @ coef
-    return float(resid.norm() / (y - y.mean(0)).norm())
+    return float((y - design @ coef).norm() / (y - y.mean(0)).norm())
 
 
 def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:

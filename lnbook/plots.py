@@ -19,9 +19,8 @@ __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 _Method = Literal["batch", "layer"]
 
 
-def statistics_mask(
-    method: _Method, batch: int, units: int, example: int = 0, unit: int = 0
-) -> np.ndarray:
+def statistics_mask(method: _Method, batch: int, units: int, example: int = 0,
+                    unit: int = 0) -> np.ndarray:
     """Which summed inputs a_i^n share their mean and sigma with cell (example, unit), a bool
     ``(batch, units)`` array: column ``unit`` for ``"batch"`` (eq. 2), row ``example`` for
     ``"layer"`` (eq. 3).
@@ -41,9 +40,8 @@ def statistics_mask(
     return mask
 
 
-def plot_normalization_axes(
-    batch: int = 6, units: int = 8, example: int = 2, unit: int = 3, axes=None
-):
+def plot_normalization_axes(batch: int = 6, units: int = 8, example: int = 2, unit: int = 3,
+                            axes=None):
     """Draw :func:`statistics_mask` of BN and LN side by side (on two ``axes``, or a new
     figure) for the outlined cell (example, unit); returns the figure."""
     masks = {m: statistics_mask(m, batch, units, example, unit) for m in ("batch", "layer")}

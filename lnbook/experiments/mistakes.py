@@ -1,11 +1,9 @@
-"""Common mistakes in layer normalization, DeepNorm's update, and what the statistics' gradients
-and the gain and bias do.
-
-Part II, chapter `13_common_mistakes` (claims P10, P13, P14): :func:`layer_norm_variant` (eq. 3
-computed right or in a common wrong way), the unbiased-variance weight-loading demonstration
-(:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's constant (:func:`residual_placements`,
-:func:`run`: the model update of deep Post-LN stacks), and Xu et al. (2019)'s ablation of the
-statistics' gradients and the affine parameters (:func:`run_stats`, :func:`run_affine`).
+"""Common mistakes in layer normalization (Part II, chapter `13_common_mistakes`, claims P10,
+P13, P14): :func:`layer_norm_variant` (eq. 3 right or in a common wrong way), loading weights
+trained with the unbiased variance (:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's
+constant (:func:`residual_placements`, :func:`run`: the model update of deep Post-LN stacks), and
+Xu et al. (2019)'s ablation of the statistics' gradients and the gain and bias
+(:func:`run_stats`, :func:`run_affine`).
 """
 
 from __future__ import annotations
