@@ -148,8 +148,7 @@ def _sgd(model: nn.Module, hidden: list[Tensor], config: Config, lr: float | Non
 
 
 def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
-               momentum: float | None = None, hidden_lr: float | None = None
-               ) -> dict[str, Any]:
+               momentum: float | None = None, hidden_lr: float | None = None) -> dict[str, Any]:
     """Train one :func:`build` network on the digits with SGD. The record: ``steps``,
     ``test_nll`` at them, final ``train_nll``, ``weight_norms`` ``(2, depth)`` (start, end),
     ``diverged`` and ``model``. ``hidden_lr``: the hidden weight matrices' own step size."""

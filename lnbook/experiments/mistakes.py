@@ -355,12 +355,9 @@ def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
 def run_stats(config: StatsConfig, device: str | torch.device = "auto",
               out: str | os.PathLike | None = None,
               seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed.
-
-    Runs record ``val_nll``/``val_error`` (359 held-out digits) and ``train_nll``/``train_error``
-    and, in ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds
-    ``majority_error``.
-    """
+    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
+    ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
+    ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
     if not isinstance(config, StatsConfig):
         raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
                         f"{type(config).__name__}")
@@ -401,8 +398,7 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
 AFFINE_NORMS = ("layer", "simple")
 
 
-def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32,
-               depth: int = 3) -> SeedMLP:
+def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> SeedMLP:
     """Both arms of :func:`run_affine` for every seed, as one batched
     :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
 
