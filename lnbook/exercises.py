@@ -249,12 +249,11 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         raise ExerciseError(name, "type", f"return a torch.Tensor, got {type(y).__name__}",
                             case.name)
     if tuple(y.shape) != tuple(x.shape):
-        hint = ("did a mean or a sum drop the normalized dimensions? Use keepdim=True so that "
-                "mu and sigma broadcast against x, and return the normalized x, not its "
-                "statistics")
-        raise ExerciseError(name, "shape", f"the output has shape {tuple(y.shape)}, the "
-                            f"input {tuple(x.shape)}: layer normalization keeps the "
-                            f"shape; {hint}", case.name)
+        raise ExerciseError(name, "shape", f"the output has shape {tuple(y.shape)}, the input "
+                            f"{tuple(x.shape)}: layer normalization keeps the shape; did a mean "
+                            "or a sum drop the normalized dimensions? Use keepdim=True so that mu "
+                            "and sigma broadcast against x, and return the normalized x, not its "
+                            "statistics", case.name)
     if y.dtype != x.dtype:
         raise ExerciseError(name, "dtype", f"the output is {y.dtype} for a {x.dtype} input; "
                             "keep the input's dtype (do not call .double() or .float() on the "
