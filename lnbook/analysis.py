@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.checks import check_choice, check_floating
+from lnbook.checks import check_choice, check_floating, check_shape
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
@@ -34,12 +35,8 @@ METHODS: tuple[str, ...] = ("batch", "weight", "layer")
 _ALL_METHODS: tuple[str, ...] = ("none", "input", "batch", "weight", "layer")
 
 TRANSFORMATIONS: tuple[str, ...] = (
-    "weight_matrix_rescaling",
-    "weight_matrix_recentering",
-    "weight_vector_rescaling",
-    "dataset_rescaling",
-    "dataset_recentering",
-    "single_case_rescaling",
+    "weight_matrix_rescaling", "weight_matrix_recentering", "weight_vector_rescaling",
+    "dataset_rescaling", "dataset_recentering", "single_case_rescaling",
 )
 """The six columns of Table 1, in the paper's order."""
 
@@ -54,20 +51,13 @@ _FAMILIES = ("softmax", "bernoulli")
 _EPS = 1e-12  # inside the square root of BN and LN; float64 keeps the invariances to ~1e-12
 
 
-def _check_matrix(t: object, name: str, cols: int | None = None) -> Tensor:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != 2 or (cols is not None and t.shape[1] != cols):
-        want = f"(*, {cols})" if cols is not None else "2-D"
-        raise ValueError(f"{name} must be a {want} matrix, got shape {tuple(t.shape)}")
-    return t
+def _check_matrix(t: object, name: str, cols: int | None = None) -> None:
+    check_floating(t, name)
+    check_shape(t, (None, cols), name)  # a ShapeError, a ValueError
 
 
-def normalized_layer(
-    method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor, eps: float = _EPS
-) -> Tensor:
+def normalized_layer(method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor,
+                     eps: float = _EPS) -> Tensor:
     r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, ``a = x W^T``.
 
     ``method``: ``"batch"`` (statistics of unit i over the N cases, eq. 2), ``"weight"``
@@ -95,16 +85,12 @@ def normalized_layer(
     a = x @ weight.T  # (N, H) summed inputs
     if method == "none":
         return gain * a + bias
-    if method == "layer":
-        ln = LayerNorm(h, eps=eps).to(**kw)
-        return functional_call(ln, {"weight": gain, "bias": bias}, (a,))
-    bn = BatchNorm(h, eps=eps).to(**kw).train()
-    return functional_call(bn, {"weight": gain, "bias": bias}, (a,))
+    norm = LayerNorm(h, eps=eps) if method == "layer" else BatchNorm(h, eps=eps).train()
+    return functional_call(norm.to(**kw), {"weight": gain, "bias": bias}, (a,))  # eq. 3, eq. 2
 
 
-def transform(
-    name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
-) -> tuple[Tensor, Tensor]:
+def transform(name: str, x: Tensor, weight: Tensor, generator: torch.Generator | None = None
+              ) -> tuple[Tensor, Tensor]:
     """Apply one transformation of Table 1 (:data:`TRANSFORMATIONS`) to x ``(N, D)`` or W
     ``(H, D)``; returns the new ``(x, weight)``. W' = delta W; W' = W + 1 gamma^T (eq. 6);
     w_i' = delta_i w_i; x' = delta x; x' = x + c; x_n' = delta_n x_n (eq. 7). The factors are
@@ -147,11 +133,10 @@ def _random_layer(seed: int, n: int, d: int, h: int) -> tuple[Tensor, ...]:
 LayerFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def invariance_changes(
-    seed: int = 0, methods: Sequence[str] = METHODS,
-    transformations: Sequence[str] = TRANSFORMATIONS, n: int = 64, d: int = 10, h: int = 8,
-    layers: Mapping[str, LayerFn] | None = None,
-) -> dict[str, dict[str, float]]:
+def invariance_changes(seed: int = 0, methods: Sequence[str] = METHODS,
+                       transformations: Sequence[str] = TRANSFORMATIONS, n: int = 64, d: int = 10,
+                       h: int = 8, layers: Mapping[str, LayerFn] | None = None
+                       ) -> dict[str, dict[str, float]]:
     """``{method: {transformation: ||h' - h|| / ||h||}}`` of :func:`normalized_layer` on random
     float64 data and weights from ``seed`` (``n`` cases, ``d`` inputs, ``h`` units), before and
     after :func:`transform`; ``layers`` adds ``name -> fn(x, weight, gain, bias)``."""
@@ -166,10 +151,7 @@ def invariance_changes(
     if min(n, d, h) < 2:
         raise ValueError(f"n, d and h must be >= 2, got n={n}, d={d}, h={h}")
     x, w, g, b, gen = _random_layer(seed, n, d, h)
-    fns: dict[str, LayerFn] = {
-        m: (lambda xx, ww, gg, bb, m=m: normalized_layer(m, xx, ww, gg, bb)) for m in methods
-    }
-    fns.update(layers)
+    fns: dict[str, LayerFn] = {m: partial(normalized_layer, m) for m in methods} | layers
     out: dict[str, dict[str, float]] = {m: {} for m in fns}
     for t in transformations:
         x2, w2 = transform(t, x, w, generator=gen)  # the same transformation for every method
@@ -179,31 +161,27 @@ def invariance_changes(
     return out
 
 
-def invariance_table(
-    seed: int = 0, tol: float = 1e-8, methods: Sequence[str] = METHODS,
-    layers: Mapping[str, LayerFn] | None = None, n: int = 64, d: int = 10, h: int = 8,
-) -> dict[str, dict[str, bool]]:
+def invariance_table(seed: int = 0, tol: float = 1e-8, methods: Sequence[str] = METHODS,
+                     layers: Mapping[str, LayerFn] | None = None, n: int = 64, d: int = 10,
+                     h: int = 8) -> dict[str, dict[str, bool]]:
     """Table 1, decided numerically: True where :func:`invariance_changes` is below ``tol``
-    (far above float64 rounding, ~1e-15, far below a real change, ~0.1).
-    """
+    (far above float64 rounding, ~1e-15, far below a real change, ~0.1)."""
     if not (isinstance(tol, float | int) and 0 < tol < 1):
         raise ValueError(f"tol must be a number in (0, 1), got {tol!r}")
     changes = invariance_changes(seed=seed, methods=methods, layers=layers, n=n, d=d, h=h)
     return {m: {t: c < tol for t, c in row.items()} for m, row in changes.items()}
 
 
-def reparameterization_residual(
-    method: str, seed: int = 0, n: int = 512, d: int = 6, h: int = 5
-) -> float:
+def reparameterization_residual(method: str, seed: int = 0, n: int = 512, d: int = 6,
+                                h: int = 5) -> float:
     """How far a normalized layer is from an affine map of its input (section 4, claim C21):
     ``||y - fit||_F / ||y - mean(y)||_F`` of a least-squares affine fit on ``n`` random inputs
     (~1e-15 for an affine layer). ``"batch"`` uses statistics frozen from a separate batch."""
     check_choice("method", method, _ALL_METHODS)
     x, w, g, b, gen = _random_layer(seed, n, d, h)
     if method == "batch":
-        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double()
+        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double().train()
         x_stats = torch.randn(n, d, generator=gen, dtype=torch.float64) + x.mean(0)
-        bn.train()
         with torch.no_grad():
             bn(x_stats @ w.T)  # momentum 1: running stats := this batch's statistics
         bn.eval()
@@ -212,8 +190,7 @@ def reparameterization_residual(
         y = normalized_layer(method, x, w, g, b)  # (N, H)
     design = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], dim=1)  # (N, D + 1)
     coef = torch.linalg.lstsq(design, y).solution  # (D + 1, H)
-    resid = y - design @ coef
-    return float(resid.norm() / (y - y.mean(0)).norm())
+    return float((y - design @ coef).norm() / (y - y.mean(0)).norm())
 
 
 def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
@@ -223,10 +200,8 @@ def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
     if not isinstance(theta, Tensor) or theta.dim() != 2 or theta.shape[1] != cols:
         shape = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
         layout = "[w_i, b_i]" if method == "none" else "[w_i, b_i, g_i]"
-        raise ValueError(
-            f"theta for method {method!r} and x of shape {tuple(x.shape)} must have shape "
-            f"(H, {cols}) with rows {layout}, got {shape}"
-        )
+        raise ValueError(f"theta for method {method!r} and x of shape {tuple(x.shape)} must "
+                         f"have shape (H, {cols}) with rows {layout}, got {shape}")
 
 
 def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
@@ -238,9 +213,8 @@ def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
     return normalized_layer(method, x, w, theta[:, d + 1], b)
 
 
-def glm_log_probs(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
+                  family: str = "softmax") -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
 
     ``theta``: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), else
@@ -255,9 +229,8 @@ def glm_log_probs(
     return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
 
 
-def glm_output_covariance(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def glm_output_covariance(theta: Tensor, x: Tensor, method: str = "none",
+                          family: str = "softmax") -> Tensor:
     """Cov[y | x] of the GLM's output for each case (the prediction-error term), ``(N, H, H)``."""
     with torch.no_grad():
         logp = glm_log_probs(theta, x, method, family)
@@ -279,9 +252,8 @@ def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
         return normalized_layer(method, x, theta[:, :d], ones, torch.zeros_like(ones))
 
 
-def fisher_information(
-    theta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> Tensor:
+def fisher_information(theta: Tensor, x: Tensor, method: str = "none",
+                       family: str = "softmax") -> Tensor:
     r"""The Fisher information matrix F(theta) of eq. 9, exactly, by autograd.
 
     .. math:: F = \frac{1}{N} \sum_n \sum_y P(y|x_n) \, s_{n,y} s_{n,y}^\top
@@ -323,16 +295,13 @@ def metric(fisher: Tensor, direction: Tensor) -> float:
         raise ValueError("fisher must be a square (P, P) matrix")
     delta = direction.reshape(-1).to(fisher.dtype)
     if delta.numel() != fisher.shape[0]:
-        raise ValueError(
-            f"direction has {delta.numel()} entries but fisher is {tuple(fisher.shape)}; "
-            "give a direction shaped like theta"
-        )
+        raise ValueError(f"direction has {delta.numel()} entries but fisher is "
+                         f"{tuple(fisher.shape)}; give a direction shaped like theta")
     return float(0.5 * delta @ fisher @ delta)
 
 
-def glm_kl_divergence(
-    theta: Tensor, delta: Tensor, x: Tensor, method: str = "none", family: str = "softmax"
-) -> float:
+def glm_kl_divergence(theta: Tensor, delta: Tensor, x: Tensor, method: str = "none",
+                      family: str = "softmax") -> float:
     """E_x KL[P(y|x; theta) || P(y|x; theta + delta)], exactly: the left side of eq. 8."""
     if not isinstance(delta, Tensor) or delta.shape != theta.shape:
         raise ValueError(f"delta must have theta's shape {tuple(theta.shape)}")
@@ -395,8 +364,7 @@ def weight_scaling_curvature(theta: Tensor, x: Tensor, method: str, factor: floa
         return float(grad[rows, :d].norm())
 
     with torch.no_grad():
-        lp_before = glm_log_probs(theta, x, method, family)
-        change = glm_log_probs(scaled, x, method, family) - lp_before
+        change = glm_log_probs(scaled, x, method, family) - glm_log_probs(theta, x, method, family)
     return {"before": before, "after": after, "ratio": after / before,
             "grad_ratio": grad_norm(scaled) / grad_norm(theta),
             "output_change": float(change.abs().max())}
@@ -491,6 +459,4 @@ def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> 
     grad = torch.stack([hh.grad.norm(dim=1).mean() for hh in hs])  # type: ignore[union-attr]
     cell.zero_grad(set_to_none=True)
     f64 = torch.float64
-    return RecurrentDynamics(
-        torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64)
-    )
+    return RecurrentDynamics(torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64))

@@ -1,11 +1,9 @@
-"""Checkers for the coding exercises of chapter 3 (`03_layer_norm`): the reader's code
-against the reference.
-
-:func:`check_layer_norm` (Exercise 3.1, the forward pass, paper eq. 3 with eq. 15's ``g``
-and ``b``), :func:`check_layer_norm_backward` (3.2) and :func:`check_ln_mlp` (3.3, an MLP
-with LN on its two hidden layers, trained on the 8x8 digits). The known wrong answers are
-computed with :mod:`lnbook.functional`. A checker raises :class:`ExerciseError` (an
-``AssertionError``; ``err.part`` names the wrong part) or returns a :class:`CheckReport`.
+"""Checkers of chapter 3's coding exercises (`03_layer_norm`): :func:`check_layer_norm` (3.1,
+the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_layer_norm_backward` (3.2)
+and :func:`check_ln_mlp` (3.3, an MLP with LN on its two hidden layers, trained on the 8x8
+digits). The known wrong answers are computed with :mod:`lnbook.functional`. A checker raises
+:class:`ExerciseError` (an ``AssertionError``; ``err.part`` names the wrong part) or returns a
+:class:`CheckReport`.
 """
 
 from __future__ import annotations
@@ -14,13 +12,16 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
+from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import classification_metrics
 from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
@@ -72,10 +73,6 @@ class CheckReport:
     __repr__ = __str__
 
 
-def _fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
 def _max_diff(a: Tensor, b: Tensor) -> float:
     return float((a.detach().to(_F64) - b.detach().to(_F64)).abs().max())
 
@@ -96,11 +93,7 @@ class _Case:
     constant_row: int | None = None  # index of a row whose entries are all equal
     probe: str = "other"  # the part this case tests, named when an unknown mistake shows here
     hint: str = ""  # what a right answer does on this case
-    tol: float | None = None  # largest difference from torch allowed (None: by dtype)
-
-    @property
-    def tolerance(self) -> float:
-        return self.tol if self.tol is not None else 1e-9 if self.x.dtype == _F64 else 2e-5
+    tol: float = 1e-9  # largest difference from torch allowed
 
 
 def _forward_cases() -> list[_Case]:
@@ -136,7 +129,7 @@ def _forward_cases() -> list[_Case]:
               gain(3, 5), randn(3, 5), 1e-5, probe="axes", hint="the statistics are taken over "
               "the last two dimensions together, one (mu, sigma) per b"),
         _Case("float32 input (16, 32): the output stays float32", (3.0 + 2.0 * randn(16, 32))
-              .float(), (32,), gain(32).float(), randn(32).float(), 1e-5),
+              .float(), (32,), gain(32).float(), randn(32).float(), 1e-5, tol=2e-5),
         _Case("float32 input (8, 32) with mean 1e4 and spread 1", (1e4 + randn(8, 32)).float(),
               (32,), gain(32).float(), randn(32).float(), 1e-5, probe="variance", tol=1e-2,
               hint=_ONE_PASS_HINT),
@@ -151,16 +144,13 @@ def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _variant(
-    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, ddof: int = 0,
-    eps_at: str = "inside", center: bool = True, divide: str = "std", affine: str = "g*x+b",
-    one_pass: bool = False, detach: bool = False, dtype: torch.dtype = _F64,
+    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, center: bool = True,
+    divide: str = "std", affine: str = "g*x+b", dtype: torch.dtype = _F64, **stats: bool,
 ) -> Tensor:
-    """Layer normalization with one known mistake, from :func:`lnbook.functional.normalize`."""
+    """Layer norm with one known mistake; ``stats``: :func:`lnbook.functional.normalize`'s."""
     x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
     rows = as_rows(x, dims)  # (R, D)
-    kw = {"unbiased": ddof == 1, "eps_inside": eps_at != "outside", "one_pass": one_pass,
-          "detach": detach}
-    x_hat, rstd = normalize(rows, 0.0 if eps_at == "none" else eps, **kw)  # (R, D), (R, 1)
+    x_hat, rstd = normalize(rows, eps, **stats)  # (R, D), (R, 1)
     if divide == "rms":  # (x - mu) / sqrt(mean(x^2) + eps): sigma of x, not of x - mu
         x_hat = x_hat / rstd * normalize(rows, eps, center=False)[1]
     elif divide == "var":  # (x - mu) / (var + eps)
@@ -183,69 +173,59 @@ _VARIANCE_HINT = ("eq. 3 divides by D, the number of units normalized over: torc
                   "correction=0), or write ((x - mu) ** 2).mean(dims, keepdim=True)")
 
 
-def _forward_mistakes(case: _Case) -> list[tuple[str, str, Tensor]]:
-    """``(part, diagnosis, output)`` for each known mistake, on ``case``."""
-    x, g, b, eps, shape = case.x, case.g, case.b, case.eps, case.shape
-    dims, k = _dims(x, shape), len(shape)
-    d = math.prod(shape)
+def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(part, diagnosis, keywords of _variant)`` for each known mistake, on ``case``."""
+    x, shape, k = case.x, case.shape, len(case.shape)
     out = [
         ("axes", "you normalized each unit over the batch (dimension 0): that is batch "
          "normalization (chapter 2). Layer normalization takes the mean and the variance of "
-         f"each example over its last len(normalized_shape) = {k} dimension(s)",
-         _variant(x, g, b, eps, (0,))),
+         f"each example over its last len(normalized_shape) = {k} dimension(s)", {"dims": (0,)}),
         ("axes", "you normalized over every dimension, the batch included: each example must "
          f"get its own mean and variance, over the last {k} dimension(s) only",
-         _variant(x, g, b, eps, tuple(range(x.dim())))),
+         {"dims": tuple(range(x.dim()))}),
     ]
     if x.dim() > 2 and k == 1:
-        out.append(("axes", "you normalized over every dimension after the first; "
-                    f"normalized_shape {_fmt_shape(shape)} means the last dimension only "
-                    "(statistics per example AND per position)",
-                    _variant(x, g, b, eps, tuple(range(1, x.dim())))))
+        out.append(("axes", f"you normalized over every dimension after the first; "
+                    f"normalized_shape {shape} means the last dimension only (statistics per "
+                    "example AND per position)", {"dims": tuple(range(1, x.dim()))}))
     if k > 1:
-        out.append(("axes", "you normalized over the last dimension only; normalized_shape "
-                    f"{_fmt_shape(shape)} means the statistics are taken over the last {k} "
-                    f"dimensions together: dims = tuple(range(-{k}, 0))",
-                    _variant(x, g, b, eps, (x.dim() - 1,))))
+        out.append(("axes", f"you normalized over the last dimension only; normalized_shape "
+                    f"{shape} means the statistics are taken over the last {k} dimensions "
+                    f"together: dims = tuple(range(-{k}, 0))", {"dims": (x.dim() - 1,)}))
     out += [
-        ("variance", f"the variance is the unbiased one (divided by D - 1 = {d - 1}); "
-         + _VARIANCE_HINT, _variant(x, g, b, eps, dims, ddof=1)),
+        ("variance", "the variance is the unbiased one (divided by D - 1 = "
+         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"unbiased": True}),
         ("variance", "you divided by the variance sigma^2 + eps; divide by its square root, "
-         "sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims, divide="var")),
+         "sigma = sqrt(var + eps)", {"divide": "var"}),
         ("variance", "your sigma is the root mean square of x, not of x - mu: subtract the "
-         "mean before squaring (that is RMSNorm's statistic, Part II)",
-         _variant(x, g, b, eps, dims, divide="rms")),
+         "mean before squaring (that is RMSNorm's statistic, Part II)", {"divide": "rms"}),
         ("mean", "the numerator is x, not x - mu: subtract the mean of each example before "
-         "dividing", _variant(x, g, b, eps, dims, center=False)),
+         "dividing", {"center": False}),
         ("variance", "you subtracted the mean but never divided by sigma = sqrt(var + eps)",
-         _variant(x, g, b, eps, dims, divide="none")),
+         {"divide": "none"}),
         ("eps", "eps is added to sigma, outside the square root; torch and the chapter add it "
-         "to the variance: sigma = sqrt(var + eps)", _variant(x, g, b, eps, dims,
-                                                               eps_at="outside")),
+         "to the variance: sigma = sqrt(var + eps)", {"eps_inside": False}),
         ("eps", "eps is missing: sigma = sqrt(var + eps), so that a row of equal values "
-         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", _variant(x, g, b, eps, dims,
-                                                              eps_at="none")),
+         "gives 0 / sqrt(eps) = 0 instead of 0 / 0", {"eps": 0.0}),
     ]
     if x.dtype == torch.float32:
         out.append(("variance", "your variance is E[x^2] - E[x]^2, computed in one pass: "
-                    + _ONE_PASS_HINT, _variant(x, g, b, eps, dims, one_pass=True,
-                                               dtype=torch.float32)))
-    if eps != 1e-5:
-        out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {eps:g}: use the "
-                    "eps argument", _variant(x, g, b, 1e-5, dims)))
-    out += [  # with g = 1 and b = 0 these equal the right answer and are skipped
+                    + _ONE_PASS_HINT, {"one_pass": True, "dtype": torch.float32}))
+    if case.eps != 1e-5:
+        out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {case.eps:g}: use "
+                    "the eps argument", {"eps": 1e-5}))
+    return out + [  # with g = 1 and b = 0 these equal the right answer and are skipped
         ("gain/bias", "the gain and the bias are swapped: the output is g * x_hat + b "
-         "(g multiplies, b is added)", _variant(x, g, b, eps, dims, affine="b*x+g")),
+         "(g multiplies, b is added)", {"affine": "b*x+g"}),
         ("gain/bias", "the gain g is never applied: the output is g * x_hat + b",
-         _variant(x, g, b, eps, dims, affine="x+b")),
+         {"affine": "x+b"}),
         ("gain/bias", "the bias b is never added: the output is g * x_hat + b",
-         _variant(x, g, b, eps, dims, affine="g*x")),
+         {"affine": "g*x"}),
         ("gain/bias", "neither the gain g nor the bias b is applied: the output is "
-         "g * x_hat + b", _variant(x, g, b, eps, dims, affine="x")),
+         "g * x_hat + b", {"affine": "x"}),
         ("gain/bias", "the bias is added before the gain multiplies, (x_hat + b) * g; the "
-         "output is g * x_hat + b", _variant(x, g, b, eps, dims, affine="(x+b)*g")),
+         "output is g * x_hat + b", {"affine": "(x+b)*g"}),
     ]
-    return out
 
 
 def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: str) -> Any:
@@ -261,20 +241,19 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
     __tracebackhide__ = True
     name = "check_layer_norm"
     x = case.x
-    shown = (f"fn(x, {_fmt_shape(case.shape)}, g, b, {case.eps:g}) with x of shape "
-             f"{_fmt_shape(x.shape)} and g, b of shape {_fmt_shape(case.shape)}")
+    shown = (f"fn(x, {case.shape}, g, b, {case.eps:g}) with x of shape {tuple(x.shape)} and g, "
+             f"b of shape {case.shape}")
     y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
               shown, case.name)
     if not isinstance(y, Tensor):
         raise ExerciseError(name, "type", f"return a torch.Tensor, got {type(y).__name__}",
                             case.name)
     if tuple(y.shape) != tuple(x.shape):
-        hint = ("did a mean or a sum drop the normalized dimensions? Use keepdim=True so that "
-                "mu and sigma broadcast against x, and return the normalized x, not its "
-                "statistics")
-        raise ExerciseError(name, "shape", f"the output has shape {_fmt_shape(y.shape)}, the "
-                            f"input {_fmt_shape(x.shape)}: layer normalization keeps the "
-                            f"shape; {hint}", case.name)
+        raise ExerciseError(name, "shape", f"the output has shape {tuple(y.shape)}, the input "
+                            f"{tuple(x.shape)}: layer normalization keeps the shape; did a mean "
+                            "or a sum drop the normalized dimensions? Use keepdim=True so that mu "
+                            "and sigma broadcast against x, and return the normalized x, not its "
+                            "statistics", case.name)
     if y.dtype != x.dtype:
         raise ExerciseError(name, "dtype", f"the output is {y.dtype} for a {x.dtype} input; "
                             "keep the input's dtype (do not call .double() or .float() on the "
@@ -291,14 +270,16 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
                             case.name)
     ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    tol = case.tolerance
+    tol = case.tol
     err = _max_diff(y, ref)
     if err <= tol:
         seen = f"max |yours - torch| = {err:.1e}"
         if x.dtype == _F64:  # the values are right: now the gradient with respect to x
             seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
         return seen
-    for part, why, wrong in _forward_mistakes(case):
+    dims = _dims(x, case.shape)
+    for part, why, kw in _forward_mistakes(case):
+        wrong = _variant(x, case.g, case.b, **{"eps": case.eps, "dims": dims, **kw})
         if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
             raise ExerciseError(name, part, why, case.name)
     raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
@@ -315,28 +296,25 @@ def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
     """Autograd through the reader's function against torch's: dL/dx for L = sum(y * r)."""
     __tracebackhide__ = True
     name = "check_layer_norm"
-    gen = torch.Generator().manual_seed(7)
-    r = torch.randn(case.x.shape, generator=gen, dtype=_F64)  # dL/dy
-    x = case.x.clone().requires_grad_()
+    r = torch.randn(case.x.shape, generator=torch.Generator().manual_seed(7), dtype=_F64)
+    x = case.x.clone().requires_grad_()  # float64
+
+    def grad(out: Tensor) -> Tensor:  # dL/dx for L = sum(out * r)
+        return torch.autograd.grad((out * r).sum(), x)[0]
+
     y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
               shown + ", x requiring a gradient", case.name)
     if not (isinstance(y, Tensor) and y.requires_grad):
         raise ExerciseError(name, "gradient", _DETACHED.format(
             what="no gradient reaches x at all"), case.name)
-    (mine,) = torch.autograd.grad((y * r).sum(), x)
-    x64 = case.x.to(_F64).clone().requires_grad_()
-    ref = F.layer_norm(x64, case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    (want,) = torch.autograd.grad((ref * r).sum(), x64)
-    err = _max_diff(mine, want)
+    mine = grad(y)
+    err = _max_diff(mine, grad(F.layer_norm(x, case.shape, case.g, case.b, case.eps)))
     if err <= 1e-8:
         return err
-    x64 = case.x.to(_F64).clone().requires_grad_()
-    dims = _dims(case.x, case.shape)
-    detached = _variant(x64, case.g, case.b, case.eps, dims, detach=True)
-    (wrong,) = torch.autograd.grad((detached * r).sum(), x64)
+    detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape), detach=True)
     what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient with "
             "the mean and the variance detached (treated as constants)"
-            if _max_diff(mine, wrong) <= 1e-8 else
+            if _max_diff(mine, grad(detached)) <= 1e-8 else
             f"it differs from torch's by up to {err:.2e}")
     raise ExerciseError(name, "gradient", _DETACHED.format(what=what), case.name)
 
@@ -344,10 +322,8 @@ def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
 def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
     """Which part is off when no known mistake matches: read the output's own statistics."""
     dims = _dims(case.x, case.shape)
-    flat, idx = int((y.to(_F64) - ref).abs().argmax()), ()
-    for size in reversed(y.shape):  # the flat index as a tuple (no torch.unravel_index: its
-        flat, i = divmod(flat, size)  # first call imports sympy, seconds of start-up)
-        idx = (i, *idx)
+    # the index as a tuple (not torch.unravel_index: its first call imports sympy, seconds)
+    idx = tuple(int(i) for i in np.unravel_index(int((y.to(_F64) - ref).abs().argmax()), y.shape))
     at = (f"largest difference {err:.2e} at index {idx}: expected {float(ref[idx]):.6g}, "
           f"got {float(y[idx]):.6g}")
     if case.plain:
@@ -403,79 +379,63 @@ def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tens
 
 
 _Grads = tuple[Tensor, Tensor, Tensor]
-
-
-def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> dict[str, _Grads]:
-    """``(dL/da, dL/dg, dL/db)`` of each known mistake, by :mod:`lnbook.functional`."""
-    a_hat, rstd = normalize(a, eps)  # (N, H), (N, 1): eq. 3
-    da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
-    no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
-
-    def with_stats(**variant: Any) -> _Grads:  # the whole backward from other statistics
-        back = {k: v for k, v in variant.items() if k not in ("backward", "eps")}
-        x_hat, r = normalize(a, variant.get("eps", eps), **back)
-        return layer_norm_backward(dy, x_hat, r, g, **variant.get("backward", {}))
-
-    return {
-        "da: gain forgotten": (layer_norm_backward(dy, a_hat, rstd)[0], dg, db),
-        "da: mean(u) term missing": (
-            layer_norm_backward(dy, a_hat, rstd, g, center=False)[0], dg, db),
-        "da: a_hat term missing": (no_proj, dg, db),
-        "da: both terms missing": (
-            layer_norm_backward(dy, a_hat, rstd, g, detach=True)[0], dg, db),
-        "da: sign of the a_hat term": (2 * no_proj - da, dg, db),
-        "da: times sigma": (da / rstd.square(), dg, db),
-        "da: 1/sigma missing": (da / rstd, dg, db),
-        "da: sigma without eps": with_stats(eps=0.0),
-        "da: eps outside the root": with_stats(eps_inside=False),
-        "da: eps outside the root, derived": with_stats(
-            eps_inside=False, backward={"eps_inside": False, "eps": eps}),
-        "da: unbiased sigma": with_stats(unbiased=True),
-        "da: unbiased sigma, derived": with_stats(unbiased=True, backward={"unbiased": True}),
-        "dg: a instead of a_hat": (da, (dy * a).sum(0), db),
-        "dg: a_hat forgotten": (da, dy.sum(0), db),
-        "dg: mean over rows": (da, (dy * a_hat).mean(0), db),
-        "dg: times g": (da, (dy * a_hat * g).sum(0), db),
-        "db: mean over rows": (da, dg, dy.mean(0)),
-        "db: times g": (da, dg, (dy * g).sum(0)),
-    }
-
-
+_LABELS = ("dL/da", "dL/dg", "dL/db")
 _SAME_SIGMA = "; the backward must use the forward's sigma and a_hat, in dL/da and in dL/dg"
 _EPS_OUTSIDE = ("your sigma is sqrt(var) + eps, with eps outside the square root; the forward "
                 "(eq. 3 as torch computes it) uses sigma = sqrt(var + eps)" + _SAME_SIGMA)
 _UNBIASED = ("your sigma comes from the unbiased variance (divided by H - 1, torch.var's "
              "default); eq. 3 divides by H (unbiased=False, or ((a - mu) ** 2).mean(-1))"
              + _SAME_SIGMA)
-_BACKWARD_WHY = {
-    "da: gain forgotten": "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
-    "da: mean(u) term missing": "the term - mean(u) is missing: it comes from mu, which every "
-    "a_j moves by 1/H (so dL/da must sum to 0 over each row)",
-    "da: a_hat term missing": "the term - a_hat * mean(u * a_hat) is missing: it comes from "
-    "sigma, which a_j moves by a_hat_j / H",
-    "da: both terms missing": "you kept only u / sigma: a also moves mu and sigma, which adds "
-    "- mean(u) - a_hat * mean(u * a_hat) inside the bracket",
-    "da: sign of the a_hat term": "the a_hat term has the wrong sign: dL/da = (u - mean(u) - "
-    "a_hat * mean(u * a_hat)) / sigma",
-    "da: times sigma": "you multiplied by sigma; the bracket is divided by sigma",
-    "da: 1/sigma missing": "the bracket (u - mean(u) - a_hat * mean(u * a_hat)) is not divided "
-    "by sigma: dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot "
-    "see this mistake",
-    "da: sigma without eps": "your sigma has no eps; the forward used sqrt(var + eps)"
-    + _SAME_SIGMA,
-    "da: eps outside the root": _EPS_OUTSIDE,
-    "da: eps outside the root, derived": _EPS_OUTSIDE,
-    "da: unbiased sigma": _UNBIASED,
-    "da: unbiased sigma, derived": _UNBIASED,
-    "dg: a instead of a_hat": "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
-    "dg: a_hat forgotten": "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy "
-    "alone (that is dL/db)",
-    "dg: mean over rows": "dL/dg sums over the rows of the batch (each row adds its share); "
-    "you averaged",
-    "dg: times g": "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
-    "db: mean over rows": "dL/db sums dL/dy over the rows of the batch; you averaged",
-    "db: times g": "dL/db is the sum over rows of dL/dy, with no factor g",
-}
+
+
+def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
+                       ) -> list[tuple[int, str, _Grads]]:
+    """``(i, diagnosis, (dL/da, dL/dg, dL/db))`` of each known mistake in gradient ``i``."""
+    a_hat, rstd = normalize(a, eps)  # (N, H), (N, 1): eq. 3
+    da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
+    no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
+
+    def with_stats(backward: dict | None = None, **stats: Any) -> _Grads:  # other statistics
+        x_hat, r = normalize(a, **{"eps": eps, **stats})
+        return layer_norm_backward(dy, x_hat, r, g, **(backward or {}))
+
+    def da_of(**variant: Any) -> _Grads:  # dL/da of layer_norm_backward's variant, the rest right
+        return layer_norm_backward(dy, a_hat, rstd, **{"weight": g, **variant})[0], dg, db
+
+    return [
+        (0, "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
+         da_of(weight=None)),
+        (0, "the term - mean(u) is missing: it comes from mu, which every a_j moves by 1/H (so "
+         "dL/da must sum to 0 over each row)", da_of(center=False)),
+        (0, "the term - a_hat * mean(u * a_hat) is missing: it comes from sigma, which a_j "
+         "moves by a_hat_j / H", (no_proj, dg, db)),
+        (0, "you kept only u / sigma: a also moves mu and sigma, which adds - mean(u) - a_hat * "
+         "mean(u * a_hat) inside the bracket", da_of(detach=True)),
+        (0, "the a_hat term has the wrong sign: dL/da = (u - mean(u) - a_hat * mean(u * "
+         "a_hat)) / sigma", (2 * no_proj - da, dg, db)),
+        (0, "you multiplied by sigma; the bracket is divided by sigma",
+         (da / rstd.square(), dg, db)),
+        (0, "the bracket (u - mean(u) - a_hat * mean(u * a_hat)) is not divided by sigma: "
+         "dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot see "
+         "this mistake", (da / rstd, dg, db)),
+        (0, "your sigma has no eps; the forward used sqrt(var + eps)" + _SAME_SIGMA,
+         with_stats(eps=0.0)),
+        (0, _EPS_OUTSIDE, with_stats(eps_inside=False)),
+        (0, _EPS_OUTSIDE, with_stats(eps_inside=False,
+                                     backward={"eps_inside": False, "eps": eps})),
+        (0, _UNBIASED, with_stats(unbiased=True)),
+        (0, _UNBIASED, with_stats(unbiased=True, backward={"unbiased": True})),
+        (1, "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
+         (da, (dy * a).sum(0), db)),
+        (1, "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy alone (that is "
+         "dL/db)", (da, dy.sum(0), db)),
+        (1, "dL/dg sums over the rows of the batch (each row adds its share); you averaged",
+         (da, (dy * a_hat).mean(0), db)),
+        (1, "dL/dg is the sum over rows of dL/dy * a_hat, with no factor g",
+         (da, (dy * a_hat * g).sum(0), db)),
+        (2, "dL/db sums dL/dy over the rows of the batch; you averaged", (da, dg, dy.mean(0))),
+        (2, "dL/db is the sum over rows of dL/dy, with no factor g", (da, dg, (dy * g).sum(0))),
+    ]
 
 
 def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
@@ -509,7 +469,7 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
         raise TypeError(f"{name} takes your function, got {type(fn).__name__}")
     checks = []
     for case, a, g, dy, eps in _backward_cases():
-        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {_fmt_shape(a.shape)}"
+        shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {tuple(a.shape)}"
         got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
         if not (isinstance(got, Sequence) and len(got) == 3
                 and all(isinstance(t, Tensor) for t in got)):
@@ -517,18 +477,14 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
                                 case)
         want = _reference_grads(dy, a, g, eps)
         _check_order(name, case, got, want)
-        mistakes = _backward_mistakes(dy, a, g, eps)
-        for label, mine, ref in zip(("dL/da", "dL/dg", "dL/db"), got, want, strict=True):
+        for label, mine, ref in zip(_LABELS, got, want, strict=True):
             if tuple(mine.shape) != tuple(ref.shape):
                 hint = (" The gain and the bias are shared by every row, so their gradients "
                         "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
-                raise ExerciseError(name, "shape", f"{label} has shape {_fmt_shape(mine.shape)},"
-                                    f" expected {_fmt_shape(ref.shape)}.{hint}", case)
-        checks += _compare_grads(name, case, got, want, mistakes, (dy, a, g, eps))
+                raise ExerciseError(name, "shape", f"{label} has shape {tuple(mine.shape)},"
+                                    f" expected {tuple(ref.shape)}.{hint}", case)
+        checks += _compare_grads(name, case, got, want, (dy, a, g, eps))
     return CheckReport(name, checks)
-
-
-_LABELS = ("dL/da", "dL/dg", "dL/db")
 
 
 def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor]) -> None:
@@ -551,26 +507,25 @@ def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Ten
 
 
 def _compare_grads(name: str, case: str, got: Sequence[Tensor], want: Sequence[Tensor],
-                   mistakes: dict[str, _Grads], inputs: tuple) -> list[tuple[str, str]]:
+                   inputs: tuple) -> list[tuple[str, str]]:
     __tracebackhide__ = True
     rows = []
-    # the simplest first: dL/db, then dL/dg, then dL/da
-    for i, label, key in ((2, "dL/db", "db"), (1, "dL/dg", "dg"), (0, "dL/da", "da")):
-        err = _max_diff(got[i], want[i])
+    for i in (2, 1, 0):  # the simplest first: dL/db, then dL/dg, then dL/da
+        label, err = _LABELS[i], _max_diff(got[i], want[i])
         if err <= 1e-9:
             rows.append((f"{label}: {case}", f"max |yours - autograd| = {err:.1e}"))
             continue
         # a known mistake: first one that gives all three of your gradients, then one that
         # gives this one (your other gradients may hold a second mistake)
+        mistakes = _backward_mistakes(*inputs)
         for whole in (True, False):
-            for mistake, wrong in mistakes.items():
+            for j, why, wrong in mistakes:
                 same = range(3) if whole else (i,)
                 if (_max_diff(wrong[i], want[i]) > 1e-8
                         and all(_max_diff(got[k], wrong[k]) <= 1e-9 for k in same)
-                        and (whole or mistake.startswith(key))):
-                    raise ExerciseError(name, label, f"{label} is wrong: "
-                                        f"{_BACKWARD_WHY[mistake]}", case)
-        extra = _self_checks(got[0], *inputs) if key == "da" else ""
+                        and (whole or j == i)):
+                    raise ExerciseError(name, label, f"{label} is wrong: {why}", case)
+        extra = _self_checks(got[0], *inputs) if i == 0 else ""
         raise ExerciseError(name, label, f"{label} differs from autograd by up to {err:.2e}."
                             + extra, case)
     return rows
@@ -608,13 +563,7 @@ def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
 
 def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
     """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies,
-    add-one smoothed.
-
-    Example::
-
-        >>> round(prior_nll(torch.tensor([0, 1, 2, 3]), torch.tensor([1]), classes=4), 4)
-        1.3863
-    """
+    add-one smoothed."""
     counts = torch.bincount(y_train, minlength=classes).to(_F64) + 1.0  # add-one smoothing
     logp = (counts / counts.sum()).log()
     return float(-logp[y_test].mean())
@@ -642,8 +591,7 @@ def _leaf_order(model: nn.Module, x: Tensor) -> tuple[list[tuple[str, nn.Module]
 
 def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
     __tracebackhide__ = True
-    kinds = [type(m).__name__ for _, m in calls]
-    seen = " -> ".join(kinds)
+    seen = " -> ".join(type(m).__name__ for _, m in calls)
     if any(isinstance(m, _BATCH_NORMS) for _, m in calls):
         raise ExerciseError(name, "placement", f"your model uses batch normalization ({seen}); "
                             "this exercise is about layer normalization, which (unlike BN) "
@@ -664,22 +612,21 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
                             "prediction (chapter 6.6 computes the ceiling)")
     for i in linears[:-1]:
         lin = calls[i][1]
-        nxt = calls[i + 1][1] if i + 1 < len(calls) else None
+        nxt = calls[i + 1][1]  # there: a later Linear ran
         if not isinstance(nxt, _NORMALIZERS):
-            after = type(nxt).__name__ if nxt is not None else "nothing"
             more = (" The LayerNorm comes after the non-linearity; the paper normalizes the "
                     "summed inputs, before it (eq. 3)." if isinstance(nxt, _ACTIVATIONS) and
                     i + 2 < len(calls) and isinstance(calls[i + 2][1], _NORMALIZERS) else "")
-            raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} "
-                                f"(Linear {lin.in_features} -> {lin.out_features}) is followed "
-                                f"by {after}, not by a LayerNorm ({seen}). Every hidden layer's "
-                                f"summed inputs are normalized, between the Linear and the "
-                                f"non-linearity.{more}")
+            raise ExerciseError(name, "placement", f"the hidden layer {calls[i][0]!r} (Linear "
+                                f"{lin.in_features} -> {lin.out_features}) is followed by "
+                                f"{type(nxt).__name__}, not by a LayerNorm ({seen}). Every hidden "
+                                "layer's summed inputs are normalized, between the Linear and "
+                                f"the non-linearity.{more}")
         shape = tuple(nxt.normalized_shape)
         if shape != (lin.out_features,):
             raise ExerciseError(name, "placement", f"the LayerNorm {calls[i + 1][0]!r} after "
                                 f"Linear {lin.in_features} -> {lin.out_features} normalizes "
-                                f"over {_fmt_shape(shape)}; use ({lin.out_features},)")
+                                f"over {shape}; use ({lin.out_features},)")
     if len(linears) - 1 < 2:
         raise ExerciseError(name, "placement", f"the exercise asks for two hidden layers, each "
                             "Linear -> LayerNorm -> non-linearity, then an output Linear; your "
@@ -722,7 +669,7 @@ def check_ln_mlp(
     calls, out = _call(name, _leaf_order, (model, x[:8]), "model(x) with x of shape (8, 64)",
                        "")
     if not isinstance(out, Tensor) or tuple(out.shape) != (8, 10):
-        got = _fmt_shape(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ExerciseError(name, "output", f"for x of shape (8, 64) (8 flattened 8x8 digits) "
                             f"the model must return 10 logits per image, (8, 10); got {got}")
     if torch.allclose(out.sum(-1), torch.ones(8)) and bool((out >= 0).all()):
@@ -730,27 +677,19 @@ def check_ln_mlp(
                             "return the logits and leave the softmax to F.cross_entropy")
     seen = _check_placement(name, calls)
     model.eval()  # (dropout, if any, off) the same weights, one image vs a batch
-    with torch.no_grad():
-        alone = model(x[:1])  # (1, 10) batch size 1
-        gap = _max_diff(alone[0], model(x[:8])[0])
+    with torch.no_grad():  # batch size 1 against 8
+        gap = _max_diff(model(x[:1])[0], model(x[:8])[0])
     model.train()
     if gap > 1e-4:
         raise ExerciseError(name, "output", f"one image alone and the same image in a batch of "
                             f"8 get logits that differ by {gap:.2e}: something in the model "
                             "mixes the examples of a batch")
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def evaluate(m: nn.Module) -> dict[str, float]:
-        return classification_metrics(m, xt, yt)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: more threads only add overhead
-    try:
+    with cpu_threads(1):  # a tiny model: more threads only add overhead
         hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
-                   eval_every=steps, eval_fn=evaluate, device="cpu", seed=seed,
-                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
-    finally:
-        torch.set_num_threads(threads)
+                   eval_every=steps, eval_fn=partial(classification_metrics, x=xt, y=yt),
+                   device="cpu", seed=seed, loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                   progress=False)
     trivial = prior_nll(y, yt)
     before, after = hist.metric("nll")[0], hist.metric("nll")[-1]
     error = hist.metric("error")[-1]

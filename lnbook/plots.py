@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from lnbook.checks import check_size
+from lnbook.checks import check_choice, check_size
 from lnbook.experiments.results import Results
 
 __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
@@ -19,13 +19,13 @@ __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 _Method = Literal["batch", "layer"]
 
 
-def statistics_mask(
-    method: _Method, batch: int, units: int, example: int = 0, unit: int = 0
-) -> np.ndarray:
+def statistics_mask(method: _Method, batch: int, units: int, example: int = 0,
+                    unit: int = 0) -> np.ndarray:
     """Which summed inputs a_i^n share their mean and sigma with cell (example, unit), a bool
     ``(batch, units)`` array: column ``unit`` for ``"batch"`` (eq. 2), row ``example`` for
     ``"layer"`` (eq. 3).
     """
+    check_choice("method", method, ("batch", "layer"))
     batch = check_size("batch", batch)
     units = check_size("units", units)
     if not (isinstance(example, numbers.Integral) and 0 <= example < batch):
@@ -35,25 +35,21 @@ def statistics_mask(
     mask = np.zeros((batch, units), dtype=bool)  # (N, H)
     if method == "batch":
         mask[:, unit] = True
-    elif method == "layer":
-        mask[example, :] = True
     else:
-        raise ValueError(f"method must be 'batch' or 'layer', got {method!r}")
+        mask[example, :] = True
     return mask
 
 
-def plot_normalization_axes(
-    batch: int = 6, units: int = 8, example: int = 2, unit: int = 3, axes=None
-):
+def plot_normalization_axes(batch: int = 6, units: int = 8, example: int = 2, unit: int = 3,
+                            axes=None):
     """Draw :func:`statistics_mask` of BN and LN side by side (on two ``axes``, or a new
     figure) for the outlined cell (example, unit); returns the figure."""
     masks = {m: statistics_mask(m, batch, units, example, unit) for m in ("batch", "layer")}
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
-    else:
-        if len(axes) != 2:
-            raise ValueError(f"axes must hold two matplotlib axes, got {len(axes)}")
-        fig = axes[0].figure
+        _, axes = plt.subplots(1, 2, figsize=(9, 3.6), constrained_layout=True)
+    elif len(axes) != 2:
+        raise ValueError(f"axes must hold two matplotlib axes, got {len(axes)}")
+    fig = axes[0].figure
     titles = {
         "batch": "Batch normalization (eq. 2):\none unit over the mini-batch",
         "layer": "Layer normalization (eq. 3):\none example over the units",
@@ -66,13 +62,10 @@ def plot_normalization_axes(
                 face = colors[method] if mask[n, i] else "white"
                 ax.add_patch(Rectangle((i, n), 1, 1, facecolor=face, edgecolor="0.6", alpha=0.8))
         ax.add_patch(Rectangle((unit, example), 1, 1, fill=False, edgecolor="black", lw=2.5))
-        ax.set_xlim(0, units)
-        ax.set_ylim(batch, 0)
-        ax.set_aspect("equal")
+        ax.set(xlim=(0, units), ylim=(batch, 0), aspect="equal", xlabel="hidden unit i (1 to H)",
+               ylabel="training case n in the mini-batch")
         ax.set_xticks(np.arange(units) + 0.5, [str(i + 1) for i in range(units)])
         ax.set_yticks(np.arange(batch) + 0.5, [str(n + 1) for n in range(batch)])
-        ax.set_xlabel("hidden unit i (1 to H)")
-        ax.set_ylabel("training case n in the mini-batch")
         ax.set_title(titles[method], fontsize=10)
         ax.plot([], [], "s", color=colors[method], label="cells that give mu and sigma")
         ax.plot([], [], "s", mfc="none", mec="black", label="the cell being normalized")

@@ -34,10 +34,8 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or dtype not in _FLOATS:
-        raise TypeError(
-            f"{name} must be one of torch.float16, torch.bfloat16, torch.float32, "
-            f"torch.float64, got {dtype!r}"
-        )
+        raise TypeError(f"{name} must be one of torch.float16, torch.bfloat16, torch.float32, "
+                        f"torch.float64, got {dtype!r}")
     return dtype
 
 
@@ -71,9 +69,8 @@ def sum_of_squares(x: Tensor, dtype: torch.dtype) -> Tensor:
     return (xl * xl).sum(-1)  # (*)
 
 
-def overflow_grid(
-    dims: Sequence[int], magnitudes: Sequence[float], dtype: torch.dtype = torch.float16
-) -> Tensor:
+def overflow_grid(dims: Sequence[int], magnitudes: Sequence[float],
+                  dtype: torch.dtype = torch.float16) -> Tensor:
     """Whether :func:`sum_of_squares` of ``D`` copies of ``a`` is infinite, measured, for each
     ``D`` of ``dims`` and ``a`` of ``magnitudes``: bool ``(len(dims), len(magnitudes))``."""
     out = torch.zeros(len(dims), len(magnitudes), dtype=torch.bool)
@@ -84,9 +81,8 @@ def overflow_grid(
     return out
 
 
-def predicted_overflow(
-    dims: Sequence[int], magnitudes: Sequence[float], dtype: torch.dtype = torch.float16
-) -> Tensor:
+def predicted_overflow(dims: Sequence[int], magnitudes: Sequence[float],
+                       dtype: torch.dtype = torch.float16) -> Tensor:
     r"""The overflow :func:`overflow_grid` should find, from the rounding rules alone:
     :math:`D\,\mathrm{fl}(\mathrm{fl}(a)^2)` reaches :func:`overflow_threshold`."""
     a = torch.tensor(list(magnitudes), dtype=torch.float64).to(dtype).double()
@@ -103,9 +99,7 @@ def largest_safe_magnitude(dim: int, dtype: torch.dtype = torch.float16) -> floa
     return math.sqrt(torch.finfo(_check_dtype(dtype)).max / dim)
 
 
-def variance(
-    x: Tensor, dtype: torch.dtype, method: Literal["one-pass", "two-pass"]
-) -> Tensor:
+def variance(x: Tensor, dtype: torch.dtype, method: Literal["one-pass", "two-pass"]) -> Tensor:
     r"""The biased variance of rows ``(*, D)`` -> ``(*)``, every result rounded to ``dtype``:
     ``"one-pass"`` :math:`E[x^2] - E[x]^2` or ``"two-pass"`` :math:`E[(x - E[x])^2]`."""
     check_floating(x)
@@ -180,8 +174,7 @@ def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: 
         return F.layer_norm(v, v.shape[-1:], eps=eps)
 
     x_hat = normalize(x.float())  # (*, D) float32
-    before = x_hat * w.float() + (0.0 if b is None else b.float())  # (*, D) float32
-    before = before.to(dt)
+    before = (x_hat * w.float() + (0.0 if b is None else b.float())).to(dt)  # one rounding
     after = w * x_hat.to(dt)  # (*, D) in dt: product rounded
     after = after if b is None else after + b  # the sum rounded again
     ref = normalize(x.double()) * w.double() + (0.0 if b is None else b.double())
@@ -194,9 +187,8 @@ def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: 
                      differ=(before != after).double().mean().item())
 
 
-def accumulate_rows(
-    terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1, at: Sequence[int] | None = None
-) -> Tensor:
+def accumulate_rows(terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1,
+                    at: Sequence[int] | None = None) -> Tensor:
     r""":math:`\sum_r t_r` over the rows of ``terms`` ``(R, D)``, the running sum held in
     ``acc_dtype``: ``chunk`` rows at a time are summed in float32 and added, then rounded (as
     ``.grad.add_`` does). Returns the sums after each row count of ``at`` (None: ``[R]``),
@@ -234,9 +226,8 @@ def weight_grad_terms(rows: int, dim: int, dtype: torch.dtype, seed: int = 0) ->
     return x_hat * x_hat  # (R, D) exact in float32
 
 
-def weight_grad_error(
-    terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1, at: Sequence[int] | None = None
-) -> list[float]:
+def weight_grad_error(terms: Tensor, acc_dtype: torch.dtype, chunk: int = 1,
+                      at: Sequence[int] | None = None) -> list[float]:
     r""":math:`\max_j |S_j - S^{64}_j| / S^{64}_j` of :func:`accumulate_rows` against the
     float64 sums, for each row count of ``at``."""
     at = [terms.shape[0]] if at is None else list(at)
@@ -259,9 +250,7 @@ def recursive_sum_bound(n: int, dtype: torch.dtype) -> float:
     r""":math:`\gamma_{n} = n u / (1 - n u)`, the error bound of a sum of :math:`n + 1` terms
     (Higham, section 4.2)."""
     nu = n * unit_roundoff(dtype)
-    if nu >= 1:
-        return math.inf
-    return nu / (1 - nu)
+    return math.inf if nu >= 1 else nu / (1 - nu)
 
 
 def kernel_weight_grad_error(rows: int, dim: int, dtype: torch.dtype = torch.bfloat16,
@@ -301,9 +290,8 @@ def _naive_layer_norm(x: Tensor, weight: Tensor) -> Tensor:
     return (x - mean) / torch.sqrt(var + 1e-5) * weight
 
 
-def autocast_report(
-    dtype: torch.dtype = torch.bfloat16, dim: int = 256, rows: int = 64, mean: float = 1000.0
-) -> list[AutocastRow]:
+def autocast_report(dtype: torch.dtype = torch.bfloat16, dim: int = 256, rows: int = 64,
+                    mean: float = 1000.0) -> list[AutocastRow]:
     r"""One :class:`AutocastRow` per layer-norm implementation run under
     ``torch.autocast("cpu", dtype)`` on a Linear's output, rows :math:`\mu + z` (``mean``)."""
     _check_dtype(dtype)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
-from lnbook.data import load_digits_tensor
+from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
 from lnbook.experiments.protocol import check_scale, make_config
@@ -123,40 +123,42 @@ def build(variant: str, config: Config) -> DeepMLP:
     return model
 
 
-def _digits() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
-    xt, yt = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
-    return x, y, xt, yt
-
-
-def _nll(model: nn.Module, x: Tensor, y: Tensor) -> float:
+def _nll(model: nn.Module, x: Tensor, y: Tensor) -> Any:
+    """The loss in evaluation mode: a float, or ``(S,)`` per seed for a :class:`SeedMLP`."""
     was = model.training
     model.eval()
     with torch.no_grad():
-        out = float(F.cross_entropy(model(x), y))
+        if isinstance(model, SeedMLP):
+            out = seed_nll(model(x), y).numpy()  # (S,)
+        else:
+            out = float(F.cross_entropy(model(x), y))
     model.train(was)
     return out
 
 
+def _sgd(model: nn.Module, hidden: list[Tensor], config: Config, lr: float | None,
+         momentum: float | None, hidden_lr: float | None) -> torch.optim.SGD:
+    """SGD with step ``hidden_lr`` on the ``hidden`` weights and ``lr`` on the rest."""
+    lr = config.lr if lr is None else lr
+    ids = {id(w) for w in hidden}
+    groups = [{"params": hidden, "lr": lr if hidden_lr is None else hidden_lr},
+              {"params": [p for p in model.parameters() if id(p) not in ids]}]
+    return torch.optim.SGD(groups, lr=lr,
+                           momentum=config.momentum if momentum is None else momentum)
+
+
 def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
-               momentum: float | None = None, hidden_lr: float | None = None
-               ) -> dict[str, Any]:
+               momentum: float | None = None, hidden_lr: float | None = None) -> dict[str, Any]:
     """Train one :func:`build` network on the digits with SGD. The record: ``steps``,
     ``test_nll`` at them, final ``train_nll``, ``weight_norms`` ``(2, depth)`` (start, end),
     ``diverged`` and ``model``. ``hidden_lr``: the hidden weight matrices' own step size."""
-    x, y, xt, yt = _digits()
+    x, y, xt, yt = digits_split()
     torch.manual_seed(seed)
     model = build(variant, config)
-    lr = config.lr if lr is None else lr
-    hidden = model.linears[:-1]
-    ids = {id(lin.weight) for lin in hidden}
-    groups = [{"params": [lin.weight for lin in hidden],
-               "lr": lr if hidden_lr is None else hidden_lr},
-              {"params": [p for p in model.parameters() if id(p) not in ids]}]
-    opt = torch.optim.SGD(groups, lr=lr,
-                          momentum=config.momentum if momentum is None else momentum)
+    hidden = [lin.weight for lin in model.linears[:-1]]
+    opt = _sgd(model, hidden, config, lr, momentum, hidden_lr)
     batches = Batches(x, y, batch_size=config.batch, seed=seed)
-    norms0 = [float(lin.weight.detach().norm()) for lin in hidden]
+    norms0 = [float(w.detach().norm()) for w in hidden]
     steps, test, diverged = [0], [_nll(model, xt, yt)], False
     for step in range(1, config.steps + 1):
         xb, yb = batches(step - 1)
@@ -175,8 +177,7 @@ def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
     diverged = diverged or not (math.isfinite(train) and math.isfinite(test[-1]))
     return {"steps": np.array(steps), "test_nll": np.array(test),
             "train_nll": train if math.isfinite(train) else math.inf,
-            "weight_norms": np.array([norms0, [float(lin.weight.detach().norm())
-                                               for lin in hidden]]),
+            "weight_norms": np.array([norms0, [float(w.detach().norm()) for w in hidden]]),
             "diverged": diverged, "model": model}
 
 
@@ -192,34 +193,20 @@ def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
                                noise=config.noise if noisy else 0.0)
 
 
-def _seed_eval(model: SeedMLP, x: Tensor, y: Tensor) -> np.ndarray:
-    was = model.training
-    model.eval()
-    with torch.no_grad():
-        out = seed_nll(model(x), y).numpy()  # (S,)
-    model.train(was)
-    return out
-
-
 def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
                 lr: float | None = None, momentum: float | None = None,
                 hidden_lr: float | None = None) -> list[dict[str, Any]]:
     """:func:`train_deep` for every seed at once in one :class:`lnbook.batched.SeedMLP` (its
     weights and batches; the noise from another stream); one record per seed."""
     seeds = tuple(int(s) for s in seeds)
-    x, y, xt, yt = _digits()
+    x, y, xt, yt = digits_split()
     model = seed_model(variant, seeds, config)
     torch.manual_seed(seeds[0])
-    lr = config.lr if lr is None else lr
     hidden = model.hidden_weights
-    ids = {id(w) for w in hidden}
-    groups = [{"params": hidden, "lr": lr if hidden_lr is None else hidden_lr},
-              {"params": [p for p in model.parameters() if id(p) not in ids]}]
-    opt = torch.optim.SGD(groups, lr=lr,
-                          momentum=config.momentum if momentum is None else momentum)
+    opt = _sgd(model, hidden, config, lr, momentum, hidden_lr)
     batches = seed_batches(x, y, config.batch, seeds)
     norms0 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
-    steps, test = [0], [_seed_eval(model, xt, yt)]
+    steps, test = [0], [_nll(model, xt, yt)]
     stop = np.full(len(seeds), config.steps + 1)  # the first update whose loss was not finite
     for step in range(1, config.steps + 1):
         xb, yb = batches(step - 1)
@@ -231,8 +218,8 @@ def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
         opt.step()
         if step % config.eval_every == 0:
             steps.append(step)
-            test.append(_seed_eval(model, xt, yt))
-    train = _seed_eval(model, x, y)
+            test.append(_nll(model, xt, yt))
+    train = _nll(model, x, y)
     norms1 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)
     curve, at = np.stack(test, 1), np.array(steps)  # (S, E), (E,)
     records = []
@@ -341,7 +328,7 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
 def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]]:
     """Chapter 13's :func:`lnbook.experiments.mistakes.run_stats`, every seed at once:
     ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses (nats)."""
-    x, y, xv, yv = _digits()
+    x, y, xv, yv = digits_split()
     sizes = (64, *[config.hidden] * config.depth, 10)
     seeds = tuple(int(s) for s in config.seeds)
     out = {}
@@ -360,8 +347,8 @@ def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]
             opt.zero_grad()
             seed_nll(model(xb), yb).sum().backward()
             opt.step()
-        out[norm] = {"val_nll": _seed_eval(model, xv, yv),
-                     "train_nll": _seed_eval(model, x, y)}
+        out[norm] = {"val_nll": _nll(model, xv, yv),
+                     "train_nll": _nll(model, x, y)}
     return out
 
 

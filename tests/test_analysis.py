@@ -134,6 +134,23 @@ def test_bad_names_and_shapes_raise_value_error_listing_choices():
         A.invariance_table(tol=2.0)
 
 
+@pytest.mark.parametrize("x, weight, error, match", [
+    ("not a tensor", torch.ones(4, 5, dtype=F64), TypeError, "x must be a torch.Tensor"),
+    (torch.ones(3, 5, dtype=F64), torch.ones(4, 5, dtype=torch.long), TypeError,
+     "weight must be a floating-point tensor"),
+    (torch.ones(3, 5, 1, dtype=F64), torch.ones(4, 5, dtype=F64), ValueError,
+     r"x must have shape \(\*, \*\)"),
+    (torch.ones(3, 5, dtype=F64), torch.ones(4, 6, dtype=F64), ValueError,
+     r"weight must have shape \(\*, 5\)"),
+])
+def test_matrices_are_checked_by_every_entry_point(x, weight, error, match):
+    with pytest.raises(error, match=match):
+        A.normalized_layer("layer", x, weight, torch.ones(4, dtype=F64),
+                           torch.zeros(4, dtype=F64))
+    with pytest.raises(error, match=match):
+        A.transform("dataset_rescaling", x, weight)
+
+
 # ---------------------------------------------------------------- section 5.2: geometry
 
 

@@ -1,11 +1,9 @@
-"""Common mistakes in layer normalization, DeepNorm's update, and what the statistics' gradients
-and the gain and bias do.
-
-Part II, chapter `13_common_mistakes` (claims P10, P13, P14): :func:`layer_norm_variant` (eq. 3
-computed right or in a common wrong way), the unbiased-variance weight-loading demonstration
-(:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's constant (:func:`residual_placements`,
-:func:`run`: the model update of deep Post-LN stacks), and Xu et al. (2019)'s ablation of the
-statistics' gradients and the affine parameters (:func:`run_stats`, :func:`run_affine`).
+"""Common mistakes in layer normalization (Part II, chapter `13_common_mistakes`, claims P10,
+P13, P14): :func:`layer_norm_variant` (eq. 3 right or in a common wrong way), loading weights
+trained with the unbiased variance (:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's
+constant (:func:`residual_placements`, :func:`run`: the model update of deep Post-LN stacks), and
+Xu et al. (2019)'s ablation of the statistics' gradients and the gain and bias
+(:func:`run_stats`, :func:`run_affine`).
 """
 
 from __future__ import annotations
@@ -39,13 +37,9 @@ __all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_v
            "affine_mlp", "run_affine"]
 
 NAME = "mistakes"
-DESCRIPTION = (
-    "size of the first model updates of deep Post-LN Transformers, plain and with DeepNorm "
-    "(Wang et al. 2022), at several depths"
-)
+DESCRIPTION = ("size of the first model updates of deep Post-LN Transformers, plain and with "
+               "DeepNorm (Wang et al. 2022), at several depths")
 KINDS = ("post", "deepnorm")
-
-
 
 
 def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
@@ -99,13 +93,9 @@ class DigitsMLP(nn.Module):
         if norm not in ("biased", "unbiased"):
             raise ValueError(f"norm must be 'biased' or 'unbiased', got {norm!r}")
         self.norm_kind, self.hidden = norm, int(hidden)
-
-        def make() -> nn.Module:
-            return LayerNorm(hidden, eps=eps) if norm == "biased" else UnbiasedLayerNorm(
-                hidden, eps=eps)
-
-        self.fc1, self.norm1 = nn.Linear(64, hidden), make()
-        self.fc2, self.norm2 = nn.Linear(hidden, hidden), make()
+        norm_cls = LayerNorm if norm == "biased" else UnbiasedLayerNorm
+        self.fc1, self.norm1 = nn.Linear(64, hidden), norm_cls(hidden, eps=eps)
+        self.fc2, self.norm2 = nn.Linear(hidden, hidden), norm_cls(hidden, eps=eps)
         self.head = nn.Linear(hidden, 10)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -157,19 +147,13 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
             "output": alpha * layer_norm(x + branch, d)}
 
 
-
-
 @dataclass
 class Config:
-    """Settings of the DeepNorm update-size experiment; :func:`get_config` gives the presets.
-
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``. depths, kinds: blocks; ``"post"``/``"deepnorm"``.
-        d_model, n_heads: every block's. length, vocab_size: the sort task's.
-        batch, steps, lr: Adam's batch, updates (the update size is measured after each), rate.
-        n_probe: held-out sequences on which the logits are compared.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
-    """
+    """Settings of the DeepNorm update-size experiment (:func:`get_config` gives the presets):
+    a stack of each of ``depths`` blocks and ``kinds``, on the sort task (``length``,
+    ``vocab_size``), ``steps`` Adam updates (the update size measured after each) and
+    ``n_probe`` held-out sequences on which the logits are compared; ``threads``: torch CPU
+    threads (None: leave as is)."""
 
     scale: str = "quick"
     depths: tuple[int, ...] = (2, 6, 18)
@@ -251,7 +235,6 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
 
 
-
 STATS_NORMS = ("layer", "simple", "detach", "none")
 NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
                "none": "no norm"}
@@ -329,14 +312,9 @@ class NormMLP(nn.Module):
 
 @dataclass
 class StatsConfig:
-    """Settings of the norm-ablation experiment on the digits; :func:`get_stats_config`.
-
-    Attributes:
-        scale: ``"quick"`` or ``"paper"``. norms: from :data:`STATS_NORMS`.
-        hidden, depth: the :class:`NormMLP`. batch, steps, lr: Adam's.
-        eval_every: updates between evaluations.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
-    """
+    """Settings of the norm-ablation experiment on the digits (:func:`get_stats_config`): a
+    :class:`NormMLP` (``hidden``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
+    trained with Adam; ``threads``: torch CPU threads (None: leave as is)."""
 
     scale: str = "quick"
     norms: tuple[str, ...] = STATS_NORMS
@@ -377,12 +355,9 @@ def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
 def run_stats(config: StatsConfig, device: str | torch.device = "auto",
               out: str | os.PathLike | None = None,
               seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed.
-
-    Runs record ``val_nll``/``val_error`` (359 held-out digits) and ``train_nll``/``train_error``
-    and, in ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds
-    ``majority_error``.
-    """
+    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
+    ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
+    ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
     if not isinstance(config, StatsConfig):
         raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
                         f"{type(config).__name__}")
@@ -423,8 +398,7 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
 AFFINE_NORMS = ("layer", "simple")
 
 
-def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32,
-               depth: int = 3) -> SeedMLP:
+def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> SeedMLP:
     """Both arms of :func:`run_affine` for every seed, as one batched
     :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
 
