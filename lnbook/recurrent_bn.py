@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from lnbook.checks import check_floating, check_size
-from lnbook.rnn import RNN
+from lnbook.rnn import RNN, _masked_loop
 
 __all__ = ["SequenceBatchNorm", "BatchNormRNN", "RecurrentBNLSTM"]
 
@@ -155,19 +155,18 @@ class BatchNormRNN(nn.Module):
         if not batched:
             raise ValueError("BatchNormRNN needs a batch: input of shape (T, B, I) with B >= 2")
         T = x.shape[0]
-        h = r._state(hx, x, batched, r.hidden_size, "hx", None)[0]  # (B, H)
+        h0 = r._state(hx, x, batched, r.hidden_size, "hx", None, (1,))[0]  # (B, H)
         mask = None if lens is None else (
             torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
         act = torch.tanh if r.nonlinearity == "tanh" else torch.relu
         gis = F.linear(x, r.weight_ih_l0).unbind(0)  # T x (B, H)
-        outs = []
-        for t in range(T):
-            m = None if mask is None else mask[t]  # (B, 1)
-            a = torch.addmm(gis[t], h, r.weight_hh_l0.t())  # (B, H)
-            h_new = act(self.bn(a, t, m) + r.bias_ih_l0 + r.bias_hh_l0)  # (B, H)
-            h = h_new if m is None else torch.where(m, h_new, h)
-            outs.append(h if m is None else h_new * m)
-        out = torch.stack(outs)  # (T, B, H)
+
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            a = torch.addmm(gis[t], s[0], r.weight_hh_l0.t())  # (B, H)
+            bn = self.bn(a, t, None if mask is None else mask[t])  # (B, H)
+            return [act(bn + r.bias_ih_l0 + r.bias_hh_l0)]
+
+        out, (h,) = _masked_loop(step, T, [h0], mask)  # (T, B, H), (B, H)
         return (out.transpose(0, 1) if r.batch_first else out), h.unsqueeze(0)
 
 

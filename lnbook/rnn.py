@@ -46,7 +46,9 @@ _Lengths = Tensor | Sequence[int] | None
 _Device = torch.device | str | None
 _Impl = Literal["autograd", "torch"]
 _NormFactory = Callable[[int], nn.Module] | None
+_Packed = tuple[PackedSequence, Tensor] | None  # a PackedSequence input and its lengths
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+_NORMS = ("ln", "ln_ih", "ln_hh", "ln_c", "ln_in", "ln_hn")  # every kind's norms, by name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,21 +143,22 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 
 
 def _masked_loop(
-    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]], T: int, state: list[Tensor],
+    step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
     mask: Tensor | None,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Run ``step(t, state) -> (output, new state)`` for t < T. Where ``mask`` (T, B, 1) is
-    False (padding) the state is kept and the output is 0, as torch's packed sequences."""
+    """Run ``state = step(t, state)`` for t < T, the output h_t being ``state[0]``. Where ``mask``
+    (T, B, 1) is False (padding) the state is kept and the output is 0, as torch's packed
+    sequences."""
     outs = []
     for t in range(T):
-        out, new = step(t, state)
+        new = step(t, state)
         if mask is None:
             state = new
-            outs.append(out)
+            outs.append(new[0])
         else:
             m = mask[t]
             state = [torch.where(m, a, b) for a, b in zip(new, state, strict=True)]
-            outs.append(out * m)
+            outs.append(new[0] * m)
     return torch.stack(outs), state
 
 
@@ -163,7 +166,6 @@ class _RNNKind:
     """Eq. 4 over time. ``p`` holds one layer's weights and norms (``_weights``)."""
 
     _gates, _lns = 1, (("ln", 1),)
-    _norm_names = ("ln",)
     nonlinearity: str
 
     def _scan(
@@ -173,9 +175,8 @@ class _RNNKind:
         b, ln = _plus(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
         gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = rnn_step(gis[t], s[0], p["w_hh"], b, ln, act)  # (B, H)
-            return h, [h]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return [rnn_step(gis[t], s[0], p["w_hh"], b, ln, act)]  # [(B, H)]
 
         return _masked_loop(step, x.shape[0], state, mask)
 
@@ -184,7 +185,6 @@ class _LSTMKind:
     """Eqs. 20-22 (17-19 without LN, 29-31 with LN on c_t only) over time."""
 
     _gates, _lns = 4, (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
-    _norm_names = ("ln_ih", "ln_hh", "ln_c")
     bptt, forget_bias = "autograd", 0.0
     hidden_size: int
 
@@ -228,9 +228,8 @@ class _LSTMKind:
             gi = _plus(ln_ih(gi), b)  # (T, B, 4H), eq. 20's input term
         gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h, c = lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, ln_c, p["w_hr"])
-            return h, [h, c]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return list(lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, ln_c, p["w_hr"]))
 
         return _masked_loop(step, x.shape[0], state, mask)
 
@@ -239,7 +238,6 @@ class _GRUKind:
     """Eqs. 26-28 (23-25 without LN) over time, in torch's GRU form."""
 
     _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
-    _norm_names = ("ln_ih", "ln_hh", "ln_in", "ln_hn")
     hidden_size: int
 
     def _scan(
@@ -250,25 +248,14 @@ class _GRUKind:
                         p["ln_in"]).unbind(0)  # T x (B, 3H)
         b_hn = None if p["b_hh"] is None else p["b_hh"][2 * H :]
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"])  # (B, H)
-            return h, [h]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return [gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"])]  # [(B, H)]
 
         return _masked_loop(step, x.shape[0], state, mask)
 
 
 # ----------------------------------------------------------------------------------------------
 # torch's interface: parameters, dtypes, autocast, states, padding
-
-
-def _compute_dtype(module: nn.Module, x: Tensor, param_dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype torch's twin runs in under autocast (float32 for some CPU twins), or None."""
-    device_type = x.device.type
-    if param_dtype != torch.float32 or not torch.is_autocast_enabled(device_type):
-        return None
-    if device_type in getattr(module, "_autocast_float32_on", ()):
-        return torch.float32
-    return torch.get_autocast_dtype(device_type)
 
 
 def _autocast_off(device_type: str, dt: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -284,20 +271,6 @@ def _check_dtype(x: Tensor, want: torch.dtype, what: str) -> None:
             f"{what} dtype ({x.dtype}) does not match the parameters' dtype ({want}): convert "
             f"the input with .to({want}) or the module with .to({x.dtype})"
         )
-
-
-def _checked_state(
-    s: Tensor, want: tuple[int, ...], what: str, dtype: torch.dtype, dt: torch.dtype | None,
-    layout: str,
-) -> Tensor:
-    """An initial state checked for shape ``want`` and dtype, in the compute dtype."""
-    check_floating(s, what)
-    if tuple(s.shape) != want:
-        raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
-    if dt is None:
-        _check_dtype(s, dtype, what)
-        return s
-    return s.to(dt)
 
 
 def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
@@ -348,7 +321,6 @@ class _Base(nn.Module):
     _gates = 1
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
-    _norm_names: tuple[str, ...] = ()  # the norms the kind's step functions read
 
     def _options(self, input_size: int, hidden_size: int, bias: bool, layer_norm: bool,
                  ln_impl: str) -> None:
@@ -357,6 +329,38 @@ class _Base(nn.Module):
         self.bias = check_bool("bias", bias)
         self.layer_norm = check_bool("layer_norm", layer_norm)
         self.ln_impl = check_choice("ln_impl", ln_impl, LN_IMPLS)
+
+    def _cast_input(self, x: Tensor, want: torch.dtype) -> tuple[Tensor, torch.dtype | None]:
+        """``x`` in the dtype torch's twin computes in under autocast (float32 for some CPU twins)
+        and that dtype; without autocast ``x`` checked to be in the parameters' dtype ``want``."""
+        device_type = x.device.type
+        if want != torch.float32 or not torch.is_autocast_enabled(device_type):
+            _check_dtype(x, want, "input")
+            return x, None
+        if device_type in self._autocast_float32_on:
+            return x.to(torch.float32), torch.float32
+        dt = torch.get_autocast_dtype(device_type)
+        return x.to(dt), dt
+
+    def _state(
+        self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
+        dt: torch.dtype | None, lead: tuple[int, ...] = (),
+    ) -> Tensor:
+        """An initial state ``(*lead, B, size)`` for ``x`` ``(*, B, I)``: zeros if None, else
+        checked (shape ``(*lead, size)`` when not ``batched``) and in the compute dtype."""
+        B = x.shape[-2]
+        if s is None:
+            return x.new_zeros(*lead, B, size)
+        check_floating(s, what)
+        want = (*lead, B, size) if batched else (*lead, size)
+        if tuple(s.shape) != want:
+            layout = f"(num_layers * num_directions, B, {size}) = " if lead else ""
+            raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
+        if dt is None:
+            _check_dtype(s, x.dtype, what)
+        else:
+            s = s.to(dt)
+        return s if batched else s.unsqueeze(len(lead))
 
     def _add_weights(self, sfx: str, n_in: int, n_hid: int, proj_size: int, kw: dict,
                      make_norm: Callable[[int], nn.Module | None]) -> None:
@@ -389,7 +393,7 @@ class _Base(nn.Module):
         p: dict = {n: _cast(getattr(self, f"{attr}{sfx}", None), dt) for n, attr in (
             ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
             ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
-        for name in self._norm_names:
+        for name in _NORMS:  # None where this model has no such norm
             p[name] = _in_dtype(getattr(self, f"{name}{sfx}", None), dt)
         return p
 
@@ -427,24 +431,13 @@ class _CellBase(_Base):
                 f"{type(self).__name__} expects input of shape (B, {self.input_size}) or "
                 f"({self.input_size},), got {tuple(input.shape)}"
             )
-        dt = _compute_dtype(self, input, self.weight_ih.dtype)
-        if dt is None:
-            _check_dtype(input, self.weight_ih.dtype, "input")
         batched = input.dim() == 2
-        x = _cast(input if batched else input.unsqueeze(0), dt)  # (B, I)
-        s = [self._state(h, x, batched, n, dt) for h, n in zip(hx, names, strict=True)]
+        x, dt = self._cast_input(input if batched else input.unsqueeze(0), self.weight_ih.dtype)
+        s = [self._state(h, x, batched, self.hidden_size, n, dt)
+             for h, n in zip(hx, names, strict=True)]  # (B, H) each
         with _autocast_off(x.device.type, dt):
             _, s = self._scan(x.unsqueeze(0), None, s, self._weights("", dt))
         return s if batched else [t.squeeze(0) for t in s]
-
-    def _state(
-        self, s: Tensor | None, x: Tensor, batched: bool, what: str, dt: torch.dtype | None
-    ) -> Tensor:
-        B, H = x.shape[0], self.hidden_size
-        if s is None:
-            return x.new_zeros(B, H)
-        s = _checked_state(s, (B, H) if batched else (H,), what, x.dtype, dt, "")
-        return s if batched else s.unsqueeze(0)
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
@@ -568,20 +561,13 @@ def _lengths_tensor(lengths: _Lengths, T: int, B: int) -> Tensor | None:
     return None if lo == T else lens.to(torch.long)
 
 
-class _Packing:
-    """What a PackedSequence input needs to give a PackedSequence output back, as torch."""
-
-    def __init__(self, packed: PackedSequence, lens: Tensor) -> None:
-        self.packed, self.lens = packed, lens
-
-    def pack(self, out: Tensor) -> PackedSequence:
-        """(T, B, F) output in the batch's original order -> a PackedSequence like the input."""
-        p, lens = self.packed, self.lens
-        if p.sorted_indices is not None:
-            out = out.index_select(1, p.sorted_indices)
-            lens = lens[p.sorted_indices.cpu()]
-        data = pack_padded_sequence(out, lens, enforce_sorted=True).data
-        return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
+def _repack(out: Tensor, p: PackedSequence, lens: Tensor) -> PackedSequence:
+    """(T, B, F) output in the batch's original order -> a PackedSequence like the input ``p``."""
+    if p.sorted_indices is not None:
+        out = out.index_select(1, p.sorted_indices)
+        lens = lens[p.sorted_indices.cpu()]
+    data = pack_padded_sequence(out, lens, enforce_sorted=True).data
+    return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
 
 
 def _reverse_index(lens: Tensor | None, T: int, B: int, device: torch.device) -> Tensor | None:
@@ -652,7 +638,7 @@ class _RNNBase(_Base):
 
     def _prepare(
         self, input: Tensor | PackedSequence, lengths: _Lengths
-    ) -> tuple[Tensor, bool, Tensor | None, _Packing | None, torch.dtype | None]:
+    ) -> tuple[Tensor, bool, Tensor | None, _Packed, torch.dtype | None]:
         """``input`` as (T, B, I), whether batched, lengths, packing to restore, autocast dtype."""
         cls, I = type(self).__name__, self.input_size
         packing = None
@@ -661,7 +647,7 @@ class _RNNBase(_Base):
                 raise ValueError(f"{cls}: pass either a PackedSequence or a padded tensor with "
                                  "lengths=, not both")
             x, lens = pad_packed_sequence(input)  # (T, B, I) in the batch's original order
-            packing, lengths = _Packing(input, lens), lens
+            packing, lengths = (input, lens), lens
         elif isinstance(input, Tensor):
             x = input
         else:
@@ -687,34 +673,17 @@ class _RNNBase(_Base):
         if lengths is not None and not batched:
             lengths = [lengths] if isinstance(lengths, int) else lengths
         lens = _lengths_tensor(lengths, x.shape[0], x.shape[1])
-        param_dtype = self.weight_ih_l0.dtype
-        dt = _compute_dtype(self, x, param_dtype)
-        if dt is None:
-            _check_dtype(x, param_dtype, "input")
-        else:
-            x = x.to(dt)
+        x, dt = self._cast_input(x, self.weight_ih_l0.dtype)
         return x, batched, lens, packing, dt
 
-    def _state(
-        self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
-        dt: torch.dtype | None,
-    ) -> Tensor:
-        """An initial state as (num_layers * num_directions, B, size); zeros if None."""
-        L, B = self.num_layers * self._num_directions, x.shape[1]
-        if s is None:
-            return x.new_zeros(L, B, size)
-        s = _checked_state(s, (L, B, size) if batched else (L, size), what, x.dtype, dt,
-                           f"(num_layers * num_directions, B, {size}) = ")
-        return s if batched else s.unsqueeze(1)
-
     def _finish(
-        self, out: Tensor, states: list[Tensor], batched: bool, packing: _Packing | None
+        self, out: Tensor, states: list[Tensor], batched: bool, packing: _Packed
     ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
         """The output in the input's layout and each final state (L*D, B, .) or (L*D, .)."""
         if not batched:
             return out.squeeze(1), [s.squeeze(1) for s in states]
         if packing is not None:
-            return packing.pack(out), states
+            return _repack(out, *packing), states
         return (out.transpose(0, 1) if self.batch_first else out), states
 
     def _run(
@@ -756,7 +725,8 @@ class _RNNBase(_Base):
         x, batched, lens, packing, dt = self._prepare(input, lengths)
         names = ("h_0", "c_0")
         states = [hx] if len(sizes) == 1 else _pair(hx, "(h_0, c_0)")
-        h = [self._state(s, x, batched, n, names[i], dt)
+        L = (self.num_layers * self._num_directions,)
+        h = [self._state(s, x, batched, n, names[i], dt, L)
              for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
         with _autocast_off(x.device.type, dt):
             out, finals = self._run(x, lens, h, dt)
