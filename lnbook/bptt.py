@@ -100,11 +100,6 @@ def _forward(
     return (torch.stack(hs), c, *(v for buf in kept for v in buf))
 
 
-def _ln_backward(dy: Tensor, g: Tensor, x_hat: Tensor, rstd: Tensor) -> Tensor:
-    """Chapter 3's ``LNback``: dL/dx of a layer norm over the last dimension, (B, D)."""
-    return layer_norm_backward(dy, x_hat, rstd, g, params=False)[0]
-
-
 class LNLSTMRecurrence(torch.autograd.Function):
     """The time loop of one LN-LSTM layer with the backward through time written out.
 
@@ -155,12 +150,12 @@ class LNLSTMRecurrence(torch.autograd.Function):
             i, f, gg, o = sg[t].chunk(4, 1)  # (B, H) each
             x = dh * o
             dln = torch.addcmul(x, x * tc[t], tc[t], value=-1)  # (B, H) dh o (1 - tc^2)
-            dc = dc + _ln_backward(dln, g_c, c_hat[t], rc[t])  # c_t feeds h_t through LN
+            dc = dc + layer_norm_backward(dln, c_hat[t], rc[t], g_c, params=False)[0]  # LNback
             sd = torch.addcmul(sg[t], sg[t], sg[t], value=-1)  # (B, 4H) sigma (1 - sigma)
             # dz = [dc g i', dc c_{t-1} f', dc i g', dh tc o'] with g' = 4 gg (1 - gg)
             k = torch.cat([2 * gg - 1, c_prev[t], 4 * i, tc[t]], 1) * sd  # (B, 4H)
             dz = torch.cat([dc, dc, dc, dh], 1) * k  # (B, 4H) = d gi_t
-            da = _ln_backward(dz, g_hh, a_hat[t], ra[t])  # (B, 4H)
+            da = layer_norm_backward(dz, a_hat[t], ra[t], g_hh, params=False)[0]  # (B, 4H)
             dc = dc * f  # what reaches c_{t-1}
             dh = torch.mm(da, w_hh) if t == 0 else torch.addmm(d_hs[t - 1], da, w_hh)
             dzs.append(dz)

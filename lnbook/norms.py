@@ -39,22 +39,10 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 LN_IMPLS = ("autograd", "torch")  # the values of impl (of ln_impl in larger modules)
 
 LN_IMPL: Literal["autograd", "torch"] = "torch"
-"""The default ``impl`` of :func:`layer_norm` inside lnbook's larger modules (the recurrent
-layers of :mod:`lnbook.rnn`, the Transformer of :mod:`lnbook.transformer`): ``"torch"`` (the
-argument checks of :func:`layer_norm`, then torch's fused kernel, several times faster at the
-experiments' small sizes) or ``"autograd"`` (lnbook's own forward and hand-derived backward of
-chapter 3). Both give the same numbers to rounding; each module's ``ln_impl`` keyword overrides
-it. :class:`LayerNorm` itself defaults to ``"autograd"``, the code chapter 3 teaches."""
-
-def _check_layer_norm_args(
-    x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float
-) -> None:
-    check_floating(x)
-    check_eps(eps)
-    check_trailing(x, shape)
-    check_param(weight, "weight", shape)
-    check_param(bias, "bias", shape)
-
+"""The default ``impl`` of the layer norms inside :mod:`lnbook.rnn` and :mod:`lnbook.transformer`
+(their ``ln_impl`` keyword overrides it): torch's fused kernel after :func:`layer_norm`'s checks,
+faster at the experiments' sizes than ``"autograd"``, chapter 3's code, which :class:`LayerNorm`
+itself defaults to; both give the same numbers to rounding."""
 
 class _Affine(nn.Module):
     """A norm's gain ``weight`` (ones) and bias ``bias`` (zeros), either possibly None."""
@@ -83,16 +71,6 @@ class _Affine(nn.Module):
 # layer normalization: eq. 3 and the backward of chapter 3, from lnbook.functional
 
 
-def _layer_norm_forward(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, d: int, eps: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """y = x_hat * g + b (eqs. 3, 15-16) for x of any shape (*, D...); also x_hat and rstd."""
-    w = None if weight is None else weight.reshape(d)  # (D,)
-    b = None if bias is None else bias.reshape(d)  # (D,)
-    y, x_hat, rstd = layer_norm_forward(x.reshape(-1, d), w, b, eps)  # (R, D), (R, D), (R, 1)
-    return y.reshape(x.shape).to(x.dtype), x_hat, rstd
-
-
 class _LayerNormFunction(torch.autograd.Function):
     """Eqs. 3 and 15-16 with chapter 3's hand-derived backward.
 
@@ -107,7 +85,12 @@ class _LayerNormFunction(torch.autograd.Function):
     def forward(  # type: ignore[override]
         x: Tensor, weight: Tensor | None, bias: Tensor | None, shape: tuple[int, ...], eps: float
     ) -> tuple[Tensor, Tensor, Tensor]:
-        return _layer_norm_forward(x, weight, bias, math.prod(shape), eps)
+        """y = x_hat * g + b for x ``(*, *shape)``; also x_hat ``(R, D)`` and rstd ``(R, 1)``."""
+        d = math.prod(shape)
+        w = None if weight is None else weight.reshape(d)  # (D,)
+        b = None if bias is None else bias.reshape(d)  # (D,)
+        y, x_hat, rstd = layer_norm_forward(x.reshape(-1, d), w, b, eps)  # (R, D) rows
+        return y.reshape(x.shape).to(x.dtype), x_hat, rstd
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
@@ -170,7 +153,11 @@ def layer_norm(
     ``torch.export``; forward-mode AD needs ``impl="torch"``.
     """
     shape = as_normalized_shape(normalized_shape)
-    _check_layer_norm_args(x, shape, weight, bias, eps)
+    check_floating(x)
+    check_eps(eps)
+    check_trailing(x, shape)
+    check_param(weight, "weight", shape)
+    check_param(bias, "bias", shape)
     check_choice("impl", impl, LN_IMPLS)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
@@ -311,6 +298,7 @@ class BatchNorm(_Affine):
         self._check_input(x, c, f"(N, {c}) or (N, {c}, *)")
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
+        xf = x.float() if x.dtype in _LOW_PRECISION else x
         if self.training:
             n = x.numel() // self.num_features
             if n < 2:
@@ -319,7 +307,6 @@ class BatchNorm(_Affine):
                     f"variance, got input of shape {tuple(x.shape)}; batch statistics do not exist "
                     "at batch size 1 (use LayerNorm, or eval mode)"
                 )
-            xf = x.float() if x.dtype in _LOW_PRECISION else x
             mean = xf.mean(dim=dims)
             var_biased = ((xf - mean.view(view)) ** 2).mean(dim=dims)
             var_unbiased = var_biased * (n / (n - 1))
@@ -332,7 +319,6 @@ class BatchNorm(_Affine):
                 self.running_var.mul_(1 - m).add_(m * new_var)
                 self.num_batches_tracked.add_(1)
         else:
-            xf = x.float() if x.dtype in _LOW_PRECISION else x
             mean, var = self.running_mean.to(xf.dtype), self.running_var.to(xf.dtype)
         y = (xf - mean.view(view)) * torch.rsqrt(var.view(view) + self.eps)
         if self.affine:
@@ -363,10 +349,8 @@ class WeightNormLinear(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.gain = nn.Parameter(torch.empty(out_features, **kw))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **kw))
-        else:
-            self.register_parameter("bias", None)
+        self.register_parameter(
+            "bias", nn.Parameter(torch.empty(out_features, **kw)) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -80,12 +80,8 @@ class RMSNorm(nn.Module):
         check_eps(eps, allow_none=True)
         self.eps = None if eps is None else float(eps)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
-        if self.elementwise_affine:
-            self.weight = nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype)
-            )
-        else:
-            self.register_parameter("weight", None)
+        self.register_parameter("weight", nn.Parameter(torch.empty(
+            self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -199,7 +195,7 @@ def dyt(
     return y
 
 
-class DyT(nn.Module):
+class DyT(_Affine):
     r"""Dynamic Tanh as a module (see :func:`dyt`): ``alpha`` (1,) starts at ``alpha_init``
     (default 0.5), ``weight`` at 1, ``bias`` at 0; the authors' parameter names.
     """
@@ -217,15 +213,13 @@ class DyT(nn.Module):
         self.alpha_init = float(alpha_init)
         kw = {"device": device, "dtype": dtype}
         self.alpha = nn.Parameter(torch.empty(1, **kw))
-        self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))
-        self.bias = nn.Parameter(torch.empty(self.normalized_shape, **kw))
+        self._add_affine(self.normalized_shape, True, True, kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """``alpha`` to ``alpha_init``, the gain to 1 and the bias to 0."""
         nn.init.constant_(self.alpha, self.alpha_init)
-        nn.init.ones_(self.weight)
-        nn.init.zeros_(self.bias)
+        super().reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
         check_floating(input)
