@@ -321,6 +321,9 @@ class _Base(nn.Module):
     _gates = 1
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
+    # (name, default) of the options extra_repr shows where they differ (None: always)
+    _shown: tuple[tuple[str, object], ...] = (
+        ("bias", True), ("layer_norm", None), ("ln_impl", LN_IMPL))
 
     def _options(self, input_size: int, hidden_size: int, bias: bool, layer_norm: bool,
                  ln_impl: str) -> None:
@@ -397,10 +400,13 @@ class _Base(nn.Module):
             p[name] = _in_dtype(getattr(self, f"{name}{sfx}", None), dt)
         return p
 
-    def _ln_repr(self) -> str:
-        s = f", layer_norm={self.layer_norm}"
-        if self.layer_norm and self.ln_impl != LN_IMPL:
-            s += f", ln_impl={self.ln_impl!r}"
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        for name, default in self._shown:
+            if name == "ln_impl" and not self.layer_norm:
+                continue  # no layer norm, no implementation of one
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)!r}"
         return s
 
 
@@ -439,9 +445,9 @@ class _CellBase(_Base):
             _, s = self._scan(x.unsqueeze(0), None, s, self._weights("", dt))
         return s if batched else [t.squeeze(0) for t in s]
 
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        return s + (", bias=False" if not self.bias else "") + self._ln_repr()
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        """An RNN or GRU cell's step (one state, h); LNLSTMCell's has (h, c)."""
+        return self._step(input, [hx], ("hx",))[0]
 
 
 class LNRNNCell(_RNNKind, _CellBase):
@@ -462,6 +468,8 @@ class LNRNNCell(_RNNKind, _CellBase):
     Shape: input ``(B, input_size)`` or ``(input_size,)``; hx and output ``(B, H)`` or ``(H,)``.
     """
 
+    _shown = (*_CellBase._shown, ("nonlinearity", None))
+
     def __init__(
         self, input_size: int, hidden_size: int, bias: bool = True,
         nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
@@ -471,12 +479,6 @@ class LNRNNCell(_RNNKind, _CellBase):
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
-
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        return self._step(input, [hx], ("hx",))[0]
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", nonlinearity={self.nonlinearity!r}"
 
 
 class LNLSTMCell(_LSTMKind, _CellBase):
@@ -538,9 +540,6 @@ class LNGRUCell(_GRUKind, _CellBase):
 
     _autocast_float32_on = frozenset({"cpu"})
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        return self._step(input, [hx], ("hx",))[0]
-
 
 # ----------------------------------------------------------------------------------------------
 # sequence layers
@@ -589,6 +588,9 @@ class _RNNBase(_Base):
     """A stack of layers: parameters as torch's ``RNNBase``, norms ``ln_l0``, ..."""
 
     proj_size = 0  # set by LSTM before this __init__ runs
+    _shown = (("proj_size", 0), ("num_layers", 1), ("bias", True), ("batch_first", False),
+              ("dropout", 0.0), ("bidirectional", False), ("layer_norm", None),
+              ("ln_impl", LN_IMPL))
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -732,18 +734,6 @@ class _RNNBase(_Base):
             out, finals = self._run(x, lens, h, dt)
         return self._finish(out, finals, batched, packing)
 
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.proj_size:
-            s += f", proj_size={self.proj_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                              ("bidirectional", False)):
-            if getattr(self, name) != default:
-                s += f", {name}={getattr(self, name)}"
-        return s + self._ln_repr()
-
 
 class RNN(_RNNKind, _RNNBase):
     r"""Layer-normalized Elman RNN layers (eq. 4; chapter 3.1), :class:`torch.nn.RNN`'s interface.
@@ -762,6 +752,8 @@ class RNN(_RNNKind, _RNNBase):
         - Output: ``(output (T, B, D * H), h_n (num_layers * D, B, H))``.
     """
 
+    _shown = (*_RNNBase._shown, ("nonlinearity", "tanh"))
+
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1,
         nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
@@ -773,10 +765,6 @@ class RNN(_RNNKind, _RNNBase):
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity!r}"
 
 
 class LSTM(_LSTMKind, _RNNBase):
@@ -793,6 +781,8 @@ class LSTM(_LSTMKind, _RNNBase):
 
     Shape: as :class:`RNN`; hx and the final state ``(h, c)``.
     """
+
+    _shown = (*_RNNBase._shown, ("forget_bias", 0.0), ("bptt", "autograd"))
 
     def __init__(
         self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -816,12 +806,6 @@ class LSTM(_LSTMKind, _RNNBase):
     ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
         out, (h_n, c_n) = self._forward(input, hx, lengths, (self._out_size, self.hidden_size))
         return out, (h_n, c_n)
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        if self.forget_bias:
-            s += f", forget_bias={self.forget_bias}"
-        return s if self.bptt == "autograd" else s + f", bptt={self.bptt!r}"
 
 
 class GRU(_GRUKind, _RNNBase):

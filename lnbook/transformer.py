@@ -188,9 +188,6 @@ class SelfAttention(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """The attention logits ``q . k / sqrt(d_h)`` of input ``x`` ``(B, T, D)``, shape
         ``(B, H, T, T)``; positions a causal head may not see hold ``-inf``."""
-        return self._logits_and_values(x)[0]
-
-    def _logits_and_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"attention expects input of shape (B, T, {self.d_model}), got {tuple(x.shape)}"
@@ -198,15 +195,15 @@ class SelfAttention(nn.Module):
         t = x.shape[1]
         q = self.q_norm(self._heads(self.q_proj(x)))  # (B, H, T, Dh)
         k = self.k_norm(self._heads(self.k_proj(x)))  # (B, H, T, Dh)
-        v = self._heads(self.v_proj(x))  # (B, H, T, Dh)
         att = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
         if self.causal:
             seen = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (T, T)
             att = att.masked_fill(~seen, float("-inf"))  # (B, H, T, T)
-        return att, v
+        return att
 
     def forward(self, x: Tensor) -> Tensor:
-        att, v = self._logits_and_values(x)  # (B, H, T, T), (B, H, T, Dh)
+        att = self.logits(x)  # (B, H, T, T)
+        v = self._heads(self.v_proj(x))  # (B, H, T, Dh)
         b, t, d = x.shape
         self.last_max_logit = att.detach().amax()  # () masked entries are -inf
         att = self.attn_dropout(att.softmax(dim=-1))  # (B, H, T, T) rows sum to 1
@@ -343,10 +340,9 @@ class Block(nn.Module):
         s = f"norm={self.norm_kind!r}, position={self.position!r}"
         if self.scale is not None:
             s += f", layer={self.layer}, scale={self.scale:.4g}"
-        if self.deepnorm_alpha is not None:
-            s += f", deepnorm_alpha={self.deepnorm_alpha:.4g}"
-        if self.deepnorm_beta is not None:
-            s += f", deepnorm_beta={self.deepnorm_beta:.4g}"
+        for name in ("deepnorm_alpha", "deepnorm_beta"):
+            if getattr(self, name) is not None:
+                s += f", {name}={getattr(self, name):.4g}"
         return s
 
 
