@@ -1,12 +1,10 @@
-r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and supplement).
+r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1; chapters 3.1 and
+Supplement): the paper's equations as step functions, then torch's interface for them.
 
-Chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come first, as
-step functions; the rest gives them torch's interface. Each class is a drop-in for its ``torch.nn``
-twin (signature, parameter names, gate order, ``forward(input, hx=None)``); lnbook's options are
-keyword-only. ``layer_norm=False`` is torch's model; ``layer_norm=True`` adds norm submodules
-(``ln``, ``ln_ih_l0``, ...: :class:`lnbook.LayerNorm`, or what the factory ``norm`` makes) with
-torch's biases added after the normalization. :class:`LSTM` with ``bptt="hand"`` runs the
-hand-derived backward of :mod:`lnbook.bptt`.
+Each class is a drop-in for its ``torch.nn`` twin (signature, parameter names, gate order);
+lnbook's options are keyword-only. ``layer_norm=False`` is torch's model; ``layer_norm=True`` adds
+norm submodules (``ln``, ``ln_ih_l0``, ...: :class:`lnbook.LayerNorm` or the factory ``norm``'s)
+with torch's biases added after the normalization.
 """
 
 from __future__ import annotations
@@ -38,9 +36,7 @@ from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 __all__ = ["LNRNNCell", "LNLSTMCell", "LNGRUCell", "DRAWLSTMCell", "RNN", "LSTM", "GRU"]
 
 Norm = Callable[[Tensor], Tensor] | None
-"""A normalization as the step functions take it: a module or function of the last dimension
-(:class:`lnbook.LayerNorm`, :class:`torch.nn.LayerNorm`, :class:`lnbook.RMSNorm`, ...), or None
-for none, which gives torch's own cell."""
+"""A norm of the last dimension as the step functions take it (None: torch's own cell)."""
 
 _Lengths = Tensor | Sequence[int] | None
 _Device = torch.device | str | None
@@ -618,9 +614,8 @@ class _RNNBase(_Base):
         self.batch_first = check_bool("batch_first", batch_first)
         self.dropout = float(dropout)
         self.bidirectional = check_bool("bidirectional", bidirectional)
-        self.proj_size = proj_size
         make_norm = _norm_maker(layer_norm, norm, eps, bias, ln_impl, kw)
-        H_out = proj_size if proj_size > 0 else hidden_size
+        H_out = proj_size or hidden_size  # the size of h_t
         for k in range(num_layers):
             for d in range(self._num_directions):
                 n_in = input_size if k == 0 else H_out * self._num_directions
@@ -633,10 +628,6 @@ class _RNNBase(_Base):
     @property
     def _num_directions(self) -> int:
         return 2 if self.bidirectional else 1
-
-    @property
-    def _out_size(self) -> int:
-        return self.proj_size if self.proj_size > 0 else self.hidden_size
 
     def _prepare(
         self, input: Tensor | PackedSequence, lengths: _Lengths
@@ -677,16 +668,6 @@ class _RNNBase(_Base):
         lens = _lengths_tensor(lengths, x.shape[0], x.shape[1])
         x, dt = self._cast_input(x, self.weight_ih_l0.dtype)
         return x, batched, lens, packing, dt
-
-    def _finish(
-        self, out: Tensor, states: list[Tensor], batched: bool, packing: _Packed
-    ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
-        """The output in the input's layout and each final state (L*D, B, .) or (L*D, .)."""
-        if not batched:
-            return out.squeeze(1), [s.squeeze(1) for s in states]
-        if packing is not None:
-            return _repack(out, *packing), states
-        return (out.transpose(0, 1) if self.batch_first else out), states
 
     def _run(
         self, x: Tensor, lens: Tensor | None, hx: list[Tensor], dt: torch.dtype | None
@@ -732,7 +713,11 @@ class _RNNBase(_Base):
              for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
         with _autocast_off(x.device.type, dt):
             out, finals = self._run(x, lens, h, dt)
-        return self._finish(out, finals, batched, packing)
+        if not batched:  # the output in the input's layout, final states (L * D, B, .)
+            return out.squeeze(1), [s.squeeze(1) for s in finals]
+        if packing is not None:
+            return _repack(out, *packing), finals
+        return (out.transpose(0, 1) if self.batch_first else out), finals
 
 
 class RNN(_RNNKind, _RNNBase):
@@ -804,7 +789,8 @@ class LSTM(_LSTMKind, _RNNBase):
         self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
         lengths: _Lengths = None,
     ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
-        out, (h_n, c_n) = self._forward(input, hx, lengths, (self._out_size, self.hidden_size))
+        sizes = (self.proj_size or self.hidden_size, self.hidden_size)  # of h and c
+        out, (h_n, c_n) = self._forward(input, hx, lengths, sizes)
         return out, (h_n, c_n)
 
 
