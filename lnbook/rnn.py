@@ -565,18 +565,13 @@ def _repack(out: Tensor, p: PackedSequence, lens: Tensor) -> PackedSequence:
     return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
 
 
-def _reverse_index(lens: Tensor | None, T: int, B: int, device: torch.device) -> Tensor | None:
-    """(T, B) time index reversing each sequence within its own length."""
+def _reverse(x: Tensor, lens: Tensor | None) -> Tensor:
+    """``x`` (T, B, F) with each sequence reversed in time within its own length."""
     if lens is None:
-        return None
-    t = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
-    n = lens.to(device).unsqueeze(0)  # (1, B)
-    return torch.where(t < n, n - 1 - t, t)  # (T, B)
-
-
-def _reverse(x: Tensor, index: Tensor | None) -> Tensor:
-    if index is None:
         return x.flip(0)
+    t = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # (T, 1)
+    n = lens.to(x.device).unsqueeze(0)  # (1, B)
+    index = torch.where(t < n, n - 1 - t, t)  # (T, B) padding steps stay in place
     return x.gather(0, index.unsqueeze(-1).expand_as(x))
 
 
@@ -673,26 +668,22 @@ class _RNNBase(_Base):
         self, x: Tensor, lens: Tensor | None, hx: list[Tensor], dt: torch.dtype | None
     ) -> tuple[Tensor, list[Tensor]]:
         """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
-        T, B = x.shape[0], x.shape[1]
-        D = self._num_directions
+        T, D = x.shape[0], self._num_directions
         mask = None if lens is None else (
             torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
-        rev = _reverse_index(lens, T, B, x.device) if D == 2 else None
-        inp, finals = x, [[] for _ in hx]
+        inp, lasts = x, []
         for k in range(self.num_layers):
             outs = []
             for d in range(D):
-                j = k * D + d
                 p = self._weights(_suffix(k, d), dt)
-                xin = inp if d == 0 else _reverse(inp, rev)
-                out, last = self._scan(xin, mask, [s[j] for s in hx], p)
-                outs.append(out if d == 0 else _reverse(out, rev))
-                for f, s in zip(finals, last, strict=True):
-                    f.append(s)
+                xin = inp if d == 0 else _reverse(inp, lens)
+                out, last = self._scan(xin, mask, [s[k * D + d] for s in hx], p)
+                outs.append(out if d == 0 else _reverse(out, lens))
+                lasts.append(last)
             inp = outs[0] if D == 1 else torch.cat(outs, -1)  # (T, B, D * H_out)
             if self.dropout > 0 and self.training and k < self.num_layers - 1:
                 inp = F.dropout(inp, self.dropout, training=True)
-        return inp, [torch.stack(f) for f in finals]
+        return inp, [torch.stack(f) for f in zip(*lasts, strict=True)]  # [(L * D, B, .)]
 
     def forward(
         self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
@@ -706,11 +697,10 @@ class _RNNBase(_Base):
         sizes: tuple[int, ...],
     ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
         x, batched, lens, packing, dt = self._prepare(input, lengths)
-        names = ("h_0", "c_0")
         states = [hx] if len(sizes) == 1 else _pair(hx, "(h_0, c_0)")
         L = (self.num_layers * self._num_directions,)
-        h = [self._state(s, x, batched, n, names[i], dt, L)
-             for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
+        h = [self._state(s, x, batched, n, name, dt, L)
+             for s, n, name in zip(states, sizes, ("h_0", "c_0")[: len(sizes)], strict=True)]
         with _autocast_off(x.device.type, dt):
             out, finals = self._run(x, lens, h, dt)
         if not batched:  # the output in the input's layout, final states (L * D, B, .)
