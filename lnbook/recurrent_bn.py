@@ -187,10 +187,9 @@ class RecurrentBNLSTM(nn.Module):
         eps: float = 1e-5, momentum: float = 0.1,
     ) -> None:
         super().__init__()
-        for name, v in (("input_size", input_size), ("hidden_size", hidden_size),
-                        ("max_steps", max_steps)):
-            check_size(name, v)
-        self.input_size, self.hidden_size, self.max_steps = input_size, hidden_size, max_steps
+        self.input_size = check_size("input_size", input_size)
+        self.hidden_size = check_size("hidden_size", hidden_size)
+        self.max_steps = check_size("max_steps", max_steps)
         self.gain_init = float(gain_init)
         h4 = 4 * hidden_size
         self.weight_ih = nn.Parameter(torch.empty(h4, input_size))
