@@ -42,12 +42,6 @@ from lnbook.functional import layer_norm_backward, normalize
 __all__ = ["LNLSTMRecurrence", "ln_lstm_recurrence"]
 
 
-def _gate_scale(H: int, like: Tensor) -> Tensor:
-    """(4H,) ones with 2 on the g block: ``tanh(v) = 2 sigmoid(2 v) - 1``."""
-    one = torch.ones(H, dtype=like.dtype, device=like.device)
-    return torch.cat([one, one, 2 * one, one])
-
-
 def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """x^ (B, D) and 1 / sigma (B, 1) of eq. 3 over the last dimension, in ``x``'s dtype."""
     x_hat, rstd = normalize(x, eps)
@@ -66,7 +60,8 @@ def _forward(
     T = gi.shape[0]
     G = gi.shape[-1]
     H = G // 4
-    scale = _gate_scale(H, gi)  # (4H,)
+    one = torch.ones(H, dtype=gi.dtype, device=gi.device)
+    scale = torch.cat([one, one, 2 * one, one])  # (4H,) 2 on g: tanh(v) = 2 sigmoid(2 v) - 1
     gi_s, g_s = gi * scale, g_hh * scale  # (T, B, 4H), (4H,): s * z_t = LN(a; s g) + s gi
     g2, b2 = 2 * g_c, None if b_c is None else 2 * b_c  # tanh(y) = 2 sigmoid(2 y) - 1
     w_t = w_hh.t()  # (H, 4H)

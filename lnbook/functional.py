@@ -63,13 +63,6 @@ def from_rows(rows: Tensor, shape: Sequence[int], dims: int | Sequence[int] = -1
     return y
 
 
-def _check_rows(x: Tensor, what: str = "x") -> None:
-    check_floating(x, what)
-    if x.dim() != 2:
-        raise ShapeError(f"{what} must be rows (R, D) (see lnbook.functional.as_rows), got "
-                         f"shape {tuple(x.shape)}")
-
-
 def normalize(
     x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
     eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
@@ -86,7 +79,10 @@ def normalize(
         ``x_hat (R, D)`` in ``stats_dtype`` and ``rstd (R, 1) = 1 / sqrt(sigma^2 + eps)`` (or
         ``1 / (sigma + eps)``). Without autograd recording, temporaries are written in place.
     """
-    _check_rows(x)
+    check_floating(x, "x")
+    if x.dim() != 2:
+        raise ShapeError(f"x must be rows (R, D) (see lnbook.functional.as_rows), got shape "
+                         f"{tuple(x.shape)}")
     if stats_dtype is None:
         stats_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
     if x.dtype != stats_dtype:

@@ -142,9 +142,8 @@ def _masked_loop(
     step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
     mask: Tensor | None,
 ) -> tuple[Tensor, list[Tensor]]:
-    """Run ``state = step(t, state)`` for t < T, the output h_t being ``state[0]``. Where ``mask``
-    (T, B, 1) is False (padding) the state is kept and the output is 0, as torch's packed
-    sequences."""
+    """``state = step(t, state)`` for t < T, h_t = ``state[0]`` the output; where ``mask`` (T, B, 1)
+    is False (padding) the state is kept and the output is 0, as torch's packed sequences."""
     outs = []
     for t in range(T):
         new = step(t, state)
@@ -199,8 +198,7 @@ class _LSTMKind:
                     p[H : 2 * H] += self.forget_bias
 
     def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
-        """Whether the hand BPTT applies: LNs with gains on W_hh h and c_t, no padding or
-        projection, float32/64, not while compiling."""
+        """Whether the hand BPTT applies: gained LNs on W_hh h and c_t, no mask, no projection."""
         return (self.bptt == "hand" and all(isinstance(p[n], (LayerNorm, nn.LayerNorm))
                                             and p[n].weight is not None
                                             for n in ("ln_hh", "ln_c"))
@@ -292,8 +290,7 @@ def _norm_maker(
     if not layer_norm:
         return lambda size: None
     if norm is None:
-        return lambda size: LayerNorm(size, eps=eps, bias=bias, impl=ln_impl,  # type: ignore[arg-type]
-                                      **kw)
+        return functools.partial(LayerNorm, eps=eps, bias=bias, impl=ln_impl, **kw)
     return functools.partial(make_module, norm, what="norm", **kw)
 
 

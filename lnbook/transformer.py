@@ -302,12 +302,10 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *self._out_norms()):
+        out_norms = (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
+        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *out_norms):
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
-
-    def _out_norms(self) -> tuple[nn.Module, ...]:
-        return (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
 
     def _norm(self, norm: nn.Module, x: Tensor) -> Tensor:
         """``norm(x)``, times ``1 / sqrt(layer)`` with LayerNorm Scaling."""
