@@ -54,11 +54,9 @@ def _forward(
     gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
     b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool,
 ) -> tuple[Tensor, ...]:
-    """Eqs. 20-22 over T steps: ``hs (T, B, H)``, ``c_T (B, H)``; with ``keep``, then runs of T
-    tensors a^_t, 1/sigma(a_t), sigmoids, c^_t, 1/sigma(c_t), tc_t, and c_1 .. c_{T-1}.
-    """
-    T = gi.shape[0]
-    G = gi.shape[-1]
+    """Eqs. 20-22: ``hs (T, B, H)``, ``c_T``; with ``keep`` then T a^_t, ra_t, sg_t, c^_t, rc_t,
+    tc_t each and c_1 .. c_{T-1}."""
+    T, G = gi.shape[0], gi.shape[-1]
     H = G // 4
     one = torch.ones(H, dtype=gi.dtype, device=gi.device)
     scale = torch.cat([one, one, 2 * one, one])  # (4H,) 2 on g: tanh(v) = 2 sigmoid(2 v) - 1

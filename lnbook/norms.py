@@ -72,12 +72,8 @@ class _Affine(nn.Module):
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    """Eqs. 3 and 15-16 with chapter 3's hand-derived backward.
-
-    ``apply(x, weight, bias, normalized_shape, eps)`` returns ``(y, x_hat, rstd)``; the last two
-    are non-differentiable and feed the backward. When a graph of the backward is wanted (second
-    derivatives), x_hat and rstd are recomputed from x inside it.
-    """
+    """Eqs. 3, 15-16 with chapter 3's backward: ``apply(x, weight, bias, shape, eps) -> (y, x_hat,
+    rstd)``, the last two non-differentiable (recomputed from x for second derivatives)."""
 
     generate_vmap_rule = True
 
@@ -188,10 +184,9 @@ class LayerNorm(_Affine):
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         self.eps = check_eps(eps)
-        check_choice("impl", impl, LN_IMPLS)
+        self.impl = check_choice("impl", impl, LN_IMPLS)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
         check_bool("bias", bias)
-        self.impl = impl
         self._add_affine(self.normalized_shape, elementwise_affine, bias,
                          {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -228,8 +223,7 @@ class ChannelLayerNorm(_Affine):
         super().__init__()
         self.num_channels = check_size("num_channels", num_channels)
         self.eps = check_eps(eps)
-        check_choice("impl", impl, LN_IMPLS)
-        self.impl = impl
+        self.impl = check_choice("impl", impl, LN_IMPLS)
         self._add_affine((self.num_channels,), True, True, {"device": device, "dtype": dtype})
         self.reset_parameters()
 

@@ -327,8 +327,7 @@ class _Base(nn.Module):
         self.ln_impl = check_choice("ln_impl", ln_impl, LN_IMPLS)
 
     def _cast_input(self, x: Tensor, want: torch.dtype) -> tuple[Tensor, torch.dtype | None]:
-        """``x`` in the dtype torch's twin computes in under autocast (float32 for some CPU twins)
-        and that dtype; without autocast ``x`` checked to be in the parameters' dtype ``want``."""
+        """``x`` and its compute dtype under autocast as torch's twin; else ``x`` checked, None."""
         device_type = x.device.type
         if want != torch.float32 or not torch.is_autocast_enabled(device_type):
             _check_dtype(x, want, "input")
@@ -342,8 +341,7 @@ class _Base(nn.Module):
         self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
         dt: torch.dtype | None, lead: tuple[int, ...] = (),
     ) -> Tensor:
-        """An initial state ``(*lead, B, size)`` for ``x`` ``(*, B, I)``: zeros if None, else
-        checked (shape ``(*lead, size)`` when not ``batched``) and in the compute dtype."""
+        """An initial state ``(*lead, B, size)`` for ``x`` ``(*, B, I)``, zeros if None."""
         B = x.shape[-2]
         if s is None:
             return x.new_zeros(*lead, B, size)
@@ -454,8 +452,8 @@ class LNRNNCell(_RNNKind, _CellBase):
         input_size, hidden_size, bias, nonlinearity, device, dtype: as :class:`torch.nn.RNNCell`;
             with LN, ``bias=False`` removes the LN bias too.
         layer_norm: normalize a_t with the submodule ``ln`` (keyword-only, as below). Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm`. Default: ``LN_IMPL``.
+        eps, ln_impl: ``eps`` and ``impl`` of the default :class:`lnbook.LayerNorm`. Default:
+            1e-5, ``LN_IMPL``.
         norm: a factory ``size -> module`` used instead of :class:`lnbook.LayerNorm`.
 
     Shape: input ``(B, input_size)`` or ``(input_size,)``; hx and output ``(B, H)`` or ``(H,)``.
@@ -744,8 +742,7 @@ class LSTM(_LSTMKind, _RNNBase):
 
     Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (4H), ``ln_c_l{k}`` (H). ``bptt="hand"`` runs each layer
     through :func:`lnbook.bptt.ln_lstm_recurrence` where it applies (LayerNorms with gains, no
-    padding, no ``proj_size``, float32/64, not while compiling); ``"autograd"`` (default) the step
-    loop.
+    padding or ``proj_size``, float32/64, not compiling); ``"autograd"`` (default) the step loop.
 
     Args:
         as :class:`RNN`, plus ``proj_size`` (torch's), and keyword-only ``forget_bias`` (as

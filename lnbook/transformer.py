@@ -24,12 +24,10 @@ from lnbook.checks import ShapeError, check_choice, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
-__all__ = [
-    "TransformerConfig", "SelfAttention", "MLP", "Block", "Transformer", "make_norm",
-    "deepnorm_constants", "sequence_loss", "max_attention_logits", "layer_gradient_norms",
-    "norm_inputs_outputs", "residual_stream", "center_residual_stream_", "to_pre_rmsnorm",
-    "IGNORE_INDEX",
-]
+__all__ = ["TransformerConfig", "SelfAttention", "MLP", "Block", "Transformer", "make_norm",
+           "deepnorm_constants", "sequence_loss", "max_attention_logits", "layer_gradient_norms",
+           "norm_inputs_outputs", "residual_stream", "center_residual_stream_", "to_pre_rmsnorm",
+           "IGNORE_INDEX"]
 
 NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]

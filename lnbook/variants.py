@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -25,12 +24,10 @@ from lnbook.checks import (
     check_trailing,
 )
 from lnbook.functional import normalize
-from lnbook.norms import _Affine
+from lnbook.norms import _LOW_PRECISION, _Affine, _ShapeLike
 
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
-_ShapeLike = int | Sequence[int] | torch.Size
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 # -------------------- RMSNorm
