@@ -93,8 +93,8 @@ class SequenceBatchNorm(nn.Module):
                     f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
                     f"got {n}"
                 )
+            self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
             if mask is None:  # torch's batch norm, on row t of the running averages (in place)
-                self.steps_seen.clamp_(min=t + 1)
                 return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
                                     self.bias, True, self.momentum, self.eps)  # (B, F)
             mean = xs.mean(0)  # (F,)
@@ -104,7 +104,6 @@ class SequenceBatchNorm(nn.Module):
                 unbiased = var.detach() * (n / (n - 1))
                 self.running_mean[t].mul_(1 - m).add_(m * mean.detach())
                 self.running_var[t].mul_(1 - m).add_(m * unbiased)
-                self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
         else:
             seen = int(self.steps_seen)
             s = min(t, seen - 1) if seen > 0 else min(t, self.max_steps - 1)

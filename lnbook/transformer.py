@@ -143,8 +143,7 @@ class SelfAttention(nn.Module):
     module``) queries and keys are normalized per head first (Dehghani et al., 2023). Every
     forward stores its largest logit, detached, in ``last_max_logit`` (masked ones excluded).
 
-    Shape:
-        - Input: ``(B, T, D)``; output: ``(B, T, D)``.
+    Shape: input and output ``(B, T, D)``.
     """
 
     def __init__(
@@ -256,8 +255,7 @@ class Block(nn.Module):
     Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
     depth from 1. The former ``Block(d_model, n_heads, d_ff, ...)`` warns (deprecated).
 
-    Shape:
-        - Input: ``(B, T, D)``; output: ``(B, T, D)``.
+    Shape: input and output ``(B, T, D)``.
     """
 
     def __init__(self, config: TransformerConfig, *args: object, layer: int = 1,
@@ -371,8 +369,7 @@ class Transformer(nn.Module):
     Xavier-normal, biases 0. ``Transformer(vocab_size, d_model, n_heads, n_layers, max_len,
     **fields)`` is shorthand for ``Transformer(TransformerConfig(...))``.
 
-    Shape:
-        - Input: token ids ``(B, T)`` (int64, ``T <= max_len``); output: logits ``(B, T, V)``.
+    Shape: token ids ``(B, T)`` (int64, ``T <= max_len``) in, logits ``(B, T, V)`` out.
     """
 
     def __init__(self, config: TransformerConfig | int, *sizes: int, device: Device = None,
