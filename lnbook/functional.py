@@ -11,8 +11,7 @@ Paper section 3; chapter 3 (`03_layer_norm`). A tensor ``(R, D)`` holds one exam
 Keywords of :func:`normalize` and :func:`layer_norm_backward` give the variants the book
 teaches (``center=False`` RMSNorm; the mistakes ``unbiased``, ``eps_inside=False``,
 ``one_pass``; ``detach`` DetachNorm; ``stats_dtype``, float32 for half inputs by default).
-Two passes for the variance; all differentiable torch ops. :mod:`lnbook.reference` is the
-independent float64 check and does not use this module.
+Two passes for the variance; all differentiable torch ops (:mod:`lnbook.reference` checks them).
 """
 
 from __future__ import annotations
@@ -41,9 +40,7 @@ def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def as_rows(x: Tensor, dims: int | Sequence[int] = -1) -> Tensor:
-    """``x`` as rows ``(R, D)``: ``D`` the product of the sizes of ``dims``, ``R`` the rest (a view
-    where the memory allows).
-    """
+    """``x`` as rows ``(R, D)``: D the product of the sizes of ``dims``, R the rest (a view)."""
     axes = _dims(x.dim(), dims)
     d = math.prod(x.shape[a] for a in axes)
     rest = tuple(a for a in range(x.dim()) if a not in axes)

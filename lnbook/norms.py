@@ -28,14 +28,13 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize
+from lnbook.functional import _LOW_PRECISION, layer_norm_backward, layer_norm_forward, normalize
 
 __all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
            "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
            "as_normalized_shape"]
 
 _ShapeLike = int | Sequence[int] | torch.Size
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 LN_IMPLS = ("autograd", "torch")  # the values of impl (of ln_impl in larger modules)
 
 LN_IMPL: Literal["autograd", "torch"] = "torch"
