@@ -40,7 +40,7 @@ def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def as_rows(x: Tensor, dims: int | Sequence[int] = -1) -> Tensor:
-    """``x`` as rows ``(R, D)``: D the product of the sizes of ``dims``, R the rest (a view)."""
+    """``x`` as rows ``(R, D)``: D the size of ``dims`` together, R the rest (a view if it can)."""
     axes = _dims(x.dim(), dims)
     d = math.prod(x.shape[a] for a in axes)
     rest = tuple(a for a in range(x.dim()) if a not in axes)
