@@ -50,10 +50,8 @@ def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return x_hat, rstd
 
 
-def _forward(
-    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
-    b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool,
-) -> tuple[Tensor, ...]:
+def _forward(gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+             b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool) -> tuple[Tensor, ...]:
     """Eqs. 20-22: ``hs (T, B, H)``, ``c_T``; with ``keep`` then T a^_t, ra_t, sg_t, c^_t, rc_t,
     tc_t each and c_1 .. c_{T-1}."""
     T, G = gi.shape[0], gi.shape[-1]
@@ -194,10 +192,9 @@ def _backward_by_autograd(ctx, inputs, d_hs, d_cT) -> tuple[Tensor | None, ...] 
     return tuple(grads)
 
 
-def ln_lstm_recurrence(
-    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
-    b_c: Tensor | None, eps_hh: float = 1e-5, eps_c: float = 1e-5,
-) -> tuple[Tensor, Tensor, Tensor]:
+def ln_lstm_recurrence(gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+                       b_c: Tensor | None, eps_hh: float = 1e-5,
+                       eps_c: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     r"""One LN-LSTM layer over a sequence (eqs. 20-22), backward through time by hand.
 
     Args:

@@ -125,10 +125,9 @@ def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
     return shape
 
 
-def make_module(
-    factory: object, size: int, what: str = "norm",
-    device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-) -> torch.nn.Module:
+def make_module(factory: object, size: int, what: str = "norm",
+                device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None) -> torch.nn.Module:
     """``factory(size)``, checked to be a :class:`torch.nn.Module` (else ``TypeError``
     naming ``what``), on ``device`` in ``dtype``.
     """

@@ -60,11 +60,9 @@ def from_rows(rows: Tensor, shape: Sequence[int], dims: int | Sequence[int] = -1
     return y
 
 
-def normalize(
-    x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
-    eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
-    stats_dtype: torch.dtype | None = None,
-) -> tuple[Tensor, Tensor]:
+def normalize(x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
+              eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
+              stats_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``rstd``.
 
     Args:
@@ -127,20 +125,17 @@ def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     return x_hat + b if b is not None else x_hat.clone()  # (R, D): y is not x_hat itself
 
 
-def layer_norm_forward(
-    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
-    **variant: object,
-) -> tuple[Tensor, Tensor, Tensor]:
+def layer_norm_forward(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+                       eps: float = 1e-5, **variant: object) -> tuple[Tensor, Tensor, Tensor]:
     """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``; ``variant``: :func:`normalize`'s keywords."""
     x_hat, rstd = normalize(x, eps, **variant)  # type: ignore[arg-type]
     return affine(x_hat, weight, bias), x_hat, rstd
 
 
-def layer_norm_backward(
-    grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor | None = None, *,
-    center: bool = True, unbiased: bool = False, eps_inside: bool = True, eps: float = 1e-5,
-    detach: bool = False, params: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def layer_norm_backward(grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor | None = None,
+                        *, center: bool = True, unbiased: bool = False, eps_inside: bool = True,
+                        eps: float = 1e-5, detach: bool = False,
+                        params: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The backward of eqs. 3 and 15 (chapter 3) for rows ``(R, D)``.
 
     ``dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma`` with ``u = dL/dy * g``. The

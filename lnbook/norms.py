@@ -126,10 +126,9 @@ _NO_FORWARD_AD = (
 )
 
 
-def layer_norm(
-    x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
-    bias: Tensor | None = None, eps: float = 1e-5, impl: Literal["autograd", "torch"] = "autograd",
-) -> Tensor:
+def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5,
+               impl: Literal["autograd", "torch"] = "autograd") -> Tensor:
     r"""Layer normalization (paper eqs. 3 and 15-16; chapter 3).
 
     .. math:: y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot g + b
@@ -175,11 +174,10 @@ class LayerNorm(_Affine):
         impl: ``"autograd"`` or ``"torch"`` (keyword-only), see :func:`layer_norm`.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
-        bias: bool = True, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 impl: Literal["autograd", "torch"] = "autograd") -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         self.eps = check_eps(eps)
@@ -215,10 +213,9 @@ class ChannelLayerNorm(_Affine):
     Shape: ``(N, C, H, W)`` in and out.
     """
 
-    def __init__(
-        self, num_channels: int, eps: float = 1e-5, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
-    ) -> None:
+    def __init__(self, num_channels: int, eps: float = 1e-5,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 impl: Literal["autograd", "torch"] = "autograd") -> None:
         super().__init__()
         self.num_channels = check_size("num_channels", num_channels)
         self.eps = check_eps(eps)
@@ -256,11 +253,9 @@ class BatchNorm(_Affine):
     Shape: ``(N, C)`` or ``(N, C, *)`` in and out.
     """
 
-    def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
-        unbiased: bool = False,
-    ) -> None:
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, *, unbiased: bool = False) -> None:
         super().__init__()
         num_features = check_size("num_features", num_features)
         eps = check_eps(eps)
@@ -331,10 +326,9 @@ class WeightNormLinear(nn.Module):
     Args: in_features, out_features, bias, device, dtype as :class:`torch.nn.Linear`.
     """
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features = check_size("in_features", in_features)
         self.out_features = check_size("out_features", out_features)

@@ -44,10 +44,8 @@ class SequenceBatchNorm(nn.Module):
     ``(B, 1)`` bool of the real rows (statistics use only them). Output ``(B, F)``.
     """
 
-    def __init__(
-        self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1,
-        gain_init: float = 1.0,
-    ) -> None:
+    def __init__(self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1,
+                 gain_init: float = 1.0) -> None:
         super().__init__()
         self.num_features = check_size("num_features", num_features)
         self.max_steps = check_size("max_steps", max_steps)
@@ -132,20 +130,16 @@ class BatchNormRNN(nn.Module):
     ``(output (T, B, H), h_n (1, B, H))``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, max_steps: int,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", batch_first: bool = False,
-        gain_init: float = 1.0,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, max_steps: int,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", batch_first: bool = False,
+                 gain_init: float = 1.0) -> None:
         super().__init__()
         self.rnn = RNN(input_size, hidden_size, nonlinearity=nonlinearity,
                        batch_first=batch_first, layer_norm=False)
         self.bn = SequenceBatchNorm(hidden_size, max_steps, gain_init=gain_init)
 
-    def forward(
-        self, input: Tensor, hx: Tensor | None = None, *,
-        lengths: Tensor | Sequence[int] | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor, hx: Tensor | None = None, *,
+                lengths: Tensor | Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         r = self.rnn
         if isinstance(input, PackedSequence):
             raise TypeError("BatchNormRNN takes a padded tensor with lengths=, "
@@ -181,10 +175,8 @@ class RecurrentBNLSTM(nn.Module):
     Shape: input ``(T, B, I)``; output ``(T, B, H)`` and ``(h_n, c_n)``, each ``(1, B, H)``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, max_steps: int, gain_init: float = 0.1,
-        eps: float = 1e-5, momentum: float = 0.1,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, max_steps: int, gain_init: float = 0.1,
+                 eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()
         self.input_size = check_size("input_size", input_size)
         self.hidden_size = check_size("hidden_size", hidden_size)
@@ -211,9 +203,8 @@ class RecurrentBNLSTM(nn.Module):
         for p in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh):
             nn.init.uniform_(p, -bound, bound)
 
-    def forward(
-        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, input: Tensor,
+                hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         x = input
         check_floating(x, "input")
         if x.dim() != 3 or x.shape[2] != self.input_size:

@@ -21,10 +21,8 @@ __all__ = ["layer_norm_numpy", "lstm_params_paper", "lstm_step_paper", "gru_para
 _Params = dict[str, np.ndarray]
 
 
-def layer_norm_numpy(
-    x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
-    eps: float = 1e-5,
-) -> np.ndarray:
+def layer_norm_numpy(x: np.ndarray, weight: np.ndarray | None = None,
+                     bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
     """``(x - mu) / sqrt(sigma^2 + eps) * weight + bias`` over the trailing ``weight.ndim`` axes
     of ``x`` ``(*, *S)`` (eq. 3; chapter 3); ``weight`` None: S is the last axis, gain 1.
 
@@ -81,9 +79,8 @@ def lstm_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
     return p
 
 
-def lstm_step_paper(
-    p: _Params, x: np.ndarray, h: np.ndarray, c: np.ndarray, eps: float = 1e-5
-) -> tuple[np.ndarray, np.ndarray]:
+def lstm_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, c: np.ndarray,
+                    eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
     """Eqs. 20-22 literally: ``(h_t, c_t)`` from x ``(B, I)``, h, c ``(B, H)`` and ``p`` of
     :func:`lstm_params_paper`. Without ``a1`` the gates are not normalized (eq. 29, DRAW),
     without ``a3`` neither is c_t (eqs. 17-19); the c_t carried on is eq. 21's."""
@@ -148,9 +145,8 @@ def rnn_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
     return p
 
 
-def rnn_step_paper(
-    p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5, f=np.tanh
-) -> np.ndarray:
+def rnn_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5,
+                   f=np.tanh) -> np.ndarray:
     """Eq. 4: ``h_t = f(g / sigma_t (a_t - mu_t) + b)``, ``a_t = W_x x_t + W_h h_{t-1}``, for
     x ``(B, I)``, h ``(B, H)`` and ``p`` of :func:`rnn_params_paper` (``f(a_t + b)`` without g)."""
     a = x @ p["W_x"].T + h @ p["W_h"].T  # summed inputs

@@ -75,10 +75,8 @@ def rnn_step(gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: Norm,
     return act(_plus(ln(a), b))  # (B, H)
 
 
-def lstm_step(
-    gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, ln_hh: Norm, ln_c: Norm,
-    w_hr: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+def lstm_step(gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, ln_hh: Norm, ln_c: Norm,
+              w_hr: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Eqs. 20-22 (or 17-19, 29-31). ``gi = LN(W_ih x_t) + every bias``, (B, 4H); gates in
     torch's order (i, f, g, o); ``w_hr`` projects h_t as torch's ``proj_size`` does."""
     if ln_hh is None:
@@ -91,9 +89,8 @@ def lstm_step(
     return (h if w_hr is None else torch.mm(h, w_hr.t())), c
 
 
-def gru_input(
-    x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None, ln_ih: Norm, ln_in: Norm
-) -> Tensor:
+def gru_input(x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None, ln_ih: Norm,
+              ln_in: Norm) -> Tensor:
     """Input half of eqs. 26-27 for any leading shape: (*, 3H) = [r, z | n] pre-activations,
     with b_ih and the r, z part of b_hh added (the n part of b_hh sits inside r * (...))."""
     H = w_ih.shape[0] // 3
@@ -108,9 +105,8 @@ def gru_input(
     return torch.cat([rz, n], dim=-1)  # type: ignore[list-item]
 
 
-def gru_step(
-    gi: Tensor, h: Tensor, w_hh: Tensor, b_hn: Tensor | None, ln_hh: Norm, ln_hn: Norm
-) -> Tensor:
+def gru_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hn: Tensor | None, ln_hh: Norm,
+             ln_hn: Norm) -> Tensor:
     """Eqs. 26-28 in torch's form; ``gi`` from :func:`gru_input`, (B, 3H)."""
     H = h.shape[1]
     gh = torch.mm(h, w_hh.t())  # (B, 3H)
@@ -138,10 +134,8 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 # one time loop per kind of cell, run by a cell (one step) and by a layer (T steps)
 
 
-def _masked_loop(
-    step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
-    mask: Tensor | None,
-) -> tuple[Tensor, list[Tensor]]:
+def _masked_loop(step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
+                 mask: Tensor | None) -> tuple[Tensor, list[Tensor]]:
     """``state = step(t, state)`` for t < T, h_t = ``state[0]`` the output; where ``mask`` (T, B, 1)
     is False (padding) the state is kept and the output is 0, as torch's packed sequences."""
     outs = []
@@ -163,9 +157,8 @@ class _RNNKind:
     _gates, _lns = 1, (("ln", 1),)
     nonlinearity: str
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         act = _ACTS[self.nonlinearity]
         b, ln = _plus(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
         gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
@@ -206,9 +199,8 @@ class _LSTMKind:
                 and x.dtype in (torch.float32, torch.float64)
                 and not torch.compiler.is_compiling())
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         b, ln_ih, ln_hh, ln_c = _plus(p["b_ih"], p["b_hh"]), p["ln_ih"], p["ln_hh"], p["ln_c"]
         gi = F.linear(x, p["w_ih"], b if ln_ih is None else None)  # (T, B, 4H), one call
         if self._use_bptt(x, mask, p):
@@ -234,9 +226,8 @@ class _GRUKind:
     _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
     hidden_size: int
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         H = self.hidden_size
         gis = gru_input(x, p["w_ih"], p["b_ih"], p["b_hh"], p["ln_ih"],
                         p["ln_in"]).unbind(0)  # T x (B, 3H)
@@ -279,10 +270,8 @@ def _in_dtype(norm: nn.Module | None, dtype: torch.dtype | None) -> Norm:
     return functools.partial(torch.func.functional_call, norm, params)
 
 
-def _norm_maker(
-    layer_norm: bool, norm: Callable[[int], nn.Module] | None, eps: float, bias: bool,
-    ln_impl: str, kw: dict,
-) -> Callable[[int], nn.Module | None]:
+def _norm_maker(layer_norm: bool, norm: Callable[[int], nn.Module] | None, eps: float, bias: bool,
+                ln_impl: str, kw: dict) -> Callable[[int], nn.Module | None]:
     """The one place a model's norms are made: ``size -> module`` (None without LN)."""
     if norm is not None and not layer_norm:
         raise ValueError("norm= gives the normalization of layer_norm=True; "
@@ -337,10 +326,8 @@ class _Base(nn.Module):
         dt = torch.get_autocast_dtype(device_type)
         return x.to(dt), dt
 
-    def _state(
-        self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
-        dt: torch.dtype | None, lead: tuple[int, ...] = (),
-    ) -> Tensor:
+    def _state(self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
+               dt: torch.dtype | None, lead: tuple[int, ...] = ()) -> Tensor:
         """An initial state ``(*lead, B, size)`` for ``x`` ``(*, B, I)``, zeros if None."""
         B = x.shape[-2]
         if s is None:
@@ -408,11 +395,9 @@ class _Base(nn.Module):
 class _CellBase(_Base):
     """A cell: one layer's parameters without suffix (``weight_ih``, ``ln``, ...), one step."""
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
@@ -461,12 +446,10 @@ class LNRNNCell(_RNNKind, _CellBase):
 
     _shown = (*_CellBase._shown, ("nonlinearity", None))
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None) -> None:
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
@@ -488,18 +471,16 @@ class LNLSTMCell(_LSTMKind, _CellBase):
 
     _autocast_float32_on = frozenset({"cpu"})
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, forget_bias: float = 0.0,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True,
+                 forget_bias: float = 0.0, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         self._set_forget_bias(forget_bias, bias)
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
 
-    def forward(
-        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor,
+                hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         h, c = self._step(input, _pair(hx, "(h, c)"), ("h", "c"))
         return h, c
 
@@ -578,12 +559,11 @@ class _RNNBase(_Base):
               ("dropout", 0.0), ("bidirectional", False), ("layer_norm", None),
               ("ln_impl", LN_IMPL))
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         super().__init__()
         proj_size = self.proj_size
         kw = {"device": device, "dtype": dtype}
@@ -659,9 +639,8 @@ class _RNNBase(_Base):
         x, dt = self._cast_input(x, self.weight_ih_l0.dtype)
         return x, batched, lens, packing, dt
 
-    def _run(
-        self, x: Tensor, lens: Tensor | None, hx: list[Tensor], dt: torch.dtype | None
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _run(self, x: Tensor, lens: Tensor | None, hx: list[Tensor],
+             dt: torch.dtype | None) -> tuple[Tensor, list[Tensor]]:
         """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
         T, D = x.shape[0], self._num_directions
         mask = None if lens is None else (
@@ -680,17 +659,14 @@ class _RNNBase(_Base):
                 inp = F.dropout(inp, self.dropout, training=True)
         return inp, [torch.stack(f) for f in zip(*lasts, strict=True)]  # [(L * D, B, .)]
 
-    def forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
-    ) -> tuple[Tensor | PackedSequence, Tensor]:
+    def forward(self, input: Tensor | PackedSequence, hx: Tensor | None = None, *,
+                lengths: _Lengths = None) -> tuple[Tensor | PackedSequence, Tensor]:
         """RNN's and GRU's forward (one state, h); LSTM's has (h, c)."""
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
 
-    def _forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
-        sizes: tuple[int, ...],
-    ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
+    def _forward(self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
+                 sizes: tuple[int, ...]) -> tuple[Tensor | PackedSequence, list[Tensor]]:
         x, batched, lens, packing, dt = self._prepare(input, lengths)
         states = [hx] if len(sizes) == 1 else _pair(hx, "(h_0, c_0)")
         L = (self.num_layers * self._num_directions,)
@@ -724,13 +700,12 @@ class RNN(_RNNKind, _RNNBase):
 
     _shown = (*_RNNBase._shown, ("nonlinearity", "tanh"))
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
@@ -753,14 +728,12 @@ class LSTM(_LSTMKind, _RNNBase):
 
     _shown = (*_RNNBase._shown, ("forget_bias", 0.0), ("bptt", "autograd"))
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        proj_size: int = 0, device: _Device = None, dtype: torch.dtype | None = None, *,
-        layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
-        norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
+                 norm: _NormFactory = None) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
         self._set_forget_bias(forget_bias, bias)
@@ -769,10 +742,8 @@ class LSTM(_LSTMKind, _RNNBase):
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
 
-    def forward(
-        self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
-        lengths: _Lengths = None,
-    ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+    def forward(self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
+                lengths: _Lengths = None) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
         sizes = (self.proj_size or self.hidden_size, self.hidden_size)  # of h and c
         out, (h_n, c_n) = self._forward(input, hx, lengths, sizes)
         return out, (h_n, c_n)

@@ -104,9 +104,8 @@ class TransformerConfig:
         return self.position != "post" if self.final_norm is None else bool(self.final_norm)
 
 
-def make_norm(config: TransformerConfig, size: int | None = None, *,
-              kind: NormKind | None = None, device: Device = None, dtype: Dtype = None
-              ) -> nn.Module:
+def make_norm(config: TransformerConfig, size: int | None = None, *, kind: NormKind | None = None,
+              device: Device = None, dtype: Dtype = None) -> nn.Module:
     """The one place a Transformer's norms are made: ``config.norm`` (or ``kind``) over ``size``
     features (None: ``d_model``): LayerNorm, RMSNorm, DyT, Identity, or the factory's module."""
     if not isinstance(config, TransformerConfig):
@@ -146,11 +145,9 @@ class SelfAttention(nn.Module):
     Shape: input and output ``(B, T, D)``.
     """
 
-    def __init__(
-        self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
-        dropout: float = 0.0, causal: bool = True, bias: bool = True, device: Device = None,
-        dtype: Dtype = None, **removed: object,
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
+                 dropout: float = 0.0, causal: bool = True, bias: bool = True,
+                 device: Device = None, dtype: Dtype = None, **removed: object) -> None:
         super().__init__()
         if removed:
             raise TypeError(
@@ -340,10 +337,9 @@ class Block(nn.Module):
         return s
 
 
-def _legacy_block_config(
-    d_model: object, n_heads: object = None, d_ff: object = None, *,
-    deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None, **options: object,
-) -> tuple[TransformerConfig, float | None, float | None]:
+def _legacy_block_config(d_model: object, n_heads: object = None, d_ff: object = None, *,
+                         deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None,
+                         **options: object) -> tuple[TransformerConfig, float | None, float | None]:
     """The config (placeholder V, L, max_len) and DeepNorm constants of the deprecated form."""
     warnings.warn("Block(d_model, n_heads, ...) is deprecated: build a block from the model's "
                   "config, Block(TransformerConfig(...), layer=l), or take "
@@ -475,9 +471,8 @@ def max_attention_logits(model: Transformer | Block) -> list[float]:
     return out
 
 
-def layer_gradient_norms(
-    model: Transformer, inputs: Tensor, targets: Tensor
-) -> list[dict[str, float]]:
+def layer_gradient_norms(model: Transformer, inputs: Tensor,
+                         targets: Tensor) -> list[dict[str, float]]:
     """Norms of the gradient of :func:`sequence_loss` per block, one batch (claims P04-P05;
     ``.grad`` untouched). One dict per block: each parameter by name, and the groups
     ``"attention"``, ``"ffn"``, ``"norms"`` and ``"block"``."""

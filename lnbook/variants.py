@@ -33,10 +33,8 @@ __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 # -------------------- RMSNorm
 
 
-def rms_norm(
-    input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
-    eps: float | None = None,
-) -> Tensor:
+def rms_norm(input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
     r"""Root mean square layer normalization (Zhang and Sennrich, 2019; Part II, "RMSNorm").
 
     .. math:: y = \frac{x}{\sqrt{\mathrm{mean}(x^2) + \epsilon}} \odot g
@@ -67,11 +65,9 @@ class RMSNorm(nn.Module):
     state dict.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, eps: float | None = None,
-        elementwise_affine: bool = True, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, eps: float | None = None,
+                 elementwise_affine: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         check_eps(eps, allow_none=True)
@@ -97,10 +93,8 @@ class RMSNorm(nn.Module):
 # -------------------- Group normalization
 
 
-def group_norm(
-    input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
-    eps: float = 1e-5,
-) -> Tensor:
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     r"""Group normalization (Wu and He, 2018): per-example statistics over groups of channels.
 
     .. math:: y = \frac{x - \mu_{n,g}}{\sqrt{\sigma^2_{n,g} + \epsilon}} \cdot \gamma_c + \beta_c
@@ -140,11 +134,9 @@ class GroupNorm(_Affine):
     interface and state dict.
     """
 
-    def __init__(
-        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
-        bias: bool = True,
-    ) -> None:
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 bias: bool = True) -> None:
         super().__init__()
         check_size("num_groups", num_groups)
         check_size("num_channels", num_channels)
@@ -172,9 +164,8 @@ class GroupNorm(_Affine):
 # -------------------- Dynamic Tanh
 
 
-def dyt(
-    input: Tensor, alpha: Tensor | float, weight: Tensor | None = None, bias: Tensor | None = None
-) -> Tensor:
+def dyt(input: Tensor, alpha: Tensor | float, weight: Tensor | None = None,
+        bias: Tensor | None = None) -> Tensor:
     r"""Dynamic Tanh (Zhu et al., 2025): an element-wise stand-in for a norm layer (P11-P12).
 
     .. math:: y = \gamma \odot \tanh(\alpha x) + \beta
@@ -197,10 +188,9 @@ class DyT(_Affine):
     (default 0.5), ``weight`` at 1, ``bias`` at 0; the authors' parameter names.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, alpha_init: float = 0.5,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, alpha_init: float = 0.5,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         if isinstance(alpha_init, bool) or not (
