@@ -39,9 +39,10 @@ LN_IMPLS = ("autograd", "torch")  # the values of impl (of ln_impl in larger mod
 
 LN_IMPL: Literal["autograd", "torch"] = "torch"
 """The default ``impl`` of the layer norms inside :mod:`lnbook.rnn` and :mod:`lnbook.transformer`
-(their ``ln_impl`` keyword overrides it): torch's fused kernel after :func:`layer_norm`'s checks,
-faster at the experiments' sizes than ``"autograd"``, chapter 3's code, which :class:`LayerNorm`
-itself defaults to; both give the same numbers to rounding."""
+(their ``ln_impl`` keyword overrides it): ``"torch"``, :func:`layer_norm`'s checks then torch's
+fused kernel, faster at the experiments' sizes than ``"autograd"``, chapter 3's code (the default
+of :class:`LayerNorm` itself). Both give the same numbers to rounding."""
+
 
 class _Affine(nn.Module):
     """A norm's gain ``weight`` (ones) and bias ``bias`` (zeros), either possibly None."""
