@@ -42,12 +42,6 @@ from lnbook.functional import layer_norm_backward, normalize
 __all__ = ["LNLSTMRecurrence", "ln_lstm_recurrence"]
 
 
-def _gate_scale(H: int, like: Tensor) -> Tensor:
-    """(4H,) ones with 2 on the g block: ``tanh(v) = 2 sigmoid(2 v) - 1``."""
-    one = torch.ones(H, dtype=like.dtype, device=like.device)
-    return torch.cat([one, one, 2 * one, one])
-
-
 def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """x^ (B, D) and 1 / sigma (B, 1) of eq. 3 over the last dimension, in ``x``'s dtype."""
     x_hat, rstd = normalize(x, eps)
@@ -56,17 +50,14 @@ def _normalize(x: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return x_hat, rstd
 
 
-def _forward(
-    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
-    b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool,
-) -> tuple[Tensor, ...]:
-    """Eqs. 20-22 over T steps: ``hs (T, B, H)``, ``c_T (B, H)``; with ``keep``, then runs of T
-    tensors a^_t, 1/sigma(a_t), sigmoids, c^_t, 1/sigma(c_t), tc_t, and c_1 .. c_{T-1}.
-    """
-    T = gi.shape[0]
-    G = gi.shape[-1]
+def _forward(gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+             b_c: Tensor | None, eps_hh: float, eps_c: float, keep: bool) -> tuple[Tensor, ...]:
+    """Eqs. 20-22: ``hs (T, B, H)``, ``c_T``; with ``keep`` then T a^_t, ra_t, sg_t, c^_t, rc_t,
+    tc_t each and c_1 .. c_{T-1}."""
+    T, G = gi.shape[0], gi.shape[-1]
     H = G // 4
-    scale = _gate_scale(H, gi)  # (4H,)
+    one = torch.ones(H, dtype=gi.dtype, device=gi.device)
+    scale = torch.cat([one, one, 2 * one, one])  # (4H,) 2 on g: tanh(v) = 2 sigmoid(2 v) - 1
     gi_s, g_s = gi * scale, g_hh * scale  # (T, B, 4H), (4H,): s * z_t = LN(a; s g) + s gi
     g2, b2 = 2 * g_c, None if b_c is None else 2 * b_c  # tanh(y) = 2 sigmoid(2 y) - 1
     w_t = w_hh.t()  # (H, 4H)
@@ -98,11 +89,6 @@ def _forward(
         h = o * tc  # (B, H), eq. 22
         hs.append(h)
     return (torch.stack(hs), c, *(v for buf in kept for v in buf))
-
-
-def _ln_backward(dy: Tensor, g: Tensor, x_hat: Tensor, rstd: Tensor) -> Tensor:
-    """Chapter 3's ``LNback``: dL/dx of a layer norm over the last dimension, (B, D)."""
-    return layer_norm_backward(dy, x_hat, rstd, g, params=False)[0]
 
 
 class LNLSTMRecurrence(torch.autograd.Function):
@@ -155,12 +141,12 @@ class LNLSTMRecurrence(torch.autograd.Function):
             i, f, gg, o = sg[t].chunk(4, 1)  # (B, H) each
             x = dh * o
             dln = torch.addcmul(x, x * tc[t], tc[t], value=-1)  # (B, H) dh o (1 - tc^2)
-            dc = dc + _ln_backward(dln, g_c, c_hat[t], rc[t])  # c_t feeds h_t through LN
+            dc = dc + layer_norm_backward(dln, c_hat[t], rc[t], g_c, params=False)[0]  # LNback
             sd = torch.addcmul(sg[t], sg[t], sg[t], value=-1)  # (B, 4H) sigma (1 - sigma)
             # dz = [dc g i', dc c_{t-1} f', dc i g', dh tc o'] with g' = 4 gg (1 - gg)
             k = torch.cat([2 * gg - 1, c_prev[t], 4 * i, tc[t]], 1) * sd  # (B, 4H)
             dz = torch.cat([dc, dc, dc, dh], 1) * k  # (B, 4H) = d gi_t
-            da = _ln_backward(dz, g_hh, a_hat[t], ra[t])  # (B, 4H)
+            da = layer_norm_backward(dz, a_hat[t], ra[t], g_hh, params=False)[0]  # (B, 4H)
             dc = dc * f  # what reaches c_{t-1}
             dh = torch.mm(da, w_hh) if t == 0 else torch.addmm(d_hs[t - 1], da, w_hh)
             dzs.append(dz)
@@ -206,10 +192,9 @@ def _backward_by_autograd(ctx, inputs, d_hs, d_cT) -> tuple[Tensor | None, ...] 
     return tuple(grads)
 
 
-def ln_lstm_recurrence(
-    gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
-    b_c: Tensor | None, eps_hh: float = 1e-5, eps_c: float = 1e-5,
-) -> tuple[Tensor, Tensor, Tensor]:
+def ln_lstm_recurrence(gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,
+                       b_c: Tensor | None, eps_hh: float = 1e-5,
+                       eps_c: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
     r"""One LN-LSTM layer over a sequence (eqs. 20-22), backward through time by hand.
 
     Args:

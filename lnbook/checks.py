@@ -111,29 +111,23 @@ def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:
     if type(normalized_shape) is tuple and all(  # the common case first: no message built
             type(s) is int and s > 0 for s in normalized_shape) and normalized_shape:
         return normalized_shape
-    bad = TypeError(
-        f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
-    )
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         shape: tuple[int, ...] = (int(normalized_shape),)
-    elif isinstance(normalized_shape, (str, bytes)) or not isinstance(
-        normalized_shape, (Sequence, torch.Size)
-    ):
-        raise bad
+    elif (isinstance(normalized_shape, (str, bytes)) or not isinstance(normalized_shape, Sequence)
+          or any(isinstance(s, bool) or not isinstance(s, numbers.Integral)
+                 for s in normalized_shape)):
+        raise TypeError(
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
     else:
-        if any(isinstance(s, bool) or not isinstance(s, numbers.Integral)
-               for s in normalized_shape):
-            raise bad
         shape = tuple(int(s) for s in normalized_shape)
     if len(shape) == 0 or any(s <= 0 for s in shape):
         raise ValueError(f"normalized_shape must hold one or more positive sizes, got {shape}")
     return shape
 
 
-def make_module(
-    factory: object, size: int, what: str = "norm",
-    device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-) -> torch.nn.Module:
+def make_module(factory: object, size: int, what: str = "norm",
+                device: torch.device | str | None = None,
+                dtype: torch.dtype | None = None) -> torch.nn.Module:
     """``factory(size)``, checked to be a :class:`torch.nn.Module` (else ``TypeError``
     naming ``what``), on ``device`` in ``dtype``.
     """

@@ -11,8 +11,7 @@ Paper section 3; chapter 3 (`03_layer_norm`). A tensor ``(R, D)`` holds one exam
 Keywords of :func:`normalize` and :func:`layer_norm_backward` give the variants the book
 teaches (``center=False`` RMSNorm; the mistakes ``unbiased``, ``eps_inside=False``,
 ``one_pass``; ``detach`` DetachNorm; ``stats_dtype``, float32 for half inputs by default).
-Two passes for the variance; all differentiable torch ops. :mod:`lnbook.reference` is the
-independent float64 check and does not use this module.
+Two passes for the variance; all differentiable torch ops (:mod:`lnbook.reference` checks them).
 """
 
 from __future__ import annotations
@@ -41,9 +40,7 @@ def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
 
 
 def as_rows(x: Tensor, dims: int | Sequence[int] = -1) -> Tensor:
-    """``x`` as rows ``(R, D)``: ``D`` the product of the sizes of ``dims``, ``R`` the rest (a view
-    where the memory allows).
-    """
+    """``x`` as rows ``(R, D)``: D the size of ``dims`` together, R the rest (a view if it can)."""
     axes = _dims(x.dim(), dims)
     d = math.prod(x.shape[a] for a in axes)
     rest = tuple(a for a in range(x.dim()) if a not in axes)
@@ -63,18 +60,9 @@ def from_rows(rows: Tensor, shape: Sequence[int], dims: int | Sequence[int] = -1
     return y
 
 
-def _check_rows(x: Tensor, what: str = "x") -> None:
-    check_floating(x, what)
-    if x.dim() != 2:
-        raise ShapeError(f"{what} must be rows (R, D) (see lnbook.functional.as_rows), got "
-                         f"shape {tuple(x.shape)}")
-
-
-def normalize(
-    x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
-    eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
-    stats_dtype: torch.dtype | None = None,
-) -> tuple[Tensor, Tensor]:
+def normalize(x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
+              eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
+              stats_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``rstd``.
 
     Args:
@@ -86,7 +74,10 @@ def normalize(
         ``x_hat (R, D)`` in ``stats_dtype`` and ``rstd (R, 1) = 1 / sqrt(sigma^2 + eps)`` (or
         ``1 / (sigma + eps)``). Without autograd recording, temporaries are written in place.
     """
-    _check_rows(x)
+    check_floating(x, "x")
+    if x.dim() != 2:
+        raise ShapeError(f"x must be rows (R, D) (see lnbook.functional.as_rows), got shape "
+                         f"{tuple(x.shape)}")
     if stats_dtype is None:
         stats_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
     if x.dtype != stats_dtype:
@@ -134,20 +125,17 @@ def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     return x_hat + b if b is not None else x_hat.clone()  # (R, D): y is not x_hat itself
 
 
-def layer_norm_forward(
-    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
-    **variant: object,
-) -> tuple[Tensor, Tensor, Tensor]:
+def layer_norm_forward(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+                       eps: float = 1e-5, **variant: object) -> tuple[Tensor, Tensor, Tensor]:
     """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``; ``variant``: :func:`normalize`'s keywords."""
     x_hat, rstd = normalize(x, eps, **variant)  # type: ignore[arg-type]
     return affine(x_hat, weight, bias), x_hat, rstd
 
 
-def layer_norm_backward(
-    grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor | None = None, *,
-    center: bool = True, unbiased: bool = False, eps_inside: bool = True, eps: float = 1e-5,
-    detach: bool = False, params: bool = True,
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def layer_norm_backward(grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor | None = None,
+                        *, center: bool = True, unbiased: bool = False, eps_inside: bool = True,
+                        eps: float = 1e-5, detach: bool = False,
+                        params: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The backward of eqs. 3 and 15 (chapter 3) for rows ``(R, D)``.
 
     ``dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma`` with ``u = dL/dy * g``. The

@@ -28,32 +28,20 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize
+from lnbook.functional import _LOW_PRECISION, layer_norm_backward, layer_norm_forward, normalize
 
 __all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
            "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
            "as_normalized_shape"]
 
 _ShapeLike = int | Sequence[int] | torch.Size
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 LN_IMPLS = ("autograd", "torch")  # the values of impl (of ln_impl in larger modules)
 
 LN_IMPL: Literal["autograd", "torch"] = "torch"
-"""The default ``impl`` of :func:`layer_norm` inside lnbook's larger modules (the recurrent
-layers of :mod:`lnbook.rnn`, the Transformer of :mod:`lnbook.transformer`): ``"torch"`` (the
-argument checks of :func:`layer_norm`, then torch's fused kernel, several times faster at the
-experiments' small sizes) or ``"autograd"`` (lnbook's own forward and hand-derived backward of
-chapter 3). Both give the same numbers to rounding; each module's ``ln_impl`` keyword overrides
-it. :class:`LayerNorm` itself defaults to ``"autograd"``, the code chapter 3 teaches."""
-
-def _check_layer_norm_args(
-    x: Tensor, shape: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float
-) -> None:
-    check_floating(x)
-    check_eps(eps)
-    check_trailing(x, shape)
-    check_param(weight, "weight", shape)
-    check_param(bias, "bias", shape)
+"""The default ``impl`` of the layer norms inside :mod:`lnbook.rnn` and :mod:`lnbook.transformer`
+(their ``ln_impl`` keyword overrides it): ``"torch"``, :func:`layer_norm`'s checks then torch's
+fused kernel, faster at the experiments' sizes than ``"autograd"``, chapter 3's code (the default
+of :class:`LayerNorm` itself). Both give the same numbers to rounding."""
 
 
 class _Affine(nn.Module):
@@ -83,23 +71,9 @@ class _Affine(nn.Module):
 # layer normalization: eq. 3 and the backward of chapter 3, from lnbook.functional
 
 
-def _layer_norm_forward(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, d: int, eps: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """y = x_hat * g + b (eqs. 3, 15-16) for x of any shape (*, D...); also x_hat and rstd."""
-    w = None if weight is None else weight.reshape(d)  # (D,)
-    b = None if bias is None else bias.reshape(d)  # (D,)
-    y, x_hat, rstd = layer_norm_forward(x.reshape(-1, d), w, b, eps)  # (R, D), (R, D), (R, 1)
-    return y.reshape(x.shape).to(x.dtype), x_hat, rstd
-
-
 class _LayerNormFunction(torch.autograd.Function):
-    """Eqs. 3 and 15-16 with chapter 3's hand-derived backward.
-
-    ``apply(x, weight, bias, normalized_shape, eps)`` returns ``(y, x_hat, rstd)``; the last two
-    are non-differentiable and feed the backward. When a graph of the backward is wanted (second
-    derivatives), x_hat and rstd are recomputed from x inside it.
-    """
+    """Eqs. 3, 15-16 with chapter 3's backward: ``apply(x, weight, bias, shape, eps) -> (y, x_hat,
+    rstd)``, the last two non-differentiable (recomputed from x for second derivatives)."""
 
     generate_vmap_rule = True
 
@@ -107,7 +81,12 @@ class _LayerNormFunction(torch.autograd.Function):
     def forward(  # type: ignore[override]
         x: Tensor, weight: Tensor | None, bias: Tensor | None, shape: tuple[int, ...], eps: float
     ) -> tuple[Tensor, Tensor, Tensor]:
-        return _layer_norm_forward(x, weight, bias, math.prod(shape), eps)
+        """y = x_hat * g + b for x ``(*, *shape)``; also x_hat ``(R, D)`` and rstd ``(R, 1)``."""
+        d = math.prod(shape)
+        w = None if weight is None else weight.reshape(d)  # (D,)
+        b = None if bias is None else bias.reshape(d)  # (D,)
+        y, x_hat, rstd = layer_norm_forward(x.reshape(-1, d), w, b, eps)  # (R, D) rows
+        return y.reshape(x.shape).to(x.dtype), x_hat, rstd
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
@@ -148,10 +127,9 @@ _NO_FORWARD_AD = (
 )
 
 
-def layer_norm(
-    x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
-    bias: Tensor | None = None, eps: float = 1e-5, impl: Literal["autograd", "torch"] = "autograd",
-) -> Tensor:
+def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5,
+               impl: Literal["autograd", "torch"] = "autograd") -> Tensor:
     r"""Layer normalization (paper eqs. 3 and 15-16; chapter 3).
 
     .. math:: y = \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot g + b
@@ -170,7 +148,11 @@ def layer_norm(
     ``torch.export``; forward-mode AD needs ``impl="torch"``.
     """
     shape = as_normalized_shape(normalized_shape)
-    _check_layer_norm_args(x, shape, weight, bias, eps)
+    check_floating(x)
+    check_eps(eps)
+    check_trailing(x, shape)
+    check_param(weight, "weight", shape)
+    check_param(bias, "bias", shape)
     check_choice("impl", impl, LN_IMPLS)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
@@ -193,18 +175,16 @@ class LayerNorm(_Affine):
         impl: ``"autograd"`` or ``"torch"`` (keyword-only), see :func:`layer_norm`.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
-        bias: bool = True, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, eps: float = 1e-5,
+                 elementwise_affine: bool = True, bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 impl: Literal["autograd", "torch"] = "autograd") -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         self.eps = check_eps(eps)
-        check_choice("impl", impl, LN_IMPLS)
+        self.impl = check_choice("impl", impl, LN_IMPLS)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
         check_bool("bias", bias)
-        self.impl = impl
         self._add_affine(self.normalized_shape, elementwise_affine, bias,
                          {"device": device, "dtype": dtype})
         self.reset_parameters()
@@ -234,15 +214,13 @@ class ChannelLayerNorm(_Affine):
     Shape: ``(N, C, H, W)`` in and out.
     """
 
-    def __init__(
-        self, num_channels: int, eps: float = 1e-5, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None, *, impl: Literal["autograd", "torch"] = "autograd",
-    ) -> None:
+    def __init__(self, num_channels: int, eps: float = 1e-5,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 impl: Literal["autograd", "torch"] = "autograd") -> None:
         super().__init__()
         self.num_channels = check_size("num_channels", num_channels)
         self.eps = check_eps(eps)
-        check_choice("impl", impl, LN_IMPLS)
-        self.impl = impl
+        self.impl = check_choice("impl", impl, LN_IMPLS)
         self._add_affine((self.num_channels,), True, True, {"device": device, "dtype": dtype})
         self.reset_parameters()
 
@@ -276,11 +254,9 @@ class BatchNorm(_Affine):
     Shape: ``(N, C)`` or ``(N, C, *)`` in and out.
     """
 
-    def __init__(
-        self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
-        unbiased: bool = False,
-    ) -> None:
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, *, unbiased: bool = False) -> None:
         super().__init__()
         num_features = check_size("num_features", num_features)
         eps = check_eps(eps)
@@ -311,6 +287,7 @@ class BatchNorm(_Affine):
         self._check_input(x, c, f"(N, {c}) or (N, {c}, *)")
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
+        xf = x.float() if x.dtype in _LOW_PRECISION else x
         if self.training:
             n = x.numel() // self.num_features
             if n < 2:
@@ -319,7 +296,6 @@ class BatchNorm(_Affine):
                     f"variance, got input of shape {tuple(x.shape)}; batch statistics do not exist "
                     "at batch size 1 (use LayerNorm, or eval mode)"
                 )
-            xf = x.float() if x.dtype in _LOW_PRECISION else x
             mean = xf.mean(dim=dims)
             var_biased = ((xf - mean.view(view)) ** 2).mean(dim=dims)
             var_unbiased = var_biased * (n / (n - 1))
@@ -332,7 +308,6 @@ class BatchNorm(_Affine):
                 self.running_var.mul_(1 - m).add_(m * new_var)
                 self.num_batches_tracked.add_(1)
         else:
-            xf = x.float() if x.dtype in _LOW_PRECISION else x
             mean, var = self.running_mean.to(xf.dtype), self.running_var.to(xf.dtype)
         y = (xf - mean.view(view)) * torch.rsqrt(var.view(view) + self.eps)
         if self.affine:
@@ -352,10 +327,9 @@ class WeightNormLinear(nn.Module):
     Args: in_features, out_features, bias, device, dtype as :class:`torch.nn.Linear`.
     """
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features = check_size("in_features", in_features)
         self.out_features = check_size("out_features", out_features)
@@ -363,10 +337,8 @@ class WeightNormLinear(nn.Module):
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **kw))
         self.gain = nn.Parameter(torch.empty(out_features, **kw))
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, **kw))
-        else:
-            self.register_parameter("bias", None)
+        self.register_parameter(
+            "bias", nn.Parameter(torch.empty(out_features, **kw)) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
 from lnbook.checks import check_floating, check_size
-from lnbook.rnn import RNN
+from lnbook.rnn import RNN, _masked_loop
 
 __all__ = ["SequenceBatchNorm", "BatchNormRNN", "RecurrentBNLSTM"]
 
@@ -44,10 +44,8 @@ class SequenceBatchNorm(nn.Module):
     ``(B, 1)`` bool of the real rows (statistics use only them). Output ``(B, F)``.
     """
 
-    def __init__(
-        self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1,
-        gain_init: float = 1.0,
-    ) -> None:
+    def __init__(self, num_features: int, max_steps: int, eps: float = 1e-5, momentum: float = 0.1,
+                 gain_init: float = 1.0) -> None:
         super().__init__()
         self.num_features = check_size("num_features", num_features)
         self.max_steps = check_size("max_steps", max_steps)
@@ -93,8 +91,8 @@ class SequenceBatchNorm(nn.Module):
                     f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
                     f"got {n}"
                 )
+            self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
             if mask is None:  # torch's batch norm, on row t of the running averages (in place)
-                self.steps_seen.clamp_(min=t + 1)
                 return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
                                     self.bias, True, self.momentum, self.eps)  # (B, F)
             mean = xs.mean(0)  # (F,)
@@ -104,7 +102,6 @@ class SequenceBatchNorm(nn.Module):
                 unbiased = var.detach() * (n / (n - 1))
                 self.running_mean[t].mul_(1 - m).add_(m * mean.detach())
                 self.running_var[t].mul_(1 - m).add_(m * unbiased)
-                self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
         else:
             seen = int(self.steps_seen)
             s = min(t, seen - 1) if seen > 0 else min(t, self.max_steps - 1)
@@ -133,20 +130,16 @@ class BatchNormRNN(nn.Module):
     ``(output (T, B, H), h_n (1, B, H))``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, max_steps: int,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", batch_first: bool = False,
-        gain_init: float = 1.0,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, max_steps: int,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", batch_first: bool = False,
+                 gain_init: float = 1.0) -> None:
         super().__init__()
         self.rnn = RNN(input_size, hidden_size, nonlinearity=nonlinearity,
                        batch_first=batch_first, layer_norm=False)
         self.bn = SequenceBatchNorm(hidden_size, max_steps, gain_init=gain_init)
 
-    def forward(
-        self, input: Tensor, hx: Tensor | None = None, *,
-        lengths: Tensor | Sequence[int] | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor, hx: Tensor | None = None, *,
+                lengths: Tensor | Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         r = self.rnn
         if isinstance(input, PackedSequence):
             raise TypeError("BatchNormRNN takes a padded tensor with lengths=, "
@@ -155,19 +148,18 @@ class BatchNormRNN(nn.Module):
         if not batched:
             raise ValueError("BatchNormRNN needs a batch: input of shape (T, B, I) with B >= 2")
         T = x.shape[0]
-        h = r._state(hx, x, batched, r.hidden_size, "hx", None)[0]  # (B, H)
+        h0 = r._state(hx, x, batched, r.hidden_size, "hx", None, (1,))[0]  # (B, H)
         mask = None if lens is None else (
             torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
         act = torch.tanh if r.nonlinearity == "tanh" else torch.relu
         gis = F.linear(x, r.weight_ih_l0).unbind(0)  # T x (B, H)
-        outs = []
-        for t in range(T):
-            m = None if mask is None else mask[t]  # (B, 1)
-            a = torch.addmm(gis[t], h, r.weight_hh_l0.t())  # (B, H)
-            h_new = act(self.bn(a, t, m) + r.bias_ih_l0 + r.bias_hh_l0)  # (B, H)
-            h = h_new if m is None else torch.where(m, h_new, h)
-            outs.append(h if m is None else h_new * m)
-        out = torch.stack(outs)  # (T, B, H)
+
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            a = torch.addmm(gis[t], s[0], r.weight_hh_l0.t())  # (B, H)
+            bn = self.bn(a, t, None if mask is None else mask[t])  # (B, H)
+            return [act(bn + r.bias_ih_l0 + r.bias_hh_l0)]
+
+        out, (h,) = _masked_loop(step, T, [h0], mask)  # (T, B, H), (B, H)
         return (out.transpose(0, 1) if r.batch_first else out), h.unsqueeze(0)
 
 
@@ -183,15 +175,12 @@ class RecurrentBNLSTM(nn.Module):
     Shape: input ``(T, B, I)``; output ``(T, B, H)`` and ``(h_n, c_n)``, each ``(1, B, H)``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, max_steps: int, gain_init: float = 0.1,
-        eps: float = 1e-5, momentum: float = 0.1,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, max_steps: int, gain_init: float = 0.1,
+                 eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()
-        for name, v in (("input_size", input_size), ("hidden_size", hidden_size),
-                        ("max_steps", max_steps)):
-            check_size(name, v)
-        self.input_size, self.hidden_size, self.max_steps = input_size, hidden_size, max_steps
+        self.input_size = check_size("input_size", input_size)
+        self.hidden_size = check_size("hidden_size", hidden_size)
+        self.max_steps = check_size("max_steps", max_steps)
         self.gain_init = float(gain_init)
         h4 = 4 * hidden_size
         self.weight_ih = nn.Parameter(torch.empty(h4, input_size))
@@ -214,9 +203,8 @@ class RecurrentBNLSTM(nn.Module):
         for p in (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh):
             nn.init.uniform_(p, -bound, bound)
 
-    def forward(
-        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, input: Tensor,
+                hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         x = input
         check_floating(x, "input")
         if x.dim() != 3 or x.shape[2] != self.input_size:

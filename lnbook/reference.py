@@ -1,56 +1,30 @@
-"""Plain numpy references: layer normalization and the paper's recurrent cells, in its notation.
+"""Plain numpy references in float64: layer normalization and the paper's recurrent cells.
 
-No autograd, no dtype tricks, float64:
-
-- :func:`layer_norm_numpy`: the three lines of eq. 3 and the gain and bias of eq. 4 (chapter 3).
-  The package's :func:`lnbook.layer_norm` and :class:`lnbook.LayerNorm` are tested against it.
-  It is the one layer norm of the package that does not call :mod:`lnbook.functional`, on
-  purpose: a check that shared the code it checks would share its mistakes, so this stays an
-  independent computation (numpy, float64, the formula as the paper writes it).
-- The recurrent cells of the supplement written literally in the paper's order and notation
-  (Supplement chapter): :func:`lstm_step_paper` (eqs. 20-22, and 29-31 or 17-19 without some
-  LNs), :func:`gru_step_paper` (eqs. 26-28) and :func:`rnn_step_paper` (eq. 4). The functions
-  ``*_params_paper`` build the paper's parameters from the state dict of the torch-form cell
-  (:class:`lnbook.LNLSTMCell`, :class:`lnbook.LNGRUCell`, :class:`lnbook.LNRNNCell`) by
-  reordering gates and folding biases, so that the two can be compared number for number (the
-  supplement chapter and ``tests/test_rnn.py`` both do).
+:func:`layer_norm_numpy` is eq. 3 as the paper writes it, the oracle :func:`lnbook.layer_norm`
+is tested against; it does not call :mod:`lnbook.functional`, so that it cannot share its
+mistakes. The ``*_step_paper`` functions are the supplement's cells in the paper's order and
+notation (eqs. 4, 20-22, 26-28); ``*_params_paper`` build their parameters from the state dict
+of the torch-form cell (:class:`lnbook.LNLSTMCell`, ...) by reordering gates and folding biases,
+so that the two compare number for number (Supplement chapter, ``tests/test_rnn.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = [
-    "layer_norm_numpy",
-    "lstm_params_paper",
-    "lstm_step_paper",
-    "gru_params_paper",
-    "gru_step_paper",
-    "rnn_params_paper",
-    "rnn_step_paper",
-]
+__all__ = ["layer_norm_numpy", "lstm_params_paper", "lstm_step_paper", "gru_params_paper",
+           "gru_step_paper", "rnn_params_paper", "rnn_step_paper"]
 
 _Params = dict[str, np.ndarray]
 
 
-def layer_norm_numpy(
-    x: np.ndarray,
-    weight: np.ndarray | None = None,
-    bias: np.ndarray | None = None,
-    eps: float = 1e-5,
-) -> np.ndarray:
-    """Layer-normalize ``x`` over its trailing ``weight.ndim`` axes (eq. 3; chapter 3).
-
-    Args:
-        x: array ``(*, *S)``.
-        weight: gain of shape ``S``; None means S is the last axis and the gain is 1.
-        bias: bias of shape ``S``, or None for 0.
-        eps: added to the variance inside the square root.
-
-    Returns:
-        ``(x - mu) / sqrt(sigma^2 + eps) * weight + bias``, the same shape as ``x``.
+def layer_norm_numpy(x: np.ndarray, weight: np.ndarray | None = None,
+                     bias: np.ndarray | None = None, eps: float = 1e-5) -> np.ndarray:
+    """``(x - mu) / sqrt(sigma^2 + eps) * weight + bias`` over the trailing ``weight.ndim`` axes
+    of ``x`` ``(*, *S)`` (eq. 3; chapter 3); ``weight`` None: S is the last axis, gain 1.
 
     Example::
 
@@ -74,9 +48,7 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def _ln(z: np.ndarray, alpha: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    """Eqs. 15-16 over the last axis (eps inside the root, as the package)."""
-    return layer_norm_numpy(z, alpha, beta, eps)
+_ln = layer_norm_numpy  # LN(z; alpha, beta) of eqs. 15-16 over the last axis
 
 
 def _get(sd: Mapping[str, object], name: str, size: int) -> np.ndarray:
@@ -86,32 +58,17 @@ def _get(sd: Mapping[str, object], name: str, size: int) -> np.ndarray:
 
 
 def lstm_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
-    """The paper's LSTM parameters from a torch-form state dict (Supplement chapter).
+    """The paper's LSTM parameters from the state dict ``sd`` of an :class:`lnbook.LNLSTMCell`
+    or :class:`lnbook.DRAWLSTMCell` with ``hidden_size`` H (Supplement chapter).
 
-    torch stacks the gates (i, f, g, o), the paper (f, i, o, g): the rows of every 4H array are
-    permuted (layer normalization does not care about the order of the units). The two biases
-    ``bias_ih + bias_hh`` become the paper's b. Keys ``a1, b1`` (LN of W_h h), ``a2, b2`` (LN of
-    W_x x) exist only if the state dict has ``ln_hh``/``ln_ih``, ``a3, b3`` (LN of c_t) only if
-    it has ``ln_c``.
-
-    Args:
-        sd: ``cell.state_dict()`` of :class:`lnbook.LNLSTMCell` or
-            :class:`lnbook.DRAWLSTMCell` (torch tensors or arrays).
-        hidden_size: H.
-
-    Example::
-
-        >>> p = lstm_params_paper(lnbook.LNLSTMCell(3, 4).state_dict(), 4)
-        >>> sorted(p)
-        ['W_h', 'W_x', 'a1', 'a2', 'a3', 'b', 'b1', 'b2', 'b3']
+    The rows of every 4H array go from torch's gate order (i, f, g, o) to the paper's (f, i, o,
+    g); ``bias_ih + bias_hh`` is the paper's b. ``a1, b1`` (LN of W_h h) and ``a2, b2`` (LN of
+    W_x x) exist only with ``ln_hh``/``ln_ih``, ``a3, b3`` (LN of c_t) only with ``ln_c``.
     """
     H = hidden_size
     i, f, g, o = (np.arange(k * H, (k + 1) * H) for k in range(4))
     perm = np.concatenate([f, i, o, g])  # torch rows -> paper rows
-
-    def arr(name: str, size: int) -> np.ndarray:
-        return _get(sd, name, size)
-
+    arr = functools.partial(_get, sd)
     p = {"W_h": arr("weight_hh", 0)[perm], "W_x": arr("weight_ih", 0)[perm],
          "b": (arr("bias_ih", 4 * H) + arr("bias_hh", 4 * H))[perm]}
     if "ln_hh.weight" in sd:
@@ -122,23 +79,11 @@ def lstm_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
     return p
 
 
-def lstm_step_paper(
-    p: _Params, x: np.ndarray, h: np.ndarray, c: np.ndarray, eps: float = 1e-5
-) -> tuple[np.ndarray, np.ndarray]:
-    """One step of the layer-normalized LSTM, literally eqs. 20-22 (Supplement chapter).
-
-    Without ``a1`` in ``p`` the gates are not normalized (eq. 29, the DRAW cell); without
-    ``a3`` neither is the cell state (eqs. 17-19, the plain LSTM). Gates in the paper's order
-    (f, i, o, g); the c_t carried on is the un-normalized one of eq. 21.
-
-    Args:
-        p: from :func:`lstm_params_paper`.
-        x: ``(B, input_size)``; h, c: ``(B, H)``.
-        eps: inside the root of eq. 16.
-
-    Returns:
-        ``(h_t, c_t)``, each ``(B, H)``.
-    """
+def lstm_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, c: np.ndarray,
+                    eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """Eqs. 20-22 literally: ``(h_t, c_t)`` from x ``(B, I)``, h, c ``(B, H)`` and ``p`` of
+    :func:`lstm_params_paper`. Without ``a1`` the gates are not normalized (eq. 29, DRAW),
+    without ``a3`` neither is c_t (eqs. 17-19); the c_t carried on is eq. 21's."""
     if "a1" in p:  # eq. 20
         pre = (_ln(h @ p["W_h"].T, p["a1"], p["b1"], eps)
                + _ln(x @ p["W_x"].T, p["a2"], p["b2"], eps))
@@ -151,18 +96,12 @@ def lstm_step_paper(
 
 
 def gru_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
-    """The paper's GRU parameters (eqs. 26-28) from an :class:`lnbook.LNGRUCell` state dict.
+    """The paper's GRU parameters (eqs. 26-28) from the state dict ``sd`` of a layer-normalized
+    :class:`lnbook.LNGRUCell` with ``hidden_size`` H.
 
-    torch computes ``h_t = (1 - z) n + z h_{t-1}`` with gates (r, z, n); the paper's eq. 28
-    reads ``h_t = (1 - sigma(z_p)) h_{t-1} + sigma(z_p) h^_t``, so its pre-activation z_p is
-    minus torch's. Since ``-LN(v; alpha, beta) = LN(v; -alpha, -beta)``, the sign moves into the
-    LN gains and biases of the z half. The (z, r) rows of W_h, W_x are torch's z and r rows;
-    the betas take the LN biases plus torch's biases (negated on the z half); W, U are torch's
-    n rows.
-
-    Args:
-        sd: ``cell.state_dict()`` of a layer-normalized :class:`lnbook.LNGRUCell`.
-        hidden_size: H.
+    The paper's z_p is minus torch's z (eq. 28 against torch's ``(1 - z) n + z h``), and
+    ``-LN(v; alpha, beta) = LN(v; -alpha, -beta)``: the z half's LN gains and biases change
+    sign. W_h, W_x hold torch's (z, r) rows, W, U its n rows; the betas add torch's biases.
     """
     H = hidden_size
     r, z, n = (slice(k * H, (k + 1) * H) for k in range(3))
@@ -171,9 +110,7 @@ def gru_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
     def swap(v: np.ndarray) -> np.ndarray:  # torch's 2H LN vectors are (r, z): make them (z, r)
         return np.concatenate([v[H:], v[:H]])
 
-    def arr(name: str, size: int) -> np.ndarray:
-        return _get(sd, name, size)
-
+    arr = functools.partial(_get, sd)
     wih, whh = arr("weight_ih", 0), arr("weight_hh", 0)
     bih, bhh = arr("bias_ih", 3 * H), arr("bias_hh", 3 * H)
     b_zr = np.concatenate([bih[z] + bhh[z], bih[r] + bhh[r]])
@@ -187,16 +124,8 @@ def gru_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
 
 
 def gru_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """One step of the layer-normalized GRU, literally eqs. 26-28 (Supplement chapter).
-
-    Args:
-        p: from :func:`gru_params_paper`.
-        x: ``(B, input_size)``; h: ``(B, H)``.
-        eps: inside the root of eq. 16.
-
-    Returns:
-        h_t, ``(B, H)``.
-    """
+    """Eqs. 26-28 literally: h_t ``(B, H)`` from x ``(B, I)``, h ``(B, H)`` and ``p`` of
+    :func:`gru_params_paper`."""
     H = h.shape[1]
     zr = _ln(h @ p["W_h"].T, p["a1"], p["b1"], eps) + _ln(x @ p["W_x"].T, p["a2"], p["b2"], eps)
     z, r = zr[:, :H], zr[:, H:]  # eq. 26
@@ -206,13 +135,8 @@ def gru_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5) 
 
 
 def rnn_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
-    """Eq. 4's parameters from an :class:`lnbook.LNRNNCell` state dict: W_x, W_h, the gain g
-    and the bias b (LN's bias plus torch's two biases); without ``ln`` no gain.
-
-    Args:
-        sd: ``cell.state_dict()``.
-        hidden_size: H.
-    """
+    """Eq. 4's W_x, W_h, gain g (none without ``ln``) and bias b (LN's plus torch's two) from
+    the state dict ``sd`` of an :class:`lnbook.LNRNNCell` with ``hidden_size`` H."""
     H = hidden_size
     b = _get(sd, "bias_ih", H) + _get(sd, "bias_hh", H) + _get(sd, "ln.bias", H)
     p = {"W_x": _get(sd, "weight_ih", 0), "W_h": _get(sd, "weight_hh", 0), "b": b}
@@ -221,20 +145,9 @@ def rnn_params_paper(sd: Mapping[str, object], hidden_size: int) -> _Params:
     return p
 
 
-def rnn_step_paper(
-    p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5, f=np.tanh
-) -> np.ndarray:
-    """One step of eq. 4: ``h_t = f(g / sigma_t (a_t - mu_t) + b)`` with ``a_t = W_x x_t +
-    W_h h_{t-1}`` (chapter 3.1); ``f(a_t + b)`` without a gain in ``p``.
-
-    Args:
-        p: from :func:`rnn_params_paper`.
-        x: ``(B, input_size)``; h: ``(B, H)``.
-        eps: inside the root of eq. 16.
-        f: the non-linearity. Default: tanh.
-
-    Returns:
-        h_t, ``(B, H)``.
-    """
+def rnn_step_paper(p: _Params, x: np.ndarray, h: np.ndarray, eps: float = 1e-5,
+                   f=np.tanh) -> np.ndarray:
+    """Eq. 4: ``h_t = f(g / sigma_t (a_t - mu_t) + b)``, ``a_t = W_x x_t + W_h h_{t-1}``, for
+    x ``(B, I)``, h ``(B, H)`` and ``p`` of :func:`rnn_params_paper` (``f(a_t + b)`` without g)."""
     a = x @ p["W_x"].T + h @ p["W_h"].T  # summed inputs
     return f(_ln(a, p["g"], p["b"], eps) if "g" in p else a + p["b"])

@@ -1,12 +1,10 @@
-r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1 and supplement).
+r"""Layer-normalized recurrent cells and sequence layers (paper section 3.1; chapters 3.1 and
+Supplement): the paper's equations as step functions, then torch's interface for them.
 
-Chapters 3.1 (`03_1_ln_rnn`) and Supplement (`supplement`). The paper's equations come first, as
-step functions; the rest gives them torch's interface. Each class is a drop-in for its ``torch.nn``
-twin (signature, parameter names, gate order, ``forward(input, hx=None)``); lnbook's options are
-keyword-only. ``layer_norm=False`` is torch's model; ``layer_norm=True`` adds norm submodules
-(``ln``, ``ln_ih_l0``, ...: :class:`lnbook.LayerNorm`, or what the factory ``norm`` makes) with
-torch's biases added after the normalization. :class:`LSTM` with ``bptt="hand"`` runs the
-hand-derived backward of :mod:`lnbook.bptt`.
+Each class is a drop-in for its ``torch.nn`` twin (signature, parameter names, gate order);
+lnbook's options are keyword-only. ``layer_norm=False`` is torch's model; ``layer_norm=True`` adds
+norm submodules (``ln``, ``ln_ih_l0``, ...: :class:`lnbook.LayerNorm` or the factory ``norm``'s)
+with torch's biases added after the normalization.
 """
 
 from __future__ import annotations
@@ -38,15 +36,15 @@ from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 __all__ = ["LNRNNCell", "LNLSTMCell", "LNGRUCell", "DRAWLSTMCell", "RNN", "LSTM", "GRU"]
 
 Norm = Callable[[Tensor], Tensor] | None
-"""A normalization as the step functions take it: a module or function of the last dimension
-(:class:`lnbook.LayerNorm`, :class:`torch.nn.LayerNorm`, :class:`lnbook.RMSNorm`, ...), or None
-for none, which gives torch's own cell."""
+"""A norm of the last dimension as the step functions take it (None: torch's own cell)."""
 
 _Lengths = Tensor | Sequence[int] | None
 _Device = torch.device | str | None
 _Impl = Literal["autograd", "torch"]
 _NormFactory = Callable[[int], nn.Module] | None
+_Packed = tuple[PackedSequence, Tensor] | None  # a PackedSequence input and its lengths
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+_NORMS = ("ln", "ln_ih", "ln_hh", "ln_c", "ln_in", "ln_hn")  # every kind's norms, by name
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,10 +75,8 @@ def rnn_step(gi: Tensor, h: Tensor, w_hh: Tensor, b: Tensor | None, ln: Norm,
     return act(_plus(ln(a), b))  # (B, H)
 
 
-def lstm_step(
-    gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, ln_hh: Norm, ln_c: Norm,
-    w_hr: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+def lstm_step(gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor, ln_hh: Norm, ln_c: Norm,
+              w_hr: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Eqs. 20-22 (or 17-19, 29-31). ``gi = LN(W_ih x_t) + every bias``, (B, 4H); gates in
     torch's order (i, f, g, o); ``w_hr`` projects h_t as torch's ``proj_size`` does."""
     if ln_hh is None:
@@ -93,9 +89,8 @@ def lstm_step(
     return (h if w_hr is None else torch.mm(h, w_hr.t())), c
 
 
-def gru_input(
-    x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None, ln_ih: Norm, ln_in: Norm
-) -> Tensor:
+def gru_input(x: Tensor, w_ih: Tensor, b_ih: Tensor | None, b_hh: Tensor | None, ln_ih: Norm,
+              ln_in: Norm) -> Tensor:
     """Input half of eqs. 26-27 for any leading shape: (*, 3H) = [r, z | n] pre-activations,
     with b_ih and the r, z part of b_hh added (the n part of b_hh sits inside r * (...))."""
     H = w_ih.shape[0] // 3
@@ -110,9 +105,8 @@ def gru_input(
     return torch.cat([rz, n], dim=-1)  # type: ignore[list-item]
 
 
-def gru_step(
-    gi: Tensor, h: Tensor, w_hh: Tensor, b_hn: Tensor | None, ln_hh: Norm, ln_hn: Norm
-) -> Tensor:
+def gru_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hn: Tensor | None, ln_hh: Norm,
+             ln_hn: Norm) -> Tensor:
     """Eqs. 26-28 in torch's form; ``gi`` from :func:`gru_input`, (B, 3H)."""
     H = h.shape[1]
     gh = torch.mm(h, w_hh.t())  # (B, 3H)
@@ -140,22 +134,20 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 # one time loop per kind of cell, run by a cell (one step) and by a layer (T steps)
 
 
-def _masked_loop(
-    step: Callable[[int, list[Tensor]], tuple[Tensor, list[Tensor]]], T: int, state: list[Tensor],
-    mask: Tensor | None,
-) -> tuple[Tensor, list[Tensor]]:
-    """Run ``step(t, state) -> (output, new state)`` for t < T. Where ``mask`` (T, B, 1) is
-    False (padding) the state is kept and the output is 0, as torch's packed sequences."""
+def _masked_loop(step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
+                 mask: Tensor | None) -> tuple[Tensor, list[Tensor]]:
+    """``state = step(t, state)`` for t < T, h_t = ``state[0]`` the output; where ``mask`` (T, B, 1)
+    is False (padding) the state is kept and the output is 0, as torch's packed sequences."""
     outs = []
     for t in range(T):
-        out, new = step(t, state)
+        new = step(t, state)
         if mask is None:
             state = new
-            outs.append(out)
+            outs.append(new[0])
         else:
             m = mask[t]
             state = [torch.where(m, a, b) for a, b in zip(new, state, strict=True)]
-            outs.append(out * m)
+            outs.append(new[0] * m)
     return torch.stack(outs), state
 
 
@@ -163,19 +155,16 @@ class _RNNKind:
     """Eq. 4 over time. ``p`` holds one layer's weights and norms (``_weights``)."""
 
     _gates, _lns = 1, (("ln", 1),)
-    _norm_names = ("ln",)
     nonlinearity: str
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         act = _ACTS[self.nonlinearity]
         b, ln = _plus(p["b_ih"], p["b_hh"]), p["ln"]  # (H,) or None
         gis = F.linear(x, p["w_ih"], b if ln is None else None).unbind(0)  # T x (B, H)
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = rnn_step(gis[t], s[0], p["w_hh"], b, ln, act)  # (B, H)
-            return h, [h]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return [rnn_step(gis[t], s[0], p["w_hh"], b, ln, act)]  # [(B, H)]
 
         return _masked_loop(step, x.shape[0], state, mask)
 
@@ -184,7 +173,6 @@ class _LSTMKind:
     """Eqs. 20-22 (17-19 without LN, 29-31 with LN on c_t only) over time."""
 
     _gates, _lns = 4, (("ln_ih", 4), ("ln_hh", 4), ("ln_c", 1))
-    _norm_names = ("ln_ih", "ln_hh", "ln_c")
     bptt, forget_bias = "autograd", 0.0
     hidden_size: int
 
@@ -203,8 +191,7 @@ class _LSTMKind:
                     p[H : 2 * H] += self.forget_bias
 
     def _use_bptt(self, x: Tensor, mask: Tensor | None, p: dict) -> bool:
-        """Whether the hand BPTT applies: LNs with gains on W_hh h and c_t, no padding or
-        projection, float32/64, not while compiling."""
+        """Whether the hand BPTT applies: gained LNs on W_hh h and c_t, no mask, no projection."""
         return (self.bptt == "hand" and all(isinstance(p[n], (LayerNorm, nn.LayerNorm))
                                             and p[n].weight is not None
                                             for n in ("ln_hh", "ln_c"))
@@ -212,9 +199,8 @@ class _LSTMKind:
                 and x.dtype in (torch.float32, torch.float64)
                 and not torch.compiler.is_compiling())
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         b, ln_ih, ln_hh, ln_c = _plus(p["b_ih"], p["b_hh"]), p["ln_ih"], p["ln_hh"], p["ln_c"]
         gi = F.linear(x, p["w_ih"], b if ln_ih is None else None)  # (T, B, 4H), one call
         if self._use_bptt(x, mask, p):
@@ -228,9 +214,8 @@ class _LSTMKind:
             gi = _plus(ln_ih(gi), b)  # (T, B, 4H), eq. 20's input term
         gis = gi.unbind(0)  # T views; unbind's backward stacks the grads once
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h, c = lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, ln_c, p["w_hr"])
-            return h, [h, c]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return list(lstm_step(gis[t], s[0], s[1], p["w_hh"], ln_hh, ln_c, p["w_hr"]))
 
         return _masked_loop(step, x.shape[0], state, mask)
 
@@ -239,36 +224,23 @@ class _GRUKind:
     """Eqs. 26-28 (23-25 without LN) over time, in torch's GRU form."""
 
     _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
-    _norm_names = ("ln_ih", "ln_hh", "ln_in", "ln_hn")
     hidden_size: int
 
-    def _scan(
-        self, x: Tensor, mask: Tensor | None, state: list[Tensor], p: dict
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
+              p: dict) -> tuple[Tensor, list[Tensor]]:
         H = self.hidden_size
         gis = gru_input(x, p["w_ih"], p["b_ih"], p["b_hh"], p["ln_ih"],
                         p["ln_in"]).unbind(0)  # T x (B, 3H)
         b_hn = None if p["b_hh"] is None else p["b_hh"][2 * H :]
 
-        def step(t: int, s: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
-            h = gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"])  # (B, H)
-            return h, [h]
+        def step(t: int, s: list[Tensor]) -> list[Tensor]:
+            return [gru_step(gis[t], s[0], p["w_hh"], b_hn, p["ln_hh"], p["ln_hn"])]  # [(B, H)]
 
         return _masked_loop(step, x.shape[0], state, mask)
 
 
 # ----------------------------------------------------------------------------------------------
 # torch's interface: parameters, dtypes, autocast, states, padding
-
-
-def _compute_dtype(module: nn.Module, x: Tensor, param_dtype: torch.dtype) -> torch.dtype | None:
-    """The dtype torch's twin runs in under autocast (float32 for some CPU twins), or None."""
-    device_type = x.device.type
-    if param_dtype != torch.float32 or not torch.is_autocast_enabled(device_type):
-        return None
-    if device_type in getattr(module, "_autocast_float32_on", ()):
-        return torch.float32
-    return torch.get_autocast_dtype(device_type)
 
 
 def _autocast_off(device_type: str, dt: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -286,20 +258,6 @@ def _check_dtype(x: Tensor, want: torch.dtype, what: str) -> None:
         )
 
 
-def _checked_state(
-    s: Tensor, want: tuple[int, ...], what: str, dtype: torch.dtype, dt: torch.dtype | None,
-    layout: str,
-) -> Tensor:
-    """An initial state checked for shape ``want`` and dtype, in the compute dtype."""
-    check_floating(s, what)
-    if tuple(s.shape) != want:
-        raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
-    if dt is None:
-        _check_dtype(s, dtype, what)
-        return s
-    return s.to(dt)
-
-
 def _cast(t: Tensor | None, dtype: torch.dtype | None) -> Tensor | None:
     return t if t is None or dtype is None else t.to(dtype)
 
@@ -312,10 +270,8 @@ def _in_dtype(norm: nn.Module | None, dtype: torch.dtype | None) -> Norm:
     return functools.partial(torch.func.functional_call, norm, params)
 
 
-def _norm_maker(
-    layer_norm: bool, norm: Callable[[int], nn.Module] | None, eps: float, bias: bool,
-    ln_impl: str, kw: dict,
-) -> Callable[[int], nn.Module | None]:
+def _norm_maker(layer_norm: bool, norm: Callable[[int], nn.Module] | None, eps: float, bias: bool,
+                ln_impl: str, kw: dict) -> Callable[[int], nn.Module | None]:
     """The one place a model's norms are made: ``size -> module`` (None without LN)."""
     if norm is not None and not layer_norm:
         raise ValueError("norm= gives the normalization of layer_norm=True; "
@@ -323,8 +279,7 @@ def _norm_maker(
     if not layer_norm:
         return lambda size: None
     if norm is None:
-        return lambda size: LayerNorm(size, eps=eps, bias=bias, impl=ln_impl,  # type: ignore[arg-type]
-                                      **kw)
+        return functools.partial(LayerNorm, eps=eps, bias=bias, impl=ln_impl, **kw)
     return functools.partial(make_module, norm, what="norm", **kw)
 
 
@@ -348,7 +303,9 @@ class _Base(nn.Module):
     _gates = 1
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
-    _norm_names: tuple[str, ...] = ()  # the norms the kind's step functions read
+    # (name, default) of the options extra_repr shows where they differ (None: always)
+    _shown: tuple[tuple[str, object], ...] = (
+        ("bias", True), ("layer_norm", None), ("ln_impl", LN_IMPL))
 
     def _options(self, input_size: int, hidden_size: int, bias: bool, layer_norm: bool,
                  ln_impl: str) -> None:
@@ -357,6 +314,34 @@ class _Base(nn.Module):
         self.bias = check_bool("bias", bias)
         self.layer_norm = check_bool("layer_norm", layer_norm)
         self.ln_impl = check_choice("ln_impl", ln_impl, LN_IMPLS)
+
+    def _cast_input(self, x: Tensor, want: torch.dtype) -> tuple[Tensor, torch.dtype | None]:
+        """``x`` and its compute dtype under autocast as torch's twin; else ``x`` checked, None."""
+        device_type = x.device.type
+        if want != torch.float32 or not torch.is_autocast_enabled(device_type):
+            _check_dtype(x, want, "input")
+            return x, None
+        if device_type in self._autocast_float32_on:
+            return x.to(torch.float32), torch.float32
+        dt = torch.get_autocast_dtype(device_type)
+        return x.to(dt), dt
+
+    def _state(self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
+               dt: torch.dtype | None, lead: tuple[int, ...] = ()) -> Tensor:
+        """An initial state ``(*lead, B, size)`` for ``x`` ``(*, B, I)``, zeros if None."""
+        B = x.shape[-2]
+        if s is None:
+            return x.new_zeros(*lead, B, size)
+        check_floating(s, what)
+        want = (*lead, B, size) if batched else (*lead, size)
+        if tuple(s.shape) != want:
+            layout = f"(num_layers * num_directions, B, {size}) = " if lead else ""
+            raise ShapeError(f"{what} must have shape {layout}{want}, got {tuple(s.shape)}")
+        if dt is None:
+            _check_dtype(s, x.dtype, what)
+        else:
+            s = s.to(dt)
+        return s if batched else s.unsqueeze(len(lead))
 
     def _add_weights(self, sfx: str, n_in: int, n_hid: int, proj_size: int, kw: dict,
                      make_norm: Callable[[int], nn.Module | None]) -> None:
@@ -389,14 +374,17 @@ class _Base(nn.Module):
         p: dict = {n: _cast(getattr(self, f"{attr}{sfx}", None), dt) for n, attr in (
             ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
             ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
-        for name in self._norm_names:
+        for name in _NORMS:  # None where this model has no such norm
             p[name] = _in_dtype(getattr(self, f"{name}{sfx}", None), dt)
         return p
 
-    def _ln_repr(self) -> str:
-        s = f", layer_norm={self.layer_norm}"
-        if self.layer_norm and self.ln_impl != LN_IMPL:
-            s += f", ln_impl={self.ln_impl!r}"
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        for name, default in self._shown:
+            if name == "ln_impl" and not self.layer_norm:
+                continue  # no layer norm, no implementation of one
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)!r}"
         return s
 
 
@@ -407,11 +395,9 @@ class _Base(nn.Module):
 class _CellBase(_Base):
     """A cell: one layer's parameters without suffix (``weight_ih``, ``ln``, ...), one step."""
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None) -> None:
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self._options(input_size, hidden_size, bias, layer_norm, ln_impl)
@@ -427,28 +413,17 @@ class _CellBase(_Base):
                 f"{type(self).__name__} expects input of shape (B, {self.input_size}) or "
                 f"({self.input_size},), got {tuple(input.shape)}"
             )
-        dt = _compute_dtype(self, input, self.weight_ih.dtype)
-        if dt is None:
-            _check_dtype(input, self.weight_ih.dtype, "input")
         batched = input.dim() == 2
-        x = _cast(input if batched else input.unsqueeze(0), dt)  # (B, I)
-        s = [self._state(h, x, batched, n, dt) for h, n in zip(hx, names, strict=True)]
+        x, dt = self._cast_input(input if batched else input.unsqueeze(0), self.weight_ih.dtype)
+        s = [self._state(h, x, batched, self.hidden_size, n, dt)
+             for h, n in zip(hx, names, strict=True)]  # (B, H) each
         with _autocast_off(x.device.type, dt):
             _, s = self._scan(x.unsqueeze(0), None, s, self._weights("", dt))
         return s if batched else [t.squeeze(0) for t in s]
 
-    def _state(
-        self, s: Tensor | None, x: Tensor, batched: bool, what: str, dt: torch.dtype | None
-    ) -> Tensor:
-        B, H = x.shape[0], self.hidden_size
-        if s is None:
-            return x.new_zeros(B, H)
-        s = _checked_state(s, (B, H) if batched else (H,), what, x.dtype, dt, "")
-        return s if batched else s.unsqueeze(0)
-
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        return s + (", bias=False" if not self.bias else "") + self._ln_repr()
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
+        """An RNN or GRU cell's step (one state, h); LNLSTMCell's has (h, c)."""
+        return self._step(input, [hx], ("hx",))[0]
 
 
 class LNRNNCell(_RNNKind, _CellBase):
@@ -462,28 +437,22 @@ class LNRNNCell(_RNNKind, _CellBase):
         input_size, hidden_size, bias, nonlinearity, device, dtype: as :class:`torch.nn.RNNCell`;
             with LN, ``bias=False`` removes the LN bias too.
         layer_norm: normalize a_t with the submodule ``ln`` (keyword-only, as below). Default: True.
-        eps: LN epsilon. Default: 1e-5.
-        ln_impl: ``impl`` of the default :class:`lnbook.LayerNorm`. Default: ``LN_IMPL``.
+        eps, ln_impl: ``eps`` and ``impl`` of the default :class:`lnbook.LayerNorm`. Default:
+            1e-5, ``LN_IMPL``.
         norm: a factory ``size -> module`` used instead of :class:`lnbook.LayerNorm`.
 
     Shape: input ``(B, input_size)`` or ``(input_size,)``; hx and output ``(B, H)`` or ``(H,)``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    _shown = (*_CellBase._shown, ("nonlinearity", None))
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None) -> None:
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
-
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        return self._step(input, [hx], ("hx",))[0]
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f", nonlinearity={self.nonlinearity!r}"
 
 
 class LNLSTMCell(_LSTMKind, _CellBase):
@@ -502,18 +471,16 @@ class LNLSTMCell(_LSTMKind, _CellBase):
 
     _autocast_float32_on = frozenset({"cpu"})
 
-    def __init__(
-        self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
-        dtype: torch.dtype | None = None, *, layer_norm: bool = True, forget_bias: float = 0.0,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
+                 dtype: torch.dtype | None = None, *, layer_norm: bool = True,
+                 forget_bias: float = 0.0, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         self._set_forget_bias(forget_bias, bias)
         super().__init__(input_size, hidden_size, bias, device, dtype, layer_norm=layer_norm,
                          eps=eps, ln_impl=ln_impl, norm=norm)
 
-    def forward(
-        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor,
+                hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         h, c = self._step(input, _pair(hx, "(h, c)"), ("h", "c"))
         return h, c
 
@@ -545,9 +512,6 @@ class LNGRUCell(_GRUKind, _CellBase):
 
     _autocast_float32_on = frozenset({"cpu"})
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> Tensor:
-        return self._step(input, [hx], ("hx",))[0]
-
 
 # ----------------------------------------------------------------------------------------------
 # sequence layers
@@ -568,34 +532,22 @@ def _lengths_tensor(lengths: _Lengths, T: int, B: int) -> Tensor | None:
     return None if lo == T else lens.to(torch.long)
 
 
-class _Packing:
-    """What a PackedSequence input needs to give a PackedSequence output back, as torch."""
-
-    def __init__(self, packed: PackedSequence, lens: Tensor) -> None:
-        self.packed, self.lens = packed, lens
-
-    def pack(self, out: Tensor) -> PackedSequence:
-        """(T, B, F) output in the batch's original order -> a PackedSequence like the input."""
-        p, lens = self.packed, self.lens
-        if p.sorted_indices is not None:
-            out = out.index_select(1, p.sorted_indices)
-            lens = lens[p.sorted_indices.cpu()]
-        data = pack_padded_sequence(out, lens, enforce_sorted=True).data
-        return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
+def _repack(out: Tensor, p: PackedSequence, lens: Tensor) -> PackedSequence:
+    """(T, B, F) output in the batch's original order -> a PackedSequence like the input ``p``."""
+    if p.sorted_indices is not None:
+        out = out.index_select(1, p.sorted_indices)
+        lens = lens[p.sorted_indices.cpu()]
+    data = pack_padded_sequence(out, lens, enforce_sorted=True).data
+    return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
 
 
-def _reverse_index(lens: Tensor | None, T: int, B: int, device: torch.device) -> Tensor | None:
-    """(T, B) time index reversing each sequence within its own length."""
+def _reverse(x: Tensor, lens: Tensor | None) -> Tensor:
+    """``x`` (T, B, F) with each sequence reversed in time within its own length."""
     if lens is None:
-        return None
-    t = torch.arange(T, device=device).unsqueeze(1)  # (T, 1)
-    n = lens.to(device).unsqueeze(0)  # (1, B)
-    return torch.where(t < n, n - 1 - t, t)  # (T, B)
-
-
-def _reverse(x: Tensor, index: Tensor | None) -> Tensor:
-    if index is None:
         return x.flip(0)
+    t = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # (T, 1)
+    n = lens.to(x.device).unsqueeze(0)  # (1, B)
+    index = torch.where(t < n, n - 1 - t, t)  # (T, B) padding steps stay in place
     return x.gather(0, index.unsqueeze(-1).expand_as(x))
 
 
@@ -603,13 +555,15 @@ class _RNNBase(_Base):
     """A stack of layers: parameters as torch's ``RNNBase``, norms ``ln_l0``, ..."""
 
     proj_size = 0  # set by LSTM before this __init__ runs
+    _shown = (("proj_size", 0), ("num_layers", 1), ("bias", True), ("batch_first", False),
+              ("dropout", 0.0), ("bidirectional", False), ("layer_norm", None),
+              ("ln_impl", LN_IMPL))
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         super().__init__()
         proj_size = self.proj_size
         kw = {"device": device, "dtype": dtype}
@@ -630,9 +584,8 @@ class _RNNBase(_Base):
         self.batch_first = check_bool("batch_first", batch_first)
         self.dropout = float(dropout)
         self.bidirectional = check_bool("bidirectional", bidirectional)
-        self.proj_size = proj_size
         make_norm = _norm_maker(layer_norm, norm, eps, bias, ln_impl, kw)
-        H_out = proj_size if proj_size > 0 else hidden_size
+        H_out = proj_size or hidden_size  # the size of h_t
         for k in range(num_layers):
             for d in range(self._num_directions):
                 n_in = input_size if k == 0 else H_out * self._num_directions
@@ -646,13 +599,9 @@ class _RNNBase(_Base):
     def _num_directions(self) -> int:
         return 2 if self.bidirectional else 1
 
-    @property
-    def _out_size(self) -> int:
-        return self.proj_size if self.proj_size > 0 else self.hidden_size
-
     def _prepare(
         self, input: Tensor | PackedSequence, lengths: _Lengths
-    ) -> tuple[Tensor, bool, Tensor | None, _Packing | None, torch.dtype | None]:
+    ) -> tuple[Tensor, bool, Tensor | None, _Packed, torch.dtype | None]:
         """``input`` as (T, B, I), whether batched, lengths, packing to restore, autocast dtype."""
         cls, I = type(self).__name__, self.input_size
         packing = None
@@ -661,7 +610,7 @@ class _RNNBase(_Base):
                 raise ValueError(f"{cls}: pass either a PackedSequence or a padded tensor with "
                                  "lengths=, not both")
             x, lens = pad_packed_sequence(input)  # (T, B, I) in the batch's original order
-            packing, lengths = _Packing(input, lens), lens
+            packing, lengths = (input, lens), lens
         elif isinstance(input, Tensor):
             x = input
         else:
@@ -687,92 +636,49 @@ class _RNNBase(_Base):
         if lengths is not None and not batched:
             lengths = [lengths] if isinstance(lengths, int) else lengths
         lens = _lengths_tensor(lengths, x.shape[0], x.shape[1])
-        param_dtype = self.weight_ih_l0.dtype
-        dt = _compute_dtype(self, x, param_dtype)
-        if dt is None:
-            _check_dtype(x, param_dtype, "input")
-        else:
-            x = x.to(dt)
+        x, dt = self._cast_input(x, self.weight_ih_l0.dtype)
         return x, batched, lens, packing, dt
 
-    def _state(
-        self, s: Tensor | None, x: Tensor, batched: bool, size: int, what: str,
-        dt: torch.dtype | None,
-    ) -> Tensor:
-        """An initial state as (num_layers * num_directions, B, size); zeros if None."""
-        L, B = self.num_layers * self._num_directions, x.shape[1]
-        if s is None:
-            return x.new_zeros(L, B, size)
-        s = _checked_state(s, (L, B, size) if batched else (L, size), what, x.dtype, dt,
-                           f"(num_layers * num_directions, B, {size}) = ")
-        return s if batched else s.unsqueeze(1)
-
-    def _finish(
-        self, out: Tensor, states: list[Tensor], batched: bool, packing: _Packing | None
-    ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
-        """The output in the input's layout and each final state (L*D, B, .) or (L*D, .)."""
-        if not batched:
-            return out.squeeze(1), [s.squeeze(1) for s in states]
-        if packing is not None:
-            return packing.pack(out), states
-        return (out.transpose(0, 1) if self.batch_first else out), states
-
-    def _run(
-        self, x: Tensor, lens: Tensor | None, hx: list[Tensor], dt: torch.dtype | None
-    ) -> tuple[Tensor, list[Tensor]]:
+    def _run(self, x: Tensor, lens: Tensor | None, hx: list[Tensor],
+             dt: torch.dtype | None) -> tuple[Tensor, list[Tensor]]:
         """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
-        T, B = x.shape[0], x.shape[1]
-        D = self._num_directions
+        T, D = x.shape[0], self._num_directions
         mask = None if lens is None else (
             torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
-        rev = _reverse_index(lens, T, B, x.device) if D == 2 else None
-        inp, finals = x, [[] for _ in hx]
+        inp, lasts = x, []
         for k in range(self.num_layers):
             outs = []
             for d in range(D):
-                j = k * D + d
                 p = self._weights(_suffix(k, d), dt)
-                xin = inp if d == 0 else _reverse(inp, rev)
-                out, last = self._scan(xin, mask, [s[j] for s in hx], p)
-                outs.append(out if d == 0 else _reverse(out, rev))
-                for f, s in zip(finals, last, strict=True):
-                    f.append(s)
+                xin = inp if d == 0 else _reverse(inp, lens)
+                out, last = self._scan(xin, mask, [s[k * D + d] for s in hx], p)
+                outs.append(out if d == 0 else _reverse(out, lens))
+                lasts.append(last)
             inp = outs[0] if D == 1 else torch.cat(outs, -1)  # (T, B, D * H_out)
             if self.dropout > 0 and self.training and k < self.num_layers - 1:
                 inp = F.dropout(inp, self.dropout, training=True)
-        return inp, [torch.stack(f) for f in finals]
+        return inp, [torch.stack(f) for f in zip(*lasts, strict=True)]  # [(L * D, B, .)]
 
-    def forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | None = None, *, lengths: _Lengths = None
-    ) -> tuple[Tensor | PackedSequence, Tensor]:
+    def forward(self, input: Tensor | PackedSequence, hx: Tensor | None = None, *,
+                lengths: _Lengths = None) -> tuple[Tensor | PackedSequence, Tensor]:
         """RNN's and GRU's forward (one state, h); LSTM's has (h, c)."""
         out, (h_n,) = self._forward(input, hx, lengths, (self.hidden_size,))
         return out, h_n
 
-    def _forward(
-        self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
-        sizes: tuple[int, ...],
-    ) -> tuple[Tensor | PackedSequence, list[Tensor]]:
+    def _forward(self, input: Tensor | PackedSequence, hx: Tensor | tuple | None, lengths: _Lengths,
+                 sizes: tuple[int, ...]) -> tuple[Tensor | PackedSequence, list[Tensor]]:
         x, batched, lens, packing, dt = self._prepare(input, lengths)
-        names = ("h_0", "c_0")
         states = [hx] if len(sizes) == 1 else _pair(hx, "(h_0, c_0)")
-        h = [self._state(s, x, batched, n, names[i], dt)
-             for i, (s, n) in enumerate(zip(states, sizes, strict=True))]
+        L = (self.num_layers * self._num_directions,)
+        h = [self._state(s, x, batched, n, name, dt, L)
+             for s, n, name in zip(states, sizes, ("h_0", "c_0")[: len(sizes)], strict=True)]
         with _autocast_off(x.device.type, dt):
             out, finals = self._run(x, lens, h, dt)
-        return self._finish(out, finals, batched, packing)
-
-    def extra_repr(self) -> str:
-        s = f"{self.input_size}, {self.hidden_size}"
-        if self.proj_size:
-            s += f", proj_size={self.proj_size}"
-        if self.num_layers != 1:
-            s += f", num_layers={self.num_layers}"
-        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
-                              ("bidirectional", False)):
-            if getattr(self, name) != default:
-                s += f", {name}={getattr(self, name)}"
-        return s + self._ln_repr()
+        if not batched:  # the output in the input's layout, final states (L * D, B, .)
+            return out.squeeze(1), [s.squeeze(1) for s in finals]
+        if packing is not None:
+            return _repack(out, *packing), finals
+        return (out.transpose(0, 1) if self.batch_first else out), finals
 
 
 class RNN(_RNNKind, _RNNBase):
@@ -792,21 +698,18 @@ class RNN(_RNNKind, _RNNBase):
         - Output: ``(output (T, B, D * H), h_n (num_layers * D, B, H))``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1,
-        nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        device: _Device = None, dtype: torch.dtype | None = None, *, layer_norm: bool = True,
-        eps: float = 1e-5, ln_impl: _Impl = LN_IMPL, norm: _NormFactory = None,
-    ) -> None:
+    _shown = (*_RNNBase._shown, ("nonlinearity", "tanh"))
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 nonlinearity: Literal["tanh", "relu"] = "tanh", bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, eps: float = 1e-5, ln_impl: _Impl = LN_IMPL,
+                 norm: _NormFactory = None) -> None:
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, tuple(_ACTS))
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity!r}"
 
 
 class LSTM(_LSTMKind, _RNNBase):
@@ -814,8 +717,7 @@ class LSTM(_LSTMKind, _RNNBase):
 
     Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (4H), ``ln_c_l{k}`` (H). ``bptt="hand"`` runs each layer
     through :func:`lnbook.bptt.ln_lstm_recurrence` where it applies (LayerNorms with gains, no
-    padding, no ``proj_size``, float32/64, not while compiling); ``"autograd"`` (default) the step
-    loop.
+    padding or ``proj_size``, float32/64, not compiling); ``"autograd"`` (default) the step loop.
 
     Args:
         as :class:`RNN`, plus ``proj_size`` (torch's), and keyword-only ``forget_bias`` (as
@@ -824,14 +726,14 @@ class LSTM(_LSTMKind, _RNNBase):
     Shape: as :class:`RNN`; hx and the final state ``(h, c)``.
     """
 
-    def __init__(
-        self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-        proj_size: int = 0, device: _Device = None, dtype: torch.dtype | None = None, *,
-        layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
-        ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
-        norm: _NormFactory = None,
-    ) -> None:
+    _shown = (*_RNNBase._shown, ("forget_bias", 0.0), ("bptt", "autograd"))
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, device: _Device = None, dtype: torch.dtype | None = None, *,
+                 layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
+                 ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
+                 norm: _NormFactory = None) -> None:
         if bptt not in ("hand", "autograd"):
             raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
         self._set_forget_bias(forget_bias, bias)
@@ -840,18 +742,11 @@ class LSTM(_LSTMKind, _RNNBase):
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
 
-    def forward(
-        self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
-        lengths: _Lengths = None,
-    ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
-        out, (h_n, c_n) = self._forward(input, hx, lengths, (self._out_size, self.hidden_size))
+    def forward(self, input: Tensor | PackedSequence, hx: tuple[Tensor, Tensor] | None = None, *,
+                lengths: _Lengths = None) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+        sizes = (self.proj_size or self.hidden_size, self.hidden_size)  # of h and c
+        out, (h_n, c_n) = self._forward(input, hx, lengths, sizes)
         return out, (h_n, c_n)
-
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        if self.forget_bias:
-            s += f", forget_bias={self.forget_bias}"
-        return s if self.bptt == "autograd" else s + f", bptt={self.bptt!r}"
 
 
 class GRU(_GRUKind, _RNNBase):

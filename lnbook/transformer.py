@@ -24,12 +24,10 @@ from lnbook.checks import ShapeError, check_choice, check_size, make_module
 from lnbook.norms import LN_IMPL, LN_IMPLS, LayerNorm
 from lnbook.variants import DyT, RMSNorm
 
-__all__ = [
-    "TransformerConfig", "SelfAttention", "MLP", "Block", "Transformer", "make_norm",
-    "deepnorm_constants", "sequence_loss", "max_attention_logits", "layer_gradient_norms",
-    "norm_inputs_outputs", "residual_stream", "center_residual_stream_", "to_pre_rmsnorm",
-    "IGNORE_INDEX",
-]
+__all__ = ["TransformerConfig", "SelfAttention", "MLP", "Block", "Transformer", "make_norm",
+           "deepnorm_constants", "sequence_loss", "max_attention_logits", "layer_gradient_norms",
+           "norm_inputs_outputs", "residual_stream", "center_residual_stream_", "to_pre_rmsnorm",
+           "IGNORE_INDEX"]
 
 NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]
@@ -106,9 +104,8 @@ class TransformerConfig:
         return self.position != "post" if self.final_norm is None else bool(self.final_norm)
 
 
-def make_norm(config: TransformerConfig, size: int | None = None, *,
-              kind: NormKind | None = None, device: Device = None, dtype: Dtype = None
-              ) -> nn.Module:
+def make_norm(config: TransformerConfig, size: int | None = None, *, kind: NormKind | None = None,
+              device: Device = None, dtype: Dtype = None) -> nn.Module:
     """The one place a Transformer's norms are made: ``config.norm`` (or ``kind``) over ``size``
     features (None: ``d_model``): LayerNorm, RMSNorm, DyT, Identity, or the factory's module."""
     if not isinstance(config, TransformerConfig):
@@ -145,15 +142,12 @@ class SelfAttention(nn.Module):
     module``) queries and keys are normalized per head first (Dehghani et al., 2023). Every
     forward stores its largest logit, detached, in ``last_max_logit`` (masked ones excluded).
 
-    Shape:
-        - Input: ``(B, T, D)``; output: ``(B, T, D)``.
+    Shape: input and output ``(B, T, D)``.
     """
 
-    def __init__(
-        self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
-        dropout: float = 0.0, causal: bool = True, bias: bool = True, device: Device = None,
-        dtype: Dtype = None, **removed: object,
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
+                 dropout: float = 0.0, causal: bool = True, bias: bool = True,
+                 device: Device = None, dtype: Dtype = None, **removed: object) -> None:
         super().__init__()
         if removed:
             raise TypeError(
@@ -188,9 +182,6 @@ class SelfAttention(nn.Module):
     def logits(self, x: Tensor) -> Tensor:
         """The attention logits ``q . k / sqrt(d_h)`` of input ``x`` ``(B, T, D)``, shape
         ``(B, H, T, T)``; positions a causal head may not see hold ``-inf``."""
-        return self._logits_and_values(x)[0]
-
-    def _logits_and_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"attention expects input of shape (B, T, {self.d_model}), got {tuple(x.shape)}"
@@ -198,15 +189,15 @@ class SelfAttention(nn.Module):
         t = x.shape[1]
         q = self.q_norm(self._heads(self.q_proj(x)))  # (B, H, T, Dh)
         k = self.k_norm(self._heads(self.k_proj(x)))  # (B, H, T, Dh)
-        v = self._heads(self.v_proj(x))  # (B, H, T, Dh)
         att = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, T)
         if self.causal:
             seen = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # (T, T)
             att = att.masked_fill(~seen, float("-inf"))  # (B, H, T, T)
-        return att, v
+        return att
 
     def forward(self, x: Tensor) -> Tensor:
-        att, v = self._logits_and_values(x)  # (B, H, T, T), (B, H, T, Dh)
+        att = self.logits(x)  # (B, H, T, T)
+        v = self._heads(self.v_proj(x))  # (B, H, T, Dh)
         b, t, d = x.shape
         self.last_max_logit = att.detach().amax()  # () masked entries are -inf
         att = self.attn_dropout(att.softmax(dim=-1))  # (B, H, T, T) rows sum to 1
@@ -261,8 +252,7 @@ class Block(nn.Module):
     Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
     depth from 1. The former ``Block(d_model, n_heads, d_ff, ...)`` warns (deprecated).
 
-    Shape:
-        - Input: ``(B, T, D)``; output: ``(B, T, D)``.
+    Shape: input and output ``(B, T, D)``.
     """
 
     def __init__(self, config: TransformerConfig, *args: object, layer: int = 1,
@@ -305,12 +295,10 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *self._out_norms()):
+        out_norms = (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
+        for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *out_norms):
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
-
-    def _out_norms(self) -> tuple[nn.Module, ...]:
-        return (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
 
     def _norm(self, norm: nn.Module, x: Tensor) -> Tensor:
         """``norm(x)``, times ``1 / sqrt(layer)`` with LayerNorm Scaling."""
@@ -343,17 +331,15 @@ class Block(nn.Module):
         s = f"norm={self.norm_kind!r}, position={self.position!r}"
         if self.scale is not None:
             s += f", layer={self.layer}, scale={self.scale:.4g}"
-        if self.deepnorm_alpha is not None:
-            s += f", deepnorm_alpha={self.deepnorm_alpha:.4g}"
-        if self.deepnorm_beta is not None:
-            s += f", deepnorm_beta={self.deepnorm_beta:.4g}"
+        for name in ("deepnorm_alpha", "deepnorm_beta"):
+            if getattr(self, name) is not None:
+                s += f", {name}={getattr(self, name):.4g}"
         return s
 
 
-def _legacy_block_config(
-    d_model: object, n_heads: object = None, d_ff: object = None, *,
-    deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None, **options: object,
-) -> tuple[TransformerConfig, float | None, float | None]:
+def _legacy_block_config(d_model: object, n_heads: object = None, d_ff: object = None, *,
+                         deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None,
+                         **options: object) -> tuple[TransformerConfig, float | None, float | None]:
     """The config (placeholder V, L, max_len) and DeepNorm constants of the deprecated form."""
     warnings.warn("Block(d_model, n_heads, ...) is deprecated: build a block from the model's "
                   "config, Block(TransformerConfig(...), layer=l), or take "
@@ -379,8 +365,7 @@ class Transformer(nn.Module):
     Xavier-normal, biases 0. ``Transformer(vocab_size, d_model, n_heads, n_layers, max_len,
     **fields)`` is shorthand for ``Transformer(TransformerConfig(...))``.
 
-    Shape:
-        - Input: token ids ``(B, T)`` (int64, ``T <= max_len``); output: logits ``(B, T, V)``.
+    Shape: token ids ``(B, T)`` (int64, ``T <= max_len``) in, logits ``(B, T, V)`` out.
     """
 
     def __init__(self, config: TransformerConfig | int, *sizes: int, device: Device = None,
@@ -486,9 +471,8 @@ def max_attention_logits(model: Transformer | Block) -> list[float]:
     return out
 
 
-def layer_gradient_norms(
-    model: Transformer, inputs: Tensor, targets: Tensor
-) -> list[dict[str, float]]:
+def layer_gradient_norms(model: Transformer, inputs: Tensor,
+                         targets: Tensor) -> list[dict[str, float]]:
     """Norms of the gradient of :func:`sequence_loss` per block, one batch (claims P04-P05;
     ``.grad`` untouched). One dict per block: each parameter by name, and the groups
     ``"attention"``, ``"ffn"``, ``"norms"`` and ``"block"``."""

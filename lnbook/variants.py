@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -25,21 +24,17 @@ from lnbook.checks import (
     check_trailing,
 )
 from lnbook.functional import normalize
-from lnbook.norms import _Affine
+from lnbook.norms import _LOW_PRECISION, _Affine, _ShapeLike
 
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
-_ShapeLike = int | Sequence[int] | torch.Size
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 # -------------------- RMSNorm
 
 
-def rms_norm(
-    input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
-    eps: float | None = None,
-) -> Tensor:
+def rms_norm(input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
     r"""Root mean square layer normalization (Zhang and Sennrich, 2019; Part II, "RMSNorm").
 
     .. math:: y = \frac{x}{\sqrt{\mathrm{mean}(x^2) + \epsilon}} \odot g
@@ -70,22 +65,16 @@ class RMSNorm(nn.Module):
     state dict.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, eps: float | None = None,
-        elementwise_affine: bool = True, device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, eps: float | None = None,
+                 elementwise_affine: bool = True, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         check_eps(eps, allow_none=True)
         self.eps = None if eps is None else float(eps)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
-        if self.elementwise_affine:
-            self.weight = nn.Parameter(
-                torch.empty(self.normalized_shape, device=device, dtype=dtype)
-            )
-        else:
-            self.register_parameter("weight", None)
+        self.register_parameter("weight", nn.Parameter(torch.empty(
+            self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -104,10 +93,8 @@ class RMSNorm(nn.Module):
 # -------------------- Group normalization
 
 
-def group_norm(
-    input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
-    eps: float = 1e-5,
-) -> Tensor:
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     r"""Group normalization (Wu and He, 2018): per-example statistics over groups of channels.
 
     .. math:: y = \frac{x - \mu_{n,g}}{\sqrt{\sigma^2_{n,g} + \epsilon}} \cdot \gamma_c + \beta_c
@@ -147,11 +134,9 @@ class GroupNorm(_Affine):
     interface and state dict.
     """
 
-    def __init__(
-        self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
-        bias: bool = True,
-    ) -> None:
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None, *,
+                 bias: bool = True) -> None:
         super().__init__()
         check_size("num_groups", num_groups)
         check_size("num_channels", num_channels)
@@ -179,9 +164,8 @@ class GroupNorm(_Affine):
 # -------------------- Dynamic Tanh
 
 
-def dyt(
-    input: Tensor, alpha: Tensor | float, weight: Tensor | None = None, bias: Tensor | None = None
-) -> Tensor:
+def dyt(input: Tensor, alpha: Tensor | float, weight: Tensor | None = None,
+        bias: Tensor | None = None) -> Tensor:
     r"""Dynamic Tanh (Zhu et al., 2025): an element-wise stand-in for a norm layer (P11-P12).
 
     .. math:: y = \gamma \odot \tanh(\alpha x) + \beta
@@ -199,15 +183,14 @@ def dyt(
     return y
 
 
-class DyT(nn.Module):
+class DyT(_Affine):
     r"""Dynamic Tanh as a module (see :func:`dyt`): ``alpha`` (1,) starts at ``alpha_init``
     (default 0.5), ``weight`` at 1, ``bias`` at 0; the authors' parameter names.
     """
 
-    def __init__(
-        self, normalized_shape: _ShapeLike, alpha_init: float = 0.5,
-        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, normalized_shape: _ShapeLike, alpha_init: float = 0.5,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.normalized_shape = as_normalized_shape(normalized_shape)
         if isinstance(alpha_init, bool) or not (
@@ -217,15 +200,13 @@ class DyT(nn.Module):
         self.alpha_init = float(alpha_init)
         kw = {"device": device, "dtype": dtype}
         self.alpha = nn.Parameter(torch.empty(1, **kw))
-        self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))
-        self.bias = nn.Parameter(torch.empty(self.normalized_shape, **kw))
+        self._add_affine(self.normalized_shape, True, True, kw)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """``alpha`` to ``alpha_init``, the gain to 1 and the bias to 0."""
         nn.init.constant_(self.alpha, self.alpha_init)
-        nn.init.ones_(self.weight)
-        nn.init.zeros_(self.bias)
+        super().reset_parameters()
 
     def forward(self, input: Tensor) -> Tensor:
         check_floating(input)

@@ -476,7 +476,7 @@ class _ConstantXHat(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weight, bias):
-        return norms._layer_norm_forward(x, weight, bias, x.shape[-1], 1e-5)
+        return norms._LayerNormFunction.forward(x, weight, bias, (x.shape[-1],), 1e-5)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

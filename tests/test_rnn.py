@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 import lnbook
 from lnbook import reference
+from lnbook.checks import ShapeError
 from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
 
 F64 = torch.float64
@@ -781,3 +783,33 @@ def test_cell_bad_input_raises(cls):
         cell(torch.randn(3, I), (h, h) if cls in (LNLSTMCell, DRAWLSTMCell) else h)
     with pytest.raises(ValueError, match="positive int"):
         cls(0, H)
+
+
+@pytest.mark.parametrize("cls", [RNN, LSTM, GRU, LNRNNCell, LNLSTMCell, LNGRUCell])
+def test_initial_states_checked_alike_in_cells_and_layers(cls):
+    # one check for every initial state: its shape (the layout named), a floating dtype, and
+    # the unbatched form
+    layer = cls in (RNN, LSTM, GRU)
+    m = cls(I, H, 2) if layer else cls(I, H)
+    names = {LSTM: ("h_0", "c_0"), LNLSTMCell: ("h", "c")}.get(cls, ("h_0",) if layer else ("hx",))
+    lead = (2,) if layer else ()
+    x = torch.randn(4, 3, I) if layer else torch.randn(3, I)
+    layout = f"(num_layers * num_directions, B, {H}) = " if layer else ""
+
+    def run(states, inp=x):
+        return m(inp, tuple(states) if len(names) == 2 else states[0])
+
+    for k, name in enumerate(names):
+        states = [torch.zeros(*lead, 3, H)] * len(names)
+        states[k] = torch.zeros(*lead, 2, H)
+        want = re.escape(f"{name} must have shape {layout}{(*lead, 3, H)}")
+        with pytest.raises(ShapeError, match=want):
+            run(states)
+        states[k] = torch.zeros(*lead, 3, H, dtype=torch.long)
+        with pytest.raises(TypeError, match=f"{name} must be a floating-point"):
+            run(states)
+    # unbatched input takes unbatched states: (L, H) for a layer, (H,) for a cell
+    h = torch.zeros(*lead, H)
+    out = run([h] * len(names), torch.randn(4, I) if layer else torch.randn(I))
+    final = out[1] if layer else out
+    assert (final[0] if len(names) == 2 else final).shape == h.shape
