@@ -84,8 +84,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "seed": self.seed, "history": self.history.to_dict(),
-                "info": _jsonable(self.info)}
+        return _jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Run:
@@ -105,8 +104,7 @@ class Results:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "config": _jsonable(self.config), "device": self.device,
-                "info": _jsonable(self.info), "runs": [r.to_dict() for r in self.runs]}
+        return _jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Results:

@@ -124,25 +124,21 @@ def sweep(
     folder = Path(out) if out is not None else None
     cfg = _jsonable(config)
     pairs = [(v, p, int(s)) for v, p in variants.items() for s in seeds]
-
-    def n_steps(v: str, p: Any) -> int:
-        return steps(v, p) if callable(steps) else int(steps or 0)
-
+    n_steps = [steps(v, p) if callable(steps) else int(steps or 0) for v, p, _ in pairs]
     done, jobs = _plan(name, pairs, folder, cfg, dev, checkpoint)
-    total = sum(n_steps(v, p) for v, p, _ in pairs) if steps is not None else None
+    total = sum(n_steps) if steps is not None else None
     bar = _SweepBar(total=total, disable=not progress_enabled(progress), desc=name,
                     unit="update")
     for i in done:
         tqdm.write(f"{label(*pairs[i][::2])}: finished earlier, read from "
                    f"{run_file(folder, pairs[i][0], pairs[i][2])}", file=sys.stderr)
-        bar.update(n_steps(*pairs[i][:2]))
+        bar.update(n_steps[i])
     for job, _ in jobs.values():
         job.bar = bar
     try:
         if executor is not None or (workers > 1 and dev.type == "cpu" and len(jobs) > 1):
-            train_concurrently(jobs, done, train_one, threads, cfg, bar,
-                               lambda i: n_steps(*pairs[i][:2]), folder,
-                               workers=min(workers, len(jobs)), executor=executor)
+            train_concurrently(jobs, done, train_one, threads, cfg, bar, n_steps.__getitem__,
+                               folder, workers=min(workers, len(jobs)), executor=executor)
         else:
             for i, (job, path) in jobs.items():
                 try:
