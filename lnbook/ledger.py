@@ -96,10 +96,7 @@ def verdict_from(parts: Mapping[str, bool]) -> str:
     ("reproduced"), some held ("partially reproduced"), or none held ("not reproduced")."""
     if not parts:
         raise ValueError("verdict_from needs at least one part, e.g. {'LN faster': True}")
-    held = [bool(v) for v in parts.values()]
-    if all(held):
-        return "reproduced"
-    return "partially reproduced" if any(held) else "not reproduced"
+    return combine({k: "holds" if v else "fails" for k, v in parts.items()})
 
 
 # --- decision rules, declared in book/claims.yml before the runs ----------------------------

@@ -166,14 +166,6 @@ def load_checkpoint(path: str | os.PathLike,
     return state
 
 
-def _say(message: str, bar: tqdm | None) -> None:
-    """Print a line to stderr without breaking a progress bar."""
-    if bar is not None:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)
-
-
 def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]],
               history: History, step: int) -> None:
     """Record ``eval_fn(model)`` (in eval mode, without gradients) at ``step``."""
@@ -254,7 +246,8 @@ def fit(
 
     name = label or "fit"
     if start > 0:
-        _say(f"{name}: resuming from update {start} of {steps} ({ckpt_path})", bar)
+        tqdm.write(f"{name}: resuming from update {start} of {steps} ({ckpt_path})",
+                   file=sys.stderr)
     t_start = time.perf_counter() - history.wall_time  # wall_time sums resumed sessions
     last_eval = history.eval_steps[-1] if history.eval_steps else None
     if eval_fn is not None and last_eval != start and (
@@ -308,7 +301,8 @@ def fit(
             # the model and the optimizer hold update `done` exactly: keep it
             history.wall_time = time.perf_counter() - t_start
             _save_checkpoint(ckpt_path, model, optimizer, done, steps, history, rng_mark)
-            _say(f"{name}: interrupted; saved update {done} of {steps} to {ckpt_path}", bar)
+            tqdm.write(f"{name}: interrupted; saved update {done} of {steps} to {ckpt_path}",
+                       file=sys.stderr)
         raise
     finally:
         if own_bar:

@@ -1,8 +1,5 @@
-"""What a sweep produced, in one layout for every experiment: :class:`Run`, :class:`Results`.
-
-The chapters, the plots and the claims ledger all read a :class:`Results`; :func:`save_results`
-and :func:`load_results` keep it as strict JSON (non-finite floats become null).
-"""
+"""What a sweep produced, in one layout for every experiment (:class:`Run`, :class:`Results`);
+:func:`save_results` and :func:`load_results` keep it as strict JSON (inf, NaN: null)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The one protocol every experiment follows: variants x seeds -> fit -> :class:`Results`.
-
-:func:`sweep` trains every (variant, seed) pair (here, in worker processes, or on an
-executor: :mod:`.workers`) under one progress bar, keeps finished runs and checkpoints in
-``out`` (:mod:`.store`: resumable, never overwritten) and returns one :class:`Results`.
-"""
+"""The one protocol every experiment follows: :func:`sweep`, variants x seeds -> fit -> one
+:class:`Results` (here, in worker processes or on an executor: :mod:`.workers`), finished runs
+and checkpoints kept in ``out`` (:mod:`.store`: resumable, never overwritten)."""
 
 from __future__ import annotations
 
@@ -95,8 +92,8 @@ def sweep(
         device: ``"auto"`` (cuda, mps, cpu) or a device.
         out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
             memory. Finished runs of the same config are reused (continued when only
-            ``steps``, ``eval_every``, ``checkpoint``, ``threads`` or ``workers`` changed);
-            runs of another config raise :class:`OutConflict` before anything trains.
+            :data:`~.store.CONTINUES` fields changed); runs of another config raise
+            :class:`OutConflict` before anything trains.
         checkpoint: give every job a checkpoint file under ``out``.
         steps: updates per run (an int, or ``(variant, params) -> int``), for the bar.
         info: stored as ``Results.info``.
