@@ -162,10 +162,8 @@ class Results:
 
     def table(self, metrics: Sequence[str], stat: str = "final", fmt: str = ".3f",
               variants: Sequence[str] | None = None) -> Table:
-        """A small table: one row per variant, one column per metric, values per seed.
-
-        ``stat`` is ``"final"``, ``"min"`` or ``"max"`` (the best over training).
-        """
+        """A small table: one row per variant, one column per metric, values per seed;
+        ``stat`` is ``"final"``, ``"min"`` or ``"max"`` (the best over training)."""
         rows = []
         for v in variants or self.variants:
             cells = []
