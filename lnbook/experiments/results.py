@@ -128,11 +128,8 @@ class Results:
         return runs
 
     def curves(self, variant: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """One metric over training, every seed: ``(steps (E,), values (seeds, E))``.
-
-        ``metric`` is a key of the dicts the evaluation returned (measured at ``eval_steps``),
-        or ``"loss"`` for the training loss of every update (measured at ``steps``).
-        """
+        """One metric over training, every seed: ``(steps (E,), values (seeds, E))``; ``metric``
+        is a key of the evaluation's dicts (at ``eval_steps``) or ``"loss"`` (every update)."""
         runs = self.select(variant)
         h = runs[0].history
         if metric == "loss":
