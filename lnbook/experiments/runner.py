@@ -92,8 +92,8 @@ def sweep(
         device: ``"auto"`` (cuda, mps, cpu) or a device.
         out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
             memory. Finished runs of the same config are reused (continued when only
-            :data:`~.store.CONTINUES` fields changed); runs of another config raise
-            :class:`OutConflict` before anything trains.
+            :data:`~lnbook.experiments.store.CONTINUES` fields changed); runs of another
+            config raise :class:`OutConflict` before anything trains.
         checkpoint: give every job a checkpoint file under ``out``.
         steps: updates per run (an int, or ``(variant, params) -> int``), for the bar.
         info: stored as ``Results.info``.
