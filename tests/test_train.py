@@ -223,6 +223,9 @@ def test_fit_errors():
         fit(model, data, opt, steps=1, eval_every=1, loss_fn=lambda m, b: m(b[0]), device="cpu")
     with pytest.raises(TypeError, match="callable"):
         fit(model, [(x, y)], opt, steps=1, eval_every=1)
+    with pytest.raises(TypeError, match=r"eval_fn must return a dict\[str, float\], got list"):
+        fit(model, data, opt, steps=1, eval_every=1, loss_fn=_mse, device="cpu",
+            eval_fn=lambda m: [0.0])
 
 
 def test_progress_enabled(monkeypatch):

@@ -11,49 +11,27 @@ writes ``out/<NAME>.json``, never over results of another config. The shared mac
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
-from lnbook.experiments import (
-    attention_geometry,
-    convnet,
-    deep_mlp,
-    depth,
-    draw,
-    dyt,
-    dyt_regime,
-    group_norm,
-    handwriting,
-    mistakes,
-    mnist,
-    order_embeddings,
-    peri_ln,
-    placement,
-    qk_norm,
-    reader,
-    removal,
-    rmsnorm,
-    rnn_length,
-    skip_thoughts,
-)
 from lnbook.experiments.protocol import *  # noqa: F403  (the shared machinery)
 from lnbook.experiments.protocol import __all__ as _shared
 
 __all__ = ["EXPERIMENTS", "load_experiment", *(n for n in _shared if n != "UnreadableFile")]
 
+_NAMES = (  # the experiment modules, in the book's order
+    "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
+    "handwriting", "mnist", "convnet", "rmsnorm", "placement", "group_norm", "qk_norm", "dyt",
+    "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime",
+)
 EXPERIMENTS: dict[str, ModuleType] = {
-    m.NAME: m
-    for m in (rnn_length, deep_mlp, order_embeddings, reader, skip_thoughts, draw, handwriting,
-              mnist, convnet, rmsnorm, placement, group_norm, qk_norm, dyt, mistakes, peri_ln,
-              depth, attention_geometry, removal, dyt_regime)
+    m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)
 }
 
 
 def load_experiment(name: str) -> ModuleType:
-    """The module of experiment ``name`` (a key of :data:`EXPERIMENTS`).
-
-    Raises:
-        KeyError: for a name that is not registered; the message lists the known names.
-    """
+    """The module of experiment ``name`` (a key of :data:`EXPERIMENTS`); ``KeyError`` listing
+    the known names for any other name."""
     if name not in EXPERIMENTS:
         known = ", ".join(sorted(EXPERIMENTS)) or "(none)"
         raise KeyError(f"unknown experiment {name!r}; known experiments: {known}")

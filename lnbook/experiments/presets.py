@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from lnbook.checks import check_choice
+
 __all__ = ["SCALES", "check_scale", "make_config"]
 
 SCALES: tuple[str, ...] = ("quick", "paper")
@@ -14,9 +16,7 @@ SCALES: tuple[str, ...] = ("quick", "paper")
 
 def check_scale(scale: str) -> str:
     """Return ``scale`` if it is ``"quick"`` or ``"paper"``, else raise ``ValueError``."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    return scale
+    return check_choice("scale", scale, SCALES)
 
 
 def make_config(config_cls: type, presets: Mapping[str, Mapping[str, Any]], scale: str,

@@ -1,8 +1,6 @@
-"""The one protocol every experiment follows, under one name: variants x seeds -> fit ->
-:class:`Results` (chapters 3.1, 6.1-6.7, 7, Part II). It gathers the machinery of
-``presets``, ``results``, ``metrics``, ``store``, ``job``, ``workers`` and ``runner``, so
-that ``from lnbook.experiments.protocol import ...`` keeps working.
-"""
+"""The one protocol every experiment follows (variants x seeds -> fit -> :class:`Results`)
+under its old address: the names of ``presets``, ``results``, ``metrics``, ``store``, ``job``,
+``workers`` and ``runner``, so that ``from lnbook.experiments.protocol import ...`` works."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a sweep produced, in one layout for every experiment: :class:`Run`, :class:`Results`.
-
-The chapters, the plots and the claims ledger all read a :class:`Results`; :func:`save_results`
-and :func:`load_results` keep it as strict JSON (non-finite floats become null).
-"""
+"""What a sweep produced, in one layout for every experiment (:class:`Run`, :class:`Results`);
+:func:`save_results` and :func:`load_results` keep it as strict JSON (inf, NaN: null)."""
 
 from __future__ import annotations
 
@@ -84,8 +81,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"variant": self.variant, "seed": self.seed, "history": self.history.to_dict(),
-                "info": _jsonable(self.info)}
+        return _jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Run:
@@ -105,8 +101,7 @@ class Results:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "config": _jsonable(self.config), "device": self.device,
-                "info": _jsonable(self.info), "runs": [r.to_dict() for r in self.runs]}
+        return _jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Results:
@@ -133,11 +128,8 @@ class Results:
         return runs
 
     def curves(self, variant: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """One metric over training, every seed: ``(steps (E,), values (seeds, E))``.
-
-        ``metric`` is a key of the dicts the evaluation returned (measured at ``eval_steps``),
-        or ``"loss"`` for the training loss of every update (measured at ``steps``).
-        """
+        """One metric over training, every seed: ``(steps (E,), values (seeds, E))``; ``metric``
+        is a key of the evaluation's dicts (at ``eval_steps``) or ``"loss"`` (every update)."""
         runs = self.select(variant)
         h = runs[0].history
         if metric == "loss":
@@ -167,10 +159,8 @@ class Results:
 
     def table(self, metrics: Sequence[str], stat: str = "final", fmt: str = ".3f",
               variants: Sequence[str] | None = None) -> Table:
-        """A small table: one row per variant, one column per metric, values per seed.
-
-        ``stat`` is ``"final"``, ``"min"`` or ``"max"`` (the best over training).
-        """
+        """A small table: one row per variant, one column per metric, values per seed;
+        ``stat`` is ``"final"``, ``"min"`` or ``"max"`` (the best over training)."""
         rows = []
         for v in variants or self.variants:
             cells = []

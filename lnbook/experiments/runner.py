@@ -1,9 +1,6 @@
-"""The one protocol every experiment follows: variants x seeds -> fit -> :class:`Results`.
-
-:func:`sweep` trains every (variant, seed) pair (here, in worker processes, or on an
-executor: :mod:`.workers`) under one progress bar, keeps finished runs and checkpoints in
-``out`` (:mod:`.store`: resumable, never overwritten) and returns one :class:`Results`.
-"""
+"""The one protocol every experiment follows: :func:`sweep`, variants x seeds -> fit -> one
+:class:`Results` (here, in worker processes or on an executor: :mod:`.workers`), finished runs
+and checkpoints kept in ``out`` (:mod:`.store`: resumable, never overwritten)."""
 
 from __future__ import annotations
 
@@ -95,8 +92,8 @@ def sweep(
         device: ``"auto"`` (cuda, mps, cpu) or a device.
         out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
             memory. Finished runs of the same config are reused (continued when only
-            ``steps``, ``eval_every``, ``checkpoint``, ``threads`` or ``workers`` changed);
-            runs of another config raise :class:`OutConflict` before anything trains.
+            :data:`~lnbook.experiments.store.CONTINUES` fields changed); runs of another
+            config raise :class:`OutConflict` before anything trains.
         checkpoint: give every job a checkpoint file under ``out``.
         steps: updates per run (an int, or ``(variant, params) -> int``), for the bar.
         info: stored as ``Results.info``.
@@ -124,25 +121,21 @@ def sweep(
     folder = Path(out) if out is not None else None
     cfg = _jsonable(config)
     pairs = [(v, p, int(s)) for v, p in variants.items() for s in seeds]
-
-    def n_steps(v: str, p: Any) -> int:
-        return steps(v, p) if callable(steps) else int(steps or 0)
-
+    n_steps = [steps(v, p) if callable(steps) else int(steps or 0) for v, p, _ in pairs]
     done, jobs = _plan(name, pairs, folder, cfg, dev, checkpoint)
-    total = sum(n_steps(v, p) for v, p, _ in pairs) if steps is not None else None
+    total = sum(n_steps) if steps is not None else None
     bar = _SweepBar(total=total, disable=not progress_enabled(progress), desc=name,
                     unit="update")
     for i in done:
         tqdm.write(f"{label(*pairs[i][::2])}: finished earlier, read from "
                    f"{run_file(folder, pairs[i][0], pairs[i][2])}", file=sys.stderr)
-        bar.update(n_steps(*pairs[i][:2]))
+        bar.update(n_steps[i])
     for job, _ in jobs.values():
         job.bar = bar
     try:
         if executor is not None or (workers > 1 and dev.type == "cpu" and len(jobs) > 1):
-            train_concurrently(jobs, done, train_one, threads, cfg, bar,
-                               lambda i: n_steps(*pairs[i][:2]), folder,
-                               workers=min(workers, len(jobs)), executor=executor)
+            train_concurrently(jobs, done, train_one, threads, cfg, bar, n_steps.__getitem__,
+                               folder, workers=min(workers, len(jobs)), executor=executor)
         else:
             for i, (job, path) in jobs.items():
                 try:

@@ -30,8 +30,7 @@ PARENT_POLL_SECONDS = 0.2  # how often a worker checks that its parent is alive
 
 
 def _exit_with_parent(parent: int) -> None:
-    """Watch ``parent``; when it is gone (this process was handed to another parent), end
-    this process at once, whatever its main thread is doing."""
+    """End this process at once, whatever its main thread does, when ``parent`` is gone."""
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_SECONDS)
     os._exit(1)  # no cleanup to run: a run's files are written atomically
@@ -46,8 +45,7 @@ def _worker_ignores_ctrl_c(parent: int | None = None) -> None:
 
 
 def _train_job_in_worker(*args: Any) -> Run:
-    """:func:`train_job` in a worker, where Ctrl-C interrupts the run (which then saves its
-    checkpoint, as in the parent), and only while the run trains."""
+    """:func:`train_job` in a worker: Ctrl-C interrupts the run (saving its checkpoint)."""
     ignore = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return train_job(*args)
@@ -85,11 +83,9 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
     own = executor is None
     if own:
         _check_picklable(train_one)
-        pool: Executor = process_pool(workers)
-        limit: int | None = workers
-        fn: Callable[..., Run] = _train_job_in_worker
-    else:
-        pool, limit, fn = executor, None, train_job
+    pool = process_pool(workers) if own else executor
+    limit = workers if own else len(jobs)  # an executor takes every job at once
+    fn = _train_job_in_worker if own else train_job
     quiet = tqdm(disable=True)  # a worker cannot draw on this process's bar
     waiting = list(jobs)  # indices not yet handed out, in order
     running: dict[Future, int] = {}
@@ -107,7 +103,7 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
         done[i] = run
 
     try:
-        while waiting and (limit is None or len(running) < limit):
+        while waiting and len(running) < limit:
             start_next()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -140,8 +136,7 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
 def _stop(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
           running: dict[Future, int], own: bool, folder: Path | None, bar: tqdm,
           finish: Callable[[int, Run], None]) -> None:
-    """After Ctrl-C: collect what finished and what was checkpointed; raise
-    :class:`SweepInterrupted`."""
+    """After Ctrl-C: raise :class:`SweepInterrupted` with what finished or was checkpointed."""
     # workers that got the Ctrl-C too (a terminal sends it to them all) save a checkpoint and
     # stop; runs whose worker did not (Jupyter interrupts the kernel only) go on in the
     # background and save their results when they finish
