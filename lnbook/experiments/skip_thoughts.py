@@ -154,11 +154,9 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
 
     # topic probe: held-out sentences of the topics with the most of them
     held_counts = torch.bincount(topic[held], minlength=len(corpus.topics))
-    order = torch.argsort(held_counts, descending=True, stable=True)
-    chosen = sorted(order[:probe_topics].tolist())
-    topic_ids = torch.nonzero(held & torch.isin(topic, torch.tensor(chosen))).flatten()
-    remap = {t: c for c, t in enumerate(chosen)}
-    topic_labels = torch.tensor([remap[int(t)] for t in topic[topic_ids]])
+    chosen = torch.argsort(held_counts, descending=True, stable=True)[:probe_topics].sort().values
+    topic_ids = torch.nonzero(held & torch.isin(topic, chosen)).flatten()
+    topic_labels = torch.searchsorted(chosen, topic[topic_ids])  # class 0..K-1
 
     # neighbour probe: each held-out sentence with its successor (1) and with a random
     # held-out sentence of the same topic that is not adjacent (0)
@@ -178,7 +176,7 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
     pair_labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).long()
     return SkipThoughtData(vocab, tokens, topic, held, triples[same & ~held_3.any(1)],
                            triples[same & held_3.all(1)], topic_ids, topic_labels,
-                           [corpus.topics[t] for t in chosen], pairs, pair_labels)
+                           [corpus.topics[t] for t in chosen.tolist()], pairs, pair_labels)
 
 
 def unigram_loss(data: SkipThoughtData) -> float:
