@@ -64,9 +64,8 @@ def image_attributes(images: Tensor) -> dict[str, Tensor]:
     img = images.float().view(-1, 28, 28)  # (N, 28, 28)
     fg = img > 0.5  # (N, 28, 28)
     padded = F.pad(fg, (1, 1, 1, 1))  # (N, 30, 30)
-    inner = (
-        padded[:, :-2, 1:-1] & padded[:, 2:, 1:-1] & padded[:, 1:-1, :-2] & padded[:, 1:-1, 2:]
-    )  # (N, 28, 28): all four neighbours inked
+    # (N, 28, 28): all four neighbours inked
+    inner = padded[:, :-2, 1:-1] & padded[:, 2:, 1:-1] & padded[:, 1:-1, :-2] & padded[:, 1:-1, 2:]
     area = fg.sum(dim=(1, 2)).float()  # (N,)
     perimeter = (fg & ~inner).sum(dim=(1, 2)).float().clamp(min=1.0)  # (N,)
     thickness = 2.0 * area / perimeter
@@ -94,9 +93,7 @@ def tercile_edges(values: Tensor, labels: Tensor, num_classes: int = 10) -> Tens
     q = torch.tensor([1.0 / 3.0, 2.0 / 3.0])
     for k in range(num_classes):
         v = values[labels == k].float()
-        if v.numel() == 0:
-            v = values.float()
-        edges[k] = torch.quantile(v, q)
+        edges[k] = torch.quantile(v if v.numel() else values.float(), q)  # all: a class absent
     return edges
 
 
@@ -125,8 +122,7 @@ def make_caption(label: int, bins: tuple[int, int, int], rng: random.Random) -> 
 
 def build_vocab(texts: list[str]) -> list[str]:
     """Sorted vocabulary of the training captions, with ``<pad>`` = 0 and ``<unk>`` = 1."""
-    words = sorted({w for t in texts for w in t.split()})
-    return [PAD, UNK, *words]
+    return [PAD, UNK, *sorted({w for t in texts for w in t.split()})]
 
 
 def encode_captions(texts: list[str], vocab: list[str]) -> tuple[Tensor, Tensor]:
@@ -178,33 +174,28 @@ def load_caption_data(n_train: int, n_val: int, n_test: int, captions_per_image:
     if n_train + n_val > len(train) or n_test > len(test):
         raise ValueError(f"asked for {n_train}+{n_val} training and {n_test} test images, but "
                          f"MNIST (source {train.source!r}) has {len(train)} and {len(test)}")
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(len(train), generator=g)
+    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     tr_idx, va_idx = perm[:n_train], perm[n_train : n_train + n_val]
     parts = {"train": (train.images[tr_idx], train.labels[tr_idx]),
              "val": (train.images[va_idx], train.labels[va_idx]),
              "test": (test.images[:n_test], test.labels[:n_test])}
-    tr_images, tr_labels = parts["train"]
-    tr_attr = image_attributes(tr_images)
-    edges = {a: tercile_edges(tr_attr[a], tr_labels) for a in ATTRIBUTES}
+    attrs = {split: image_attributes(images) for split, (images, _) in parts.items()}
+    edges = {a: tercile_edges(attrs["train"][a], parts["train"][1]) for a in ATTRIBUTES}
 
     raw: dict[str, tuple[Tensor, Tensor, Tensor, list[str]]] = {}
     for s_i, (split, (images, labels)) in enumerate(parts.items()):
-        attr = image_attributes(images)
-        bins = torch.stack([attribute_bins(attr[a], labels, edges[a]) for a in ATTRIBUTES],
-                           dim=1)  # (N, 3)
+        bins = torch.stack([attribute_bins(attrs[split][a], labels, edges[a])
+                            for a in ATTRIBUTES], dim=1)  # (N, 3)
         rng = random.Random(seed * 1009 + s_i)
         texts = [make_caption(int(lab), tuple(b.tolist()), rng)
                  for lab, b in zip(labels.tolist(), bins, strict=True)
                  for _ in range(captions_per_image)]
         raw[split] = (images.float(), labels, bins, texts)
     vocab = build_vocab(raw["train"][3])
-    out = {}
-    for split, (images, labels, bins, texts) in raw.items():
-        tokens, lengths = encode_captions(texts, vocab)
-        cap_img = torch.arange(len(labels)).repeat_interleave(captions_per_image)
-        out[split] = CaptionData(images, labels, bins, texts, tokens, lengths, cap_img, vocab)
-    return out
+    return {split: CaptionData(images, labels, bins, texts, *encode_captions(texts, vocab),
+                               torch.arange(len(labels)).repeat_interleave(captions_per_image),
+                               vocab)
+            for split, (images, labels, bins, texts) in raw.items()}
 
 
 class CaptionBatches:
@@ -445,13 +436,13 @@ def _train_one(config: Config, splits: dict[str, CaptionData], job: Job
                            layer_norm=job.params, margin=config.margin)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     # the best validation model (as the paper keeps), saved next to the checkpoint for resume
+    best: dict[str, Any] = {"rsum": -math.inf, "state": None}
     best_path = None
     if job.checkpoint is not None:
         best_path = job.checkpoint.with_name(f"{job.checkpoint.stem}-best.pt")
         best_path.parent.mkdir(parents=True, exist_ok=True)
-    best: dict[str, Any] = {"rsum": -math.inf, "state": None}
-    if best_path is not None and best_path.exists():
-        best.update(torch.load(best_path, weights_only=True))
+        if best_path.exists():
+            best.update(torch.load(best_path, weights_only=True))
 
     def eval_fn(m: nn.Module) -> dict[str, float]:
         metrics = evaluate(m, splits["val"])  # type: ignore[arg-type]

@@ -1,14 +1,13 @@
 """The running-sum sign task: RNNs with and without normalization, by length and batch size.
 
-Book chapters 3.1 (`03_1_ln_rnn`, claim C04) and 7 (`07_conclusion`, claim C22): :func:`run`
-trains the ``ln``, ``bn`` and ``plain`` :class:`SignModel` per (variant, training length, batch
-size); :func:`run_first_sign` trains plain and LN :class:`StackedRNN` on the sign of the first
-input, every seed and variant of one setting as one batched model.
+Chapters 3.1 (`03_1_ln_rnn`, claim C04; :func:`run`, one :class:`SignModel` per variant and
+seed) and 7 (`07_conclusion`, claim C22; :func:`run_first_sign`, one :class:`StackedRNN`).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -69,8 +68,7 @@ class Config:
         check_scale(self.scale)
         self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
         self.train_lens, self.batch_sizes = tuple(self.train_lens), tuple(self.batch_sizes)
-        bad = [v for v in self.variants if v not in VARIANTS]
-        if bad or not self.variants:
+        if not self.variants or not set(self.variants) <= set(VARIANTS):
             raise ValueError(f"variants must be drawn from {VARIANTS}, got {self.variants}")
         if not self.train_lens or min(self.train_lens) < 1:
             raise ValueError(f"train_lens must be lengths >= 1, got {self.train_lens}")
@@ -320,13 +318,12 @@ class StackedRNN(nn.Module):
         # the normalized models first, then the plain ones: one layer norm over a slice and
         # no mask inside the time loop (the models are put back in their order at the end)
         flags = self.ln_mask.view(-1).tolist()
-        order = [m for m, f in enumerate(flags) if f] + [m for m, f in enumerate(flags) if not f]
-        n_ln, moved = sum(flags), order != list(range(self.n_models))
+        order = sorted(range(self.n_models), key=lambda m: not flags[m])
+        n_ln, moved = sum(flags), order != sorted(order)
         w_ih, w_hh, bias, gain = self.w_ih, self.w_hh, self.bias, self.gain
         if moved:
-            idx = torch.tensor(order, device=x.device)
-            x, w_ih, w_hh, bias, gain = (t[idx] if t is not x else t[:, idx]
-                                         for t in (x, w_ih, w_hh, bias, gain))
+            x = x[:, order]
+            w_ih, w_hh, bias, gain = (p[order] for p in (w_ih, w_hh, bias, gain))
         xw = x.unsqueeze(-1) * w_ih[:, None, :]  # (T, M, B, H) the input terms, all steps
         h = x.new_zeros(x.shape[1], x.shape[2], self.hidden)  # (M, B, H)
         w_hh_t = w_hh.transpose(1, 2)  # (M, H, H)
@@ -397,15 +394,13 @@ def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
     :class:`StackedRNN` per (length, batch size); the runs of one seed share weights and data."""
     if not isinstance(config, FirstSignConfig):
         raise TypeError(f"config must be a FirstSignConfig, got {type(config).__name__}")
-    c = config
-    steps = np.arange(0, c.steps + 1, c.eval_every)
+    steps = np.arange(0, config.steps + 1, config.eval_every)
     error = {}
-    for length in c.lengths:
-        for bs in c.batch_sizes:
-            curves = _train_stack(c, length, bs, steps)  # (variants * seeds, E)
-            for i, v in enumerate(c.variants):
-                error[(v, length, bs)] = curves[i * len(c.seeds):(i + 1) * len(c.seeds)]
-    return FirstSignResults(c, steps, error)
+    for length, bs in itertools.product(config.lengths, config.batch_sizes):
+        curves = _train_stack(config, length, bs, steps)  # (variants * seeds, E)
+        for v, part in zip(config.variants, np.split(curves, len(config.variants)), strict=True):
+            error[(v, length, bs)] = part  # (seeds, E)
+    return FirstSignResults(config, steps, error)
 
 
 def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) -> np.ndarray:

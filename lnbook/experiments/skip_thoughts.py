@@ -142,27 +142,21 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
     held = torch.zeros(n, dtype=torch.bool)
     for k in range(len(corpus.topics)):
         idx = torch.nonzero(topic == k).flatten()
-        n_held = int(round(heldout * len(idx)))
-        if n_held:
-            held[idx[len(idx) - n_held :]] = True
+        held[idx[len(idx) - int(round(heldout * len(idx))) :]] = True  # the end of topic k
     train_sents = [s for s, h in zip(corpus.sentences, held.tolist(), strict=True) if not h]
     vocab = build_vocab(train_sents, vocab_size)
-    length = max(len(s) for s in corpus.sentences)
-    tokens = encode(corpus.sentences, vocab, length)
+    tokens = encode(corpus.sentences, vocab, max(len(s) for s in corpus.sentences))
 
     mid = torch.arange(1, n - 1)
-    same = (topic[mid - 1] == topic[mid]) & (topic[mid + 1] == topic[mid])
-    all_train = ~held[mid - 1] & ~held[mid] & ~held[mid + 1]
-    all_held = held[mid - 1] & held[mid] & held[mid + 1]
     triples = torch.stack([mid - 1, mid, mid + 1], dim=1)  # (n - 2, 3)
+    same = (topic[triples] == topic[mid, None]).all(1)  # (n - 2,) one topic
+    held_3 = held[triples]  # (n - 2, 3)
 
     # topic probe: held-out sentences of the topics with the most of them
     held_counts = torch.bincount(topic[held], minlength=len(corpus.topics))
-    order = torch.argsort(held_counts, descending=True, stable=True)
-    chosen = sorted(order[:probe_topics].tolist())
-    topic_ids = torch.nonzero(held & torch.isin(topic, torch.tensor(chosen))).flatten()
-    remap = {t: c for c, t in enumerate(chosen)}
-    topic_labels = torch.tensor([remap[int(t)] for t in topic[topic_ids]])
+    chosen = torch.argsort(held_counts, descending=True, stable=True)[:probe_topics].sort().values
+    topic_ids = torch.nonzero(held & torch.isin(topic, chosen)).flatten()
+    topic_labels = torch.searchsorted(chosen, topic[topic_ids])  # class 0..K-1
 
     # neighbour probe: each held-out sentence with its successor (1) and with a random
     # held-out sentence of the same topic that is not adjacent (0)
@@ -174,16 +168,15 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
             continue
         for a in range(len(idx) - 1):
             pos.append((int(idx[a]), int(idx[a + 1])))
-            while True:
+            b = a
+            while abs(b - a) <= 1:
                 b = int(torch.randint(len(idx), (1,), generator=g))
-                if abs(b - a) > 1:
-                    break
             neg.append((int(idx[a]), int(idx[b])))
     pairs = torch.tensor(pos + neg, dtype=torch.long).view(-1, 2)
     pair_labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).long()
-    return SkipThoughtData(vocab, tokens, topic, held, triples[same & all_train],
-                           triples[same & all_held], topic_ids, topic_labels,
-                           [corpus.topics[t] for t in chosen], pairs, pair_labels)
+    return SkipThoughtData(vocab, tokens, topic, held, triples[same & ~held_3.any(1)],
+                           triples[same & held_3.all(1)], topic_ids, topic_labels,
+                           [corpus.topics[t] for t in chosen.tolist()], pairs, pair_labels)
 
 
 def unigram_loss(data: SkipThoughtData) -> float:
@@ -241,10 +234,9 @@ class SkipThoughts(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         self.encoder = GRU(word_dim, hidden_size, layer_norm=layer_norm, batch_first=True)
-        self.dec_prev = GRU(word_dim + hidden_size, hidden_size, layer_norm=layer_norm,
-                            batch_first=True)
-        self.dec_next = GRU(word_dim + hidden_size, hidden_size, layer_norm=layer_norm,
-                            batch_first=True)
+        self.dec_prev, self.dec_next = (GRU(word_dim + hidden_size, hidden_size,
+                                            layer_norm=layer_norm, batch_first=True)
+                                        for _ in range(2))
         self.out = nn.Linear(hidden_size, vocab_size)
 
     def encode(self, tokens: Tensor) -> Tensor:
@@ -357,13 +349,11 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
         raise ValueError(f"updates must be >= 1, got {updates}")
     dev = torch.device(device)
     batches = _batches(data, batch_size, seed)
-    models, opts = {}, {}
-    times: dict[str, list[float]] = {"baseline": [], "layer_norm": []}
-    for v in times:
+    models, opts, times = {}, {}, {}
+    for v, layer_norm in VARIANTS.items():
         torch.manual_seed(seed)
-        models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size,
-                                 layer_norm=VARIANTS[v]).to(dev)
-        opts[v] = torch.optim.Adam(models[v].parameters(), lr=1e-3)
+        models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size, layer_norm).to(dev)
+        opts[v], times[v] = torch.optim.Adam(models[v].parameters(), lr=1e-3), []
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -372,10 +362,10 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
     clock = time.process_time if dev.type == "cpu" else time.perf_counter
     for step in range(updates + 1):
         batch = tuple(t.to(dev) for t in batches(step))
-        for v in times:
+        for v, model in models.items():
             sync()
             t0 = clock()
-            loss = models[v](*batch)
+            loss = model(*batch)
             opts[v].zero_grad(set_to_none=True)
             loss.backward()
             opts[v].step()
