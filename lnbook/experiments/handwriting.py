@@ -566,16 +566,14 @@ class StackedHandwriting(nn.Module):
 
     def __init__(self, models: list[HandwritingModel]) -> None:
         super().__init__()
-        m0 = models[0]
-        if any((m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters)
-               != (m0.hidden_size, m0.num_layers, m0.n_mixtures, m0.n_letters) for m in models):
-            raise ValueError("the stacked models must share their sizes")
-        self.hidden_size, self.num_layers = m0.hidden_size, m0.num_layers
-        self.n_mixtures, self.n_letters = m0.n_mixtures, m0.n_letters
+        sizes = {(m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters) for m in models}
+        if len(sizes) != 1:
+            raise ValueError("the stacked models (at least one) must share their sizes")
+        self.hidden_size, self.num_layers, self.n_mixtures, self.n_letters = sizes.pop()
         self.variants = [m.variant for m in models]
         self.eps = 1e-5  # every LayerNorm of the three LSTMs
         G = 4 * self.hidden_size
-        dev = m0.head.weight.device
+        dev = models[0].head.weight.device
         for k in range(self.num_layers):
             own = [_layer_params(m.layers[k]) for m in models]
             for name in _SLOT:  # a kind lacks only LN gains (filled with 1) and biases (0)
