@@ -199,12 +199,7 @@ def strokes(seq: Tensor | np.ndarray) -> list[np.ndarray]:
         raise ValueError(f"seq must have shape (T, 3) = (dx, dy, eos) per point, got {a.shape}")
     pos = np.cumsum(a[:, :2] * OFFSET_SCALE, axis=0)  # (T, 2)
     ends = np.flatnonzero(a[:, 2] > 0.5)
-    out, start = [], 0
-    for e in list(ends) + [len(a) - 1]:
-        if e >= start:
-            out.append(pos[start : e + 1])
-        start = e + 1
-    return out
+    return [stroke for stroke in np.split(pos, ends + 1) if len(stroke)]
 
 
 # ----------------------------------------------------------------------------- the mixture
