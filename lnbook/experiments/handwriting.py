@@ -517,9 +517,8 @@ class HandwritingModel(nn.Module):
             dx = p.mu[j, 0] + s[0] * e1
             dy = p.mu[j, 1] + s[1] * (r * e1 + math.sqrt(1 - r * r) * e2)
             eos = float(torch.rand(1, generator=g) < torch.sigmoid(p.eos_logit))
-            pt = torch.tensor([float(dx), float(dy), eos])
-            out.append(pt)
-            pen = pt.to(dev).view(1, 1, 3)
+            out.append(torch.tensor([float(dx), float(dy), eos]))
+            pen = out[-1].to(dev).view(1, 1, 3)
         return torch.stack(out)  # (T, 3)
 
 
