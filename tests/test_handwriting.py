@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from lnbook import LSTM, LayerNorm
+from lnbook.experiments import OutConflict, load_results
 from lnbook.experiments import handwriting as HW
-from lnbook.experiments import load_results
 from lnbook.experiments.results import Results, Run
 from lnbook.train import History
 
@@ -459,6 +459,9 @@ def test_run_returns_results_and_writes_json(tmp_path):
     assert back.info_of("baseline", "input_scales") == [[]]
     with pytest.raises(TypeError, match="handwriting.Config"):
         HW.run({"scale": "quick"})
+    with pytest.raises(OutConflict):  # another config's results are never overwritten
+        HW.run(HW.get_config("quick", **{**_TINY, "hidden_size": 4}), device="cpu", out=tmp_path)
+    assert load_results(tmp_path / "handwriting.json").to_dict() == back.to_dict()
 
 
 def test_a_tiny_paper_preset_runs():

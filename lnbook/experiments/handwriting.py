@@ -28,6 +28,7 @@ from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
+from lnbook.experiments.store import check_results_file
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
 from lnbook.seeds import verdict_seeds
@@ -779,6 +780,8 @@ def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Li
                  device: str | torch.device, out: str | os.PathLike | None) -> Results:
     """:func:`run` with every (variant, seed) trained at once as one :class:`StackedHandwriting`."""
     dev = resolve_device(device)
+    if out is not None:  # results of another config in out are never overwritten
+        check_results_file(Path(out) / f"{NAME}.json", _jsonable(config))
     pairs = [(v, s) for v in config.variants for s in seeds]
     started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one starts them
     models = [model.to(dev) for model, _ in started]
