@@ -176,8 +176,7 @@ def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarr
 def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
     """Write ``n`` (>= 1) lines of ``seq_len`` (>= 2) points, deterministically from ``seed``:
     :class:`Lines` ``(n, seq_len + 1, 3)``, ``(n, seq_len)`` (the pen swings up and down once or
-    twice per letter; each line has its own slant, size and speed; the pen lifts between words).
-    """
+    twice per letter; each line has its own slant, size and speed; the pen lifts between words)."""
     for name, v, lo in (("n", n, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -219,8 +218,7 @@ class MixtureParams:
 
 def split_mixture_params(y: Tensor, n_mixtures: int) -> MixtureParams:
     """Read the ``6M + 1`` raw outputs of the network as a :class:`MixtureParams` (Graves eqs.
-    18-22, with ``sigmoid`` instead of Graves' ``1 / (1 + exp(e))`` for the end-of-stroke).
-    """
+    18-22, with ``sigmoid`` instead of Graves' ``1 / (1 + exp(e))`` for the end-of-stroke)."""
     M = n_mixtures
     if y.shape[-1] != 6 * M + 1:
         raise ValueError(f"expected {6 * M + 1} = 6M + 1 outputs for M={M}, got {y.shape[-1]}")

@@ -127,8 +127,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``; overriding
-    ``steps`` or ``eval_every`` without ``examples`` sets ``examples`` to None (equal updates).
-    """
+    ``steps`` or ``eval_every`` without ``examples`` sets ``examples`` to None (equal updates)."""
     if ({"steps", "eval_every"} & set(overrides)) and "examples" not in overrides:
         overrides = {**overrides, "examples": None, "eval_examples": None}
     return make_config(Config, _PRESETS, scale, overrides)
