@@ -263,8 +263,7 @@ def seed_sq_norm(tensors: Sequence[Tensor]) -> Tensor:
 
 def train_mode_logits(model: SeedMLP, x: Tensor, batch_size: int) -> Tensor:
     """Logits in training mode, each block of ``batch_size`` examples normalized by itself
-    (``(S, (N // batch_size) * batch_size, C)``); the model's averages and mode are kept.
-    """
+    (``(S, (N // batch_size) * batch_size, C)``); the model's averages and mode are kept."""
     n = (x.shape[-2] // batch_size) * batch_size
     if n == 0:
         raise ValueError(f"need at least one batch of {batch_size} examples, got "

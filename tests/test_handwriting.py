@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from lnbook import LSTM, LayerNorm
+from lnbook.experiments import OutConflict, load_results
 from lnbook.experiments import handwriting as HW
-from lnbook.experiments import load_results
 from lnbook.experiments.results import Results, Run
 from lnbook.train import History
 
@@ -86,6 +86,25 @@ def test_strokes_split_at_end_of_stroke_bits():
     np.testing.assert_allclose(parts[1][-1], [3.0, 3.0])
     with pytest.raises(ValueError, match=r"\(T, 3\)"):
         HW.strokes(torch.zeros(4, 2))
+
+
+def test_strokes_cut_after_every_pen_lift_and_keep_every_point():
+    def by_hand(seq):  # a stroke runs up to and including a point whose bit is 1
+        pos, out, cur = np.cumsum(seq[:, :2] * HW.OFFSET_SCALE, axis=0), [], []
+        for p, eos in zip(pos, seq[:, 2], strict=True):
+            cur.append(p)
+            if eos > 0.5:
+                out.append(np.array(cur))
+                cur = []
+        return out + ([np.array(cur)] if cur else [])
+
+    rng = np.random.default_rng(0)
+    for bits in ([0, 0, 0], [1, 1, 1], [0, 1, 1, 0, 1], [1, 0, 0, 0, 0]):
+        seq = np.column_stack([rng.normal(size=(len(bits), 2)), bits])
+        got, want = HW.strokes(seq), by_hand(seq)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
 
 
 def test_bad_data_arguments_raise():
@@ -440,6 +459,9 @@ def test_run_returns_results_and_writes_json(tmp_path):
     assert back.info_of("baseline", "input_scales") == [[]]
     with pytest.raises(TypeError, match="handwriting.Config"):
         HW.run({"scale": "quick"})
+    with pytest.raises(OutConflict):  # another config's results are never overwritten
+        HW.run(HW.get_config("quick", **{**_TINY, "hidden_size": 4}), device="cpu", out=tmp_path)
+    assert load_results(tmp_path / "handwriting.json").to_dict() == back.to_dict()
 
 
 def test_a_tiny_paper_preset_runs():
@@ -491,3 +513,5 @@ def test_stacked_model_is_each_model_and_writes_back():
     assert all(torch.equal(m.head.bias, net.head_b[j]) for j, m in enumerate(models))
     with pytest.raises(ValueError, match="share their sizes"):
         HW.StackedHandwriting([models[0], HW.HandwritingModel(4, n_mixtures=2)])
+    with pytest.raises(ValueError, match="share their sizes"):
+        HW.StackedHandwriting([])

@@ -28,6 +28,7 @@ from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import make_config
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
 from lnbook.experiments.runner import sweep
+from lnbook.experiments.store import check_results_file
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
 from lnbook.seeds import verdict_seeds
@@ -175,8 +176,7 @@ def _line(rng: np.random.Generator, n_points: int) -> tuple[np.ndarray, np.ndarr
 def make_handwriting(n: int, seq_len: int, seed: int) -> Lines:
     """Write ``n`` (>= 1) lines of ``seq_len`` (>= 2) points, deterministically from ``seed``:
     :class:`Lines` ``(n, seq_len + 1, 3)``, ``(n, seq_len)`` (the pen swings up and down once or
-    twice per letter; each line has its own slant, size and speed; the pen lifts between words).
-    """
+    twice per letter; each line has its own slant, size and speed; the pen lifts between words)."""
     for name, v, lo in (("n", n, 1), ("seq_len", seq_len, 2)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
@@ -199,12 +199,7 @@ def strokes(seq: Tensor | np.ndarray) -> list[np.ndarray]:
         raise ValueError(f"seq must have shape (T, 3) = (dx, dy, eos) per point, got {a.shape}")
     pos = np.cumsum(a[:, :2] * OFFSET_SCALE, axis=0)  # (T, 2)
     ends = np.flatnonzero(a[:, 2] > 0.5)
-    out, start = [], 0
-    for e in list(ends) + [len(a) - 1]:
-        if e >= start:
-            out.append(pos[start : e + 1])
-        start = e + 1
-    return out
+    return [stroke for stroke in np.split(pos, ends + 1) if len(stroke)]
 
 
 # ----------------------------------------------------------------------------- the mixture
@@ -223,8 +218,7 @@ class MixtureParams:
 
 def split_mixture_params(y: Tensor, n_mixtures: int) -> MixtureParams:
     """Read the ``6M + 1`` raw outputs of the network as a :class:`MixtureParams` (Graves eqs.
-    18-22, with ``sigmoid`` instead of Graves' ``1 / (1 + exp(e))`` for the end-of-stroke).
-    """
+    18-22, with ``sigmoid`` instead of Graves' ``1 / (1 + exp(e))`` for the end-of-stroke)."""
     M = n_mixtures
     if y.shape[-1] != 6 * M + 1:
         raise ValueError(f"expected {6 * M + 1} = 6M + 1 outputs for M={M}, got {y.shape[-1]}")
@@ -522,9 +516,8 @@ class HandwritingModel(nn.Module):
             dx = p.mu[j, 0] + s[0] * e1
             dy = p.mu[j, 1] + s[1] * (r * e1 + math.sqrt(1 - r * r) * e2)
             eos = float(torch.rand(1, generator=g) < torch.sigmoid(p.eos_logit))
-            pt = torch.tensor([float(dx), float(dy), eos])
-            out.append(pt)
-            pen = pt.to(dev).view(1, 1, 3)
+            out.append(torch.tensor([float(dx), float(dy), eos]))
+            pen = out[-1].to(dev).view(1, 1, 3)
         return torch.stack(out)  # (T, 3)
 
 
@@ -566,16 +559,14 @@ class StackedHandwriting(nn.Module):
 
     def __init__(self, models: list[HandwritingModel]) -> None:
         super().__init__()
-        m0 = models[0]
-        if any((m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters)
-               != (m0.hidden_size, m0.num_layers, m0.n_mixtures, m0.n_letters) for m in models):
-            raise ValueError("the stacked models must share their sizes")
-        self.hidden_size, self.num_layers = m0.hidden_size, m0.num_layers
-        self.n_mixtures, self.n_letters = m0.n_mixtures, m0.n_letters
+        sizes = {(m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters) for m in models}
+        if len(sizes) != 1:
+            raise ValueError("the stacked models (at least one) must share their sizes")
+        self.hidden_size, self.num_layers, self.n_mixtures, self.n_letters = sizes.pop()
         self.variants = [m.variant for m in models]
         self.eps = 1e-5  # every LayerNorm of the three LSTMs
         G = 4 * self.hidden_size
-        dev = m0.head.weight.device
+        dev = models[0].head.weight.device
         for k in range(self.num_layers):
             own = [_layer_params(m.layers[k]) for m in models]
             for name in _SLOT:  # a kind lacks only LN gains (filled with 1) and biases (0)
@@ -787,6 +778,8 @@ def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Li
                  device: str | torch.device, out: str | os.PathLike | None) -> Results:
     """:func:`run` with every (variant, seed) trained at once as one :class:`StackedHandwriting`."""
     dev = resolve_device(device)
+    if out is not None:  # results of another config in out are never overwritten
+        check_results_file(Path(out) / f"{NAME}.json", _jsonable(config))
     pairs = [(v, s) for v in config.variants for s in seeds]
     started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one starts them
     models = [model.to(dev) for model, _ in started]

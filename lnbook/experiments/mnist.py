@@ -127,8 +127,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``; overriding
-    ``steps`` or ``eval_every`` without ``examples`` sets ``examples`` to None (equal updates).
-    """
+    ``steps`` or ``eval_every`` without ``examples`` sets ``examples`` to None (equal updates)."""
     if ({"steps", "eval_every"} & set(overrides)) and "examples" not in overrides:
         overrides = {**overrides, "examples": None, "eval_examples": None}
     return make_config(Config, _PRESETS, scale, overrides)
@@ -413,8 +412,7 @@ def run(config: Config, device: str | torch.device = "auto",
         steps, eval_every = schedule(config, bs)
         torch.manual_seed(job.seed)
         model = MLP(sizes, norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
-        # fused Adam (one kernel for all tensors) where torch has it: same update, and
-        # about 1.5x faster per update at batch size 4 on a CPU
+        # fused Adam where torch has it: the same update, 1.5x faster at batch size 4 on a CPU
         opt = torch.optim.Adam(model.parameters(), lr=config.lr,
                                fused=job.device.type in ("cpu", "cuda"))
         hist = fit(model, Batches(d["x"], d["y"], batch_size=bs, seed=job.seed), opt,
