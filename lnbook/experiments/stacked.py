@@ -221,7 +221,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
                 m["max_logit"] = var[k][-1]
             if step == 0:
                 initial.append(m)
-            if diverged_at[k] is not None:  # the model at initialization (train_transformer)
+            if diverged_at[k] is not None:  # the model at initialization (Wortsman et al. 2024)
                 m = {**initial[k], **({"max_logit": h.metrics[-1]["max_logit"]}
                                       if max_logit else {})}
             h.eval_steps.append(step)
