@@ -11,7 +11,7 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.experiments import placement, qk_norm, rmsnorm
+from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
 from lnbook.experiments.job import Job
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
@@ -142,3 +142,11 @@ def test_task_config_is_the_one_shared_part_of_the_three_experiments():
     assert mc == TransformerConfig(6, 16, 2, 2, 12, position="post")
     assert placement.model_config(cfgs[0], "post", 3, 16) == TransformerConfig(
         9, 32, 4, 3, 16, norm="layer", position="post")
+
+
+@pytest.mark.parametrize("name", ["train_transformer", "sequence_metrics", "sweep_task"])
+def test_removed_names_say_what_replaces_them(name):
+    with pytest.raises(AttributeError, match=f"seq_tasks.{name} was removed.*stacked"):
+        getattr(seq_tasks, name)
+    with pytest.raises(AttributeError, match="no attribute 'train_transformers'"):
+        _ = seq_tasks.train_transformers

@@ -1,4 +1,5 @@
-"""Training loop and readout shared by the stacked experiments (`reader`, `draw`).
+"""Training loop and readout shared by the stacked experiments (`reader`, `draw`, `handwriting`,
+`mnist`, `attention_geometry`).
 
 Copy ``k``'s loss depends only on its own parameters, so the gradient of the summed losses is
 each copy's own, and an elementwise optimizer (Adam) makes each copy's update as ``fit`` would.

@@ -24,6 +24,19 @@ __all__ = ["TASKS", "TaskConfig", "presets", "SequenceTask", "make_task", "posit
            "linear_warmup"]
 
 TASKS = ("sort", "recall")
+
+
+_REMOVED = {"train_transformer": "lnbook.experiments.stacked.train_stacked",
+            "sequence_metrics": "lnbook.experiments.stacked.train_stacked's evaluations",
+            "sweep_task": "lnbook.experiments.stacked.sweep_stacked"}
+
+
+def __getattr__(name: str) -> Any:
+    """Names that left the module raise an AttributeError that names the replacement."""
+    if name in _REMOVED:
+        raise AttributeError(f"seq_tasks.{name} was removed (it only served as a test reference, "
+                             f"now tests/seq_reference.py); use {_REMOVED[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _TEST_SEED_OFFSET = 10_007  # the held-out set is drawn with another seed than the training set
 
 
