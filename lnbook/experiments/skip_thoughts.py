@@ -281,9 +281,8 @@ def stratified_folds(labels: Tensor, folds: int, seed: int = 0) -> Tensor:
     return fold
 
 
-def probe_accuracy(
-    features: Tensor, labels: Tensor, folds: int = 5, ridge: float = 1.0, seed: int = 0
-) -> float:
+def probe_accuracy(features: Tensor, labels: Tensor, folds: int = 5, ridge: float = 1.0,
+                   seed: int = 0) -> float:
     r"""Cross-validated accuracy (percent) of a linear probe on frozen ``features``.
 
     A ridge classifier on standardized ``features (N, F)``, one-hot targets in {-1, 1},
