@@ -375,7 +375,7 @@ class _Base(nn.Module):
             ("w_ih", "weight_ih"), ("w_hh", "weight_hh"), ("b_ih", "bias_ih"),
             ("b_hh", "bias_hh"), ("w_hr", "weight_hr"))}
         for name in _NORMS:  # None where this model has no such norm
-            p[name] = _in_dtype(getattr(self, f"{name}{sfx}", None), dt)
+            p[name] = _in_dtype(self._modules.get(f"{name}{sfx}"), dt)
         return p
 
     def extra_repr(self) -> str:
