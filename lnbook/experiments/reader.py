@@ -610,11 +610,10 @@ class StackedReader(nn.Module):
             sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
             i, f, _, o = sig.chunk(4, dim=-1)
             c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
-            if kind == "lstm":
-                cn = c
-            elif kind == "ln":
+            cn = c  # the plain LSTM's
+            if kind == "ln":
                 cn = torch.addcmul(b_c, _ln(c), g_c)
-            else:
+            elif kind == "bn":
                 cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
             h = o * torch.tanh(cn)
             outs.append(h)

@@ -320,10 +320,9 @@ class StackedRNN(nn.Module):
         flags = self.ln_mask.view(-1).tolist()
         order = sorted(range(self.n_models), key=lambda m: not flags[m])
         n_ln, moved = sum(flags), order != sorted(order)
-        w_ih, w_hh, bias, gain = self.w_ih, self.w_hh, self.bias, self.gain
-        if moved:
-            x = x[:, order]
-            w_ih, w_hh, bias, gain = (p[order] for p in (w_ih, w_hh, bias, gain))
+        w_ih, w_hh, bias, gain = (p[order] if moved else p
+                                  for p in (self.w_ih, self.w_hh, self.bias, self.gain))
+        x = x[:, order] if moved else x
         xw = x.unsqueeze(-1) * w_ih[:, None, :]  # (T, M, B, H) the input terms, all steps
         h = x.new_zeros(x.shape[1], x.shape[2], self.hidden)  # (M, B, H)
         w_hh_t = w_hh.transpose(1, 2)  # (M, H, H)
