@@ -182,7 +182,7 @@ class LayerProbe:
     It hooks the optimizer; route each forward through :meth:`forward`. At a probed update it
     records per hidden layer the RMS and a histogram (``edges`` in log10) of ``|value|`` of the
     summed inputs and their gradients, and per weight the gradient norm and ``||W_after -
-    W_before|| / ||W_before||`` (:data:`PROBE_KEYS`, in :attr:`records`).
+    W_before|| / ||W_before||`` (:data:`PROBE_KEYS`, in ``records``).
     """
 
     def __init__(self, model: DeepMLP, optimizer: torch.optim.Optimizer,
