@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -275,7 +277,7 @@ def fit_gaussian_mixture(xy: np.ndarray, n_components: int, seed: int = 0, iters
     weights = np.full(n_components, 1.0 / n_components)
     prev = -np.inf
     for _ in range(iters):
-        ll, r = _log_sum_exp(_mixture_log_density(x, weights, means, covs))  # (N,), (N, K)
+        ll, r = _mixture_log_likelihood(x, weights, means, covs)  # (N,), (N, K)
         nk = r.sum(0) + 1e-12  # (K,)
         weights = nk / len(x)
         means = (r.T @ x) / nk[:, None]  # (K, 2)
@@ -289,22 +291,18 @@ def fit_gaussian_mixture(xy: np.ndarray, n_components: int, seed: int = 0, iters
     return weights, means, covs
 
 
-def _log_sum_exp(log_p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``log sum_k exp(log_p[:, k])`` ``(N,)`` and the normalized weights ``(N, K)``."""
-    top = log_p.max(axis=1, keepdims=True)
-    e = np.exp(log_p - top)
-    total = e.sum(axis=1, keepdims=True)
-    return (np.log(total) + top)[:, 0], e / total
-
-
-def _mixture_log_density(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
-                         covs: np.ndarray) -> np.ndarray:
-    """``log(w_k N(x_n | mu_k, S_k))``, ``(N, K)``, for bivariate Gaussians."""
+def _mixture_log_likelihood(x: np.ndarray, weights: np.ndarray, means: np.ndarray,
+                            covs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``log sum_k w_k N(x_n | mu_k, S_k)`` ``(N,)`` and the responsibilities ``(N, K)``."""
     a, b, c = covs[:, 0, 0], covs[:, 0, 1], covs[:, 1, 1]  # (K,)
     det = a * c - b * b
     d = x[:, None, :] - means[None]  # (N, K, 2)
     maha = (c * d[..., 0] ** 2 - 2 * b * d[..., 0] * d[..., 1] + a * d[..., 1] ** 2) / det
-    return np.log(weights) - np.log(2 * np.pi) - 0.5 * np.log(det) - 0.5 * maha
+    log_p = np.log(weights) - np.log(2 * np.pi) - 0.5 * np.log(det) - 0.5 * maha  # (N, K)
+    top = log_p.max(axis=1, keepdims=True)
+    e = np.exp(log_p - top)
+    total = e.sum(axis=1, keepdims=True)
+    return (np.log(total) + top)[:, 0], e / total
 
 
 def mixture_baseline_nll(train: Lines, valid: Lines, n_components: int = 5,
@@ -313,12 +311,10 @@ def mixture_baseline_nll(train: Lines, valid: Lines, n_components: int = 5,
     offsets and a Bernoulli of the end-of-stroke bit (one per letter with ``per_letter``),
     fitted to at most ``max_points`` training points each: the trivial predictor to beat."""
     rng = np.random.default_rng(seed)
-    tr_xy = train.points[:, 1:, :2].reshape(-1, 2).double().numpy()  # (N T, 2)
-    tr_eos = train.points[:, 1:, 2].reshape(-1).double().numpy()
-    va_xy = valid.points[:, 1:, :2].reshape(-1, 2).double().numpy()
-    va_eos = valid.points[:, 1:, 2].reshape(-1).double().numpy()
-    tr_k = train.letters.reshape(-1).numpy() if per_letter else np.zeros(len(tr_xy), int)
-    va_k = valid.letters.reshape(-1).numpy() if per_letter else np.zeros(len(va_xy), int)
+    tr, va = (d.points[:, 1:].reshape(-1, 3).double().numpy() for d in (train, valid))  # (N T, 3)
+    tr_xy, tr_eos, va_xy, va_eos = tr[:, :2], tr[:, 2], va[:, :2], va[:, 2]
+    tr_k, va_k = (d.letters.reshape(-1).numpy() if per_letter else np.zeros(d.letters.numel(), int)
+                  for d in (train, valid))
     nll = np.zeros(len(va_xy))
     for k in np.unique(va_k):
         rows = np.flatnonzero(tr_k == k)
@@ -329,7 +325,7 @@ def mixture_baseline_nll(train: Lines, valid: Lines, n_components: int = 5,
         params = fit_gaussian_mixture(tr_xy[rows], n_components, seed=seed)
         p = float(np.clip(tr_eos[rows].mean(), 1e-4, 1 - 1e-4))
         m = va_k == k
-        log_xy = _log_sum_exp(_mixture_log_density(va_xy[m], *params))[0]
+        log_xy = _mixture_log_likelihood(va_xy[m], *params)[0]
         nll[m] = -log_xy - np.where(va_eos[m] > 0.5, np.log(p), np.log1p(-p))
     return float(nll.mean())
 
@@ -415,14 +411,11 @@ class RecurrenceLNLSTM(nn.Module):
                 f"normalize_input={self.normalize_input}, eps={self.eps}")
 
 
-def _lstm(variant: str, input_size: int, hidden_size: int) -> nn.Module:
-    if variant == "baseline":
-        return nn.LSTM(input_size, hidden_size)  # eqs. 17-19
-    if variant == "layer_norm":
-        return LSTM(input_size, hidden_size, layer_norm=True)  # eqs. 20-22
-    if variant == "ln_recurrent":
-        return RecurrenceLNLSTM(input_size, hidden_size, normalize_input=False)
-    raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+_LSTMS: dict[str, Callable[[int, int], nn.Module]] = {  # (input_size, hidden_size) -> layer
+    "baseline": nn.LSTM,  # eqs. 17-19
+    "layer_norm": partial(LSTM, layer_norm=True),  # eqs. 20-22
+    "ln_recurrent": RecurrenceLNLSTM,  # eqs. 20-22 without the LN of W_x x_t
+}
 
 
 # ----------------------------------------------------------------------------- the model
@@ -448,8 +441,8 @@ class HandwritingModel(nn.Module):
         self.hidden_size, self.num_layers, self.n_mixtures = hidden_size, num_layers, n_mixtures
         self.variant, self.n_letters = variant, n_letters
         n_in = 3 + n_letters
-        self.layers = nn.ModuleList(_lstm(variant, n_in if k == 0 else n_in + hidden_size,
-                                          hidden_size) for k in range(num_layers))
+        self.layers = nn.ModuleList(_LSTMS[variant](n_in if k == 0 else n_in + hidden_size,
+                                                    hidden_size) for k in range(num_layers))
         self.head = nn.Linear(num_layers * hidden_size, 6 * n_mixtures + 1)
 
     def _run(self, x: Tensor, states: list[tuple[Tensor, Tensor]] | None = None,
@@ -584,9 +577,6 @@ class StackedHandwriting(nn.Module):
             device=dev))
         self.plain = [j for j, v in enumerate(self.variants) if v == "baseline"]
         self.ln = [j for j, v in enumerate(self.variants) if v != "baseline"]
-        order = self.plain + self.ln
-        self.in_order = order == list(range(len(order)))
-        self.inverse = [order.index(j) for j in range(len(order))]
 
     @torch.no_grad()
     def write_back(self, models: list[HandwritingModel]) -> None:
@@ -615,12 +605,13 @@ class StackedHandwriting(nn.Module):
         gi = gi + bias[:, None]  # (T, M, B, 4H)
         w_t = p["w_hh"].transpose(1, 2)  # (M, H, 4H)
         plain, ln = self.plain, self.ln  # the models without and with LN in the recurrence
-        outs = [self._loop(gi[:, plain], w_t[plain])] if plain else []
+        hs = gi.new_empty(T, M, B, self.hidden_size)
+        if plain:
+            hs[:, plain] = self._loop(gi[:, plain], w_t[plain])
         if ln:
-            outs.append(self._loop(gi[:, ln], w_t[ln], p["g_hh"][ln, None],
-                                   p["g_c"][ln, None], p["b_c"][ln, None]))
-        hs = torch.cat(outs, 1)  # (T, M, B, H) in the order plain, ln
-        return hs if self.in_order else hs[:, self.inverse]
+            hs[:, ln] = self._loop(gi[:, ln], w_t[ln], p["g_hh"][ln, None], p["g_c"][ln, None],
+                                   p["b_c"][ln, None])
+        return hs  # (T, M, B, H)
 
     def _loop(self, gi: Tensor, w_t: Tensor, g_hh: Tensor | None = None,
               g_c: Tensor | None = None, b_c: Tensor | None = None) -> Tensor:
@@ -735,22 +726,57 @@ def run(config: Config, device: str | torch.device = "auto",
         trivial = {"gmm_nll": mixture_baseline_nll(train, valid, config.n_mixtures, False),
                    "gmm_letter_nll": mixture_baseline_nll(train, valid, config.n_mixtures)}
 
-        if config.stacked:
-            return _run_stacked(config, seeds, train, valid, train_head, trivial, device, out)
+        if not config.stacked:
+            def train_one(job: Job) -> tuple[History, dict[str, Any]]:
+                model, scales = _start(config, job.params, job.seed, train_head)
+                _clip_hooks(model, config.grad_clip)
+                opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+                hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
+                           opt, steps=config.steps, eval_every=config.eval_every,
+                           eval_fn=lambda m: evaluate(m, valid), device=job.device,
+                           seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+                return hist, _info(model, scales, job.seed, seeds, valid)
 
-        def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-            model, scales = _start(config, job.params, job.seed, train_head)
-            _clip_hooks(model, config.grad_clip)
-            opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-            hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
-                       opt, steps=config.steps, eval_every=config.eval_every,
-                       eval_fn=lambda m: evaluate(m, valid), device=job.device, seed=job.seed,
-                       checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-            return hist, _info(model, scales, job.seed, seeds, valid)
+            return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
+                         config=config, device=device, out=out, checkpoint=config.checkpoint,
+                         steps=config.steps, info=trivial)
 
-        return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
-                     config=config, device=device, out=out, checkpoint=config.checkpoint,
-                     steps=config.steps, info=trivial)
+        # every (variant, seed) trained at once as one StackedHandwriting
+        dev = resolve_device(device)
+        if out is not None:  # results of another config in out are never overwritten
+            check_results_file(Path(out) / f"{NAME}.json", _jsonable(config))
+        pairs = [(v, s) for v in config.variants for s in seeds]
+        started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one does
+        net = StackedHandwriting([model.to(dev) for model, _ in started])
+        _clip_hooks(net, config.grad_clip)
+        on_dev = [t.to(dev) for t in train]
+        order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds}
+        M = len(pairs)
+        vp = valid.points.to(dev).expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
+        vl = valid.letters.to(dev).expand(M, *valid.letters.shape)
+
+        def losses(step: int) -> Tensor:
+            got = {s: b(step) for s, b in order.items()}
+            pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
+            let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
+            return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+
+        def evaluate_all() -> list[dict[str, float]]:
+            with torch.no_grad():
+                return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
+
+        hist = train_copies(losses, evaluate_all,
+                            torch.optim.Adam(net.parameters(), lr=config.lr),
+                            [History() for _ in pairs], config.steps, config.eval_every)
+        net.write_back([model for model, _ in started])
+        runs = []
+        for (v, s), (model, scales), h in zip(pairs, started, hist, strict=True):
+            h.wall_time /= M
+            runs.append(Run(v, s, h, _info(model, scales, s, seeds, valid)))
+        results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
+        if out is not None:
+            save_results(results, Path(out) / f"{NAME}.json")
+        return results
 
 
 def _start(config: Config, variant: str, seed: int,
@@ -771,44 +797,3 @@ def _info(model: HandwritingModel, scales: list[float], seed: int, seeds: tuple[
         sample = model.sample(valid.letters[0].to(model.head.weight.device), seed=seed)
         info["sample"] = sample.cpu().numpy().round(4).tolist()  # (seq_len, 3)
     return info
-
-
-def _run_stacked(config: Config, seeds: tuple[int, ...], train: Lines, valid: Lines,
-                 train_head: tuple[Tensor, Tensor], trivial: dict[str, float],
-                 device: str | torch.device, out: str | os.PathLike | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedHandwriting`."""
-    dev = resolve_device(device)
-    if out is not None:  # results of another config in out are never overwritten
-        check_results_file(Path(out) / f"{NAME}.json", _jsonable(config))
-    pairs = [(v, s) for v in config.variants for s in seeds]
-    started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one starts them
-    models = [model.to(dev) for model, _ in started]
-    net = StackedHandwriting(models)
-    _clip_hooks(net, config.grad_clip)
-    on_dev = [t.to(dev) for t in train]
-    order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds}
-    M = len(models)
-    vp = valid.points.to(dev).expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
-    vl = valid.letters.to(dev).expand(M, *valid.letters.shape)
-
-    def losses(step: int) -> Tensor:
-        got = {s: b(step) for s, b in order.items()}
-        pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
-        let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
-        return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
-
-    def evaluate_all() -> list[dict[str, float]]:
-        with torch.no_grad():
-            return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
-
-    hist = train_copies(losses, evaluate_all, torch.optim.Adam(net.parameters(), lr=config.lr),
-                        [History() for _ in models], config.steps, config.eval_every)
-    net.write_back(models)
-    runs = []
-    for (v, s), model, (_, scales), h in zip(pairs, models, started, hist, strict=True):
-        h.wall_time /= M
-        runs.append(Run(v, s, h, _info(model, scales, s, seeds, valid)))
-    results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
