@@ -752,8 +752,7 @@ def run(config: Config, device: str | torch.device = "auto",
         on_dev = [t.to(dev) for t in train]
         order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds}
         M = len(pairs)
-        vp = valid.points.to(dev).expand(M, *valid.points.shape)  # (M, N, T + 1, 3)
-        vl = valid.letters.to(dev).expand(M, *valid.letters.shape)
+        vp, vl = (t.to(dev).expand(M, *t.shape) for t in valid)  # (M, N, T + 1, 3), (M, N, T)
 
         def losses(step: int) -> Tensor:
             got = {s: b(step) for s, b in order.items()}
