@@ -152,11 +152,10 @@ def attention_params(raw: Tensor, n: int, width: int,
     """
     if raw.dim() != 2 or raw.shape[1] != 5:
         raise ValueError(f"raw attention parameters must have shape (B, 5), got {tuple(raw.shape)}")
-    gx_, gy_, log_sigma2, log_delta_, log_gamma = raw.split(1, dim=1)  # each (B, 1)
-    gx = (width + 1) / 2 * (gx_ + 1)
-    gy = (height + 1) / 2 * (gy_ + 1)
-    delta = (max(width, height) - 1) / max(n - 1, 1) * torch.exp(log_delta_)
-    return gx, gy, torch.exp(log_sigma2), delta, torch.exp(log_gamma)
+    centre = (raw[:, :2] + 1) * raw.new_tensor([(width + 1) / 2, (height + 1) / 2])  # gx, gy
+    pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
+    delta = pos[:, 1:2] * ((max(width, height) - 1) / max(n - 1, 1))
+    return centre[:, :1], centre[:, 1:], pos[:, :1], delta, pos[:, 2:]
 
 
 def filterbank(gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, width: int,
@@ -177,35 +176,14 @@ def filterbank(gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, wi
     for name, t in (("gx", gx), ("gy", gy), ("sigma2", sigma2), ("delta", delta)):
         if t.dim() != 2 or t.shape[1] != 1:
             raise ValueError(f"{name} must have shape (B, 1), got {tuple(t.shape)}")
-    f = _filters(torch.cat([gx, gy], 1), sigma2, delta, _grid(n, gx),
-                 _coords(max(width, height), gx), eps)  # (B, 2, N, max(A, B))
-    return _split_axes(f, width, height, eps)
-
-
-def _grid(n: int, like: Tensor) -> Tensor:
-    """Offsets ``i - N/2 - 0.5`` of the N filters from the grid centre, i = 1..N."""
-    return torch.arange(1, n + 1, dtype=like.dtype, device=like.device) - (n / 2 + 0.5)  # (N,)
-
-
-def _coords(length: int, like: Tensor) -> Tensor:
-    """Pixel coordinates 1..length."""
-    return torch.arange(1, length + 1, dtype=like.dtype, device=like.device)  # (L,)
-
-
-def _filters(centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor,
-             eps: float) -> Tensor:
-    """F_X and F_Y over coordinates 1..L as ``(B, 2, N, L)`` from ``centre`` (B, 2) = (gx, gy)."""
-    mu = centre.unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) filter centres
-    d2 = (coords - mu.unsqueeze(-1)).pow(2)  # (B, 2, N, L)
-    f = torch.exp(d2 * (-0.5 / sigma2).view(-1, 1, 1, 1))  # (B, 2, N, L)
-    return f / (f.sum(-1, keepdim=True) + eps)
-
-
-def _split_axes(f: Tensor, width: int, height: int, eps: float) -> tuple[Tensor, Tensor]:
-    """F_X and F_Y from :func:`_filters`; a shorter axis is cut to its length and renormalized."""
+    grid = torch.arange(1, n + 1, dtype=gx.dtype, device=gx.device) - (n / 2 + 0.5)  # (N,)
+    coords = torch.arange(1, max(width, height) + 1, dtype=gx.dtype, device=gx.device)  # (L,)
+    mu = torch.cat([gx, gy], 1).unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) centres
+    f = torch.exp((coords - mu.unsqueeze(-1)).pow(2) * (-0.5 / sigma2).view(-1, 1, 1, 1))
+    f = f / (f.sum(-1, keepdim=True) + eps)  # (B, 2, N, max(A, B))
     if width == height:
         return f[:, 0], f[:, 1]  # (B, N, A), (B, N, B_img)
-    fx, fy = f[:, 0, :, :width], f[:, 1, :, :height]
+    fx, fy = f[:, 0, :, :width], f[:, 1, :, :height]  # a shorter axis is cut and renormalized
     return fx / (fx.sum(-1, keepdim=True) + eps), fy / (fy.sum(-1, keepdim=True) + eps)
 
 
@@ -294,27 +272,15 @@ class DRAW(nn.Module):
         self.write_attn = nn.Linear(dec_size, 5)
         self.write_w = nn.Linear(dec_size, write_n * write_n)
         self.to_q = nn.Linear(enc_size, 2 * z_size)  # mu and log sigma
-        # constants of the filterbanks, kept as buffers so they follow .to(device)
-        self.register_buffer("half_size", torch.tensor([(width + 1) / 2, (height + 1) / 2]),
-                             persistent=False)
-        self.register_buffer("coords", _coords(max(width, height), self.half_size),
-                             persistent=False)
-        self.register_buffer("read_grid", _grid(read_n, self.half_size), persistent=False)
-        self.register_buffer("write_grid", _grid(write_n, self.half_size), persistent=False)
 
-    def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
-        """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
-        centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
-        pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
-        n = grid.shape[0]
-        delta = pos[:, 1:2] * ((max(self.width, self.height) - 1) / max(n - 1, 1))  # (B, 1)
-        f = _filters(centre, pos[:, 0:1], delta, grid, self.coords, 1e-8)  # (B, 2, N, L)
-        fx, fy = _split_axes(f, self.width, self.height, 1e-8)
-        return fx, fy, pos[:, 2:3]
+    def _attend_raw(self, raw: Tensor, n: int) -> tuple[Tensor, ...]:
+        """``fx, fy, gamma`` of an N x N grid from the head's 5 outputs ``raw`` (B, 5)."""
+        gx, gy, sigma2, delta, gamma = attention_params(raw, n, self.width, self.height)
+        return (*filterbank(gx, gy, sigma2, delta, n, self.width, self.height), gamma)
 
     def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
         """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
-        fx, fy, gamma = self._attend_raw(raw, self.write_grid)
+        fx, fy, gamma = self._attend_raw(raw, self.write_n)
         w = w.reshape(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
         return write_patch(w, fx, fy, gamma)  # (B, H, W)
 
@@ -336,7 +302,7 @@ class DRAW(nn.Module):
         kl = x.new_zeros(lead)  # (*lead,)
         for step in range(self.glimpses):
             x_hat = img - torch.sigmoid(canvas)  # (*lead, H, W) error image
-            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_grid)
+            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_n)
             both = torch.stack([img, x_hat], -3).reshape(-1, 2, self.height, self.width)
             r = read_glimpse(both, fx, fy, gamma).reshape(*lead, -1)  # (*lead, 2 Nr^2)
             enc = encoder(torch.cat([r, h_dec], -1), enc)
@@ -440,7 +406,7 @@ class StackedDRAW:
                   m.z_size, m.read_n, m.write_n) for m in models}
         if len(sizes) != 1:
             raise ValueError(f"the models must share their sizes, got {sorted(sizes)}")
-        self.template = copy.deepcopy(models[0])  # buffers and sizes for the attention
+        self.template = copy.deepcopy(models[0])  # sizes and glimpse loop of the copies
         self.layer_norm = [bool(m.layer_norm) for m in models]
         dev = next(models[0].parameters()).device
         self.ln = torch.tensor(self.layer_norm, device=dev).view(-1, 1, 1)  # (M, 1, 1)
@@ -468,7 +434,7 @@ class StackedDRAW:
         m = DRAW(t.width, t.height, t.glimpses, t.encoder.hidden_size, t.decoder.hidden_size,
                  t.z_size, t.read_n, t.write_n, layer_norm=self.layer_norm[k])
         m.load_state_dict(self.state_dict(k))
-        return m.to(t.half_size.device).eval()
+        return m.to(t.write_w.weight.device).eval()
 
     def _cell_norm(self, prefix: str, c: Tensor) -> Tensor:
         """What feeds the output tanh: LN(c) in the LN copies (eq. 31), c in the others."""
