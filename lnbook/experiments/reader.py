@@ -131,8 +131,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field overridden by keyword."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
-        if v not in VARIANTS:
-            raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
+        variant_gain(v)  # ValueError for a variant not in VARIANTS
     _check_corpus(cfg.n_entities, cfg.sentences, cfg.n_relations, cfg.blank)
     return cfg
 
@@ -507,11 +506,6 @@ def variant_kind(variant: str) -> str:
     return variant_gain(variant)[0]
 
 
-def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
-    """Eq. 3 over the last dimension, without gain or bias (as :class:`lnbook.LayerNorm`)."""
-    return F.layer_norm(x, x.shape[-1:], eps=eps)
-
-
 class StackedReader(nn.Module):
     """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
 
@@ -594,8 +588,8 @@ class StackedReader(nn.Module):
             gi = self._bn(gi, f"{pre}__bn_ih", slice(0, gi.shape[0])) + bias
         elif kind == "ln":
             g_ih, b_ih = p[f"{pre}__ln_ih_l0__weight"], p[f"{pre}__ln_ih_l0__bias"]
-            gi = _ln(gi) * g_ih.unsqueeze(1) + (b_ih.unsqueeze(1) + bias
-                                                + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
+            gi = F.layer_norm(gi, (4 * H,)) * g_ih.unsqueeze(1) + (
+                b_ih.unsqueeze(1) + bias + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
             g_hh = p[f"{pre}__ln_hh_l0__weight"].unsqueeze(1)  # (M, 1, 4H)
             g_c, b_c = (p[f"{pre}__ln_c_l0__{s}"].unsqueeze(1) for s in ("weight", "bias"))
         h = c = x.new_zeros(*x.shape[1:3], H)  # (M, B, H)
@@ -604,7 +598,7 @@ class StackedReader(nn.Module):
             if kind == "lstm":
                 z = torch.baddbmm(gi_t, h, w_hh)  # (M, B, 4H)
             elif kind == "ln":
-                z = torch.addcmul(gi_t, _ln(torch.bmm(h, w_hh)), g_hh)
+                z = torch.addcmul(gi_t, F.layer_norm(torch.bmm(h, w_hh), (4 * H,)), g_hh)
             else:
                 z = self._bn(torch.bmm(h, w_hh), f"{pre}__bn_hh", t) + gi_t
             sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
@@ -612,7 +606,7 @@ class StackedReader(nn.Module):
             c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
             cn = c  # the plain LSTM's
             if kind == "ln":
-                cn = torch.addcmul(b_c, _ln(c), g_c)
+                cn = torch.addcmul(b_c, F.layer_norm(c, (H,)), g_c)  # eq. 3, no gain or bias
             elif kind == "bn":
                 cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
             h = o * torch.tanh(cn)
