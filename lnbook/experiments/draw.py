@@ -286,7 +286,7 @@ class DRAW(nn.Module):
 
     def _heads(self, h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The read head, the write head and the write patch of ``h_dec``."""
-        write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)
+        write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)  # order fixes the gradients
         return self.read_attn(h_dec), write_raw, w
 
     def _glimpses(self, x: Tensor, read_raw: Tensor, layers: tuple[Callable, ...],
@@ -448,8 +448,7 @@ class StackedDRAW:
 
     def _lstm(self, prefix: str, w: Tensor, b: Tensor, inp: Tensor,
               state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """One step of every copy's :class:`lnbook.DRAWLSTMCell`; ``w`` is ``(M, I + H, 4H)``
-        (``[W_ih, W_hh]`` transposed), ``b`` is ``(M, 1, 4H)``; gates in torch's order."""
+        """A DRAWLSTMCell step of every copy; ``w`` ``[W_ih, W_hh]^T`` (M, I + H, 4H)."""
         if state is None:
             h = c = inp.new_zeros(*inp.shape[:2], w.shape[-1] // 4)  # (M, B, H)
         else:
@@ -479,12 +478,10 @@ class StackedDRAW:
                          (p[f"{c}.bias_ih"] + p[f"{c}.bias_hh"]).unsqueeze(1))
                  for c in ("encoder", "decoder")]
         w_q, b_q = p["to_q.weight"].transpose(1, 2), p["to_q.bias"].unsqueeze(1)
+        to_q = partial(torch.baddbmm, b_q, batch2=w_q)  # h_enc (M, B, He) -> (M, B, 2Z)
         heads = ("read_attn", "write_attn", "write_w")  # all three read h_dec: one matmul
         w_h = torch.cat([p[f"{h}.weight"] for h in heads], 1).transpose(1, 2)  # (M, Hd, 10+Nw^2)
         b_h = torch.cat([p[f"{h}.bias"] for h in heads], 1).unsqueeze(1)  # (M, 1, 10+Nw^2)
-
-        def to_q(h_enc: Tensor) -> Tensor:
-            return torch.baddbmm(b_q, h_enc, w_q)  # (M, B, 2Z)
 
         def all_heads(h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             out = torch.baddbmm(b_h, h_dec, w_h)  # (M, B, 10 + Nw^2)
@@ -637,12 +634,12 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
+    seeds = tuple(config.seeds if seeds is None else seeds)
     if config.stacked and not config.checkpoint:
-        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out,
-                            tuple(config.seeds if seeds is None else seeds), progress)
+        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out, seeds,
+                            progress)
     train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
-    return sweep(NAME, {v: v for v in config.variants},
-                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+    return sweep(NAME, {v: v for v in config.variants}, seeds, train_one, config=config,
                  device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
                  info=info, progress=progress, threads=config.threads, workers=config.workers)
 
@@ -668,9 +665,7 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
 def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
                  dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
                  progress: bool | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`:
-    copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
-    (a generator seeded with ``seed``) and its own Adam moments."""
+    """:func:`run` with every (variant, seed) as one copy of a :class:`StackedDRAW`."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
     batches = {s: Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for _, s in pairs}
     gens = [torch.Generator(device=dev).manual_seed(s) for _, s in pairs]
