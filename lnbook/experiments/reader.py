@@ -220,11 +220,8 @@ def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_re
             answer = facts[rng.integers(sentences)][2]
             mentions = [(j, 2) for j, f in enumerate(facts) if f[2] == answer]
         j, role = mentions[rng.integers(len(mentions))]
-        subj, rel, obj = facts[j]
-        if role == 0:  # blank the subject
-            queries[k] = (PLACEHOLDER, rel_offset + rel, ent_offset + obj)
-        else:  # blank the object
-            queries[k] = (ent_offset + subj, rel_offset + rel, PLACEHOLDER)
+        queries[k] = passages[k, 3 * j : 3 * j + 3]  # fact j, then its subject or object blanked
+        queries[k, role] = PLACEHOLDER
         answers[k] = answer
         candidates[k, ents] = True
     return ClozeData(
@@ -257,11 +254,9 @@ def frequency_baseline_accuracy(data: ClozeData) -> float:
     counts = torch.zeros(len(data), n_ent, dtype=torch.long)
     counts.scatter_add_(1, ent.clamp(min=0), is_ent.long())  # (N, n_entities)
     q = data.queries - data.entity_offset  # (N, 3)
-    q_ent = (q >= 0) & (q < n_ent)
-    rows = torch.arange(len(data))
-    for j in range(q.shape[1]):  # the entity named in the query is not the answer
-        keep = q_ent[:, j]
-        counts[rows[keep], q[keep, j]] = 0
+    named = torch.zeros_like(counts).scatter_add_(1, q.clamp(0, n_ent - 1),
+                                                  ((q >= 0) & (q < n_ent)).long())
+    counts[named > 0] = 0  # the entity named in the query is not the answer
     best = counts == counts.max(dim=1, keepdim=True).values  # (N, n_entities) ties
     hit = best.gather(1, data.answers[:, None]).squeeze(1).double()
     return float((hit / best.sum(dim=1).double()).mean())
