@@ -596,11 +596,10 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
         frames.append(torch.cat([recon, prior], 1).cpu().numpy())  # (T, B + 1, H, W)
     steps = frames[0].shape[0]
     cols = np.unique(np.linspace(0, steps - 1, min(steps, 8)).round().astype(int))
-    n_rows = sum(f.shape[1] for f in frames)
-    fig, axes = plt.subplots(n_rows, len(cols) + 1, squeeze=False,
-                             figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows))
     rows = [(label, f[:, b], b) for label, f in zip(models, frames, strict=True)
             for b in range(f.shape[1])]  # one row per digit and prior sample of each model
+    fig, axes = plt.subplots(len(rows), len(cols) + 1, squeeze=False,
+                             figsize=(1.3 * (len(cols) + 1), 1.3 * len(rows)))
     for r, (label, canvas, b) in enumerate(rows):
         for j, t in enumerate(cols):
             axes[r, j].imshow(canvas[t], cmap="gray_r", vmin=0, vmax=1)
@@ -694,9 +693,8 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
     runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
     if out is not None:
+        model_path(out, *pairs[0]).parent.mkdir(parents=True, exist_ok=True)
         for k, (v, s) in enumerate(pairs):
-            path = model_path(out, v, s)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(stack.state_dict(k), path)
+            torch.save(stack.state_dict(k), model_path(out, v, s))
         save_results(results, Path(out) / f"{NAME}.json")
     return results

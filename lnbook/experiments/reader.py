@@ -211,8 +211,7 @@ def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_re
             if np.all(slots[:, 0] != slots[:, 1]):
                 break
         facts = [(int(ents[a]), int(rels[j]), int(ents[b])) for j, (a, b) in enumerate(slots)]
-        for j, (a, r, b) in enumerate(facts):
-            passages[k, 3 * j : 3 * j + 3] = (ent_offset + a, rel_offset + r, ent_offset + b)
+        passages[k] = (np.array(facts) + (ent_offset, rel_offset, ent_offset)).ravel()  # tokens
         answer = int(ents[rng.integers(k_ent)])  # uniform over the passage's entities
         roles = (2,) if blank == "object" else (0, 2)
         mentions = [(j, r) for j, f in enumerate(facts) for r in roles if f[r] == answer]
@@ -656,8 +655,7 @@ def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: 
     """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
-    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])
-    model.train()
+    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])  # training mode
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
