@@ -211,6 +211,8 @@ def test_configs():
         draw.get_config("quick", image_size=10)
     with pytest.raises(ValueError, match="binarize_threshold"):
         draw.get_config("quick", binarize_threshold=1.5)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        draw.load_trained(quick, "no-such-folder", "batch_norm", 0)
 
 
 def test_mean_image_nll_by_hand():

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import DRAWLSTMCell
+from lnbook.checks import check_choice
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies, updates_to
@@ -120,11 +121,9 @@ _PRESETS: dict[str, dict] = {
 def get_config(scale: str = "quick", **overrides) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
-    bad = set(cfg.variants) - set(VARIANTS)
-    if bad:
-        raise ValueError(f"variants must be drawn from {VARIANTS}, got {sorted(bad)}")
-    if cfg.image_size not in (7, 14, 28):
-        raise ValueError(f"image_size must be 28, 14 or 7 (a divisor of 28), got {cfg.image_size}")
+    for v in cfg.variants:
+        check_choice("variants", v, VARIANTS)
+    check_choice("image_size", cfg.image_size, (28, 14, 7))  # the divisors of 28 we pool to
     t = cfg.binarize_threshold
     if t is not None and not 0.0 <= t < 1.0:
         raise ValueError(f"binarize_threshold must be None or lie in [0, 1), got {t!r}")
@@ -569,9 +568,7 @@ def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
 def load_trained(config: Config, out: str | os.PathLike, variant: str, seed: int,
                  device: str = "cpu") -> DRAW:
     """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    path = model_path(out, variant, seed)
+    path = model_path(out, check_choice("variant", variant, VARIANTS), seed)
     if not path.exists():
         raise FileNotFoundError(f"no trained model {path}; run(config, out=...) writes it")
     dev = resolve_device(device)
