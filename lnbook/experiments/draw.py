@@ -646,10 +646,9 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
     torch.manual_seed(job.seed)
     model = build_model(config, layer_norm=(job.variant == "layer_norm"))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    x_eval = x_test.to(job.device)
     history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
                   optimizer, steps=config.steps, eval_every=config.eval_every,
-                  eval_fn=lambda m: m.evaluate_terms(x_eval), device=job.device,
+                  eval_fn=partial(DRAW.evaluate_terms, x=x_test.to(job.device)), device=job.device,
                   seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     if out is not None:
         path = model_path(out, job.variant, job.seed)
