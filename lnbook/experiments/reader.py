@@ -600,7 +600,7 @@ class StackedReader(nn.Module):
             c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
             cn = c  # the plain LSTM's
             if kind == "ln":
-                cn = torch.addcmul(b_c, F.layer_norm(c, (H,)), g_c)  # eq. 3, no gain or bias
+                cn = torch.addcmul(b_c, F.layer_norm(c, (H,)), g_c)  # LN of the cell, eq. 3
             elif kind == "bn":
                 cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
             h = o * torch.tanh(cn)
