@@ -126,7 +126,7 @@ def _small_model(layer_norm: bool, seed: int = 0) -> draw.DRAW:
 def test_fused_attention_equals_the_reference_functions():
     model = _small_model(False).double()
     h = torch.randn(4, 16, dtype=torch.float64)
-    fx, fy, gamma = model._attend_raw(model.write_attn(h), model.write_grid)
+    fx, fy, gamma = model._attend_raw(model.write_attn(h), model.write_n)
     gx, gy, s2, delta, g = draw.attention_params(model.write_attn(h), 3, 28, 28)
     rx, ry = draw.filterbank(gx, gy, s2, delta, 3, 28, 28)
     assert torch.allclose(fx, rx, atol=1e-12) and torch.allclose(fy, ry, atol=1e-12)
@@ -211,6 +211,8 @@ def test_configs():
         draw.get_config("quick", image_size=10)
     with pytest.raises(ValueError, match="binarize_threshold"):
         draw.get_config("quick", binarize_threshold=1.5)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        draw.load_trained(quick, "no-such-folder", "batch_norm", 0)
 
 
 def test_mean_image_nll_by_hand():

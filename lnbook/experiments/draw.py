@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import DRAWLSTMCell
+from lnbook.checks import check_choice
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies, updates_to
@@ -120,11 +121,9 @@ _PRESETS: dict[str, dict] = {
 def get_config(scale: str = "quick", **overrides) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
-    bad = set(cfg.variants) - set(VARIANTS)
-    if bad:
-        raise ValueError(f"variants must be drawn from {VARIANTS}, got {sorted(bad)}")
-    if cfg.image_size not in (7, 14, 28):
-        raise ValueError(f"image_size must be 28, 14 or 7 (a divisor of 28), got {cfg.image_size}")
+    for v in cfg.variants:
+        check_choice("variants", v, VARIANTS)
+    check_choice("image_size", cfg.image_size, (28, 14, 7))  # the divisors of 28 we pool to
     t = cfg.binarize_threshold
     if t is not None and not 0.0 <= t < 1.0:
         raise ValueError(f"binarize_threshold must be None or lie in [0, 1), got {t!r}")
@@ -152,11 +151,10 @@ def attention_params(raw: Tensor, n: int, width: int,
     """
     if raw.dim() != 2 or raw.shape[1] != 5:
         raise ValueError(f"raw attention parameters must have shape (B, 5), got {tuple(raw.shape)}")
-    gx_, gy_, log_sigma2, log_delta_, log_gamma = raw.split(1, dim=1)  # each (B, 1)
-    gx = (width + 1) / 2 * (gx_ + 1)
-    gy = (height + 1) / 2 * (gy_ + 1)
-    delta = (max(width, height) - 1) / max(n - 1, 1) * torch.exp(log_delta_)
-    return gx, gy, torch.exp(log_sigma2), delta, torch.exp(log_gamma)
+    centre = (raw[:, :2] + 1) * raw.new_tensor([(width + 1) / 2, (height + 1) / 2])  # gx, gy
+    pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
+    delta = pos[:, 1:2] * ((max(width, height) - 1) / max(n - 1, 1))
+    return centre[:, :1], centre[:, 1:], pos[:, :1], delta, pos[:, 2:]
 
 
 def filterbank(gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, width: int,
@@ -177,35 +175,14 @@ def filterbank(gx: Tensor, gy: Tensor, sigma2: Tensor, delta: Tensor, n: int, wi
     for name, t in (("gx", gx), ("gy", gy), ("sigma2", sigma2), ("delta", delta)):
         if t.dim() != 2 or t.shape[1] != 1:
             raise ValueError(f"{name} must have shape (B, 1), got {tuple(t.shape)}")
-    f = _filters(torch.cat([gx, gy], 1), sigma2, delta, _grid(n, gx),
-                 _coords(max(width, height), gx), eps)  # (B, 2, N, max(A, B))
-    return _split_axes(f, width, height, eps)
-
-
-def _grid(n: int, like: Tensor) -> Tensor:
-    """Offsets ``i - N/2 - 0.5`` of the N filters from the grid centre, i = 1..N."""
-    return torch.arange(1, n + 1, dtype=like.dtype, device=like.device) - (n / 2 + 0.5)  # (N,)
-
-
-def _coords(length: int, like: Tensor) -> Tensor:
-    """Pixel coordinates 1..length."""
-    return torch.arange(1, length + 1, dtype=like.dtype, device=like.device)  # (L,)
-
-
-def _filters(centre: Tensor, sigma2: Tensor, delta: Tensor, grid: Tensor, coords: Tensor,
-             eps: float) -> Tensor:
-    """F_X and F_Y over coordinates 1..L as ``(B, 2, N, L)`` from ``centre`` (B, 2) = (gx, gy)."""
-    mu = centre.unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) filter centres
-    d2 = (coords - mu.unsqueeze(-1)).pow(2)  # (B, 2, N, L)
-    f = torch.exp(d2 * (-0.5 / sigma2).view(-1, 1, 1, 1))  # (B, 2, N, L)
-    return f / (f.sum(-1, keepdim=True) + eps)
-
-
-def _split_axes(f: Tensor, width: int, height: int, eps: float) -> tuple[Tensor, Tensor]:
-    """F_X and F_Y from :func:`_filters`; a shorter axis is cut to its length and renormalized."""
+    grid = torch.arange(1, n + 1, dtype=gx.dtype, device=gx.device) - (n / 2 + 0.5)  # (N,)
+    coords = torch.arange(1, max(width, height) + 1, dtype=gx.dtype, device=gx.device)  # (L,)
+    mu = torch.cat([gx, gy], 1).unsqueeze(-1) + (delta * grid).unsqueeze(1)  # (B, 2, N) centres
+    f = torch.exp((coords - mu.unsqueeze(-1)).pow(2) * (-0.5 / sigma2).view(-1, 1, 1, 1))
+    f = f / (f.sum(-1, keepdim=True) + eps)  # (B, 2, N, max(A, B))
     if width == height:
         return f[:, 0], f[:, 1]  # (B, N, A), (B, N, B_img)
-    fx, fy = f[:, 0, :, :width], f[:, 1, :, :height]
+    fx, fy = f[:, 0, :, :width], f[:, 1, :, :height]  # a shorter axis is cut and renormalized
     return fx / (fx.sum(-1, keepdim=True) + eps), fy / (fy.sum(-1, keepdim=True) + eps)
 
 
@@ -294,33 +271,21 @@ class DRAW(nn.Module):
         self.write_attn = nn.Linear(dec_size, 5)
         self.write_w = nn.Linear(dec_size, write_n * write_n)
         self.to_q = nn.Linear(enc_size, 2 * z_size)  # mu and log sigma
-        # constants of the filterbanks, kept as buffers so they follow .to(device)
-        self.register_buffer("half_size", torch.tensor([(width + 1) / 2, (height + 1) / 2]),
-                             persistent=False)
-        self.register_buffer("coords", _coords(max(width, height), self.half_size),
-                             persistent=False)
-        self.register_buffer("read_grid", _grid(read_n, self.half_size), persistent=False)
-        self.register_buffer("write_grid", _grid(write_n, self.half_size), persistent=False)
 
-    def _attend_raw(self, raw: Tensor, grid: Tensor) -> tuple[Tensor, ...]:
-        """``fx, fy, gamma`` of the grid ``grid`` from the head's 5 outputs ``raw`` (B, 5)."""
-        centre = (raw[:, :2] + 1) * self.half_size  # (B, 2) = (gx, gy)
-        pos = torch.exp(raw[:, 2:])  # (B, 3) = (sigma^2, delta~, gamma)
-        n = grid.shape[0]
-        delta = pos[:, 1:2] * ((max(self.width, self.height) - 1) / max(n - 1, 1))  # (B, 1)
-        f = _filters(centre, pos[:, 0:1], delta, grid, self.coords, 1e-8)  # (B, 2, N, L)
-        fx, fy = _split_axes(f, self.width, self.height, 1e-8)
-        return fx, fy, pos[:, 2:3]
+    def _attend_raw(self, raw: Tensor, n: int) -> tuple[Tensor, ...]:
+        """``fx, fy, gamma`` of an N x N grid from the head's 5 outputs ``raw`` (B, 5)."""
+        gx, gy, sigma2, delta, gamma = attention_params(raw, n, self.width, self.height)
+        return (*filterbank(gx, gy, sigma2, delta, n, self.width, self.height), gamma)
 
     def _write_raw(self, raw: Tensor, w: Tensor) -> Tensor:
         """The canvas increment (B, H, W) from the write head's ``raw`` (B, 5) and patch ``w``."""
-        fx, fy, gamma = self._attend_raw(raw, self.write_grid)
+        fx, fy, gamma = self._attend_raw(raw, self.write_n)
         w = w.reshape(-1, self.write_n, self.write_n)  # (B, Nw, Nw)
         return write_patch(w, fx, fy, gamma)  # (B, H, W)
 
     def _heads(self, h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The read head, the write head and the write patch of ``h_dec``."""
-        write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)
+        write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)  # order fixes the gradients
         return self.read_attn(h_dec), write_raw, w
 
     def _glimpses(self, x: Tensor, read_raw: Tensor, layers: tuple[Callable, ...],
@@ -336,7 +301,7 @@ class DRAW(nn.Module):
         kl = x.new_zeros(lead)  # (*lead,)
         for step in range(self.glimpses):
             x_hat = img - torch.sigmoid(canvas)  # (*lead, H, W) error image
-            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_grid)
+            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_n)
             both = torch.stack([img, x_hat], -3).reshape(-1, 2, self.height, self.width)
             r = read_glimpse(both, fx, fy, gamma).reshape(*lead, -1)  # (*lead, 2 Nr^2)
             enc = encoder(torch.cat([r, h_dec], -1), enc)
@@ -440,7 +405,7 @@ class StackedDRAW:
                   m.z_size, m.read_n, m.write_n) for m in models}
         if len(sizes) != 1:
             raise ValueError(f"the models must share their sizes, got {sorted(sizes)}")
-        self.template = copy.deepcopy(models[0])  # buffers and sizes for the attention
+        self.template = copy.deepcopy(models[0])  # sizes and glimpse loop of the copies
         self.layer_norm = [bool(m.layer_norm) for m in models]
         dev = next(models[0].parameters()).device
         self.ln = torch.tensor(self.layer_norm, device=dev).view(-1, 1, 1)  # (M, 1, 1)
@@ -468,7 +433,7 @@ class StackedDRAW:
         m = DRAW(t.width, t.height, t.glimpses, t.encoder.hidden_size, t.decoder.hidden_size,
                  t.z_size, t.read_n, t.write_n, layer_norm=self.layer_norm[k])
         m.load_state_dict(self.state_dict(k))
-        return m.to(t.half_size.device).eval()
+        return m.to(t.write_w.weight.device).eval()
 
     def _cell_norm(self, prefix: str, c: Tensor) -> Tensor:
         """What feeds the output tanh: LN(c) in the LN copies (eq. 31), c in the others."""
@@ -482,8 +447,7 @@ class StackedDRAW:
 
     def _lstm(self, prefix: str, w: Tensor, b: Tensor, inp: Tensor,
               state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """One step of every copy's :class:`lnbook.DRAWLSTMCell`; ``w`` is ``(M, I + H, 4H)``
-        (``[W_ih, W_hh]`` transposed), ``b`` is ``(M, 1, 4H)``; gates in torch's order."""
+        """A DRAWLSTMCell step of every copy; ``w`` ``[W_ih, W_hh]^T`` (M, I + H, 4H)."""
         if state is None:
             h = c = inp.new_zeros(*inp.shape[:2], w.shape[-1] // 4)  # (M, B, H)
         else:
@@ -513,12 +477,10 @@ class StackedDRAW:
                          (p[f"{c}.bias_ih"] + p[f"{c}.bias_hh"]).unsqueeze(1))
                  for c in ("encoder", "decoder")]
         w_q, b_q = p["to_q.weight"].transpose(1, 2), p["to_q.bias"].unsqueeze(1)
+        to_q = partial(torch.baddbmm, b_q, batch2=w_q)  # h_enc (M, B, He) -> (M, B, 2Z)
         heads = ("read_attn", "write_attn", "write_w")  # all three read h_dec: one matmul
         w_h = torch.cat([p[f"{h}.weight"] for h in heads], 1).transpose(1, 2)  # (M, Hd, 10+Nw^2)
         b_h = torch.cat([p[f"{h}.bias"] for h in heads], 1).unsqueeze(1)  # (M, 1, 10+Nw^2)
-
-        def to_q(h_enc: Tensor) -> Tensor:
-            return torch.baddbmm(b_q, h_enc, w_q)  # (M, B, 2Z)
 
         def all_heads(h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             out = torch.baddbmm(b_h, h_dec, w_h)  # (M, B, 10 + Nw^2)
@@ -606,9 +568,7 @@ def model_path(out: str | os.PathLike, variant: str, seed: int) -> Path:
 def load_trained(config: Config, out: str | os.PathLike, variant: str, seed: int,
                  device: str = "cpu") -> DRAW:
     """Rebuild a model that :func:`run` trained (with ``out`` given) from its saved weights."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    path = model_path(out, variant, seed)
+    path = model_path(out, check_choice("variant", variant, VARIANTS), seed)
     if not path.exists():
         raise FileNotFoundError(f"no trained model {path}; run(config, out=...) writes it")
     dev = resolve_device(device)
@@ -633,11 +593,10 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
         frames.append(torch.cat([recon, prior], 1).cpu().numpy())  # (T, B + 1, H, W)
     steps = frames[0].shape[0]
     cols = np.unique(np.linspace(0, steps - 1, min(steps, 8)).round().astype(int))
-    n_rows = sum(f.shape[1] for f in frames)
-    fig, axes = plt.subplots(n_rows, len(cols) + 1, squeeze=False,
-                             figsize=(1.3 * (len(cols) + 1), 1.3 * n_rows))
     rows = [(label, f[:, b], b) for label, f in zip(models, frames, strict=True)
             for b in range(f.shape[1])]  # one row per digit and prior sample of each model
+    fig, axes = plt.subplots(len(rows), len(cols) + 1, squeeze=False,
+                             figsize=(1.3 * (len(cols) + 1), 1.3 * len(rows)))
     for r, (label, canvas, b) in enumerate(rows):
         for j, t in enumerate(cols):
             axes[r, j].imshow(canvas[t], cmap="gray_r", vmin=0, vmax=1)
@@ -671,12 +630,12 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
+    seeds = tuple(config.seeds if seeds is None else seeds)
     if config.stacked and not config.checkpoint:
-        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out,
-                            tuple(config.seeds if seeds is None else seeds), progress)
+        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out, seeds,
+                            progress)
     train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
-    return sweep(NAME, {v: v for v in config.variants},
-                 tuple(config.seeds if seeds is None else seeds), train_one, config=config,
+    return sweep(NAME, {v: v for v in config.variants}, seeds, train_one, config=config,
                  device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
                  info=info, progress=progress, threads=config.threads, workers=config.workers)
 
@@ -687,10 +646,9 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
     torch.manual_seed(job.seed)
     model = build_model(config, layer_norm=(job.variant == "layer_norm"))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    x_eval = x_test.to(job.device)
     history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
                   optimizer, steps=config.steps, eval_every=config.eval_every,
-                  eval_fn=lambda m: m.evaluate_terms(x_eval), device=job.device,
+                  eval_fn=partial(DRAW.evaluate_terms, x=x_test.to(job.device)), device=job.device,
                   seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     if out is not None:
         path = model_path(out, job.variant, job.seed)
@@ -702,9 +660,7 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
 def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
                  dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
                  progress: bool | None) -> Results:
-    """:func:`run` with every (variant, seed) trained at once as one :class:`StackedDRAW`:
-    copy ``(variant, seed)`` gets :func:`_train_one`'s initial model, batches, noise stream
-    (a generator seeded with ``seed``) and its own Adam moments."""
+    """:func:`run` with every (variant, seed) as one copy of a :class:`StackedDRAW`."""
     pairs = [(v, int(s)) for v in config.variants for s in seeds]
     batches = {s: Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for _, s in pairs}
     gens = [torch.Generator(device=dev).manual_seed(s) for _, s in pairs]
@@ -733,9 +689,8 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
     runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
     results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
     if out is not None:
+        model_path(out, *pairs[0]).parent.mkdir(parents=True, exist_ok=True)
         for k, (v, s) in enumerate(pairs):
-            path = model_path(out, v, s)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(stack.state_dict(k), path)
+            torch.save(stack.state_dict(k), model_path(out, v, s))
         save_results(results, Path(out) / f"{NAME}.json")
     return results

@@ -131,8 +131,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field overridden by keyword."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
     for v in cfg.variants:
-        if v not in VARIANTS:
-            raise ValueError(f"unknown variant {v!r}; expected one of {VARIANTS}")
+        variant_gain(v)  # ValueError for a variant not in VARIANTS
     _check_corpus(cfg.n_entities, cfg.sentences, cfg.n_relations, cfg.blank)
     return cfg
 
@@ -212,8 +211,7 @@ def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_re
             if np.all(slots[:, 0] != slots[:, 1]):
                 break
         facts = [(int(ents[a]), int(rels[j]), int(ents[b])) for j, (a, b) in enumerate(slots)]
-        for j, (a, r, b) in enumerate(facts):
-            passages[k, 3 * j : 3 * j + 3] = (ent_offset + a, rel_offset + r, ent_offset + b)
+        passages[k] = (np.array(facts) + (ent_offset, rel_offset, ent_offset)).ravel()  # tokens
         answer = int(ents[rng.integers(k_ent)])  # uniform over the passage's entities
         roles = (2,) if blank == "object" else (0, 2)
         mentions = [(j, r) for j, f in enumerate(facts) for r in roles if f[r] == answer]
@@ -221,11 +219,8 @@ def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_re
             answer = facts[rng.integers(sentences)][2]
             mentions = [(j, 2) for j, f in enumerate(facts) if f[2] == answer]
         j, role = mentions[rng.integers(len(mentions))]
-        subj, rel, obj = facts[j]
-        if role == 0:  # blank the subject
-            queries[k] = (PLACEHOLDER, rel_offset + rel, ent_offset + obj)
-        else:  # blank the object
-            queries[k] = (ent_offset + subj, rel_offset + rel, PLACEHOLDER)
+        queries[k] = passages[k, 3 * j : 3 * j + 3]  # fact j, then its subject or object blanked
+        queries[k, role] = PLACEHOLDER
         answers[k] = answer
         candidates[k, ents] = True
     return ClozeData(
@@ -258,11 +253,9 @@ def frequency_baseline_accuracy(data: ClozeData) -> float:
     counts = torch.zeros(len(data), n_ent, dtype=torch.long)
     counts.scatter_add_(1, ent.clamp(min=0), is_ent.long())  # (N, n_entities)
     q = data.queries - data.entity_offset  # (N, 3)
-    q_ent = (q >= 0) & (q < n_ent)
-    rows = torch.arange(len(data))
-    for j in range(q.shape[1]):  # the entity named in the query is not the answer
-        keep = q_ent[:, j]
-        counts[rows[keep], q[keep, j]] = 0
+    named = torch.zeros_like(counts).scatter_add_(1, q.clamp(0, n_ent - 1),
+                                                  ((q >= 0) & (q < n_ent)).long())
+    counts[named > 0] = 0  # the entity named in the query is not the answer
     best = counts == counts.max(dim=1, keepdim=True).values  # (N, n_entities) ties
     hit = best.gather(1, data.answers[:, None]).squeeze(1).double()
     return float((hit / best.sum(dim=1).double()).mean())
@@ -507,11 +500,6 @@ def variant_kind(variant: str) -> str:
     return variant_gain(variant)[0]
 
 
-def _ln(x: Tensor, eps: float = 1e-5) -> Tensor:
-    """Eq. 3 over the last dimension, without gain or bias (as :class:`lnbook.LayerNorm`)."""
-    return F.layer_norm(x, x.shape[-1:], eps=eps)
-
-
 class StackedReader(nn.Module):
     """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
 
@@ -594,8 +582,8 @@ class StackedReader(nn.Module):
             gi = self._bn(gi, f"{pre}__bn_ih", slice(0, gi.shape[0])) + bias
         elif kind == "ln":
             g_ih, b_ih = p[f"{pre}__ln_ih_l0__weight"], p[f"{pre}__ln_ih_l0__bias"]
-            gi = _ln(gi) * g_ih.unsqueeze(1) + (b_ih.unsqueeze(1) + bias
-                                                + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
+            gi = F.layer_norm(gi, (4 * H,)) * g_ih.unsqueeze(1) + (
+                b_ih.unsqueeze(1) + bias + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
             g_hh = p[f"{pre}__ln_hh_l0__weight"].unsqueeze(1)  # (M, 1, 4H)
             g_c, b_c = (p[f"{pre}__ln_c_l0__{s}"].unsqueeze(1) for s in ("weight", "bias"))
         h = c = x.new_zeros(*x.shape[1:3], H)  # (M, B, H)
@@ -604,7 +592,7 @@ class StackedReader(nn.Module):
             if kind == "lstm":
                 z = torch.baddbmm(gi_t, h, w_hh)  # (M, B, 4H)
             elif kind == "ln":
-                z = torch.addcmul(gi_t, _ln(torch.bmm(h, w_hh)), g_hh)
+                z = torch.addcmul(gi_t, F.layer_norm(torch.bmm(h, w_hh), (4 * H,)), g_hh)
             else:
                 z = self._bn(torch.bmm(h, w_hh), f"{pre}__bn_hh", t) + gi_t
             sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
@@ -612,7 +600,7 @@ class StackedReader(nn.Module):
             c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
             cn = c  # the plain LSTM's
             if kind == "ln":
-                cn = torch.addcmul(b_c, _ln(c), g_c)
+                cn = torch.addcmul(b_c, F.layer_norm(c, (H,)), g_c)  # LN of the cell, eq. 3
             elif kind == "bn":
                 cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
             h = o * torch.tanh(cn)
@@ -667,8 +655,7 @@ def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: 
     """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
     jobs = [(v, s) for v in variants for s in seeds]
-    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])
-    model.train()
+    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])  # training mode
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
