@@ -269,9 +269,8 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
                             case.name)
     ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    tol = case.tol
     err = _max_diff(y, ref)
-    if err <= tol:
+    if err <= case.tol:
         seen = f"max |yours - torch| = {err:.1e}"
         if x.dtype == _F64:  # the values are right: now the gradient with respect to x
             seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
@@ -279,7 +278,7 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
     dims = _dims(x, case.shape)
     for part, why, kw in _forward_mistakes(case):
         wrong = _variant(x, case.g, case.b, **{"eps": case.eps, "dims": dims, **kw})
-        if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
+        if _max_diff(wrong, ref) > 10 * case.tol and _max_diff(y, wrong) <= case.tol:
             raise ExerciseError(name, part, why, case.name)
     raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
 
@@ -555,9 +554,7 @@ def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> st
 
 def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The 8x8 digits' fixed split, flattened: ``(x (1438, 64), y, x_test (359, 64), y_test)``."""
-    x, y = load_digits_tensor("train", flatten=True)
-    xt, yt = load_digits_tensor("test", flatten=True)
-    return x, y, xt, yt
+    return (*load_digits_tensor("train", flatten=True), *load_digits_tensor("test", flatten=True))
 
 
 def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
