@@ -213,18 +213,13 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
     if case.eps != 1e-5:
         out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {case.eps:g}: use "
                     "the eps argument", {"eps": 1e-5}))
-    return out + [  # with g = 1 and b = 0 these equal the right answer and are skipped
-        ("gain/bias", "the gain and the bias are swapped: the output is g * x_hat + b "
-         "(g multiplies, b is added)", {"affine": "b*x+g"}),
-        ("gain/bias", "the gain g is never applied: the output is g * x_hat + b",
-         {"affine": "x+b"}),
-        ("gain/bias", "the bias b is never added: the output is g * x_hat + b",
-         {"affine": "g*x"}),
-        ("gain/bias", "neither the gain g nor the bias b is applied: the output is "
-         "g * x_hat + b", {"affine": "x"}),
-        ("gain/bias", "the bias is added before the gain multiplies, (x_hat + b) * g; the "
-         "output is g * x_hat + b", {"affine": "(x+b)*g"}),
-    ]
+    affine = {"b*x+g": "the gain and the bias are swapped (g multiplies, b is added)",
+              "x+b": "the gain g is never applied", "g*x": "the bias b is never added",
+              "x": "neither the gain g nor the bias b is applied",
+              "(x+b)*g": "the bias is added before the gain multiplies, (x_hat + b) * g"}
+    # with g = 1 and b = 0 these equal the right answer and are skipped
+    return out + [("gain/bias", f"{why}: the output is g * x_hat + b", {"affine": form})
+                  for form, why in affine.items()]
 
 
 def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: str) -> Any:
@@ -494,11 +489,10 @@ def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Ten
             not values or _max_diff(mine, ref) <= 1e-9)
 
     for values in (True, False):  # first the right numbers in another order, then the shapes
-        if all(fits(m, r, values) for m, r in zip(got, want, strict=True)):
-            return
-        for perm in itertools.permutations(range(3)):
-            if perm != (0, 1, 2) and all(fits(got[i], want[p], values)
-                                         for i, p in enumerate(perm)):
+        for perm in itertools.permutations(range(3)):  # the right order, (0, 1, 2), first
+            if all(fits(got[i], want[p], values) for i, p in enumerate(perm)):
+                if perm == (0, 1, 2):
+                    return
                 order = ", ".join(_LABELS[p] for p in perm)
                 raise ExerciseError(name, "order", f"the return order is swapped: you "
                                     f"returned ({order}); return (dL/da, dL/dg, dL/db)", case)
