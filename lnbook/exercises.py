@@ -213,18 +213,13 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
     if case.eps != 1e-5:
         out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {case.eps:g}: use "
                     "the eps argument", {"eps": 1e-5}))
-    return out + [  # with g = 1 and b = 0 these equal the right answer and are skipped
-        ("gain/bias", "the gain and the bias are swapped: the output is g * x_hat + b "
-         "(g multiplies, b is added)", {"affine": "b*x+g"}),
-        ("gain/bias", "the gain g is never applied: the output is g * x_hat + b",
-         {"affine": "x+b"}),
-        ("gain/bias", "the bias b is never added: the output is g * x_hat + b",
-         {"affine": "g*x"}),
-        ("gain/bias", "neither the gain g nor the bias b is applied: the output is "
-         "g * x_hat + b", {"affine": "x"}),
-        ("gain/bias", "the bias is added before the gain multiplies, (x_hat + b) * g; the "
-         "output is g * x_hat + b", {"affine": "(x+b)*g"}),
-    ]
+    affine = {"b*x+g": "the gain and the bias are swapped (g multiplies, b is added)",
+              "x+b": "the gain g is never applied", "g*x": "the bias b is never added",
+              "x": "neither the gain g nor the bias b is applied",
+              "(x+b)*g": "the bias is added before the gain multiplies, (x_hat + b) * g"}
+    # with g = 1 and b = 0 these equal the right answer and are skipped
+    return out + [("gain/bias", f"{why}: the output is g * x_hat + b", {"affine": form})
+                  for form, why in affine.items()]
 
 
 def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: str) -> Any:
@@ -269,9 +264,8 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
         raise ExerciseError(name, "nan", "the output holds NaN or inf for finite input",
                             case.name)
     ref = F.layer_norm(x.to(_F64), case.shape, case.g.to(_F64), case.b.to(_F64), case.eps)
-    tol = case.tol
     err = _max_diff(y, ref)
-    if err <= tol:
+    if err <= case.tol:
         seen = f"max |yours - torch| = {err:.1e}"
         if x.dtype == _F64:  # the values are right: now the gradient with respect to x
             seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
@@ -279,7 +273,7 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
     dims = _dims(x, case.shape)
     for part, why, kw in _forward_mistakes(case):
         wrong = _variant(x, case.g, case.b, **{"eps": case.eps, "dims": dims, **kw})
-        if _max_diff(wrong, ref) > 10 * tol and _max_diff(y, wrong) <= tol:
+        if _max_diff(wrong, ref) > 10 * case.tol and _max_diff(y, wrong) <= case.tol:
             raise ExerciseError(name, part, why, case.name)
     raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
 
@@ -495,11 +489,10 @@ def _check_order(name: str, case: str, got: Sequence[Tensor], want: Sequence[Ten
             not values or _max_diff(mine, ref) <= 1e-9)
 
     for values in (True, False):  # first the right numbers in another order, then the shapes
-        if all(fits(m, r, values) for m, r in zip(got, want, strict=True)):
-            return
-        for perm in itertools.permutations(range(3)):
-            if perm != (0, 1, 2) and all(fits(got[i], want[p], values)
-                                         for i, p in enumerate(perm)):
+        for perm in itertools.permutations(range(3)):  # the right order, (0, 1, 2), first
+            if all(fits(got[i], want[p], values) for i, p in enumerate(perm)):
+                if perm == (0, 1, 2):
+                    return
                 order = ", ".join(_LABELS[p] for p in perm)
                 raise ExerciseError(name, "order", f"the return order is swapped: you "
                                     f"returned ({order}); return (dL/da, dL/dg, dL/db)", case)
@@ -555,9 +548,7 @@ def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> st
 
 def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The 8x8 digits' fixed split, flattened: ``(x (1438, 64), y, x_test (359, 64), y_test)``."""
-    x, y = load_digits_tensor("train", flatten=True)
-    xt, yt = load_digits_tensor("test", flatten=True)
-    return x, y, xt, yt
+    return (*load_digits_tensor("train", flatten=True), *load_digits_tensor("test", flatten=True))
 
 
 def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:

@@ -29,7 +29,6 @@ from lnbook.norms import _LOW_PRECISION, _Affine, _ShapeLike
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
 
-
 # -------------------- RMSNorm
 
 
@@ -60,9 +59,9 @@ def rms_norm(input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None 
     return y.to(input.dtype)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(_Affine):
     r"""RMSNorm as a module (see :func:`rms_norm`); :class:`torch.nn.RMSNorm`'s interface and
-    state dict.
+    state dict. The gain starts at 1 (plain RMS normalization); ``bias`` is always None.
     """
 
     def __init__(self, normalized_shape: _ShapeLike, eps: float | None = None,
@@ -73,14 +72,9 @@ class RMSNorm(nn.Module):
         check_eps(eps, allow_none=True)
         self.eps = None if eps is None else float(eps)
         self.elementwise_affine = check_bool("elementwise_affine", elementwise_affine)
-        self.register_parameter("weight", nn.Parameter(torch.empty(
-            self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine else None)
+        self._add_affine(self.normalized_shape, elementwise_affine, False,
+                         {"device": device, "dtype": dtype})
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """The gain to 1 (the layer starts as plain RMS normalization)."""
-        if self.weight is not None:
-            nn.init.ones_(self.weight)
 
     def forward(self, input: Tensor) -> Tensor:
         return rms_norm(input, self.normalized_shape, self.weight, self.eps)

@@ -292,10 +292,8 @@ class NormMLP(nn.Module):
         self.norm_kind = norm
 
         def make() -> nn.Module:
-            if norm == "layer":
-                return LayerNorm(hidden, eps=eps, impl="torch")
-            if norm == "simple":
-                return LayerNorm(hidden, eps=eps, elementwise_affine=False, impl="torch")
+            if norm in ("layer", "simple"):  # LayerNorm-simple: without the gain and bias
+                return LayerNorm(hidden, eps=eps, elementwise_affine=norm == "layer", impl="torch")
             return DetachNorm(hidden, eps=eps) if norm == "detach" else nn.Identity()
 
         sizes = [64] + [hidden] * depth
@@ -371,11 +369,9 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
         model = NormMLP(job.params, config.hidden, config.depth).to(job.device)
         norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
 
-        def eval_fn(m: nn.Module) -> dict[str, float]:
-            val = classification_metrics(m, xv, yv)
-            train = classification_metrics(m, x, y)
-            return {"val_nll": val["nll"], "val_error": val["error"],
-                    "train_nll": train["nll"], "train_error": train["error"]}
+        def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
+            return {f"{split}_{k}": v for split, xs, ys in (("val", xv, yv), ("train", x, y))
+                    for k, v in classification_metrics(m, xs, ys).items()}
 
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
         history = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
