@@ -16,10 +16,9 @@ from torch import Tensor
 from torch.func import jvp
 
 from lnbook.experiments.protocol import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
+from lnbook.experiments.seq_tasks import DeepTaskConfig, SequenceTask, presets, stream_variance
 from lnbook.experiments.stacked import run_stacked, train_stacked
-from lnbook.seeds import verdict_seeds
-from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
+from lnbook.transformer import Transformer, TransformerConfig, residual_stream, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "model_config", "run",
            "removal_costs", "jacobian_distance", "per_block", "halves"]
@@ -32,21 +31,13 @@ VARIANTS = {"pre": False, "scaled": True}  # variant name -> depth_scaling
 
 
 @dataclass
-class Config(TaskConfig):
-    """Settings of the depth experiment (:class:`~lnbook.experiments.seq_tasks.TaskConfig` plus
-    ``lr``; ``n_eval``, held-out sequences of each evaluation and measurement; ``n_dirs``, random
-    directions per block for :func:`jacobian_distance`).
+class Config(DeepTaskConfig):
+    """Settings of the depth experiment (:class:`~lnbook.experiments.seq_tasks.DeepTaskConfig`
+    plus ``lr``; ``n_eval``, held-out sequences of each evaluation and measurement; ``n_dirs``,
+    random directions per block for :func:`jacobian_distance`).
     """
 
-    size: int = 6
-    d_model: int = 16
-    n_heads: int = 2
     n_layers: int = 8
-    batch_size: int = 16
-    steps: int = 60
-    eval_every: int = 30
-    n_test: int = 128
-    seeds: tuple[int, ...] = verdict_seeds(5)
     lr: float = 1e-2
     n_eval: int = 64
     n_dirs: int = 2
@@ -75,23 +66,16 @@ def model_config(config: Config, depth_scaling: bool, seq_len: int) -> Transform
                                depth_scaling=depth_scaling, ln_impl="torch")
 
 
-def _stream(model: Transformer, idx: Tensor, skip: int | None = None) -> list[Tensor]:
-    """``[x_0, ..., x_L]`` on ``idx``, block ``skip`` (from 1) left out."""
-    x = model.embed(idx)  # (B, T, D)
-    out = [x]
-    for i, block in enumerate(model.blocks, start=1):
-        x = x if i == skip else block(x)  # (B, T, D)
-        out.append(x)
-    return out
-
-
 def removal_costs(model: Transformer, x: Tensor, y: Tensor) -> list[float]:
     """The rise in loss on ``(x, y)`` when each block is skipped (``x_l = x_{l-1}``)."""
+    stream = residual_stream(model, x)  # [x_0, ..., x_L]
     with torch.no_grad():
         full = float(sequence_loss(model(x), y))
         costs = []
         for skip in range(1, len(model.blocks) + 1):
-            h = _stream(model, x, skip)[-1]
+            h = stream[skip - 1]  # x_skip = x_{skip-1}
+            for block in model.blocks[skip:]:
+                h = block(h)  # (B, T, D)
             costs.append(float(sequence_loss(model.head(model.final_norm(h)), y)) - full)
     return costs
 
@@ -103,8 +87,7 @@ def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
     (:func:`torch.func.jvp`), block 1 first.
     """
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        stream = _stream(model, x)
+    stream = residual_stream(model, x)
     out = []
     for block, h in zip(model.blocks, stream, strict=False):
         d = []
@@ -147,15 +130,9 @@ def per_block(results: Results, variant: str, what: str, step: int | None = None
     """
     if what not in ("removal", "jacobian", "variance"):
         raise ValueError(f"what must be 'removal', 'jacobian' or 'variance', got {what!r}")
-    rows = []
-    for r in results.select(variant):
-        if what == "variance":
-            h = r.history
-            m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
-            rows.append([m[f"var_{k}"] for k in range(1, len(r.info["removal"]) + 1)])
-        else:
-            rows.append(r.info[what])
-    return np.array(rows, dtype=float)
+    if what == "variance":
+        return stream_variance(results, variant, step)[:, 1:]
+    return np.array([r.info[what] for r in results.select(variant)], dtype=float)
 
 
 def halves(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,9 +14,14 @@ import numpy as np
 import torch
 
 from lnbook.experiments.protocol import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
+from lnbook.experiments.seq_tasks import (
+    DeepTaskConfig,
+    SequenceTask,
+    check_lrs,
+    presets,
+    stream_variance,
+)
 from lnbook.experiments.stacked import run_stacked, train_stacked
-from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name", "run",
@@ -29,21 +34,13 @@ DESCRIPTION = ("Pre-LN, Post-LN and Peri-LN Transformers: residual-stream varian
 
 
 @dataclass
-class Config(TaskConfig):
-    """Settings of the Peri-LN experiment (:class:`~lnbook.experiments.seq_tasks.TaskConfig` plus
-    ``lrs``, the increasing sweep of Pre-LN and Peri-LN; ``post_lr``, Post-LN's one rate; and
+class Config(DeepTaskConfig):
+    """Settings of the Peri-LN experiment (:class:`~lnbook.experiments.seq_tasks.DeepTaskConfig`
+    plus ``lrs``, the increasing sweep of Pre-LN and Peri-LN; ``post_lr``, Post-LN's one rate; and
     ``n_eval``, held-out sequences per evaluation).
     """
 
-    size: int = 6
-    d_model: int = 16
-    n_heads: int = 2
     n_layers: int = 6
-    batch_size: int = 16
-    steps: int = 60
-    eval_every: int = 30
-    n_test: int = 128
-    seeds: tuple[int, ...] = verdict_seeds(5)
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1)
     post_lr: float = 1e-2
     n_eval: int = 128
@@ -96,18 +93,6 @@ def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[R
         runs += [Run(variant_name(position, r.info["lr"]), r.info["seed"], r.history, r.info)
                  for r in trained]
     return runs
-
-
-def stream_variance(results: Results, variant: str, step: int | None = None) -> np.ndarray:
-    """The stream's variance after each block per seed, ``(seeds, L + 1)`` (column 0 the embeddings)
-    at the evaluation after ``step`` updates (None: the last).
-    """
-    rows = []
-    for r in results.select(variant):
-        h = r.history
-        m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
-        rows.append([m[f"var_{k}"] for k in range(sum(n.startswith("var_") for n in m))])
-    return np.array(rows, dtype=float)
 
 
 def final_by_lr(results: Results, position: str, metric: str = "loss") -> np.ndarray:

@@ -1,9 +1,7 @@
 """Where the norm goes (chapter `09_norm_placement`, claims P04-P05): the Post-LN block
 ``x <- LN(x + F(x))`` against the Pre-LN block ``x <- x + F(LN(x))`` (plus a final norm) of
-Xiong et al. (2020). :func:`gradient_profiles`: each block's gradient norm at initialization;
-:func:`run`: training with and without a linear warm-up of the learning rate, every seed and
-warm-up of one placement at once (:func:`lnbook.experiments.stacked.train_stacked`).
-``quick`` uses 2 blocks; ``paper`` Xiong et al.'s base sizes and warm-up of 4000 updates."""
+Xiong et al. (2020), at initialization (:func:`gradient_profiles`) and in training with and
+without warm-up (:func:`run`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """QK-norm and attention-logit growth: a learning-rate sweep with and without normalized q and k.
 
-Book chapter `11_qk_norm` (Part II), claims P08-P09 (Dehghani et al. 2023; Wortsman et al.
-2024). :func:`run` trains the small Pre-LN Transformer with and without ``qk_norm`` at every rate
-and seed (:func:`lnbook.experiments.stacked.train_stacked`), recording the largest attention
-logit; :func:`lr_sensitivity` summarizes a sweep.
+Book chapter `11_qk_norm` (Part II), claims P08-P09 (Dehghani et al. 2023; Wortsman et al. 2024).
 """
 
 from __future__ import annotations
@@ -83,9 +80,8 @@ def by_lr(results: Results, qk_norm: bool, metric: str, stat: str = "final") -> 
     """One number per (seed, learning rate) for one model, ``(seeds, len(lrs))``; ``stat``
     ``"final"``, ``"max"``, ``"min"`` or ``"initial"``.
     """
-    lrs = results.config["lrs"]
     cols = []
-    for lr in lrs:
+    for lr in results.config["lrs"]:
         name = variant_name(qk_norm, lr)
         if stat == "final":
             cols.append(results.final(name, metric))

@@ -12,16 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
 from lnbook.experiments.presets import check_scale
+from lnbook.experiments.results import Results
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 
-__all__ = ["TASKS", "TaskConfig", "presets", "SequenceTask", "make_task", "position_unigram_loss",
-           "linear_warmup"]
+__all__ = ["TASKS", "TaskConfig", "DeepTaskConfig", "presets", "SequenceTask", "make_task",
+           "position_unigram_loss", "linear_warmup"]
 
 TASKS = ("sort", "recall")
 
@@ -72,8 +75,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_choice("task", self.task, TASKS)
         if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
             raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
 
@@ -84,6 +86,33 @@ class TaskConfig:
         return TransformerConfig(**{"vocab_size": self.symbols + 1, "d_model": self.d_model,
                                     "n_heads": self.n_heads, "n_layers": self.n_layers,
                                     "max_len": seq_len, **fields})
+
+
+@dataclass
+class DeepTaskConfig(TaskConfig):
+    """:class:`TaskConfig` with the narrow model, short training and five seeds that chapters 14
+    and 15 share (:mod:`~lnbook.experiments.peri_ln`, :mod:`~lnbook.experiments.depth`)."""
+
+    size: int = 6
+    d_model: int = 16
+    n_heads: int = 2
+    batch_size: int = 16
+    steps: int = 60
+    eval_every: int = 30
+    n_test: int = 128
+    seeds: tuple[int, ...] = verdict_seeds(5)
+
+
+def stream_variance(results: Results, variant: str, step: int | None = None) -> np.ndarray:
+    """The stream's variance after each block per seed, ``(seeds, L + 1)`` (column 0 the embeddings)
+    at the evaluation after ``step`` updates (None: the last).
+    """
+    rows = []
+    for r in results.select(variant):
+        h = r.history
+        m = h.metrics[-1 if step is None else h.eval_steps.index(step)]
+        rows.append([m[f"var_{k}"] for k in range(sum(n.startswith("var_") for n in m))])
+    return np.array(rows, dtype=float)
 
 
 _PAPER: dict[str, Any] = {
@@ -155,8 +184,7 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
     ``"recall"`` (:func:`lnbook.data.associative_recall`, ``size`` pairs, length ``2 * size + 2``);
     ``symbols`` content symbols; the training set is drawn with ``seed``, the held-out set with
     ``seed + 10007``."""
-    if name not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {name!r}")
+    check_choice("task", name, TASKS)
     make = sort_task if name == "sort" else associative_recall
     x, y = make(n_train, size, symbols, seed=seed)
     x_test, y_test = make(n_test, size, symbols, seed=seed + _TEST_SEED_OFFSET)
