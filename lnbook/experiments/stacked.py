@@ -66,10 +66,6 @@ class _Stream(nn.Module):
     def forward(self, idx: Tensor, with_var: bool = True) -> tuple[Tensor, Tensor]:
         return stream_forward(self.model, idx, with_var)
 
-    def max_logit(self) -> Tensor:
-        """The largest attention logit of any block in the last forward, ``()``."""
-        return torch.stack([b.attn.last_max_logit for b in self.model.blocks]).amax()
-
 
 def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str, Any],
               lr: Tensor) -> None:
@@ -196,8 +192,9 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         logits, var = functional_call(base, (p, b), (x, stream_var))  # (B, T, V), (L + 1,)
         scored = y != IGNORE_INDEX  # (B, T)
         right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
-        if max_logit:  # read in the same call as the forward that set it
-            var = torch.cat([var, base.max_logit().view(1)])  # (L + 2,)
+        if max_logit:  # the largest attention logit of any block, read after the forward set it
+            top = torch.stack([b.attn.last_max_logit for b in base.model.blocks]).amax()
+            var = torch.cat([var, top.view(1)])  # (L + 2,)
         return sequence_loss(logits, y), right, var
 
     evaluate = torch.no_grad()(vmap(one, in_dims=(0, 0, None, None)))
