@@ -263,10 +263,8 @@ def retrieval_ranks(scores: Tensor, caption_image: Tensor) -> tuple[Tensor, Tens
     nc, ni = scores.shape
     if caption_image.shape != (nc,):
         raise ValueError(f"caption_image must have shape ({nc},), got {tuple(caption_image.shape)}")
-    rows = torch.arange(nc)
-    right = scores[rows, caption_image]  # (Nc,)
-    is_right = torch.zeros(nc, ni, dtype=torch.bool)
-    is_right[rows, caption_image] = True
+    is_right = F.one_hot(caption_image, ni).bool()  # (Nc, Ni)
+    right = scores[is_right]  # (Nc,): one right image per caption
     image_ranks = 1 + ((scores >= right.view(-1, 1)) & ~is_right).sum(dim=1)  # (Nc,)
     # caption retrieval: for image j, the best score among its captions, then count the
     # wrong captions scoring at least that much.

@@ -140,9 +140,20 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
     n = len(corpus)
     topic = torch.tensor(corpus.topic)
     held = torch.zeros(n, dtype=torch.bool)
+    g = torch.Generator().manual_seed(seed)
+    pos, neg = [], []
     for k in range(len(corpus.topics)):
         idx = torch.nonzero(topic == k).flatten()
-        held[idx[len(idx) - int(round(heldout * len(idx))) :]] = True  # the end of topic k
+        idx = idx[len(idx) - int(round(heldout * len(idx))) :]  # the end of topic k
+        held[idx] = True
+        # neighbour probe (topics with 4 or more held-out sentences): each held-out sentence
+        # with its successor (1) and with a random non-adjacent one of its topic (0)
+        for a in range(len(idx) - 1 if len(idx) >= 4 else 0):
+            pos.append((int(idx[a]), int(idx[a + 1])))
+            b = a
+            while abs(b - a) <= 1:
+                b = int(torch.randint(len(idx), (1,), generator=g))
+            neg.append((int(idx[a]), int(idx[b])))
     train_sents = [s for s, h in zip(corpus.sentences, held.tolist(), strict=True) if not h]
     vocab = build_vocab(train_sents, vocab_size)
     tokens = encode(corpus.sentences, vocab, max(len(s) for s in corpus.sentences))
@@ -158,22 +169,8 @@ def make_data(corpus: Corpus, vocab_size: int = 1000, heldout: float = 0.2,
     topic_ids = torch.nonzero(held & torch.isin(topic, chosen)).flatten()
     topic_labels = torch.searchsorted(chosen, topic[topic_ids])  # class 0..K-1
 
-    # neighbour probe: each held-out sentence with its successor (1) and with a random
-    # held-out sentence of the same topic that is not adjacent (0)
-    g = torch.Generator().manual_seed(seed)
-    pos, neg = [], []
-    for k in range(len(corpus.topics)):
-        idx = torch.nonzero(held & (topic == k)).flatten()
-        if len(idx) < 4:
-            continue
-        for a in range(len(idx) - 1):
-            pos.append((int(idx[a]), int(idx[a + 1])))
-            b = a
-            while abs(b - a) <= 1:
-                b = int(torch.randint(len(idx), (1,), generator=g))
-            neg.append((int(idx[a]), int(idx[b])))
     pairs = torch.tensor(pos + neg, dtype=torch.long).view(-1, 2)
-    pair_labels = torch.cat([torch.ones(len(pos)), torch.zeros(len(neg))]).long()
+    pair_labels = torch.tensor([1] * len(pos) + [0] * len(neg))
     return SkipThoughtData(vocab, tokens, topic, held, triples[same & ~held_3.any(1)],
                            triples[same & held_3.all(1)], topic_ids, topic_labels,
                            [corpus.topics[t] for t in chosen.tolist()], pairs, pair_labels)
@@ -209,8 +206,8 @@ def bag_of_words(tokens: Tensor, vocab_size: int) -> Tensor:
 
 
 def _batches(data: SkipThoughtData, batch_size: int, seed: int) -> Batches:
-    t = data.tokens[data.train_triples.T]  # (3, Nt, L): previous, current, next
-    return Batches(t[0], t[1], t[2], batch_size=batch_size, seed=seed)
+    # (3, Nt, L): previous, current, next
+    return Batches(*data.tokens[data.train_triples.T], batch_size=batch_size, seed=seed)
 
 
 def _lengths(tokens: Tensor) -> Tensor:
@@ -315,9 +312,8 @@ def probe_accuracy(features: Tensor, labels: Tensor, folds: int = 5, ridge: floa
 def heldout_loss(model: SkipThoughts, data: SkipThoughtData) -> float:
     """The skip-thought objective (nats per predicted word) on the held-out triples."""
     device = next(model.parameters()).device
-    tri, toks = data.test_triples, data.tokens.to(device)
-    with torch.no_grad():
-        return model(toks[tri[:, 0]], toks[tri[:, 1]], toks[tri[:, 2]]).item()
+    with torch.no_grad():  # previous, current, next: (3, Ne, L)
+        return model(*data.tokens[data.test_triples.T].to(device)).item()
 
 
 @torch.no_grad()
@@ -325,10 +321,9 @@ def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> 
     """Accuracy (percent) of the ``topic`` and the ``neighbour`` probe (features
     ``[|u - v|, u * v]``) on the frozen sentence vectors."""
     device = next(model.parameters()).device
-    toks = data.tokens.to(device)
     need = torch.unique(torch.cat([data.topic_ids, data.pairs.flatten()]))
     vec = torch.zeros(data.tokens.shape[0], model.out.in_features)
-    vec[need] = model.encode(toks[need]).cpu()  # (N, H), only the probed rows are filled
+    vec[need] = model.encode(data.tokens[need].to(device)).cpu()  # (N, H), the probed rows
     u, v = vec[data.pairs[:, 0]], vec[data.pairs[:, 1]]
     return {"topic": probe_accuracy(vec[data.topic_ids], data.topic_labels, folds),
             "neighbour": probe_accuracy(torch.cat([(u - v).abs(), u * v], 1), data.pair_labels,
@@ -354,21 +349,18 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
         models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size, layer_norm).to(dev)
         opts[v], times[v] = torch.optim.Adam(models[v].parameters(), lr=1e-3), []
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
+    sync = torch.cuda.synchronize if dev.type == "cuda" else torch.cpu.synchronize
     clock = time.process_time if dev.type == "cpu" else time.perf_counter
     for step in range(updates + 1):
         batch = tuple(t.to(dev) for t in batches(step))
         for v, model in models.items():
-            sync()
+            sync(dev)
             t0 = clock()
             loss = model(*batch)
             opts[v].zero_grad(set_to_none=True)
             loss.backward()
             opts[v].step()
-            sync()
+            sync(dev)
             if step > 0:
                 times[v].append(clock() - t0)
     out = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
