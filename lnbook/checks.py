@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["ShapeError", "check_floating", "check_bool", "check_size", "check_shape",
-           "check_trailing", "check_param", "check_eps", "check_choice", "as_normalized_shape",
-           "make_module"]
+           "check_trailing", "check_param", "check_eps", "check_choice", "check_config",
+           "as_normalized_shape", "make_module"]
 
 _T = TypeVar("_T")
 
@@ -104,6 +104,15 @@ def check_choice(name: str, value: _T, choices: Sequence[object]) -> _T:
             f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
         )
     return value
+
+
+def check_config(config: object, cls: type, maker: str | None = "get_config") -> None:
+    """Raise ``TypeError`` naming ``cls`` (as ``module.Name``) and ``maker`` unless ``config``
+    is a ``cls``."""
+    if not isinstance(config, cls):
+        hint = f" (make one with {maker})" if maker else ""
+        raise TypeError(f"config must be a {cls.__module__.rsplit('.', 1)[-1]}.{cls.__qualname__}"
+                        f"{hint}, got {type(config).__name__}")
 
 
 def as_normalized_shape(normalized_shape: object) -> tuple[int, ...]:

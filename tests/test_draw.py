@@ -123,14 +123,16 @@ def _small_model(layer_norm: bool, seed: int = 0) -> draw.DRAW:
                      layer_norm=layer_norm)
 
 
-def test_fused_attention_equals_the_reference_functions():
-    model = _small_model(False).double()
-    h = torch.randn(4, 16, dtype=torch.float64)
-    fx, fy, gamma = model._attend_raw(model.write_attn(h), model.write_n)
-    gx, gy, s2, delta, g = draw.attention_params(model.write_attn(h), 3, 28, 28)
-    rx, ry = draw.filterbank(gx, gy, s2, delta, 3, 28, 28)
-    assert torch.allclose(fx, rx, atol=1e-12) and torch.allclose(fy, ry, atol=1e-12)
-    assert torch.allclose(gamma, g)
+def test_attention_params_follow_the_draw_equations_row_by_row():
+    # Gregor et al. eqs. 21-24, one row at a time in plain float64 arithmetic
+    raw = torch.randn(4, 5, dtype=torch.float64)
+    gx, gy, sigma2, delta, gamma = draw.attention_params(raw, 3, 28, 20)
+    for i, (tx, ty, log_s2, log_d, log_g) in enumerate(raw.tolist()):
+        assert gx[i, 0].item() == pytest.approx((28 + 1) / 2 * (tx + 1), abs=1e-12)
+        assert gy[i, 0].item() == pytest.approx((20 + 1) / 2 * (ty + 1), abs=1e-12)
+        assert delta[i, 0].item() == pytest.approx((28 - 1) / (3 - 1) * math.exp(log_d))
+        assert sigma2[i, 0].item() == pytest.approx(math.exp(log_s2))
+        assert gamma[i, 0].item() == pytest.approx(math.exp(log_g))
 
 
 @pytest.mark.parametrize("layer_norm", [False, True])

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_config
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import mean_after_start
@@ -235,9 +235,7 @@ def run(config: Config, device: str | torch.device = "cpu",
     seeded with ``seed_s`` (independent of the seeds beside it). ``info["unselectable_keys"]``:
     the trained keys of (symbol, position) pairs no query can select (:func:`unselectable`);
     ``Results.info["chance"]``: the accuracy of always naming the most frequent target."""
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an attention_geometry.Config (get_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, Config)
     train = majority_task(config.n_train, config.length, config.symbols, seed=0)
     test = majority_task(config.n_test, config.length, config.symbols, seed=1)
     chance = float((test[1] == torch.bincount(train[1]).argmax()).double().mean())

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_config
 from lnbook.data import mnist_train_test
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
@@ -227,8 +228,7 @@ def run(config: Config, device: str | torch.device = "auto",
     ``maps`` on the test images cropped like its training images; ``Results.info`` the data
     ``source`` and ``majority_error`` (always answering the commonest training class).
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a convnet.Config, got {type(config).__name__}")
+    check_config(config, Config)
     x, y, xt, yt, info = mnist_train_test(config.source, config.n_train, config.n_test,
                                           config.scale, NAME)  # (N, 784), (N,), (M, 784), (M,)
     variants = {variant_name(n): (n, 0) for n in config.norms}

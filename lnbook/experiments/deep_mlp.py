@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -277,9 +277,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     Runs record ``train_nll``, ``test_nll`` and ``test_error``, and the :class:`LayerProbe` records
     in ``info``; ``Results.info`` holds the data source, the histogram edges and ``prior_nll``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a deep_mlp.Config (get_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, Config)
     x, y, x_test, y_test, source = _data(config)
     x_eval, y_eval = x[: config.n_eval_train], y[: config.n_eval_train]
     sizes = (x.shape[1], *([config.width] * config.depth), 10)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import DRAWLSTMCell
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_config
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies, updates_to
@@ -623,9 +623,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     the weights (:func:`model_path`) and checkpoints; ``seeds`` overrides ``config.seeds``.
     ``info``: ``data_source``, ``n_train``, ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a draw.Config (use get_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, Config)
     x_train, x_test, source = load_data(config)
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lnbook.checks import check_config
 from lnbook.data import associative_recall, copy_task, sort_task
 from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
 from lnbook.norms import LayerNorm, layer_norm
@@ -181,8 +182,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     ``spread_init``/``spread_trained`` and, first seed, ``points_init``/``points_trained``;
     ``"dyt"`` runs': ``alpha`` and ``input_std`` of every DyT; ``Results.info["chance"]``:
     ``log(vocab_size)``."""
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a dyt.Config (get_config), got {type(config).__name__}")
+    check_config(config, Config)
     x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)
     xv, yv = make_task(config, config.n_val, seed=1)
     probe = xv[: config.n_probe]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -221,9 +221,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     Runs record ``test_error`` and ``test_nll`` on the 359 test digits; ``Results.info`` holds
     ``majority_error`` (always answering the most frequent training digit).
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a group_norm.Config (get_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, Config)
     x, y = load_digits_tensor("train")  # (1438, 1, 8, 8), (1438,)
     xt, yt = load_digits_tensor("test")  # (359, 1, 8, 8), (359,)
     majority_error = float((yt != torch.bincount(y).argmax()).float().mean())

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
+from lnbook.checks import check_config
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
@@ -715,9 +716,7 @@ def run(config: Config, device: str | torch.device = "auto",
     written for the first held-out line's letters). ``Results.info``: ``gmm_nll`` and
     ``gmm_letter_nll`` (:func:`mixture_baseline_nll` without and with ``per_letter``).
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a handwriting.Config (get_config), "
-                        f"got {type(config).__name__}")
+    check_config(config, Config)
     seeds = tuple(config.seeds if seeds is None else seeds)
     with cpu_threads(config.threads):
         train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
+from lnbook.checks import check_config
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
@@ -203,9 +204,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     records ``val_loss`` and ``update``, the RMS change of the logits on ``n_probe`` held-out
     sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a mistakes.Config (get_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, Config)
     x, y = sort_task(4096, config.length, config.vocab_size, seed=0)  # (n, T)
     xp, yp = sort_task(config.n_probe, config.length, config.vocab_size, seed=1)
 
@@ -356,9 +355,7 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
     """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
     ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
     ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
-    if not isinstance(config, StatsConfig):
-        raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, StatsConfig, "get_stats_config")
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
@@ -425,9 +422,7 @@ def run_affine(config: StatsConfig,
     every seed at once, batches as :class:`lnbook.train.Batches`). Returns ``{norm: {"val_nll",
     "val_error", "train_nll": (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
     """
-    if not isinstance(config, StatsConfig):
-        raise TypeError(f"config must be a mistakes.StatsConfig (get_stats_config), got "
-                        f"{type(config).__name__}")
+    check_config(config, StatsConfig, "get_stats_config")
     seeds = tuple(config.seeds if seeds is None else seeds)
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
+from lnbook.checks import check_config
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
@@ -376,8 +377,7 @@ def run(config: Config, device: str | torch.device = "auto",
     each run's info. ``Results.info``: ``source`` and ``majority_error`` (the test error of
     always answering the most frequent training label). Writes ``out/mnist.json``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a mnist.Config (get_config), got {type(config).__name__}")
+    check_config(config, Config)
     d = _data(config)
     if config.engine == "seeds":
         if out is not None:  # results of another config in out are never overwritten

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import GRU
+from lnbook.checks import check_config
 from lnbook.data import load_mnist
 from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
 from lnbook.experiments.metrics import best_step
@@ -471,8 +472,7 @@ def run(config: Config, device: str | torch.device = "auto",
     (``Results.info_of``): ``best_step``, ``best_val``, ``test`` (the best validation model
     on the test splits) and ``sec_per_update`` (median). ``data``: :func:`load_data`'s splits.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an order_embeddings.Config, got {type(config).__name__}")
+    check_config(config, Config)
     splits = data if data is not None else load_data(config)
     with cpu_threads(config.threads):
         return sweep(

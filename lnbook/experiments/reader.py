@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
+from lnbook.checks import check_config
 from lnbook.experiments._stack_loop import train_copies, updates_to
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.protocol import Job, Results, Run, make_config, save_results, sweep
@@ -445,8 +446,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     ``seeds`` overrides ``config.seeds``. ``info``: the accuracy of ``chance`` and of
     ``frequency_baseline``.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a reader.Config (get_config), got {type(config).__name__}")
+    check_config(config, Config)
     kw = {"n_entities": config.n_entities, "sentences": config.sentences,
           "n_relations": config.n_relations, "blank": config.blank}
     train = make_cloze(config.n_train, seed=config.data_seed, **kw)

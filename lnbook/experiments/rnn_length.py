@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_config
 from lnbook.device import resolve_device
 from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
 from lnbook.recurrent_bn import BatchNormRNN
@@ -203,8 +203,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     ``error_batch_stats``. ``Results.info["trivial"][str(length)]``: :func:`trivial_errors`
     and ``constant_nll`` (log 2).
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be an rnn_length.Config, got {type(config).__name__}")
+    check_config(config, Config)
     test_len = {n: n if config.test_len is None else config.test_len for n in config.train_lens}
     held = {n: _batch(config.n_eval, n, _EVAL_SEED + n) for n in config.train_lens}
     tests = {n: _batch(config.test_batch, n, _TEST_SEED + n)
@@ -391,8 +390,7 @@ class FirstSignResults:
 def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
     """Train every (variant, length, batch size, seed) of ``config``: one batched
     :class:`StackedRNN` per (length, batch size); the runs of one seed share weights and data."""
-    if not isinstance(config, FirstSignConfig):
-        raise TypeError(f"config must be a FirstSignConfig, got {type(config).__name__}")
+    check_config(config, FirstSignConfig, None)
     steps = np.arange(0, config.steps + 1, config.eval_every)
     error = {}
     for length, bs in itertools.product(config.lengths, config.batch_sizes):

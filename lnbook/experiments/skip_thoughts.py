@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import GRU
+from lnbook.checks import check_config
 from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
 from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
@@ -466,8 +467,7 @@ def run(config: Config, device: str | torch.device = "auto",
     and ``timing`` (:func:`time_per_update` per size of ``timing_hidden``, keys as strings).
     ``data``: what :func:`load_data` returns, if already loaded.
     """
-    if not isinstance(config, Config):
-        raise TypeError(f"config must be a skip_thoughts.Config, got {type(config).__name__}")
+    check_config(config, Config)
     corpus, data = load_data(config) if data is None else data
     with cpu_threads(config.threads):
         timing = {str(h): time_per_update(data, config.word_dim, h, config.batch_size,

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
+from lnbook.checks import check_config
 from lnbook.data import IGNORE_INDEX
 from lnbook.device import resolve_device
 from lnbook.experiments.job import cpu_threads
@@ -279,6 +280,5 @@ def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | No
 def run_stacked(name: str, cls: type, config: Any, device: Any, out: Any, seeds: Any,
                 train: Callable[..., list[Run]]) -> Results:
     """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked as a ``cls``."""
-    if not isinstance(config, cls):
-        raise TypeError(f"config must be a {name}.Config (get_config), got {type(config).__name__}")
+    check_config(config, cls)
     return sweep_stacked(name, config, device, seeds, out, functools.partial(train, config))
