@@ -204,15 +204,6 @@ def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
                          f"have shape (H, {cols}) with rows {layout}, got {shape}")
 
 
-def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
-    """The natural parameters a + b of eq. 10 (normalized for the normalized GLMs), (N, H)."""
-    d = x.shape[1]
-    w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
-    if method == "none":
-        return x @ w.T + b
-    return normalized_layer(method, x, w, theta[:, d + 1], b)
-
-
 def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
                   family: str = "softmax") -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
@@ -223,7 +214,10 @@ def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
-    z = _summed(theta, x, method)  # (N, H)
+    d = x.shape[1]
+    w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
+    # the natural parameters a + b of eq. 10, normalized for the normalized GLMs, (N, H)
+    z = x @ w.T + b if method == "none" else normalized_layer(method, x, w, theta[:, d + 1], b)
     if family == "softmax":
         return F.log_softmax(z, dim=1)
     return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
