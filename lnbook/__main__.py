@@ -20,7 +20,6 @@ from lnbook.experiments import (
     EXPERIMENTS,
     SCALES,
     OutConflict,
-    Results,
     SweepInterrupted,
     load_experiment,
     using_executor,
@@ -108,12 +107,6 @@ def _resume_command(args: argparse.Namespace) -> str:
     return shlex.join(cmd)
 
 
-def _summary(results: Results) -> str:
-    first = results.runs[0].history
-    metrics = sorted(first.metrics[-1]) if first.metrics else []
-    return str(results.table(metrics)) if metrics else f"{len(results.runs)} runs"
-
-
 def check_out(out: str) -> str | None:
     """Why ``out`` cannot hold the results (None if it can): it is created if missing, and a
     probe file is written in it and deleted."""
@@ -135,14 +128,6 @@ def check_out(out: str) -> str | None:
 
 class _Usage(Exception):
     """A mistake in how the command was called, found while it runs (exit status 2)."""
-
-
-def _scheduler(spec: str) -> str:
-    """The scheduler's address in ``--executor dask:ADDRESS``."""
-    engine, _, address = spec.partition(":")
-    if engine != "dask" or not address:
-        raise _Usage(f"--executor must look like dask:tcp://HOST:PORT, got {spec!r}")
-    return address
 
 
 @contextmanager
@@ -188,10 +173,11 @@ def _run(args: argparse.Namespace) -> int:
         overrides["workers"] = args.workers
     if args.out is not None and (problem := check_out(args.out)) is not None:
         return _usage(problem)
-    try:
-        address = _scheduler(args.executor) if args.executor is not None else None
-    except _Usage as e:
-        return _usage(str(e))
+    address = None
+    if args.executor is not None:
+        engine, _, address = args.executor.partition(":")
+        if engine != "dask" or not address:
+            return _usage(f"--executor must look like dask:tcp://HOST:PORT, got {args.executor!r}")
     config = module.get_config(args.scale, **overrides)
     where = f", saving to {args.out}" if args.out else " (nothing saved: no --out)"
     print(f"running {args.name} at scale {args.scale} on {device}{where}", flush=True)
@@ -208,7 +194,9 @@ def _run(args: argparse.Namespace) -> int:
     except UnreadableFile as e:
         print(f"lnbook: {e}", file=sys.stderr)
         return EXIT_FAILED
-    print(_summary(results))
+    first = results.runs[0].history
+    metrics = sorted(first.metrics[-1]) if first.metrics else []
+    print(results.table(metrics) if metrics else f"{len(results.runs)} runs")
     if args.out is not None:
         print(f"results written to {args.out}/{module.NAME}.json")
     return EXIT_OK

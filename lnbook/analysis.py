@@ -204,15 +204,6 @@ def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
                          f"have shape (H, {cols}) with rows {layout}, got {shape}")
 
 
-def _summed(theta: Tensor, x: Tensor, method: str) -> Tensor:
-    """The natural parameters a + b of eq. 10 (normalized for the normalized GLMs), (N, H)."""
-    d = x.shape[1]
-    w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
-    if method == "none":
-        return x @ w.T + b
-    return normalized_layer(method, x, w, theta[:, d + 1], b)
-
-
 def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
                   family: str = "softmax") -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
@@ -223,7 +214,10 @@ def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
-    z = _summed(theta, x, method)  # (N, H)
+    d = x.shape[1]
+    w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
+    # the natural parameters a + b of eq. 10, normalized for the normalized GLMs, (N, H)
+    z = x @ w.T + b if method == "none" else normalized_layer(method, x, w, theta[:, d + 1], b)
     if family == "softmax":
         return F.log_softmax(z, dim=1)
     return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
@@ -244,8 +238,7 @@ def glm_output_covariance(theta: Tensor, x: Tensor, method: str = "none",
 def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
     """(a_i - mu_i) / sigma_i for each case and unit, ``(N, H)``: the gain's multiplier in eq. 5."""
     _check_theta(theta, x, method)
-    d, h = x.shape[1], theta.shape[0]
-    ones = torch.ones(h, dtype=theta.dtype, device=theta.device)
+    d, ones = x.shape[1], theta.new_ones(theta.shape[0])  # (H,)
     if method == "none":
         return x @ theta[:, :d].T
     with torch.no_grad():
@@ -456,7 +449,6 @@ def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> 
             a_rms.append(a.detach().pow(2).mean().sqrt())
             h_rms.append(h.detach().pow(2).mean().sqrt())
         hs[-1].sum().backward()
-    grad = torch.stack([hh.grad.norm(dim=1).mean() for hh in hs])  # type: ignore[union-attr]
+    grads = [hh.grad.norm(dim=1).mean() for hh in hs]  # type: ignore[union-attr]
     cell.zero_grad(set_to_none=True)
-    f64 = torch.float64
-    return RecurrentDynamics(torch.stack(a_rms).to(f64), torch.stack(h_rms).to(f64), grad.to(f64))
+    return RecurrentDynamics(*(torch.stack(v).double() for v in (a_rms, h_rms, grads)))

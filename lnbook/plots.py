@@ -50,24 +50,22 @@ def plot_normalization_axes(batch: int = 6, units: int = 8, example: int = 2, un
     elif len(axes) != 2:
         raise ValueError(f"axes must hold two matplotlib axes, got {len(axes)}")
     fig = axes[0].figure
-    titles = {
-        "batch": "Batch normalization (eq. 2):\none unit over the mini-batch",
-        "layer": "Layer normalization (eq. 3):\none example over the units",
-    }
-    colors = {"batch": "tab:blue", "layer": "tab:orange"}
+    styles = {"batch": ("tab:blue", "Batch normalization (eq. 2):\none unit over the mini-batch"),
+              "layer": ("tab:orange", "Layer normalization (eq. 3):\none example over the units")}
     for ax, method in zip(axes, ("batch", "layer"), strict=True):
         mask = masks[method]
+        color, title = styles[method]
         for n in range(batch):
             for i in range(units):
-                face = colors[method] if mask[n, i] else "white"
+                face = color if mask[n, i] else "white"
                 ax.add_patch(Rectangle((i, n), 1, 1, facecolor=face, edgecolor="0.6", alpha=0.8))
         ax.add_patch(Rectangle((unit, example), 1, 1, fill=False, edgecolor="black", lw=2.5))
         ax.set(xlim=(0, units), ylim=(batch, 0), aspect="equal", xlabel="hidden unit i (1 to H)",
                ylabel="training case n in the mini-batch")
         ax.set_xticks(np.arange(units) + 0.5, [str(i + 1) for i in range(units)])
         ax.set_yticks(np.arange(batch) + 0.5, [str(n + 1) for n in range(batch)])
-        ax.set_title(titles[method], fontsize=10)
-        ax.plot([], [], "s", color=colors[method], label="cells that give mu and sigma")
+        ax.set_title(title, fontsize=10)
+        ax.plot([], [], "s", color=color, label="cells that give mu and sigma")
         ax.plot([], [], "s", mfc="none", mec="black", label="the cell being normalized")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8, ncol=1)
     return fig

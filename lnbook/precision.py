@@ -153,6 +153,13 @@ class CastOrder:
     differ: float
 
 
+def _normalize(v: Tensor, eps: float, rms: bool) -> Tensor:
+    """``x_hat`` of layer norm (of RMSNorm with ``rms``) in ``v``'s dtype, ``(*, D)``."""
+    if rms:
+        return v * torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
+    return F.layer_norm(v, v.shape[-1:], eps=eps)
+
+
 def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5,
                     rms: bool = False) -> CastOrder:
     r"""Apply the gain before or after casting the normalized row back to ``x.dtype``.
@@ -168,16 +175,11 @@ def gain_cast_order(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: 
     w = weight.to(dt)  # (D,) as stored
     b = None if bias is None else bias.to(dt)  # (D,)
 
-    def normalize(v: Tensor) -> Tensor:  # (*, D) -> (*, D), in v's dtype
-        if rms:
-            return v * torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
-        return F.layer_norm(v, v.shape[-1:], eps=eps)
-
-    x_hat = normalize(x.float())  # (*, D) float32
+    x_hat = _normalize(x.float(), eps, rms)  # (*, D) float32
     before = (x_hat * w.float() + (0.0 if b is None else b.float())).to(dt)  # one rounding
     after = w * x_hat.to(dt)  # (*, D) in dt: product rounded
     after = after if b is None else after + b  # the sum rounded again
-    ref = normalize(x.double()) * w.double() + (0.0 if b is None else b.double())
+    ref = _normalize(x.double(), eps, rms) * w.double() + (0.0 if b is None else b.double())
     hb, ha = half_ulps(before, ref, dt), half_ulps(after, ref, dt)
     exact = ref.to(dt)  # (*, D) the reference correctly rounded
     return CastOrder(before=before, after=after, reference=ref,
@@ -323,11 +325,7 @@ def autocast_report(dtype: torch.dtype = torch.bfloat16, dim: int = 256, rows: i
             h = lin(z)  # (R, D) in dtype
             out = fn(h)  # (R, D)
         out.float().sum().backward()
-        h64 = h.detach().double()
-        if rms:
-            ref = h64 * torch.rsqrt(h64.square().mean(-1, keepdim=True))
-        else:
-            ref = F.layer_norm(h64, (dim,), eps=1e-5)
+        ref = _normalize(h.detach().double(), 0.0 if rms else 1e-5, rms)  # (R, D) float64
         err = half_ulps(out.detach(), ref, dtype).max().item()
         grad = params[0].grad
         report.append(AutocastRow(name, h.dtype, out.dtype,

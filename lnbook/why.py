@@ -269,9 +269,26 @@ def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("
             for n in norms for lr in lrs}
 
 
-def _along(params: list[Tensor], lr: float, multiples: tuple[float, ...], grad_at: Any,
-           norm: Any) -> tuple[list, list]:
-    """Losses and ``||g_k - g|| / (k lr ||g||)`` at ``w - k lr g`` for each ``k``."""
+def _along(model: nn.Module, x: Tensor, y: Tensor, lr: float, multiples: tuple[float, ...]
+           ) -> tuple[list, list]:
+    """Losses and ``||g_k - g|| / (k lr ||g||)`` at ``w - k lr g`` for each ``k``, on a copy in
+    training mode (per seed, ``(S,)`` tensors, for a :class:`SeedMLP`)."""
+    model = copy.deepcopy(model).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    per_seed = isinstance(model, SeedMLP)
+
+    def grad_at() -> tuple[Any, list[Tensor]]:
+        model.zero_grad()
+        loss = seed_nll(model(x), y) if per_seed else F.cross_entropy(model(x), y)  # (S,) or ()
+        loss.sum().backward()  # each seed's own gradient
+        grads = [p.grad.detach().clone() for p in params]
+        return (loss.detach() if per_seed else float(loss.detach())), grads
+
+    def norm(ts: list[Tensor]) -> Any:
+        if per_seed:
+            return seed_sq_norm(ts).sqrt()
+        return math.sqrt(sum(float(t.square().sum()) for t in ts))
+
     _, g = grad_at()
     start = [p.detach().clone() for p in params]
     gnorm = norm(g)
@@ -292,17 +309,7 @@ def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
     :math:`w - k\eta g` for ``k`` in ``multiples``, ``loss_range`` :math:`\max_k L_k - \min_k
     L_k` and ``beta`` :math:`\max_k \lVert g_k - g\rVert / (k\eta\lVert g\rVert)`, on a copy
     in training mode."""
-    model = copy.deepcopy(model).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def grad_at() -> tuple[float, list[Tensor]]:
-        model.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        return float(loss.detach()), [p.grad.detach().clone() for p in params]
-
-    losses, betas = _along(params, lr, multiples, grad_at,
-                           lambda ts: math.sqrt(sum(float(t.square().sum()) for t in ts)))
+    losses, betas = _along(model, x, y, lr, multiples)
     return {"loss_range": max(losses) - min(losses), "beta": max(betas)}
 
 
@@ -310,16 +317,7 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
                     multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
                     ) -> dict[str, np.ndarray]:
     """:func:`landscape` of every seed of a :class:`lnbook.batched.SeedMLP` at once, ``(S,)``."""
-    model = copy.deepcopy(model).train()
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def grad_at() -> tuple[Tensor, list[Tensor]]:
-        model.zero_grad()
-        losses = seed_nll(model(x), y)  # (S,)
-        losses.sum().backward()  # each seed's own gradient
-        return losses.detach(), [p.grad.detach().clone() for p in params]
-
-    losses, betas = _along(params, lr, multiples, grad_at, lambda ts: seed_sq_norm(ts).sqrt())
+    losses, betas = _along(model, x, y, lr, multiples)
     loss_k = torch.stack(losses)  # (K, S)
     return {"loss_range": (loss_k.max(0).values - loss_k.min(0).values).double().numpy(),
             "beta": torch.stack(betas).max(0).values.double().numpy()}

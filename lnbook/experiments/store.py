@@ -79,12 +79,6 @@ def _saved_config(path: Path, remedy: str) -> tuple[Any, str]:
     return saved, str(saved.get("digest") or config_digest(saved["config"]))
 
 
-def _longer_or_same(new: Any, old: Any) -> bool:
-    """Whether a run of config ``new`` carries on one of ``old`` (it is not shorter)."""
-    a, b = (c.get("steps") if isinstance(c, dict) else None for c in (new, old))
-    return not (isinstance(a, int | float) and isinstance(b, int | float) and a < b)
-
-
 def load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
     """The finished run of (variant, seed) in ``out`` if it was trained under ``cfg``; None
     when there is none, or when only :data:`CONTINUES` fields changed and it is to be trained
@@ -99,7 +93,9 @@ def load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
         return None
     saved, digest = _saved_config(path, _REMEDY)
     old = saved["config"]
-    if digest != config_digest(cfg) or not _longer_or_same(cfg, old):
+    a, b = (c.get("steps") if isinstance(c, dict) else None for c in (cfg, old))
+    shorter = isinstance(a, int | float) and isinstance(b, int | float) and a < b
+    if digest != config_digest(cfg) or shorter:  # another config, or fewer steps than done
         raise OutConflict([path], out)
 
     def what(c: Any) -> Any:  # the results do not depend on workers

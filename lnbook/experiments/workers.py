@@ -59,17 +59,6 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
                                initializer=_worker_ignores_ctrl_c, initargs=(os.getpid(),))
 
 
-def _check_picklable(train_one: Callable[[Job], Any]) -> None:
-    try:
-        pickle.dumps(train_one)
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise TypeError(
-            f"with workers > 1 every run trains in another process, so train_one must be "
-            f"picklable (a module-level function, or a functools.partial of one); "
-            f"{train_one!r} is not: {exc}"
-        ) from None
-
-
 def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
                        train_one: Callable[[Job], Any], threads: int | None, cfg: Any,
                        bar: tqdm, n_steps: Callable[[int], int], folder: Path | None, *,
@@ -82,7 +71,14 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
     """
     own = executor is None
     if own:
-        _check_picklable(train_one)
+        try:
+            pickle.dumps(train_one)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise TypeError(
+                f"with workers > 1 every run trains in another process, so train_one must be "
+                f"picklable (a module-level function, or a functools.partial of one); "
+                f"{train_one!r} is not: {exc}"
+            ) from None
     pool = process_pool(workers) if own else executor
     limit = workers if own else len(jobs)  # an executor takes every job at once
     fn = _train_job_in_worker if own else train_job
