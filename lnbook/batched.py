@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.checks import check_choice
 from lnbook.train import Batches
 
 __all__ = ["NORMS", "SeedMLP", "seed_batches", "seed_nll", "seed_sq_norm",
@@ -48,8 +49,7 @@ class SeedMLP(nn.Module):
                  noise: float = 0.0, init_scale: float = 1.0, eps: float = 1e-5,
                  momentum: float = 0.1) -> None:
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if not (isinstance(seeds, int) and seeds >= 1):
             raise ValueError(f"seeds must be a positive int, got {seeds!r}")
         if len(sizes) < 2:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
+from lnbook.checks import check_choice
 from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
@@ -112,8 +113,7 @@ class SignalNoise(nn.Module):
 
 def build(variant: str, config: Config) -> DeepMLP:
     """The :class:`DeepMLP` of ``variant`` (one of :data:`VARIANTS`) with ``config``'s sizes."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    check_choice("variant", variant, VARIANTS)
     norm, _, noisy = variant.partition("+")
     sizes = (64, *[config.width] * config.depth, 10)
     model = DeepMLP(sizes, norm, init_scale=config.init_scale)

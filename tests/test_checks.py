@@ -11,6 +11,7 @@ from lnbook.checks import (
     as_normalized_shape,
     check_bool,
     check_choice,
+    check_config,
     check_eps,
     check_floating,
     check_shape,
@@ -70,6 +71,19 @@ def test_eps_and_choice():
     assert check_choice("norm", "rms", ("layer", "rms")) == "rms"
     with pytest.raises(ValueError, match="norm must be one of 'layer', 'rms', got 'batch'"):
         check_choice("norm", "batch", ("layer", "rms"))
+
+
+def test_config_names_the_class_and_how_to_make_one():
+    from lnbook.experiments import dyt, mistakes, rnn_length
+
+    check_config(dyt.get_config("quick"), dyt.Config)  # the right class passes
+    made = r"config must be a dyt\.Config \(make one with get_config\), got dict"
+    with pytest.raises(TypeError, match=made):
+        check_config({}, dyt.Config)
+    with pytest.raises(TypeError, match=r"StatsConfig \(make one with get_stats_config\)"):
+        mistakes.run_stats(mistakes.get_config("quick"))
+    with pytest.raises(TypeError, match=r"^config must be a rnn_length\.FirstSignConfig, got int$"):
+        check_config(3, rnn_length.FirstSignConfig, None)
 
 
 def test_normalized_shape_refuses_a_string():

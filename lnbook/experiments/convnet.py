@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.data import mnist_train_test
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
@@ -66,8 +66,7 @@ class ConvNet(nn.Module):
     def __init__(self, channels: tuple[int, ...] = (8, 16), norm: str = "none", groups: int = 4,
                  classes: int = 10, image_size: int = IMAGE_SIZE) -> None:
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if norm == "group" and any(c % groups for c in channels):
             raise ValueError(f"groups={groups} must divide every channel count {channels}")
         if image_size < 2 ** len(channels):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.data import associative_recall, copy_task, sort_task
 from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
 from lnbook.norms import LayerNorm, layer_norm
@@ -74,8 +74,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        check_choice("task", self.task, TASKS)
         if "layer" not in self.norms or any(n not in NORMS for n in self.norms):
             raise ValueError(f"norms must include 'layer' and be drawn from {NORMS}, got "
                              f"{self.norms}")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
@@ -284,8 +284,7 @@ class NormMLP(nn.Module):
     def __init__(self, norm: str = "layer", hidden: int = 32, depth: int = 3,
                  eps: float = 1e-5) -> None:
         super().__init__()
-        if norm not in STATS_NORMS:
-            raise ValueError(f"norm must be one of {STATS_NORMS}, got {norm!r}")
+        check_choice("norm", norm, STATS_NORMS)
         if hidden < 1 or depth < 1:
             raise ValueError(f"hidden and depth must be >= 1, got {hidden} and {depth}")
         self.norm_kind = norm

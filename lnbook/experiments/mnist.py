@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
@@ -91,8 +91,7 @@ class Config:
             raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
         if any(b < 2 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        check_choice("engine", self.engine, ENGINES)
         if self.checkpoint and self.engine != "runs":
             raise ValueError("checkpoints are written by engine='runs' only")
         if self.n_recal < max(self.batch_sizes, default=2):
@@ -153,8 +152,7 @@ class MLP(nn.Module):
 
     def __init__(self, sizes: tuple[int, ...], norm: str = "layer", bn_unbiased: bool = False):
         super().__init__()
-        if norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        check_choice("norm", norm, NORMS)
         if len(sizes) < 2:
             raise ValueError(f"sizes needs an input and an output width, got {sizes}")
         self.norm = norm

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lnbook.checks import check_choice
 from lnbook.experiments.protocol import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
 from lnbook.experiments.stacked import run_stacked, train_stacked
@@ -48,8 +49,7 @@ class Config(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.ln_impl not in LN_IMPLS:
-            raise ValueError(f"ln_impl must be one of {LN_IMPLS}, got {self.ln_impl!r}")
+        check_choice("ln_impl", self.ln_impl, LN_IMPLS)
         check_lrs(self.lrs)
         if not self.qk_norms or any(not isinstance(q, bool) for q in self.qk_norms):
             raise ValueError(f"qk_norms must be a non-empty tuple of bools, got {self.qk_norms}")

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.data import IGNORE_INDEX
 from lnbook.device import resolve_device
 from lnbook.experiments.job import cpu_threads
@@ -178,8 +178,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
                          f"steps={steps}, batch_size={batch_size}, eval_every={eval_every}")
     if any(not (isinstance(r, int | float) and r > 0) for r in lrs):
         raise ValueError(f"learning rates must be numbers > 0, got {list(lrs)}")
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    check_choice("order", order, ORDERS)
     ramps = [warmup] * len(lrs) if isinstance(warmup, int) else list(warmup)
     if len(ramps) != len(lrs) or any(
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
