@@ -353,7 +353,7 @@ def test_model_builds_the_lstm_of_each_variant():
     k = 3 + len(HW.LETTERS)
     assert model.layers[0].input_size == k and model.layers[1].input_size == k + 8
     assert model.head.in_features == 16
-    with pytest.raises(ValueError, match="unknown variant"):
+    with pytest.raises(ValueError, match="variant must be one of"):
         HW.HandwritingModel(8, variant="batch_norm")
 
 

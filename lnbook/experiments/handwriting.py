@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
@@ -437,8 +437,7 @@ class HandwritingModel(nn.Module):
     def __init__(self, hidden_size: int = 32, num_layers: int = 1, n_mixtures: int = 5,
                  variant: str = "layer_norm", n_letters: int = len(LETTERS)) -> None:
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+        check_choice("variant", variant, VARIANTS)
         self.hidden_size, self.num_layers, self.n_mixtures = hidden_size, num_layers, n_mixtures
         self.variant, self.n_letters = variant, n_letters
         n_in = 3 + n_letters

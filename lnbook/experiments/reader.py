@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.experiments._stack_loop import train_copies, updates_to
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.protocol import Job, Results, Run, make_config, save_results, sweep
@@ -303,8 +303,7 @@ def variant_gain(
     names the gain (``"bn_lstm_g1.0"``, ``"ln_lstm_g0.3"``), except that ``"ln_lstm_g0.1"``
     takes ``ln_small_gain``.
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    check_choice("variant", variant, VARIANTS)
     if variant == "lstm":
         return "lstm", 1.0
     kind = variant[:2]
