@@ -541,6 +541,14 @@ def _repack(out: Tensor, p: PackedSequence, lens: Tensor) -> PackedSequence:
     return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
 
 
+def _step_mask(lens: Tensor | None, x: Tensor) -> Tensor | None:
+    """(T, B, 1): True where step t < ``lens[b]`` for ``x`` (T, B, F); None without lengths."""
+    if lens is None:
+        return None
+    t = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # (T, 1)
+    return (t < lens.to(x.device)).unsqueeze(-1)
+
+
 def _reverse(x: Tensor, lens: Tensor | None) -> Tensor:
     """``x`` (T, B, F) with each sequence reversed in time within its own length."""
     if lens is None:
@@ -642,9 +650,7 @@ class _RNNBase(_Base):
     def _run(self, x: Tensor, lens: Tensor | None, hx: list[Tensor],
              dt: torch.dtype | None) -> tuple[Tensor, list[Tensor]]:
         """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
-        T, D = x.shape[0], self._num_directions
-        mask = None if lens is None else (
-            torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
+        D, mask = self._num_directions, _step_mask(lens, x)
         inp, lasts = x, []
         for k in range(self.num_layers):
             outs = []
