@@ -136,8 +136,7 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 
 def _masked_loop(step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
                  mask: Tensor | None) -> tuple[Tensor, list[Tensor]]:
-    """``state = step(t, state)`` for t < T, h_t = ``state[0]`` the output; where ``mask`` (T, B, 1)
-    is False (padding) the state is kept and the output is 0, as torch's packed sequences."""
+    """``state = step(t, state)`` for t < T, output ``state[0]``; padding keeps state, outputs 0."""
     outs = []
     for t in range(T):
         new = step(t, state)
@@ -224,6 +223,7 @@ class _GRUKind:
     """Eqs. 26-28 (23-25 without LN) over time, in torch's GRU form."""
 
     _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
+    _autocast_float32_on = frozenset({"cpu"})  # under autocast there: float32
     hidden_size: int
 
     def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
@@ -300,7 +300,6 @@ def _suffix(k: int, d: int) -> str:
 class _Base(nn.Module):
     """Parameters named, ordered and initialized as torch's, plus the norm submodules."""
 
-    _gates = 1
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
     # (name, default) of the options extra_repr shows where they differ (None: always)
@@ -509,8 +508,6 @@ class LNGRUCell(_GRUKind, _CellBase):
     ``ln_ih``, ``ln_hh`` over 2H, ``ln_in``, ``ln_hn`` over H. Torch's z is the paper's 1 - σ(z_p);
     the learned LN gain absorbs the sign. Arguments and shapes as :class:`LNRNNCell`.
     """
-
-    _autocast_float32_on = frozenset({"cpu"})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -761,5 +758,3 @@ class GRU(_GRUKind, _RNNBase):
     Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (2H), ``ln_in_l{k}``, ``ln_hn_l{k}`` (H). Arguments and
     shapes as :class:`RNN`.
     """
-
-    _autocast_float32_on = frozenset({"cpu"})
