@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from lnbook.checks import check_floating, check_size
+from lnbook.checks import check_eps, check_floating, check_size
 from lnbook.norms import _update_running
 from lnbook.rnn import _ACTS, RNN, _masked_loop, _step_mask
 
@@ -50,11 +50,10 @@ class SequenceBatchNorm(nn.Module):
         super().__init__()
         self.num_features = check_size("num_features", num_features)
         self.max_steps = check_size("max_steps", max_steps)
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.eps = check_eps(eps)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
-        self.eps, self.momentum, self.gain_init = float(eps), float(momentum), float(gain_init)
+        self.momentum, self.gain_init = float(momentum), float(gain_init)
         self.weight = nn.Parameter(torch.empty(num_features))
         self.bias = nn.Parameter(torch.empty(num_features))
         self.register_buffer("running_mean", torch.zeros(max_steps, num_features))
