@@ -737,10 +737,9 @@ class LSTM(_LSTMKind, _RNNBase):
                  layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
                  ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
                  norm: _NormFactory = None) -> None:
-        if bptt not in ("hand", "autograd"):
-            raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
+        self.bptt = check_choice("bptt", bptt, ("hand", "autograd"))
         self._set_forget_bias(forget_bias, bias)
-        self.bptt, self.proj_size = bptt, proj_size
+        self.proj_size = proj_size
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
