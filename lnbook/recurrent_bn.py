@@ -78,31 +78,30 @@ class SequenceBatchNorm(nn.Module):
             )
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"t must be an int >= 0, got {t!r}")
-        if self.training:
-            if t >= self.max_steps:
-                raise ValueError(
-                    f"step t={t} is beyond max_steps={self.max_steps} statistics slots; "
-                    "create the layer with a larger max_steps"
-                )
-            xs = x if mask is None else x[mask.reshape(-1).bool()]  # (n, F) the real rows
-            n = xs.shape[0]
-            if n < 2:
-                raise ValueError(
-                    f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
-                    f"got {n}"
-                )
-            self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
-            if mask is None:  # torch's batch norm, on row t of the running averages (in place)
-                return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
-                                    self.bias, True, self.momentum, self.eps)  # (B, F)
-            mean = xs.mean(0)  # (F,)
-            var = ((xs - mean) ** 2).mean(0)  # (F,) biased
-            _update_running(self.running_mean[t], self.running_var[t], mean,
-                           var.detach() * (n / (n - 1)), self.momentum)
-        else:
+        if not self.training:
             s = min(t, (int(self.steps_seen) or self.max_steps) - 1)  # the last step seen
             return F.batch_norm(x, self.running_mean[s], self.running_var[s], self.weight,
                                 self.bias, False, 0.0, self.eps)  # (B, F)
+        if t >= self.max_steps:
+            raise ValueError(
+                f"step t={t} is beyond max_steps={self.max_steps} statistics slots; "
+                "create the layer with a larger max_steps"
+            )
+        xs = x if mask is None else x[mask.reshape(-1).bool()]  # (n, F) the real rows
+        n = xs.shape[0]
+        if n < 2:
+            raise ValueError(
+                f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
+                f"got {n}"
+            )
+        self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
+        if mask is None:  # torch's batch norm, on row t of the running averages (in place)
+            return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
+                                self.bias, True, self.momentum, self.eps)  # (B, F)
+        mean = xs.mean(0)  # (F,)
+        var = ((xs - mean) ** 2).mean(0)  # (F,) biased
+        _update_running(self.running_mean[t], self.running_var[t], mean,
+                        var.detach() * (n / (n - 1)), self.momentum)
         y = (x - mean) * torch.rsqrt(var + self.eps)  # (B, F)
         return y * self.weight + self.bias
 
