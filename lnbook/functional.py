@@ -104,6 +104,9 @@ def normalize(x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bo
         mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
         xc = xc.sub_(mu_err) if own else xc - mu_err  # (R, D) exactly centred
         ss = torch.linalg.vector_norm(xc, dim=1, keepdim=True).square()  # (R, 1)
+    if own and eps_inside:  # the same ops on the (R, 1) temporaries, without new tensors
+        rstd = ss.div_(n).add_(eps).rsqrt_()  # (R, 1) 1 / sigma
+        return xc.mul_(rstd), rstd
     rstd = _rstd(ss / n, eps, eps_inside)  # (R, 1) 1 / sigma
     return (xc.mul_(rstd) if own else xc * rstd), rstd
 
