@@ -186,10 +186,8 @@ def _backward_by_autograd(ctx, inputs, d_hs, d_cT) -> tuple[Tensor | None, ...] 
             return None  # no graph to build at this level (torch.func's vjp under vmap)
         got = torch.autograd.grad([y for y, _ in pairs], [inputs[k] for k in need],
                                   [g for _, g in pairs], create_graph=True, allow_unused=True)
-    grads: list[Tensor | None] = [None] * 9
-    for k, g in zip(need, got, strict=True):
-        grads[k] = g
-    return tuple(grads)
+    grads = dict(zip(need, got, strict=True))
+    return tuple(grads.get(k) for k in range(9))
 
 
 def ln_lstm_recurrence(gi: Tensor, h0: Tensor, c0: Tensor, w_hh: Tensor, g_hh: Tensor, g_c: Tensor,

@@ -240,6 +240,14 @@ class ChannelLayerNorm(_Affine):
         return s if self.impl == "autograd" else s + f", impl={self.impl!r}"
 
 
+def _update_running(run_mean: Tensor, run_var: Tensor, mean: Tensor, var_unbiased: Tensor,
+                   momentum: float) -> None:
+    """torch's running averages, in place: ``run = (1 - momentum) run + momentum new``."""
+    with torch.no_grad():
+        run_mean.mul_(1 - momentum).add_(momentum * mean.detach().to(run_mean.dtype))
+        run_var.mul_(1 - momentum).add_(momentum * var_unbiased.detach().to(run_var.dtype))
+
+
 class BatchNorm(_Affine):
     r"""Batch normalization over dimension 0 (paper eq. 2; chapter 2).
 
@@ -300,13 +308,8 @@ class BatchNorm(_Affine):
             var_biased = ((xf - mean.view(view)) ** 2).mean(dim=dims)
             var_unbiased = var_biased * (n / (n - 1))
             var = var_unbiased if self.unbiased else var_biased
-            with torch.no_grad():
-                m = self.momentum
-                new_mean = mean.detach().to(self.running_mean.dtype)
-                new_var = var_unbiased.detach().to(self.running_var.dtype)
-                self.running_mean.mul_(1 - m).add_(m * new_mean)
-                self.running_var.mul_(1 - m).add_(m * new_var)
-                self.num_batches_tracked.add_(1)
+            _update_running(self.running_mean, self.running_var, mean, var_unbiased, self.momentum)
+            self.num_batches_tracked.add_(1)
         else:
             mean, var = self.running_mean.to(xf.dtype), self.running_var.to(xf.dtype)
         y = (xf - mean.view(view)) * torch.rsqrt(var.view(view) + self.eps)

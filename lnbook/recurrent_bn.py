@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 
-from lnbook.checks import check_floating, check_size
-from lnbook.rnn import RNN, _masked_loop
+from lnbook.checks import check_eps, check_floating, check_size
+from lnbook.norms import _update_running
+from lnbook.rnn import _ACTS, RNN, _masked_loop, _step_mask
 
 __all__ = ["SequenceBatchNorm", "BatchNormRNN", "RecurrentBNLSTM"]
 
@@ -49,11 +50,10 @@ class SequenceBatchNorm(nn.Module):
         super().__init__()
         self.num_features = check_size("num_features", num_features)
         self.max_steps = check_size("max_steps", max_steps)
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.eps = check_eps(eps)
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must lie in [0, 1], got {momentum!r}")
-        self.eps, self.momentum, self.gain_init = float(eps), float(momentum), float(gain_init)
+        self.momentum, self.gain_init = float(momentum), float(gain_init)
         self.weight = nn.Parameter(torch.empty(num_features))
         self.bias = nn.Parameter(torch.empty(num_features))
         self.register_buffer("running_mean", torch.zeros(max_steps, num_features))
@@ -78,35 +78,30 @@ class SequenceBatchNorm(nn.Module):
             )
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"t must be an int >= 0, got {t!r}")
-        if self.training:
-            if t >= self.max_steps:
-                raise ValueError(
-                    f"step t={t} is beyond max_steps={self.max_steps} statistics slots; "
-                    "create the layer with a larger max_steps"
-                )
-            xs = x if mask is None else x[mask.reshape(-1).bool()]  # (n, F) the real rows
-            n = xs.shape[0]
-            if n < 2:
-                raise ValueError(
-                    f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
-                    f"got {n}"
-                )
-            self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
-            if mask is None:  # torch's batch norm, on row t of the running averages (in place)
-                return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
-                                    self.bias, True, self.momentum, self.eps)  # (B, F)
-            mean = xs.mean(0)  # (F,)
-            var = ((xs - mean) ** 2).mean(0)  # (F,) biased
-            with torch.no_grad():
-                m = self.momentum
-                unbiased = var.detach() * (n / (n - 1))
-                self.running_mean[t].mul_(1 - m).add_(m * mean.detach())
-                self.running_var[t].mul_(1 - m).add_(m * unbiased)
-        else:
-            seen = int(self.steps_seen)
-            s = min(t, seen - 1) if seen > 0 else min(t, self.max_steps - 1)
+        if not self.training:
+            s = min(t, (int(self.steps_seen) or self.max_steps) - 1)  # the last step seen
             return F.batch_norm(x, self.running_mean[s], self.running_var[s], self.weight,
                                 self.bias, False, 0.0, self.eps)  # (B, F)
+        if t >= self.max_steps:
+            raise ValueError(
+                f"step t={t} is beyond max_steps={self.max_steps} statistics slots; "
+                "create the layer with a larger max_steps"
+            )
+        xs = x if mask is None else x[mask.reshape(-1).bool()]  # (n, F) the real rows
+        n = xs.shape[0]
+        if n < 2:
+            raise ValueError(
+                f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
+                f"got {n}"
+            )
+        self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
+        if mask is None:  # torch's batch norm, on row t of the running averages (in place)
+            return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
+                                self.bias, True, self.momentum, self.eps)  # (B, F)
+        mean = xs.mean(0)  # (F,)
+        var = ((xs - mean) ** 2).mean(0)  # (F,) biased
+        _update_running(self.running_mean[t], self.running_var[t], mean,
+                        var.detach() * (n / (n - 1)), self.momentum)
         y = (x - mean) * torch.rsqrt(var + self.eps)  # (B, F)
         return y * self.weight + self.bias
 
@@ -147,11 +142,8 @@ class BatchNormRNN(nn.Module):
         x, batched, lens, _, _ = r._prepare(input, lengths)
         if not batched:
             raise ValueError("BatchNormRNN needs a batch: input of shape (T, B, I) with B >= 2")
-        T = x.shape[0]
         h0 = r._state(hx, x, batched, r.hidden_size, "hx", None, (1,))[0]  # (B, H)
-        mask = None if lens is None else (
-            torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
-        act = torch.tanh if r.nonlinearity == "tanh" else torch.relu
+        mask, act = _step_mask(lens, x), _ACTS[r.nonlinearity]
         gis = F.linear(x, r.weight_ih_l0).unbind(0)  # T x (B, H)
 
         def step(t: int, s: list[Tensor]) -> list[Tensor]:
@@ -159,7 +151,7 @@ class BatchNormRNN(nn.Module):
             bn = self.bn(a, t, None if mask is None else mask[t])  # (B, H)
             return [act(bn + r.bias_ih_l0 + r.bias_hh_l0)]
 
-        out, (h,) = _masked_loop(step, T, [h0], mask)  # (T, B, H), (B, H)
+        out, (h,) = _masked_loop(step, x.shape[0], [h0], mask)  # (T, B, H), (B, H)
         return (out.transpose(0, 1) if r.batch_first else out), h.unsqueeze(0)
 
 
@@ -212,11 +204,8 @@ class RecurrentBNLSTM(nn.Module):
                              f"got {tuple(x.shape)}")
         T, B, _ = x.shape
         H = self.hidden_size
-        if hx is None:
-            h = x.new_zeros(B, H)  # (B, H)
-            c = x.new_zeros(B, H)  # (B, H)
-        else:
-            h, c = hx[0].reshape(B, H), hx[1].reshape(B, H)
+        h, c = (x.new_zeros(B, H), x.new_zeros(B, H)) if hx is None else hx  # (B, H) each
+        h, c = h.reshape(B, H), c.reshape(B, H)
         wx = x @ self.weight_ih.t()  # (T, B, 4H), all steps at once
         bias = self.bias_ih + self.bias_hh  # (4H,)
         outs = []

@@ -136,8 +136,7 @@ def _plus(*ts: Tensor | None) -> Tensor | None:
 
 def _masked_loop(step: Callable[[int, list[Tensor]], list[Tensor]], T: int, state: list[Tensor],
                  mask: Tensor | None) -> tuple[Tensor, list[Tensor]]:
-    """``state = step(t, state)`` for t < T, h_t = ``state[0]`` the output; where ``mask`` (T, B, 1)
-    is False (padding) the state is kept and the output is 0, as torch's packed sequences."""
+    """``state = step(t, state)`` for t < T, output ``state[0]``; padding keeps state, outputs 0."""
     outs = []
     for t in range(T):
         new = step(t, state)
@@ -224,6 +223,7 @@ class _GRUKind:
     """Eqs. 26-28 (23-25 without LN) over time, in torch's GRU form."""
 
     _gates, _lns = 3, (("ln_ih", 2), ("ln_hh", 2), ("ln_in", 1), ("ln_hn", 1))
+    _autocast_float32_on = frozenset({"cpu"})  # under autocast there: float32
     hidden_size: int
 
     def _scan(self, x: Tensor, mask: Tensor | None, state: list[Tensor],
@@ -300,7 +300,6 @@ def _suffix(k: int, d: int) -> str:
 class _Base(nn.Module):
     """Parameters named, ordered and initialized as torch's, plus the norm submodules."""
 
-    _gates = 1
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
     # (name, default) of the options extra_repr shows where they differ (None: always)
@@ -510,8 +509,6 @@ class LNGRUCell(_GRUKind, _CellBase):
     the learned LN gain absorbs the sign. Arguments and shapes as :class:`LNRNNCell`.
     """
 
-    _autocast_float32_on = frozenset({"cpu"})
-
 
 # ----------------------------------------------------------------------------------------------
 # sequence layers
@@ -539,6 +536,14 @@ def _repack(out: Tensor, p: PackedSequence, lens: Tensor) -> PackedSequence:
         lens = lens[p.sorted_indices.cpu()]
     data = pack_padded_sequence(out, lens, enforce_sorted=True).data
     return PackedSequence(data, p.batch_sizes, p.sorted_indices, p.unsorted_indices)
+
+
+def _step_mask(lens: Tensor | None, x: Tensor) -> Tensor | None:
+    """(T, B, 1): True where step t < ``lens[b]`` for ``x`` (T, B, F); None without lengths."""
+    if lens is None:
+        return None
+    t = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # (T, 1)
+    return (t < lens.to(x.device)).unsqueeze(-1)
 
 
 def _reverse(x: Tensor, lens: Tensor | None) -> Tensor:
@@ -642,9 +647,7 @@ class _RNNBase(_Base):
     def _run(self, x: Tensor, lens: Tensor | None, hx: list[Tensor],
              dt: torch.dtype | None) -> tuple[Tensor, list[Tensor]]:
         """All layers and directions: output (T, B, D * H_out), final states (L * D, B, .)."""
-        T, D = x.shape[0], self._num_directions
-        mask = None if lens is None else (
-            torch.arange(T, device=x.device).unsqueeze(1) < lens.to(x.device)).unsqueeze(-1)
+        D, mask = self._num_directions, _step_mask(lens, x)
         inp, lasts = x, []
         for k in range(self.num_layers):
             outs = []
@@ -734,10 +737,9 @@ class LSTM(_LSTMKind, _RNNBase):
                  layer_norm: bool = True, forget_bias: float = 0.0, eps: float = 1e-5,
                  ln_impl: _Impl = LN_IMPL, bptt: Literal["hand", "autograd"] = "autograd",
                  norm: _NormFactory = None) -> None:
-        if bptt not in ("hand", "autograd"):
-            raise ValueError(f"bptt must be 'hand' or 'autograd', got {bptt!r}")
+        self.bptt = check_choice("bptt", bptt, ("hand", "autograd"))
         self._set_forget_bias(forget_bias, bias)
-        self.bptt, self.proj_size = bptt, proj_size
+        self.proj_size = proj_size
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout,
                          bidirectional, device, dtype, layer_norm=layer_norm, eps=eps,
                          ln_impl=ln_impl, norm=norm)
@@ -755,5 +757,3 @@ class GRU(_GRUKind, _RNNBase):
     Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (2H), ``ln_in_l{k}``, ``ln_hn_l{k}`` (H). Arguments and
     shapes as :class:`RNN`.
     """
-
-    _autocast_float32_on = frozenset({"cpu"})

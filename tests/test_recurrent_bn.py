@@ -33,6 +33,16 @@ def test_sequence_batch_norm_per_step_statistics():
         bn(x, 3)
 
 
+def test_sequence_batch_norm_rejects_bad_eps_and_momentum():
+    for eps in (0.0, -1e-5, float("nan")):
+        with pytest.raises(ValueError, match="eps must be"):
+            SequenceBatchNorm(4, max_steps=2, eps=eps)
+    with pytest.raises(TypeError, match="eps must be"):
+        SequenceBatchNorm(4, max_steps=2, eps="small")
+    with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\]"):
+        SequenceBatchNorm(4, max_steps=2, momentum=1.5)
+
+
 def test_sequence_batch_norm_mask_ignores_padding_and_gain_init():
     torch.manual_seed(0)
     bn = SequenceBatchNorm(4, max_steps=2, gain_init=0.1).double()

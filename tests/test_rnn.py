@@ -475,6 +475,8 @@ def test_forget_bias_shifts_only_the_forget_slice():
     assert torch.equal(lb.bias_hh_l1, la.bias_hh_l1)
     with pytest.raises(ValueError, match="bias=True"):
         LSTM(I, H, bias=False, forget_bias=1.0)
+    with pytest.raises(ValueError, match="bptt must be one of 'hand', 'autograd'"):
+        LSTM(I, H, bptt="manual")
 
 
 def test_normalized_preactivations_have_mean0_std1_per_example_and_step():
