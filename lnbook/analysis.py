@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.checks import check_choice, check_floating, check_shape
+from lnbook.checks import check_choice, check_floating, check_shape, check_size
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
@@ -382,8 +382,7 @@ def direction_change_demo(scales: Sequence[float] = (1.0, 2.0, 4.0), method: str
     check_choice("method", method, ("batch", "weight", "layer"))
     if not scales or any(not (isinstance(s, float | int) and s > 0) for s in scales):
         raise ValueError(f"scales must be a non-empty sequence of positive numbers, got {scales!r}")
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    check_size("steps", steps)
     gen = torch.Generator().manual_seed(seed)
     kw = {"dtype": torch.float64, "generator": gen}
     x = torch.randn(n, d, **kw)  # (N, D)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_size
 from lnbook.train import Batches
 
 __all__ = ["NORMS", "SeedMLP", "seed_batches", "seed_nll", "seed_sq_norm",
@@ -50,8 +50,7 @@ class SeedMLP(nn.Module):
                  momentum: float = 0.1) -> None:
         super().__init__()
         check_choice("norm", norm, NORMS)
-        if not (isinstance(seeds, int) and seeds >= 1):
-            raise ValueError(f"seeds must be a positive int, got {seeds!r}")
+        check_size("seeds", seeds)
         if len(sizes) < 2:
             raise ValueError(f"sizes needs an input and an output width, got {tuple(sizes)}")
         if detach and norm != "layer":

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_size
 
 __all__ = [
     "MissingExtra", "MNISTData", "load_mnist", "read_idx", "download_mnist", "binarize",
@@ -322,8 +322,7 @@ IGNORE_INDEX = -100  # a target that is not scored (torch's cross_entropy ignore
 
 def _check_task_args(**sizes: int) -> None:
     for name, v in sizes.items():
-        if isinstance(v, bool) or not (isinstance(v, int | np.integer) and v > 0):
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_size(name, v)
 
 
 def _next_token_pairs(seq: Tensor, scored_from: int) -> tuple[Tensor, Tensor]:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from lnbook.checks import check_size
 from lnbook.device import resolve_device
 
 __all__ = ["History", "Batches", "UnreadableFile", "fit", "load_checkpoint", "progress_enabled"]
@@ -210,8 +211,7 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
     Returns:
         The :class:`History` of the whole run.
     """
-    if not (isinstance(steps, int) and steps >= 1):
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    check_size("steps", steps)
     if not (isinstance(eval_every, int) and eval_every >= 1):
         raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
     if not callable(train_data):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_size
 from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
@@ -62,8 +62,7 @@ class Config:
         if bad:
             raise ValueError(f"variants must be drawn from {VARIANTS}, got {bad}")
         for name in ("depth", "width", "batch", "steps", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_size(name, getattr(self, name))
         if not (self.init_scale > 0 and self.lr > 0 and self.noise >= 0):
             raise ValueError("init_scale and lr must be positive and noise >= 0, got "
                              f"{self.init_scale}, {self.lr}, {self.noise}")

@@ -5,6 +5,10 @@ import pytest
 import torch
 
 import lnbook
+import lnbook.analysis
+import lnbook.batched
+import lnbook.data
+import lnbook.experiments.draw
 from lnbook import norms
 from lnbook.checks import (
     ShapeError,
@@ -130,3 +134,16 @@ def test_module_shape_errors_are_runtime_errors_as_torch_raises():
             ours(x)
     with pytest.raises(RuntimeError, match="h_0 must have shape"):
         lnbook.LSTM(3, 4)(torch.zeros(5, 2, 3), (torch.zeros(1, 3, 4), torch.zeros(1, 2, 4)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda v: lnbook.data.copy_task(v, 5, 8, seed=0),
+    lambda v: lnbook.batched.SeedMLP(v, (4, 3)),
+    lambda v: lnbook.analysis.direction_change_demo(steps=v),
+    lambda v: lnbook.experiments.draw.DRAW(28, 28, glimpses=v),
+])
+def test_sizes_go_through_check_size_wrong_type_or_value(call):
+    with pytest.raises(TypeError, match="must be a positive int, got 2.5"):
+        call(2.5)
+    with pytest.raises(ValueError, match="must be a positive int, got 0"):
+        call(0)

@@ -7,7 +7,6 @@ cells (eqs. 29-31), trained on the negative variational bound ``L = L^x + L^z`` 
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import DRAWLSTMCell
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies, updates_to
@@ -260,8 +259,7 @@ class DRAW(nn.Module):
         for name, v in (("width", width), ("height", height), ("glimpses", glimpses),
                         ("enc_size", enc_size), ("dec_size", dec_size), ("z_size", z_size),
                         ("read_n", read_n), ("write_n", write_n)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_size(name, v)
         self.width, self.height, self.glimpses = width, height, glimpses
         self.z_size, self.read_n, self.write_n = z_size, read_n, write_n
         self.layer_norm = layer_norm

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
@@ -120,8 +120,7 @@ class Config:
             raise ValueError(f"unknown variants {bad}; expected some of {VARIANTS}")
         for name in ("seq_len", "n_train", "n_valid", "hidden_size", "num_layers",
                      "n_mixtures", "batch_size", "steps", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_size(name, getattr(self, name))
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -355,8 +354,7 @@ class RecurrenceLNLSTM(nn.Module):
                  eps: float = 1e-5) -> None:
         super().__init__()
         for name, v in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            check_size(name, v)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.normalize_input, self.eps = bool(normalize_input), float(eps)
         G = 4 * hidden_size

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
@@ -252,9 +252,7 @@ class DetachNorm(nn.Module):
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
         super().__init__()
-        if isinstance(normalized_shape, bool) or not isinstance(normalized_shape, int) or (
-                normalized_shape < 1):
-            raise ValueError(f"normalized_shape must be a positive int, got {normalized_shape!r}")
+        check_size("normalized_shape", normalized_shape)
         if not eps > 0:
             raise ValueError(f"eps must be positive, got {eps!r}")
         self.normalized_shape, self.eps = int(normalized_shape), float(eps)

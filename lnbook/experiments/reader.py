@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.experiments._stack_loop import train_copies, updates_to
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.protocol import Job, Results, Run, make_config, save_results, sweep
@@ -190,8 +190,7 @@ def make_cloze(n: int, seed: int, n_entities: int = 16, sentences: int = 4, n_re
     of its facts with the answer's mention (``blank``: subject or object, or object only)
     replaced by ``@placeholder``. Counting mentions cannot betray the answer.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
+    check_size("n", n)
     _check_corpus(n_entities, sentences, n_relations, blank)
     rel_offset = len(_SPECIAL)
     ent_offset = rel_offset + n_relations

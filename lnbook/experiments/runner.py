@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from lnbook.checks import check_size
 from lnbook.device import resolve_device
 from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
 from lnbook.experiments.results import Results, Run, _jsonable, save_results
@@ -101,8 +102,7 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: Sequence[int],
         raise ValueError("variants is empty: name at least one variant to train")
     if not seeds:
         raise ValueError("seeds is empty: give at least one seed")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    check_size("workers", workers)
     executor = executor if executor is not None else _EXECUTOR.get()
     if executor is not None and not isinstance(executor, Executor):
         raise TypeError(f"executor must be a concurrent.futures.Executor, got "
