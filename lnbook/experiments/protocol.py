@@ -12,10 +12,9 @@ from lnbook.experiments.metrics import (
     updates_to_reach,
 )
 from lnbook.experiments.presets import SCALES, check_scale, make_config
-from lnbook.experiments.results import Results, Run, _jsonable, load_results, save_results
+from lnbook.experiments.results import Results, Run, load_results, save_results
 from lnbook.experiments.runner import sweep, using_executor
 from lnbook.experiments.store import OutConflict
-from lnbook.experiments.workers import _worker_ignores_ctrl_c
 from lnbook.table import Table
 from lnbook.train import UnreadableFile
 
@@ -25,5 +24,3 @@ __all__ = [
     "load_results", "make_config", "mean_after_start", "save_results", "sweep",
     "updates_to_reach", "using_executor",
 ]
-
-_private = (_jsonable, _worker_ignores_ctrl_c)  # kept importable from here for old callers
