@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 __all__ = ["ShapeError", "check_floating", "check_bool", "check_size", "check_shape",
-           "check_trailing", "check_param", "check_eps", "check_choice", "check_config",
-           "as_normalized_shape", "make_module"]
+           "check_trailing", "check_param", "check_eps", "check_choice", "check_subset",
+           "check_config", "as_normalized_shape", "make_module"]
 
 _T = TypeVar("_T")
 
@@ -104,6 +104,13 @@ def check_choice(name: str, value: _T, choices: Sequence[object]) -> _T:
             f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
         )
     return value
+
+
+def check_subset(name: str, values: Iterable[object], choices: Sequence[object]) -> None:
+    """Raise ``ValueError`` naming ``choices`` and every one of ``values`` that is not one."""
+    bad = [v for v in values if v not in choices]
+    if bad:
+        raise ValueError(f"{name} must be drawn from {tuple(choices)}, got {bad}")
 
 
 def check_config(config: object, cls: type, maker: str | None = "get_config") -> None:

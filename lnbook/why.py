@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
-from lnbook.checks import check_choice, check_size
+from lnbook.checks import check_choice, check_size, check_subset
 from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
@@ -58,9 +58,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [v for v in self.variants if v not in VARIANTS]
-        if bad:
-            raise ValueError(f"variants must be drawn from {VARIANTS}, got {bad}")
+        check_subset("variants", self.variants, VARIANTS)
         for name in ("depth", "width", "batch", "steps", "eval_every"):
             check_size(name, getattr(self, name))
         if not (self.init_scale > 0 and self.lr > 0 and self.noise >= 0):

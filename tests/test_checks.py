@@ -20,6 +20,7 @@ from lnbook.checks import (
     check_floating,
     check_shape,
     check_size,
+    check_subset,
 )
 
 
@@ -147,3 +148,15 @@ def test_sizes_go_through_check_size_wrong_type_or_value(call):
         call(2.5)
     with pytest.raises(ValueError, match="must be a positive int, got 0"):
         call(0)
+
+
+def test_subset_names_every_value_outside_the_choices():
+    check_subset("norms", ("layer", "batch"), ("layer", "batch", "none"))
+    check_subset("norms", (), ("layer",))  # nothing to refuse
+    with pytest.raises(ValueError, match=r"norms must be drawn from \('layer', 'none'\), "
+                                         r"got \['rms', 'group'\]"):
+        check_subset("norms", ("rms", "layer", "group"), ("layer", "none"))
+    from lnbook.experiments import mnist
+
+    with pytest.raises(ValueError, match=r"norms must be drawn from .*got \['rms'\]"):
+        mnist.get_config("quick", norms=("layer", "rms"))

@@ -440,7 +440,7 @@ def test_get_config_presets_and_errors():
         HW.get_config("tiny")
     with pytest.raises(ValueError, match="unknown Config fields"):
         HW.get_config("quick", layers=2)
-    with pytest.raises(ValueError, match="unknown variants"):
+    with pytest.raises(ValueError, match="variants must be drawn from"):
         HW.get_config("quick", variants=("batch",))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -18,13 +18,6 @@ def pad_ids(seqs: Sequence[Sequence[int]], length: int) -> Tensor:
     for n, s in enumerate(seqs):
         out[n, : len(s[:length])] = torch.tensor(s[:length], dtype=torch.long)
     return out
-
-
-def check_variants(variants: Iterable[str], known: Mapping[str, bool]) -> None:
-    """Raise ValueError unless every name of ``variants`` is a key of ``known``."""
-    bad = [v for v in variants if v not in known]
-    if bad:
-        raise ValueError(f"variants must be drawn from {tuple(known)}, got {bad}")
 
 
 def median_step_time(hist: History, steps: int) -> float:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test
 from lnbook.experiments.job import Job, cpu_threads
 from lnbook.experiments.presets import check_scale, make_config
@@ -190,9 +190,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [n for n in (*self.norms, *self.control_norms) if n not in NORMS]
-        if bad:
-            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        check_subset("norms", (*self.norms, *self.control_norms), NORMS)
         if self.batch_size < 2 or self.steps < 1:
             raise ValueError("batch_size must be >= 2 and steps >= 1")
         if self.crop and not 4 * self.boundary_width < self.crop <= IMAGE_SIZE:

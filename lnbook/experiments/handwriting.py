@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
-from lnbook.checks import check_choice, check_config, check_size
+from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import Job, cpu_threads
@@ -115,9 +115,7 @@ class Config:
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
-        bad = [v for v in self.variants if v not in VARIANTS]
-        if bad:
-            raise ValueError(f"unknown variants {bad}; expected some of {VARIANTS}")
+        check_subset("variants", self.variants, VARIANTS)
         for name in ("seq_len", "n_train", "n_valid", "hidden_size", "num_layers",
                      "n_mixtures", "batch_size", "steps", "eval_every"):
             check_size(name, getattr(self, name))

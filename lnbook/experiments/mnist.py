@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies
@@ -86,9 +86,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = [n for n in self.norms if n not in NORMS]
-        if bad:
-            raise ValueError(f"norms must be drawn from {NORMS}, got {bad}")
+        check_subset("norms", self.norms, NORMS)
         if any(b < 2 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
         check_choice("engine", self.engine, ENGINES)

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import GRU
-from lnbook.checks import check_config
+from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
-from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
+from lnbook.experiments._text import first_reach, median_step_time, pad_ids
 from lnbook.experiments.metrics import best_step
 from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
@@ -397,7 +397,7 @@ class Config:
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
-        check_variants(self.variants, VARIANTS)
+        check_subset("variants", self.variants, tuple(VARIANTS))
         if self.n_test % self.test_splits:
             raise ValueError(f"n_test={self.n_test} must split into {self.test_splits} equal "
                              "test splits")

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import GRU
-from lnbook.checks import check_config
-from lnbook.experiments._text import check_variants, first_reach, median_step_time, pad_ids
+from lnbook.checks import check_config, check_subset
+from lnbook.experiments._text import first_reach, median_step_time, pad_ids
 from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
 from lnbook.train import Batches, History, fit
@@ -414,7 +414,7 @@ class Config:
     checkpoint: bool = False
 
     def __post_init__(self) -> None:
-        check_variants(self.variants, VARIANTS)
+        check_subset("variants", self.variants, tuple(VARIANTS))
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
