@@ -305,7 +305,7 @@ def mnist_train_test(source: str = "auto", n_train: int | None = None, n_test: i
                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, dict[str, str | float]]:
     """The first ``n_train`` training and ``n_test`` test images and labels, ``(N, 784), (N,), (M,
     784), (M,)``, and ``{"source", "majority_error"}`` (the test error of always answering the
-    commonest training label); warns as :func:`warn_if_subset`."""
+    commonest training label); warns when the offline subset stands in at the paper scale."""
     train = load_mnist(split="train", source=source)
     warn_if_subset(train, scale, experiment)
     test = load_mnist(split="test", source=source)
