@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from lnbook.checks import check_choice, check_floating, check_shape, check_size
+from lnbook.checks import check_choice, check_floating, check_shape, check_size, check_subset
 from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
@@ -141,10 +141,8 @@ def invariance_changes(seed: int = 0, methods: Sequence[str] = METHODS,
     float64 data and weights from ``seed`` (``n`` cases, ``d`` inputs, ``h`` units), before and
     after :func:`transform`; ``layers`` adds ``name -> fn(x, weight, gain, bias)``."""
     layers = dict(layers or {})
-    for m in methods:
-        check_choice("method", m, _ALL_METHODS)
-    for t in transformations:
-        check_choice("transformation", t, TRANSFORMATIONS)
+    check_subset("methods", methods, _ALL_METHODS)
+    check_subset("transformations", transformations, TRANSFORMATIONS)
     for name, fn in layers.items():
         if not callable(fn):
             raise TypeError(f"layers[{name!r}] must be callable fn(x, weight, gain, bias)")

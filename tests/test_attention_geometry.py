@@ -28,7 +28,7 @@ def test_registered_with_presets():
     quick, paper = ag.get_config("quick"), ag.get_config("paper")
     assert quick.norms == ("layer", "projection", "none") and len(quick.seeds) == 60
     assert paper.d_model > quick.d_model and paper.steps > quick.steps
-    with pytest.raises(ValueError, match="norms must be one of"):
+    with pytest.raises(ValueError, match="norms must be drawn from"):
         ag.get_config("quick", norms=("batch",))
     with pytest.raises(ValueError, match="symbols >= 2"):
         ag.get_config("quick", symbols=1)

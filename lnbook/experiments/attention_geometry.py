@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.experiments._stack_loop import train_copies
 from lnbook.experiments.job import cpu_threads
 from lnbook.experiments.metrics import mean_after_start
@@ -199,8 +199,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        for n in self.norms:
-            check_choice("norms", n, NORMS)
+        check_subset("norms", self.norms, NORMS)
         if min(self.length, self.n_train, self.n_test, self.d_model, self.batch,
                self.steps, self.eval_every, self.group) < 1 or self.symbols < 2:
             raise ValueError("length, n_train, n_test, d_model, batch, steps and eval_every "

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.experiments.job import Job
 from lnbook.experiments.metrics import classification_metrics
@@ -77,8 +77,7 @@ class Config:
     def __post_init__(self) -> None:
         check_scale(self.scale)
         check_choice("data", self.data, ("digits", "mnist"))
-        for n in self.norms:
-            check_choice("norms", n, NORMS)
+        check_subset("norms", self.norms, NORMS)
         if self.depth < 1 or self.width < 2:
             raise ValueError(f"depth must be >= 1 and width >= 2, got {self.depth}, {self.width}")
         if not self.init_scale > 0:

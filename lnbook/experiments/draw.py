@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook import DRAWLSTMCell
-from lnbook.checks import check_choice, check_config, check_size
+from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.experiments._stack_loop import train_copies, updates_to
@@ -120,8 +120,7 @@ _PRESETS: dict[str, dict] = {
 def get_config(scale: str = "quick", **overrides) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by a keyword argument."""
     cfg = make_config(Config, _PRESETS, scale, overrides)
-    for v in cfg.variants:
-        check_choice("variants", v, VARIANTS)
+    check_subset("variants", cfg.variants, VARIANTS)
     check_choice("image_size", cfg.image_size, (28, 14, 7))  # the divisors of 28 we pool to
     t = cfg.binarize_threshold
     if t is not None and not 0.0 <= t < 1.0:
