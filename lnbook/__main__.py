@@ -16,15 +16,9 @@ from pathlib import Path
 
 from lnbook.data import MissingExtra
 from lnbook.device import resolve_device
-from lnbook.experiments import (
-    EXPERIMENTS,
-    SCALES,
-    OutConflict,
-    SweepInterrupted,
-    load_experiment,
-    using_executor,
-)
-from lnbook.train import UnreadableFile
+from lnbook.engine import SCALES, OutConflict, SweepInterrupted, using_executor
+from lnbook.engine.train import UnreadableFile
+from lnbook.experiments import EXPERIMENTS, load_experiment
 
 __all__ = ["main", "build_parser"]
 

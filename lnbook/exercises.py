@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.metrics import classification_metrics
+from lnbook.engine.job import cpu_threads
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.train import Batches, fit
 from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.table import Table
-from lnbook.train import Batches, fit
 
 __all__ = [
     "CheckReport", "ExerciseError", "check_layer_norm", "check_layer_norm_backward",

@@ -18,12 +18,12 @@ from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
 from lnbook.checks import check_choice, check_size, check_subset
+from lnbook.engine import check_scale, make_config
+from lnbook.engine.train import Batches
 from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
-from lnbook.experiments.protocol import check_scale, make_config
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches
 
 __all__ = [
     "VARIANTS", "Config", "get_config", "SignalNoise", "build", "train_deep", "train_seeds",

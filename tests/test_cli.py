@@ -17,16 +17,9 @@ import pytest
 import tiny_experiment as tiny
 
 import lnbook.__main__ as cli
-from lnbook.experiments import (
-    EXPERIMENTS,
-    Results,
-    Run,
-    SweepInterrupted,
-    draw,
-    load_experiment,
-    save_results,
-)
-from lnbook.train import History
+from lnbook.engine import Results, Run, SweepInterrupted, save_results
+from lnbook.engine.train import History
+from lnbook.experiments import EXPERIMENTS, draw, load_experiment
 
 
 def test_list_names_every_experiment(capsys):

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lnbook.experiments import EXPERIMENTS, deep_mlp, load_results
+from lnbook.engine import load_results
+from lnbook.experiments import EXPERIMENTS, deep_mlp
 from lnbook.norms import LayerNorm
 
 EDGES = np.linspace(-8.0, 2.0, 41)

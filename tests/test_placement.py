@@ -10,10 +10,10 @@ import pytest
 import torch
 from seq_reference import train_transformer
 
-from lnbook.experiments import OutConflict, load_results, placement
-from lnbook.experiments.protocol import Job
+from lnbook.engine import Job, OutConflict, load_results
+from lnbook.engine.train import Batches
+from lnbook.experiments import placement
 from lnbook.experiments.seq_tasks import make_task
-from lnbook.train import Batches
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from seq_reference import train_transformer
 
+from lnbook.engine import Job, Results, Run
+from lnbook.engine.train import History
 from lnbook.experiments import qk_norm
-from lnbook.experiments.protocol import Job, Results, Run
 from lnbook.experiments.seq_tasks import make_task
-from lnbook.train import History
 from lnbook.transformer import Transformer
 
 

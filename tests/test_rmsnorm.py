@@ -9,8 +9,8 @@ import torch
 from seq_reference import train_transformer
 
 from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
+from lnbook.engine import Job
 from lnbook.experiments import rmsnorm
-from lnbook.experiments.protocol import Job
 from lnbook.experiments.seq_tasks import make_task
 
 

@@ -11,8 +11,8 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.engine.job import Job
 from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
-from lnbook.experiments.job import Job
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
     linear_warmup,

@@ -20,13 +20,13 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "ConvNet", "crop_center",

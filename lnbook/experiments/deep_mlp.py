@@ -18,14 +18,14 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
-from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
            "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]

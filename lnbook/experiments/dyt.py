@@ -18,10 +18,10 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import associative_recall, copy_task, sort_task
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.engine import Job, Results, check_scale, make_config, sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
 

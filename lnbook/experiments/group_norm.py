@@ -16,13 +16,13 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNorm", "ConvNet",

@@ -20,15 +20,15 @@ from torch import Tensor, nn
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.checks import check_choice, check_config, check_eps, check_size
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.functional import normalize
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_variant",
@@ -414,7 +414,7 @@ def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int 
 def run_affine(config: StatsConfig,
                seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, dict[str, Any]]:
     """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
-    every seed at once, batches as :class:`lnbook.train.Batches`). Returns ``{norm: {"val_nll",
+    every seed at once, batches as :class:`~lnbook.engine.Batches`). Returns ``{norm: {"val_nll",
     "val_error", "train_nll": (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
     """
     check_config(config, StatsConfig, "get_stats_config")

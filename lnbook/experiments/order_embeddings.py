@@ -21,11 +21,12 @@ from torch import Tensor, nn
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine.metrics import best_step
+from lnbook.engine.train import History, fit
 from lnbook.experiments._text import first_reach, median_step_time, pad_ids
-from lnbook.experiments.metrics import best_step
-from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History, fit
+from lnbook.table import Table
 
 NAME = "order_embeddings"
 DESCRIPTION = ("6.1 order embeddings: GRU caption encoder with/without LN, linear image encoder, "

@@ -20,11 +20,11 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
+from lnbook.engine import Job, Results, check_scale, cpu_threads, make_config, sweep
+from lnbook.engine.train import History, fit
 from lnbook.recurrent_bn import BatchNormRNN
 from lnbook.rnn import RNN
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History, fit
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",

@@ -22,10 +22,11 @@ from torch import Tensor, nn
 
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.experiments._text import first_reach, median_step_time, pad_ids
-from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
+from lnbook.table import Table
 
 NAME = "skip_thoughts"
 DESCRIPTION = ("6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "

@@ -17,17 +17,17 @@ from tqdm import tqdm
 
 from lnbook.checks import check_size
 from lnbook.device import resolve_device
-from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
-from lnbook.experiments.results import Results, Run, _jsonable, save_results
-from lnbook.experiments.store import (
+from lnbook.engine.job import Job, SweepInterrupted, label, saved_step, train_job
+from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.store import (
     OutConflict,
     check_results_file,
     checkpoint_file,
     load_finished,
     run_file,
 )
-from lnbook.experiments.workers import train_concurrently
-from lnbook.train import History, progress_enabled
+from lnbook.engine.train import History, progress_enabled
+from lnbook.engine.workers import train_concurrently
 
 __all__ = ["sweep", "using_executor"]
 
@@ -83,7 +83,7 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: Sequence[int],
         device: ``"auto"`` (cuda, mps, cpu) or a device.
         out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
             memory. Finished runs of the same config are reused (continued when only
-            :data:`~lnbook.experiments.store.CONTINUES` fields changed); runs of another
+            :data:`~lnbook.engine.store.CONTINUES` fields changed); runs of another
             config raise :class:`OutConflict` before anything trains.
         checkpoint: give every job a checkpoint file under ``out``.
         steps: updates per run (an int, or ``(variant, params) -> int``), for the bar.

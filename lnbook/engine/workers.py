@@ -20,9 +20,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
-from lnbook.experiments.results import Run, read_json
-from lnbook.experiments.store import save_run
+from lnbook.engine.job import Job, SweepInterrupted, label, saved_step, train_job
+from lnbook.engine.results import Run, read_json
+from lnbook.engine.store import save_run
 
 __all__ = ["train_concurrently"]
 

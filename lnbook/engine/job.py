@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from lnbook.experiments.results import Run
-from lnbook.experiments.store import save_run
-from lnbook.train import UnreadableFile, load_checkpoint
+from lnbook.engine.results import Run
+from lnbook.engine.store import save_run
+from lnbook.engine.train import UnreadableFile, load_checkpoint
 
 __all__ = ["Job", "SweepInterrupted", "cpu_threads"]
 
