@@ -24,7 +24,7 @@ from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 
 def _job(seed: int = 0) -> Job:
-    return Job("v", None, seed, torch.device("cpu"), None, None, f"v seed {seed}")
+    return Job.one("v", None, seed)
 
 
 def test_position_unigram_loss_against_a_hand_count():

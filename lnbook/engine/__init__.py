@@ -24,13 +24,13 @@ from lnbook.engine.metrics import (
 )
 from lnbook.engine.presets import SCALES, check_scale, make_config
 from lnbook.engine.results import Results, Run, load_results, save_results
-from lnbook.engine.runner import sweep, using_executor
+from lnbook.engine.runner import STACKS, resolve_seeds, sweep, using_executor
 from lnbook.engine.store import OutConflict
 from lnbook.engine.train import Batches, History, UnreadableFile, fit
 
 __all__ = [
-    "SCALES", "Batches", "History", "Job", "OutConflict", "Results", "Run", "SweepInterrupted",
-    "UnreadableFile", "best_step", "check_scale", "classification_metrics", "cpu_threads", "fit",
-    "load_results", "make_config", "mean_after_start", "save_results", "sweep", "train_copies",
-    "updates_to_reach", "using_executor",
+    "SCALES", "STACKS", "Batches", "History", "Job", "OutConflict", "Results", "Run",
+    "SweepInterrupted", "UnreadableFile", "best_step", "check_scale", "classification_metrics",
+    "cpu_threads", "fit", "load_results", "make_config", "mean_after_start", "resolve_seeds",
+    "save_results", "sweep", "train_copies", "updates_to_reach", "using_executor",
 ]
