@@ -172,10 +172,9 @@ def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
     model.eval()
     x = x.detach().clone().requires_grad_(True)  # (T, B, 1)
     with torch.enable_grad():
-        model.logits(x)[-1].sum().backward()
-    model.zero_grad(set_to_none=True)
+        (grad,) = torch.autograd.grad(model.logits(x)[-1].sum(), x)  # (T, B, 1)
     model.train(was)
-    return x.grad.abs().mean(dim=(1, 2))  # type: ignore[union-attr]  # (T,)
+    return grad.abs().mean(dim=(1, 2))  # (T,)
 
 
 def state_sum_corr(model: SignModel, x: Tensor) -> float:
