@@ -1,12 +1,12 @@
 """Checkers of chapter 3's coding exercises (`03_layer_norm`): :func:`check_layer_norm` (3.1,
-the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_layer_norm_backward` (3.2),
-:func:`check_layer_norm_function` (the capstone: both as a ``torch.autograd.Function``) and
-:func:`check_ln_mlp` (3.3, an MLP with LN on its two hidden layers, trained on the 8x8
-digits). The layer-norm checkers call the reader's function on copies and fail one that
-changes an input in place; errors it raises are translated from the operations it called (a
-traced run). The known wrong answers are computed with :mod:`lnbook.functional`. A checker raises
-:class:`ExerciseError` (an ``AssertionError``; ``err.part`` names the wrong part) or returns a
-:class:`CheckReport`.
+the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_ln_mlp` (3.2, an MLP with
+LN on its two hidden layers, trained on the 8x8 digits), :func:`check_layer_norm_backward`
+(3.4, the backward pass) and :func:`check_layer_norm_function` (3.7, the capstone: both passes
+as a ``torch.autograd.Function``). The layer-norm checkers call the reader's function on copies
+and fail one that changes an input in place; errors it raises are translated from the
+operations it called (a traced run). The known wrong answers are computed with
+:mod:`lnbook.functional`. A checker raises :class:`ExerciseError` (an ``AssertionError``;
+``err.part`` names the wrong part) or returns a :class:`CheckReport`.
 """
 
 from __future__ import annotations
@@ -589,7 +589,7 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.2: the backward pass
+# Exercise 3.4: the backward pass
 
 
 def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
@@ -716,7 +716,7 @@ def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
 
 def check_layer_norm_backward(fn: BackwardFn, *, _name: str = "check_layer_norm_backward",
                               _watch: bool = True) -> CheckReport:
-    """Check the reader's hand-written backward of layer normalization (Exercise 3.2).
+    """Check the reader's hand-written backward of layer normalization (Exercise 3.4).
 
     ``fn(dy, a, g, eps)`` (``a``, ``dy``: ``(..., H)``, ``g``: ``(H,)``, ``y = g * a_hat + b``
     over the last dimension) returns ``(dL/da (..., H), dL/dg (H,), dL/db (H,))``, compared
@@ -824,12 +824,12 @@ def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> st
 
 
 # ----------------------------------------------------------------------------------------------
-# Capstone: layer normalization as a torch.autograd.Function
+# Exercise 3.7, the capstone: layer normalization as a torch.autograd.Function
 
 
 def check_layer_norm_function(cls: type) -> CheckReport:
     """Check the reader's layer normalization written from memory as a
-    :class:`torch.autograd.Function` (chapter 3's capstone exercise).
+    :class:`torch.autograd.Function` (Exercise 3.7, chapter 3's capstone).
 
     ``cls.apply(x, g, b, eps)`` normalizes ``x (..., H)`` over its last dimension with gain and
     bias ``(H,)``; its ``backward`` returns ``(dL/dx, dL/dg, dL/db, None)``. The forward is held
@@ -888,7 +888,7 @@ def check_layer_norm_function(cls: type) -> CheckReport:
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.3: layer normalization in an MLP, trained
+# Exercise 3.2: layer normalization in an MLP, trained
 
 
 def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -971,7 +971,7 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
 
 def check_ln_mlp(model_fn: Callable[[], nn.Module], steps: int = 100, batch_size: int = 32,
                  lr: float = 3e-3, seed: int = 0, margin: float = 0.5) -> CheckReport:
-    """Check and train the reader's MLP with layer normalization (Exercise 3.3).
+    """Check and train the reader's MLP with layer normalization (Exercise 3.2).
 
     ``model_fn()`` (called under ``torch.manual_seed(seed)``) maps ``(N, 64)`` digits to
     ``(N, 10)`` logits. The checker lists the modules one forward pass calls (two hidden

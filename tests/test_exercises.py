@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
@@ -292,7 +294,7 @@ def test_forward_checker_refuses_a_non_function():
         ex.check_layer_norm(torch.zeros(3))
 
 
-# --- Exercise 3.2: the backward pass ----------------------------------------------------------
+# --- Exercise 3.4: the backward pass ----------------------------------------------------------
 
 
 def backward(dy, x, g, eps=1e-5, *, mean_u=True, proj=1.0, gain=True, dg_x=False,
@@ -432,7 +434,7 @@ def test_backward_must_return_three_tensors():
     assert info.value.part == "type"
 
 
-# --- The capstone: LN as a torch.autograd.Function -------------------------------------------
+# --- Exercise 3.7: LN as a torch.autograd.Function -------------------------------------------
 
 
 def make_function(**slips):
@@ -482,7 +484,7 @@ def test_function_checker_refuses_a_function_or_an_instance():
         ex.check_layer_norm_function(by_hand)
 
 
-# --- Exercise 3.3: LN in an MLP, trained ------------------------------------------------------
+# --- Exercise 3.2: LN in an MLP, trained ------------------------------------------------------
 
 
 def ln_mlp():
@@ -542,3 +544,39 @@ def test_wrong_mlp_gets_its_diagnosis(model_fn, part, phrase):
         ex.check_ln_mlp(model_fn, steps=60)
     assert info.value.part == part, str(info.value)
     assert phrase in str(info.value)
+
+
+# --- chapter 3's two sittings -----------------------------------------------------------------
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+
+
+def test_chapter_3_sittings_state_the_estimates_their_note_defines():
+    # words of text at 200 a minute plus 10 minutes an exercise, to the nearest 5 minutes
+    cells = nbformat.read(BOOK / "03_layer_norm.ipynb", as_version=4).cells
+    heads = [i for i, c in enumerate(cells) if c.cell_type == "markdown"
+             and re.match(r"## Sitting \d", c.source)]
+    end = next(i for i, c in enumerate(cells) if c.source.startswith("## You can now"))
+    assert len(heads) == 2 and heads[0] < heads[1] < end
+    note = next(c.source for c in cells[:heads[0]] if "Two sittings" in c.source)
+    assert "200 words a minute" in note and "10 minutes for each" in note
+    for k, (a, b) in enumerate([(heads[0], heads[1]), (heads[1], end)], start=1):
+        md = [c.source for c in cells[a:b] if c.cell_type == "markdown"]
+        words = sum(len(t.split()) for t in md)
+        exercises = sum(t.count("{admonition} Exercise") for t in md)
+        assert exercises >= 3
+        minutes = 5 * round((words / 200 + 10 * exercises) / 5)
+        stated = int(re.search(r"about (\d+) minutes", cells[a].source).group(1))
+        assert stated == minutes, (k, stated, words, exercises)
+        assert f"about {minutes} minutes" in " ".join(note.split())  # as in the heading
+    numbers = [m for c in cells for m in re.findall(r"\{admonition\} Exercise (3\.\d+)",
+                                                    c.source)]
+    assert numbers == [f"3.{i}" for i in range(1, 8)]  # numbered in the order they come
+
+
+def test_lab_exercises_are_numbered_apart_from_chapter_3():
+    lab = nbformat.read(BOOK / "03_2_lab_why_it_helps.ipynb", as_version=4).cells
+    text = "\n".join(c.source for c in lab)
+    assert not re.search(r"Exercise 3\.2\.\d", text)
+    numbers = re.findall(r"\{admonition\} Lab exercise L\.(\d+)", text)
+    assert numbers == [str(i) for i in range(1, len(numbers) + 1)] and len(numbers) >= 5
