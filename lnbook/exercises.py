@@ -330,7 +330,7 @@ def _explain_error(e: Exception, trace: _Trace, args: tuple, names: Sequence[str
                                             "goes through numpy, which autograd cannot follow")
     if trace.failed is None or not ("must match the size" in msg or "broadcast" in msg
                                     or "shape" in msg.lower()):
-        return "error", "see the error below"
+        return "error", "your function failed on this call"
     op, operands = trace.failed
     xname = "x" if "x" in names else "a"
     x = args[names.index(xname)]
@@ -346,7 +346,8 @@ def _explain_error(e: Exception, trace: _Trace, args: tuple, names: Sequence[str
                                  f"of x. Your code {how}{col} before the operation {op!r}; "
                                  f"leave {origin} as it is (no reshape, flatten, [:, None] or .T)")
     for shp, _origin in operands:  # a statistic that lost its dimensions
-        if shp and shp != tuple(x.shape) and (shp == lead or shp in trace.reduced):
+        lost = shp in trace.reduced and len(shp) < x.dim()  # a reduction without keepdim
+        if shp and shp != tuple(x.shape) and (shp == lead or lost):
             return "shape", (f"keep the statistics with keepdim=True: a row statistic (a mean, "
                              f"a variance) of shape {shp} does not broadcast against {xname} of "
                              f"shape "

@@ -230,6 +230,7 @@ def test_right_forward_passes(fn):
     (eps_hard_coded, "eps", "torch's layer norm with eps = 1e-06"),
     (divided_by_d_plus_1, "variance", "not the (D - 1) / D = 7/8 of an unbiased variance"),
 ])
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")  # torch.tensor(g)
 def test_wrong_forward_gets_its_diagnosis(fn, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm(fn)
