@@ -3,6 +3,7 @@ exercise, with words and exercises counted from the notebook itself."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -79,3 +80,41 @@ def test_reading_table_rows_and_total(tmp_path):
         pacing.reading_table(tmp_path, [("three", "x")])
     with pytest.raises(ValueError, match="at least one chapter"):
         pacing.reading_table(tmp_path, [])
+
+
+def load_reading_times():
+    """`book/_ext/reading_times.py`, the Sphinx directive that writes the intro's tables."""
+    spec = importlib.util.spec_from_file_location("reading_times",
+                                                  BOOK / "_ext" / "reading_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_intro_times_are_computed_from_every_chapter():
+    intro = (BOOK / "intro.md").read_text()
+    blocks = re.findall(r"^```\{reading-times\}\n(.*?)^```", intro, flags=re.S | re.M)
+    parse_rows = load_reading_times().parse_rows
+    listed = [name for b in blocks for name, _ in parse_rows(b.splitlines())]
+    chapters = sorted(p.stem for p in BOOK.glob("*.ipynb") if p.stem != "performance")
+    assert sorted(listed) == chapters  # every chapter once, in one of the tables
+    for b in blocks:
+        rows = parse_rows(b.splitlines())
+        table = pacing.reading_table(BOOK, rows).splitlines()
+        assert len(table) == len(rows) + 3  # header, rule, one row each, the totals
+    # the method is stated with the module's constants, and no time is typed by hand
+    rest = " ".join(re.sub(r"^```\{reading-times\}\n.*?^```", "", intro,
+                           flags=re.S | re.M).split())
+    method = (f"words of prose at {pacing.WORDS_PER_MINUTE} words a minute, plus "
+              f"{pacing.MINUTES_PER_EXERCISE} minutes for each exercise")
+    assert method in rest
+    rest = rest.replace(method, "").replace("rounded to 5 minutes", "")
+    typed = re.findall(r"\b\d+\s*(?:min|minutes|hours?)\b|\b\w+ to \w+ hours\b", rest)
+    assert not typed, typed
+
+
+def test_reading_times_rows_must_name_a_chapter():
+    parse_rows = load_reading_times().parse_rows
+    assert parse_rows(["a | b c", "", " d |e "]) == [("a", "b c"), ("d", "e")]
+    with pytest.raises(ValueError, match="expected 'name | what it teaches'"):
+        parse_rows(["no separator"])
