@@ -140,7 +140,8 @@ def reading_table(book: str | Path, rows: Iterable[Sequence[str]]) -> str:
             raise FileNotFoundError(f"no chapter {name!r} (.ipynb or .md) in {book}")
         p = pace(found[0])
         total = Pace(total.words + p.words, total.exercises + p.exercises)
-        lines.append(f"| {i} | {{doc}}`{name}` | {teaches} | {p.words:,} | {p.exercises} | "
+        cell = " ".join(str(teaches).split()).replace("|", "\\|")
+        lines.append(f"| {i} | {{doc}}`{name}` | {cell} | {p.words:,} | {p.exercises} | "
                      f"{_duration(p.minutes)} |")
     if len(lines) == 2:
         raise ValueError("expected at least one chapter")

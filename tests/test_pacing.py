@@ -74,6 +74,8 @@ def test_reading_table_rows_and_total(tmp_path):
     assert lines[2] == "| 1 | {doc}`one` | first | 1,003 | 1 | 15 min |"  # 15.015 min
     assert lines[3] == "| 2 | {doc}`two` | second | 2,000 | 0 | 10 min |"
     assert lines[4] == "| | **all** | | 3,003 | 1 | **25 min** |"
+    piped = pacing.reading_table(tmp_path, [("two", "a | b")]).splitlines()[2]
+    assert piped == "| 1 | {doc}`two` | a \\| b | 2,000 | 0 | 10 min |"
     many = pacing.reading_table(tmp_path, [("one", "a")] * 9).splitlines()[-1]
     assert many.endswith("| 9,027 | 9 | **2 h 15 min** |")  # 135.1 min
     with pytest.raises(FileNotFoundError, match="no chapter 'three'"):
