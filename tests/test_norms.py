@@ -747,3 +747,21 @@ def test_channel_layer_norm_refuses_what_layer_norm_over_channels_refuses():
     with pytest.raises(RuntimeError, match="input dtype torch.float64 does not match"):
         ChannelLayerNorm(3)(x)
     assert ChannelLayerNorm(3, dtype=torch.float64)(x).dtype == torch.float64
+
+
+def test_impl_torch_gives_up_the_large_mean_stability_of_layer_norm():
+    """What the README says `impl="torch"` gives up: it returns torch's kernel's numbers
+    exactly, and their error against float64 grows with the rows' mean, while the default
+    two-pass layer_norm stays at float32 rounding (measured at means 1e4 to 1e7)."""
+    torch.manual_seed(0)
+    z = torch.randn(64, 256, dtype=torch.float64)
+    ours, fast = [], []
+    for mean in (1e4, 1e5, 1e6, 1e7):
+        x32 = (z + mean).float()
+        ref = F.layer_norm(x32.double(), (256,))  # the same stored numbers, in float64
+        y_fast = LayerNorm(256, impl="torch")(x32)
+        assert torch.equal(y_fast, F.layer_norm(x32, (256,)))
+        ours.append((layer_norm(x32, 256).double() - ref).abs().max().item())
+        fast.append((y_fast.double() - ref).abs().max().item())
+    assert max(ours) < 1e-5, ours
+    assert fast == sorted(fast) and fast[-1] > 0.1 and fast[-1] > 1e4 * max(ours), fast
