@@ -290,3 +290,30 @@ def test_without_the_data_extra_the_loaders_name_it_and_mistakes_runs(tmp_path, 
     config = mistakes.get_config("quick", depths=(2,), seeds=(0,))
     results = mistakes.run(config, device="cpu")
     assert len(results.runs) == len(config.kinds) and results.runs[0].history.metrics
+
+
+def test_the_release_agrees_everywhere_and_the_changelog_links_compare_tags():
+    """pyproject, lnbook.__version__, CITATION.cff (version and date) and the CHANGELOG's
+    newest section name one release; each version's link compares it with the one before
+    (the first links to its tag), [Unreleased] compares the newest tag with HEAD."""
+    import lnbook
+
+    version = project_version()
+    assert lnbook.__version__ == version
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
+    assert released[0][0] == version, f"the CHANGELOG's newest section is {released[0]}"
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert str(cff["date-released"]) == released[0][1]
+    assert f"version {version}." in " ".join((ROOT / "README.md").read_text().split())
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    links = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", changelog, re.M))
+    tags = [f"v{v}" for v, _ in released]
+    assert links.pop("Unreleased") == f"{repo}/compare/{tags[0]}...HEAD"
+    for newer, older in zip(tags, tags[1:], strict=False):
+        assert links.pop(newer[1:]) == f"{repo}/compare/{older}...{newer}", newer
+    assert links.pop(tags[-1][1:]) == f"{repo}/releases/tag/{tags[-1]}"
+    assert not links, f"links to no section: {links}"
+    assert "commits/main" not in changelog
+    section = changelog.split(f"## [{version}]", 1)[1].split("\n## [", 1)[0]
+    assert f"### Upgrading from {released[1][0]}" in section, "say what changed for its users"
