@@ -6,11 +6,14 @@ import importlib.util
 import inspect
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import types
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -127,7 +130,9 @@ def project_version() -> str:
 def test_licences_split_code_and_text():
     code, text = (ROOT / "LICENSE").read_text(), (ROOT / "LICENSE-TEXT").read_text()
     assert "MIT License" in code and "Permission is hereby granted, free of charge" in code
-    assert 'license = { text = "MIT" }' in (ROOT / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '\nlicense = "MIT"\n' in pyproject  # the package is code: MIT (SPDX)
+    assert 'license-files = ["LICENSE", "LICENSE-TEXT"]' in pyproject
     assert "LICENSE-TEXT" in code, "LICENSE must say where the text's licence is"
     assert "Creative Commons Attribution 4.0" in text
     assert "https://creativecommons.org/licenses/by/4.0/legalcode" in text
@@ -317,3 +322,75 @@ def test_the_release_agrees_everywhere_and_the_changelog_links_compare_tags():
     assert "commits/main" not in changelog
     section = changelog.split(f"## [{version}]", 1)[1].split("\n## [", 1)[0]
     assert f"### Upgrading from {released[1][0]}" in section, "say what changed for its users"
+
+
+# --- the release: wheel and sdist ---------------------------------------------------------------
+
+_PACKAGED = ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT", "lnbook")
+
+
+def test_the_wheel_and_sdist_build_offline_and_pass_twine_check(tmp_path):
+    """What `python -m build` makes from the release (from a copy of what it packs, so the
+    checkout gets no build/ or egg-info): both pass `twine check --strict`, their metadata
+    name the release, its Python, dependencies and extras, the README is the long description
+    and renders as PyPI renders it, and every module of the package is inside."""
+    from email.parser import Parser
+
+    from readme_renderer.markdown import render
+
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    src.mkdir()
+    for name in _PACKAGED:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist),
+                            str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "deprecated" not in built.stdout + built.stderr, "setuptools warns of a deprecation"
+    version = project_version()
+    wheel, sdist = dist / f"lnbook-{version}-py3-none-any.whl", dist / f"lnbook-{version}.tar.gz"
+    assert sorted(dist.iterdir()) == sorted([wheel, sdist])
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel),
+                            str(sdist)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and check.stdout.count("PASSED") == 2, check.stdout
+
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lnbook").rglob("*.py")}
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        meta = Parser().parsestr(whl.read(f"lnbook-{version}.dist-info/METADATA").decode())
+    assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
+    assert not any(n.startswith(("tests/", "book/")) for n in names)
+    assert {f"lnbook-{version}.dist-info/licenses/{n}" for n in ("LICENSE", "LICENSE-TEXT")} \
+        <= names
+    with tarfile.open(sdist) as tar:
+        inside = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        sdist_meta = Parser().parsestr(
+            tar.extractfile(f"lnbook-{version}/PKG-INFO").read().decode())
+    assert modules | {"pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"} <= inside
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for m in (meta, sdist_meta):
+        assert (m["Name"], m["Version"]) == ("lnbook", version)
+        assert m["Requires-Python"] == ">=3.10" and m["License-Expression"] == "MIT"
+        assert sorted(m.get_all("Provides-Extra")) == ["cluster", "data"]
+        requires = m.get_all("Requires-Dist")
+        for dependency in re.search(r"^dependencies = \[(.*)\]$", pyproject, re.M)[1].split(", "):
+            assert dependency.strip('"') in requires, dependency
+        assert 'mlxtend>=0.23; extra == "data"' in requires
+        assert m["Description-Content-Type"] == "text/markdown"
+        assert m.get_payload().strip() == (ROOT / "README.md").read_text().strip()
+    html = render(meta.get_payload())
+    assert html is not None, "the README does not render as Markdown"
+    headings = re.findall(r"<h([12]) id=\"([^\"]+)\">([^<]+)<", html)
+    assert headings[0][::2] == ("1", "lnbook: Layer Normalization, an executable textbook")
+    titles = [text for level, _, text in headings if level == "2"]
+    assert {"Quickstart", "Install", "Contents", "How to cite"} <= set(titles), titles
+    ids = {anchor for _, anchor, _ in headings}
+    for anchor in re.findall(r'href="#([^"]+)"', html):  # the README's own links, on PyPI
+        assert anchor in ids, f"#{anchor} names no heading"
+    with zipfile.ZipFile(wheel) as whl:
+        entry = whl.read(f"lnbook-{version}.dist-info/entry_points.txt").decode()
+    assert "lnbook = lnbook.__main__:main" in entry
