@@ -42,7 +42,7 @@ def test_requirements_pin_what_the_book_needs():
     req = (ROOT / "requirements.txt").read_text()
     for needed in ("torch==2.13.0", "jupyter-book>=1.0.4.post1,<2", "nbval", "pytest",
                    "ipykernel", "tqdm", "sphinxcontrib-bibtex", "matplotlib", "numpy",
-                   "mlxtend", "jupyterlab", "-e ."):
+                   "mlxtend", "jupyterlab", "build", "twine", "readme-renderer[md]", "-e ."):
         assert needed in req, needed
 
 
