@@ -394,3 +394,5 @@ def test_the_wheel_and_sdist_build_offline_and_pass_twine_check(tmp_path):
     with zipfile.ZipFile(wheel) as whl:
         entry = whl.read(f"lnbook-{version}.dist-info/entry_points.txt").decode()
     assert "lnbook = lnbook.__main__:main" in entry
+    # `pip install .` and `python -m build .` in a checkout leave these behind: git ignores them
+    assert {"build/", "dist/"} <= set((ROOT / ".gitignore").read_text().split())
