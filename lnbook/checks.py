@@ -38,23 +38,27 @@ class DTypeError(TypeError, ValueError, RuntimeError):
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def check_param_dtype(x: Tensor, params: dict[str, Tensor | None]) -> None:
-    """Raise :class:`DTypeError` unless the parameters in ``params`` (name -> tensor or None)
-    share one dtype that goes with ``x``'s, by torch's rule for its normalization layers:
-    ``x``'s own dtype, or float32 for a float16 or bfloat16 ``x`` (statistics in float32)."""
-    given = {n: p for n, p in params.items() if p is not None}
-    if all(p.dtype == x.dtype for p in given.values()):  # the common case: nothing to say
+def check_param_dtype(x: Tensor, **params: Tensor | None) -> None:
+    """Raise :class:`DTypeError` unless the parameters (``name=tensor`` or None) share one
+    dtype that goes with ``x``'s, by torch's rule for its normalization layers: ``x``'s own
+    dtype, or float32 for a float16 or bfloat16 ``x`` (statistics in float32)."""
+    dt = x.dtype
+    for p in params.values():  # the common case first: every dtype is x's, nothing to say
+        if p is not None and p.dtype != dt:
+            break
+    else:
         return
+    given = {n: p for n, p in params.items() if p is not None}
     dtypes = {p.dtype for p in given.values()}
     if len(dtypes) > 1:
         each = ", ".join(f"{n} {p.dtype}" for n, p in given.items())
         raise DTypeError(f"the parameters must share one dtype, got {each}")
     (want,) = dtypes
-    if x.dtype in _HALF and want == torch.float32:
+    if dt in _HALF and want == torch.float32:
         return
     raise DTypeError(
-        f"input dtype {x.dtype} does not match the dtype {want} of {', '.join(given)}: convert "
-        f"the input with .to({want}) or the module with .to({x.dtype}) (a float16 or bfloat16 "
+        f"input dtype {dt} does not match the dtype {want} of {', '.join(given)}: convert "
+        f"the input with .to({want}) or the module with .to({dt}) (a float16 or bfloat16 "
         "input may also take float32 parameters)"
     )
 

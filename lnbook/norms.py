@@ -154,7 +154,7 @@ def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = 
     check_trailing(x, shape)
     check_param(weight, "weight", shape)
     check_param(bias, "bias", shape)
-    check_param_dtype(x, {"weight": weight, "bias": bias})
+    check_param_dtype(x, weight=weight, bias=bias)
     check_choice("impl", impl, LN_IMPLS)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
@@ -295,8 +295,8 @@ class BatchNorm(_Affine):
     def forward(self, x: Tensor) -> Tensor:
         c = self.num_features
         self._check_input(x, c, f"(N, {c}) or (N, {c}, *)")
-        check_param_dtype(x, {"weight": self.weight, "bias": self.bias,
-                              "running_mean": self.running_mean, "running_var": self.running_var})
+        check_param_dtype(x, weight=self.weight, bias=self.bias,
+                          running_mean=self.running_mean, running_var=self.running_var)
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
         xf = x.float() if x.dtype in _LOW_PRECISION else x
