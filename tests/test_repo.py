@@ -310,7 +310,8 @@ def test_the_release_agrees_everywhere_and_the_changelog_links_compare_tags():
     assert released[0][0] == version, f"the CHANGELOG's newest section is {released[0]}"
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
     assert str(cff["date-released"]) == released[0][1]
-    assert f"version {version}." in " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"version {version}." in readme and f"/lnbook@v{version}\"" in readme
     repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
     links = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", changelog, re.M))
     tags = [f"v{v}" for v, _ in released]
