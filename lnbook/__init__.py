@@ -33,7 +33,7 @@ from lnbook.table import Table, glue
 from lnbook.transformer import Block, Transformer, TransformerConfig, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     # norms (chapters 2-4)
