@@ -42,6 +42,8 @@ BOOK = ROOT / "book"
 VENV = Path(os.environ.get("LNBOOK_VENV", ROOT / ".venv"))
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = ".lnbook-installed"
+# the claims' rules ship inside the package (lnbook.ledger reads them with importlib.resources)
+CLAIMS = ROOT / "lnbook" / "claims.yml"
 
 # The first code cell of every notebook (tag `remove-input`). `{url}` is `repository.url` of
 # _config.yml, the one place the repository's address is written; `python3 dev.py sync` fills it.
@@ -83,11 +85,19 @@ def ensure_venv() -> None:
     (VENV / STAMP).write_text(requirements_digest())
 
 
+def record_claims() -> None:
+    """Let the chapters executed from here on record their verdicts (`lnbook.ledger.record`):
+    into `_build/ledger`, unless LNBOOK_LEDGER names another folder. Only the book's build
+    does; a chapter run anywhere else (JupyterLab, nbval, Colab) writes no file."""
+    os.environ.setdefault("LNBOOK_LEDGER", str(ROOT / "_build" / "ledger"))
+
+
 def book() -> None:
     ensure_venv()
     # every build executes every chapter, and the claims ledger is made only of the records
     # this build's chapters write (lnbook.ledger), never of an older build's
     shutil.rmtree(ROOT / "_build" / "ledger", ignore_errors=True)
+    record_claims()
     run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
     run(BIN / "jupyter-book", "build", ".", "--all", "--warningiserror", "--nitpick",
         "--keep-going")
@@ -273,6 +283,7 @@ def find_chromium() -> str | None:
 
 def pdf() -> None:
     ensure_venv()
+    record_claims()
     if not any((ROOT / "_build" / "ledger").glob("*.json")):
         # the claims ledger is made of the records that executing the chapters writes
         run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
@@ -379,14 +390,14 @@ def experiment_digests(notebooks: list[str] | None = None) -> dict:
 
     `lnbook`: every .py file of the package (the experiments, their configs and what they
     call), its code without docstrings or comments (`code_of`); `notebooks`: per notebook
-    named (default: all of book/), its code cells and the `rule` entries book/claims.yml
+    named (default: all of book/), its code cells and the `rule` entries lnbook/claims.yml
     declares for its claims. Prose edits change none of them.
     """
     import yaml  # only in .venv, where replication runs
 
     package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + code_of(p)
                        for p in sorted((ROOT / "lnbook").rglob("*.py")))
-    claims = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
+    claims = yaml.safe_load(CLAIMS.read_text())["claims"]
     names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
     out = {}
     for n in names:
@@ -464,7 +475,7 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
                 print(f"  set {r['set']} {r['name']}: {r['seconds']:.1f} s, {state}", flush=True)
     records = {k: load_records(folders[k]) for k in sets}
     claims = {}
-    for c in yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]:
+    for c in yaml.safe_load(CLAIMS.read_text())["claims"]:
         if c["chapter"] not in names:
             continue
         per_set = {}

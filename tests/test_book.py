@@ -1,6 +1,6 @@
 """Checks on the book's sources that need no build: the claims ledger, the notebooks, the toc.
 
-- every row of `book/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
+- every row of `lnbook/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
   questions (the ledger's records and verdicts are checked in `test_ledger.py`).
 - Every notebook in `book/` is committed without outputs or execution counts, starts with the
   Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes from `_config.yml`'s
@@ -25,7 +25,7 @@ from jupyter_cache import get_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
-LEDGER = BOOK / "claims.yml"
+LEDGER = ROOT / "lnbook" / "claims.yml"
 TOC = ROOT / "_toc.yml"
 
 def load_dev():
