@@ -6,12 +6,16 @@
     python3 dev.py sync    # rewrite every notebook's Colab cell (repository, release, extras)
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
     python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
+    python3 dev.py routes  # every notebook in an empty folder against lnbook's wheel, fresh venv
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
 `replicate --sets N [NOTEBOOK ...]` executes the notebooks (default: all) on the fresh seed
 sets 1..N (`LNBOOK_SEED_SET`, see lnbook/seeds.py), each set's claim records in its own folder
 `_build/replication/set-K`, and writes book/replication.json (see `replicate_sets`).
+`routes [NOTEBOOK ...]` checks the routes outside the checkout (Colab, Binder, a reader's folder):
+lnbook's wheel in a fresh virtual environment, each notebook executed alone in an empty folder
+(see `check_routes`); CI runs it after the tests.
 `lab` passes further options to JupyterLab, for example
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
@@ -34,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -593,18 +598,196 @@ def replicate(argv: list[str]) -> int:
     return 0
 
 
+# --- routes: every chapter from a plain install, outside the checkout ------------------------
+
+# Executes one notebook with the fresh environment's Python (nbclient and ipykernel there):
+# `python -c RUNNER NOTEBOOK TIMEOUT`, in the notebook's own folder.
+RUNNER = """\
+import os, sys
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+path, timeout = sys.argv[1], int(sys.argv[2])
+nb = nbformat.read(path, as_version=4)
+client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                        resources={"metadata": {"path": os.path.dirname(path)}})
+try:
+    client.execute()
+except CellExecutionError as err:
+    print(str(err)[-4000:])
+    sys.exit(1)
+"""
+# run first in each environment: the kernel is the fresh environment's, lnbook the wheel's
+PROBE = "import sys, lnbook; print(sys.prefix); print(lnbook.__file__)"
+
+
+def book_torch() -> str:
+    """The torch requirement of requirements.txt (`torch==2.13.0`): the fresh environment gets
+    the book's torch (here a local CPU wheel) rather than whatever is newest."""
+    return next(line.split("#")[0].strip() for line in
+                (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch"))
+
+
+def build_wheel(folder: Path) -> Path:
+    """Build lnbook's wheel from a copy of the package's files (the checkout gets no `build/`)
+    with .venv's setuptools, offline; returns its path."""
+    src = folder / "src"
+    src.mkdir(parents=True)
+    for path in (ROOT / "pyproject.toml", ROOT / "README.md", *ROOT.glob("LICENSE*")):
+        shutil.copy2(path, src / path.name)
+    shutil.copytree(ROOT / "lnbook", src / "lnbook",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    run(BIN / "python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+        "-w", folder / "dist", src)
+    return next((folder / "dist").glob("lnbook-*.whl"))
+
+
+def _package_files(python: Path) -> set[str]:
+    """Every file of the installed lnbook package (not the byte code Python writes)."""
+    out = subprocess.run([str(python), "-c", "import lnbook, os; print(os.path.dirname("
+                          "lnbook.__file__))"], capture_output=True, text=True, check=True,
+                         cwd=python.parent)
+    folder = Path(out.stdout.strip())
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")
+            if "__pycache__" not in p.parts}
+
+
+def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: dict,
+                             timeout: int) -> tuple[str, bool, float, str]:
+    """Copy `notebook` alone into the new folder `folder`, execute it there with `python`;
+    (name, ok, seconds, what went wrong)."""
+    folder.mkdir(parents=True)
+    copy = folder / notebook.name
+    shutil.copyfile(notebook, copy)
+    start = time.perf_counter()
+    out = subprocess.run([str(python), "-c", RUNNER, str(copy), str(timeout)], cwd=folder,
+                         env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    problem = "" if out.returncode == 0 else (out.stdout + out.stderr).strip()[-3000:]
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if p != copy and p.is_file())
+    records = [p for p in left if re.search(r"(^|/)_build/|(^|/)[CP]\d\d\.json$", p)]
+    if records and not problem:
+        problem = f"the ledger wrote into the reader's folder: {records[:5]}"
+    return notebook.stem, not problem, seconds, problem
+
+
+def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
+    """Every chapter from a plain install, outside the checkout, as a reader runs it.
+
+    Builds lnbook's wheel, installs it into a fresh virtual environment (no system site
+    packages) with the book's torch and what executes a notebook (ipykernel, nbclient), then
+    copies each notebook of book/ (or those `names`d) alone into an empty folder and executes
+    it there: first the chapters whose Colab cell installs lnbook without the data extra, then,
+    after `pip install "lnbook[data]"`, those that ask for it (`needs_data`), so a chapter that
+    needs the extra without asking for it fails. Kernels get no LNBOOK_* or PYTHONPATH
+    variables (they find nothing of the checkout) and one torch thread each, as many at a time
+    as LNBOOK_WORKERS (default: the cores). Fails when a notebook fails, when the ledger wrote
+    a record into a reader's folder, or when a file appeared in the installed package. Prints
+    each notebook's seconds, the total, and returns them.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    paths = sorted(BOOK.glob("*.ipynb")) if not names else [BOOK / f"{n}.ipynb" for n in names]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"no such notebooks in book/: {missing}")
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="lnbook-routes-"))
+    print(f"+ routes: building the wheel and a fresh environment in {tmp}", flush=True)
+    wheel = build_wheel(tmp / "wheel")
+    env_dir = tmp / "venv"
+    venv.create(env_dir, with_pip=True, system_site_packages=False)
+    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    run(*pip, wheel, book_torch(), "ipykernel", "nbclient", "nbformat")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME")}
+    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
+    env.update(OMP_NUM_THREADS="1" if workers > 1 else env.get("OMP_NUM_THREADS", ""),
+               JUPYTER_PREFER_ENV_PATH="1", PYTHONNOUSERSITE="1")
+    env = {k: v for k, v in env.items() if v != ""}
+    installed = time.perf_counter() - start
+    print(f"  wheel {wheel.name} installed with its dependencies in {installed:.0f} s",
+          flush=True)
+    groups = {"plain": [], "data": []}
+    for p in paths:
+        groups["data" if needs_data(chapter_code(json.loads(p.read_text())["cells"]))
+               else "plain"].append(p)
+    results, failed = {}, []
+    for group, notebooks in groups.items():
+        if group == "data":
+            run(*pip, f"{wheel}[data]")
+        if not notebooks:
+            continue
+        probe = subprocess.run([str(python), "-c", PROBE], cwd=tmp, env=env,
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert Path(probe[0]).resolve() == env_dir.resolve(), probe
+        assert Path(probe[1]).resolve().is_relative_to(env_dir.resolve()), probe
+        before = _package_files(python)
+        print(f"+ executing {len(notebooks)} notebook(s) with lnbook"
+              f"{'[data]' if group == 'data' else ''}, each alone in an empty folder, "
+              f"{workers} at a time", flush=True)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            jobs = [pool.submit(_execute_in_empty_folder, python, p, tmp / "run" / p.stem, env,
+                                600)
+                    for p in longest_first_paths(notebooks)]
+            for job in as_completed(jobs):
+                name, ok, seconds, problem = job.result()
+                results[name] = {"ok": ok, "seconds": round(seconds, 1), "extra": group}
+                print(f"  {name}: {seconds:.1f} s, {'ok' if ok else 'FAILED'}", flush=True)
+                if not ok:
+                    failed.append(name)
+                    print("    " + problem.replace("\n", "\n    "), flush=True)
+        added = _package_files(python) - before
+        if added:
+            failed.append("the installed package")
+            print(f"  FAILED: files appeared in the installed package: {sorted(added)}",
+                  flush=True)
+    total = time.perf_counter() - start
+    print(f"  {len(results)} notebook(s) from an empty folder against the wheel in "
+          f"{total:.0f} s ({installed:.0f} s of it to build and install); "
+          f"{sum(r['seconds'] for r in results.values()):.0f} s of notebook time; "
+          f"failed: {', '.join(failed) or 'none'}", flush=True)
+    if failed:
+        print(f"  the environment and the executed folders are kept in {tmp}", flush=True)
+        raise SystemExit(1)
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"seconds": round(total, 1), "install_seconds": round(installed, 1),
+            "notebooks": results}
+
+
+def longest_first_paths(paths: list[Path]) -> list[Path]:
+    """`paths` of book/'s notebooks, the slowest first (`longest_first`)."""
+    by_name = {p.stem: p for p in paths}
+    return [by_name[n] for n in longest_first(list(by_name))]
+
+
+def routes(argv: list[str]) -> int:
+    """`dev.py routes [NOTEBOOK ...]` (names without .ipynb; default: every notebook)."""
+    names = [a.removesuffix(".ipynb").removeprefix("book/") for a in argv]
+    if any(n.startswith("-") for n in names):
+        print("usage: python3 dev.py routes [NOTEBOOK ...]", file=sys.stderr)
+        return 2
+    ensure_venv()
+    check_routes(names or None)
+    return 0
+
+
 USAGE = ("usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf"
-         "|replicate --sets N [NOTEBOOK ...]}")
+         "|replicate --sets N [NOTEBOOK ...]|routes [NOTEBOOK ...]}")
 
 if __name__ == "__main__":
     tasks = {"book": book, "test": test, "sync": sync, "pdf": pdf}
     name = sys.argv[1] if len(sys.argv) > 1 else ""
-    if name not in ("lab", "replicate") and (name not in tasks or len(sys.argv) != 2):
+    with_args = {"lab": lab, "replicate": replicate, "routes": routes}
+    if name not in with_args and (name not in tasks or len(sys.argv) != 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     try:
-        if name in ("lab", "replicate"):
-            sys.exit((lab if name == "lab" else replicate)(sys.argv[2:]))
+        if name in with_args:
+            sys.exit(with_args[name](sys.argv[2:]))
         sys.exit(tasks[name]())
     except subprocess.CalledProcessError as err:
         sys.exit(err.returncode or 1)

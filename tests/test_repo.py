@@ -25,7 +25,7 @@ def test_quickstart_is_two_commands_and_ci_runs_exactly_them():
     assert cmds == ["python3 dev.py book", "python3 dev.py test"]
     ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
           if "dev.py" in line and not line.lstrip().startswith("#")]
-    assert ci == cmds
+    assert ci[:2] == cmds  # then the routes outside the checkout (test_ci_checks_the_routes)
 
 
 def test_requirements_pin_what_the_book_needs():
@@ -41,14 +41,14 @@ def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2(argv):
     out = subprocess.run([sys.executable, str(ROOT / "dev.py"), *argv], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "usage" in out.stderr
-    for task in ("book", "test", "lab", "sync", "pdf"):
+    for task in ("book", "test", "lab", "sync", "pdf", "replicate", "routes"):
         assert task in out.stderr, f"usage does not name the task {task!r}"
 
 
 def test_dev_py_docstring_lists_its_tasks():
     doc = (ROOT / "dev.py").read_text().split('"""')[1]
     listed = re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)
-    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate"]
+    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate", "routes"]
 
 
 # --- publishing: .github/workflows/book.yml -------------------------------------------------
@@ -163,3 +163,41 @@ def test_changelog_has_the_current_version():
     assert re.match(r" - \d{4}-\d{2}-\d{2}\n", section), "the version needs its date"
     for kind in ("### Added", "### Changed", "### Fixed"):
         assert kind in section, kind
+
+
+# --- the routes outside the checkout: Binder, and dev.py routes in CI ------------------------
+
+
+def requirement_lines(path: Path) -> list[str]:
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
+def test_binder_installs_the_package_and_jupyterlab_not_the_build_and_test_tools():
+    binder = requirement_lines(ROOT / "binder/requirements.txt")
+    assert ".[data]" in binder, "Binder reads the chapters with lnbook and its data extra"
+    assert any(line.startswith("jupyterlab>=") for line in binder), binder
+    book_torch = next(x for x in requirement_lines(ROOT / "requirements.txt")
+                      if x.startswith("torch"))
+    assert book_torch in binder, "Binder runs the book's torch"
+    names = " ".join(binder).lower()
+    for tool in ("jupyter-book", "pytest", "ruff", "dask", "distributed", "playwright",
+                 "nbval", "sphinx"):
+        assert tool not in names, f"{tool} is a build or test tool, not needed to read"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
+    assert config["launch_buttons"]["notebook_interface"] == "jupyterlab"
+    readme = (ROOT / "README.md").read_text()
+    assert "binder/requirements.txt" in readme
+
+
+def test_ci_checks_the_routes_after_the_tests():
+    steps = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+             if "dev.py" in line and not line.lstrip().startswith("#")]
+    assert steps == ["python3 dev.py book", "python3 dev.py test", "python3 dev.py routes"]
+
+
+def test_routes_usage():
+    out = subprocess.run([sys.executable, str(ROOT / "dev.py"), "routes", "--all"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "usage: python3 dev.py routes" in out.stderr
