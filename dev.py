@@ -432,9 +432,11 @@ def _sha(data: bytes) -> str:
 
 
 def notebook_code(path: Path) -> str:
-    """The code cells of a notebook, joined: what its runs depend on (not its prose)."""
+    """The code cells of a notebook, joined: what its runs depend on (not its prose, nor the
+    Colab cell, which does nothing outside Colab and changes with every release)."""
     cells = json.loads(path.read_text())["cells"]
-    return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"
+                             and "google.colab" not in "".join(c["source"]))
 
 
 def code_of(path: Path) -> bytes:
@@ -699,7 +701,7 @@ def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=True, system_site_packages=False)
     python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
-    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    pip = [python, "-m", "pip", "install", "-qq", "--disable-pip-version-check"]
     run(*pip, wheel, book_torch(), "ipykernel", "nbclient", "nbformat")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME")}

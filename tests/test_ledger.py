@@ -420,6 +420,23 @@ def test_replication_digest_ignores_prose_but_not_code(tmp_path):
     assert dev.code_of(one) != before  # a changed constant is code
 
 
+def test_replication_digest_ignores_the_colab_cell(tmp_path):
+    """The Colab cell changes at every release (its pin) and runs nothing outside Colab."""
+    dev = load_dev()
+    path = tmp_path / "nb.ipynb"
+
+    def write(colab: str, code: str) -> str:
+        cells = [{"cell_type": "code", "source": colab}, {"cell_type": "markdown", "source": "x"},
+                 {"cell_type": "code", "source": code}]
+        path.write_text(json.dumps({"cells": cells}))
+        return dev.notebook_code(path)
+
+    old = 'if "google.colab" in sys.modules:\n    %pip install -q "lnbook @ git+U@v0.1.0"'
+    new = old.replace("v0.1.0", "v0.2.0")
+    assert write(old, "x = 1") == write(new, "x = 1") == "x = 1"
+    assert write(new, "x = 2") != write(new, "x = 1")
+
+
 def test_notebooks_execute_slowest_first_by_the_recorded_seconds(tmp_path, monkeypatch):
     dev = load_dev()
     record = tmp_path / "replication.json"
