@@ -273,18 +273,27 @@ def repository_url() -> str:
 def needs_data(code: str) -> bool:
     """True when a chapter's code (its code cells, joined) names one of `DATA_USERS`: in an
     import (`from lnbook.experiments import mnist`, `import scipy`, `from lnbook.data import
-    load_digits_tensor`) or as an attribute of lnbook (`lnbook.load_mnist(...)`)."""
+    load_digits_tensor`) or as an attribute of lnbook (`lnbook.load_mnist(...)`). Reads the
+    syntax tree, so comments and strings do not count; IPython's `%` and `!` lines are left out.
+    """
+    import ast
+
+    source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                       for line in code.splitlines())
     names: set[str] = set()
-    for line in code.splitlines():
-        line = line.split("#", 1)[0].strip()
-        m = re.match(r"^from\s+([\w.]+)\s+import\s+\(?([^)]*)\)?$", line)
-        if m:
-            names.update(m[1].split("."))
-            names.update(n.split()[0] for n in m[2].split(",") if n.strip())
-        m = re.match(r"^import\s+(.+)$", line)
-        if m:
-            names.update(p for n in m[1].split(",") for p in n.split()[0].split("."))
-        names.update(re.findall(r"\blnbook\.(\w+)", line))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(part for alias in node.names for part in alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            names.update((node.module or "").split("."))
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            while isinstance(node.value, ast.Attribute):
+                node = node.value
+                chain.append(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id == "lnbook":
+                names.update(chain)
     return bool(names & DATA_USERS)
 
 

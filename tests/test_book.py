@@ -159,6 +159,33 @@ def test_colab_cell_installs_the_release_from_the_configured_repository():
         assert colab_cell(nb).splitlines()[-1] == f'    %pip install -q "lnbook{extra} @ {pin}"'
 
 
+# what a chapter may import: the standard library, lnbook and its dependencies, IPython (every
+# kernel has it); scipy, scikit-learn and mlxtend only where its Colab cell asks for lnbook[data]
+PLAIN_INSTALL = {"lnbook", "torch", "numpy", "matplotlib", "tqdm", "yaml", "IPython"}
+DATA_EXTRA = {"scipy", "sklearn", "mlxtend"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_imports_only_what_its_colab_cell_installs(path):
+    """A chapter runs from a plain install (Colab, Binder, a reader's folder): the myst_nb of
+    the book's build, for example, is not there."""
+    import ast
+
+    dev = dev_module()
+    code = dev.chapter_code(nbformat.read(path, as_version=4).cells)
+    tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                               for line in code.splitlines()))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    allowed = PLAIN_INSTALL | set(sys.stdlib_module_names)
+    allowed |= DATA_EXTRA if dev.needs_data(code) else set()
+    assert imported <= allowed, (
+        f"{path.name} imports {sorted(imported - allowed)}, which `pip install lnbook"
+        f"{'[data]' if dev.needs_data(code) else ''}` does not bring")
+
+
 @pytest.mark.parametrize("code, data", [
     ("from lnbook.experiments import mnist", True),
     ("from lnbook.experiments import convnet, mean_after_start", True),
@@ -166,10 +193,13 @@ def test_colab_cell_installs_the_release_from_the_configured_repository():
     ("from lnbook import layer_norm, why", True),
     ("from lnbook.data import load_digits_tensor", True),
     ("images = lnbook.load_mnist(split='train').images", True),
-    ("    from scipy.spatial import ConvexHull", True),
+    ("def hull(points):\n    from scipy.spatial import ConvexHull", True),
     ("from lnbook.experiments import rmsnorm\nimport numpy as np", False),
     ("why = r['unavailable'][key]  # a variable, not lnbook.why", False),
     ("# the mnist chapter, named in a comment", False),
+    ("from lnbook.experiments import (\n    rmsnorm,\n    mnist,\n)", True),
+    ("import lnbook\nx = lnbook.experiments.draw.get_config('quick')", True),
+    ("%pip install -q mlxtend\nprint('load_mnist')", False),
 ])
 def test_data_extra_is_asked_for_by_what_the_chapter_imports(code, data):
     assert dev_module().needs_data(code) is data
