@@ -674,7 +674,8 @@ def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: di
     out = subprocess.run([str(python), "-c", RUNNER, str(copy), str(timeout)], cwd=folder,
                          env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    problem = "" if out.returncode == 0 else (out.stdout + out.stderr).strip()[-3000:]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no terminal colours
+    problem = "" if out.returncode == 0 else "\n".join(text.strip().splitlines()[-30:])
     left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                   if p != copy and p.is_file())
     records = [p for p in left if re.search(r"(^|/)_build/|(^|/)[CP]\d\d\.json$", p)]
