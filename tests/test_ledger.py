@@ -132,6 +132,34 @@ def test_outside_the_build_the_verdict_is_decided_and_shown_and_nothing_written(
     assert _files(package) == before_package and set(package.parent.iterdir()) == before_parent
 
 
+def test_the_books_build_and_only_it_records(tmp_path, monkeypatch):
+    """`dev.py book` and the claims ledger's Sphinx extension (whose kernels inherit the
+    variable) point the ledger at `_build/ledger`; a folder already named is kept."""
+    monkeypatch.setenv("LNBOOK_LEDGER", "restored after the test")
+    monkeypatch.delenv("LNBOOK_LEDGER")
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        import claims_ledger
+    finally:
+        sys.path.pop(0)
+
+    class App:
+        srcdir = str(tmp_path)
+
+        def __getattr__(self, name):  # add_node, add_directive, connect: nothing to record
+            return lambda *args, **kwargs: None
+
+    claims_ledger.setup(App())
+    assert ledger.ledger_dir() == tmp_path / "_build" / "ledger"
+    monkeypatch.setenv("LNBOOK_LEDGER", str(tmp_path / "set-1"))  # dev.py replicate's
+    claims_ledger.setup(App())
+    load_dev().record_claims()
+    assert ledger.ledger_dir() == tmp_path / "set-1"
+    monkeypatch.delenv("LNBOOK_LEDGER")
+    load_dev().record_claims()
+    assert ledger.ledger_dir() == ROOT / "_build" / "ledger"
+
+
 def test_the_rules_ship_inside_the_package(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # read from anywhere, through importlib.resources
     assert ledger.claims_file() == CLAIMS_YML.resolve()
