@@ -1,6 +1,8 @@
 """The repository keeps its promises: the README's Quickstart is what CI runs and what the
 publishing workflow builds, and `dev.py` offers the tasks its docstring lists."""
 
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -201,3 +203,31 @@ def test_routes_usage():
     out = subprocess.run([sys.executable, str(ROOT / "dev.py"), "routes", "--all"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "usage: python3 dev.py routes" in out.stderr
+
+
+def load_dev():
+    spec = importlib.util.spec_from_file_location("lnbook_dev", ROOT / "dev.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source, ok, problem", [
+    ("import os\nprint(os.listdir('.'))", True, ""),
+    ("open('C07.json', 'w').write('{}')", False, "the ledger wrote into the reader's folder"),
+    ("raise ValueError('bad chapter')", False, "ValueError: bad chapter"),
+])
+def test_routes_executes_a_notebook_alone_in_an_empty_folder(tmp_path, source, ok, problem):
+    """dev.py routes' step for one notebook, here with this environment's Python."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "chapter.ipynb"
+    nbformat.write(nb, path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LNBOOK_")}
+    name, got_ok, seconds, got_problem = load_dev()._execute_in_empty_folder(
+        Path(sys.executable), path, tmp_path / "run", env, 60)
+    assert (name, got_ok) == ("chapter", ok) and seconds > 0
+    assert problem in got_problem and (ok or got_problem)
