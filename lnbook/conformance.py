@@ -100,7 +100,8 @@ class NormCheck:
     """What :func:`check_norm` found: ``findings`` (:class:`Finding`, in probe order),
     ``family`` (a key of :data:`FAMILIES` or ``"none of the known families"``), ``nearest``
     family and the conventions in which the layer ``differs`` from it, ``shape`` and ``dtype``
-    of the probes. ``check[name]`` is the finding ``name``; ``ok``: no finding breaks."""
+    of the probes. ``check[name]`` is the finding ``name``; ``breaks`` names those that break
+    the book's reference; ``ok``: none does."""
 
     name: str
     shape: tuple[int, ...]
@@ -120,11 +121,15 @@ class NormCheck:
     @property
     def ok(self) -> bool:
         """True when no finding breaks the book's reference (``differs`` is allowed)."""
-        return all(f.ok is not False for f in self.findings)
+        return not self.breaks
+
+    @property
+    def breaks(self) -> tuple[str, ...]:
+        """The names of the findings that break the book's reference (chapter 13's mistakes)."""
+        return tuple(f.name for f in self.findings if f.ok is False)
 
     def _breaks_line(self) -> str:
-        breaks = [f.name for f in self.findings if f.ok is False]
-        return "breaks: " + (", ".join(breaks) if breaks else "nothing the book checks")
+        return "breaks: " + (", ".join(self.breaks) if self.breaks else "nothing the book checks")
 
     def _family_line(self) -> str:
         if self.family != _NONE:
@@ -146,8 +151,7 @@ class NormCheck:
         return "\n".join(head + rows)
 
     def __repr__(self) -> str:
-        return (f"NormCheck({self.name}, family={self.family!r}, "
-                f"breaks={[f.name for f in self.findings if f.ok is False]})")
+        return f"NormCheck({self.name}, family={self.family!r}, breaks={self.breaks})"
 
     def _repr_markdown_(self) -> str:
         dt = str(self.dtype).removeprefix("torch.")
