@@ -186,7 +186,7 @@ class _Probe:
     def _copy(self, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
         if self.module is None:
             return self.norm
-        return copy.deepcopy(self.module).to(dtype)
+        return copy.deepcopy(self.module).to("cpu", dtype)  # the probes run on the CPU
 
     def _call(self, f: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         try:
@@ -373,7 +373,8 @@ def _half(p: _Probe, axes: tuple[int, ...], dtype: torch.dtype,
             with torch.no_grad():
                 y = p._call(f, x)
         except ShapeError as e:
-            return Finding(name, f"cannot run in {name}: {e.__cause__}", None)
+            why = textwrap.shorten(str(e.__cause__), 120)
+            return Finding(name, f"cannot run in {name}: {why}", None)
         out_dtype = y.dtype
         truth = _reference(x.double(), axes, ref)
         y32 = _reference(x, axes, ref, stats_dtype=torch.float32).to(dtype)
@@ -432,17 +433,34 @@ def _large_mean(p: _Probe, axes: tuple[int, ...], ref: dict[str, object]) -> Fin
                    f"pass: {worst['one_pass']:.2g}; u = 2^-24)", ok, ev)
 
 
-def _constant(p: _Probe, axes: tuple[int, ...], ref: dict[str, object]) -> Finding:
-    x = torch.full(p.shape, 0.7, dtype=p.dtype, requires_grad=True)
+def _grad(p: _Probe, x: Tensor, up: Tensor) -> Tensor | None:
+    """The gradient of ``sum(norm(x) * up)`` with respect to ``x``; None if autograd has none
+    (an output detached, or computed outside torch)."""
+    x = x.detach().to(p.dtype).requires_grad_(True)
     y = p._call(p.f, x)
-    (grad,) = torch.autograd.grad((y * p.randn().to(y.dtype)).sum(), x, allow_unused=True)
-    want = _reference(x.detach().double(), axes, ref)
+    if not y.requires_grad:
+        return None
+    (grad,) = torch.autograd.grad((y * up.to(y.dtype)).sum(), x, allow_unused=True)
+    return torch.zeros_like(x) if grad is None else grad
+
+
+_NO_GRAD = "no gradient: the output is detached or computed outside autograd"
+
+
+def _constant(p: _Probe, axes: tuple[int, ...], ref: dict[str, object]) -> Finding:
+    x = torch.full(p.shape, 0.7, dtype=torch.float64)
+    y = p(x)
+    grad = _grad(p, x, p.randn())
     y_ok = bool(y.isfinite().all())
-    g_ok = grad is None or bool(grad.isfinite().all())
-    gap = float((y.detach().double() - want).abs().max()) if y_ok else math.inf
-    say = ("output " + (f"finite, {float(y.detach().double().abs().max()):.3g} at most"
-                        if y_ok else "not finite (NaN or inf)")
-           + "; gradient " + ("finite" if g_ok else "not finite (NaN): the root's slope at 0"))
+    g_ok = grad is not None and bool(grad.isfinite().all())
+    gap = float((y - _reference(x, axes, ref)).abs().max()) if y_ok else math.inf
+    say = ("output " + (f"finite, {float(y.abs().max()):.3g} at most" if y_ok
+                        else "not finite (NaN or inf)") + "; ")
+    if grad is None:
+        say += _NO_GRAD
+    else:
+        say += "gradient " + ("finite" if g_ok else "not finite (NaN)" + (
+            ": the slope of a square root at 0" if y_ok else ""))
     return Finding("constant", f"a constant row: {say}", y_ok and g_ok,
                    {"output_finite": float(y_ok), "gradient_finite": float(g_ok),
                     "vs_reference": gap})
@@ -450,17 +468,18 @@ def _constant(p: _Probe, axes: tuple[int, ...], ref: dict[str, object]) -> Findi
 
 def _gradient(p: _Probe, axes: tuple[int, ...], ref: dict[str, object],
               exact: bool) -> Finding:
-    x = p.pattern(axes).to(p.dtype).requires_grad_(True)
-    up = p.randn()
-    (grad,) = torch.autograd.grad((p._call(p.f, x) * up.to(p.dtype)).sum(), x)
-    xr = x.detach().double().requires_grad_(True)
+    x, up = p.pattern(axes), p.randn()
+    grad = _grad(p, x, up)
+    if grad is None:
+        return Finding("gradient", _NO_GRAD, False)
+    xr = x.clone().requires_grad_(True)
     (want,) = torch.autograd.grad((_reference(xr, axes, ref) * up).sum(), xr)
     rel = float((grad.double() - want).abs().max() / want.abs().max())
     tol = 1e-9 if exact else 1e-4
     ev = {"vs_reference": rel}
     gc = None
     if exact:
-        gc = torch.autograd.gradcheck(p.f, (x.detach().requires_grad_(True),), fast_mode=True,
+        gc = torch.autograd.gradcheck(p.f, (x.clone().requires_grad_(True),), fast_mode=True,
                                       raise_exception=False)
         ev["gradcheck"] = float(gc)
     ok = rel < tol and gc is not False

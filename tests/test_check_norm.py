@@ -231,6 +231,21 @@ def test_a_float32_only_layer_is_probed_in_float32():
     assert "gradcheck" not in c["gradient"].evidence and c["gradient"].ok
 
 
+def test_a_layer_without_autograd_or_half_precision():
+    det = check_norm(lambda x: F.layer_norm(x, (16,)).detach(), (4, 16))
+    assert set(det.breaks) == {"constant", "gradient"}
+    assert "no gradient" in det["gradient"].follows
+
+    def no_half(x):
+        if x.dtype in (torch.float16, torch.bfloat16):
+            raise NotImplementedError("float32 and float64 only")
+        return F.layer_norm(x, (16,))
+
+    c = check_norm(no_half, (4, 16))
+    assert c.family == "torch.nn.LayerNorm" and c.ok
+    assert c["float16"].ok is None and "float32 and float64 only" in c["float16"].follows
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="torch.nn.Module or a function"):
         check_norm(3, (4, 16))
