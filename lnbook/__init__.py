@@ -26,15 +26,15 @@ from lnbook.data import (
     sort_task,
 )
 from lnbook.device import resolve_device
+from lnbook.engine import Batches, History, fit
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm, WeightNormLinear, layer_norm
 from lnbook.recurrent_bn import BatchNormRNN, RecurrentBNLSTM, SequenceBatchNorm
 from lnbook.rnn import GRU, LSTM, RNN, DRAWLSTMCell, LNGRUCell, LNLSTMCell, LNRNNCell
 from lnbook.table import Table, glue
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Block, Transformer, TransformerConfig, to_pre_rmsnorm
 from lnbook.variants import DyT, GroupNorm, RMSNorm, dyt, group_norm, rms_norm
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     # norms (chapters 2-4)

@@ -16,15 +16,9 @@ from pathlib import Path
 
 from lnbook.data import MissingExtra
 from lnbook.device import resolve_device
-from lnbook.experiments import (
-    EXPERIMENTS,
-    SCALES,
-    OutConflict,
-    SweepInterrupted,
-    load_experiment,
-    using_executor,
-)
-from lnbook.train import UnreadableFile
+from lnbook.engine import SCALES, OutConflict, SweepInterrupted, using_executor
+from lnbook.engine.train import UnreadableFile
+from lnbook.experiments import EXPERIMENTS, load_experiment
 
 __all__ = ["main", "build_parser"]
 
@@ -67,11 +61,18 @@ def _experiments_help() -> str:
     return "\n".join(lines)
 
 
+def _version() -> str:
+    from lnbook import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lnbook``."""
     parser = argparse.ArgumentParser(
         prog="lnbook", description="Run the experiments of Layer Normalization (Ba et al., 2016)."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run}")
     sub.add_parser("list", help="list the experiments")
     run = sub.add_parser("run", help="run one experiment and save its results as JSON",
@@ -109,7 +110,10 @@ def _resume_command(args: argparse.Namespace) -> str:
 
 def check_out(out: str) -> str | None:
     """Why ``out`` cannot hold the results (None if it can): it is created if missing, and a
-    probe file is written in it and deleted."""
+    probe file is written in it and deleted. An empty name is refused (it would mean the
+    current folder without saying so)."""
+    if not out.strip():
+        return "--out needs a folder name, got an empty one (use --out . for this folder)"
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         return f"--out {out} is a file, not a folder: name a folder (created if missing)"

@@ -441,11 +441,9 @@ def recurrent_dynamics(cell: LNRNNCell, x: Tensor, h0: Tensor | None = None) -> 
             a = F.linear(x[t], cell.weight_ih) + F.linear(h, cell.weight_hh)  # (B, H)
             z = a if cell.ln is None else cell.ln(a)  # (B, H)
             h = act(z if b is None else z + b)  # (B, H)
-            h.retain_grad()
             hs.append(h)
             a_rms.append(a.detach().pow(2).mean().sqrt())
             h_rms.append(h.detach().pow(2).mean().sqrt())
-        hs[-1].sum().backward()
-    grads = [hh.grad.norm(dim=1).mean() for hh in hs]  # type: ignore[union-attr]
-    cell.zero_grad(set_to_none=True)
+        dh = torch.autograd.grad(hs[-1].sum(), hs)  # d(sum h_T) / d h_t, each (B, H)
+    grads = [g.norm(dim=1).mean() for g in dh]
     return RecurrentDynamics(*(torch.stack(v).double() for v in (a_rms, h_rms, grads)))

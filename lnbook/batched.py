@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_size
-from lnbook.train import Batches
+from lnbook.engine.train import Batches
 
 __all__ = ["NORMS", "SeedMLP", "seed_batches", "seed_nll", "seed_sq_norm",
            "train_mode_logits"]
@@ -234,7 +234,7 @@ class SeedMLP(nn.Module):
 def seed_batches(x: Tensor, y: Tensor, batch_size: int,
                  seeds: Sequence[int]) -> Callable[[int], tuple[Tensor, Tensor]]:
     """``step -> (x (S, B, D), y (S, B))``: each seed's mini-batch, in the order
-    :class:`lnbook.train.Batches` gives that seed, so a batched run sees the same data."""
+    :class:`lnbook.engine.train.Batches` gives that seed, so a batched run sees the same data."""
     orders = [Batches(torch.arange(len(y)), batch_size=batch_size, seed=s) for s in seeds]
 
     def batch(step: int) -> tuple[Tensor, Tensor]:

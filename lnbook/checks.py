@@ -1,7 +1,9 @@
 """The argument checks every public function and layer of lnbook makes, in one place.
 
 Exception types follow torch: a wrong type raises ``TypeError``, a bad value ``ValueError``, a
-wrong tensor shape :class:`ShapeError` (a ``ValueError`` and a ``RuntimeError``).
+wrong tensor shape :class:`ShapeError` (a ``ValueError`` and a ``RuntimeError``), an input whose
+dtype does not go with the parameters' :class:`DTypeError` (a ``TypeError``, and the
+``RuntimeError`` and ``ValueError`` torch raises for it).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["ShapeError", "check_floating", "check_bool", "check_size", "check_shape",
-           "check_trailing", "check_param", "check_eps", "check_choice", "check_subset",
-           "check_config", "as_normalized_shape", "make_module"]
+__all__ = ["ShapeError", "DTypeError", "check_floating", "check_param_dtype", "check_bool",
+           "check_size", "check_shape", "check_trailing", "check_param", "check_eps",
+           "check_choice", "check_subset", "check_config", "as_normalized_shape", "make_module"]
 
 _T = TypeVar("_T")
 
@@ -24,6 +26,41 @@ _T = TypeVar("_T")
 class ShapeError(ValueError, RuntimeError):
     """A tensor of the wrong shape: a :class:`ValueError` and, as torch's kernels raise for the
     same mistake, a :class:`RuntimeError`."""
+
+
+class DTypeError(TypeError, ValueError, RuntimeError):
+    """An input whose dtype does not go with a module's parameters (or parameters of two dtypes):
+    a :class:`TypeError`, and what torch raises for the same mistake, a :class:`RuntimeError`
+    from its normalization kernels ("mixed dtype") and a :class:`ValueError` from its recurrent
+    layers."""
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def check_param_dtype(x: Tensor, **params: Tensor | None) -> None:
+    """Raise :class:`DTypeError` unless the parameters (``name=tensor`` or None) share one
+    dtype that goes with ``x``'s, by torch's rule for its normalization layers: ``x``'s own
+    dtype, or float32 for a float16 or bfloat16 ``x`` (statistics in float32)."""
+    dt = x.dtype
+    for p in params.values():  # the common case first: every dtype is x's, nothing to say
+        if p is not None and p.dtype != dt:
+            break
+    else:
+        return
+    given = {n: p for n, p in params.items() if p is not None}
+    dtypes = {p.dtype for p in given.values()}
+    if len(dtypes) > 1:
+        each = ", ".join(f"{n} {p.dtype}" for n, p in given.items())
+        raise DTypeError(f"the parameters must share one dtype, got {each}")
+    (want,) = dtypes
+    if dt in _HALF and want == torch.float32:
+        return
+    raise DTypeError(
+        f"input dtype {dt} does not match the dtype {want} of {', '.join(given)}: convert "
+        f"the input with .to({want}) or the module with .to({dt}) (a float16 or bfloat16 "
+        "input may also take float32 parameters)"
+    )
 
 
 def check_floating(x: object, what: str = "input") -> None:

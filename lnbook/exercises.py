@@ -1,9 +1,12 @@
 """Checkers of chapter 3's coding exercises (`03_layer_norm`): :func:`check_layer_norm` (3.1,
-the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_layer_norm_backward` (3.2)
-and :func:`check_ln_mlp` (3.3, an MLP with LN on its two hidden layers, trained on the 8x8
-digits). The known wrong answers are computed with :mod:`lnbook.functional`. A checker raises
-:class:`ExerciseError` (an ``AssertionError``; ``err.part`` names the wrong part) or returns a
-:class:`CheckReport`.
+the forward pass, eq. 3 with eq. 15's ``g`` and ``b``), :func:`check_ln_mlp` (3.2, an MLP with
+LN on its two hidden layers, trained on the 8x8 digits), :func:`check_layer_norm_backward`
+(3.4, the backward pass) and :func:`check_layer_norm_function` (3.7, the capstone: both passes
+as a ``torch.autograd.Function``). The layer-norm checkers call the reader's function on copies
+and fail one that changes an input in place; errors it raises are translated from the
+operations it called (a traced run). The known wrong answers are computed with
+:mod:`lnbook.functional`. A checker raises :class:`ExerciseError` (an ``AssertionError``;
+``err.part`` names the wrong part) or returns a :class:`CheckReport`.
 """
 
 from __future__ import annotations
@@ -19,18 +22,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.metrics import classification_metrics
+from lnbook.engine.job import cpu_threads
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.train import Batches, fit
 from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.table import Table
-from lnbook.train import Batches, fit
 
 __all__ = [
     "CheckReport", "ExerciseError", "check_layer_norm", "check_layer_norm_backward",
-    "check_ln_mlp", "digits_split", "prior_nll",
+    "check_layer_norm_function", "check_ln_mlp", "digits_split", "prior_nll",
 ]
 
 ForwardFn = Callable[[Tensor, tuple[int, ...], Tensor, Tensor, float], Tensor]
@@ -226,28 +230,172 @@ def _call(exercise: str, fn: Callable[..., Any], args: tuple, shown: str, case: 
     __tracebackhide__ = True
     try:
         return fn(*args)
+    except ExerciseError:
+        raise
     except Exception as e:  # the reader's code failed: say how it was called
         raise ExerciseError(exercise, "error", f"your function raised {type(e).__name__}: {e}\n"
                             f"  It was called as {shown}.", case) from e
 
 
-def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
+_REDUCTIONS = frozenset({"mean", "var", "std", "sum", "var_mean", "std_mean", "nanmean",
+                         "nansum", "amax", "amin", "norm", "vector_norm"})
+_COPIES = {"tensor": "torch.tensor({name})", "as_tensor": "torch.as_tensor({name})",
+           "detach": "{name}.detach()", "numpy": "{name}.numpy()"}
+
+
+class _Trace(TorchFunctionMode):
+    """What the reader's function does with its inputs: the shapes of its reductions' results,
+    the copies it makes of a watched input (``torch.tensor(g)``, ``g.detach()``, numpy), and the
+    operation that raised, with its operands' shapes and which watched input each one views."""
+
+    def __init__(self, watched: dict[str, Tensor]) -> None:
+        super().__init__()
+        self.watched = watched
+        self.reduced: list[tuple[int, ...]] = []  # result shapes of mean, var, sum, ...
+        self.copied: list[str] = []  # e.g. "torch.tensor(g)"
+        self.failed: tuple[str, list[tuple[tuple[int, ...], str | None]]] | None = None
+
+    def origin(self, t: Any) -> str | None:
+        """The watched input that ``t`` is a view of (same memory, same size), or None."""
+        if not isinstance(t, Tensor) or t.numel() == 0 or t.layout != torch.strided:
+            return None
+        for name, w in self.watched.items():
+            if t.numel() == w.numel() and t.data_ptr() == w.data_ptr():
+                return name
+        return None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        fname = getattr(func, "__name__", "")
+        if fname in _COPIES and args and (src := self.origin(args[0])):
+            self.copied.append(_COPIES[fname].format(name=src))
+        try:
+            out = func(*args, **kwargs)
+        except Exception:
+            if self.failed is None:
+                self.failed = (fname, [(tuple(a.shape), self.origin(a)) for a in args
+                                       if isinstance(a, Tensor)])
+            raise
+        if fname in _REDUCTIONS and isinstance(out, Tensor):
+            self.reduced.append(tuple(out.shape))
+        return out
+
+
+_IN_PLACE = ("your function changed its input {what} in place ({how}); the caller's tensor is "
+             "then wrong for everything that uses it after your function (the next layer, the "
+             "optimizer, autograd). Compute new tensors instead: x - mu, not x -= mu or "
+             "x.sub_(mu); u = dy * g, not dy *= g")
+_SAVED = ("a tensor that autograd saved for the backward pass was changed in place: autograd "
+          "refuses to differentiate through it. Write x_hat = (x - mu) / sigma as new tensors, "
+          "without in-place operations (-=, /=, .sub_(), .div_(), x[...] = ...)")
+
+
+def _call_watched(exercise: str, fn: Callable[..., Any], args: tuple, names: Sequence[str],
+                  shown: str, case: str, *, shape: tuple[int, ...],
+                  copy: bool = True) -> tuple[Any, _Trace]:
+    """Call ``fn`` on copies of ``args`` (``copy``; else on them as given) while tracing it;
+    raise if it changes an input in place or fails, translating what it raised."""
     __tracebackhide__ = True
-    name = "check_layer_norm"
+    passed = tuple(a.clone() if copy and isinstance(a, Tensor) else a for a in args)
+    trace = _Trace({n: a for n, a in zip(names, passed, strict=True)
+                    if n and isinstance(a, Tensor)})
+    try:
+        with trace:
+            out = fn(*passed)
+    except Exception as e:  # the reader's code failed: say why, when the trace shows it
+        part, why = _explain_error(e, trace, args, names, shape)
+        raise ExerciseError(exercise, part, f"{why}\n  Your function raised "
+                            f"{type(e).__name__}: {e}\n  It was called as {shown}.", case) from e
+    for name, a, p in zip(names, args, passed, strict=True):
+        if name and isinstance(a, Tensor) and not torch.equal(a.detach(), p.detach()):
+            raise ExerciseError(exercise, "in-place", _IN_PLACE.format(
+                what=name, how=f"{name} -= ..., {name}.sub_(...) or {name}[...] = ...: the "
+                "checker compared it with a copy made before the call"), case)
+    return out, trace
+
+
+def _explain_error(e: Exception, trace: _Trace, args: tuple, names: Sequence[str],
+                   shape: tuple[int, ...]) -> tuple[str, str]:
+    """``(part, advice)`` for an exception of the reader's function, from the trace."""
+    msg = str(e)
+    if "leaf Variable that requires grad is being used in an in-place" in msg:
+        leaf = next((n for n, a in zip(names, args, strict=True) if isinstance(a, Tensor)
+                     and a.requires_grad and a.is_leaf), "an input")
+        return "in-place", _IN_PLACE.format(what=leaf, how="here on a tensor that requires "
+                                            "grad, which autograd forbids")
+    if "modified by an inplace operation" in msg:
+        return "in-place", _SAVED
+    if "numpy() on Tensor that requires grad" in msg:
+        return "gradient", _DETACHED.format(what="no gradient reaches x at all: your function "
+                                            "goes through numpy, which autograd cannot follow")
+    if trace.failed is None or not ("must match the size" in msg or "broadcast" in msg
+                                    or "shape" in msg.lower()):
+        return "error", "your function failed on this call"
+    op, operands = trace.failed
+    xname = "x" if "x" in names else "a"
+    x = args[names.index(xname)]
+    k = len(shape)
+    lead = tuple(x.shape[:-k])
+    for shp, origin in operands:  # a gain or a bias reshaped: it has the shape normalized_shape
+        if origin in ("g", "b") and shp != shape:
+            flat = len(shp) == 1 and len(shape) > 1
+            how = ("flattened it to " if flat else "made it ") + str(shp)
+            col = " (a column)" if len(shp) == 2 and shp[-1] == 1 else ""
+            return "gain/bias", (f"{origin} has the shape normalized_shape {shape} and is used as "
+                                 f"it is: g * x_hat + b broadcasts it over the leading dimensions "
+                                 f"of x. Your code {how}{col} before the operation {op!r}; "
+                                 f"leave {origin} as it is (no reshape, flatten, [:, None] or .T)")
+    for shp, _origin in operands:  # a statistic that lost its dimensions
+        lost = shp in trace.reduced and len(shp) < x.dim()  # a reduction without keepdim
+        if shp and shp != tuple(x.shape) and (shp == lead or lost):
+            return "shape", (f"keep the statistics with keepdim=True: a row statistic (a mean, "
+                             f"a variance) of shape {shp} does not broadcast against {xname} of "
+                             f"shape "
+                             f"{tuple(x.shape)} (the operation {op!r} failed). With "
+                             f"x.mean(dims, keepdim=True) each row's statistic keeps a "
+                             f"dimension of size 1 and is subtracted from its own row")
+    return "error", (f"two tensors of shapes {[s for s, _ in operands]} do not broadcast in the "
+                     f"operation {op!r}: mu and sigma keep their dimensions (keepdim=True), g "
+                     f"and b have the shape normalized_shape {shape}")
+
+
+def _shape_advice(y: Tensor, x: Tensor, shape: tuple[int, ...], trace: _Trace) -> str:
+    """Why the output has the wrong shape, from the shapes the trace saw."""
+    k, got = len(shape), tuple(y.shape)
+    lead = tuple(x.shape[:-k])
+    if got == lead or (got in trace.reduced and y.dim() < x.dim()):
+        return ("it is the shape of a statistic: a mean or a sum dropped the normalized "
+                "dimensions. Use keepdim=True so that mu and sigma broadcast against x, and "
+                "return the normalized x, not its statistics")
+    if k > 1 and got == (*lead, math.prod(shape)):
+        return (f"the {k} normalized dimensions come back flattened into one of size "
+                f"{math.prod(shape)}. Take the statistics over dims = tuple(range(-{k}, 0)) "
+                f"with keepdim=True, and multiply by g and add b as they are, of shape "
+                f"{shape}: no flattening is needed (or reshape the result to x.shape)")
+    if y.numel() > x.numel():
+        origin = [o for _, o in (trace.failed or ("", []))[1] if o]
+        return ("something broadcast into a larger tensor: g and b have the shape "
+                f"normalized_shape {shape} and multiply x_hat as they are (a column g[:, None] "
+                "or a statistic without keepdim=True makes a new dimension)"
+                + (f"; the trace saw {origin}" if origin else ""))
+    return "layer normalization keeps the shape of its input"
+
+
+def _check_forward_case(fn: ForwardFn, case: _Case, name: str = "check_layer_norm",
+                        gradient: bool = True) -> str:
+    __tracebackhide__ = True
     x = case.x
     shown = (f"fn(x, {case.shape}, g, b, {case.eps:g}) with x of shape {tuple(x.shape)} and g, "
              f"b of shape {case.shape}")
-    y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
-              shown, case.name)
+    y, trace = _call_watched(name, fn, (x, case.shape, case.g, case.b, case.eps),
+                             ("x", "", "g", "b", ""), shown, case.name, shape=case.shape)
     if not isinstance(y, Tensor):
         raise ExerciseError(name, "type", f"return a torch.Tensor, got {type(y).__name__}",
                             case.name)
     if tuple(y.shape) != tuple(x.shape):
         raise ExerciseError(name, "shape", f"the output has shape {tuple(y.shape)}, the input "
-                            f"{tuple(x.shape)}: layer normalization keeps the shape; did a mean "
-                            "or a sum drop the normalized dimensions? Use keepdim=True so that mu "
-                            "and sigma broadcast against x, and return the normalized x, not its "
-                            "statistics", case.name)
+                            f"{tuple(x.shape)}: {_shape_advice(y, x, case.shape, trace)}",
+                            case.name)
     if y.dtype != x.dtype:
         raise ExerciseError(name, "dtype", f"the output is {y.dtype} for a {x.dtype} input; "
                             "keep the input's dtype (do not call .double() or .float() on the "
@@ -267,15 +415,15 @@ def _check_forward_case(fn: ForwardFn, case: _Case) -> str:
     err = _max_diff(y, ref)
     if err <= case.tol:
         seen = f"max |yours - torch| = {err:.1e}"
-        if x.dtype == _F64:  # the values are right: now the gradient with respect to x
-            seen += f"; gradient {_check_forward_gradient(fn, case, shown):.1e}"
+        if x.dtype == _F64 and gradient:  # the values are right: now the gradients
+            seen += f"; gradients {_check_forward_gradient(fn, case, shown, name, trace)}"
         return seen
     dims = _dims(x, case.shape)
     for part, why, kw in _forward_mistakes(case):
         wrong = _variant(x, case.g, case.b, **{"eps": case.eps, "dims": dims, **kw})
         if _max_diff(wrong, ref) > 10 * case.tol and _max_diff(y, wrong) <= case.tol:
             raise ExerciseError(name, part, why, case.name)
-    raise ExerciseError(name, *_forward_fallback(case, y, ref, err), case.name)
+    raise ExerciseError(name, *_forward_fallback(fn, case, y, ref, err), case.name)
 
 
 _DETACHED = ("your output is right but its gradient with respect to x is not: {what}. The "
@@ -285,41 +433,96 @@ _DETACHED = ("your output is right but its gradient with respect to x is not: {w
              "torch.no_grad() or numpy")
 
 
-def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str) -> float:
-    """Autograd through the reader's function against torch's: dL/dx for L = sum(y * r)."""
+def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str, name: str,
+                            trace: _Trace) -> str:
+    """Autograd through the reader's function against torch's: dL/dx, dL/dg, dL/db for
+    L = sum(y * r), called with leaves that require grad (as a layer's parameters are)."""
     __tracebackhide__ = True
-    name = "check_layer_norm"
     r = torch.randn(case.x.shape, generator=torch.Generator().manual_seed(7), dtype=_F64)
-    x = case.x.clone().requires_grad_()  # float64
+    leaves = tuple(t.detach().clone().requires_grad_() for t in (case.x, case.g, case.b))
+    y, trace = _call_watched(name, fn, (leaves[0], case.shape, leaves[1], leaves[2], case.eps),
+                             ("x", "", "g", "b", ""), shown + ", x, g and b leaves requiring "
+                             "a gradient", case.name, shape=case.shape, copy=False)
 
-    def grad(out: Tensor) -> Tensor:  # dL/dx for L = sum(out * r)
-        return torch.autograd.grad((out * r).sum(), x)[0]
+    def grad(out: Tensor) -> tuple[Tensor | None, ...]:  # dL/d(x, g, b) for L = sum(out * r)
+        return torch.autograd.grad((out * r).sum(), leaves, allow_unused=True)
 
-    y = _call(name, fn, (x.clone(), case.shape, case.g.clone(), case.b.clone(), case.eps),
-              shown + ", x requiring a gradient", case.name)
     if not (isinstance(y, Tensor) and y.requires_grad):
         raise ExerciseError(name, "gradient", _DETACHED.format(
             what="no gradient reaches x at all"), case.name)
-    mine = grad(y)
-    err = _max_diff(mine, grad(F.layer_norm(x, case.shape, case.g, case.b, case.eps)))
-    if err <= 1e-8:
-        return err
-    detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape), detach=True)
-    what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient with "
-            "the mean and the variance detached (treated as constants)"
-            if _max_diff(mine, grad(detached)) <= 1e-8 else
-            f"it differs from torch's by up to {err:.2e}")
-    raise ExerciseError(name, "gradient", _DETACHED.format(what=what), case.name)
+    try:
+        mine = grad(y)
+    except RuntimeError as e:  # an intermediate saved for backward was changed in place
+        raise ExerciseError(name, "in-place", f"{_SAVED}\n  autograd raised: {e}",
+                            case.name) from e
+    want = grad(F.layer_norm(leaves[0], case.shape, leaves[1], leaves[2], case.eps))
+    for label, src, m, w in zip(("x", "g", "b"), ("x", "g", "b"), mine, want, strict=True):
+        if label != "x" and not case.plain and (m is None or _max_diff(m, w) > 1e-8):
+            copies = [c for c in trace.copied if c.endswith(f"({src})") or
+                      c.startswith(f"{src}.")]
+            what = ("no gradient reaches it" if m is None else
+                    f"it differs from torch's by up to {_max_diff(m, w):.2e}")
+            cause = (f"your function made a new tensor with {copies[0]}, which is cut from "
+                     f"the graph: the optimizer's {src} then never learns. Use {src} as "
+                     f"given: y = g * x_hat + b" if copies else
+                     f"use {src} as given, with torch operations (no torch.tensor({src}), "
+                     f".detach(), .data, .item() or numpy copies)")
+            raise ExerciseError(name, "gradient", f"your output is right but dL/d{label} is "
+                                f"not: {what}. {cause}", case.name)
+    err = _max_diff(mine[0], want[0]) if mine[0] is not None else math.inf
+    if err > 1e-8:
+        x = leaves[0]
+        detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape), detach=True)
+        what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient "
+                "with the mean and the variance detached (treated as constants)"
+                if mine[0] is not None and _max_diff(mine[0], torch.autograd.grad(
+                    (detached * r).sum(), x)[0]) <= 1e-8 else
+                f"it differs from torch's by up to {err:.2e}")
+        raise ExerciseError(name, "gradient", _DETACHED.format(what=what), case.name)
+    # with g = 1 and b = 0 (plain) only x's gradient is held to torch's: a g or b that the
+    # reader's code leaves out shows on the affine cases, where it is named
+    pairs = list(zip(mine, want, strict=True))[:1 if case.plain else 3]
+    worst = max(_max_diff(m, w) for m, w in pairs if m is not None)
+    return f"{'x' if case.plain else '(x, g, b)'} {worst:.1e}"
 
 
-def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[str, str]:
-    """Which part is off when no known mistake matches: read the output's own statistics."""
-    dims = _dims(case.x, case.shape)
+_EPS_CANDIDATES = (1e-5, 1e-6, 1e-8, 1e-12, 0.0, 1e-3, 1e-4, 1e-7, 1e-9, 1e-10)
+
+
+def _forward_fallback(fn: ForwardFn, case: _Case, y: Tensor, ref: Tensor, err: float
+                      ) -> tuple[str, str]:
+    """Which part is off when no known mistake matches: evidence from the reader's own output
+    (its statistics, torch's layer norm with another eps, the same call with g = 1, b = 0)."""
+    __tracebackhide__ = True
+    x, shape = case.x, case.shape
+    dims = _dims(x, shape)
+    d = math.prod(shape)
     # the index as a tuple (not torch.unravel_index: its first call imports sympy, seconds)
     idx = tuple(int(i) for i in np.unravel_index(int((y.to(_F64) - ref).abs().argmax()), y.shape))
     at = (f"largest difference {err:.2e} at index {idx}: expected {float(ref[idx]):.6g}, "
           f"got {float(y[idx]):.6g}")
-    if case.plain:
+    x64, g64, b64 = x.to(_F64), case.g.to(_F64), case.b.to(_F64)
+    for eps in _EPS_CANDIDATES:  # a hard-coded eps: torch with that eps gives your output
+        if eps != case.eps and _max_diff(y, F.layer_norm(x64, shape, g64, b64, eps)) <= case.tol:
+            return "eps", (f"your output is exactly torch's layer norm with eps = {eps:g}, but "
+                           f"the call passed eps = {case.eps:g}: use the eps argument, not a "
+                           f"constant, inside the square root: sqrt(var + eps)")
+    plain = case.plain
+    if not plain:  # the same call with g = 1 and b = 0: are the statistics right?
+        ones, zeros = torch.ones_like(case.g), torch.zeros_like(case.b)
+        try:
+            y1 = fn(x.clone(), shape, ones, zeros, case.eps)
+        except Exception:  # noqa: BLE001 (any failure: no evidence either way)
+            y1 = None
+        if isinstance(y1, Tensor) and tuple(y1.shape) == tuple(x.shape):
+            if _max_diff(y1, F.layer_norm(x64, shape, None, None, case.eps)) <= case.tol:
+                return "gain/bias", (f"with g = 1 and b = 0 your output is right on this "
+                                     f"case, so mu and sigma are right and the gain or the bias "
+                                     f"is applied wrongly: the output is g * x_hat + b, "
+                                     f"elementwise, with g and b of shape normalized_shape "
+                                     f"{shape} broadcast as they are against x (no reshaping, "
+                                     f"flattening, [:, None] or .T); {at}")
+    if plain:
         y64 = y.to(_F64)
         mean = float(y64.mean(dim=dims).abs().max())
         if mean > 1e-6:
@@ -329,14 +532,37 @@ def _forward_fallback(case: _Case, y: Tensor, ref: Tensor, err: float) -> tuple[
                             f"len(normalized_shape) dimensions; {at}")
         var, want = (normalize(as_rows(t, dims), 0.0)[1].pow(-2) for t in (y64, ref))
         if float((var - want).abs().max()) > 1e-6:
+            ratio = var / want  # (R, 1): (D - 1) / D when sigma came from the unbiased variance
+            spread = (f"yours ranges over {float(var.min()):.6g}-{float(var.max()):.6g}, "
+                      f"{float(ratio.min()):.6g}-{float(ratio.max()):.6g} times the right one")
+            if float((ratio - (d - 1) / d).abs().max()) < 1e-3 / d:
+                return "variance", (f"with g = 1 and b = 0 every example's output should have "
+                                    f"(biased) variance {float(want.mean()):.6f} (1 up to eps); "
+                                    f"{spread}, which is (D - 1) / D = {d - 1}/{d}: "
+                                    f"{_VARIANCE_HINT}; {at}")
             return "variance", (f"with g = 1 and b = 0 every example's output should have "
                                 f"(biased) variance {float(want.mean()):.6f} (1 up to eps); "
-                                f"yours ranges over {float(var.min()):.6g}-"
-                                f"{float(var.max()):.6g}. {_VARIANCE_HINT}; {at}")
+                                f"{spread}, not the (D - 1) / D = {d - 1}/{d} of an unbiased "
+                                f"variance: check how sigma is computed, sqrt(mean((x - mu) ** "
+                                f"2) + eps) with the eps argument; {at}")
     if err < 1e-3:
         return "other", (f"close but not equal to torch ({at}). Rounding of this size "
                          f"suggests a different formula or an intermediate in lower precision")
     return case.probe, (f"{case.hint}; {at}" if case.hint else at)
+
+
+def _gradcheck(name: str, fn: Callable[..., Tensor], inputs: tuple[Tensor, ...], what: str,
+               case: str) -> tuple[str, str]:
+    """:func:`torch.autograd.gradcheck` (finite differences against the function's own
+    backward) through every tensor input, in float64, as a report row."""
+    __tracebackhide__ = True
+    leaves = tuple(t.detach().to(_F64).clone().requires_grad_() for t in inputs)
+    try:
+        ok = torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
+    except Exception as e:  # gradcheck's own message says which input and which entries
+        raise ExerciseError(name, "gradcheck", f"torch.autograd.gradcheck through {what} "
+                            f"failed: {str(e)[:600]}", case) from e
+    return f"gradcheck through {what}: {case}", "passes" if ok else "fails"
 
 
 def check_layer_norm(fn: ForwardFn) -> CheckReport:
@@ -344,8 +570,10 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
 
     ``fn(x, normalized_shape, g, b, eps)`` must return ``g * (x - mu) / sqrt(var + eps) + b``,
     ``mu`` and the biased ``var`` over the trailing ``normalized_shape`` dims (paper eq. 3), in
-    ``x``'s dtype. Nine cases are compared with :func:`torch.nn.functional.layer_norm` (and the
-    float64 ones' gradient with respect to ``x`` too).
+    ``x``'s dtype, without changing its inputs. Nine cases are compared with
+    :func:`torch.nn.functional.layer_norm`, the float64 ones' gradients with respect to ``x``,
+    ``g`` and ``b`` too (called with leaves that require grad), and one case goes through
+    :func:`torch.autograd.gradcheck`.
 
     Returns:
         A :class:`CheckReport`. Raises :class:`ExerciseError` on the first mistake.
@@ -353,12 +581,16 @@ def check_layer_norm(fn: ForwardFn) -> CheckReport:
     __tracebackhide__ = True
     if not callable(fn):
         raise TypeError(f"check_layer_norm takes your function, got {type(fn).__name__}")
-    checks = [(case.name, _check_forward_case(fn, case)) for case in _forward_cases()]
+    cases = _forward_cases()
+    checks = [(case.name, _check_forward_case(fn, case)) for case in cases]
+    c = cases[1]  # (4, 8), a random gain and bias
+    checks.append(_gradcheck("check_layer_norm", lambda x, g, b: fn(x, c.shape, g, b, c.eps),
+                             (c.x, c.g, c.b), "x, g and b", c.name))
     return CheckReport("check_layer_norm", checks)
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.2: the backward pass
+# Exercise 3.4: the backward pass
 
 
 def _reference_grads(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
@@ -381,6 +613,14 @@ _UNBIASED = ("your sigma comes from the unbiased variance (divided by H - 1, tor
              + _SAME_SIGMA)
 
 
+_ONE_TERM = ("g enters every term: u = dL/dy * g is the gradient reaching a_hat, and dL/da = "
+             "(u - mean(u) - a_hat * mean(u * a_hat)) / sigma has u in all three terms; ")
+_A_MINUS_MU = ("the last term needs a_hat = (a - mu) / sigma in both places, a_hat * mean(u * "
+               "a_hat) (it comes from d sigma / d a_j = a_hat_j / H); ")
+_SUMS = ("the two terms from mu and sigma are means over the row (each a_j moves mu by 1/H "
+         "and sigma by a_hat_j / H), not sums: you used ")
+
+
 def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
                        ) -> list[tuple[int, str, _Grads]]:
     """``(i, diagnosis, (dL/da, dL/dg, dL/db))`` of each known mistake in gradient ``i``."""
@@ -394,6 +634,9 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
 
     def da_of(**variant: Any) -> _Grads:  # dL/da of layer_norm_backward's variant, the rest right
         return layer_norm_backward(dy, a_hat, rstd, **{"weight": g, **variant})[0], dg, db
+
+    u, c = dy * g, a_hat / rstd  # (N, H): dL/da_hat, and a - mu
+    mean_u, mean_ua = u.mean(-1, keepdim=True), (u * a_hat).mean(-1, keepdim=True)  # (N, 1)
 
     return [
         (0, "the gradient reaching a_hat is u = dL/dy * g; you used dL/dy itself",
@@ -418,6 +661,29 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
                                      backward={"eps_inside": False, "eps": eps})),
         (0, _UNBIASED, with_stats(unbiased=True)),
         (0, _UNBIASED, with_stats(unbiased=True, backward={"unbiased": True})),
+        (0, _ONE_TERM + "the mean(u) term used dL/dy without g",
+         ((u - dy.mean(-1, keepdim=True) - a_hat * mean_ua) * rstd, dg, db)),
+        (0, _ONE_TERM + "the a_hat * mean(u * a_hat) term used dL/dy without g",
+         ((u - mean_u - a_hat * (dy * a_hat).mean(-1, keepdim=True)) * rstd, dg, db)),
+        (0, _ONE_TERM + "the first term is dL/dy without g",
+         ((dy - mean_u - a_hat * mean_ua) * rstd, dg, db)),
+        (0, _ONE_TERM + "only the first term has g (the two means use dL/dy)",
+         ((u - dy.mean(-1, keepdim=True) - a_hat * (dy * a_hat).mean(-1, keepdim=True))
+          * rstd, dg, db)),
+        (0, _A_MINUS_MU + "yours has a - mu in one of them, (a - mu) * mean(u * a_hat) or "
+         "a_hat * mean(u * (a - mu)) (the same numbers), sigma times too large",
+         ((u - mean_u - c * mean_ua) * rstd, dg, db)),
+        (0, _A_MINUS_MU + "yours is (a - mu) * mean(u * (a - mu)), sigma^2 times too large",
+         ((u - mean_u - c * (u * c).mean(-1, keepdim=True)) * rstd, dg, db)),
+        (0, _SUMS + "sum(u) instead of mean(u)",
+         ((u - u.sum(-1, keepdim=True) - a_hat * mean_ua) * rstd, dg, db)),
+        (0, _SUMS + "sum(u * a_hat) instead of mean(u * a_hat)",
+         ((u - mean_u - a_hat * (u * a_hat).sum(-1, keepdim=True)) * rstd, dg, db)),
+        (0, _SUMS + "sum(u) and sum(u * a_hat) instead of their means",
+         ((u - u.sum(-1, keepdim=True) - a_hat * (u * a_hat).sum(-1, keepdim=True)) * rstd,
+          dg, db)),
+        (1, "dL/dg multiplies dL/dy by a_hat = (a - mu) / sigma; you used a - mu, which is "
+         "sigma times too large", (da, (dy * c).sum(0), db)),
         (1, "dL/dg multiplies dL/dy by a_hat, the normalized input, not by a",
          (da, (dy * a).sum(0), db)),
         (1, "dL/dg is the sum over rows of dL/dy * a_hat; you summed dL/dy alone (that is "
@@ -443,27 +709,37 @@ def _backward_cases() -> list[tuple[str, Tensor, Tensor, Tensor, float]]:
         ("a (3, 16) with rows whose variance (about 1e-5) is close to eps = 1e-5",
          1.0 + 3e-3 * randn(3, 16), 0.5 + torch.rand(16, generator=gen, dtype=_F64),
          randn(3, 16), 1e-5),
+        ("a (B, T, H) = (2, 3, 8): one (mu, sigma) per (b, t); dL/dg, dL/db sum over b and t",
+         1.0 + 2.0 * randn(2, 3, 8), 0.5 + torch.rand(8, generator=gen, dtype=_F64),
+         randn(2, 3, 8), 1e-5),
     ]
 
 
-def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
-    """Check the reader's hand-written backward of layer normalization (Exercise 3.2).
+def check_layer_norm_backward(fn: BackwardFn, *, _name: str = "check_layer_norm_backward",
+                              _watch: bool = True) -> CheckReport:
+    """Check the reader's hand-written backward of layer normalization (Exercise 3.4).
 
-    ``fn(dy, a, g, eps)`` (``a``, ``dy``: ``(N, H)``, ``g``: ``(H,)``, ``y = g * a_hat + b``)
-    returns ``(dL/da (N, H), dL/dg (H,), dL/db (H,))``, compared with float64 autograd through
-    :func:`torch.nn.functional.layer_norm` on two cases; a known mistake is named.
+    ``fn(dy, a, g, eps)`` (``a``, ``dy``: ``(..., H)``, ``g``: ``(H,)``, ``y = g * a_hat + b``
+    over the last dimension) returns ``(dL/da (..., H), dL/dg (H,), dL/db (H,))``, compared
+    with float64 autograd through :func:`torch.nn.functional.layer_norm` on three cases (rows
+    ``(N, H)``, rows whose variance is close to eps, and ``(B, T, H)``); a known mistake is
+    named, and a function that changes ``dy``, ``a`` or ``g`` in place fails.
 
     Returns:
         A :class:`CheckReport`, one row per gradient and case. Raises :class:`ExerciseError`.
     """
     __tracebackhide__ = True
-    name = "check_layer_norm_backward"
+    name = _name
     if not callable(fn):
         raise TypeError(f"{name} takes your function, got {type(fn).__name__}")
     checks = []
     for case, a, g, dy, eps in _backward_cases():
         shown = f"fn(dy, a, g, {eps:g}) with dy and a of shape {tuple(a.shape)}"
-        got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
+        if _watch:
+            got, _ = _call_watched(name, fn, (dy, a, g, eps), ("dy", "a", "g", ""), shown, case,
+                                   shape=(a.shape[-1],))
+        else:
+            got = _call(name, fn, (dy.clone(), a.clone(), g.clone(), eps), shown, case)
         if not (isinstance(got, Sequence) and len(got) == 3
                 and all(isinstance(t, Tensor) for t in got)):
             raise ExerciseError(name, "type", "return three tensors, (dL/da, dL/dg, dL/db)",
@@ -473,10 +749,16 @@ def check_layer_norm_backward(fn: BackwardFn) -> CheckReport:
         for label, mine, ref in zip(_LABELS, got, want, strict=True):
             if tuple(mine.shape) != tuple(ref.shape):
                 hint = (" The gain and the bias are shared by every row, so their gradients "
-                        "sum the rows' contributions: .sum(0)." if label != "dL/da" else "")
+                        "sum the rows' contributions over every dimension but the last: "
+                        ".sum(0) for (N, H) inputs, .sum((0, 1)) for (B, T, H), or "
+                        ".sum(dim=tuple(range(dy.dim() - 1))) for both."
+                        if label != "dL/da" else "")
                 raise ExerciseError(name, "shape", f"{label} has shape {tuple(mine.shape)},"
                                     f" expected {tuple(ref.shape)}.{hint}", case)
-        checks += _compare_grads(name, case, got, want, (dy, a, g, eps))
+        h = a.shape[-1]  # compare as rows (R, H): the known mistakes are computed on rows
+        rows = (got[0].reshape(-1, h), got[1], got[2])
+        checks += _compare_grads(name, case, rows, (want[0].reshape(-1, h), *want[1:]),
+                                 (dy.reshape(-1, h), a.reshape(-1, h), g, eps))
     return CheckReport(name, checks)
 
 
@@ -543,7 +825,71 @@ def _self_checks(da: Tensor, dy: Tensor, a: Tensor, g: Tensor, eps: float) -> st
 
 
 # ----------------------------------------------------------------------------------------------
-# Exercise 3.3: layer normalization in an MLP, trained
+# Exercise 3.7, the capstone: layer normalization as a torch.autograd.Function
+
+
+def check_layer_norm_function(cls: type) -> CheckReport:
+    """Check the reader's layer normalization written from memory as a
+    :class:`torch.autograd.Function` (Exercise 3.7, chapter 3's capstone).
+
+    ``cls.apply(x, g, b, eps)`` normalizes ``x (..., H)`` over its last dimension with gain and
+    bias ``(H,)``; its ``backward`` returns ``(dL/dx, dL/dg, dL/db, None)``. The forward is held
+    to :func:`check_layer_norm`'s cases with one trailing dimension, the backward to
+    :func:`check_layer_norm_backward`'s (a known mistake is named), and
+    :func:`torch.autograd.gradcheck` runs through ``x``, ``g`` and ``b`` for ``(N, H)`` and
+    ``(B, T, H)`` inputs.
+
+    Returns:
+        A :class:`CheckReport`. Raises :class:`ExerciseError` on the first mistake.
+    """
+    __tracebackhide__ = True
+    name = "check_layer_norm_function"
+    if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
+        raise TypeError(f"{name} takes your torch.autograd.Function subclass (the class, not "
+                        f"an instance), got {cls!r}")
+
+    def forward(x: Tensor, shape: tuple[int, ...], g: Tensor, b: Tensor, eps: float) -> Tensor:
+        return cls.apply(x, g, b, eps)
+
+    checks = [(c.name, _check_forward_case(forward, c, name, gradient=False))
+              for c in _forward_cases() if len(c.shape) == 1]
+
+    def backward(dy: Tensor, a: Tensor, g: Tensor, eps: float) -> tuple[Tensor, ...]:
+        __tracebackhide__ = True
+        a, g = (t.detach().clone().requires_grad_() for t in (a, g))
+        b = torch.zeros_like(g, requires_grad=True)
+        y = cls.apply(a, g, b, eps)
+        if not y.requires_grad:
+            raise ExerciseError(name, "backward", "the output does not require grad: call "
+                                "your class as MyLayerNorm.apply(x, g, b, eps), not its forward")
+        try:
+            got = torch.autograd.grad((y * dy).sum(), (a, g, b), allow_unused=True)
+        except RuntimeError as e:
+            if "incorrect number of gradients" in str(e):
+                raise ExerciseError(name, "backward", "backward returns one gradient per "
+                                    "input of forward, in forward's order: (dL/dx, dL/dg, "
+                                    f"dL/db, None), with None for eps. torch says: {e}") from e
+            raise
+        missing = [lab for lab, t in zip(_LABELS, got, strict=True) if t is None]
+        if missing:
+            raise ExerciseError(name, "backward", f"backward returned None for "
+                                f"{', '.join(missing)}: return a tensor for x, g and b, and "
+                                "None only for eps")
+        return got
+
+    checks += check_layer_norm_backward(backward, _name=name, _watch=False).checks
+    gen = torch.Generator().manual_seed(5)
+    for shape in ((4, 6), (2, 3, 5)):
+        x = 1.0 + 2.0 * torch.randn(*shape, generator=gen, dtype=_F64)
+        g = 0.5 + torch.rand(shape[-1], generator=gen, dtype=_F64)
+        b = torch.randn(shape[-1], generator=gen, dtype=_F64)
+        checks.append(_gradcheck(name, lambda x, g, b: cls.apply(x, g, b, 1e-5), (x, g, b),
+                                 "x, g and b", f"x {shape}"))
+    return CheckReport(name, checks)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 3.2: layer normalization in an MLP, trained
 
 
 def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -626,7 +972,7 @@ def _check_placement(name: str, calls: list[tuple[str, nn.Module]]) -> str:
 
 def check_ln_mlp(model_fn: Callable[[], nn.Module], steps: int = 100, batch_size: int = 32,
                  lr: float = 3e-3, seed: int = 0, margin: float = 0.5) -> CheckReport:
-    """Check and train the reader's MLP with layer normalization (Exercise 3.3).
+    """Check and train the reader's MLP with layer normalization (Exercise 3.2).
 
     ``model_fn()`` (called under ``torch.manual_seed(seed)``) maps ``(N, 64)`` digits to
     ``(N, 10)`` logits. The checker lists the modules one forward pass calls (two hidden

@@ -24,6 +24,7 @@ from lnbook.checks import (
     check_eps,
     check_floating,
     check_param,
+    check_param_dtype,
     check_shape,
     check_size,
     check_trailing,
@@ -153,6 +154,7 @@ def layer_norm(x: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None = 
     check_trailing(x, shape)
     check_param(weight, "weight", shape)
     check_param(bias, "bias", shape)
+    check_param_dtype(x, weight=weight, bias=bias)
     check_choice("impl", impl, LN_IMPLS)
     if impl == "torch":
         return F.layer_norm(x, shape, weight, bias, eps)
@@ -293,6 +295,8 @@ class BatchNorm(_Affine):
     def forward(self, x: Tensor) -> Tensor:
         c = self.num_features
         self._check_input(x, c, f"(N, {c}) or (N, {c}, *)")
+        check_param_dtype(x, weight=self.weight, bias=self.bias,
+                          running_mean=self.running_mean, running_var=self.running_var)
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
         xf = x.float() if x.dtype in _LOW_PRECISION else x

@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from lnbook.checks import check_choice, check_size
-from lnbook.experiments.results import Results
+from lnbook.engine.results import Results
 
 __all__ = ["plot_runs", "statistics_mask", "plot_normalization_axes"]
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import numbers
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.checks import (
+    DTypeError,
     ShapeError,
     check_bool,
     check_choice,
@@ -44,6 +46,7 @@ _Impl = Literal["autograd", "torch"]
 _NormFactory = Callable[[int], nn.Module] | None
 _Packed = tuple[PackedSequence, Tensor] | None  # a PackedSequence input and its lengths
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+_B = TypeVar("_B", bound="_Base")
 _NORMS = ("ln", "ln_ih", "ln_hh", "ln_c", "ln_in", "ln_hn")  # every kind's norms, by name
 
 
@@ -251,8 +254,8 @@ def _autocast_off(device_type: str, dt: torch.dtype | None) -> contextlib.Abstra
 
 
 def _check_dtype(x: Tensor, want: torch.dtype, what: str) -> None:
-    if x.dtype != want:
-        raise ValueError(
+    if x.dtype != want:  # a ValueError, as torch's layers raise (a RuntimeError, as its cells)
+        raise DTypeError(
             f"{what} dtype ({x.dtype}) does not match the parameters' dtype ({want}): convert "
             f"the input with .to({want}) or the module with .to({x.dtype})"
         )
@@ -300,6 +303,8 @@ def _suffix(k: int, d: int) -> str:
 class _Base(nn.Module):
     """Parameters named, ordered and initialized as torch's, plus the norm submodules."""
 
+    _twin = ""  # the name of the torch.nn class this one is a drop-in for
+
     _autocast_float32_on: frozenset[str] = frozenset()
     _lns: tuple[tuple[str, int], ...] = ()  # (name, size as a multiple of H)
     # (name, default) of the options extra_repr shows where they differ (None: always)
@@ -313,6 +318,33 @@ class _Base(nn.Module):
         self.bias = check_bool("bias", bias)
         self.layer_norm = check_bool("layer_norm", layer_norm)
         self.ln_impl = check_choice("ln_impl", ln_impl, LN_IMPLS)
+
+    @classmethod
+    def from_torch(cls: type[_B], module: nn.Module, **options: object) -> _B:
+        """This layer made from torch's twin ``module``: the same sizes and options (read from
+        ``module``), device and dtype, train or eval mode, and a copy of every weight and bias;
+        the norms, which torch's layer does not have, at their initial values (gain 1, bias 0
+        for the default LayerNorms). ``options``: lnbook's keyword-only ones (``layer_norm``,
+        ``eps``, ``ln_impl``, ``norm``, ``bptt``); with ``layer_norm=False`` the result computes
+        torch's function. Raises ``TypeError`` unless ``module`` is the torch twin."""
+        twin = getattr(nn, cls._twin)
+        if not isinstance(module, twin):
+            raise TypeError(f"{cls.__name__}.from_torch needs a torch.nn.{cls._twin}, "
+                            f"got {type(module).__name__}")
+        if options.get("forget_bias"):
+            raise ValueError("from_torch copies torch's biases, so forget_bias would not apply; "
+                             "add it to bias_ih[H:2H] of the result instead")
+        names = [n for n, q in inspect.signature(cls.__init__).parameters.items()
+                 if q.kind is q.POSITIONAL_OR_KEYWORD and n not in ("self", "device", "dtype")]
+        w = next(iter(module.parameters()))
+        made = cls(**{n: getattr(module, n) for n in names}, device=w.device, dtype=w.dtype,
+                   **options)  # type: ignore[arg-type]
+        keys = made.load_state_dict(module.state_dict(), strict=False)
+        norms = {f"{n}.{k}" for n, m in made.named_children() for k in m.state_dict()}
+        if keys.unexpected_keys or set(keys.missing_keys) != norms:  # pragma: no cover
+            raise RuntimeError(f"{cls.__name__}.from_torch: the state dict of {module} does not "
+                               f"map onto this layer's: {keys}")
+        return made.train(module.training)
 
     def _cast_input(self, x: Tensor, want: torch.dtype) -> tuple[Tensor, torch.dtype | None]:
         """``x`` and its compute dtype under autocast as torch's twin; else ``x`` checked, None."""
@@ -443,6 +475,7 @@ class LNRNNCell(_RNNKind, _CellBase):
     Shape: input ``(B, input_size)`` or ``(input_size,)``; hx and output ``(B, H)`` or ``(H,)``.
     """
 
+    _twin = "RNNCell"
     _shown = (*_CellBase._shown, ("nonlinearity", None))
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
@@ -468,6 +501,7 @@ class LNLSTMCell(_LSTMKind, _CellBase):
     Shape: hx and output ``(h, c)``, each ``(B, H)``.
     """
 
+    _twin = "LSTMCell"
     _autocast_float32_on = frozenset({"cpu"})
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: _Device = None,
@@ -508,6 +542,8 @@ class LNGRUCell(_GRUKind, _CellBase):
     ``ln_ih``, ``ln_hh`` over 2H, ``ln_in``, ``ln_hn`` over H. Torch's z is the paper's 1 - σ(z_p);
     the learned LN gain absorbs the sign. Arguments and shapes as :class:`LNRNNCell`.
     """
+
+    _twin = "GRUCell"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -701,6 +737,7 @@ class RNN(_RNNKind, _RNNBase):
         - Output: ``(output (T, B, D * H), h_n (num_layers * D, B, H))``.
     """
 
+    _twin = "RNN"
     _shown = (*_RNNBase._shown, ("nonlinearity", "tanh"))
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
@@ -729,6 +766,7 @@ class LSTM(_LSTMKind, _RNNBase):
     Shape: as :class:`RNN`; hx and the final state ``(h, c)``.
     """
 
+    _twin = "LSTM"
     _shown = (*_RNNBase._shown, ("forget_bias", 0.0), ("bptt", "autograd"))
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -757,3 +795,5 @@ class GRU(_GRUKind, _RNNBase):
     Norms ``ln_ih_l{k}``, ``ln_hh_l{k}`` (2H), ``ln_in_l{k}``, ``ln_hn_l{k}`` (H). Arguments and
     shapes as :class:`RNN`.
     """
+
+    _twin = "GRU"

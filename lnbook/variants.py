@@ -20,6 +20,7 @@ from lnbook.checks import (
     check_eps,
     check_floating,
     check_param,
+    check_param_dtype,
     check_size,
     check_trailing,
 )
@@ -110,6 +111,7 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,
                          f"num_groups = {num_groups}; input shape {tuple(input.shape)}")
     check_param(weight, "weight", (c,))
     check_param(bias, "bias", (c,))
+    check_param_dtype(input, weight=weight, bias=bias)
     check_eps(eps)
     group_size = (c // num_groups) * math.prod(input.shape[2:])  # values per group
     # one row per (example, group): eq. 3 over the group, as layer norm's (two passes, biased)

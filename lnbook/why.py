@@ -18,12 +18,11 @@ from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
 from lnbook.checks import check_choice, check_size, check_subset
+from lnbook.engine import check_scale, make_config, resolve_seeds
+from lnbook.engine.train import Batches
 from lnbook.exercises import digits_split
 from lnbook.experiments import mistakes
 from lnbook.experiments.deep_mlp import DeepMLP
-from lnbook.experiments.protocol import check_scale, make_config
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches
 
 __all__ = [
     "VARIANTS", "Config", "get_config", "SignalNoise", "build", "train_deep", "train_seeds",
@@ -54,7 +53,7 @@ class Config:
     eval_every: int = 20
     noise: float = 0.2
     variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = verdict_seeds(10)
+    seeds: int | tuple[int, ...] = 10
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -70,7 +69,7 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"eval_every": 150},  # the chapter reads the final losses only
-    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": verdict_seeds(10)},
+    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": 10},
 }
 
 
@@ -236,7 +235,8 @@ def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
 def run(config: Config) -> dict[str, list[dict[str, Any]]]:
     """Every variant of ``config.variants`` with every seed (trained together):
     ``{variant: [record per seed]}``."""
-    return {v: train_seeds(v, config.seeds, config) for v in config.variants}
+    seeds = resolve_seeds(config.seeds)
+    return {v: train_seeds(v, seeds, config) for v in config.variants}
 
 
 def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
@@ -261,7 +261,7 @@ def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("
              seeds: tuple[int, ...] | None = None) -> dict[tuple[str, float], list[dict]]:
     """``{(norm, lr): [record per seed]}``: plain SGD with step ``lr`` on the hidden weights,
     ``config.lr`` on the rest (Arora, Li and Lyu, 2019)."""
-    seeds = tuple(config.seeds if seeds is None else seeds)
+    seeds = resolve_seeds(config.seeds if seeds is None else seeds)
     return {(n, lr): train_seeds(n, seeds, config, momentum=0.0, hidden_lr=lr)
             for n in norms for lr in lrs}
 
@@ -325,7 +325,7 @@ def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]
     ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses (nats)."""
     x, y, xv, yv = digits_split()
     sizes = (64, *[config.hidden] * config.depth, 10)
-    seeds = tuple(int(s) for s in config.seeds)
+    seeds = resolve_seeds(config.seeds)
     out = {}
     for norm in config.norms:
         models = []

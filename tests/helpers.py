@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import lnbook
-from lnbook.experiments import Results
+from lnbook.engine import Results
 
 
 def randomize_ln(module: nn.Module, seed: int = 1) -> None:

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.experiments.job import Job
+from lnbook.engine.job import Job
+from lnbook.engine.train import Batches, History, fit
 from lnbook.experiments.seq_tasks import SequenceTask, linear_warmup
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
 

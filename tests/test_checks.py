@@ -1,5 +1,7 @@
 """lnbook.checks: one set of argument checks, with torch's exception types for torch's mistakes."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ import lnbook.data
 import lnbook.experiments.draw
 from lnbook import norms
 from lnbook.checks import (
+    DTypeError,
     ShapeError,
     as_normalized_shape,
     check_bool,
@@ -18,6 +21,7 @@ from lnbook.checks import (
     check_config,
     check_eps,
     check_floating,
+    check_param_dtype,
     check_shape,
     check_size,
     check_subset,
@@ -160,3 +164,26 @@ def test_subset_names_every_value_outside_the_choices():
 
     with pytest.raises(ValueError, match=r"norms must be drawn from .*got \['rms'\]"):
         mnist.get_config("quick", norms=("layer", "rms"))
+
+
+def test_param_dtype_follows_torchs_rule_for_norms():
+    """Parameters share one dtype, the input's or float32 for a half input: what F.layer_norm
+    accepts; anything else raises what it raises (RuntimeError), as a DTypeError."""
+    f16, f32, f64 = torch.float16, torch.float32, torch.float64
+    assert issubclass(DTypeError, TypeError) and issubclass(DTypeError, ValueError) \
+        and issubclass(DTypeError, RuntimeError)
+    for x_dtype, w_dtype, b_dtype in itertools.product((f16, f32, f64), repeat=3):
+        x, w, b = torch.randn(2, 4, dtype=x_dtype), torch.ones(4, dtype=w_dtype), \
+            torch.zeros(4, dtype=b_dtype)
+        try:
+            torch.nn.functional.layer_norm(x, (4,), w, b)
+        except RuntimeError:
+            with pytest.raises(DTypeError):
+                check_param_dtype(x, weight=w, bias=b)
+        else:
+            check_param_dtype(x, weight=w, bias=b)
+    check_param_dtype(torch.ones(2, dtype=f64), weight=None, bias=None)
+    with pytest.raises(DTypeError, match="must share one dtype, got weight torch.float32, "
+                                         "bias torch.float16"):
+        check_param_dtype(torch.ones(4, dtype=f16), weight=torch.ones(4), bias=torch.ones(
+            4, dtype=f16))

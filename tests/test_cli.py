@@ -17,16 +17,9 @@ import pytest
 import tiny_experiment as tiny
 
 import lnbook.__main__ as cli
-from lnbook.experiments import (
-    EXPERIMENTS,
-    Results,
-    Run,
-    SweepInterrupted,
-    draw,
-    load_experiment,
-    save_results,
-)
-from lnbook.train import History
+from lnbook.engine import Results, Run, SweepInterrupted, save_results
+from lnbook.engine.train import History
+from lnbook.experiments import EXPERIMENTS, draw, load_experiment
 
 
 def test_list_names_every_experiment(capsys):
@@ -392,3 +385,29 @@ def test_executor_option_errors_are_usage_errors(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "pip install 'lnbook[cluster]'" in err and err.count("\n") == 1
     assert seen == {}  # nothing ran
+
+
+def test_version_prints_the_package_version_and_exits_0():
+    import lnbook
+
+    done = subprocess.run([sys.executable, "-m", "lnbook", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"lnbook {lnbook.__version__}\n"
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'\nversion = "{lnbook.__version__}"\n' in pyproject
+
+
+def test_an_empty_out_is_refused_and_nothing_is_written(tmp_path, monkeypatch, capsys):
+    """`--out ''` would mean the current folder without saying so: one usage line, exit 2."""
+    called = {}
+    monkeypatch.setitem(EXPERIMENTS, "tiny", _fake_experiment(tmp_path, called))
+    monkeypatch.chdir(tmp_path)
+    for out in ("", "  "):
+        assert cli.main(["run", "tiny", "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert err == ("lnbook: --out needs a folder name, got an empty one "
+                       "(use --out . for this folder)\n"), err
+    assert called == {} and list(tmp_path.iterdir()) == []
+    assert cli.main(["run", "tiny", "--out", "."]) == 0  # the current folder, when named
+    assert called["config"] == {"scale": "quick"} and (tmp_path / "tiny.json").is_file()

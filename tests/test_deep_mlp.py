@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lnbook.experiments import EXPERIMENTS, deep_mlp, load_results
+from lnbook.engine import load_results
+from lnbook.experiments import EXPERIMENTS, deep_mlp
 from lnbook.norms import LayerNorm
 
 EDGES = np.linspace(-8.0, 2.0, 41)
@@ -21,7 +23,7 @@ def test_presets_and_validation():
     assert quick.depth == paper.depth == 8 and quick.init_scale == paper.init_scale == 0.5
     assert quick.data == "digits" and paper.data == "mnist" and paper.width == 1000
     assert paper.batch_size == 128 and max(paper.probe_updates) <= paper.steps
-    assert len(quick.seeds) == 3 and len(paper.seeds) == 5
+    assert quick.seeds == 3 and paper.seeds == 5  # how many seeds of the seed set
     assert deep_mlp.get_config("quick", steps=7, probe_updates=(1, 7)).steps == 7
     assert EXPERIMENTS["deep_mlp"] is deep_mlp
     for bad, match in [({"norms": ("weight",)}, "norms"), ({"data": "cifar"}, "data"),
@@ -159,7 +161,7 @@ def test_run_tiny(tmp_path):
         deep_mlp.probe_array(res, "none", "weights")
     back = load_results(tmp_path / "deep_mlp.json")
     assert back.to_dict() == res.to_dict()
-    again = deep_mlp.run(cfg, device="cpu", seeds=(0,))
+    again = deep_mlp.run(dataclasses.replace(cfg, seeds=(0,)), device="cpu")
     assert again.runs[0].history.losses == res.runs[0].history.losses
     assert res.runs[0].history.losses != res.runs[1].history.losses
 

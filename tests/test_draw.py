@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from helpers import assert_same_runs
 
 from lnbook.data import load_mnist
-from lnbook.experiments import draw, load_results
-from lnbook.experiments.results import Results, Run
-from lnbook.train import History
+from lnbook.engine import load_results
+from lnbook.engine.results import Results, Run
+from lnbook.engine.train import History
+from lnbook.experiments import draw
 
 
 def _bank(gx, gy, sigma2, delta, n, width, height, dtype=torch.float64):

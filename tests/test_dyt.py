@@ -17,7 +17,7 @@ def test_registered_with_presets():
     assert EXPERIMENTS["dyt"] is dyt
     quick, paper = dyt.get_config("quick"), dyt.get_config("paper")
     assert quick.norms == ("layer", "dyt") and quick.task == "sort"
-    assert paper.n_layers > quick.n_layers and len(paper.seeds) == 5
+    assert paper.n_layers > quick.n_layers and paper.seeds == 5
     with pytest.raises(ValueError, match="task"):
         dyt.get_config("quick", task="parse")
     with pytest.raises(ValueError, match="include 'layer'"):

@@ -13,7 +13,7 @@ import pytest
 import tiny_experiment as tiny
 from helpers import assert_same_runs
 
-from lnbook.experiments import OutConflict, load_results, sweep, using_executor
+from lnbook.engine import OutConflict, load_results, sweep, using_executor
 
 
 def _sweep(config, **kwargs):

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from lnbook.data import load_mnist
-from lnbook.experiments import OutConflict, convnet, load_results, mnist, save_results
-from lnbook.experiments.protocol import classification_metrics
+from lnbook.engine import OutConflict, classification_metrics, load_results, save_results
+from lnbook.experiments import convnet, mnist
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 
 

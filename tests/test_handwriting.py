@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from lnbook import LSTM, LayerNorm
-from lnbook.experiments import OutConflict, load_results
+from lnbook.engine import OutConflict, load_results
+from lnbook.engine.results import Results, Run
+from lnbook.engine.train import History
 from lnbook.experiments import handwriting as HW
-from lnbook.experiments.results import Results, Run
-from lnbook.train import History
 
 
 @pytest.fixture(scope="module")

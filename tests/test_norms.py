@@ -686,3 +686,82 @@ def test_batchnorm_takes_torchs_positional_order():
     torch.testing.assert_close(ours.double()(x), theirs.double()(x))
     with pytest.raises(TypeError):
         BatchNorm(4, 1e-5, 0.1, True, None, None, True)  # unbiased is keyword-only
+
+
+_MIXED = [  # (input dtype, parameters' dtype) that torch's normalization layers refuse
+    (torch.float64, torch.float32), (torch.float32, torch.float64),
+    (torch.float32, torch.float16), (torch.float16, torch.bfloat16)]
+_DTYPE_TWINS = {  # lnbook's layer -> (torch's twin, an input shape)
+    "LayerNorm": (lambda dt: LayerNorm(6, dtype=dt), lambda dt: nn.LayerNorm(6, dtype=dt),
+                  (3, 6)),
+    "LayerNorm(impl='torch')": (lambda dt: LayerNorm(6, dtype=dt, impl="torch"),
+                                lambda dt: nn.LayerNorm(6, dtype=dt), (3, 6)),
+    "BatchNorm": (lambda dt: BatchNorm(6, dtype=dt), lambda dt: nn.BatchNorm1d(6, dtype=dt),
+                  (3, 6)),
+}
+
+
+@pytest.mark.parametrize("x_dtype,p_dtype", _MIXED)
+@pytest.mark.parametrize("layer", list(_DTYPE_TWINS))
+def test_a_dtype_mismatch_raises_the_error_torch_raises_with_a_clear_message(
+        layer, x_dtype, p_dtype):
+    ours, theirs, shape = _DTYPE_TWINS[layer]
+    x = torch.randn(shape).to(x_dtype)
+    with pytest.raises(RuntimeError) as torch_error:  # "mixed dtype (CPU): ..."
+        theirs(p_dtype)(x)
+    want = (rf"input dtype {x_dtype} does not match the dtype {p_dtype} of weight, bias"
+            rf".*\.to\({p_dtype}\).*\.to\({x_dtype}\)")
+    with pytest.raises(type(torch_error.value), match=want) as error:
+        ours(p_dtype)(x)
+    assert isinstance(error.value, lnbook.checks.DTypeError) and isinstance(error.value, TypeError)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", list(_DTYPE_TWINS))
+def test_half_inputs_take_float32_parameters_as_in_torch(layer, x_dtype):
+    ours, theirs, shape = _DTYPE_TWINS[layer]
+    x = torch.randn(shape).to(x_dtype)
+    got, want = ours(torch.float32)(x), theirs(torch.float32)(x)
+    assert got.dtype == want.dtype == x_dtype
+    torch.testing.assert_close(got, want)
+
+
+def test_functional_layer_norm_refuses_a_weight_or_bias_of_another_dtype_as_torch():
+    x, w, b = torch.randn(4, 5), torch.ones(5), torch.zeros(5)
+    for weight, bias in ((w.double(), b.double()), (w, b.double()), (w.double(), None)):
+        with pytest.raises(RuntimeError):
+            F.layer_norm(x, (5,), weight, bias)
+        for impl in ("autograd", "torch"):
+            with pytest.raises(RuntimeError, match="dtype") as error:
+                layer_norm(x, 5, weight, bias, impl=impl)
+            assert isinstance(error.value, TypeError)
+    with pytest.raises(RuntimeError, match="must share one dtype, got weight torch.float32, "
+                                           "bias torch.float64"):
+        layer_norm(x, 5, w, b.double())
+
+
+def test_channel_layer_norm_refuses_what_layer_norm_over_channels_refuses():
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError):  # torch's layer norm over the channels, moved last
+        F.layer_norm(x.movedim(1, -1), (3,), torch.ones(3), torch.zeros(3))
+    with pytest.raises(RuntimeError, match="input dtype torch.float64 does not match"):
+        ChannelLayerNorm(3)(x)
+    assert ChannelLayerNorm(3, dtype=torch.float64)(x).dtype == torch.float64
+
+
+def test_impl_torch_gives_up_the_large_mean_stability_of_layer_norm():
+    """What the README says `impl="torch"` gives up: it returns torch's kernel's numbers
+    exactly, and their error against float64 grows with the rows' mean, while the default
+    two-pass layer_norm stays at float32 rounding (measured at means 1e4 to 1e7)."""
+    torch.manual_seed(0)
+    z = torch.randn(64, 256, dtype=torch.float64)
+    ours, fast = [], []
+    for mean in (1e4, 1e5, 1e6, 1e7):
+        x32 = (z + mean).float()
+        ref = F.layer_norm(x32.double(), (256,))  # the same stored numbers, in float64
+        y_fast = LayerNorm(256, impl="torch")(x32)
+        assert torch.equal(y_fast, F.layer_norm(x32, (256,)))
+        ours.append((layer_norm(x32, 256).double() - ref).abs().max().item())
+        fast.append((y_fast.double() - ref).abs().max().item())
+    assert max(ours) < 1e-5, ours
+    assert fast == sorted(fast) and fast[-1] > 0.1 and fast[-1] > 1e4 * max(ours), fast

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from lnbook.experiments import Results, Run, load_experiment, load_results
+from lnbook.engine import Results, Run, load_results
+from lnbook.engine.train import History
+from lnbook.experiments import load_experiment
 from lnbook.experiments import order_embeddings as oe
-from lnbook.train import History
 
 # ----------------------------------------------------------------------------- loss, metrics
 

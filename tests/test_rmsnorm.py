@@ -9,8 +9,8 @@ import torch
 from seq_reference import train_transformer
 
 from lnbook.analysis import PAPER_TABLE_1, invariance_changes, invariance_table
+from lnbook.engine import Job
 from lnbook.experiments import rmsnorm
-from lnbook.experiments.protocol import Job
 from lnbook.experiments.seq_tasks import make_task
 
 
@@ -78,7 +78,7 @@ def test_a_stacked_copy_is_the_run_trained_alone():
     res = rmsnorm.run(cfg, device="cpu")
     task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
     for r in res.runs:
-        job = Job(r.variant, None, r.seed, torch.device("cpu"), None, None, r.variant)
+        job = Job.one(r.variant, None, r.seed)
         hist, _ = train_transformer(job, rmsnorm.model_config(cfg, r.variant, task.seq_len),
                                     task, lr=cfg.lr, steps=cfg.steps,
                                     batch_size=cfg.batch_size, eval_every=cfg.eval_every)

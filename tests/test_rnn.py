@@ -815,3 +815,105 @@ def test_initial_states_checked_alike_in_cells_and_layers(cls):
     out = run([h] * len(names), torch.randn(4, I) if layer else torch.randn(I))
     final = out[1] if layer else out
     assert (final[0] if len(names) == 2 else final).shape == h.shape
+
+
+@pytest.mark.parametrize("ours,theirs", CELL_TWINS + LAYER_TWINS)
+def test_a_dtype_mismatch_raises_the_error_type_torch_raises(ours, theirs):
+    """torch raises ValueError for a float64 input into a float32 layer and RuntimeError into
+    a cell, and RuntimeError for a float64 state: lnbook's error is each of those."""
+    layer = (ours, theirs) in LAYER_TWINS
+    x = torch.randn(3, 2, I, dtype=F64) if layer else torch.randn(2, I, dtype=F64)
+    h = torch.zeros(1, 2, H, dtype=F64) if layer else torch.zeros(2, H, dtype=F64)
+    hx = (h, h) if theirs in (nn.LSTM, nn.LSTMCell) else h
+    for args in ((x,), (x.float(), hx)):
+        with pytest.raises((ValueError, RuntimeError)) as torch_error:
+            theirs(I, H)(*args)
+        with pytest.raises(type(torch_error.value), match="dtype") as error:
+            ours(I, H)(*args)
+        assert isinstance(error.value, TypeError)
+
+
+# ---------------------------------------------------------------------------------------------
+# from_torch: an LN layer started from torch's trained weights
+
+
+def _torch_twin_and_ours(ours, theirs, **options):
+    torch.manual_seed(0)
+    if (ours, theirs) in LAYER_TWINS:
+        extra = {"proj_size": 2} if theirs is nn.LSTM else {"nonlinearity": "relu"} if (
+            theirs is nn.RNN) else {}
+        t = theirs(I, H, 2, batch_first=True, bidirectional=True, dtype=F64, **extra)
+    else:
+        t = theirs(I, H, bias=False, dtype=F64)
+    t.eval()
+    return t, ours.from_torch(t, **options)
+
+
+@pytest.mark.parametrize("ours,theirs", CELL_TWINS + LAYER_TWINS)
+def test_from_torch_copies_every_weight_and_starts_the_norms_at_gain_1_bias_0(ours, theirs):
+    t, m = _torch_twin_and_ours(ours, theirs)
+    assert type(m) is ours and not m.training and m.layer_norm
+    for name in ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout",
+                 "bidirectional", "proj_size", "nonlinearity"):
+        if hasattr(t, name) and name in inspect.signature(ours).parameters:
+            assert getattr(m, name) == getattr(t, name), name
+    theirs_sd, ours_sd = t.state_dict(), m.state_dict()
+    for k, v in theirs_sd.items():  # a copy: equal values, its own storage
+        assert torch.equal(ours_sd[k], v) and ours_sd[k].data_ptr() != v.data_ptr(), k
+    norms = {k: v for k, v in ours_sd.items() if k not in theirs_sd}
+    assert norms and all(k.split(".")[0].startswith("ln") for k in norms)
+    for k, v in norms.items():
+        assert v.dtype == F64 and torch.equal(v, torch.ones_like(v) if k.endswith("weight")
+                                              else torch.zeros_like(v)), k
+
+
+@pytest.mark.parametrize("ours,theirs", CELL_TWINS[:3] + LAYER_TWINS)
+def test_from_torch_without_layer_norm_computes_torchs_function(ours, theirs):
+    """The weights copied and no norm: torch's outputs and gradients, to float64 rounding
+    (the step loop adds in another order than torch's kernels, so not bit for bit)."""
+    t, m = _torch_twin_and_ours(ours, theirs, layer_norm=False)
+    assert not any(k.startswith("ln") for k in m.state_dict())
+    layer = (ours, theirs) in LAYER_TWINS
+    x = torch.randn(3, 4, I, dtype=F64) if layer else torch.randn(4, I, dtype=F64)
+
+    def first(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    got, want = first(m(x)), first(t(x))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), t.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-11, msg=name)
+
+
+def test_an_ln_lstm_from_torch_computes_eqs_20_22_with_torchs_weights():
+    """The converted LN-LSTM against the paper's equations in numpy, given torch's weights
+    and the norms at gain 1 and bias 0: an LN-LSTM, not torch's LSTM (the norms rescale)."""
+    torch.manual_seed(0)
+    t = nn.LSTM(I, H, dtype=F64)
+    m = LSTM.from_torch(t)
+    sd = {k.removesuffix("_l0"): v.numpy() for k, v in t.state_dict().items()}
+    for name, size in (("ln_ih", 4 * H), ("ln_hh", 4 * H), ("ln_c", H)):
+        sd |= {f"{name}.weight": np.ones(size), f"{name}.bias": np.zeros(size)}
+    p = reference.lstm_params_paper(sd, H)
+    xs = torch.randn(5, 3, I, dtype=F64)
+    out, (h_n, c_n) = m(xs)
+    hr, cr = np.zeros((3, H)), np.zeros((3, H))
+    for step in range(5):
+        hr, cr = reference.lstm_step_paper(p, np_(xs[step]), hr, cr)
+        assert np.abs(np_(out[step]) - hr).max() <= 1e-12
+    assert np.abs(np_(c_n[0]) - cr).max() <= 1e-12
+    assert (out - t(xs)[0]).abs().max() > 1e-3  # the norms change the function
+
+
+def test_from_torch_refuses_another_layer_and_a_forget_bias():
+    with pytest.raises(TypeError, match="LSTM.from_torch needs a torch.nn.LSTM, got GRU"):
+        LSTM.from_torch(nn.GRU(I, H))
+    with pytest.raises(TypeError, match="needs a torch.nn.LSTMCell, got LSTM"):
+        LNLSTMCell.from_torch(nn.LSTM(I, H))
+    with pytest.raises(ValueError, match="forget_bias would not apply"):
+        LSTM.from_torch(nn.LSTM(I, H), forget_bias=1.0)
+    m = LSTM.from_torch(nn.LSTM(I, H, dtype=torch.float32), ln_impl="autograd", eps=1e-3)
+    assert m.ln_c_l0.eps == 1e-3 and m.ln_c_l0.impl == "autograd"
+    assert m.weight_ih_l0.dtype == torch.float32

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lnbook.experiments import EXPERIMENTS, Results, load_results
+from lnbook.engine import Results, load_results
+from lnbook.experiments import EXPERIMENTS
 from lnbook.experiments import rnn_length as E
 
 

@@ -11,8 +11,8 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.engine.job import Job
 from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
-from lnbook.experiments.job import Job
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
     linear_warmup,
@@ -24,7 +24,7 @@ from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 
 def _job(seed: int = 0) -> Job:
-    return Job("v", None, seed, torch.device("cpu"), None, None, f"v seed {seed}")
+    return Job.one("v", None, seed)
 
 
 def test_position_unigram_loss_against_a_hand_count():

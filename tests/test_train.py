@@ -1,4 +1,4 @@
-"""lnbook.train: Batches, History, fit, and bit-identical resume from a checkpoint."""
+"""lnbook.engine.train: Batches, History, fit, and bit-identical resume from a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lnbook.norms import BatchNorm, LayerNorm
-from lnbook.train import (
+from lnbook.engine.train import (
     Batches,
     History,
     UnreadableFile,
@@ -18,6 +17,7 @@ from lnbook.train import (
     load_checkpoint,
     progress_enabled,
 )
+from lnbook.norms import BatchNorm, LayerNorm
 
 
 def test_batches_are_a_function_of_the_step():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -450,3 +451,30 @@ def test_part_two_names_are_re_exported():
     for name in names:
         assert hasattr(lnbook, name) and name in lnbook.__all__, name
     assert lnbook.RMSNorm is RMSNorm and lnbook.group_norm is group_norm
+
+
+@pytest.mark.parametrize("x_dtype,p_dtype", [(torch.float64, torch.float32),
+                                             (torch.float32, torch.float64)])
+def test_group_norm_refuses_a_dtype_mismatch_as_torch_does(x_dtype, p_dtype):
+    x = torch.randn(2, 4, 3).to(x_dtype)
+    with pytest.raises(RuntimeError) as torch_error:  # "mixed dtype (CPU): ..."
+        torch.nn.GroupNorm(2, 4, dtype=p_dtype)(x)
+    with pytest.raises(type(torch_error.value),
+                       match=f"input dtype {x_dtype} does not match the dtype {p_dtype}"):
+        GroupNorm(2, 4, dtype=p_dtype)(x)
+    with pytest.raises(TypeError, match="does not match"):
+        group_norm(x, 2, torch.ones(4, dtype=p_dtype), torch.zeros(4, dtype=p_dtype))
+    half = torch.randn(2, 4, 3, dtype=torch.bfloat16)  # float32 parameters: allowed, as torch
+    torch.testing.assert_close(GroupNorm(2, 4)(half), torch.nn.GroupNorm(2, 4)(half))
+
+
+def test_rms_norm_takes_mixed_dtypes_as_torch_does():
+    """torch.nn.RMSNorm accepts a float64 input into a float32 module (and warns that it cannot
+    use its fused kernel): lnbook's does too, with the input's dtype out."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mismatch dtype", UserWarning)
+        want = torch.nn.RMSNorm(4)(x)
+    got = RMSNorm(4)(x)
+    assert got.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got, want)

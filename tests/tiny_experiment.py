@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lnbook.experiments import EXPERIMENTS, Job, Results, make_config, sweep
-from lnbook.train import Batches, History, fit
+from lnbook.engine import Job, Results, make_config, sweep
+from lnbook.engine.train import Batches, History, fit
+from lnbook.experiments import EXPERIMENTS
 
 NAME = "tiny"
 DESCRIPTION = "a linear regression that trains in a second (for the tests)"

@@ -3,10 +3,8 @@
 
 Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale``,
 ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto", out=None,
-seeds=None) -> Results``, which trains its variants x seeds (through
-:func:`~lnbook.experiments.runner.sweep`, or every seed as one model via :mod:`.stacked`) and
-writes ``out/<NAME>.json``, never over results of another config. The shared machinery
-(:mod:`.protocol`) is importable from here too.
+seeds=None) -> Results``, which trains its variants x seeds through the engine
+(:mod:`lnbook.engine`) and writes ``out/<NAME>.json``, never over results of another config.
 """
 
 from __future__ import annotations
@@ -14,10 +12,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from lnbook.experiments.protocol import *  # noqa: F403  (the shared machinery)
-from lnbook.experiments.protocol import __all__ as _shared
-
-__all__ = ["EXPERIMENTS", "load_experiment", *(n for n in _shared if n != "UnreadableFile")]
+__all__ = ["EXPERIMENTS", "load_experiment"]
 
 _NAMES = (  # the experiment modules, in the book's order
     "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",

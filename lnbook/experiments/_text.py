@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lnbook.experiments.protocol import updates_to_reach
-from lnbook.train import History
+from lnbook.engine import updates_to_reach
+from lnbook.engine.train import History
 
 
 def pad_ids(seqs: Sequence[Sequence[int]], length: int) -> Tensor:

@@ -19,13 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
-from lnbook.experiments._stack_loop import train_copies
-from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.metrics import mean_after_start
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run, save_results
+from lnbook.engine.copies import train_copies
+from lnbook.engine.job import cpu_threads
+from lnbook.engine.metrics import mean_after_start
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results, Run, save_results
+from lnbook.engine.train import History
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "project", "scale",
            "normalize", "unselectable", "random_keys", "majority_task", "MajorityAttention",
@@ -219,7 +219,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def learning_speed(results: Results, variant: str, group: int = 1) -> np.ndarray:
     """Per seed, the mean held-out accuracy over the evaluations after the start (the area
-    under the learning curve, :func:`lnbook.experiments.metrics.mean_after_start`), averaged
+    under the learning curve, :func:`lnbook.engine.metrics.mean_after_start`), averaged
     over each ``group`` of consecutive seeds: ``(seeds // group,)``."""
     speed = mean_after_start(results.curves(variant, "accuracy")[1])  # (seeds,)
     return speed[:len(speed) // group * group].reshape(-1, group).mean(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,17 +21,17 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "ConvNet", "crop_center",
     "boundary_mask", "activation_maps", "ring_and_centre", "maps_of", "variant_name", "run",
+    "train_one",
 ]
 
 NAME = "convnet"
@@ -183,7 +184,7 @@ class Config:
     n_train: int | None = None
     n_test: int | None = None
     boundary_width: int = 4
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     source: str = "auto"
     threads: int | None = 1
     checkpoint: bool = False
@@ -217,8 +218,7 @@ def variant_name(norm: str, crop: int = 0) -> str:
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+        out: str | os.PathLike | None = None) -> Results:
     """Train every variant (:func:`variant_name`) with every seed; return the sweep's results.
 
     Each run's ``info`` holds ``test_error``, ``test_nll`` and the first layer's activation
@@ -232,24 +232,28 @@ def run(config: Config, device: str | torch.device = "auto",
     if config.crop:
         variants |= {variant_name(n, config.crop): (n, config.crop)
                      for n in config.control_norms}
-
-    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-        norm, crop = job.params
-        xs, xts = (crop_center(x, crop), crop_center(xt, crop)) if crop else (x, xt)
-        torch.manual_seed(job.seed)
-        model = ConvNet(config.channels, norm, groups=config.groups, image_size=crop or IMAGE_SIZE)
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        hist = fit(model, Batches(xs, y, batch_size=config.batch_size, seed=job.seed), opt,
-                   steps=config.steps, eval_every=config.steps, device=job.device,
-                   seed=job.seed, checkpoint=job.checkpoint,
-                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                   bar=job.bar, label=job.label)
-        return hist, _test(model, xts.to(job.device), yt.to(job.device))
-
     with cpu_threads(config.threads):
-        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
-                     train_one, config=config, device=device, out=out,
-                     checkpoint=config.checkpoint, steps=config.steps, info=info)
+        return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xt, yt)),
+                     config=config, device=device, out=out, checkpoint=config.checkpoint,
+                     steps=config.steps, info=info)
+
+
+def train_one(config: Config, data: tuple[Tensor, ...], job: Job
+              ) -> tuple[History, dict[str, Any]]:
+    """One run: the ConvNet of ``job.params`` (norm, crop) trained on ``data``
+    (``x, y, x_test, y_test``) with seed ``job.seed``; its history and test measurements."""
+    x, y, xt, yt = data
+    norm, crop = job.params
+    xs, xts = (crop_center(x, crop), crop_center(xt, crop)) if crop else (x, xt)
+    torch.manual_seed(job.seed)
+    model = ConvNet(config.channels, norm, groups=config.groups, image_size=crop or IMAGE_SIZE)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hist = fit(model, Batches(xs, y, batch_size=config.batch_size, seed=job.seed), opt,
+               steps=config.steps, eval_every=config.steps, device=job.device,
+               seed=job.seed, checkpoint=job.checkpoint,
+               loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+               bar=job.bar, label=job.label)
+    return hist, _test(model, xts.to(job.device), yt.to(job.device))
 
 
 def maps_of(results: Results, variant: str, key: str = "on") -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,17 +19,16 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
-from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.job import Job
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
-           "LayerProbe", "log_spread", "prior_nll", "probe_array", "run"]
+           "LayerProbe", "log_spread", "prior_nll", "probe_array", "run", "train_one"]
 
 NAME = "deep_mlp"
 DESCRIPTION = ("lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD "
@@ -53,7 +53,8 @@ class Config:
         probe_updates: updates (1 = the first) at which the probe records.
         hist_range, hist_bins: the histograms' ``(low, high)`` in log10 ``|value|``, and bins.
         n_eval_train: training examples on which the training NLL is measured.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
+        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
+        threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -71,7 +72,7 @@ class Config:
     hist_range: tuple[float, float] = (-8.0, 2.0)
     hist_bins: int = 40
     n_eval_train: int = 512
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -100,7 +101,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
     "threads": None, "data": "mnist", "width": 1000, "batch_size": 128, "steps": 5000,
     "eval_every": 100, "lr": 0.02, "probe_updates": (1, 100, 1000, 5000), "n_eval_train": 10_000,
-    "seeds": verdict_seeds(5)}}
+    "seeds": 5}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -269,8 +270,8 @@ def _data(config: Config) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
     return train.images, train.labels, test.images, test.labels, f"mnist ({train.source})"
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train every norm with every seed; return the sweep's results.
 
     Runs record ``train_nll``, ``test_nll`` and ``test_error``, and the :class:`LayerProbe` records
@@ -278,30 +279,37 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     """
     check_config(config, Config)
     x, y, x_test, y_test, source = _data(config)
-    x_eval, y_eval = x[: config.n_eval_train], y[: config.n_eval_train]
     sizes = (x.shape[1], *([config.width] * config.depth), 10)
     edges = np.linspace(*config.hist_range, config.hist_bins + 1)
+    variants = {n: n for n in config.norms}
+    info = {"source": source, "hist_edges": edges.tolist(),
+            "prior_nll": prior_nll(y, y_test), "sizes": list(sizes)}
+    return sweep(NAME, variants, config.seeds,
+                 partial(train_one, config, (x, y, x_test, y_test), sizes, edges),
+                 config=config, device=device, out=out, checkpoint=False,
+                 steps=config.steps, info=info, threads=config.threads)
+
+
+def train_one(config: Config, data: tuple[Tensor, ...], sizes: tuple[int, ...],
+              edges: np.ndarray, job: Job) -> tuple[History, dict[str, Any]]:
+    """One run: the :class:`DeepMLP` of ``sizes`` with norm ``job.params`` trained on ``data``
+    (``x, y, x_test, y_test``) with seed ``job.seed``; its history and the probe's records
+    (histograms over ``edges``)."""
+    x, y, x_test, y_test = data
+    x_eval, y_eval = x[: config.n_eval_train], y[: config.n_eval_train]
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         tr = classification_metrics(model, x_eval, y_eval)
         te = classification_metrics(model, x_test, y_test)
         return {"train_nll": tr["nll"], "test_nll": te["nll"], "test_error": te["error"]}
 
-    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-        torch.manual_seed(job.seed)
-        model = DeepMLP(sizes, job.params, config.init_scale)
-        opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-        probe = LayerProbe(model, opt, config.probe_updates, edges)
-        hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed),
-                   opt, steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
-                   loss_fn=lambda m, b: F.cross_entropy(probe.forward(b[0]), b[1]),
-                   bar=job.bar, label=job.label)
-        return hist, probe.records
-
-    variants = {n: n for n in config.norms}
-    info = {"source": source, "hist_edges": edges.tolist(),
-            "prior_nll": prior_nll(y, y_test), "sizes": list(sizes)}
-    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
-                 config=config, device=device, out=out, checkpoint=False,
-                 steps=config.steps, info=info, threads=config.threads)
+    torch.manual_seed(job.seed)
+    model = DeepMLP(sizes, job.params, config.init_scale)
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    probe = LayerProbe(model, opt, config.probe_updates, edges)
+    hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed),
+               opt, steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+               device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+               loss_fn=lambda m, b: F.cross_entropy(probe.forward(b[0]), b[1]),
+               bar=job.bar, label=job.label)
+    return hist, probe.records

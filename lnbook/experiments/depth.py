@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.func import jvp
 
-from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.engine import Results, Run, make_config
 from lnbook.experiments.seq_tasks import DeepTaskConfig, SequenceTask, presets, stream_variance
 from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.transformer import Transformer, TransformerConfig, residual_stream, sequence_loss

@@ -23,13 +23,13 @@ from lnbook import DRAWLSTMCell
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.experiments._stack_loop import train_copies, updates_to
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.presets import make_config
-from lnbook.experiments.results import Results, Run, _jsonable, save_results
-from lnbook.experiments.runner import sweep
+from lnbook.engine.copies import train_copies, updates_to
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.presets import make_config
+from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",

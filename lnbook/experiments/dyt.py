@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,15 +19,14 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import associative_recall, copy_task, sort_task
-from lnbook.experiments.protocol import Job, Results, check_scale, make_config, sweep
+from lnbook.engine import Job, Results, check_scale, make_config, resolve_seeds, sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm, layer_norm
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "TASKS", "Config", "get_config", "make_task",
-           "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run"]
+           "norm_pairs", "token_scale_spread", "fit_line_and_tanh", "run", "train_one"]
 
 NAME = "dyt"
 DESCRIPTION = ("small Pre-LN Transformer on a sequence task with layer norm or Dynamic Tanh; "
@@ -49,7 +49,8 @@ class Config:
         dyt_alpha_init: initial ``alpha`` of every DyT.
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
         n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
+        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
+        threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -69,7 +70,7 @@ class Config:
     norms: tuple[str, ...] = ("layer", "dyt")
     n_probe: int = 64
     n_points: int = 1500
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -88,7 +89,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "length": 16, "vocab_size": 32, "n_train": 100_000,
         "n_val": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch": 128, "steps": 5000,
-        "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": verdict_seeds(5)},
+        "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": 5},
 }
 
 
@@ -173,8 +174,8 @@ def _layer_info(info: dict, when: str, model: nn.Module, probe: Tensor, n_points
         info[f"points_{when}"] = points
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train the layer-norm and the DyT Transformer with every seed; fit the norms' maps.
 
     Runs record ``val_loss``. ``"layer"`` runs' info: ``fits_init``/``fits_trained``,
@@ -184,39 +185,46 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     check_config(config, Config)
     x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)
     xv, yv = make_task(config, config.n_val, seed=1)
-    probe = xv[: config.n_probe]
-    run_seeds = tuple(config.seeds if seeds is None else seeds)
+    seeds = resolve_seeds(config.seeds)
+    data = (x, y, xv, yv, xv[: config.n_probe])
+    return sweep(NAME, {n: n for n in config.norms}, seeds,
+                 partial(train_one, config, data, seeds[0]), config=config,
+                 device=device, out=out, steps=config.steps, threads=config.threads,
+                 info={"chance": math.log(config.vocab_size), "task": config.task,
+                       "seq_len": int(x.shape[1])})
+
+
+def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Job
+              ) -> tuple[History, dict[str, Any]]:
+    """One run: the Transformer with norm ``job.params`` trained on ``data`` (``x, y``, the
+    validation ``xv, yv`` and the ``probe`` inputs) with seed ``job.seed``; its history and the
+    norms' measurements (the fitted points themselves only for ``first_seed``)."""
+    x, y, xv, yv, probe = data
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         dev = next(model.parameters()).device
         return {"val_loss": float(sequence_loss(model(xv.to(dev)), yv.to(dev)))}
 
-    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-        torch.manual_seed(job.seed)
-        model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads,
-                            config.n_layers, x.shape[1], norm=job.params,
-                            dyt_alpha_init=config.dyt_alpha_init)
-        info: dict[str, Any] = {}
-        keep = job.seed == run_seeds[0]
-        if job.params == "layer":
-            _layer_info(info, "init", model, probe, config.n_points if keep else 0)
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
-                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                   device=job.device, seed=job.seed,
-                   loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
-                   bar=job.bar, label=job.label)
-        model.cpu().eval()
-        if job.params == "layer":
-            _layer_info(info, "trained", model, probe, config.n_points if keep else 0)
-        elif job.params == "dyt":
-            seen = norm_inputs_outputs(model, probe)
-            info["alpha"] = {n: float(m.alpha.detach()) for n, m in model.named_modules()
-                             if isinstance(m, DyT)}
-            info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
-        return hist, info
-
-    return sweep(NAME, {n: n for n in config.norms}, run_seeds, train_one, config=config,
-                 device=device, out=out, steps=config.steps, threads=config.threads,
-                 info={"chance": math.log(config.vocab_size), "task": config.task,
-                       "seq_len": int(x.shape[1])})
+    torch.manual_seed(job.seed)
+    model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads,
+                        config.n_layers, x.shape[1], norm=job.params,
+                        dyt_alpha_init=config.dyt_alpha_init)
+    info: dict[str, Any] = {}
+    keep = job.seed == first_seed
+    if job.params == "layer":
+        _layer_info(info, "init", model, probe, config.n_points if keep else 0)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+               steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+               device=job.device, seed=job.seed,
+               loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
+               bar=job.bar, label=job.label)
+    model.cpu().eval()
+    if job.params == "layer":
+        _layer_info(info, "trained", model, probe, config.n_points if keep else 0)
+    elif job.params == "dyt":
+        seen = norm_inputs_outputs(model, probe)
+        info["alpha"] = {n: float(m.alpha.detach()) for n, m in model.named_modules()
+                         if isinstance(m, DyT)}
+        info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
+    return hist, info

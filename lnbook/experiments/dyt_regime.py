@@ -20,12 +20,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results, Run
+from lnbook.engine.train import History
 from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16's)
 from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices, run_stacked
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,17 +17,16 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor
-from lnbook.experiments.job import Job
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
+from lnbook.engine.job import Job
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results
+from lnbook.engine.runner import sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNorm", "ConvNet",
-           "normalize", "statistics_set", "variant_name", "run"]
+           "normalize", "statistics_set", "variant_name", "run", "train_one"]
 
 NAME = "group_norm"
 DESCRIPTION = ("small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 "
@@ -44,7 +44,8 @@ class Config:
         bn_batches: examples per batch-norm statistic, each dividing ``batch``, the examples per
             update. channels, groups: of the two conv layers and of group norm.
         steps, eval_every, lr: Adam updates, updates between evaluations, rate.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
+        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
+        threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -56,7 +57,7 @@ class Config:
     steps: int = 60
     eval_every: int = 30
     lr: float = 3e-3
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -214,8 +215,8 @@ def variant_name(norm: str, bn_batch: int | None = None) -> str:
     return f"batch/bs{bn_batch}" if norm == "batch" else norm
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train batch norm at every ``bn_batches`` size and the other norms once, per seed.
 
     Runs record ``test_error`` and ``test_nll`` on the 359 test digits; ``Results.info`` holds
@@ -225,26 +226,30 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     x, y = load_digits_tensor("train")  # (1438, 1, 8, 8), (1438,)
     xt, yt = load_digits_tensor("test")  # (359, 1, 8, 8), (359,)
     majority_error = float((yt != torch.bincount(y).argmax()).float().mean())
+    variants: dict[str, tuple[str, int]] = {
+        variant_name("batch", b): ("batch", b) for b in config.bn_batches}
+    variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
+    return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xt, yt)),
+                 config=config, device=device, out=out, steps=config.steps,
+                 threads=config.threads,
+                 info={"majority_error": majority_error, "n_train": len(y), "n_test": len(yt)})
+
+
+def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
+    """One run: the ConvNet of ``job.params`` (norm, examples per batch-norm statistic) trained
+    on ``data`` (``x, y, x_test, y_test``) with seed ``job.seed``, evaluated on the test set."""
+    x, y, xt, yt = data
+    norm, bn_batch = job.params
+    torch.manual_seed(job.seed)
+    model = ConvNet(norm, config.channels, config.groups, bn_batch)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         m = classification_metrics(model, xt, yt)
         return {"test_nll": m["nll"], "test_error": m["error"]}
 
-    def train_one(job: Job) -> History:
-        norm, bn_batch = job.params
-        torch.manual_seed(job.seed)
-        model = ConvNet(norm, config.channels, config.groups, bn_batch)
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
-                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                   device=job.device, seed=job.seed,
-                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), bar=job.bar,
-                   label=job.label)
-
-    variants: dict[str, tuple[str, int]] = {
-        variant_name("batch", b): ("batch", b) for b in config.bn_batches}
-    variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
-    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
-                 config=config, device=device, out=out, steps=config.steps,
-                 threads=config.threads,
-                 info={"majority_error": majority_error, "n_train": len(y), "n_test": len(yt)})
+    return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+               steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+               device=job.device, seed=job.seed,
+               loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), bar=job.bar,
+               label=job.label)

@@ -26,16 +26,16 @@ from torch import Tensor, nn
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.device import resolve_device
-from lnbook.experiments._stack_loop import train_copies
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.presets import make_config
-from lnbook.experiments.results import Results, Run, _jsonable, save_results
-from lnbook.experiments.runner import sweep
-from lnbook.experiments.store import check_results_file
+from lnbook.engine.copies import train_copies
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.presets import make_config
+from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.runner import sweep
+from lnbook.engine.store import check_results_file
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "LETTERS", "Letter", "Lines", "Config", "get_config",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,15 +21,22 @@ from torch import Tensor, nn
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.checks import check_choice, check_config, check_eps, check_size
 from lnbook.data import load_digits_tensor, sort_task
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results
-from lnbook.experiments.runner import sweep
+from lnbook.engine import (
+    Batches,
+    History,
+    Job,
+    Results,
+    check_scale,
+    classification_metrics,
+    cpu_threads,
+    fit,
+    make_config,
+    resolve_seeds,
+    sweep,
+    train_copies,
+)
 from lnbook.functional import normalize
 from lnbook.norms import LayerNorm, layer_norm
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 from lnbook.transformer import Transformer, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_variant",
@@ -167,7 +175,7 @@ class Config:
     steps: int = 1
     lr: float = 1e-3
     n_probe: int = 64
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -198,8 +206,8 @@ def variant_name(kind: str, depth: int) -> str:
     return f"{kind}/L{depth}"
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train every (kind, depth) stack for ``steps`` Adam updates, with every seed; each evaluation
     records ``val_loss`` and ``update``, the RMS change of the logits on ``n_probe`` held-out
     sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
@@ -207,31 +215,34 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     check_config(config, Config)
     x, y = sort_task(4096, config.length, config.vocab_size, seed=0)  # (n, T)
     xp, yp = sort_task(config.n_probe, config.length, config.vocab_size, seed=1)
-
-    def train_one(job: Job) -> History:
-        kind, depth = job.params
-        torch.manual_seed(job.seed)
-        model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads, depth,
-                            x.shape[1], norm="layer", position="post",
-                            deepnorm=(kind == "deepnorm")).to(job.device)
-        probe, targets = xp.to(job.device), yp.to(job.device)
-        with torch.no_grad():
-            start = model(probe)  # (n_probe, T, V) logits at initialization
-
-        def eval_fn(m: nn.Module) -> dict[str, float]:
-            logits = m(probe)  # (n_probe, T, V)
-            return {"update": float((logits - start).square().mean().sqrt()),
-                    "val_loss": float(sequence_loss(logits, targets))}
-
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
-                   steps=config.steps, eval_every=1, eval_fn=eval_fn, device=job.device,
-                   seed=job.seed, loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
-                   bar=job.bar, label=job.label)
-
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
-    return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+    return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xp, yp)),
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads)
+
+
+def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
+    """One run of :func:`run`: the Post-LN (or DeepNorm) stack of ``job.params`` (kind, depth)
+    trained on ``data`` (``x, y`` and the probe ``xp, yp``) with seed ``job.seed``."""
+    x, y, xp, yp = data
+    kind, depth = job.params
+    torch.manual_seed(job.seed)
+    model = Transformer(config.vocab_size + 1, config.d_model, config.n_heads, depth,
+                        x.shape[1], norm="layer", position="post",
+                        deepnorm=(kind == "deepnorm")).to(job.device)
+    probe, targets = xp.to(job.device), yp.to(job.device)
+    with torch.no_grad():
+        start = model(probe)  # (n_probe, T, V) logits at initialization
+
+    def eval_fn(m: nn.Module) -> dict[str, float]:
+        logits = m(probe)  # (n_probe, T, V)
+        return {"update": float((logits - start).square().mean().sqrt()),
+                "val_loss": float(sequence_loss(logits, targets))}
+
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+               steps=config.steps, eval_every=1, eval_fn=eval_fn, device=job.device,
+               seed=job.seed, loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
+               bar=job.bar, label=job.label)
 
 
 STATS_NORMS = ("layer", "simple", "detach", "none")
@@ -316,7 +327,7 @@ class StatsConfig:
     steps: int = 150
     lr: float = 3e-3
     eval_every: int = 25
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -335,7 +346,7 @@ class StatsConfig:
 _STATS_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "hidden": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
-              "eval_every": 500, "seeds": verdict_seeds(10)},
+              "eval_every": 500, "seeds": 10},
 }
 
 
@@ -345,8 +356,7 @@ def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
 
 
 def run_stats(config: StatsConfig, device: str | torch.device = "auto",
-              out: str | os.PathLike | None = None,
-              seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+              out: str | os.PathLike | None = None) -> Results:
     """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
     ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
     ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
@@ -355,31 +365,35 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
     majority_error = float((yv != majority).float().mean())
-
-    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-        torch.manual_seed(job.seed)
-        model = NormMLP(job.params, config.hidden, config.depth).to(job.device)
-        norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
-
-        def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
-            return {f"{split}_{k}": v for split, xs, ys in (("val", xv, yv), ("train", x, y))
-                    for k, v in classification_metrics(m, xs, ys).items()}
-
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        history = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
-                      steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                      device=job.device, seed=job.seed,
-                      loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                      bar=job.bar, label=job.label, checkpoint=job.checkpoint)
-        growth = [float(layer.weight.detach().norm()) / n0
-                  for layer, n0 in zip(model.layers, norms_init, strict=True)]
-        return history, {"weight_growth": growth}
-
     variants = {n: n for n in config.norms}
-    return sweep(f"{NAME}_stats", variants, tuple(config.seeds if seeds is None else seeds),
-                 train_one, config=config, device=device, out=out, steps=config.steps,
-                 threads=config.threads,
+    return sweep(f"{NAME}_stats", variants, config.seeds,
+                 partial(train_stats_one, config, (x, y, xv, yv)), config=config,
+                 device=device, out=out, steps=config.steps, threads=config.threads,
                  info={"majority_class": majority, "majority_error": majority_error})
+
+
+def train_stats_one(config: StatsConfig, data: tuple[Tensor, ...], job: Job
+                    ) -> tuple[History, dict[str, Any]]:
+    """One run of :func:`run_stats`: a :class:`NormMLP` with norm ``job.params`` trained on the
+    digits ``data`` (``x, y, x_val, y_val``) with seed ``job.seed``; ``weight_growth`` in info."""
+    x, y, xv, yv = data
+    torch.manual_seed(job.seed)
+    model = NormMLP(job.params, config.hidden, config.depth).to(job.device)
+    norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
+
+    def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
+        return {f"{split}_{k}": v for split, xs, ys in (("val", xv, yv), ("train", x, y))
+                for k, v in classification_metrics(m, xs, ys).items()}
+
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+    history = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+                  steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
+                  device=job.device, seed=job.seed,
+                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
+                  bar=job.bar, label=job.label, checkpoint=job.checkpoint)
+    growth = [float(layer.weight.detach().norm()) / n0
+              for layer, n0 in zip(model.layers, norms_init, strict=True)]
+    return history, {"weight_growth": growth}
 
 
 #: The two arms of :func:`run_affine`: layer norm with its gain and bias, and without them.
@@ -411,14 +425,14 @@ def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int 
     return model
 
 
-def run_affine(config: StatsConfig,
-               seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, dict[str, Any]]:
+def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
     """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
-    every seed at once, batches as :class:`lnbook.train.Batches`). Returns ``{norm: {"val_nll",
-    "val_error", "train_nll": (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
+    every seed at once, trained by the engine's :func:`~lnbook.engine.train_copies`, batches as
+    :class:`~lnbook.engine.Batches`). Returns ``{norm: {"val_nll", "val_error", "train_nll":
+    (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
     """
     check_config(config, StatsConfig, "get_stats_config")
-    seeds = tuple(config.seeds if seeds is None else seeds)
+    seeds = resolve_seeds(config.seeds)
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
@@ -426,11 +440,14 @@ def run_affine(config: StatsConfig,
         model = affine_mlp(seeds, config.hidden, config.depth)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
         batches = seed_batches(x, y, config.batch, seeds)
-        for step in range(config.steps):
+
+        def losses(step: int) -> Tensor:  # (2S,): both arms of every seed on its batch
             xb, yb = batches(step)  # (S, B, 64), (S, B)
-            opt.zero_grad()
-            seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb])).sum().backward()
-            opt.step()
+            return seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb]))
+
+        copies = [History() for _ in range(2 * len(seeds))]
+        train_copies(losses, lambda: [{} for _ in copies], opt, copies, config.steps,
+                     config.steps)  # measured below, once
         with torch.no_grad():
             logits = model(xv)  # (2S, 359, 10)
             val = seed_nll(logits, yv).double().numpy()

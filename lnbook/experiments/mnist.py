@@ -24,16 +24,16 @@ from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.device import resolve_device
-from lnbook.experiments._stack_loop import train_copies
-from lnbook.experiments.job import Job, cpu_threads
-from lnbook.experiments.metrics import classification_metrics
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run, _jsonable, save_results
-from lnbook.experiments.runner import sweep
-from lnbook.experiments.store import check_results_file
+from lnbook.engine.copies import train_copies
+from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.runner import sweep
+from lnbook.engine.store import check_results_file
+from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "by_examples", "Config",

@@ -11,6 +11,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,11 +22,11 @@ from torch import Tensor, nn
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine.metrics import best_step
+from lnbook.engine.train import History, fit
 from lnbook.experiments._text import first_reach, median_step_time, pad_ids
-from lnbook.experiments.metrics import best_step
-from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
-from lnbook.seeds import verdict_seeds
-from lnbook.train import History, fit
+from lnbook.table import Table
 
 NAME = "order_embeddings"
 DESCRIPTION = ("6.1 order embeddings: GRU caption encoder with/without LN, linear image encoder, "
@@ -36,7 +37,7 @@ __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", 
            "attribute_bins", "make_caption", "build_vocab", "encode_captions", "load_caption_data",
            "CaptionBatches", "order_violation", "contrastive_loss", "retrieval_ranks",
            "recall_metrics", "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
-           "time_to_best", "on_test", "table2"]
+           "time_to_best", "on_test", "table2", "train_one"]
 
 PAD, UNK = "<pad>", "<unk>"
 ATTRIBUTES = ("thickness", "slant", "width")
@@ -389,7 +390,7 @@ class Config:
     lr: float = 1e-2
     steps: int = 150
     eval_every: int = 10
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     data_seed: int = 0
     source: str = "auto"
@@ -410,7 +411,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         # validation every 300 updates; 5 test splits of 1,000 images from MNIST's test set.
         "n_train": 59_000, "n_val": 1_000, "n_test": 5_000, "word_dim": 300, "hidden_size": 1024,
         "batch_size": 128, "lr": 1e-3, "steps": 30_000, "eval_every": 300,
-        "seeds": verdict_seeds(1), "threads": None, "checkpoint": True,
+        "seeds": 1, "threads": None, "checkpoint": True,
     },
 }
 
@@ -427,8 +428,8 @@ def load_data(config: Config) -> dict[str, CaptionData]:
                              source=config.source)
 
 
-def _train_one(config: Config, splits: dict[str, CaptionData], job: Job
-               ) -> tuple[History, dict[str, Any]]:
+def train_one(config: Config, splits: dict[str, CaptionData], job: Job
+              ) -> tuple[History, dict[str, Any]]:
     """One (variant, seed): train, keep the best validation model, test it (mean over splits)."""
     torch.manual_seed(job.seed)
     model = OrderEmbedding(len(splits["train"].vocab), config.word_dim, config.hidden_size,
@@ -464,7 +465,7 @@ def _train_one(config: Config, splits: dict[str, CaptionData], job: Job
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None, seeds: tuple[int, ...] | list[int] | None = None,
+        out: str | os.PathLike | None = None,
         data: dict[str, CaptionData] | None = None) -> Results:
     """Train the baseline and the LN order-embedding models for every seed.
 
@@ -476,9 +477,8 @@ def run(config: Config, device: str | torch.device = "auto",
     splits = data if data is not None else load_data(config)
     with cpu_threads(config.threads):
         return sweep(
-            NAME, {v: VARIANTS[v] for v in config.variants},
-            tuple(config.seeds if seeds is None else seeds),
-            lambda job: _train_one(config, splits, job), config=config, device=device,
+            NAME, {v: VARIANTS[v] for v in config.variants}, config.seeds,
+            partial(train_one, config, splits), config=config, device=device,
             out=out, checkpoint=config.checkpoint, steps=config.steps,
             info={"mnist_source": load_mnist(split="test", source=config.source).source,
                   "vocab_size": len(splits["train"].vocab),

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.engine import Results, Run, make_config
 from lnbook.experiments.seq_tasks import (
     DeepTaskConfig,
     SequenceTask,

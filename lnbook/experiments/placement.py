@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.engine import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, make_task, presets
 from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds

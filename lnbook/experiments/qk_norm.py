@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lnbook.checks import check_choice
-from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.engine import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
 from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.norms import LN_IMPL, LN_IMPLS

@@ -20,12 +20,12 @@ from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
-from lnbook.experiments._stack_loop import train_copies, updates_to
-from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.protocol import Job, Results, Run, make_config, save_results, sweep
+from lnbook.engine import Job, Results, Run, make_config, save_results, sweep
+from lnbook.engine.copies import train_copies, updates_to
+from lnbook.engine.job import cpu_threads
+from lnbook.engine.train import Batches, History, fit
 from lnbook.recurrent_bn import RecurrentBNLSTM
 from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
 
 __all__ = [
     "NAME",

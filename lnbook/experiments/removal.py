@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from lnbook.experiments.presets import check_scale, make_config
-from lnbook.experiments.results import Results, Run
+from lnbook.engine.presets import check_scale, make_config
+from lnbook.engine.results import Results, Run
+from lnbook.engine.train import History
 from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16)
 from lnbook.experiments.stacked import run_stacked
 from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
 from lnbook.seeds import verdict_seeds
-from lnbook.train import History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "removal_order", "run"]

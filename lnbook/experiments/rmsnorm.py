@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lnbook.experiments.protocol import Results, Run, make_config
+from lnbook.engine import Results, Run, make_config
 from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
 from lnbook.experiments.stacked import run_stacked, train_stacked
 from lnbook.seeds import verdict_seeds

@@ -7,10 +7,12 @@ seed) and 7 (`07_conclusion`, claim C22; :func:`run_first_sign`, one :class:`Sta
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,11 +22,19 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.device import resolve_device
-from lnbook.experiments.protocol import Job, Results, check_scale, cpu_threads, make_config, sweep
+from lnbook.engine import (
+    Job,
+    Results,
+    check_scale,
+    cpu_threads,
+    make_config,
+    resolve_seeds,
+    sweep,
+    train_copies,
+)
+from lnbook.engine.train import History, fit
 from lnbook.recurrent_bn import BatchNormRNN
 from lnbook.rnn import RNN
-from lnbook.seeds import verdict_seeds
-from lnbook.train import History, fit
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
@@ -61,12 +71,14 @@ class Config:
     n_eval: int = 256
     test_batch: int = 256
     bn_gain_init: float = 1.0
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
+        self.variants = tuple(self.variants)
+        if not isinstance(self.seeds, int):
+            self.seeds = tuple(self.seeds)
         self.train_lens, self.batch_sizes = tuple(self.train_lens), tuple(self.batch_sizes)
         if not self.variants or not set(self.variants) <= set(VARIANTS):
             raise ValueError(f"variants must be drawn from {VARIANTS}, got {self.variants}")
@@ -160,10 +172,9 @@ def input_sensitivity(model: SignModel, x: Tensor) -> Tensor:
     model.eval()
     x = x.detach().clone().requires_grad_(True)  # (T, B, 1)
     with torch.enable_grad():
-        model.logits(x)[-1].sum().backward()
-    model.zero_grad(set_to_none=True)
+        (grad,) = torch.autograd.grad(model.logits(x)[-1].sum(), x)  # (T, B, 1)
     model.train(was)
-    return x.grad.abs().mean(dim=(1, 2))  # type: ignore[union-attr]  # (T,)
+    return grad.abs().mean(dim=(1, 2))  # (T,)
 
 
 def state_sum_corr(model: SignModel, x: Tensor) -> float:
@@ -194,8 +205,8 @@ def _batch(n: int, length: int, seed: int) -> tuple[Tensor, Tensor]:
     return running_sum_batch(n, length, torch.Generator().manual_seed(seed))
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train every (variant, length, batch size) with every seed; return the sweep's results.
 
     Curves: held-out ``nll`` and ``error``. ``Run.info``: ``error`` (per test step),
@@ -210,41 +221,47 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
              for n in sorted(set(test_len.values()))}
     trivial = {str(n): {**trivial_errors(*xy), "constant_nll": math.log(2)}
                for n, xy in tests.items()}
-
-    def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-        variant, length, bs = job.params
-        torch.manual_seed(job.seed)
-        model = SignModel(variant, config.hidden, length, config.bn_gain_init)
-        x_eval, y_eval = (t.to(job.device) for t in held[length])
-
-        def eval_fn(m: nn.Module) -> dict[str, float]:
-            logits = m.logits(x_eval)  # (T, B)
-            nll = F.binary_cross_entropy_with_logits(logits, y_eval)
-            err = ((logits > 0).float() != y_eval).float().mean()
-            return {"nll": float(nll), "error": float(err)}
-
-        def data(step: int) -> tuple[Tensor, Tensor]:
-            return _batch(bs, length, job.seed * 1_000_003 + step)
-
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-        hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
-                   eval_fn=eval_fn, device=job.device, seed=job.seed,
-                   checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-        x_test, y_test = (t.to(job.device) for t in tests[test_len[length]])
-        x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
-        info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
-                "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
-                "state_sum_corr": state_sum_corr(model, x_in)}
-        if variant == "bn":
-            info["error_batch_stats"] = error_per_step(model, x_in, y_in, True).cpu().tolist()
-        return hist, info
-
     variants = {variant_name(v, L, B): (v, L, B) for L in config.train_lens
                 for B in config.batch_sizes for v in config.variants}
+    tests_of = {n: tests[test_len[n]] for n in config.train_lens}
     with cpu_threads(config.threads):
-        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds), train_one,
+        return sweep(NAME, variants, config.seeds, partial(train_one, config, held, tests_of),
                      config=config, device=resolve_device(device), out=out, steps=config.steps,
                      info={"trivial": trivial})
+
+
+def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
+              tests: dict[int, tuple[Tensor, Tensor]], job: Job
+              ) -> tuple[History, dict[str, Any]]:
+    """One run: the :class:`SignModel` of ``job.params`` (variant, length, batch size) trained
+    with seed ``job.seed``, evaluated on ``held[length]``; its history and the measurements on
+    ``tests[length]`` (the test sequences of that training length)."""
+    variant, length, bs = job.params
+    torch.manual_seed(job.seed)
+    model = SignModel(variant, config.hidden, length, config.bn_gain_init)
+    x_eval, y_eval = (t.to(job.device) for t in held[length])
+
+    def eval_fn(m: nn.Module) -> dict[str, float]:
+        logits = m.logits(x_eval)  # (T, B)
+        nll = F.binary_cross_entropy_with_logits(logits, y_eval)
+        err = ((logits > 0).float() != y_eval).float().mean()
+        return {"nll": float(nll), "error": float(err)}
+
+    def data(step: int) -> tuple[Tensor, Tensor]:
+        return _batch(bs, length, job.seed * 1_000_003 + step)
+
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
+               eval_fn=eval_fn, device=job.device, seed=job.seed,
+               checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    x_test, y_test = (t.to(job.device) for t in tests[length])
+    x_in, y_in = x_test[:length], y_test[:length]  # (L, B, 1), (L, B)
+    info = {"error": error_per_step(model, x_test, y_test).cpu().tolist(),
+            "sensitivity": input_sensitivity(model, x_test).cpu().tolist(),
+            "state_sum_corr": state_sum_corr(model, x_in)}
+    if variant == "bn":
+        info["error_batch_stats"] = error_per_step(model, x_in, y_in, True).cpu().tolist()
+    return hist, info
 
 
 # --- the sign of the first input, seeds trained together (chapter 7, claim C22) -----------
@@ -358,11 +375,13 @@ class FirstSignConfig:
     eval_every: int = 25
     lr: float = 1e-2
     n_eval: int = 256
-    seeds: tuple[int, ...] = verdict_seeds(8)
+    seeds: int | tuple[int, ...] = 8
 
     def __post_init__(self) -> None:
         self.lengths, self.batch_sizes = tuple(self.lengths), tuple(self.batch_sizes)
-        self.variants, self.seeds = tuple(self.variants), tuple(self.seeds)
+        self.variants = tuple(self.variants)
+        if not isinstance(self.seeds, int):
+            self.seeds = tuple(self.seeds)
         if not self.variants or not set(self.variants) <= {"ln", "plain"}:
             raise ValueError(f"variants must be drawn from ('ln', 'plain'), got {self.variants}")
         if not self.lengths or min(self.lengths) < 1:
@@ -391,6 +410,7 @@ def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
     """Train every (variant, length, batch size, seed) of ``config``: one batched
     :class:`StackedRNN` per (length, batch size); the runs of one seed share weights and data."""
     check_config(config, FirstSignConfig, None)
+    config = dataclasses.replace(config, seeds=resolve_seeds(config.seeds))
     steps = np.arange(0, config.steps + 1, config.eval_every)
     error = {}
     for length, bs in itertools.product(config.lengths, config.batch_sizes):
@@ -401,6 +421,8 @@ def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
 
 
 def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) -> np.ndarray:
+    """The ``(variants * seeds, E)`` error curves of one (length, batch size), every model
+    trained at once by the engine's :func:`~lnbook.engine.train_copies`."""
     model = StackedRNN([v == "ln" for v in c.variants for _ in c.seeds], c.hidden)
     model.reset_parameters(list(c.seeds) * len(c.variants))
     opt = torch.optim.Adam(model.parameters(), lr=c.lr)
@@ -409,20 +431,20 @@ def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) ->
     x_eval, y_eval = first_sign_batch(c.n_eval, length,
                                       torch.Generator().manual_seed(_EVAL_SEED + length))
     x_eval = x_eval[..., 0][:, None, :].expand(length, model.n_models, c.n_eval)  # (T, M, N)
-    out = []
-    for step in range(c.steps + 1):
-        if step in steps:
-            with torch.no_grad():
-                wrong = (model.logits(x_eval)[-1] > 0).float() != y_eval[-1]  # (M, N)
-            out.append(wrong.float().mean(-1))
-        if step == c.steps:
-            break
+
+    def losses(step: int) -> Tensor:  # (M,): each model's mean loss on its seed's batch
         xy = [first_sign_batch(bs, length, g) for g in gens]  # one data stream per seed
         x = torch.stack([x for x, _ in xy], 1)[..., 0].repeat(1, len(c.variants), 1)
         y = torch.stack([y for _, y in xy], 1).repeat(1, len(c.variants), 1)  # (T, M, B)
         bce = F.binary_cross_entropy_with_logits(model.logits(x), y, reduction="none")
-        loss = bce.mean((0, 2)).sum()  # the sum over models of each one's mean
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return torch.stack(out, 1).numpy()  # (M, E)
+        return bce.mean((0, 2))
+
+    def evaluate() -> list[dict[str, float]]:
+        with torch.no_grad():
+            wrong = (model.logits(x_eval)[-1] > 0).float() != y_eval[-1]  # (M, N)
+        return [{"error": e} for e in wrong.float().mean(-1).tolist()]
+
+    hists = train_copies(losses, evaluate, opt, [History() for _ in range(model.n_models)],
+                         c.steps, c.eval_every)
+    keep = [hists[0].eval_steps.index(int(s)) for s in steps]  # the evaluations asked for
+    return np.array([[h.metrics[k]["error"] for k in keep] for h in hists], dtype=np.float32)

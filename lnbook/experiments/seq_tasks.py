@@ -18,8 +18,8 @@ from torch import Tensor
 
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
-from lnbook.experiments.presets import check_scale
-from lnbook.experiments.results import Results
+from lnbook.engine.presets import check_scale
+from lnbook.engine.results import Results
 from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 

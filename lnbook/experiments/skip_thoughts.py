@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pydoc_data.topics import topics as help_topics
 from typing import Any
 
@@ -22,10 +23,10 @@ from torch import Tensor, nn
 
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine.train import Batches, History, fit
 from lnbook.experiments._text import first_reach, median_step_time, pad_ids
-from lnbook.experiments.protocol import Job, Results, Table, cpu_threads, make_config, sweep
-from lnbook.seeds import verdict_seeds
-from lnbook.train import Batches, History, fit
+from lnbook.table import Table
 
 NAME = "skip_thoughts"
 DESCRIPTION = ("6.3 skip-thoughts: GRU encoder and two GRU decoders with/without LN on Python's "
@@ -33,7 +34,8 @@ DESCRIPTION = ("6.3 skip-thoughts: GRU encoder and two GRU decoders with/without
                "Table 3), time per update")
 
 __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE3", "VARIANTS", "Config", "get_config", "load_data",
-           "run", "Corpus", "split_sentences", "tokenize", "load_corpus", "build_vocab", "encode",
+           "run", "train_one", "Corpus", "split_sentences", "tokenize", "load_corpus",
+           "build_vocab", "encode",
            "SkipThoughtData", "make_data", "unigram_loss", "bag_of_words", "SkipThoughts",
            "stratified_folds", "probe_accuracy", "heldout_loss", "probe_scores", "time_per_update",
            "updates_to_target", "probe_table"]
@@ -408,7 +410,7 @@ class Config:
     eval_every: int = 5
     timing_hidden: tuple[int, ...] = (32, 256)
     timing_updates: int = 5
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     threads: int | None = 1
     checkpoint: bool = False
@@ -425,7 +427,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         "vocab_size": 20_000, "max_tokens": 30, "word_dim": 620, "hidden_size": 2400,
         "batch_size": 128, "lr": 1e-3, "steps": 1_000_000, "eval_every": 50_000,
         "probe_folds": 10, "timing_hidden": (2400,), "timing_updates": 20,
-        "seeds": verdict_seeds(1), "threads": None, "checkpoint": True,
+        "seeds": 1, "threads": None, "checkpoint": True,
     },
 }
 
@@ -441,7 +443,8 @@ def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
     return corpus, make_data(corpus, config.vocab_size, config.heldout, config.probe_topics)
 
 
-def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History, dict[str, Any]]:
+def train_one(config: Config, data: SkipThoughtData, job: Job
+              ) -> tuple[History, dict[str, Any]]:
     """One (variant, seed): probe the untrained encoder, train, probe again."""
     torch.manual_seed(job.seed)
     model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size, job.params)
@@ -458,7 +461,7 @@ def _train_one(config: Config, data: SkipThoughtData, job: Job) -> tuple[History
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None, seeds: tuple[int, ...] | list[int] | None = None,
+        out: str | os.PathLike | None = None,
         data: tuple[Corpus, SkipThoughtData] | None = None) -> Results:
     """Train the baseline and the LN skip-thought models for every seed; probe before and after.
 
@@ -483,9 +486,8 @@ def run(config: Config, device: str | torch.device = "auto",
         info = {"corpus": corpus_info, "unigram": unigram_loss(data),
                 "majority_topic": 100.0 * torch.bincount(data.topic_labels).max().item()
                 / len(data.topic_labels), "timing": timing}
-        return sweep(NAME, {v: VARIANTS[v] for v in config.variants},
-                     tuple(config.seeds if seeds is None else seeds),
-                     lambda job: _train_one(config, data, job), config=config, device=device,
+        return sweep(NAME, {v: VARIANTS[v] for v in config.variants}, config.seeds,
+                     partial(train_one, config, data), config=config, device=device,
                      out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
 
 

@@ -26,11 +26,11 @@ from torch.func import functional_call, stack_module_state, vmap
 from lnbook.checks import check_choice, check_config
 from lnbook.data import IGNORE_INDEX
 from lnbook.device import resolve_device
-from lnbook.experiments.job import cpu_threads
-from lnbook.experiments.results import Results, Run, _jsonable, save_results
+from lnbook.engine.job import cpu_threads
+from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.store import check_results_file
+from lnbook.engine.train import Batches, History
 from lnbook.experiments.seq_tasks import SequenceTask, make_task
-from lnbook.experiments.store import check_results_file
-from lnbook.train import Batches, History
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 __all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices",
@@ -136,7 +136,7 @@ def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
 
 
 def fit_batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
-    """The rows of each update in the order of :class:`lnbook.train.Batches` with ``seed``,
+    """The rows of each update in the order of :class:`lnbook.engine.train.Batches` with ``seed``,
     ``(steps, batch_size)``: the batches :func:`lnbook.fit` gives a run of that seed."""
     batches = Batches(torch.arange(n), batch_size=batch_size, seed=seed)
     return torch.stack([batches(step)[0] for step in range(steps)])

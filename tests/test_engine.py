@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from lnbook.experiments import protocol as P
-from lnbook.experiments import workers
-from lnbook.experiments.store import config_digest
-from lnbook.train import Batches, History, fit
+import lnbook.engine as P
+from lnbook.engine import workers
+from lnbook.engine.store import config_digest
+from lnbook.engine.train import Batches, History, fit
 
 
 def _history(values: list[float], steps: list[int] | None = None) -> History:
@@ -277,7 +277,7 @@ def test_workers_from_an_unguarded_script_get_a_clear_error(tmp_path):
     script.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_protocol import P, _train_one\n"
+        "from test_engine import P, _train_one\n"
         "P.sweep('toy', {'linear': 'linear'}, [0, 1], _train_one, config=None,\n"
         "        device='cpu', workers=2)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -325,21 +325,68 @@ def test_sweep_trains_with_the_threads_it_is_given():
     assert seen == [2] and torch.get_num_threads() == before
 
 
-def test_every_name_stays_importable_where_it_was():
-    """protocol.py is now one module per job; its names, and Table, keep their addresses."""
-    import lnbook
+def test_the_engine_is_one_package_and_the_old_addresses_are_gone():
+    """Every name of the engine is importable from ``lnbook.engine``; the compatibility shim
+    ``lnbook.experiments.protocol`` and the engine names on ``lnbook.experiments`` are gone."""
+    import importlib
+
     import lnbook.experiments as E
-    from lnbook.experiments import job, metrics, presets, results, runner, store
-    from lnbook.table import Table
+    from lnbook.engine import job, metrics, presets, results, runner, store, train
 
     moved = {"sweep": runner, "Job": job, "SweepInterrupted": job, "cpu_threads": job,
              "Run": results, "Results": results, "save_results": results,
              "load_results": results, "updates_to_reach": metrics, "best_step": metrics,
              "mean_after_start": metrics, "classification_metrics": metrics,
              "SCALES": presets, "check_scale": presets, "make_config": presets,
-             "OutConflict": store}
+             "OutConflict": store, "fit": train, "History": train, "Batches": train}
     for name, module in moved.items():
         assert getattr(P, name) is getattr(module, name), name
-        assert getattr(E, name) is getattr(module, name), name
-    assert set(P.__all__) >= set(moved) | {"Table"}
-    assert P.Table is E.Table is lnbook.Table is Table
+        assert not hasattr(E, name), name
+    assert set(P.__all__) >= set(moved)
+    for old in ("lnbook.experiments.protocol", "lnbook.experiments.runner", "lnbook.train"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+def _train_stack(job: P.Job) -> list[History]:
+    """A stacked job: one result per (variant, seed) of the job, as if trained one by one."""
+    return [_train_one(P.Job.one(v, job.variants[v], s)) for v, s in job.pairs]
+
+
+@pytest.mark.parametrize("stack", ["seeds", "all"])
+def test_a_stacked_sweep_gives_the_runs_of_one_at_a_time_and_resumes(tmp_path, stack):
+    variants = {"linear": "linear", "mlp": "mlp"}
+    alone = P.sweep("toy", variants, [0, 1], _train_one, config={"x": 1}, device="cpu")
+    calls = []
+
+    def counted(job):
+        calls.append(job.pairs)
+        return _train_stack(job)
+
+    r = P.sweep("toy", variants, [0, 1], counted, config={"x": 1}, device="cpu",
+                out=tmp_path, stack=stack)
+    assert len(calls) == (2 if stack == "seeds" else 1)
+    assert [(x.variant, x.seed) for x in r.runs] == [(x.variant, x.seed) for x in alone.runs]
+    for a, b in zip(alone.runs, r.runs, strict=True):
+        assert a.history.losses == b.history.losses
+    again = P.sweep("toy", variants, [0, 1], counted, config={"x": 1}, device="cpu",
+                    out=tmp_path, stack=stack)
+    assert len(calls) == (2 if stack == "seeds" else 1)  # every run was read back, none retrained
+    assert [x.history.losses for x in again.runs] == [x.history.losses for x in r.runs]
+    with pytest.raises(ValueError, match="returned 1 results for a job of 4 runs"):
+        P.sweep("toy", variants, [0, 1], lambda job: [_train_one(P.Job.one("linear", "linear", 0))],
+                config={"x": 1}, device="cpu", stack="all")
+
+
+def test_seeds_are_resolved_when_the_sweep_starts_and_recorded_as_trained(monkeypatch):
+    monkeypatch.setenv("LNBOOK_SEED_SET", "2")
+    r = P.sweep("toy", {"linear": "linear"}, 2, _train_one, config={"seeds": 2}, device="cpu")
+    assert r.seeds == [2000, 2001] and r.config["seeds"] == [2000, 2001]
+    r = P.sweep("toy", {"linear": "linear"}, (7, 9), _train_one, config={"seeds": 2},
+                device="cpu")
+    assert r.config["seeds"] == [7, 9]  # the seeds trained, not the config's default
+    with pytest.raises(ValueError, match=r"seeds must differ: \[3\] given more than once"):
+        P.resolve_seeds([3, 4, 3])
+    with pytest.raises(TypeError, match="seeds must be ints"):
+        P.resolve_seeds([1.5])
+    assert P.resolve_seeds(3) == (2000, 2001, 2002)

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from lnbook.experiments.metrics import _pick
+from lnbook.engine.metrics import _pick
+from lnbook.engine.train import History, UnreadableFile
 from lnbook.table import Table
-from lnbook.train import History, UnreadableFile
 
 __all__ = ["Results", "Run", "load_results", "read_json", "save_results"]
 
@@ -52,7 +52,7 @@ def save_results(results: Any, path: str | os.PathLike) -> Path:
 
 def read_json(path: str | os.PathLike, remedy: str) -> Any:
     """The JSON in ``path``; a file that is not JSON raises
-    :class:`~lnbook.train.UnreadableFile` naming it, what is wrong and ``remedy``."""
+    :class:`~lnbook.engine.train.UnreadableFile` naming it, what is wrong and ``remedy``."""
     path = Path(path)
     try:
         return json.loads(path.read_text())
@@ -72,7 +72,7 @@ def load_results(path: str | os.PathLike) -> Results:
 
 @dataclass
 class Run:
-    """One trained (variant, seed) pair: its :class:`~lnbook.train.History` and ``info``
+    """One trained (variant, seed) pair: its :class:`~lnbook.engine.train.History` and ``info``
     (anything else the experiment measured on it, JSON types)."""
 
     variant: str

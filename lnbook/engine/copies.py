@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from lnbook.experiments.metrics import updates_to_reach
-from lnbook.experiments.results import Results
-from lnbook.train import History, progress_enabled
+from lnbook.engine.metrics import updates_to_reach
+from lnbook.engine.results import Results
+from lnbook.engine.train import History, progress_enabled
 
 
 def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[dict[str, float]]],

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lnbook.experiments.results import Run, read_json, save_results
-from lnbook.train import UnreadableFile
+from lnbook.engine.results import Run, read_json, save_results
+from lnbook.engine.train import UnreadableFile
 
 __all__ = ["CONTINUES", "OutConflict", "config_digest", "load_finished", "save_run"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lnbook.experiments.job import Job, SweepInterrupted, label, saved_step, train_job
-from lnbook.experiments.results import Run, read_json
-from lnbook.experiments.store import save_run
+from lnbook.engine.job import Job, SweepInterrupted, label, saved_step, train_job
+from lnbook.engine.results import Run, read_json
+from lnbook.engine.store import save_run
 
 __all__ = ["train_concurrently"]
 
@@ -59,14 +59,16 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
                                initializer=_worker_ignores_ctrl_c, initargs=(os.getpid(),))
 
 
-def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
+def train_concurrently(jobs: dict[int, tuple[Job, list[Path] | None, list[int]]],
+                       done: dict[int, Run],
                        train_one: Callable[[Job], Any], threads: int | None, cfg: Any,
                        bar: tqdm, n_steps: Callable[[int], int], folder: Path | None, *,
                        workers: int = 1, executor: Executor | None = None) -> None:
-    """Train ``jobs`` at once, filling ``done`` (index -> run) as runs finish.
+    """Train ``jobs`` at once, filling ``done`` (run index -> run) as jobs finish; ``jobs``
+    maps a job index to (job, its run files, the indices of its runs).
 
-    Without ``executor``: ``workers`` local processes, never more runs handed out than
-    workers; each worker writes its run file. With ``executor``: all jobs submitted at once,
+    Without ``executor``: ``workers`` local processes, never more jobs handed out than
+    workers; each worker writes its run files. With ``executor``: all jobs submitted at once,
     the runs' files written here.
     """
     own = executor is None
@@ -88,15 +90,16 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
 
     def start_next() -> None:
         i = waiting.pop(0)
-        job, run_file = jobs[i]
+        job, run_files, _ = jobs[i]
         running[pool.submit(fn, train_one, dataclasses.replace(job, bar=quiet), threads, cfg,
-                            run_file if own else None)] = i
+                            run_files if own else None)] = i
 
-    def finish(i: int, run: Run) -> None:
-        run_file = jobs[i][1]
-        if not own and run_file is not None:
-            save_run(run, cfg, run_file)
-        done[i] = run
+    def finish(i: int, runs: list[Run]) -> None:
+        _, run_files, indices = jobs[i]
+        if not own and run_files is not None:
+            for run, path in zip(runs, run_files, strict=True):
+                save_run(run, cfg, path)
+        done.update(zip(indices, runs, strict=True))
 
     try:
         while waiting and len(running) < limit:
@@ -129,9 +132,9 @@ def train_concurrently(jobs: dict[int, tuple[Job, Path | None]], done: dict[int,
         pool.shutdown()
 
 
-def _stop(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
+def _stop(jobs: dict[int, tuple[Job, list[Path] | None, list[int]]], done: dict[int, Run],
           running: dict[Future, int], own: bool, folder: Path | None, bar: tqdm,
-          finish: Callable[[int, Run], None]) -> None:
+          finish: Callable[[int, list[Run]], None]) -> None:
     """After Ctrl-C: raise :class:`SweepInterrupted` with what finished or was checkpointed."""
     # workers that got the Ctrl-C too (a terminal sends it to them all) save a checkpoint and
     # stop; runs whose worker did not (Jupyter interrupts the kernel only) go on in the
@@ -139,11 +142,12 @@ def _stop(jobs: dict[int, tuple[Job, Path | None]], done: dict[int, Run],
     wait(running, timeout=10 if own else 0)
     saved = []
     for future, i in running.items():
-        job, run_file = jobs[i]
+        job, run_files, indices = jobs[i]
         if future.done() and not future.cancelled() and future.exception() is None:
             finish(i, future.result())
-        elif own and run_file is not None and run_file.exists():  # saved just before Ctrl-C
-            done[i] = Run.from_dict(read_json(run_file, "delete it to train it again")["run"])
+        elif own and run_files and all(f.exists() for f in run_files):  # saved before Ctrl-C
+            done.update((k, Run.from_dict(read_json(f, "delete it to train it again")["run"]))
+                        for k, f in zip(indices, run_files, strict=True))
         else:
             saved += saved_step(job)
     finished = [label(r.variant, r.seed) for _, r in sorted(done.items())]

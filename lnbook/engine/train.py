@@ -215,7 +215,7 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
     if not (isinstance(eval_every, int) and eval_every >= 1):
         raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
     if not callable(train_data):
-        raise TypeError("train_data must be a callable step -> batch, e.g. lnbook.train.Batches")
+        raise TypeError("train_data must be a callable step -> batch, e.g. lnbook.Batches")
     dev = resolve_device(device)
     model.to(dev)
     model.train()

@@ -11,25 +11,60 @@ from typing import Any
 
 import torch
 
-from lnbook.experiments.results import Run
-from lnbook.experiments.store import save_run
-from lnbook.train import UnreadableFile, load_checkpoint
+from lnbook.engine.results import Run
+from lnbook.engine.store import save_run
+from lnbook.engine.train import UnreadableFile, load_checkpoint
 
 __all__ = ["Job", "SweepInterrupted", "cpu_threads"]
 
 
 @dataclass
 class Job:
-    """One (variant, seed) pair handed to ``train_one``: pass ``bar``, ``label`` and
-    ``checkpoint`` on to :func:`lnbook.fit`."""
+    """One unit of a sweep handed to the experiment's train function: every variant of
+    ``variants`` (name -> parameters, in order) with every seed of ``seeds``. A job of one
+    variant and one seed is one run (``job.variant``, ``job.params``, ``job.seed``); a stacked
+    job trains several as one model and returns one result per ``job.pairs`` entry. Pass
+    ``bar``, ``label`` and ``checkpoint`` on to :func:`lnbook.fit` (or the copies' loop)."""
 
-    variant: str
-    params: Any
-    seed: int
+    variants: dict[str, Any]
+    seeds: tuple[int, ...]
     device: torch.device
     checkpoint: Path | None
     bar: Any
     label: str
+
+    @property
+    def pairs(self) -> list[tuple[str, int]]:
+        """``(variant, seed)`` of each run this job trains, in the order of its results."""
+        return [(v, s) for v in self.variants for s in self.seeds]
+
+    def _only(self, what: str, values: Any) -> Any:
+        if len(values) != 1:
+            raise AttributeError(f"job.{what}: this job trains {len(self.variants)} variants "
+                                 f"x {len(self.seeds)} seeds (read job.variants, job.seeds)")
+        return next(iter(values))
+
+    @property
+    def variant(self) -> str:
+        """The variant of a job of one variant."""
+        return self._only("variant", self.variants)
+
+    @property
+    def params(self) -> Any:
+        """The parameters of a job of one variant."""
+        return self._only("params", list(self.variants.values()))
+
+    @property
+    def seed(self) -> int:
+        """The seed of a job of one seed."""
+        return self._only("seed", self.seeds)
+
+    @classmethod
+    def one(cls, variant: str, params: Any, seed: int, device: torch.device | str = "cpu",
+            checkpoint: Path | None = None, bar: Any = None) -> Job:
+        """The job of one run (for tests, and for training one run by hand)."""
+        return cls({variant: params}, (int(seed),), torch.device(device), checkpoint, bar,
+                   label(variant, seed))
 
 
 def label(variant: str, seed: int) -> str:
@@ -78,16 +113,26 @@ def cpu_threads(n: int | None) -> Iterator[None]:
 
 
 def train_job(train_one: Callable[[Job], Any], job: Job, threads: int | None, cfg: Any,
-              run_file: Path | None) -> Run:
-    """Train one job (in this process or another) and keep the finished run in ``run_file``
-    (written where the run trained, so that it survives an interrupted parent)."""
+              run_files: list[Path] | None) -> list[Run]:
+    """Train one job (in this process or another) and keep its finished runs in
+    ``run_files`` (written where they trained, so that they survive an interrupted parent).
+
+    ``train_one`` returns, for a job of one run, a ``History`` or ``(History, info)``; for a
+    stacked job, a list of those, one per ``job.pairs`` entry."""
     with cpu_threads(threads):
         got = train_one(job)
-    hist, run_info = got if isinstance(got, tuple) else (got, {})
-    run = Run(job.variant, job.seed, hist, dict(run_info))
-    if run_file is not None:
-        save_run(run, cfg, run_file)
-    return run
+    many = len(job.pairs) > 1 or isinstance(got, list)
+    got = list(got) if many else [got]
+    if len(got) != len(job.pairs):
+        raise ValueError(f"{getattr(train_one, '__name__', train_one)!r} returned {len(got)} "
+                         f"results for a job of {len(job.pairs)} runs ({job.label})")
+    runs = []
+    for (variant, seed), one in zip(job.pairs, got, strict=True):
+        hist, run_info = one if isinstance(one, tuple) else (one, {})
+        runs.append(Run(variant, seed, hist, dict(run_info)))
+    for run, path in zip(runs, run_files or [], strict=False):
+        save_run(run, cfg, path)
+    return runs
 
 
 def saved_step(job: Job) -> list[tuple[str, int, int]]:

@@ -1,0 +1,38 @@
+"""The one experiment engine: every experiment of the book trains through it.
+
+- :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`make_config`;
+- :mod:`.train`: the training loop :func:`fit` (one model) with checkpoint and resume;
+- :mod:`.stack`: many copies of any model as one (:class:`Stack`, ``torch.func``);
+- :mod:`.copies`: the loop that trains such copies (:func:`train_copies`);
+- :mod:`.runner`: :func:`sweep`, variants x seeds -> :class:`Results`, here, in worker
+  processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
+- :mod:`.store`: the ``out`` folder (finished runs are never lost or overwritten);
+- :mod:`.results`, :mod:`.metrics`: one layout of results, and the measures of learning curves.
+
+The engine knows no experiment: experiments (:mod:`lnbook.experiments`) import it, never the
+other way round.
+"""
+
+from __future__ import annotations
+
+from lnbook.engine.copies import train_copies
+from lnbook.engine.job import Job, SweepInterrupted, cpu_threads
+from lnbook.engine.metrics import (
+    best_step,
+    classification_metrics,
+    mean_after_start,
+    updates_to_reach,
+)
+from lnbook.engine.presets import SCALES, check_scale, make_config
+from lnbook.engine.results import Results, Run, load_results, save_results
+from lnbook.engine.runner import STACKS, resolve_seeds, sweep, using_executor
+from lnbook.engine.stack import Stack
+from lnbook.engine.store import OutConflict
+from lnbook.engine.train import Batches, History, UnreadableFile, fit
+
+__all__ = [
+    "SCALES", "STACKS", "Batches", "History", "Job", "OutConflict", "Results", "Run", "Stack",
+    "SweepInterrupted", "UnreadableFile", "best_step", "check_scale", "classification_metrics",
+    "cpu_threads", "fit", "load_results", "make_config", "mean_after_start", "resolve_seeds",
+    "save_results", "sweep", "train_copies", "updates_to_reach", "using_executor",
+]

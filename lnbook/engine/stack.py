@@ -1,0 +1,146 @@
+"""Many copies of one model trained as one: :class:`Stack`.
+
+At the book's sizes an update of a small model is mostly Python overhead, so the engine trains
+the seeds of a variant as one model with a leading copy dimension. :class:`Stack` does it for
+any :class:`torch.nn.Module`: the copies' parameters are stacked along a new first dimension
+(:func:`torch.func.stack_module_state`) and one forward runs every copy on its own inputs
+(:func:`torch.func.vmap` over :func:`torch.func.functional_call`). Copy ``k``'s loss depends
+only on its own slice of the parameters, so the gradient of the summed losses is each copy's
+own, and an elementwise optimizer (SGD, Adam) updates each copy as it would alone.
+
+A module that changes its own state in its forward (batch norm's running averages, a module
+that keeps the last value it saw) cannot run under ``vmap``: such copies are kept as they are
+and run one after the other (``vectorize=False``, chosen by default for batch norm), with the
+same interface and the numbers of the copies run alone.
+
+Example::
+
+    >>> models = [nn.Linear(3, 2) for _ in range(4)]
+    >>> stack = Stack(models)
+    >>> stack(torch.randn(4, 8, 3)).shape  # (copies, batch, out)
+    torch.Size([4, 8, 2])
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state, vmap
+
+__all__ = ["Stack"]
+
+_SEP = "|"  # stands for "." in a stacked parameter's name (module names may not hold dots)
+
+
+def _has_running_state(model: nn.Module) -> bool:
+    """True if ``model`` updates buffers in its forward (batch norm tracking statistics)."""
+    return any(isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+               for m in model.modules())
+
+
+class Stack(nn.Module):
+    """``n`` copies of one architecture as one module (see the module's docstring).
+
+    Args:
+        models: the copies, each an ``nn.Module`` of the same architecture (the same parameter
+            and buffer names and shapes); their current values are the stack's start.
+        vectorize: run the copies as one computation (``vmap``); default: unless a copy updates
+            running statistics in its forward (then the copies run one after the other).
+
+    Shape:
+        forward: every input ``(n, *)``, copy ``k`` gets ``input[k]``; inputs named in
+        ``shared`` are given to every copy whole. The output gets a leading ``n``.
+    """
+
+    def __init__(self, models: Sequence[nn.Module], vectorize: bool | None = None) -> None:
+        super().__init__()
+        models = list(models)
+        if not models or not all(isinstance(m, nn.Module) for m in models):
+            raise TypeError(f"models must be a non-empty sequence of nn.Module, got {models!r}")
+        shapes = [{k: tuple(v.shape) for k, v in m.state_dict().items()} for m in models]
+        if any(s != shapes[0] for s in shapes[1:]):
+            raise ValueError("every copy must have the same parameters and buffers (names and "
+                             "shapes) as the first")
+        self.n = len(models)
+        self.vectorize = (not any(map(_has_running_state, models)) if vectorize is None
+                          else bool(vectorize))
+        if not self.vectorize:
+            self.copies = nn.ModuleList(models)
+            return
+        params, buffers = stack_module_state(models)  # {name: (n, *shape)}
+        self.stacked = nn.ParameterDict(
+            {k.replace(".", _SEP): nn.Parameter(v.detach().clone()) for k, v in params.items()})
+        for k, v in buffers.items():
+            self.register_buffer("buffer" + _SEP + k.replace(".", _SEP), v.clone())
+        self._base = [copy.deepcopy(models[0]).to("meta")]  # a list: not a submodule
+
+    def _state(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        params = {k.replace(_SEP, "."): v for k, v in self.stacked.items()}
+        buffers = {k[len("buffer" + _SEP):].replace(_SEP, "."): v
+                   for k, v in self.named_buffers() if k.startswith("buffer" + _SEP)}
+        return params, buffers
+
+    def forward(self, *inputs: Tensor, shared: Sequence[int] = ()) -> Tensor:
+        """Every copy on its own inputs; ``shared``: the positions of inputs given whole."""
+        if not self.vectorize:
+            outs = [m(*(x if i in shared else x[k] for i, x in enumerate(inputs)))
+                    for k, m in enumerate(self.copies)]
+            return torch.stack(outs)
+        base = self._base[0]
+
+        def one(p: dict[str, Tensor], b: dict[str, Tensor], *xs: Tensor) -> Tensor:
+            return functional_call(base, (p, b), xs)
+
+        dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
+        return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
+
+    def call(self, fn: Callable[..., Tensor], *inputs: Tensor, shared: Sequence[int] = ()
+             ) -> Tensor:
+        """``fn(model, *inputs)`` for every copy (for a method other than ``forward``), stacked."""
+        if not self.vectorize:
+            return torch.stack([fn(m, *(x if i in shared else x[k] for i, x in enumerate(inputs)))
+                                for k, m in enumerate(self.copies)])
+        base = self._base[0]
+
+        wrapped = _Call(base, fn)
+
+        def one(p: dict[str, Tensor], b: dict[str, Tensor], *xs: Tensor) -> Tensor:
+            p = {f"model.{k}": v for k, v in p.items()}
+            b = {f"model.{k}": v for k, v in b.items()}
+            return functional_call(wrapped, (p, b), xs)
+
+        dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
+        return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
+
+    def unstack(self) -> list[nn.Module]:
+        """The copies as separate modules on the CPU, with the stack's current values."""
+        if not self.vectorize:
+            return [copy.deepcopy(m).cpu() for m in self.copies]
+        params, buffers = self._state()
+        out = []
+        for k in range(self.n):
+            model = copy.deepcopy(self._base[0]).to_empty(device="cpu")
+            with torch.no_grad():
+                for n, t in params.items():
+                    model.get_parameter(n).copy_(t[k])
+                for n, t in buffers.items():
+                    model.get_buffer(n).copy_(t[k])
+            out.append(model)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, vectorize={self.vectorize}"
+
+
+class _Call(nn.Module):
+    """``fn(model, *xs)`` as a module's forward, for :func:`torch.func.functional_call`."""
+
+    def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
+        super().__init__()
+        self.model, self.fn = model, fn
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        return self.fn(self.model, *xs)

@@ -1,0 +1,80 @@
+"""engine.Stack: copies of a model trained as one give the numbers of the copies alone."""
+
+import pytest
+import torch
+from torch import nn
+
+from lnbook import LayerNorm
+from lnbook.engine import History, train_copies
+from lnbook.engine.stack import Stack
+
+
+def _mlp(seed: int, norm: type[nn.Module] = LayerNorm, dtype=torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 8), norm(8), nn.ReLU(), nn.Linear(8, 3)).to(dtype)
+
+
+def _data(n: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 6, 5, generator=g, dtype=dtype), torch.randint(3, (n, 6), generator=g)
+
+
+def _train_alone(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int) -> nn.Module:
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_a_stack_trains_each_copy_as_it_would_alone(dtype, tol):
+    seeds, steps = (0, 1, 2), 6
+    x, y = _data(len(seeds), dtype)
+    stack = Stack([_mlp(s, dtype=dtype) for s in seeds])
+    assert stack.vectorize and stack(x).shape == (3, 6, 3)
+    opt = torch.optim.Adam(stack.parameters(), lr=0.05)
+
+    def losses(step: int) -> torch.Tensor:  # (copies,)
+        logits = stack(x)  # (copies, 6, 3)
+        return torch.stack([nn.functional.cross_entropy(logits[k], y[k]) for k in range(3)])
+
+    hists = train_copies(losses, lambda: [{} for _ in seeds], opt,
+                         [History() for _ in seeds], steps, steps)
+    assert [len(h.losses) for h in hists] == [steps] * 3
+    for k, (s, got) in enumerate(zip(seeds, stack.unstack(), strict=True)):
+        alone = _train_alone(_mlp(s, dtype=dtype), x[k], y[k], steps)
+        for (name, a), b in zip(alone.state_dict().items(), got.state_dict().values(),
+                                strict=True):
+            torch.testing.assert_close(b, a, atol=tol, rtol=tol, msg=name)
+    assert not torch.equal(stack.unstack()[0][0].weight, stack.unstack()[1][0].weight)
+
+
+def test_shared_inputs_and_other_methods():
+    stack = Stack([_mlp(s) for s in (0, 1)])
+    x = torch.randn(6, 5)
+    out = stack(x, shared=(0,))  # the same batch for every copy
+    alone = [m(x) for m in stack.unstack()]
+    torch.testing.assert_close(out, torch.stack(alone))
+    first = stack.call(lambda m, v: m[0](v), x, shared=(0,))  # one layer only
+    torch.testing.assert_close(first, torch.stack([m[0](x) for m in stack.unstack()]))
+
+
+def test_batch_norm_copies_run_one_by_one_with_their_running_statistics():
+    models = [_mlp(s, norm=nn.BatchNorm1d) for s in (0, 1)]
+    twins = [_mlp(s, norm=nn.BatchNorm1d) for s in (0, 1)]
+    stack = Stack(models)
+    assert not stack.vectorize
+    x = torch.randn(2, 16, 5)
+    out = stack(x)
+    for k, twin in enumerate(twins):
+        torch.testing.assert_close(out[k], twin(x[k]), rtol=0, atol=0)
+        torch.testing.assert_close(stack.unstack()[k][1].running_mean, twin[1].running_mean)
+
+
+def test_bad_copies_are_refused():
+    with pytest.raises(TypeError, match="non-empty sequence of nn.Module"):
+        Stack([])
+    with pytest.raises(ValueError, match="same parameters and buffers"):
+        Stack([nn.Linear(2, 3), nn.Linear(3, 3)])
