@@ -188,7 +188,7 @@ def test_a_stacked_experiment_on_a_process_pool_and_resumed(tmp_path, monkeypatc
     monkeypatch.setattr(rmsnorm, "train", _never)
     again = rmsnorm.run(cfg, device="cpu", out=tmp_path)
     assert again.to_dict() == alone.to_dict()
-    assert len(list((tmp_path / "runs").iterdir())) == 4  # a file per run
+    assert len(list((tmp_path / "runs").rglob("*.json"))) == 4  # a file per run
 
 
 def test_groups_and_job_order_of_a_stacked_job():

@@ -131,14 +131,15 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
 
 def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
                  *, steps: int, batch_size: int, lr: float, early_step: int, probe: Tensor,
-                 threshold: float) -> list[dict[str, Any]]:
+                 threshold: float, bar: Any = None) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
     Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
     training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
-    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``."""
+    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``. ``bar``: a progress
+    bar advanced by one per copy and update (a sweep job's ``job.bar``)."""
     params, buffers, base = stack_models(model_config, [s for _, s in copies], task.x.device)
     evaluate = torch.no_grad()(vmap(partial(copy_loss, base), in_dims=(0, 0, None, None)))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
@@ -150,6 +151,8 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
         idx = rows[:, step - 1]  # (copies, batch)
         loss = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx])
         last = [*last[-9:], loss]
+        if bar is not None:
+            bar.update(len(copies))
         if step == early_step:
             early = evaluate(params, buffers, task.x_test, task.y_test)
             for k, o in enumerate(out):
@@ -193,7 +196,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
         for m in train_copies(mc, task, [(n, s) for n in sizes for s in job.seeds],
                               steps=config.steps, batch_size=config.batch_size, lr=config.lr,
                               early_step=config.early_step, probe=task.x[: config.n_probe],
-                              threshold=config.threshold):
+                              threshold=config.threshold, bar=job.bar):
             trained[f"{norm}/{m['n']}", m["seed"]] = m
     return [(History(), trained[pair]) for pair in job.pairs]
 
