@@ -14,7 +14,7 @@ from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 def test_presets_names_and_validation():
     quick, paper = depth.get_config("quick"), depth.get_config("paper")
-    assert quick.n_layers == 8 and quick.d_model == 16 and len(quick.seeds) == 5
+    assert quick.n_layers == 8 and quick.d_model == 16 and quick.seeds == 5
     assert paper.n_layers == 32 and paper.d_model == 512 and paper.n_dirs == 16
     assert EXPERIMENTS["depth"] is depth
     assert depth.model_config(quick, True, 12).depth_scaling

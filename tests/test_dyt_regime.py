@@ -21,7 +21,7 @@ from lnbook.variants import DyT
 def test_presets_names_and_validation():
     quick, paper = dyt_regime.get_config("quick"), dyt_regime.get_config("paper")
     assert EXPERIMENTS["dyt_regime"] is dyt_regime
-    assert len(quick.n_trains) == 3 and len(quick.seeds) == 5 and quick.threshold == 2.0
+    assert len(quick.n_trains) == 3 and quick.seeds == 5 and quick.threshold == 2.0
     assert paper.d_model == 128 and paper.n_trains[-1] > quick.n_trains[-1]
     with pytest.raises(ValueError, match="increasing"):
         dyt_regime.get_config("quick", n_trains=(256, 32))

@@ -19,7 +19,7 @@ def tiny_task():
 
 def test_presets_names_and_validation():
     quick, paper = peri_ln.get_config("quick"), peri_ln.get_config("paper")
-    assert quick.n_layers == 6 and quick.lrs == (1e-2, 3e-2, 1e-1) and len(quick.seeds) == 5
+    assert quick.n_layers == 6 and quick.lrs == (1e-2, 3e-2, 1e-1) and quick.seeds == 5
     assert paper.n_layers == 24 and paper.d_model == 512 and paper.steps == 10_000
     assert peri_ln.variant_name("peri", 0.03) == "peri/lr0.03"
     assert EXPERIMENTS["peri_ln"] is peri_ln

@@ -57,8 +57,8 @@ def test_tiny_sweep_and_tiny_paper_run(tmp_path):
     assert res.final("pre/warmup0", "loss") != res.final("pre/warmup2", "loss")
     paper = placement.get_config("paper", steps=1, eval_every=1, warmups=(0, 1), n_train=32,
                                  n_test=8, batch_size=8, d_model=16, n_heads=2, n_layers=1,
-                                 checkpoint=False)
-    assert len(placement.run(paper, device="cpu", seeds=[0]).runs) == 4
+                                 checkpoint=False, seeds=(0,))
+    assert len(placement.run(paper, device="cpu").runs) == 4
 
 
 def test_a_stacked_copy_is_the_run_trained_alone():

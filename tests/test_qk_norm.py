@@ -91,8 +91,8 @@ def test_tiny_sweep_and_tiny_paper_run():
     assert qk_norm.by_lr(res, True, "max_logit").shape == (1, 2)
     paper = qk_norm.get_config("paper", lrs=(1e-3,), steps=2, warmup=1, eval_every=1,
                                n_train=32, n_test=8, batch_size=8, d_model=16, n_heads=2,
-                               n_layers=1, checkpoint=False)
-    assert len(qk_norm.run(paper, device="cpu", seeds=[0]).runs) == 2
+                               n_layers=1, checkpoint=False, seeds=(0,))
+    assert len(qk_norm.run(paper, device="cpu").runs) == 2
 
 
 def test_ln_impl_moves_the_runs_by_rounding_only():

@@ -68,7 +68,7 @@ def test_remove_norms_copies_and_replaces_every_norm():
 def test_experiment_presets_order_and_tiny_run():
     assert EXPERIMENTS["removal"] is rm
     quick, paper = rm.get_config("quick"), rm.get_config("paper")
-    assert paper.d_model > quick.d_model and len(quick.seeds) == 5
+    assert paper.d_model > quick.d_model and quick.seeds == 5
     with pytest.raises(ValueError, match="finetune_steps"):
         rm.get_config("quick", finetune_steps=-1)
     torch.manual_seed(0)

@@ -4,6 +4,8 @@ and the one training run the stacked copies are held to (and what a diverged run
 from __future__ import annotations
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.engine import History, using_executor
 from lnbook.engine.job import Job
 from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
 from lnbook.experiments.seq_tasks import (
@@ -20,6 +23,7 @@ from lnbook.experiments.seq_tasks import (
     position_unigram_loss,
     presets,
 )
+from lnbook.seeds import verdict_seeds
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 
@@ -128,8 +132,8 @@ def test_task_config_is_the_one_shared_part_of_the_three_experiments():
     checks, the paper preset and the model they build come from one place."""
     cfgs = [m.get_config() for m in (placement, qk_norm, rmsnorm)]
     assert all(isinstance(c, TaskConfig) for c in cfgs)
-    assert [(c.steps, c.eval_every, len(c.seeds)) for c in cfgs] == [(60, 20, 10), (40, 20, 3),
-                                                                      (50, 10, 5)]
+    assert [(c.steps, c.eval_every, c.seeds) for c in cfgs] == [(60, 20, 10), (40, 20, 3),
+                                                                 (50, 10, 5)]
     for m in (placement, qk_norm, rmsnorm):
         with pytest.raises(ValueError, match="task must be one of"):
             m.get_config(task="copy")
@@ -150,3 +154,50 @@ def test_removed_names_say_what_replaces_them(name):
         getattr(seq_tasks, name)
     with pytest.raises(AttributeError, match="no attribute 'train_transformers'"):
         _ = seq_tasks.train_transformers
+
+
+_TINY = dict(steps=2, eval_every=1, n_train=64, n_test=16, size=4, d_model=16, n_heads=2,
+             n_layers=1)
+
+
+def test_seeds_are_read_when_the_run_starts(monkeypatch):
+    """An int ``seeds`` is the first n of the seed set in force when ``run`` starts, not when
+    lnbook was imported or the config made; the results record the seeds trained."""
+    cfg = rmsnorm.get_config("quick", seeds=2, norms=("rms",), **_TINY)
+    monkeypatch.setenv("LNBOOK_SEED_SET", "1")
+    res = rmsnorm.run(cfg, device="cpu")
+    assert res.seeds == [1000, 1001] == list(verdict_seeds(2))
+    assert res.config["seeds"] == [1000, 1001] and cfg.seeds == 2
+    with pytest.raises(TypeError, match="unexpected keyword argument 'seeds'"):
+        rmsnorm.run(cfg, seeds=(0,))  # seeds travel one way: the config
+
+
+def _never(*args):
+    raise AssertionError("a finished run was trained again")
+
+
+def test_a_stacked_experiment_on_a_process_pool_and_resumed(tmp_path, monkeypatch):
+    """The train function pickles (the standard library's ProcessPoolExecutor trains the
+    jobs, same numbers as one process), and a finished run is read back, not retrained."""
+    cfg = rmsnorm.get_config("quick", seeds=(0, 1), **_TINY)
+    alone = rmsnorm.run(cfg, device="cpu", out=tmp_path)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool, \
+            using_executor(pool):
+        pooled = rmsnorm.run(cfg, device="cpu")
+    assert [r.history.losses for r in pooled.runs] == [r.history.losses for r in alone.runs]
+    monkeypatch.setattr(rmsnorm, "train", _never)
+    again = rmsnorm.run(cfg, device="cpu", out=tmp_path)
+    assert again.to_dict() == alone.to_dict()
+    assert len(list((tmp_path / "runs").rglob("*.json"))) == 4  # a file per run
+
+
+def test_groups_and_job_order_of_a_stacked_job():
+    from lnbook.experiments.stacked import StackedRun, groups, in_job_order
+
+    variants = {"pre/lr0.1": ("pre", 0.1), "post/lr0.1": ("post", 0.1), "pre/lr1": ("pre", 1.0)}
+    assert groups(variants) == {"pre": [0.1, 1.0], "post": [0.1]}
+    job = Job(variants, (3, 5), torch.device("cpu"), None, None, "all")
+    trained = {(v, s): StackedRun(History(steps=[s]), {"v": v}, None) for v, s in
+               reversed(job.pairs)}
+    got = in_job_order(job, trained)
+    assert [(h.steps[0], i["v"]) for h, i in got] == [(s, v) for v, s in job.pairs]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -15,13 +16,20 @@ import torch
 from torch import Tensor
 from torch.func import jvp
 
-from lnbook.engine import Results, Run, make_config
-from lnbook.experiments.seq_tasks import DeepTaskConfig, SequenceTask, presets, stream_variance
-from lnbook.experiments.stacked import run_stacked, train_stacked
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, make_config, sweep
+from lnbook.experiments.seq_tasks import (
+    DeepTaskConfig,
+    SequenceTask,
+    presets,
+    stream_variance,
+    task_of,
+)
+from lnbook.experiments.stacked import train_stacked
 from lnbook.transformer import Transformer, TransformerConfig, residual_stream, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "model_config", "run",
-           "removal_costs", "jacobian_distance", "per_block", "halves"]
+           "train", "removal_costs", "jacobian_distance", "per_block", "halves"]
 
 NAME = "depth"
 DESCRIPTION = ("Deep, narrow Pre-LN Transformer with and without LayerNorm Scaling: stream "
@@ -99,28 +107,34 @@ def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
     return out
 
 
-def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train the Pre-LN model with and without LayerNorm Scaling (:data:`VARIANTS`), every seed at
-    once; each run's info holds ``removal`` and ``jacobian`` per block. With ``out``, also writes
-    ``out/depth.json``.
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
+    """Train the Pre-LN model with and without LayerNorm Scaling (:data:`VARIANTS`), every seed
+    of a variant at once (a job of :func:`lnbook.engine.sweep`); each run's info holds
+    ``removal`` and ``jacobian`` per block; ``Results.info`` the task's. With ``out``, also
+    writes ``out/depth.json`` (finished runs under it are kept).
     """
-    return run_stacked(NAME, Config, config, device, out, seeds, _train)
+    check_config(config, Config)
+    task = task_of(config)
+    return sweep(NAME, VARIANTS, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, stack="seeds", steps=config.steps,
+                 threads=config.threads, workers=config.workers, info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Both variants of :func:`run`, measured block by block on ``n_eval`` sequences."""
-    x, y = task.x_test[: config.n_eval], task.y_test[: config.n_eval]
-    runs = []
-    for name, scaling in VARIANTS.items():
-        trained = train_stacked(model_config(config, scaling, task.seq_len), task, seeds,
-                                [config.lr], steps=config.steps, batch_size=config.batch_size,
-                                eval_every=config.eval_every, n_eval=config.n_eval)
-        for r in trained:
-            info = {**r.info, "removal": removal_costs(r.model, x, y),
-                    "jacobian": jacobian_distance(r.model, x, config.n_dirs, r.info["seed"])}
-            runs.append(Run(name, r.info["seed"], r.history, info))
-    return runs
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """The job of one variant of :func:`run` (``job.params``: ``depth_scaling``), every seed
+    at once, each trained model measured block by block on ``n_eval`` held-out sequences (on
+    the CPU); ``(history, info)`` per seed."""
+    x, y = task.x_test[: config.n_eval], task.y_test[: config.n_eval]  # the CPU's, as the models
+    out = []
+    for r in train_stacked(model_config(config, job.params, task.seq_len),
+                           task.to(job.device), job.seeds, [config.lr], steps=config.steps,
+                           batch_size=config.batch_size, eval_every=config.eval_every,
+                           n_eval=config.n_eval, bar=job.bar):
+        info = {**r.info, "removal": removal_costs(r.model, x, y),
+                "jacobian": jacobian_distance(r.model, x, config.n_dirs, r.info["seed"])}
+        out.append((r.history, info))
+    return out
 
 
 def per_block(results: Results, variant: str, what: str, step: int | None = None

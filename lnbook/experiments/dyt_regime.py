@@ -5,7 +5,7 @@ layer norms or :class:`lnbook.DyT` learns the sort task from nested training set
 sizes; per seed and size, DyT's final loss minus LN's (:func:`dyt_minus_ln`), the early share
 of saturated tanh units (:func:`saturation_share`) and their rank agreement
 (:func:`rank_correlation`). Every (size, seed) copy of one norm trains in one vmapped stack
-(:func:`train_copies`), as in :mod:`lnbook.experiments.stacked`.
+(:func:`train_copies`, on the pieces of :mod:`lnbook.experiments.stacked`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,23 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from lnbook.engine.presets import check_scale, make_config
-from lnbook.engine.results import Results, Run
-from lnbook.engine.train import History
-from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16's)
-from lnbook.experiments.stacked import _loss, _stack, _unstack, _update, batch_indices, run_stacked
-from lnbook.seeds import verdict_seeds
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, check_scale, make_config, sweep
+from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
+from lnbook.experiments.stacked import (
+    adam_update,
+    batch_indices,
+    copy_loss,
+    groups,
+    stack_models,
+    unstack_model,
+)
 from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
            "train_copies", "table", "dyt_minus_ln", "left_trivial", "rank_correlation",
-           "run"]
+           "run", "train"]
 
 NAME = "dyt_regime"
 DESCRIPTION = ("small Pre-LN Transformer with layer norm or DyT over several training-set sizes; "
@@ -52,7 +57,8 @@ class Config:
         dyt_alpha_init: initial ``alpha`` of every DyT.
         early_step, threshold, n_probe: the saturated share (``|alpha * x| > threshold``) is
             measured after ``early_step`` updates on the first ``n_probe`` training sequences.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
+        seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
+            the run starts). threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -71,7 +77,7 @@ class Config:
     early_step: int = 12
     threshold: float = 2.0
     n_probe: int = 32
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -125,32 +131,35 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
 
 def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
                  *, steps: int, batch_size: int, lr: float, early_step: int, probe: Tensor,
-                 threshold: float) -> list[dict[str, Any]]:
+                 threshold: float, bar: Any = None) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
     Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
     training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
-    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``."""
-    params, buffers, base = _stack(model_config, [s for _, s in copies], task.x.device)
-    evaluate = torch.no_grad()(vmap(partial(_loss, base), in_dims=(0, 0, None, None)))
+    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``. ``bar``: a progress
+    bar advanced by one per copy and update (a sweep job's ``job.bar``)."""
+    params, buffers, base = stack_models(model_config, [s for _, s in copies], task.x.device)
+    evaluate = torch.no_grad()(vmap(partial(copy_loss, base), in_dims=(0, 0, None, None)))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
-    rate = torch.full((len(copies),), float(lr))
+    rate = torch.full((len(copies),), float(lr), device=task.x.device)
     state: dict[str, Any] = {}
     out = [{"n": n, "seed": s, "diverged": False} for n, s in copies]
     last: list[Tensor] = []
     for step in range(1, steps + 1):
         idx = rows[:, step - 1]  # (copies, batch)
-        loss = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx])  # (copies,)
+        loss = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx])
         last = [*last[-9:], loss]
+        if bar is not None:
+            bar.update(len(copies))
         if step == early_step:
             early = evaluate(params, buffers, task.x_test, task.y_test)
             for k, o in enumerate(out):
                 o["loss_early"] = float(early[k])
                 o["saturated"] = saturation_share(
-                    _unstack(model_config, params, buffers, k).eval(), probe, threshold
-                ) if model_config.norm == "dyt" else math.nan
+                    unstack_model(model_config, params, buffers, k).to(probe.device).eval(),
+                    probe, threshold) if model_config.norm == "dyt" else math.nan
     final = evaluate(params, buffers, task.x_test, task.y_test)
     train = torch.stack(last).mean(0)
     for k, o in enumerate(out):
@@ -159,29 +168,37 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     return out
 
 
-def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = None,
-        seeds: Any = None) -> Results:
-    """Train both norms on every training-set size and seed, on the CPU; one ``Run`` per
-    (norm, size, seed), variant ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`).
-    ``Results.info`` holds ``uniform_loss`` and ``baseline_loss``."""
-    return run_stacked(NAME, Config, config, "cpu", out, seeds, _train)
+def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
+    """Train both norms on every training-set size and seed (one job of
+    :func:`lnbook.engine.sweep`); one ``Run`` per (norm, size, seed), variant ``"<norm>/<n>"``,
+    measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds ``task``,
+    ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes ``out/dyt_regime.json``
+    (finished runs under it are kept)."""
+    check_config(config, Config)
+    task = task_of(config)
+    variants = {f"{norm}/{n}": (norm, n) for norm in NORMS for n in config.n_trains}
+    return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, stack="all", steps=config.steps,
+                 threads=config.threads, workers=getattr(config, "workers", 1),
+                 info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Both norms of :func:`run`, each with all its sizes and seeds at once."""
-    copies = [(n, s) for n in config.n_trains for s in seeds]
-    runs = []
-    for norm in NORMS:
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """A job of :func:`run`: each norm of ``job.variants`` (``(norm, n)``) with all its sizes
+    and the job's seeds at once; ``(History(), measurements)`` per ``job.pairs`` entry."""
+    task, trained = task.to(job.device), {}
+    for norm, sizes in groups(job.variants).items():
         mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
                                n_heads=config.n_heads, n_layers=config.n_layers,
                                max_len=task.x.shape[1], norm=norm,
                                dyt_alpha_init=config.dyt_alpha_init)
-        measured = train_copies(mc, task, copies, steps=config.steps,
-                                batch_size=config.batch_size, lr=config.lr,
-                                early_step=config.early_step, probe=task.x[: config.n_probe],
-                                threshold=config.threshold)
-        runs += [Run(f"{norm}/{m['n']}", m["seed"], History(), m) for m in measured]
-    return runs
+        for m in train_copies(mc, task, [(n, s) for n in sizes for s in job.seeds],
+                              steps=config.steps, batch_size=config.batch_size, lr=config.lr,
+                              early_step=config.early_step, probe=task.x[: config.n_probe],
+                              threshold=config.threshold, bar=job.bar):
+            trained[f"{norm}/{m['n']}", m["seed"]] = m
+    return [(History(), trained[pair]) for pair in job.pairs]
 
 
 def table(results: Results, key: str) -> dict[str, Tensor]:

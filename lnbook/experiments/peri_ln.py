@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from lnbook.engine import Results, Run, make_config
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, make_config, sweep
 from lnbook.experiments.seq_tasks import (
     DeepTaskConfig,
     SequenceTask,
     check_lrs,
     presets,
     stream_variance,
+    task_of,
 )
-from lnbook.experiments.stacked import run_stacked, train_stacked
+from lnbook.experiments.stacked import groups, in_job_order, train_stacked
 from lnbook.transformer import TransformerConfig
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name", "run",
-           "stream_variance", "final_by_lr", "rise_to_top"]
+           "train", "stream_variance", "final_by_lr", "rise_to_top"]
 
 NAME = "peri_ln"
 DESCRIPTION = ("Pre-LN, Post-LN and Peri-LN Transformers: residual-stream variance by depth and "
@@ -72,27 +75,34 @@ def variant_name(position: str, lr: float) -> str:
     return f"{position}/lr{lr:g}"
 
 
-def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
     """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``, every
-    seed and rate of one placement at once; variants :func:`variant_name` (pre, peri, post), each
-    recording the stream's variance ``var_0 ... var_L``. With ``out``, also writes
-    ``out/peri_ln.json``.
+    seed and rate of one placement at once (all in one job of :func:`lnbook.engine.sweep`);
+    variants :func:`variant_name` (pre, peri, post), each recording the stream's variance
+    ``var_0 ... var_L``; ``Results.info`` the task's. With ``out``, also writes
+    ``out/peri_ln.json`` (finished runs under it are kept).
     """
-    return run_stacked(NAME, Config, config, device, out, seeds, _train)
+    check_config(config, Config)
+    task = task_of(config)
+    variants = {variant_name(p, lr): (p, lr) for p, lrs in (
+        ("pre", config.lrs), ("peri", config.lrs), ("post", (config.post_lr,))) for lr in lrs}
+    return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, stack="all", steps=config.steps,
+                 threads=config.threads, workers=config.workers, info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Every placement of :func:`run`, each with all its seeds and rates at once."""
-    runs = []
-    for position, lrs in (("pre", config.lrs), ("peri", config.lrs),
-                          ("post", (config.post_lr,))):
-        trained = train_stacked(model_config(config, position, task.seq_len), task, seeds,
-                                lrs, steps=config.steps, batch_size=config.batch_size,
-                                eval_every=config.eval_every, n_eval=config.n_eval)
-        runs += [Run(variant_name(position, r.info["lr"]), r.info["seed"], r.history, r.info)
-                 for r in trained]
-    return runs
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """A job of :func:`run`: each placement of ``job.variants`` (``(position, lr)``) with all
+    its rates and the job's seeds at once; ``(history, info)`` per ``job.pairs`` entry."""
+    task, trained = task.to(job.device), {}
+    for position, lrs in groups(job.variants).items():
+        for r in train_stacked(model_config(config, position, task.seq_len), task, job.seeds,
+                               lrs, steps=config.steps, batch_size=config.batch_size,
+                               eval_every=config.eval_every, n_eval=config.n_eval,
+                               bar=job.bar):
+            trained[variant_name(position, r.info["lr"]), r.info["seed"]] = r
+    return in_job_order(job, trained)
 
 
 def final_by_lr(results: Results, position: str, metric: str = "loss") -> np.ndarray:

@@ -6,20 +6,21 @@ without warm-up (:func:`run`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from lnbook.engine import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, make_task, presets
-from lnbook.experiments.stacked import run_stacked, train_stacked
-from lnbook.seeds import verdict_seeds
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, make_config, resolve_seeds, sweep
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, make_task, presets, task_of
+from lnbook.experiments.stacked import groups, in_job_order, train_stacked
 from lnbook.transformer import Transformer, TransformerConfig, layer_gradient_norms
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name",
-           "gradient_profiles", "run"]
+           "gradient_profiles", "run", "train"]
 
 PLACEMENTS = ("post", "pre")  # the two of Xiong et al. (2020) (lnbook.transformer has more)
 NAME = "placement"
@@ -47,9 +48,9 @@ class Config(TaskConfig):
     lr: float = 3e-2
     steps: int = 60
     eval_every: int = 20
-    seeds: tuple[int, ...] = verdict_seeds(10)
+    seeds: int | tuple[int, ...] = 10
     grad_depths: tuple[int, ...] = (2, 4, 8)
-    grad_seeds: tuple[int, ...] = verdict_seeds(10)
+    grad_seeds: int | tuple[int, ...] = 10
     grad_batch: int = 128
 
     def __post_init__(self) -> None:
@@ -87,7 +88,8 @@ def gradient_profiles(config: Config, param: str = "mlp.fc2.weight",
                       positions: tuple[str, ...] = PLACEMENTS) -> dict[str, dict[int, np.ndarray]]:
     """Per-block gradient norms at initialization (P04): ``{position: {depth: (seeds, depth)}}``
     (block 1 nearest the input), of models built under ``torch.manual_seed(seed)`` for every
-    ``config.grad_seeds``, on the first ``grad_batch`` training sequences
+    seed of ``config.grad_seeds`` (:func:`~lnbook.engine.resolve_seeds`: an int ``n`` is the
+    first ``n`` of the seed set in force), on the first ``grad_batch`` training sequences
     (:func:`lnbook.transformer.layer_gradient_norms`); ``param``: a block's parameter
     (``"mlp.fc2.weight"``) or group (``"block"``, ``"attention"``, ``"ffn"``)."""
     _check_positions(positions)
@@ -98,29 +100,37 @@ def gradient_profiles(config: Config, param: str = "mlp.fc2.weight",
         model = Transformer.from_config(model_config(config, position, depth, task.seq_len))
         return [block[param] for block in layer_gradient_norms(model, task.x, task.y)]
 
-    return {p: {d: np.array([norms(p, d, s) for s in config.grad_seeds])
+    seeds = resolve_seeds(config.grad_seeds)
+    return {p: {d: np.array([norms(p, d, s) for s in seeds])
                 for d in config.grad_depths} for p in positions}
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train every (placement, warm-up) variant (:func:`variant_name`) with every seed (P05):
-    Adam reaches ``config.lr`` after ``warmup`` updates of linear warm-up; evaluations record
-    ``loss``, ``accuracy`` and ``max_logit``; a run whose loss stops being finite is
-    ``diverged``. ``out``: also write ``out/placement.json``."""
-    return run_stacked(NAME, Config, config, device, out, seeds, _train)
+        out: str | os.PathLike | None = None) -> Results:
+    """Train every (placement, warm-up) variant (:func:`variant_name`) with every seed (P05),
+    in one job of :func:`lnbook.engine.sweep` (:func:`train`): Adam reaches ``config.lr``
+    after ``warmup`` updates of linear warm-up; evaluations record ``loss``, ``accuracy`` and
+    ``max_logit``; a run whose loss stops being finite is ``diverged``. ``Results.info``: the
+    task's. ``out``: also write ``out/placement.json`` (finished runs under it are kept)."""
+    check_config(config, Config)
+    # recorded as the seeds they are now, as sweep records ``seeds``
+    config = replace(config, grad_seeds=resolve_seeds(config.grad_seeds))
+    task = task_of(config)
+    variants = {variant_name(p, w): (p, w) for p in config.positions for w in config.warmups}
+    return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, stack="all", steps=config.steps,
+                 threads=config.threads, workers=config.workers, info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Every placement of :func:`run`, each with all its seeds and warm-ups at once."""
-    runs = []
-    for position in config.positions:
-        trained = train_stacked(
-            model_config(config, position, config.n_layers, task.seq_len), task, seeds,
-            [config.lr] * len(config.warmups), steps=config.steps,
-            batch_size=config.batch_size, eval_every=config.eval_every,
-            warmup=list(config.warmups), order="fit", max_logit=True, stream_var=False)
-        runs += [Run(variant_name(position, r.info["warmup"]), r.info["seed"], r.history,
-                     r.info) for r in trained]
-    return runs
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """A job of :func:`run`: each placement of ``job.variants`` (``(position, warmup)``) with
+    all its warm-ups and the job's seeds at once; ``(history, info)`` per ``job.pairs``."""
+    task, trained = task.to(job.device), {}
+    for position, warmups in groups(job.variants).items():
+        for r in train_stacked(
+                model_config(config, position, config.n_layers, task.seq_len), task,
+                job.seeds, [config.lr] * len(warmups), steps=config.steps,
+                batch_size=config.batch_size, eval_every=config.eval_every, warmup=warmups,
+                order="fit", max_logit=True, stream_var=False, bar=job.bar):
+            trained[variant_name(position, r.info["warmup"]), r.info["seed"]] = r
+    return in_job_order(job, trained)

@@ -8,20 +8,21 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from lnbook.checks import check_choice
-from lnbook.engine import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets
-from lnbook.experiments.stacked import run_stacked, train_stacked
+from lnbook.checks import check_choice, check_config
+from lnbook.engine import History, Job, Results, make_config, sweep
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, check_lrs, presets, task_of
+from lnbook.experiments.stacked import groups, in_job_order, train_stacked
 from lnbook.norms import LN_IMPL, LN_IMPLS
 from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "model_config", "variant_name", "by_lr",
-           "lr_sensitivity", "compare_within_rounding", "qk_logit_bound", "run"]
+           "lr_sensitivity", "compare_within_rounding", "qk_logit_bound", "run", "train"]
 
 NAME = "qk_norm"
 DESCRIPTION = ("small Pre-LN Transformer over a learning-rate sweep with and without "
@@ -153,28 +154,34 @@ def qk_logit_bound(model: Transformer) -> float:
     return max(bounds)
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
     """Train the model with and without qk-layernorm at every learning rate and seed (those of
-    one model at once on ``device``); variants :func:`variant_name`; evaluations record ``loss``,
-    ``accuracy`` and ``max_logit`` (a diverged run repeats its initial model's); qk-normalized
-    runs' info holds ``logit_bound`` (:func:`qk_logit_bound`). With ``out``, also writes
-    ``out/qk_norm.json``."""
-    return run_stacked(NAME, Config, config, device, out, seeds, _train)
+    one model at once on ``device``, all in one job of :func:`lnbook.engine.sweep`); variants
+    :func:`variant_name`; evaluations record ``loss``, ``accuracy`` and ``max_logit`` (a
+    diverged run repeats its initial model's); qk-normalized runs' info holds ``logit_bound``
+    (:func:`qk_logit_bound`); ``Results.info`` the task's. With ``out``, also writes
+    ``out/qk_norm.json`` (finished runs under it are kept)."""
+    check_config(config, Config)
+    task = task_of(config)
+    variants = {variant_name(qk, lr): (qk, lr) for qk in config.qk_norms for lr in config.lrs}
+    return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, stack="all", steps=config.steps,
+                 threads=config.threads, workers=config.workers, info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Both models of :func:`run`, each with all its seeds and rates at once."""
-    runs = []
-    for qk in config.qk_norms:
-        trained = train_stacked(
-            model_config(config, qk, task.seq_len), task, seeds, config.lrs,
-            steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
-            warmup=config.warmup, order="fit", max_logit=True, stream_var=False,
-            measure=_logit_bound if qk else None)
-        runs += [Run(variant_name(qk, r.info["lr"]), r.info["seed"], r.history, r.info)
-                 for r in trained]
-    return runs
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """A job of :func:`run`: each model of ``job.variants`` (``(qk_norm, lr)``) with all its
+    rates and the job's seeds at once; ``(history, info)`` per ``job.pairs`` entry."""
+    task, trained = task.to(job.device), {}
+    for qk, lrs in groups(job.variants).items():
+        for r in train_stacked(
+                model_config(config, qk, task.seq_len), task, job.seeds, lrs,
+                steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
+                warmup=config.warmup, order="fit", max_logit=True, stream_var=False,
+                measure=_logit_bound if qk else None, bar=job.bar):
+            trained[variant_name(qk, r.info["lr"]), r.info["seed"]] = r
+    return in_job_order(job, trained)
 
 
 def _logit_bound(model: Transformer) -> dict[str, float]:

@@ -10,20 +10,19 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
-from lnbook.engine.presets import check_scale, make_config
-from lnbook.engine.results import Results, Run
-from lnbook.engine.train import History
-from lnbook.experiments.seq_tasks import SequenceTask, make_task  # noqa: F401 (chapter 16)
-from lnbook.experiments.stacked import run_stacked
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, check_scale, fit, make_config, sweep
+from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
 from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
-from lnbook.seeds import verdict_seeds
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "removal_order", "run"]
+__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "removal_order", "held_out_loss",
+           "adam_updates", "run", "train"]
 
 NAME = "removal"
 DESCRIPTION = ("small Pre-LN Transformer on the sort task; its layer norms replaced one at a "
@@ -40,7 +39,8 @@ class Config:
         batch, steps, lr: Adam's batch, updates and rate of the original training.
         finetune_steps, finetune_lr: Adam updates after each replacement, and their rate.
         n_probe: training sequences on which each fixed scale is measured.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
+        seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
+            the run starts). threads: torch CPU threads (None: leave as is).
     """
 
     scale: str = "quick"
@@ -57,7 +57,7 @@ class Config:
     finetune_steps: int = 8
     finetune_lr: float = 1e-3
     n_probe: int = 256
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
 
     def __post_init__(self) -> None:
@@ -92,60 +92,78 @@ def removal_order(model: Transformer) -> list[str]:
                   key=lambda n: 0 if n.endswith("norm2") else 1 if n.endswith("norm1") else 2)
 
 
-def _loss(model: torch.nn.Module, task: SequenceTask) -> float:
+def held_out_loss(model: torch.nn.Module, task: SequenceTask) -> float:
+    """``model``'s loss on the task's held-out set (nats per scored token), in eval mode."""
     model.eval()
     with torch.no_grad():
         return float(sequence_loss(model(task.x_test), task.y_test))
 
 
-def _train(model: torch.nn.Module, task: SequenceTask, steps: int, lr: float, batch: int,
-           gen: torch.Generator) -> None:
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(steps):
-        idx = torch.randint(len(task.x), (batch,), generator=gen)
-        loss = sequence_loss(model(task.x[idx]), task.y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+def adam_updates(model: torch.nn.Module, task: SequenceTask, steps: int, lr: float,
+                 batch: int, gen: torch.Generator, bar: Any = None) -> None:
+    """``steps`` updates of a fresh Adam (rate ``lr``) on ``model`` through
+    :func:`lnbook.fit`, each on ``batch`` training sequences drawn with replacement by
+    ``gen`` (which advances); none for ``steps == 0``. ``bar``: a sweep job's bar."""
+    if steps == 0:
+        return
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.randint(len(task.x), (batch,), generator=gen)  # (batch,)
+        return task.x[idx], task.y[idx]
+
+    fit(model, draw, torch.optim.Adam(model.parameters(), lr=lr), steps=steps,
+        eval_every=steps, device=task.x.device, loss_fn=_batch_loss, progress=False, bar=bar)
 
 
-def run(config: Config, device: str | torch.device = "cpu", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train, then remove the norms one at a time with fine-tuning, for every seed.
+def _batch_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return sequence_loss(model(batch[0]), batch[1])
+
+
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
+    """Train, then remove the norms one at a time with fine-tuning, for every seed (one job of
+    :func:`lnbook.engine.sweep` per seed, :func:`train`).
 
     Each run's ``info``: ``original``, ``all_at_once`` (no fine-tuning), ``control`` (fine-tuned
     as long, norms kept) held-out losses, and per removal step (``order``) ``no_finetune`` and
-    ``finetuned``. ``Results.info`` holds the task's ``baseline_loss``. With ``out``, also
-    writes ``out/removal.json``.
+    ``finetuned``. ``Results.info`` holds the task's (``baseline_loss`` among them). With
+    ``out``, also writes ``out/removal.json`` (finished runs under it are kept).
     """
-    return run_stacked(NAME, Config, config, device, out, seeds, _runs)
+    check_config(config, Config)
+    task = task_of(config)
+    n_norms = 2 * config.n_layers + 1  # the Pre-LN model's: two per block and the final one
+    return sweep(NAME, {NAME: None}, config.seeds, partial(train, config, task), config=config,
+                 device=device, out=out, threads=config.threads,
+                 steps=config.steps + 2 * config.finetune_steps * n_norms,
+                 workers=getattr(config, "workers", 1), info=task.info)
 
 
-def _runs(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Every seed of :func:`run`, one after the other."""
+def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[str, Any]]:
+    """The run of one seed of :func:`run`: train, remove the norms all at once (no
+    fine-tuning) and one at a time (each followed by fine-tuning), and fine-tune a control
+    with the norms kept; the history holds the final loss, ``info`` the rest."""
+    task, seed = task.to(job.device), job.seed
     probe = task.x[: config.n_probe]
-    runs = []
-    for seed in seeds:
-        torch.manual_seed(seed)
-        model = Transformer.from_config(TransformerConfig(
-            vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
-            n_layers=config.n_layers, max_len=task.seq_len)).to(task.x.device)
-        gen = torch.Generator().manual_seed(seed)
-        _train(model, task, config.steps, config.lr, config.batch, gen)
-        original = _loss(model, task)
-        at_once = _loss(remove_norms(model, probe), task)
-        order = removal_order(model)
-        control = copy.deepcopy(model)
-        _train(control, task, config.finetune_steps * len(order), config.finetune_lr,
-               config.batch, torch.Generator().manual_seed(seed + 1))
-        no_ft, ft = [], []
-        for name in order:
-            replace_norm(model, name, norm_input_scales(model, probe, [name])[name])
-            no_ft.append(_loss(model, task))
-            _train(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen)
-            ft.append(_loss(model, task))
-        info = {"original": original, "all_at_once": at_once, "control": _loss(control, task),
-                "order": order, "no_finetune": no_ft, "finetuned": ft}
-        runs.append(Run(NAME, seed, History(eval_steps=[0], metrics=[{"loss": ft[-1]}]), info))
-    return runs
+    torch.manual_seed(seed)
+    model = Transformer.from_config(TransformerConfig(
+        vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
+        n_layers=config.n_layers, max_len=task.seq_len)).to(task.x.device)
+    gen = torch.Generator().manual_seed(seed)
+    adam_updates(model, task, config.steps, config.lr, config.batch, gen, job.bar)
+    original = held_out_loss(model, task)
+    at_once = held_out_loss(remove_norms(model, probe), task)
+    order = removal_order(model)
+    control = copy.deepcopy(model)
+    adam_updates(control, task, config.finetune_steps * len(order), config.finetune_lr,
+                 config.batch, torch.Generator().manual_seed(seed + 1), job.bar)
+    no_ft, ft = [], []
+    for name in order:
+        replace_norm(model, name, norm_input_scales(model, probe, [name])[name])
+        no_ft.append(held_out_loss(model, task))
+        adam_updates(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen,
+                     job.bar)
+        ft.append(held_out_loss(model, task))
+    info = {"original": original, "all_at_once": at_once,
+            "control": held_out_loss(control, task), "order": order, "no_finetune": no_ft,
+            "finetuned": ft}
+    return History(eval_steps=[0], metrics=[{"loss": ft[-1]}]), info

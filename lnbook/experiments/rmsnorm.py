@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lnbook.engine import Results, Run, make_config
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets
-from lnbook.experiments.stacked import run_stacked, train_stacked
-from lnbook.seeds import verdict_seeds
+from lnbook.checks import check_config
+from lnbook.engine import History, Job, Results, make_config, sweep
+from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets, task_of
+from lnbook.experiments.stacked import train_stacked
 from lnbook.transformer import (
     Transformer,
     TransformerConfig,
@@ -29,7 +30,7 @@ from lnbook.transformer import (
 from lnbook.variants import rms_norm
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "model_config",
-           "rms_normalized_layer", "prermsnorm_gaps", "run"]
+           "rms_normalized_layer", "prermsnorm_gaps", "run", "train"]
 
 NAME = "rmsnorm"
 DESCRIPTION = ("small Pre-norm Transformer on the sort task with layer norm vs RMSNorm, several "
@@ -45,7 +46,7 @@ class Config(TaskConfig):
 
     norms: tuple[str, ...] = NORMS
     lr: float = 1e-2
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,22 +124,27 @@ def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers
             "centred_logits": rel(ref, centred_logits)}
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
+        ) -> Results:
     """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed (those
-    of a norm at once on ``device``, :func:`~lnbook.experiments.stacked.train_stacked`); variants
-    are named by the norm, evaluations record ``loss``, ``accuracy`` and ``max_logit``. With
-    ``out``, also writes ``out/rmsnorm.json``."""
-    return run_stacked(NAME, Config, config, device, out, seeds, _train)
+    of a norm at once on ``device``, one job of :func:`lnbook.engine.sweep`); variants are named
+    by the norm, evaluations record ``loss``, ``accuracy`` and ``max_logit``; ``Results.info``
+    the task's (:attr:`~lnbook.experiments.seq_tasks.SequenceTask.info`). With ``out``, also
+    writes ``out/rmsnorm.json``, finished runs under it kept."""
+    check_config(config, Config)
+    task = task_of(config)
+    return sweep(NAME, {norm: norm for norm in config.norms}, config.seeds,
+                 partial(train, config, task), config=config, device=device, out=out,
+                 stack="seeds", steps=config.steps, threads=config.threads,
+                 workers=config.workers, info=task.info)
 
 
-def _train(config: Config, task: SequenceTask, seeds: tuple[int, ...]) -> list[Run]:
-    """Every norm of :func:`run`, each with all its seeds at once."""
-    runs = []
-    for norm in config.norms:
-        trained = train_stacked(
-            model_config(config, norm, task.seq_len), task, seeds, [config.lr],
-            steps=config.steps, batch_size=config.batch_size, eval_every=config.eval_every,
-            order="fit", max_logit=True, stream_var=False)
-        runs += [Run(norm, r.info["seed"], r.history, r.info) for r in trained]
-    return runs
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
+    """The job of one norm of :func:`run`: the model with ``job.variant``'s norm, every seed of
+    the job at once; ``(history, info)`` per seed."""
+    trained = train_stacked(
+        model_config(config, job.variant, task.seq_len), task.to(job.device), job.seeds,
+        [config.lr], steps=config.steps, batch_size=config.batch_size,
+        eval_every=config.eval_every, order="fit", max_logit=True, stream_var=False,
+        bar=job.bar)
+    return [(r.history, r.info) for r in trained]

@@ -2,11 +2,13 @@
 
 Not an experiment itself; ``rmsnorm``, ``placement``, ``qk_norm``, ``peri_ln`` and ``depth``
 build on :class:`TaskConfig` (shared settings and presets, and the model every run builds) and
-:func:`make_task`, and train through :func:`lnbook.experiments.stacked.train_stacked`.
+:func:`make_task`, and train through :func:`lnbook.experiments.stacked.train_stacked` in a job
+of :func:`lnbook.engine.sweep`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,18 +22,17 @@ from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
 from lnbook.engine.presets import check_scale
 from lnbook.engine.results import Results
-from lnbook.seeds import verdict_seeds
 from lnbook.transformer import TransformerConfig
 
 __all__ = ["TASKS", "TaskConfig", "DeepTaskConfig", "presets", "SequenceTask", "make_task",
-           "position_unigram_loss", "linear_warmup"]
+           "task_of", "position_unigram_loss", "linear_warmup"]
 
 TASKS = ("sort", "recall")
 
 
 _REMOVED = {"train_transformer": "lnbook.experiments.stacked.train_stacked",
             "sequence_metrics": "lnbook.experiments.stacked.train_stacked's evaluations",
-            "sweep_task": "lnbook.experiments.stacked.sweep_stacked"}
+            "sweep_task": "lnbook.engine.sweep of lnbook.experiments.stacked.train_stacked"}
 
 
 def __getattr__(name: str) -> Any:
@@ -52,8 +53,10 @@ class TaskConfig:
         n_train, n_test: training and held-out sequences.
         d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
         batch_size, steps, eval_every: sequences per update, updates, updates between evaluations.
-        seeds: seeds of the runs. threads: torch CPU threads (None: leave as is).
-        checkpoint, workers: not read by :func:`~lnbook.experiments.stacked.train_stacked`.
+        seeds: the runs' seeds: ``n``, the first ``n`` of the seed set in force when the run
+            starts (:func:`lnbook.engine.resolve_seeds`), or the seeds themselves.
+        threads: torch CPU threads (None: leave as is). workers: jobs trained at once.
+        checkpoint: not read by :func:`~lnbook.experiments.stacked.train_stacked`.
     """
 
     scale: str = "quick"
@@ -68,7 +71,7 @@ class TaskConfig:
     batch_size: int = 32
     steps: int = 50
     eval_every: int = 10
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     checkpoint: bool = False
     threads: int | None = 1
     workers: int = 1
@@ -100,7 +103,7 @@ class DeepTaskConfig(TaskConfig):
     steps: int = 60
     eval_every: int = 30
     n_test: int = 128
-    seeds: tuple[int, ...] = verdict_seeds(5)
+    seeds: int | tuple[int, ...] = 5
 
 
 def stream_variance(results: Results, variant: str, step: int | None = None) -> np.ndarray:
@@ -153,6 +156,18 @@ class SequenceTask:
         """``T``, the length of every input sequence."""
         return int(self.x.shape[1])
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """What a stacked experiment records as ``Results.info``: ``task`` (the name),
+        ``uniform_loss`` and ``baseline_loss``."""
+        return {"task": self.name, "uniform_loss": self.uniform_loss,
+                "baseline_loss": self.baseline_loss}
+
+    def to(self, device: torch.device | str) -> SequenceTask:
+        """The task with its four tensors on ``device``."""
+        return dataclasses.replace(self, x=self.x.to(device), y=self.y.to(device),
+                                   x_test=self.x_test.to(device), y_test=self.y_test.to(device))
+
 
 def position_unigram_loss(y_train: Tensor, y_test: Tensor, vocab: int) -> float:
     """Held-out loss (nats per scored token) of the best predictor that ignores the input: per
@@ -191,6 +206,12 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
     return SequenceTask(name, x, y, x_test, y_test, vocab_size=symbols + 1,
                         uniform_loss=math.log(symbols),
                         baseline_loss=position_unigram_loss(y, y_test, symbols))
+
+
+def task_of(config: Any) -> SequenceTask:
+    """The task a config names: :func:`make_task` of its ``task``, ``n_train``, ``n_test``,
+    ``size`` and ``symbols``."""
+    return make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
 
 
 def linear_warmup(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.Optimizer:

@@ -5,36 +5,33 @@ overhead, so :func:`train_stacked` trains ``n`` copies as one computation with a
 dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). Each copy is the
 model built under ``torch.manual_seed(seed)``, trained with Adam (:func:`adam_step`);
 evaluations record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's
-variance ``var_0`` (embeddings) ... ``var_L``.
+variance ``var_0`` (embeddings) ... ``var_L``. The Transformer experiments call it from the
+train function of a stacked job of :func:`lnbook.engine.sweep`; a loop of another shape
+(:mod:`~lnbook.experiments.dyt_regime`) builds on its pieces :func:`stack_models`,
+:func:`copy_loss`, :func:`adam_update` and :func:`unstack_model`.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import math
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX
-from lnbook.device import resolve_device
-from lnbook.engine.job import cpu_threads
-from lnbook.engine.results import Results, Run, _jsonable, save_results
-from lnbook.engine.store import check_results_file
 from lnbook.engine.train import Batches, History
-from lnbook.experiments.seq_tasks import SequenceTask, make_task
+from lnbook.experiments.seq_tasks import SequenceTask
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
-__all__ = ["StackedRun", "adam_step", "stream_forward", "train_stacked", "batch_indices",
-           "fit_batch_indices", "sweep_stacked"]
+__all__ = ["StackedRun", "adam_step", "adam_update", "batch_indices", "copy_loss",
+           "fit_batch_indices", "groups", "in_job_order", "stack_models", "stream_forward",
+           "train_stacked", "unstack_model"]
 
 ORDERS = ("stacked", "fit")  # the batch orders of train_stacked
 
@@ -90,9 +87,11 @@ def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str
             p.sub_(rate * (m / c1) / ((v / c2).sqrt() + ADAM_EPS))
 
 
-def _stack(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.device
-           ) -> tuple[dict[str, Tensor], dict[str, Tensor], _Stream]:
-    """The model of each seed, stacked on ``dev`` (``{name: (n, ...)}``), and a meta copy."""
+def stack_models(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.device
+                 ) -> tuple[dict[str, Tensor], dict[str, Tensor], nn.Module]:
+    """The model of each seed (built under ``torch.manual_seed(seed)``), stacked on ``dev``
+    (parameters and buffers ``{name: (n, ...)}``), and a meta copy to call them with
+    (:func:`copy_loss`, :func:`adam_update`; its forward is :func:`stream_forward`'s)."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
@@ -103,22 +102,25 @@ def _stack(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.dev
     return params, buffers, copy.deepcopy(models[0]).to("meta")
 
 
-def _loss(base: _Stream, p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
-    """The loss of one copy (``base`` with ``p``, ``b``) on ids ``x`` and targets ``y``."""
+def copy_loss(base: nn.Module, p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
+    """The loss of one copy (``base`` of :func:`stack_models` with ``p``, ``b``) on ids ``x``
+    and targets ``y``; vmap it over the copies."""
     return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
 
 
-def _update(base: _Stream, params: dict, buffers: dict, state: dict, rate: Tensor, x: Tensor,
-            y: Tensor) -> Tensor:
-    """One :func:`adam_step` of every copy on its batch ``x``, ``y`` ``(n, B, T)``; the losses."""
+def adam_update(base: nn.Module, params: dict, buffers: dict, state: dict, rate: Tensor,
+                x: Tensor, y: Tensor) -> Tensor:
+    """One :func:`adam_step` of every copy of :func:`stack_models` on its batch ``x``, ``y``
+    ``(n, B, T)`` at its rate ``rate`` ``(n,)``, in place; the losses before it ``(n,)``."""
     p = {k: v.detach().requires_grad_() for k, v in params.items()}
-    loss = vmap(functools.partial(_loss, base))(p, buffers, x, y)  # (n,)
+    loss = vmap(functools.partial(copy_loss, base))(p, buffers, x, y)  # (n,)
     grads = torch.autograd.grad(loss.sum(), list(p.values()))
     adam_step(list(params.values()), grads, state, rate)
     return loss.detach()
 
 
-def _unstack(model_config: TransformerConfig, params: dict, buffers: dict, k: int) -> Transformer:
+def unstack_model(model_config: TransformerConfig, params: dict, buffers: dict, k: int
+                  ) -> Transformer:
     """Copy ``k`` of the stacked ``params`` and ``buffers`` as a model on the CPU."""
     model = Transformer.from_config(model_config)
     model.load_state_dict({n[len("model."):]: t[k].detach().cpu().clone()
@@ -154,7 +156,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
                   n_eval: int | None = None, warmup: int | Sequence[int] = 0,
                   order: str = "stacked", max_logit: bool = False,
                   measure: Callable[[Transformer], dict[str, Any]] | None = None,
-                  stream_var: bool = True) -> list[StackedRun]:
+                  stream_var: bool = True, bar: Any = None) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
     Copies are ordered learning rate first. Copy ``(lr, seed)`` starts from the model built under
@@ -171,6 +173,8 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         max_logit: also record ``max_logit`` (a diverged copy keeps its last value).
         measure: ``model -> dict`` merged into the ``info`` of each copy that did not diverge.
         stream_var: record ``var_0 ... var_L``.
+        bar: a progress bar (tqdm's, e.g. a sweep job's ``job.bar``) advanced by one per copy
+            and update.
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -186,7 +190,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
     dev = task.x.device  # the copies train where the task's tensors are
     ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=dev)  # (n,)
-    params, buffers, base = _stack(model_config, [s for _, s in jobs], dev)  # {name: (n, ...)}
+    params, buffers, base = stack_models(model_config, [s for _, s in jobs], dev)  # (n, ...)
 
     def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits, var = functional_call(base, (p, b), (x, stream_var))  # (B, T, V), (L + 1,)
@@ -229,18 +233,20 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         idx = rows[:, step - 1]  # (n, batch)
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
-        losses = _update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
+        losses = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
         for k, (h, value) in enumerate(zip(hists, losses, strict=True)):
             if diverged_at[k] is None and not math.isfinite(value):
                 diverged_at[k] = step
             if diverged_at[k] is None:
                 h.steps.append(step)
                 h.losses.append(value)
+        if bar is not None:
+            bar.update(len(jobs))
         if step % eval_every == 0 or step == steps:
             record(step)
     out = []
     for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
-        model = _unstack(model_config, params, buffers, k)
+        model = unstack_model(model_config, params, buffers, k)
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                 "diverged_at": diverged_at[k]}
         if not isinstance(warmup, int) or warmup:
@@ -251,33 +257,24 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     return out
 
 
-def sweep_stacked(name: str, config: Any, device: Any, seeds: Sequence[int] | None,
-                  out: str | os.PathLike | None,
-                  train: Callable[[SequenceTask, tuple[int, ...]], list[Run]]) -> Results:
-    """The ``run`` of a stacked experiment: ``train(task, seeds)`` on ``config``'s task, on
-    ``device`` (``"auto"``: a GPU when there is one) with ``config.threads``, as one
-    :class:`Results` (``info``: ``task``, ``uniform_loss``, ``baseline_loss``). With ``out``, also
-    writes ``out/<name>.json``, never over another config's results (checked before training)."""
-    dev = resolve_device(device)
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    cfg = {**vars(config), "seeds": list(seeds)}
-    if out is not None:  # results of another config in out are never overwritten
-        check_results_file(Path(out) / f"{name}.json", _jsonable(cfg))
-    task = make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
-    task = dataclasses.replace(task, x=task.x.to(dev), y=task.y.to(dev),
-                               x_test=task.x_test.to(dev), y_test=task.y_test.to(dev))
-    with cpu_threads(config.threads):
-        runs = train(task, seeds)
-    results = Results(name, cfg, str(dev), runs,
-                      {"task": config.task, "uniform_loss": task.uniform_loss,
-                       "baseline_loss": task.baseline_loss})
-    if out is not None:
-        save_results(results, Path(out) / f"{name}.json")
-    return results
+def groups(variants: dict[str, tuple[Any, Any]]) -> dict[Any, list[Any]]:
+    """A stacked job's variants ``name -> (model, setting)`` grouped by model, in order:
+    ``{model: [setting, ...]}`` (the copies of one :func:`train_stacked` call).
+
+    Example::
+
+        >>> groups({"pre/lr0.1": ("pre", 0.1), "post/lr0.1": ("post", 0.1),
+        ...         "pre/lr1": ("pre", 1.0)})
+        {'pre': [0.1, 1.0], 'post': [0.1]}
+    """
+    out: dict[Any, list[Any]] = {}
+    for model, setting in variants.values():
+        out.setdefault(model, []).append(setting)
+    return out
 
 
-def run_stacked(name: str, cls: type, config: Any, device: Any, out: Any, seeds: Any,
-                train: Callable[..., list[Run]]) -> Results:
-    """:func:`sweep_stacked` of ``train(config, task, seeds)``, ``config`` checked as a ``cls``."""
-    check_config(config, cls)
-    return sweep_stacked(name, config, device, seeds, out, functools.partial(train, config))
+def in_job_order(job: Any, trained: dict[tuple[str, int], StackedRun]
+                 ) -> list[tuple[History, dict[str, Any]]]:
+    """``(history, info)`` of each ``(variant, seed)`` of ``job.pairs``, in that order: what a
+    stacked job of :func:`lnbook.engine.sweep` returns."""
+    return [(trained[pair].history, trained[pair].info) for pair in job.pairs]
