@@ -23,8 +23,9 @@ from lnbook import DRAWLSTMCell
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.engine.copies import train_copies, updates_to
+from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.metrics import updates_to_reach
 from lnbook.engine.presets import make_config
 from lnbook.engine.results import Results, Run, _jsonable, save_results
 from lnbook.engine.runner import sweep
@@ -526,7 +527,9 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf)."""
-    return updates_to(results, variant, "bound", target)
+    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("bound"), target)
+             for r in results.select(variant)]
+    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 # ----------------------------------------------------------------------------------------------

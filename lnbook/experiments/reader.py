@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
-from lnbook.engine import Job, Results, Run, make_config, save_results, sweep
-from lnbook.engine.copies import train_copies, updates_to
+from lnbook.engine import Job, Results, Run, make_config, save_results, sweep, updates_to_reach
+from lnbook.engine.copies import train_copies
 from lnbook.engine.job import cpu_threads
 from lnbook.engine.train import Batches, History, fit
 from lnbook.recurrent_bn import RecurrentBNLSTM
@@ -409,7 +409,9 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update with validation error <= ``target`` (never: inf)."""
-    return updates_to(results, variant, "error", target)
+    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("error"), target)
+             for r in results.select(variant)]
+    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
