@@ -12,6 +12,7 @@ from scipy.optimize import linprog
 
 from lnbook.experiments import EXPERIMENTS
 from lnbook.experiments import attention_geometry as ag
+from lnbook.seeds import verdict_seeds
 
 
 def _lp_selectable(k: np.ndarray, i: int) -> bool:
@@ -26,7 +27,7 @@ def _lp_selectable(k: np.ndarray, i: int) -> bool:
 def test_registered_with_presets():
     assert EXPERIMENTS["attention_geometry"] is ag
     quick, paper = ag.get_config("quick"), ag.get_config("paper")
-    assert quick.norms == ("layer", "projection", "none") and len(quick.seeds) == 60
+    assert quick.norms == ("layer", "projection", "none") and quick.seeds == 60
     assert paper.d_model > quick.d_model and paper.steps > quick.steps
     with pytest.raises(ValueError, match="norms must be drawn from"):
         ag.get_config("quick", norms=("batch",))
@@ -112,3 +113,18 @@ def test_tiny_run_matches_a_single_seed_run():
     assert res.select("layer")[0].info["n_keys"] == cfg.symbols * cfg.length
     with pytest.raises(TypeError, match="attention_geometry.Config"):
         ag.run({"steps": 3})
+
+
+def test_a_run_goes_through_the_sweep_and_continues_from_its_checkpoints(tmp_path):
+    kw = dict(eval_every=3, n_train=64, n_test=32, seeds=2, norms=("layer", "none"))
+    whole = ag.run(ag.get_config("quick", steps=6, **kw), device="cpu")
+    assert whole.seeds == list(verdict_seeds(2)) and whole.config["seeds"] == whole.seeds
+    ag.run(ag.get_config("quick", steps=3, checkpoint=True, **kw), device="cpu", out=tmp_path)
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == 2  # one stack per norm
+    longer = ag.run(ag.get_config("quick", steps=6, checkpoint=True, **kw), device="cpu",
+                    out=tmp_path)
+    for a, b in zip(whole.runs, longer.runs, strict=True):
+        assert (a.variant, a.seed, a.info) == (b.variant, b.seed, b.info)
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
+    two = ag.run(ag.get_config("quick", steps=6, workers=2, **kw), device="cpu")
+    assert [r.history.losses for r in two.runs] == [r.history.losses for r in whole.runs]

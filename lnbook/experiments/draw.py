@@ -23,13 +23,13 @@ from lnbook import DRAWLSTMCell
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
-from lnbook.engine.copies import train_copies, updates_to
-from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.copies import train_copies
+from lnbook.engine.job import Job
+from lnbook.engine.metrics import updates_to_reach
 from lnbook.engine.presets import make_config
-from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
-from lnbook.seeds import verdict_seeds
 
 __all__ = [
     "NAME",
@@ -77,10 +77,11 @@ class Config:
         eval_images: held-out images scored at each evaluation (None: the whole test split).
         binarize_seed: seed of the stochastic binarization (training split; test: + 1).
         data_source: passed to :func:`lnbook.data.load_mnist`.
-        seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
-        checkpoint, threads, workers: checkpoint each run under ``out/`` (a sweep resumes);
+        seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31);
+            an int n of seeds is the first n of the seed set in force when the run starts.
+        checkpoint, threads, workers: checkpoint each job under ``out/`` (a sweep resumes);
             torch CPU threads (None: leave them); worker processes of the sweep.
-        stacked: train all runs as one :class:`StackedDRAW` (not with ``checkpoint``).
+        stacked: train all runs as one :class:`StackedDRAW` (one job of the sweep).
     """
 
     scale: str = "quick"
@@ -99,7 +100,7 @@ class Config:
     eval_images: int | None = 300
     binarize_seed: int = 0
     data_source: str = "auto"
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     variants: tuple[str, ...] = field(default=VARIANTS)
     checkpoint: bool = False
     threads: int | None = 1
@@ -526,7 +527,9 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf)."""
-    return updates_to(results, variant, "bound", target)
+    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("bound"), target)
+             for r in results.select(variant)]
+    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -611,28 +614,35 @@ def plot_canvas(models: dict[str, DRAW], images: Tensor, prior_seed: int = 0) ->
     return fig
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    The runs train as one :class:`StackedDRAW` or one at a time (the same numbers) and evaluate
-    :meth:`DRAW.evaluate_terms` every ``eval_every`` updates. ``out``: folder for ``draw.json``,
-    the weights (:func:`model_path`) and checkpoints; ``seeds`` overrides ``config.seeds``.
-    ``info``: ``data_source``, ``n_train``, ``n_test``, ``n_pixels``, ``mean_image_nll``.
+    The runs train as one :class:`StackedDRAW` (``config.stacked``: one job of the sweep) or
+    one at a time (the same numbers) and evaluate :meth:`DRAW.evaluate_terms` every
+    ``eval_every`` updates. ``out``: folder for ``draw.json``, the runs, the weights
+    (:func:`model_path`) and checkpoints. ``info``: ``data_source``, ``n_train``,
+    ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
     check_config(config, Config)
     x_train, x_test, source = load_data(config)
     info = {"data_source": source, "n_train": int(x_train.shape[0]),
             "n_test": int(x_test.shape[0]), "n_pixels": int(x_train.shape[1]),
             "mean_image_nll": mean_image_nll(x_train, x_test)}
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    if config.stacked and not config.checkpoint:
-        return _run_stacked(config, x_train, x_test, info, resolve_device(device), out, seeds,
-                            progress)
-    train_one = partial(_train_one, config=config, x_train=x_train, x_test=x_test, out=out)
-    return sweep(NAME, {v: v for v in config.variants}, seeds, train_one, config=config,
-                 device=device, out=out, checkpoint=config.checkpoint, steps=config.steps,
-                 info=info, progress=progress, threads=config.threads, workers=config.workers)
+    train = partial(_train_stack if config.stacked else _train_one, config=config,
+                    x_train=x_train, x_test=x_test, out=out)
+    return sweep(NAME, {v: v for v in config.variants}, config.seeds, train, config=config,
+                 stack="all" if config.stacked else None, device=device, out=out,
+                 checkpoint=config.checkpoint, steps=config.steps, info=info,
+                 threads=config.threads, workers=config.workers)
+
+
+def _save_model(out: str | os.PathLike | None, variant: str, seed: int,
+                weights: dict[str, Tensor]) -> None:
+    if out is not None:
+        path = model_path(out, variant, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, path)
 
 
 def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
@@ -645,18 +655,14 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
                   optimizer, steps=config.steps, eval_every=config.eval_every,
                   eval_fn=partial(DRAW.evaluate_terms, x=x_test.to(job.device)), device=job.device,
                   seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-    if out is not None:
-        path = model_path(out, job.variant, job.seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), path)
+    _save_model(out, job.variant, job.seed, model.state_dict())
     return history
 
 
-def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
-                 dev: torch.device, out: str | os.PathLike | None, seeds: tuple[int, ...],
-                 progress: bool | None) -> Results:
-    """:func:`run` with every (variant, seed) as one copy of a :class:`StackedDRAW`."""
-    pairs = [(v, int(s)) for v in config.variants for s in seeds]
+def _train_stack(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
+                 out: str | os.PathLike | None) -> list[History]:
+    """Every (variant, seed) of the job as one copy of a :class:`StackedDRAW`."""
+    pairs, dev = job.pairs, job.device
     batches = {s: Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for _, s in pairs}
     gens = [torch.Generator(device=dev).manual_seed(s) for _, s in pairs]
     shape = (config.batch_size, config.z_size)
@@ -669,23 +675,18 @@ def _run_stacked(config: Config, x_train: Tensor, x_test: Tensor, info: dict,
         nll_x, kl = stack.bound_terms(x, noise)
         return (nll_x + kl).mean(1)  # (M,)
 
-    with cpu_threads(config.threads):
-        models = []
-        for v, s in pairs:
-            torch.manual_seed(s)
-            models.append(build_model(config, layer_norm=(v == "layer_norm")).to(dev))
-        stack = StackedDRAW(models)
-        # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
-        adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
-                                fused=dev.type in ("cpu", "cuda"))
-        histories = train_copies(losses, partial(stack.evaluate_terms, x_test.to(dev)), adam,
-                                 [History() for _ in pairs], config.steps, config.eval_every,
-                                 progress, NAME)
-    runs = [Run(v, s, h) for (v, s), h in zip(pairs, histories, strict=True)]
-    results = Results(NAME, _jsonable(config), str(dev), runs, dict(info))
-    if out is not None:
-        model_path(out, *pairs[0]).parent.mkdir(parents=True, exist_ok=True)
-        for k, (v, s) in enumerate(pairs):
-            torch.save(stack.state_dict(k), model_path(out, v, s))
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    models = []
+    for v, s in pairs:
+        torch.manual_seed(s)
+        models.append(build_model(config, layer_norm=(v == "layer_norm")).to(dev))
+    stack = StackedDRAW(models)
+    # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
+    adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
+                            fused=dev.type in ("cpu", "cuda"))
+    histories = train_copies(losses, partial(stack.evaluate_terms, x_test.to(dev)), adam,
+                             [History() for _ in pairs], config.steps, config.eval_every,
+                             state=stack.params, generators=gens, checkpoint=job.checkpoint,
+                             bar=job.bar, label=job.label)
+    for k, (v, s) in enumerate(pairs):
+        _save_model(out, v, s, stack.state_dict(k))
+    return histories

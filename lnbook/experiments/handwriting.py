@@ -15,7 +15,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,17 +24,14 @@ from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.checks import check_choice, check_config, check_size, check_subset
-from lnbook.device import resolve_device
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job, cpu_threads
 from lnbook.engine.presets import make_config
-from lnbook.engine.results import Results, Run, _jsonable, save_results
-from lnbook.engine.runner import sweep
-from lnbook.engine.store import check_results_file
+from lnbook.engine.results import Results
+from lnbook.engine.runner import resolve_seeds, sweep
 from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
-from lnbook.seeds import verdict_seeds
 
 __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "LETTERS", "Letter", "Lines", "Config", "get_config",
@@ -92,7 +88,10 @@ class Config:
     ``grad_clip`` clips every gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
     ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
     updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
-    checkpoints (the ``paper`` preset); ``threads``: torch CPU threads (None: as is).
+    checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.sweep`, and
+    ``checkpoint`` checkpoints each job under ``out``. ``seeds``: an int n is the first n of
+    the seed set in force when the run starts; ``threads``: torch CPU threads (None: as is);
+    ``workers``: jobs trained at once, one process each.
     """
 
     scale: str = "quick"
@@ -108,11 +107,12 @@ class Config:
     lr: float = 5e-3
     grad_clip: float = 10.0
     variants: tuple[str, ...] = VARIANTS
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     data_seed: int = 2024
     threads: int | None = 1
     stacked: bool = True
     checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, VARIANTS)
@@ -702,9 +702,9 @@ def _clip_hooks(model: nn.Module, clip: float) -> None:
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train every variant under every seed; return the sweep's :class:`Results`.
+        out: str | os.PathLike | None = None) -> Results:
+    """Train every variant under every seed through :func:`lnbook.engine.sweep` (stacked: one
+    job, every run a copy of one :class:`StackedHandwriting`; else one job per run).
 
     Runs record the held-out ``nll`` (nats per point); their ``info`` holds ``input_scales``
     (:meth:`HandwritingModel.match_input_scales`) and, for the first seed, ``sample`` (a line
@@ -712,64 +712,67 @@ def run(config: Config, device: str | torch.device = "auto",
     ``gmm_letter_nll`` (:func:`mixture_baseline_nll` without and with ``per_letter``).
     """
     check_config(config, Config)
-    seeds = tuple(config.seeds if seeds is None else seeds)
     with cpu_threads(config.threads):
         train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)
         valid = make_handwriting(config.n_valid, config.seq_len, seed=config.data_seed + 1)
-        train_head = (train.points[: config.batch_size], train.letters[: config.batch_size])
         trivial = {"gmm_nll": mixture_baseline_nll(train, valid, config.n_mixtures, False),
                    "gmm_letter_nll": mixture_baseline_nll(train, valid, config.n_mixtures)}
+    fn = partial(_train_stack if config.stacked else _train_one, config=config, train=train,
+                 valid=valid, first=resolve_seeds(config.seeds)[0])
+    return sweep(NAME, {v: v for v in config.variants}, config.seeds, fn, config=config,
+                 stack="all" if config.stacked else None, device=device, out=out,
+                 checkpoint=config.checkpoint, steps=config.steps, info=trivial,
+                 threads=config.threads, workers=config.workers)
 
-        if not config.stacked:
-            def train_one(job: Job) -> tuple[History, dict[str, Any]]:
-                model, scales = _start(config, job.params, job.seed, train_head)
-                _clip_hooks(model, config.grad_clip)
-                opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-                hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
-                           opt, steps=config.steps, eval_every=config.eval_every,
-                           eval_fn=lambda m: evaluate(m, valid), device=job.device,
-                           seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-                return hist, _info(model, scales, job.seed, seeds, valid)
 
-            return sweep(NAME, {v: v for v in config.variants}, seeds, train_one,
-                         config=config, device=device, out=out, checkpoint=config.checkpoint,
-                         steps=config.steps, info=trivial)
+def _head(config: Config, train: Lines) -> tuple[Tensor, Tensor]:
+    """The first training batch, on which ``ln_recurrent`` matches its input scales."""
+    return train.points[: config.batch_size], train.letters[: config.batch_size]
 
-        # every (variant, seed) trained at once as one StackedHandwriting
-        dev = resolve_device(device)
-        if out is not None:  # results of another config in out are never overwritten
-            check_results_file(Path(out) / f"{NAME}.json", _jsonable(config))
-        pairs = [(v, s) for v in config.variants for s in seeds]
-        started = [_start(config, v, s, train_head) for v, s in pairs]  # as train_one does
-        net = StackedHandwriting([model.to(dev) for model, _ in started])
-        _clip_hooks(net, config.grad_clip)
-        on_dev = [t.to(dev) for t in train]
-        order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds}
-        M = len(pairs)
-        vp, vl = (t.to(dev).expand(M, *t.shape) for t in valid)  # (M, N, T + 1, 3), (M, N, T)
 
-        def losses(step: int) -> Tensor:
-            got = {s: b(step) for s, b in order.items()}
-            pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
-            let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
-            return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+def _train_one(job: Job, config: Config, train: Lines, valid: Lines,
+               first: int) -> tuple[History, dict[str, Any]]:
+    """One (variant, seed) of :func:`run` with :func:`lnbook.fit` (checkpointed)."""
+    model, scales = _start(config, job.variant, job.seed, _head(config, train))
+    _clip_hooks(model, config.grad_clip)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
+               opt, steps=config.steps, eval_every=config.eval_every,
+               eval_fn=partial(evaluate, data=valid), device=job.device,
+               seed=job.seed, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    return hist, _info(model, scales, job.seed, first, valid)
 
-        def evaluate_all() -> list[dict[str, float]]:
-            with torch.no_grad():
-                return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
 
-        hist = train_copies(losses, evaluate_all,
-                            torch.optim.Adam(net.parameters(), lr=config.lr),
-                            [History() for _ in pairs], config.steps, config.eval_every)
-        net.write_back([model for model, _ in started])
-        runs = []
-        for (v, s), (model, scales), h in zip(pairs, started, hist, strict=True):
-            h.wall_time /= M
-            runs.append(Run(v, s, h, _info(model, scales, s, seeds, valid)))
-        results = Results(NAME, _jsonable(config), str(dev), runs, dict(trivial))
-        if out is not None:
-            save_results(results, Path(out) / f"{NAME}.json")
-        return results
+def _train_stack(job: Job, config: Config, train: Lines, valid: Lines,
+                 first: int) -> list[tuple[History, dict[str, Any]]]:
+    """Every (variant, seed) of the job trained at once as one :class:`StackedHandwriting`."""
+    dev, pairs = job.device, job.pairs
+    started = [_start(config, v, s, _head(config, train)) for v, s in pairs]  # as _train_one
+    net = StackedHandwriting([model.to(dev) for model, _ in started])
+    _clip_hooks(net, config.grad_clip)
+    on_dev = [t.to(dev) for t in train]
+    order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in job.seeds}
+    M = len(pairs)
+    vp, vl = (t.to(dev).expand(M, *t.shape) for t in valid)  # (M, N, T + 1, 3), (M, N, T)
+
+    def losses(step: int) -> Tensor:
+        got = {s: b(step) for s, b in order.items()}
+        pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
+        let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
+        return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+
+    def evaluate_all() -> list[dict[str, float]]:
+        with torch.no_grad():
+            return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
+
+    hist = train_copies(losses, evaluate_all, torch.optim.Adam(net.parameters(), lr=config.lr),
+                        [History() for _ in pairs], config.steps, config.eval_every,
+                        state=net, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    net.write_back([model for model, _ in started])
+    for h in hist:
+        h.wall_time /= M
+    return [(h, _info(model, scales, s, first, valid))
+            for (_, s), (model, scales), h in zip(pairs, started, hist, strict=True)]
 
 
 def _start(config: Config, variant: str, seed: int,
@@ -781,11 +784,11 @@ def _start(config: Config, variant: str, seed: int,
     return model, model.match_input_scales(*train_head)
 
 
-def _info(model: HandwritingModel, scales: list[float], seed: int, seeds: tuple[int, ...],
+def _info(model: HandwritingModel, scales: list[float], seed: int, first: int,
           valid: Lines) -> dict[str, Any]:
     """A run's info: its input scales and, for the first seed, a line the model wrote."""
     info: dict[str, Any] = {"input_scales": scales}
-    if seed == seeds[0]:
+    if seed == first:
         model.eval()
         sample = model.sample(valid.letters[0].to(model.head.weight.device), seed=seed)
         info["sample"] = sample.cpu().numpy().round(4).tolist()  # (seq_len, 3)

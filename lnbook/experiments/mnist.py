@@ -2,17 +2,17 @@
 
 Book chapter `06_6_mnist`. :class:`MLP` with no norm, batch norm on every layer (the unbiased
 variance for small batches, claim C18) or layer norm on the hidden layers, trained with Adam at
-batch sizes 128 and 4. Engine ``"seeds"`` (:func:`run_seeds`) trains the seeds of a variant as
-one :class:`lnbook.batched.SeedMLP` and reads batch norm three ways (:data:`BN_READINGS`);
-engine ``"runs"`` trains one run at a time with checkpoints.
+batch sizes 128 and 4. Engine ``"seeds"`` trains the seeds of a variant as one
+:class:`lnbook.batched.SeedMLP` and reads batch norm three ways (:data:`BN_READINGS`); engine
+``"runs"`` trains one run at a time. Both go through :func:`lnbook.engine.sweep`.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,22 +23,19 @@ from torch import Tensor, nn
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
-from lnbook.device import resolve_device
 from lnbook.engine.copies import train_copies
-from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.job import Job
 from lnbook.engine.metrics import classification_metrics
 from lnbook.engine.presets import check_scale, make_config
-from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.results import Results, Run
 from lnbook.engine.runner import sweep
-from lnbook.engine.store import check_results_file
 from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, LayerNorm
-from lnbook.seeds import verdict_seeds
 
 __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "by_examples", "Config",
     "get_config", "MLP", "curves", "degradation", "examples_seen", "late_mean", "mean_gap",
-    "mode_nll", "run", "run_seeds", "seed_metrics", "seed_model", "schedule", "variant_name",
+    "mode_nll", "run", "seed_metrics", "seed_model", "schedule", "variant_name",
 ]
 
 NAME = "mnist"
@@ -59,8 +56,11 @@ class Config:
     ``examples`` (with ``eval_examples``): examples seen per run at every batch size (``examples
     // B`` updates at batch size B); None: ``steps`` updates whatever the batch size.
     ``bn_unbiased_max_batch``: BN uses the unbiased variance up to this batch size. ``engine``:
-    from :data:`ENGINES` (``checkpoint`` needs ``"runs"``); ``n_recal``: training images that
-    recalibrate batch norm (engine ``"seeds"``); ``threads``: torch CPU threads (None: as is).
+    from :data:`ENGINES`; ``n_recal``: training images that recalibrate batch norm (engine
+    ``"seeds"``); ``seeds``: an int n is the first n of the seed set in force when the run
+    starts; ``checkpoint``: checkpoint each job (a stack of seeds, or a run) under ``out`` (a
+    run resumes); ``threads``: torch CPU threads (None: as is); ``workers``: jobs trained at
+    once, one process each.
     """
 
     scale: str = "quick"
@@ -77,12 +77,13 @@ class Config:
     n_test: int | None = None
     bn_unbiased_max_batch: int = 16
     permute_pixels: bool = True
-    seeds: tuple[int, ...] = verdict_seeds(3)
+    seeds: int | tuple[int, ...] = 3
     source: str = "auto"
     checkpoint: bool = False
     threads: int | None = 1
     engine: str = "seeds"
     n_recal: int = 4000
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -90,8 +91,6 @@ class Config:
         if any(b < 2 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
         check_choice("engine", self.engine, ENGINES)
-        if self.checkpoint and self.engine != "runs":
-            raise ValueError("checkpoints are written by engine='runs' only")
         if self.n_recal < max(self.batch_sizes, default=2):
             raise ValueError(f"n_recal ({self.n_recal}) must be at least the largest batch "
                              f"size {max(self.batch_sizes)}")
@@ -116,10 +115,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
     # chapter 6.6's design, piloted on lnbook.seeds.pilot_seeds (see the chapter's dropdown):
     # 784-64-64-10, Adam 1e-3, 1,000 updates at each batch size (equal updates), 5 seeds
     "quick": {"hidden": (64, 64), "steps": 1000, "eval_every": 50, "n_recal": 1000,
-              "seeds": verdict_seeds(5)},
+              "seeds": 5},
     # 20,000 updates at each batch size (about 46 epochs of 55,000 at batch size 128)
     "paper": {"hidden": (1000, 1000), "steps": 20_000, "eval_every": 500, "n_train": 55_000,
-              "n_eval_train": 10_000, "n_recal": 10_000, "n_test": None, "threads": None},
+              "n_eval_train": 10_000, "n_recal": 10_000, "n_test": None, "threads": None,
+              "checkpoint": True},
 }
 
 
@@ -318,10 +318,12 @@ def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
     return out
 
 
-def _train_variant(config: Config, norm: str, bs: int, seeds: tuple[int, ...],
-                   d: dict[str, Tensor]) -> list[History]:
-    """One variant's seeds trained as one :func:`seed_model` on ``d["x"]``, ``d["y"]``."""
-    dev = d["x"].device
+def _train_variant(job: Job, config: Config, d: dict[str, Tensor]) -> list[History]:
+    """Engine ``"seeds"``: the seeds of one variant (a job of :func:`run`'s sweep) trained as
+    one :func:`seed_model` on ``d["x"]``, ``d["y"]``, :func:`seed_metrics` at every
+    evaluation (the updates of engine ``"runs"``, to rounding)."""
+    (norm, bs), seeds, dev = job.params, job.seeds, job.device
+    d = {k: v.to(dev) for k, v in d.items()}
     model = seed_model(config, norm, bs, seeds).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, fused=dev.type in ("cpu", "cuda"))
     batches = seed_batches(d["x"], d["y"], bs, seeds)
@@ -335,82 +337,73 @@ def _train_variant(config: Config, norm: str, bs: int, seeds: tuple[int, ...],
         return [{k: float(v[i]) for k, v in m.items()} for i in range(len(seeds))]
 
     steps, eval_every = schedule(config, bs)
-    hist = train_copies(losses, evaluate, opt, [History() for _ in seeds], steps, eval_every)
+    hist = train_copies(losses, evaluate, opt, [History() for _ in seeds], steps, eval_every,
+                        state=model, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     for h in hist:
         h.wall_time /= len(seeds)
     return hist
 
 
-def run_seeds(config: Config, device: str | torch.device = "auto",
-              seeds: tuple[int, ...] | list[int] | None = None,
-              data: dict[str, Any] | None = None) -> Results:
-    """Engine ``"seeds"``: each variant's seeds trained as one :func:`seed_model` (the updates
-    of engine ``"runs"``, to rounding), :func:`seed_metrics` at every evaluation."""
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    d = _data(config) if data is None else data
-    dev = resolve_device(device)
-    n_eval = max(config.n_eval_train, max(config.batch_sizes))
-    on_dev = {"x": d["x"], "y": d["y"], "x_eval": d["x"][:n_eval], "y_eval": d["y"][:n_eval],
-              "x_test": d["x_test"], "y_test": d["y_test"], "x_recal": d["x"][: config.n_recal]}
-    on_dev = {k: v.to(dev) for k, v in on_dev.items()}
-    runs = []
-    with cpu_threads(config.threads):
-        for bs in config.batch_sizes:
-            for norm in config.norms:
-                hist = _train_variant(config, norm, bs, seeds, on_dev)
-                runs += [Run(variant_name(norm, bs), s, h)
-                         for s, h in zip(seeds, hist, strict=True)]
-    return Results(NAME, asdict(config), str(dev), runs, {**d["info"], "engine": "seeds"})
+def _eval_fn(model: nn.Module, d: dict[str, Tensor]) -> dict[str, float]:
+    """Engine ``"runs"``: one run's NLL and error on ``d["x_eval"]`` and the test images."""
+    tr = classification_metrics(model, d["x_eval"], d["y_eval"])
+    te = classification_metrics(model, d["x_test"], d["y_test"])
+    return {"train_nll": tr["nll"], "train_error": tr["error"],
+            "test_nll": te["nll"], "test_error": te["error"]}
+
+
+def _cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def _train_one(job: Job, config: Config, d: dict[str, Tensor]) -> tuple[History, dict]:
+    """Engine ``"runs"``: one (variant, seed) of :func:`run`, with :func:`mode_nll` as info."""
+    norm, bs = job.params
+    steps, eval_every = schedule(config, bs)
+    torch.manual_seed(job.seed)
+    model = MLP((784, *config.hidden, 10), norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
+    # fused Adam where torch has it: the same update, 1.5x faster at batch size 4 on a CPU
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr,
+                           fused=job.device.type in ("cpu", "cuda"))
+    hist = fit(model, Batches(d["x"], d["y"], batch_size=bs, seed=job.seed), opt,
+               steps=steps, eval_every=eval_every, eval_fn=partial(_eval_fn, d=d),
+               device=job.device, seed=job.seed, checkpoint=job.checkpoint,
+               loss_fn=_cross_entropy, bar=job.bar, label=job.label)
+    # at least one whole batch, even when n_eval_train is smaller than the batch size
+    n_mode = max(config.n_eval_train, bs)
+    return hist, mode_nll(model, d["x"][:n_mode], d["y"][:n_mode], bs)
+
+
+def _steps(config: Config, variant: str, params: tuple[str, int]) -> int:
+    return schedule(config, params[1])[0]
 
 
 def run(config: Config, device: str | torch.device = "auto",
-        out: str | os.PathLike | None = None,
-        seeds: tuple[int, ...] | list[int] | None = None) -> Results:
-    """Train every (norm, batch size) variant (:func:`variant_name`) with every seed.
+        out: str | os.PathLike | None = None) -> Results:
+    """Train every (norm, batch size) variant (:func:`variant_name`) with every seed, through
+    :func:`lnbook.engine.sweep` (engine ``"seeds"``: the seeds of a variant as one job).
 
     Runs record ``train_nll``, ``train_error`` (``n_eval_train`` training images),
-    ``test_nll`` and ``test_error`` in eval mode; engine ``"runs"`` adds :func:`mode_nll` to
+    ``test_nll`` and ``test_error`` in eval mode; engine ``"seeds"`` adds the readings of
+    :data:`BN_READINGS` (:func:`seed_metrics`), engine ``"runs"`` adds :func:`mode_nll` to
     each run's info. ``Results.info``: ``source`` and ``majority_error`` (the test error of
-    always answering the most frequent training label). Writes ``out/mnist.json``.
+    always answering the most frequent training label), and ``engine`` for ``"seeds"``.
+    Writes ``out/mnist.json``, the runs and checkpoints.
     """
     check_config(config, Config)
     d = _data(config)
+    info = d.pop("info")
     if config.engine == "seeds":
-        if out is not None:  # results of another config in out are never overwritten
-            check_results_file(Path(out) / f"{NAME}.json", _jsonable(asdict(config)))
-        results = run_seeds(config, device, seeds, data=d)
-        if out is not None:
-            save_results(results, os.path.join(out, f"{NAME}.json"))
-        return results
-    x_eval, y_eval = d["x"][: config.n_eval_train], d["y"][: config.n_eval_train]
-    sizes = (784, *config.hidden, 10)
-
-    def eval_fn(model: nn.Module) -> dict[str, float]:
-        tr = classification_metrics(model, x_eval, y_eval)
-        te = classification_metrics(model, d["x_test"], d["y_test"])
-        return {"train_nll": tr["nll"], "train_error": tr["error"],
-                "test_nll": te["nll"], "test_error": te["error"]}
-
-    def train_one(job: Job) -> tuple[History, dict[str, float]]:
-        norm, bs = job.params
-        steps, eval_every = schedule(config, bs)
-        torch.manual_seed(job.seed)
-        model = MLP(sizes, norm, bn_unbiased=bs <= config.bn_unbiased_max_batch)
-        # fused Adam where torch has it: the same update, 1.5x faster at batch size 4 on a CPU
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr,
-                               fused=job.device.type in ("cpu", "cuda"))
-        hist = fit(model, Batches(d["x"], d["y"], batch_size=bs, seed=job.seed), opt,
-                   steps=steps, eval_every=eval_every, eval_fn=eval_fn,
-                   device=job.device, seed=job.seed, checkpoint=job.checkpoint,
-                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                   bar=job.bar, label=job.label)
-        # at least one whole batch, even when n_eval_train is smaller than the batch size
-        n_mode = max(config.n_eval_train, bs)
-        return hist, mode_nll(model, d["x"][:n_mode], d["y"][:n_mode], bs)
-
+        n_eval = max(config.n_eval_train, max(config.batch_sizes))
+        d["x_recal"] = d["x"][: config.n_recal]
+        info = {**info, "engine": "seeds"}
+    else:
+        n_eval = config.n_eval_train
+    d["x_eval"], d["y_eval"] = d["x"][:n_eval], d["y"][:n_eval]
+    seeds = config.engine == "seeds"
+    train = partial(_train_variant if seeds else _train_one, config=config, d=d)
     variants = {variant_name(n, bs): (n, bs) for bs in config.batch_sizes for n in config.norms}
-    with cpu_threads(config.threads):
-        return sweep(NAME, variants, tuple(config.seeds if seeds is None else seeds),
-                     train_one, config=config, device=device, out=out,
-                     checkpoint=config.checkpoint, steps=lambda _, p: schedule(config, p[1])[0],
-                     info=d["info"])
+    return sweep(NAME, variants, config.seeds, train, config=config,
+                 stack="seeds" if seeds else None, device=device, out=out,
+                 checkpoint=config.checkpoint, steps=partial(_steps, config), info=info,
+                 threads=config.threads, workers=config.workers)

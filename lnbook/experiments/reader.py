@@ -10,7 +10,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,12 +19,10 @@ from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
-from lnbook.engine import Job, Results, Run, make_config, save_results, sweep
-from lnbook.engine.copies import train_copies, updates_to
-from lnbook.engine.job import cpu_threads
+from lnbook.engine import Job, Results, Run, make_config, sweep, updates_to_reach
+from lnbook.engine.copies import train_copies
 from lnbook.engine.train import Batches, History, fit
 from lnbook.recurrent_bn import RecurrentBNLSTM
-from lnbook.seeds import verdict_seeds
 
 __all__ = [
     "NAME",
@@ -85,11 +82,12 @@ class Config:
         bn_gain_init: initial gain of ``"bn_lstm"`` (0.1, as Cooijmans et al.).
         ln_small_gain: the gain of ``"ln_lstm_g0.1"`` (``"ln_lstm"`` starts at 1).
         variants: which LSTMs to train (from :data:`VARIANTS`).
-        seeds: seeds of the models (initialization and batch order); data_seed: the corpus's.
-        checkpoint, threads, workers: checkpoint each run under ``out/`` (a sweep resumes);
+        seeds: seeds of the models (initialization and batch order; an int n: the first n
+            of the seed set in force when the run starts); data_seed: the corpus's.
+        checkpoint, threads, workers: checkpoint each job under ``out/`` (a sweep resumes);
             torch CPU threads (None: leave them); worker processes of the sweep.
-        stacked: train the runs of each LSTM family as one :class:`StackedReader` on the CPU
-            (False: one at a time through the sweep, with checkpoints, workers or a GPU).
+        stacked: train the runs of each LSTM family as one :class:`StackedReader`, all in one
+            job of the sweep (False: one job per run).
     """
 
     scale: str = "quick"
@@ -108,7 +106,7 @@ class Config:
     bn_gain_init: float = 0.1
     ln_small_gain: float = 0.1
     variants: tuple[str, ...] = ("lstm", "bn_lstm", "bn_lstm_g1.0", "ln_lstm", "ln_lstm_g0.1")
-    seeds: tuple[int, ...] = verdict_seeds(4)
+    seeds: int | tuple[int, ...] = 4
     data_seed: int = 1234
     checkpoint: bool = False
     threads: int | None = 1
@@ -121,7 +119,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         "n_train": 200_000, "n_valid": 5_000, "n_entities": 60, "sentences": 4,
         "blank": "both", "embed_size": 200, "hidden_size": 240, "batch_size": 64,
-        "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": verdict_seeds(5),
+        "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": 5,
         "variants": VARIANTS,
         "checkpoint": True, "threads": None,
     },
@@ -409,7 +407,9 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
     """Per seed, the first evaluated update with validation error <= ``target`` (never: inf)."""
-    return updates_to(results, variant, "error", target)
+    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("error"), target)
+             for r in results.select(variant)]
+    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
@@ -435,41 +435,28 @@ def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
 # ----------------------------------------------------------------------------- the experiment
 
 
-def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None,
-        seeds: list[int] | tuple[int, ...] | None = None, progress: bool | None = None) -> Results:
-    """Train every variant under every seed (stacked, or through the runner's sweep).
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
+    """Train every variant under every seed through :func:`lnbook.engine.sweep` (stacked: one
+    job, each LSTM family as one :class:`StackedReader`; else one job per run).
 
     Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
-    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and checkpoints;
-    ``seeds`` overrides ``config.seeds``. ``info``: the accuracy of ``chance`` and of
-    ``frequency_baseline``.
+    ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and checkpoints.
+    ``info``: the accuracy of ``chance`` and of ``frequency_baseline``.
     """
     check_config(config, Config)
     kw = {"n_entities": config.n_entities, "sentences": config.sentences,
           "n_relations": config.n_relations, "blank": config.blank}
     train = make_cloze(config.n_train, seed=config.data_seed, **kw)
     valid = make_cloze(config.n_valid, seed=config.data_seed + 1, **kw)
-    train_one = partial(_train_one, config=config, train=train, valid=valid)
-
     info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
             "n_train": len(train), "n_valid": len(valid)}
-    seeds = tuple(config.seeds if seeds is None else seeds)
-    if not config.stacked:
-        return sweep(NAME, {v: v for v in config.variants}, seeds, train_one, config=config,
-                     device=device, out=out, checkpoint=config.checkpoint,
-                     steps=config.steps, info=info, progress=progress,
-                     threads=config.threads, workers=config.workers)
-    runs: list[Run] = []
-    with cpu_threads(config.threads):
-        for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
-            group = tuple(v for v in config.variants if variant_kind(v) == kind)
-            if group:
-                runs += train_stacked(config, train, valid, group, seeds)
-    runs.sort(key=lambda r: config.variants.index(r.variant))  # stable: seeds keep order
-    results = Results(NAME, {**vars(config), "seeds": list(seeds)}, "cpu", runs, info)
-    if out is not None:
-        save_results(results, Path(out) / f"{NAME}.json")
-    return results
+    fn = partial(_train_stack if config.stacked else _train_one, config=config, train=train,
+                 valid=valid)
+    return sweep(NAME, {v: v for v in config.variants}, config.seeds, fn, config=config,
+                 stack="all" if config.stacked else None, device=device, out=out,
+                 checkpoint=config.checkpoint, steps=config.steps, info=info,
+                 threads=config.threads, workers=config.workers)
 
 
 def _seeded_model(config: Config, data: ClozeData, variant: str, seed: int) -> AttentiveReader:
@@ -488,6 +475,23 @@ def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> 
                opt, steps=config.steps, eval_every=config.eval_every,
                eval_fn=partial(evaluate, data=valid), device=job.device, seed=job.seed,
                checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+
+
+def _train_stack(job: Job, config: Config, train: ClozeData, valid: ClozeData
+                 ) -> list[History]:
+    """Every (variant, seed) of the job, each LSTM family as one :class:`StackedReader`
+    (checkpointed in a file of its own beside ``job.checkpoint``)."""
+    hists = {}
+    for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
+        group = tuple(v for v in job.variants if variant_kind(v) == kind)
+        if group:
+            ckpt = job.checkpoint
+            if ckpt is not None:
+                ckpt = ckpt.with_name(f"{ckpt.stem}-{kind}{ckpt.suffix}")
+            runs = train_stacked(config, train, valid, group, job.seeds, job.device, ckpt,
+                                 job.bar, f"{job.label} ({kind})")
+            hists.update({(r.variant, r.seed): r.history for r in runs})
+    return [hists[pair] for pair in job.pairs]
 
 
 # ----------------------------------------------------------------------------- stacked copies
@@ -609,7 +613,7 @@ class StackedReader(nn.Module):
         """Answer scores ``(M, B, n_entities)``, -inf for entities absent from the passage."""
         p = self.p
         emb = p["embed__weight"]  # (M, V, E)
-        rows = torch.arange(emb.shape[0]).view(-1, 1, 1)  # (M, 1, 1)
+        rows = torch.arange(emb.shape[0], device=emb.device).view(-1, 1, 1)  # (M, 1, 1)
 
         def layer(name: str) -> Callable[[Tensor], Tensor]:
             def lin(x: Tensor) -> Tensor:  # x (..., M, B, in)
@@ -633,36 +637,41 @@ class StackedReader(nn.Module):
         """Per copy, :func:`evaluate`'s ``xent`` and ``error`` on ``data`` (in eval mode)."""
         was = self.training
         self.eval()
-        M = self.copies
+        M, dev = self.copies, self.p["embed__weight"].device
         loss, wrong = torch.zeros(M, dtype=torch.float64), torch.zeros(M, dtype=torch.long)
         with torch.no_grad():
             for i in range(0, len(data), batch_size):
-                pq, q, c, a = (t[i : i + batch_size] for t in data.tensors())
+                pq, q, c, a = (t[i : i + batch_size].to(dev) for t in data.tensors())
                 z = self.logits(*(t.expand(M, *t.shape) for t in (pq, q, c)))  # (M, b, K)
                 aa = a.expand(M, -1)
                 xent = F.cross_entropy(z.flatten(0, 1), aa.flatten(), reduction="none")
-                loss += xent.view(M, -1).double().sum(dim=1)
-                wrong += (z.argmax(dim=-1) != aa).sum(dim=1)
+                loss += xent.view(M, -1).double().sum(dim=1).cpu()
+                wrong += (z.argmax(dim=-1) != aa).sum(dim=1).cpu()
         self.train(was)
         return [{"xent": float(loss[k]) / len(data), "error": int(wrong[k]) / len(data)}
                 for k in range(M)]
 
 
 def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: tuple[str, ...],
-                  seeds: tuple[int, ...]) -> list[Run]:
-    """Train every (variant, seed) of one LSTM family at once, as :func:`run`'s sweep would
-    (same initial models, batches and Adam updates); one :class:`Run` per copy, variant first."""
+                  seeds: tuple[int, ...], device: str | torch.device = "cpu",
+                  checkpoint: str | os.PathLike | None = None, bar: Any = None,
+                  label: str | None = None) -> list[Run]:
+    """Train every (variant, seed) of one LSTM family at once, as one run at a time would
+    (same initial models, batches and Adam updates); one :class:`Run` per copy, variant
+    first. ``checkpoint``, ``bar``, ``label``: as :func:`lnbook.engine.train_copies`'s."""
+    dev = torch.device(device)
     jobs = [(v, s) for v in variants for s in seeds]
-    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs])  # training mode
+    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs]).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
              for s in seeds}
-    tensors = train.tensors()
+    tensors = tuple(t.to(dev) for t in train.tensors())
 
     def losses(step: int) -> Tensor:
-        rows = torch.stack([order[s](step)[0] for _, s in jobs])  # (M, B)
+        rows = torch.stack([order[s](step)[0] for _, s in jobs]).to(dev)  # (M, B)
         return model.losses(*(t[rows] for t in tensors))  # (M,)
 
     hists = train_copies(losses, partial(model.evaluate, valid), opt,
-                         [History(step_times=[]) for _ in jobs], config.steps, config.eval_every)
+                         [History(step_times=[]) for _ in jobs], config.steps, config.eval_every,
+                         state=model, checkpoint=checkpoint, bar=bar, label=label)
     return [Run(v, s, h) for (v, s), h in zip(jobs, hists, strict=True)]
