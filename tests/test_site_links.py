@@ -1,0 +1,144 @@
+"""The built site, read as files: every internal link and anchor resolves, and every printed
+output fits the column at 1280 pixels.
+
+Reads `_build/html` (or `LNBOOK_HTML`); skipped when no book has been built. Needs no browser
+(tests/test_browser.py checks the rendered pages in Chromium) and takes about a second.
+
+- Every `href` to a page of the site names a file that exists, and its `#fragment`, if any, is
+  an `id` (or an old-style `<a name>`) in that page: a link into the API reference or into the
+  highlighted source of `lnbook` lands on its target.
+- Every printed output of a chapter (a `<pre>` inside `div.cell_output`: text a cell prints, a
+  repr, a traceback) has lines of at most `OUTPUT_CHARS` characters. book/_static/lnbook.css
+  sets the code of a page at 13 px in a 736-pixel column at 1280 pixels wide, where 88
+  characters take about 690 pixels: a longer line scrolls sideways in its box.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import os
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = Path(os.environ.get("LNBOOK_HTML", ROOT / "_build" / "html")).resolve()
+OUTPUT_CHARS = 88  # book/_static/lnbook.css: 88 characters at 13 px fit the column at 1280 px
+
+pytestmark = pytest.mark.skipif(not (HTML / "index.html").exists(),
+                                reason=f"no built book in {HTML} (jupyter-book build .)")
+
+
+class _Page(HTMLParser):
+    """The ids, links and printed outputs of one page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+        self.outputs: list[str] = []
+        self._stack: list[tuple[str, bool]] = []  # (tag, inside a cell's output)
+        self._pre: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        for key in ("id", "name") if tag == "a" else ("id",):
+            if a.get(key):
+                self.ids.add(a[key])
+        if tag in ("a", "link") and a.get("href"):
+            self.links.append(a["href"])
+        if tag in ("br", "img", "meta", "link", "input", "hr", "wbr", "source"):
+            return  # void elements: no end tag
+        out = bool(self._stack and self._stack[-1][1]) or "cell_output" in (a.get("class") or "")
+        self._stack.append((tag, out))
+        if tag == "pre" and out:
+            self._pre = []
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._stack:
+            t, _ = self._stack.pop()
+            if t == tag:
+                break
+        if tag == "pre" and self._pre is not None:
+            self.outputs.append("".join(self._pre))
+            self._pre = None
+
+    def handle_data(self, data: str) -> None:
+        if self._pre is not None:
+            self._pre.append(data)
+
+
+@functools.cache
+def _read(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def _pages() -> list[Path]:
+    return sorted(p for p in HTML.rglob("*.html") if "_static" not in p.parts)
+
+
+def _target(page: Path, href: str) -> tuple[Path, str] | None:
+    """The local file and fragment `href` on `page` points at; None for another site."""
+    parts = urlsplit(html.unescape(href))
+    if parts.scheme or parts.netloc or href.startswith(("mailto:", "javascript:")):
+        return None
+    path = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+    if path.is_dir():
+        path = path / "index.html"
+    return path, unquote(parts.fragment)
+
+
+def broken_links() -> list[str]:
+    """Every internal link of the site whose page or anchor does not exist."""
+    broken = []
+    for page in _pages():
+        for href in _read(page).links:
+            target = _target(page, href)
+            if target is None:
+                continue
+            path, fragment = target
+            where = f"{page.relative_to(HTML)}: {href}"
+            if not path.exists():
+                broken.append(f"{where} (no file {path.relative_to(ROOT)})")
+            elif fragment and path.suffix == ".html" and fragment not in _read(path).ids:
+                broken.append(f"{where} (no id {fragment!r} in {path.name})")
+    return broken
+
+
+def wide_outputs(limit: int = OUTPUT_CHARS) -> list[str]:
+    """Every printed output line of the site longer than `limit` characters."""
+    wide = []
+    for page in _pages():
+        for text in _read(page).outputs:
+            for line in text.splitlines():
+                line = re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip()
+                if len(line) > limit:
+                    wide.append(f"{page.relative_to(HTML)}: {len(line)} chars: {line[:60]}...")
+    return wide
+
+
+def test_parser_reads_ids_links_and_outputs() -> None:
+    page = _Page()
+    page.feed('<section id="s"><a name="old"></a><a href="x.html#y">x</a>'
+              '<div class="cell_output docutils"><div class="highlight"><pre>'
+              '<span>a</span>b\nc &lt;d&gt;</pre></div></div><pre>code</pre></section>')
+    assert page.ids == {"s", "old"}
+    assert page.links == ["x.html#y"]
+    assert page.outputs == ["ab\nc <d>"]  # a code cell's input is not an output
+
+
+def test_every_internal_link_and_anchor_resolves() -> None:
+    broken = broken_links()
+    assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:40])
+
+
+def test_printed_outputs_fit_the_column() -> None:
+    wide = wide_outputs()
+    assert not wide, (f"{len(wide)} output lines wider than {OUTPUT_CHARS} characters (format "
+                      "them with lnbook.display):\n" + "\n".join(wide[:40]))
