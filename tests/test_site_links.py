@@ -1,16 +1,18 @@
-"""The built site, read as files: every internal link and anchor resolves, and every printed
-output fits the column at 1280 pixels.
+"""The built site, read as files: every internal link and anchor resolves, and printed output
+is laid out for the column at 1280 pixels.
 
-Reads `_build/html` (or `LNBOOK_HTML`); skipped when no book has been built. Needs no browser
-(tests/test_browser.py checks the rendered pages in Chromium) and takes about a second.
+Reads `_build/html` (or `LNBOOK_HTML`); the link test is skipped when no book has been built.
+Needs no browser (tests/test_browser.py checks the rendered pages in Chromium, among them that
+no printed output scrolls sideways at 1280 pixels) and takes seconds.
 
 - Every `href` to a page of the site names a file that exists, and its `#fragment`, if any, is
   an `id` (or an old-style `<a name>`) in that page: a link into the API reference or into the
   highlighted source of `lnbook` lands on its target.
-- Every printed output of a chapter (a `<pre>` inside `div.cell_output`: text a cell prints, a
-  repr, a traceback) has lines of at most `OUTPUT_CHARS` characters. book/_static/lnbook.css
-  sets the code of a page at 13 px in a 736-pixel column at 1280 pixels wide, where 88
-  characters take about 690 pixels: a longer line scrolls sideways in its box.
+- book/_static/lnbook.css wraps printed output (a `<pre>` inside `div.cell_output`) at the
+  column's edge. The long outputs the chapters print on purpose are laid out by
+  `lnbook.display` in lines of at most `OUTPUT_CHARS` characters: the css sets the code of a
+  page at 13 px in a 736-pixel column at 1280 pixels, where 88 characters take about 690
+  pixels. `wide_outputs()` lists the longer lines of a built book (what would wrap).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("LNBOOK_HTML", ROOT / "_build" / "html")).resolve()
 OUTPUT_CHARS = 88  # book/_static/lnbook.css: 88 characters at 13 px fit the column at 1280 px
 
-pytestmark = pytest.mark.skipif(not (HTML / "index.html").exists(),
-                                reason=f"no built book in {HTML} (jupyter-book build .)")
+CSS = ROOT / "book" / "_static" / "lnbook.css"
+built = pytest.mark.skipif(not (HTML / "index.html").exists(),
+                           reason=f"no built book in {HTML} (jupyter-book build .)")
 
 
 class _Page(HTMLParser):
@@ -133,12 +136,50 @@ def test_parser_reads_ids_links_and_outputs() -> None:
     assert page.outputs == ["ab\nc <d>"]  # a code cell's input is not an output
 
 
+@built
 def test_every_internal_link_and_anchor_resolves() -> None:
     broken = broken_links()
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:40])
 
 
-def test_printed_outputs_fit_the_column() -> None:
-    wide = wide_outputs()
-    assert not wide, (f"{len(wide)} output lines wider than {OUTPUT_CHARS} characters (format "
-                      "them with lnbook.display):\n" + "\n".join(wide[:40]))
+def css_rules(css: str) -> list[tuple[str, str, str]]:
+    """``(media, selectors, declarations)`` of every rule of a style sheet (one level of
+    ``@media``; media is "" outside one)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    rules, media, depth, start = [], [""], 0, 0
+    for m in re.finditer(r"[{}]", css):
+        if m[0] == "{":
+            head = css[start:m.start()].strip()
+            if head.startswith("@media"):
+                media.append(head)
+            else:
+                body_end = css.index("}", m.end())
+                rules.append((media[-1], head, css[m.end():body_end]))
+            depth += 1
+        else:
+            depth -= 1
+            if len(media) > depth + 1:
+                media.pop()
+        start = m.end()
+    return rules
+
+
+def test_css_rules_are_read_with_their_media():
+    css = "a, b { color: red; }\n/* x { } */\n@media print {\n  c { top: 0; }\n}\nd { left: 0 }"
+    assert css_rules(css) == [("", "a, b", " color: red; "), ("@media print", "c", " top: 0; "),
+                              ("", "d", " left: 0 ")]
+
+
+def test_printed_output_wraps_at_the_column_on_every_screen():
+    wraps = [sel for media, sel, body in css_rules(CSS.read_text())
+             if not media and "div.cell_output pre" in [s.strip() for s in sel.split(",")]
+             and re.search(r"white-space:\s*pre-wrap", body)
+             and re.search(r"overflow-wrap:\s*anywhere", body)]
+    assert wraps, f"{CSS.name} does not wrap printed output (div.cell_output pre) on screens"
+
+
+def test_the_column_width_and_lnbook_display_agree():
+    from lnbook import display
+
+    assert display.WIDTH == OUTPUT_CHARS
+    assert "88 characters" in CSS.read_text()  # the width the css promises for code
