@@ -32,10 +32,31 @@ WIDTH = 88
 _INDENT = "  "  # the extra indent of a wrapped line's continuation
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+_KEEP = "\x00"  # stands for a space that must not break while a line is wrapped
+
+
+def _keep_groups(line: str, room: int) -> str:
+    """``line`` with the spaces inside each outermost bracket group of at most ``room``
+    characters (an array, a tuple, a call, a parenthesis) replaced by :data:`_KEEP`."""
+    chars, stack = list(line), []
+    for i, c in enumerate(line):
+        if c in _OPEN:
+            stack.append((c, i))
+        elif c in _CLOSE and stack:
+            opener, start = stack.pop()
+            if _OPEN.index(opener) != _CLOSE.index(c):
+                stack.clear()  # unbalanced: protect nothing that spans it
+            elif not stack and i + 1 - start <= room:
+                chars[start:i + 1] = [_KEEP if ch == " " else ch for ch in chars[start:i + 1]]
+    return "".join(chars)
+
+
 def wrap(text: str, width: int = WIDTH) -> str:
     """``text`` with every line longer than ``width`` broken at spaces; the continuation keeps
-    the line's own indent plus two spaces. Only white space changes (no word is split, so a
-    word longer than ``width`` stays whole); lines that fit are left as they are."""
+    the line's own indent plus two spaces. A bracketed group that fits on a line (an array,
+    a tuple, a code expression) is not broken inside. Only white space changes (no word is
+    split, so a word longer than ``width`` stays whole); lines that fit are left as they are."""
     if not isinstance(text, str):
         raise TypeError(f"wrap takes a str, got {type(text).__name__}")
     if not isinstance(width, int) or isinstance(width, bool) or width < 8:
@@ -45,10 +66,11 @@ def wrap(text: str, width: int = WIDTH) -> str:
         if len(line) <= width:
             out.append(line)
             continue
-        indent = line[: len(line) - len(line.lstrip(" "))]
-        out.extend(textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + _INDENT,
-                                 break_long_words=False, break_on_hyphens=False,
-                                 drop_whitespace=True, replace_whitespace=False) or [""])
+        indent = line[: len(line) - len(line.lstrip(" "))] + _INDENT
+        kept = _keep_groups(line, width - len(indent))
+        out.extend(part.replace(_KEEP, " ") for part in textwrap.wrap(
+            kept, width, subsequent_indent=indent, break_long_words=False,
+            break_on_hyphens=False, replace_whitespace=False) or [""])
     return "\n".join(out)
 
 
@@ -92,13 +114,14 @@ def pformat(obj: Any, width: int = WIDTH) -> str:
 
 
 def show(*values: Any, sep: str = " ", width: int = WIDTH) -> None:
-    """Print ``values`` as :func:`print` does, each laid out by :func:`pformat`: values that
-    fit on one line are joined by ``sep``, a value laid out on several lines gets lines of its
-    own, and every line is wrapped at ``width`` characters."""
+    """Print ``values`` as :func:`print` does, wrapped at ``width`` characters: a dataclass, a
+    dict, a list or a tuple laid out on several lines by :func:`pformat` gets lines of its own;
+    everything else (text, numbers, arrays) is joined by ``sep`` as print joins it."""
     blocks: list[str] = []
     run: list[str] = []
-    for text in (pformat(v, width) for v in values):
-        if "\n" in text:
+    for v in values:
+        text = str(v) if isinstance(v, str) else pformat(v, width)
+        if "\n" in text and not isinstance(v, str):
             blocks += [sep.join(run)] if run else []
             blocks.append(text)
             run = []

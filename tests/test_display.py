@@ -93,3 +93,14 @@ def test_show_prints_values_like_print_and_gives_a_tall_value_its_own_lines(caps
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "config:" and out[1].startswith("_Config(") and out[-1] == "done"
     assert max(map(len, out)) <= 30
+
+
+def test_wrap_keeps_a_bracketed_group_that_fits_on_one_line():
+    text = "final loss: layer norm [1.787 1.775 1.729], or write ((x - mu) ** 2).mean(-1) now"
+    lines = display.wrap(text, width=40).splitlines()
+    assert lines == ["final loss: layer norm", "  [1.787 1.775 1.729], or write",
+                     "  ((x - mu) ** 2).mean(-1) now"]
+    long = "(" + "a " * 30 + ")"  # a group wider than the line breaks like words
+    assert max(map(len, display.wrap(long, width=20).splitlines())) <= 20
+    odd = "a (b c] d " * 6  # unbalanced brackets: plain word wrapping
+    assert display.wrap(odd, width=20).split() == odd.split()
