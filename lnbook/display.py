@@ -75,7 +75,7 @@ def wrap(text: str, width: int = WIDTH) -> str:
 
 
 def _generated_repr(cls: type) -> bool:
-    """Whether ``cls.__repr__`` is the one :func:`dataclasses.dataclass` wrote (as pprint
+    """Whether ``cls.__repr__`` is the one ``dataclasses.dataclass`` wrote (as pprint
     tells)."""
     wrapped = getattr(cls.__repr__, "__wrapped__", None)
     return wrapped is not None and "__create_fn__" in wrapped.__qualname__
@@ -114,7 +114,7 @@ def pformat(obj: Any, width: int = WIDTH) -> str:
 
 
 def show(*values: Any, sep: str = " ", width: int = WIDTH) -> None:
-    """Print ``values`` as :func:`print` does, wrapped at ``width`` characters: a dataclass, a
+    """Print ``values`` as ``print`` does, wrapped at ``width`` characters: a dataclass, a
     dict, a list or a tuple laid out on several lines by :func:`pformat` gets lines of its own;
     everything else (text, numbers, arrays) is joined by ``sep`` as print joins it."""
     blocks: list[str] = []
