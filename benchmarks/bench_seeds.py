@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import machine_description
+from common import RESULTS, machine_description
 
 from lnbook import why
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def bench(seeds: int, steps: int, repeats: int, variant: str = "layer") -> dict[str, Any]:

@@ -112,7 +112,9 @@ def check_timing(cfg: Any) -> None:
         raise ValueError(f"dtype must be float32, float64, float16 or bfloat16, got {cfg.dtype!r}")
 
 
-RESULTS = Path(__file__).parent / "results"  # where the book's Performance page reads
+# where the chapters read them: inside the package (lnbook.resources.benchmark_results), so
+# that the results ship with it and a chapter shows them outside the checkout too
+RESULTS = Path(__file__).resolve().parents[1] / "lnbook" / "benchmark_results"
 
 
 def norm_parser(description: str, default_shapes: tuple[tuple[int, int], ...], config: Any,

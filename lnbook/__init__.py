@@ -14,6 +14,7 @@ from lnbook.analysis import (
     recurrent_dynamics,
 )
 from lnbook.bptt import ln_lstm_recurrence
+from lnbook.conformance import check_norm
 from lnbook.data import (
     MNISTData,
     associative_recall,
@@ -54,4 +55,6 @@ __all__ = [
     "variants", "rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT", "transformer",
     "Block", "Transformer", "TransformerConfig", "to_pre_rmsnorm", "copy_task", "sort_task",
     "associative_recall", "load_digits_tensor",
+    # chapter 13: check a reader's own norm against the forms the book teaches
+    "check_norm",
 ]

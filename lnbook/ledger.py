@@ -1,7 +1,9 @@
 """The claims ledger (`book/claims.md`): each chapter records the verdict it computed for a
 claim (C01-C22, P01-P22) and the figures it rests on, as JSON in :func:`ledger_dir`
-(``$LNBOOK_LEDGER``, else ``<book>/_build/ledger``, else nowhere). Verdicts come from the
-decision rules declared in ``book/claims.yml`` (:func:`decide_claim`).
+(``$LNBOOK_LEDGER``, which the book's build sets to ``_build/ledger``; elsewhere nowhere: a
+chapter run on Colab, Binder or in a reader's folder decides and shows its verdicts and writes
+no file). Verdicts come from the decision rules declared in ``lnbook/claims.yml``
+(:func:`decide_claim`), which ships inside the package.
 """
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from lnbook.resources import CLAIMS, claims_text
 
 __all__ = [
     "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Rule", "agreement",
     "agreement_text", "combine", "decide", "decide_claim", "format_seen", "ledger_dir",
-    "load_records", "load_replication", "claims_file", "load_rules", "record", "verdict_from",
+    "load_claims", "load_records", "load_replication", "claims_file", "load_rules", "record",
+    "verdict_from",
 ]
 
 VERDICTS: tuple[str, ...] = (
@@ -99,7 +105,7 @@ def verdict_from(parts: Mapping[str, bool]) -> str:
     return combine({k: "holds" if v else "fails" for k, v in parts.items()})
 
 
-# --- decision rules, declared in book/claims.yml before the runs ----------------------------
+# --- decision rules, declared in lnbook/claims.yml before the runs --------------------------
 
 _MAJORITY = re.compile(r"^\s*(\d+)\s+of\s+(\d+)\s*$")
 DIRECTIONS = ("below", "above", "yes")
@@ -107,7 +113,7 @@ DIRECTIONS = ("below", "above", "yes")
 
 @dataclass(frozen=True)
 class Rule:
-    """One part of a claim's decision rule, as ``book/claims.yml`` declares it.
+    """One part of a claim's decision rule, as ``lnbook/claims.yml`` declares it.
 
     Per seed, ``quantity`` counts *for* the part when it lies beyond ``at`` in ``direction``
     (``"below"``, ``"above"``; ``"yes"`` for yes/no outcomes) by more than ``margin``,
@@ -252,25 +258,24 @@ def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> st
 
 
 def claims_file() -> Path:
-    """``book/claims.yml``: ``$LNBOOK_CLAIMS``, else beside this package, else above the cwd."""
-    env = os.environ.get("LNBOOK_CLAIMS")
-    if env:
-        return Path(env)
-    beside = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
-    if beside.is_file():
-        return beside
-    folder = ledger_dir()
-    if folder is not None and (folder.parents[1] / "book" / "claims.yml").is_file():
-        return folder.parents[1] / "book" / "claims.yml"
-    raise FileNotFoundError("book/claims.yml not found (it holds the decision rules); "
-                            "run inside the book's checkout or set LNBOOK_CLAIMS to its path")
+    """The path of ``claims.yml`` inside the installed package (``lnbook/claims.yml``): the
+    claims' paraphrases, statuses and decision rules. Read it with :func:`load_claims`."""
+    return Path(str(resources.files("lnbook").joinpath(CLAIMS)))
+
+
+def load_claims(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``claims.yml`` as a mapping (``claims``, ``questions``): the package's own, or the file
+    at ``path``."""
+    import yaml
+
+    text = claims_text() if path is None else Path(path).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
 
 
 def load_rules(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
-    """Every declared rule of ``claims.yml``: claim ID -> ``{"parts": {name: Rule}, "held"}``."""
-    import yaml  # the book's dependency, needed only where rules are read
-
-    claims = yaml.safe_load(Path(path or claims_file()).read_text())["claims"]
+    """Every declared rule of ``claims.yml`` (the package's own, or the file at ``path``):
+    claim ID -> ``{"parts": {name: Rule}, "held"}``."""
+    claims = load_claims(path)["claims"]
     out = {}
     for c in claims:
         r = c.get("rule")
@@ -335,24 +340,23 @@ def decide_claim(claim_id: str, values: Mapping[str, Any],
     return ClaimDecision(claim_id, combine(parts, rules[claim_id]["held"]), parts)
 
 
-def ledger_dir(start: str | os.PathLike | None = None) -> Path | None:
-    """The folder records go to: ``$LNBOOK_LEDGER``, else ``_build/ledger`` of the nearest
-    folder at or above ``start`` (default: the cwd) holding ``_toc.yml``, else None."""
+def ledger_dir() -> Path | None:
+    """The folder records go to: ``$LNBOOK_LEDGER``, else None (no file is written).
+
+    The book's build sets it (``python3 dev.py book`` and the claims ledger's Sphinx extension:
+    ``_build/ledger`` of the checkout; ``dev.py replicate``: one folder per seed set). A chapter
+    executed anywhere else, in the checkout too (JupyterLab, nbval, Binder), writes nothing."""
     env = os.environ.get("LNBOOK_LEDGER")
-    if env:
-        return Path(env)
-    here = Path(start if start is not None else os.getcwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "_toc.yml").is_file():
-            return folder / "_build" / "ledger"
-    return None
+    return Path(env) if env else None
 
 
 def record(claim_id: str, verdict: str, figures: Mapping[str, Any], note: str | None = None,
            scale: str = "quick") -> ClaimRecord:
     """Record the verdict a chapter computed for one claim, with the figures it rests on.
 
-    Writes ``<ledger_dir()>/<claim_id>.json`` (replacing an older record) and returns it.
+    Inside the book's build writes ``<ledger_dir()>/<claim_id>.json`` (replacing an older
+    record); anywhere else writes nothing. Returns the record either way: a notebook shows it
+    (the verdict and its figures) as the cell's result.
 
     Args:
         claim_id: ``"C01"``-``"C22"`` or ``"P01"``-``"P22"``.

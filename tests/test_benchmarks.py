@@ -155,3 +155,22 @@ def test_seeds_benchmark_measures_a_ratio_of_the_same_runs(tmp_path):
         [a / b for a, b in zip(r["seconds_one_at_a_time"], r["seconds_together"], strict=True)])
     assert r["speedup"] == pytest.approx(sorted(r["ratio_per_round"])[0] * 0.5
                                          + sorted(r["ratio_per_round"])[1] * 0.5)
+
+
+def test_scripts_write_where_the_chapters_read():
+    """The results ship inside the package (one copy): each script's default output is the
+    file `lnbook.resources.benchmark_result` reads, and each stored file is one script's."""
+    import bench_seeds
+
+    from lnbook import resources
+
+    folder = Path(resources.__file__).parent / resources.BENCHMARK_RESULTS
+    assert common.RESULTS == folder
+    parser = common.norm_parser("x", ((1, 1),), bench_layernorm.BenchConfig(), "layernorm.json")
+    assert parser.get_default("out") == str(folder)  # layernorm and rmsnorm: <out>/NAME.json
+    assert bench_lstm.RESULTS is common.RESULTS and bench_seeds.RESULTS is common.RESULTS
+    scripts = {p.stem.removeprefix("bench_") for p in BENCH.glob("bench_*.py")}
+    assert set(resources.benchmark_results()) == scripts
+    for name in scripts:
+        assert resources.benchmark_result(name) == json.loads((folder / f"{name}.json").read_text())
+    assert not (BENCH / "results").exists(), "one copy of the results, in lnbook/"

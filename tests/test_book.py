@@ -1,10 +1,11 @@
 """Checks on the book's sources that need no build: the claims ledger, the notebooks, the toc.
 
-- every row of `book/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
+- every row of `lnbook/claims.yml` points at a chapter in `_toc.yml`, and so do the reader
   questions (the ledger's records and verdicts are checked in `test_ledger.py`).
 - Every notebook in `book/` is committed without outputs or execution counts, starts with the
-  Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes from `_config.yml`'s
-  repository.url, and is listed in `_toc.yml`.
+  Colab cell (tagged `remove-input`) that `python3 dev.py sync` writes (lnbook from `_config.yml`'s
+  repository.url at the release of pyproject's version, with the `data` extra where the chapter
+  needs it), and is listed in `_toc.yml`.
 - Code cells fit the page: lines of at most 88 characters, cells of at most 40 lines.
 - Every equation label `(eq-N)=` is defined once, and every `{ref}` to one and every `{cite}` key
   has a target.
@@ -25,7 +26,7 @@ from jupyter_cache import get_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
-LEDGER = BOOK / "claims.yml"
+LEDGER = ROOT / "lnbook" / "claims.yml"
 TOC = ROOT / "_toc.yml"
 
 def load_dev():
@@ -37,10 +38,13 @@ def load_dev():
 
 
 @functools.cache
-def colab_cell() -> str:
-    """The Colab cell every notebook starts with, for `_config.yml`'s repository.url."""
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    return load_dev().COLAB_CELL.format(url=url.rstrip("/"))
+def dev_module():
+    return load_dev()
+
+
+def colab_cell(nb) -> str:
+    """The Colab cell a notebook starts with: `dev.py sync` makes it from the notebook's code."""
+    return dev_module().colab_cell(nb.cells)
 
 
 def toc_files() -> list[str]:
@@ -130,12 +134,12 @@ def test_notebook_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_starts_with_colab_cell(path):
-    """The first code cell installs lnbook from `_config.yml`'s repository.url on Colab."""
+    """The first code cell installs lnbook (and what the chapter needs) on Colab."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cell"
-    fix = "run `python3 dev.py sync` to write it from _config.yml's repository.url"
-    assert code[0].source == colab_cell(), (
+    fix = "run `python3 dev.py sync` to write it"
+    assert code[0].source == colab_cell(nb), (
         f"{path.name}: the first code cell is not the Colab cell; {fix}"
     )
     assert "remove-input" in code[0].metadata.get("tags", []), (
@@ -143,11 +147,62 @@ def test_notebook_starts_with_colab_cell(path):
     )
 
 
-def test_colab_cell_installs_from_the_configured_repository():
-    """The repository URL is written once, in _config.yml; the Colab cell is made from it."""
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-    assert url.startswith("https://"), url
-    assert colab_cell().splitlines()[-1] == f"    %pip install -q git+{url.rstrip('/')}"
+def test_colab_cell_installs_the_release_from_the_configured_repository():
+    """The repository URL is written once, in _config.yml, the version once, in pyproject.toml;
+    the Colab cell installs that release (its tag), with the data extra where it is needed."""
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+    assert url.startswith("https://") and dev_module().repository_url() == url
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    pin = f"git+{url}@v{version}"
+    for name, extra in (("06_6_mnist", "[data]"), ("01_introduction", "")):
+        nb = nbformat.read(BOOK / f"{name}.ipynb", as_version=4)
+        assert colab_cell(nb).splitlines()[-1] == f'    %pip install -q "lnbook{extra} @ {pin}"'
+
+
+# what a chapter may import: the standard library, lnbook and its dependencies, IPython (every
+# kernel has it); scipy, scikit-learn and mlxtend only where its Colab cell asks for lnbook[data]
+PLAIN_INSTALL = {"lnbook", "torch", "numpy", "matplotlib", "tqdm", "yaml", "IPython"}
+DATA_EXTRA = {"scipy", "sklearn", "mlxtend"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_imports_only_what_its_colab_cell_installs(path):
+    """A chapter runs from a plain install (Colab, Binder, a reader's folder): the myst_nb of
+    the book's build, for example, is not there."""
+    import ast
+
+    dev = dev_module()
+    code = dev.chapter_code(nbformat.read(path, as_version=4).cells)
+    tree = ast.parse("\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                               for line in code.splitlines()))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    allowed = PLAIN_INSTALL | set(sys.stdlib_module_names)
+    allowed |= DATA_EXTRA if dev.needs_data(code) else set()
+    assert imported <= allowed, (
+        f"{path.name} imports {sorted(imported - allowed)}, which `pip install lnbook"
+        f"{'[data]' if dev.needs_data(code) else ''}` does not bring")
+
+
+@pytest.mark.parametrize("code, data", [
+    ("from lnbook.experiments import mnist", True),
+    ("from lnbook.experiments import convnet, mean_after_start", True),
+    ("from lnbook.experiments import order_embeddings as oe", True),
+    ("from lnbook import layer_norm, why", True),
+    ("from lnbook.data import load_digits_tensor", True),
+    ("images = lnbook.load_mnist(split='train').images", True),
+    ("def hull(points):\n    from scipy.spatial import ConvexHull", True),
+    ("from lnbook.experiments import rmsnorm\nimport numpy as np", False),
+    ("why = r['unavailable'][key]  # a variable, not lnbook.why", False),
+    ("# the mnist chapter, named in a comment", False),
+    ("from lnbook.experiments import (\n    rmsnorm,\n    mnist,\n)", True),
+    ("import lnbook\nx = lnbook.experiments.draw.get_config('quick')", True),
+    ("%pip install -q mlxtend\nprint('load_mnist')", False),
+])
+def test_data_extra_is_asked_for_by_what_the_chapter_imports(code, data):
+    assert dev_module().needs_data(code) is data
 
 
 # Code cells fit the page: CONTRIBUTING.md asks for lines of at most 88 characters (the width

@@ -20,8 +20,8 @@ from lnbook.pacing import exercise_labels
 BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 PAGES = sorted(BOOK.glob("*.md"))
-# chapters whose exercises are still numbered 1, 2, ... (owned elsewhere; remove once fixed)
-BARE_NUMBERS = {"13_common_mistakes"}
+# chapters whose exercises are still numbered 1, 2, ... (none left)
+BARE_NUMBERS: set[str] = set()
 
 
 def control_characters(text: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The claims ledger: records written by the chapters, and their agreement with claims.yml.
 
 The first half tests :mod:`lnbook.ledger` itself. The second half checks the book: every claim
-of ``book/claims.yml`` has a record from the last build (``_build/ledger``, written while
+of ``lnbook/claims.yml`` has a record from the last build (``_build/ledger``, written while
 ``python3 dev.py book`` executed the chapters), its status equals the verdict the chapter
 computed, its ``seen`` sentence types no figure and names only recorded ones, and its ``where``
 is a heading of its chapter with an asserting cell under it.
@@ -24,7 +24,8 @@ from lnbook import ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
-CLAIMS = yaml.safe_load((BOOK / "claims.yml").read_text())["claims"]
+CLAIMS_YML = ROOT / "lnbook" / "claims.yml"
+CLAIMS = yaml.safe_load(CLAIMS_YML.read_text())["claims"]
 RECORDS = Path(os.environ.get("LNBOOK_LEDGER", ROOT / "_build" / "ledger"))
 REPLICATION = BOOK / "replication.json"
 CLAIM_IDS_ALL = {c["id"] for c in CLAIMS}
@@ -93,16 +94,80 @@ def test_format_seen():
     assert ledger.format_seen("{k} seeds, {ok}, {tiny:.1e}", figs) == "3 seeds, no, 2.2e-16"
 
 
-def test_ledger_dir_finds_the_book(tmp_path, monkeypatch):
-    monkeypatch.delenv("LNBOOK_LEDGER", raising=False)
-    (tmp_path / "_toc.yml").write_text("root: x\n")
-    (tmp_path / "book").mkdir()
-    assert ledger.ledger_dir(tmp_path / "book") == tmp_path / "_build" / "ledger"
-    elsewhere = tmp_path.parent / "no-book-here"
-    elsewhere.mkdir(exist_ok=True)
-    assert ledger.ledger_dir(elsewhere) is None or "_build" in str(ledger.ledger_dir(elsewhere))
+def test_ledger_dir_is_the_builds_folder_or_none(tmp_path, monkeypatch):
     monkeypatch.setenv("LNBOOK_LEDGER", "/some/where")
     assert ledger.ledger_dir() == Path("/some/where")
+    # outside the build: none, even in a checkout of the book (its _toc.yml above the cwd)
+    monkeypatch.delenv("LNBOOK_LEDGER")
+    (tmp_path / "_toc.yml").write_text("root: x\n")
+    (tmp_path / "book").mkdir()
+    monkeypatch.chdir(tmp_path / "book")
+    assert ledger.ledger_dir() is None
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if "__pycache__" not in p.parts}
+
+
+def test_outside_the_build_the_verdict_is_decided_and_shown_and_nothing_written(
+        tmp_path, monkeypatch):
+    """A chapter run on Colab, Binder or in a reader's folder: the rules come from the package,
+    the record is the cell's result, and no file appears in the folder, in a checkout above it
+    or next to the package."""
+    monkeypatch.delenv("LNBOOK_LEDGER", raising=False)
+    (tmp_path / "_toc.yml").write_text("root: x\n")  # as on Binder: inside a checkout
+    work = tmp_path / "book"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    package = Path(ledger.__file__).parent
+    before_package, before_parent = _files(package), set(package.parent.iterdir())
+    parts = {k: [r.at + r.margin + 1.0 if r.direction == "above"
+                 else r.at - r.margin - 1.0 if r.direction == "below" else True] * r.of
+             for k, r in ledger.load_rules()["C17"]["parts"].items()}
+    decision = ledger.decide_claim("C17", parts)
+    assert decision.verdict == "reproduced"  # every seed far on the claimed side of every part
+    rec = ledger.record("C17", decision.verdict, decision.figures())
+    assert rec.verdict == "reproduced" and "**reproduced**" in rec._repr_markdown_()
+    assert _files(tmp_path) == {tmp_path / "_toc.yml", work}
+    assert _files(package) == before_package and set(package.parent.iterdir()) == before_parent
+
+
+def test_the_books_build_and_only_it_records(tmp_path, monkeypatch):
+    """`dev.py book` and the claims ledger's Sphinx extension (whose kernels inherit the
+    variable) point the ledger at `_build/ledger`; a folder already named is kept."""
+    monkeypatch.setenv("LNBOOK_LEDGER", "restored after the test")
+    monkeypatch.delenv("LNBOOK_LEDGER")
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        import claims_ledger
+    finally:
+        sys.path.pop(0)
+
+    class App:
+        srcdir = str(tmp_path)
+
+        def __getattr__(self, name):  # add_node, add_directive, connect: nothing to record
+            return lambda *args, **kwargs: None
+
+    claims_ledger.setup(App())
+    assert ledger.ledger_dir() == tmp_path / "_build" / "ledger"
+    monkeypatch.setenv("LNBOOK_LEDGER", str(tmp_path / "set-1"))  # dev.py replicate's
+    claims_ledger.setup(App())
+    load_dev().record_claims()
+    assert ledger.ledger_dir() == tmp_path / "set-1"
+    monkeypatch.delenv("LNBOOK_LEDGER")
+    load_dev().record_claims()
+    assert ledger.ledger_dir() == ROOT / "_build" / "ledger"
+
+
+def test_the_rules_ship_inside_the_package(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # read from anywhere, through importlib.resources
+    assert ledger.claims_file() == CLAIMS_YML.resolve()
+    assert ledger.load_claims() == yaml.safe_load(CLAIMS_YML.read_text())
+    assert ledger.load_rules() == ledger.load_rules(CLAIMS_YML)
+    assert not (ROOT / "book" / "claims.yml").exists(), "one copy of claims.yml, in lnbook/"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"claims.yml"' in pyproject, "claims.yml must be package data in pyproject.toml"
 
 
 # --- decision rules: decide, combine, decide_claim ------------------------------------------
@@ -229,7 +294,7 @@ def test_decide_claim_by_the_declared_rule(tmp_path):
 
 
 def test_every_declared_rule_of_claims_yml_is_well_formed():
-    rules = ledger.load_rules(BOOK / "claims.yml")
+    rules = ledger.load_rules()
     assert rules, "claims.yml declares no rule"
     for cid, r in rules.items():
         assert cid in CLAIM_IDS_ALL
@@ -381,6 +446,23 @@ def test_replication_digest_ignores_prose_but_not_code(tmp_path):
     assert dev.code_of(one) == before  # docstrings and comments are prose
     one.write_text('"""Doc."""\n\ndef f(x):\n    """Old words."""\n    return x + 2\n')
     assert dev.code_of(one) != before  # a changed constant is code
+
+
+def test_replication_digest_ignores_the_colab_cell(tmp_path):
+    """The Colab cell changes at every release (its pin) and runs nothing outside Colab."""
+    dev = load_dev()
+    path = tmp_path / "nb.ipynb"
+
+    def write(colab: str, code: str) -> str:
+        cells = [{"cell_type": "code", "source": colab}, {"cell_type": "markdown", "source": "x"},
+                 {"cell_type": "code", "source": code}]
+        path.write_text(json.dumps({"cells": cells}))
+        return dev.notebook_code(path)
+
+    old = 'if "google.colab" in sys.modules:\n    %pip install -q "lnbook @ git+U@v0.1.0"'
+    new = old.replace("v0.1.0", "v0.2.0")
+    assert write(old, "x = 1") == write(new, "x = 1") == "x = 1"
+    assert write(new, "x = 2") != write(new, "x = 1")
 
 
 def test_notebooks_execute_slowest_first_by_the_recorded_seconds(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import ast
 import importlib.util
 import inspect
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ def test_quickstart_is_two_commands_and_ci_runs_exactly_them():
     assert cmds == ["python3 dev.py book", "python3 dev.py test"]
     ci = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
           if "dev.py" in line and not line.lstrip().startswith("#")]
-    assert ci == cmds
+    assert ci[:2] == cmds  # then the routes outside the checkout (test_ci_checks_the_routes)
 
 
 def test_requirements_pin_what_the_book_needs():
@@ -51,14 +52,14 @@ def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2(argv):
     out = subprocess.run([sys.executable, str(ROOT / "dev.py"), *argv], capture_output=True,
                          text=True)
     assert out.returncode == 2 and "usage" in out.stderr
-    for task in ("book", "test", "lab", "sync", "pdf"):
+    for task in ("book", "test", "lab", "sync", "pdf", "replicate", "routes"):
         assert task in out.stderr, f"usage does not name the task {task!r}"
 
 
 def test_dev_py_docstring_lists_its_tasks():
     doc = (ROOT / "dev.py").read_text().split('"""')[1]
     listed = re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)
-    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate"]
+    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate", "routes"]
 
 
 # --- publishing: .github/workflows/book.yml -------------------------------------------------
@@ -397,3 +398,69 @@ def test_the_wheel_and_sdist_build_offline_and_pass_twine_check(tmp_path):
     assert "lnbook = lnbook.__main__:main" in entry
     # `pip install .` and `python -m build .` in a checkout leave these behind: git ignores them
     assert {"build/", "dist/"} <= set((ROOT / ".gitignore").read_text().split())
+
+
+# --- the routes outside the checkout: Binder, and dev.py routes in CI ------------------------
+
+
+def requirement_lines(path: Path) -> list[str]:
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
+def test_binder_installs_the_package_and_jupyterlab_not_the_build_and_test_tools():
+    binder = requirement_lines(ROOT / "binder/requirements.txt")
+    assert ".[data]" in binder, "Binder reads the chapters with lnbook and its data extra"
+    assert any(line.startswith("jupyterlab>=") for line in binder), binder
+    book_torch = next(x for x in requirement_lines(ROOT / "requirements.txt")
+                      if x.startswith("torch"))
+    assert book_torch in binder, "Binder runs the book's torch"
+    names = " ".join(binder).lower()
+    for tool in ("jupyter-book", "pytest", "ruff", "dask", "distributed", "playwright",
+                 "nbval", "sphinx"):
+        assert tool not in names, f"{tool} is a build or test tool, not needed to read"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["launch_buttons"]["binderhub_url"] == "https://mybinder.org"
+    assert config["launch_buttons"]["notebook_interface"] == "jupyterlab"
+    readme = (ROOT / "README.md").read_text()
+    assert "binder/requirements.txt" in readme
+
+
+def test_ci_checks_the_routes_after_the_tests():
+    steps = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+             if "dev.py" in line and not line.lstrip().startswith("#")]
+    assert steps == ["python3 dev.py book", "python3 dev.py test", "python3 dev.py routes"]
+
+
+def test_routes_usage():
+    out = subprocess.run([sys.executable, str(ROOT / "dev.py"), "routes", "--all"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "usage: python3 dev.py routes" in out.stderr
+
+
+def load_dev():
+    spec = importlib.util.spec_from_file_location("lnbook_dev", ROOT / "dev.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("source, ok, problem", [
+    ("import os\nprint(os.listdir('.'))", True, ""),
+    ("open('C07.json', 'w').write('{}')", False, "the ledger wrote into the reader's folder"),
+    ("raise ValueError('bad chapter')", False, "ValueError: bad chapter"),
+])
+def test_routes_executes_a_notebook_alone_in_an_empty_folder(tmp_path, source, ok, problem):
+    """dev.py routes' step for one notebook, here with this environment's Python."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "chapter.ipynb"
+    nbformat.write(nb, path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LNBOOK_")}
+    name, got_ok, seconds, got_problem = load_dev()._execute_in_empty_folder(
+        Path(sys.executable), path, tmp_path / "run", env, 60)
+    assert (name, got_ok) == ("chapter", ok) and seconds > 0
+    assert problem in got_problem and (ok or got_problem)

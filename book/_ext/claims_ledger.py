@@ -4,10 +4,12 @@
 C01-C22, ``:part: after-2016`` for P01-P14, ``:part: today`` for Part III's P15-P22) and
 ``{claims-questions}``. Every chapter that checks
 a claim calls :func:`lnbook.ledger.record` after its asserting cell; the records land in
-``_build/ledger/<ID>.json`` (or ``$LNBOOK_LEDGER``). Notebooks are executed while Sphinx *reads*
+``$LNBOOK_LEDGER/<ID>.json``, which :func:`setup` sets to ``_build/ledger`` unless it is set
+already (the kernels the build starts inherit it; a chapter executed outside the build writes
+no record). Notebooks are executed while Sphinx *reads*
 the sources, so by the time pages are *written* every record of this build exists: the
 directive leaves a placeholder, and the ``doctree-resolved`` handler fills it with a table
-that joins ``book/claims.yml`` (what a person wrote: paraphrase, chapter, heading, a ``seen``
+that joins ``lnbook/claims.yml`` (what a person wrote: paraphrase, chapter, heading, a ``seen``
 sentence with ``{figure}`` placeholders) with the records (the figures and the verdict).
 
 A claim without a record, a status in ``claims.yml`` that differs from the recorded verdict, a
@@ -24,7 +26,6 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import yaml
 from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
@@ -33,7 +34,9 @@ from lnbook.ledger import (
     VERDICTS,
     agreement,
     agreement_text,
+    claims_file,
     format_seen,
+    load_claims,
     load_replication,
 )
 from lnbook.seeds import seed_set
@@ -71,7 +74,8 @@ class ClaimsQuestions(SphinxDirective):
 
 
 def _ledger_file(app) -> Path:
-    return Path(app.srcdir) / "book" / "claims.yml"
+    """``claims.yml`` of the package the build imports (``lnbook/claims.yml``)."""
+    return claims_file()
 
 
 def _records_dir(app) -> Path:
@@ -134,7 +138,7 @@ def _row(cells: list[list[nodes.Node]]) -> nodes.row:
 
 
 def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
-    ledger = yaml.safe_load(_ledger_file(app).read_text())
+    ledger = load_claims()
     records = _records(app)
     replication = load_replication(Path(app.srcdir) / "book" / "replication.json")
     claims = [c for c in ledger["claims"] if in_part(c["id"], part)]
@@ -193,7 +197,7 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
 
 
 def _questions(app, fromdoc: str) -> list[nodes.Node]:
-    ledger = yaml.safe_load(_ledger_file(app).read_text())
+    ledger = load_claims()
     items = nodes.enumerated_list()
     for q in ledger.get("questions", []):
         where = " ".join(str(q["where"]).split())
@@ -266,6 +270,9 @@ def _always_reread(app, env, added, changed, removed) -> list[str]:
 
 
 def setup(app):
+    # the chapters this build executes write their records here (lnbook.ledger.ledger_dir);
+    # `python3 dev.py book` sets the same folder before it executes them into the cache
+    os.environ.setdefault("LNBOOK_LEDGER", str(Path(app.srcdir) / "_build" / "ledger"))
     app.add_node(ledger_placeholder)
     app.add_directive("claims-ledger", ClaimsLedger)
     app.add_directive("claims-questions", ClaimsQuestions)

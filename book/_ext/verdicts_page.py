@@ -2,7 +2,7 @@
 
 ``book/verdicts.md`` holds two directives:
 
-- ``{decision-rules}``: one row per part of every rule that ``book/claims.yml`` declares,
+- ``{decision-rules}``: one row per part of every rule that ``lnbook/claims.yml`` declares,
   written by :meth:`lnbook.ledger.Rule.describe`, so the page shows exactly what
   :func:`lnbook.ledger.decide_claim` applies;
 - ``{replication-table}``: from ``book/replication.json`` (written by
@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from lnbook.ledger import agreement, load_replication, load_rules
+from lnbook.ledger import agreement, claims_file, load_claims, load_replication, load_rules
 
 
 def _cell(text: object) -> str:
@@ -29,9 +28,8 @@ def _cell(text: object) -> str:
 
 class DecisionRules(SphinxDirective):
     def run(self) -> list[nodes.Node]:
-        path = Path(self.env.srcdir) / "book" / "claims.yml"
-        self.env.note_dependency(str(path))
-        rules = load_rules(path)
+        self.env.note_dependency(str(claims_file()))
+        rules = load_rules()
         if not rules:
             return self.parse_text_to_nodes("No claim declares a rule yet.")
         lines = ["| claim | part | per seed, the part holds when ... | all parts hold |",
@@ -47,13 +45,13 @@ class ReplicationTable(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         src = Path(self.env.srcdir) / "book"
         self.env.note_dependency(str(src / "replication.json"))
-        self.env.note_dependency(str(src / "claims.yml"))
+        self.env.note_dependency(str(claims_file()))
         rep = load_replication(src / "replication.json")
         if not rep.get("claims"):
             return self.parse_text_to_nodes(
                 "No replication record yet: run `python3 dev.py replicate --sets 4`.")
         status = {c["id"]: c["status"]
-                  for c in yaml.safe_load((src / "claims.yml").read_text())["claims"]}
+                  for c in load_claims()["claims"]}
         sets = [str(k) for k in rep["sets"]]
         lines = ["| claim | the book's verdict | " + " | ".join(f"set {k}" for k in sets)
                  + " | agree |", "|---" * (len(sets) + 3) + "|"]

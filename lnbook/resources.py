@@ -1,0 +1,70 @@
+"""The files a chapter reads at run time, shipped inside the package: the claims' decision
+rules (``lnbook/claims.yml``) and the stored results of the benchmarks
+(``lnbook/benchmark_results/*.json``, written by the scripts of ``benchmarks/``).
+
+They are read with :mod:`importlib.resources`, so a chapter finds them wherever lnbook is
+installed: in the book's checkout, on Colab or Binder, or in a reader's empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from typing import Any
+
+__all__ = ["BENCHMARK_RESULTS", "CLAIMS", "benchmark_result", "benchmark_results", "claims_text"]
+
+#: The claims' rules, paraphrases and statuses, in the package folder.
+CLAIMS = "claims.yml"
+#: The folder of the package that holds one ``NAME.json`` per benchmark script.
+BENCHMARK_RESULTS = "benchmark_results"
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _package() -> Any:
+    return resources.files("lnbook")
+
+
+def claims_text() -> str:
+    """The text of ``claims.yml`` as the installed package holds it."""
+    return _package().joinpath(CLAIMS).read_text(encoding="utf-8")
+
+
+def benchmark_results() -> dict[str, dict[str, Any]]:
+    """Every stored benchmark result, by name (``"layernorm"``, ``"lstm"``, ``"rmsnorm"``,
+    ``"seeds"``): the JSON its script in ``benchmarks/`` last wrote, sorted by name.
+
+    Example::
+
+        >>> sorted(benchmark_results())
+        ['layernorm', 'lstm', 'rmsnorm', 'seeds']
+    """
+    folder = _package().joinpath(BENCHMARK_RESULTS)
+    if not folder.is_dir():
+        return {}
+    files = sorted((f for f in folder.iterdir() if f.name.endswith(".json")),
+                   key=lambda f: f.name)
+    return {f.name.removesuffix(".json"): json.loads(f.read_text(encoding="utf-8"))
+            for f in files}
+
+
+def benchmark_result(name: str) -> dict[str, Any]:
+    """The stored result of one benchmark (``"rmsnorm"`` for ``benchmarks/bench_rmsnorm.py``).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ValueError: it is not a lower-case name (such as ``"rmsnorm"``).
+        FileNotFoundError: no result of that name is stored; the message names those that are.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str such as 'rmsnorm', got {type(name).__name__}")
+    if not _NAME.match(name):
+        raise ValueError(f"name must be a benchmark's lower-case name such as 'rmsnorm', "
+                         f"got {name!r}")
+    path = _package().joinpath(BENCHMARK_RESULTS).joinpath(f"{name}.json")
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no stored benchmark result {name!r}; stored: {sorted(benchmark_results())} "
+            f"(run benchmarks/bench_{name}.py in the book's checkout to make it)")
+    return json.loads(path.read_text(encoding="utf-8"))
