@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib.util
 import os
 import re
+from collections import namedtuple
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -140,6 +143,44 @@ def test_parser_reads_ids_links_and_outputs() -> None:
 def test_every_internal_link_and_anchor_resolves() -> None:
     broken = broken_links()
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:40])
+
+
+def _load_extension():
+    spec = importlib.util.spec_from_file_location(
+        "viewcode_backlinks", ROOT / "book" / "_ext" / "viewcode_backlinks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_source_pages_link_to_the_entry_that_documents_each_object():
+    ext = _load_extension()
+    entry = namedtuple("ObjectEntry", "docname node_id objtype aliased")
+    objects = {name: entry("book/api", name, "function", False) for name in (
+        "lnbook.norms.check_eps", "lnbook.checks.check_eps", "lnbook.checks.ShapeError",
+        "lnbook.experiments.peri_ln.stream_variance")}
+    app = SimpleNamespace(
+        env=SimpleNamespace(get_domain=lambda name: SimpleNamespace(objects=objects)),
+        builder=SimpleNamespace(get_relative_uri=lambda page, doc: "../" * page.count("/")
+                                + doc + ".html"))
+
+    def block(name: str, href: str) -> str:
+        return (f'<div class="viewcode-block" id="{name}">\n'
+                f'<a class="viewcode-back" href="{href}">[docs]</a>\n')
+
+    def fixed(page: str, name: str, href: str) -> str:
+        context = {"body": block(name, href)}
+        ext._fix_backlinks(app, page, "page.html", context, None)
+        return re.search(r'href="([^"]+)"', context["body"])[1]
+
+    # viewcode's one prefix per module: the first module that showed one of its objects
+    assert (fixed("_modules/lnbook/checks", "ShapeError", "../../book/api.html#lnbook.norms.Sh")
+            == "../../book/api.html#lnbook.checks.ShapeError")
+    # an object documented only where it is re-exported: the re-export's entry
+    assert (fixed("_modules/lnbook/experiments/seq_tasks", "stream_variance", "x#y")
+            == "../../../book/api.html#lnbook.experiments.peri_ln.stream_variance")
+    # nothing documents it: the link is left as viewcode wrote it
+    assert fixed("_modules/lnbook/checks", "no_such_name", "keep#me") == "keep#me"
 
 
 def css_rules(css: str) -> list[tuple[str, str, str]]:

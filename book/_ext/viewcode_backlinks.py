@@ -9,12 +9,18 @@ module re-exports without documenting it in its own module (`stream_variance`, d
 `lnbook.experiments.peri_ln`) had the same fault. This extension rewrites each such link to
 the entry that documents that very object: the one under its own module when there is one,
 else the module that re-exports it (found by ``tests/test_site_links.py``).
+
+viewcode writes a module's page only when the module's file is newer than the page, so a page
+would keep links to entries that the API page has since moved; every build starts without the
+old pages (writing them all takes seconds).
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import shutil
+from pathlib import Path
 
 _BACKLINK = re.compile(r'(<div class="viewcode-block" id="(?P<name>[^"]+)">\s*'
                        r'<a class="viewcode-back" href=")(?P<href>[^"]*)(")')
@@ -68,6 +74,12 @@ def _fix_backlinks(app, pagename, templatename, context, doctree) -> None:
     context["body"] = _BACKLINK.sub(fix, context["body"])
 
 
+def _fresh_pages(app) -> None:
+    if app.builder.format == "html":
+        shutil.rmtree(Path(app.outdir) / "_modules", ignore_errors=True)
+
+
 def setup(app):
+    app.connect("builder-inited", _fresh_pages)
     app.connect("html-page-context", _fix_backlinks)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
