@@ -5,7 +5,7 @@ The package behind the executable textbook in ``book/``; its modules follow the 
 layer norm lives once, in :mod:`lnbook.functional`.
 """
 
-from lnbook import analysis, bptt, functional, reference
+from lnbook import analysis, bptt, display, functional, reference
 from lnbook.analysis import (
     RecurrentDynamics,
     fisher_information,
@@ -50,7 +50,7 @@ __all__ = [
     "Batches", "History", "MNISTData", "binarize", "fit", "load_mnist", "pixel_permutation",
     "resolve_device",
     # what every chapter prints its numbers with
-    "Table", "glue",
+    "Table", "display", "glue",
     # Part II: normalization after 2016
     "variants", "rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT", "transformer",
     "Block", "Transformer", "TransformerConfig", "to_pre_rmsnorm", "copy_task", "sort_task",

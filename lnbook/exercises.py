@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from lnbook.data import load_digits_tensor
+from lnbook.display import wrap
 from lnbook.engine.job import cpu_threads
 from lnbook.engine.metrics import classification_metrics
 from lnbook.engine.train import Batches, fit
@@ -46,11 +47,12 @@ _F64 = torch.float64
 class ExerciseError(AssertionError):
     """A checker found a mistake: ``exercise`` (the checker), ``part`` (what is wrong, one
     word: ``"shape"``, ``"axes"``, ``"eps"``, ``"dL/da"``, ``"placement"``, ...) and ``case``
-    (the test case); the message says how to fix it."""
+    (the test case); the message says how to fix it, wrapped at 88 characters a line
+    (:func:`lnbook.display.wrap`) to fit the book's column when a chapter prints it."""
 
     def __init__(self, exercise: str, part: str, message: str, case: str = "") -> None:
         where = f"\n  (test case: {case})" if case else ""
-        super().__init__(f"{exercise}: {message}{where}")
+        super().__init__(wrap(f"{exercise}: {message}{where}"))
         self.exercise, self.part, self.case = exercise, part, case
 
 

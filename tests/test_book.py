@@ -265,6 +265,38 @@ def test_equation_labels_defined_once_and_resolved():
     assert not missing, f"equation references without a target: {missing}"
 
 
+# a reference MyST resolves by label: {ref}`text <label>`, {numref}, {eq}, [text](#label)
+_LABEL_REFS = re.compile(r"\{(?:ref|numref|eq)\}`(?:[^`<]*<)?(?P<role>[^`<>]+)>?`"
+                         r"|\]\(#(?P<link>[^)\s]+)\)")
+
+
+def labels_and_references(text: str) -> tuple[set[str], list[str]]:
+    """The labels a page's markdown defines (`(label)=`, a directive's `:label:` or `label:`)
+    and the labels its references name, in order."""
+    defined = set(re.findall(r"^\(([^)\s]+)\)=\s*$", text, flags=re.M))
+    defined |= set(re.findall(r"^\s*:?label:\s*(\S+)\s*$", text, flags=re.M))
+    refs = [(m["role"] or m["link"]).strip() for m in _LABEL_REFS.finditer(text)]
+    return defined, refs
+
+
+def test_labels_and_references_are_read_from_markdown():
+    text = ("(eq-1)=\n$$x$$\n```{math}\n:label: eq-9\n```\nsee {ref}`(1) <eq-1>`, "
+            "{eq}`eq-9`, {numref}`Book fig. %s <fig-a>`, [](#eq-2) and [(3)](other.ipynb#s)")
+    assert labels_and_references(text) == ({"eq-1", "eq-9"}, ["eq-1", "eq-9", "fig-a", "eq-2"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_references_resolve_inside_the_notebook(path):
+    """JupyterLab (jupyterlab-myst) renders a notebook alone: a {ref} to a label of another
+    chapter is "Cross reference target was not found" there. A chapter names another chapter's
+    equation with a link to the section that holds it, `[(2)](02_background.ipynb#slug)`, which
+    both JupyterLab and the book resolve (the slug is checked by the build's nitpicky run)."""
+    defined, refs = labels_and_references(markdown_text(path))
+    foreign = sorted({r for r in refs if r not in defined})
+    assert not foreign, (f"{path.name} refers to labels it does not define: {foreign}; link to "
+                         "the section of the chapter that defines them instead")
+
+
 def test_cite_keys_exist_in_bibliography():
     keys = set(re.findall(r"^@\w+\{([^,\s]+),", (BOOK / "references.bib").read_text(), re.M))
     for path in SOURCES:

@@ -6,10 +6,11 @@ that the sidebar lists every chapter, that MathJax typeset every equation (from 
 copy: the build is offline), that no internal link points to a missing page, and that nothing
 on the page is fetched from a host other than this machine. It then checks that the page fits
 the screen at 1280 pixels wide and on a 390-pixel phone: nothing widens the page or is cut off
-(a wide equation, output or figure scrolls inside its own box), no code cell scrolls sideways at
-1280 pixels, the claims ledger's tables fit the column, and a figure is not shrunk on a phone
-below the size at which its labels can be read. It also saves full-page screenshots of the
-intro page and of one experiment chapter under `_build/screenshots/`.
+(a wide equation, output or figure scrolls inside its own box), no code cell and no printed
+output scrolls sideways at 1280 pixels, the claims ledger's tables fit the column, and a figure
+is not shrunk on a phone below the size at which its labels can be read. It also saves
+full-page screenshots of the intro page and of one experiment chapter under
+`_build/screenshots/`.
 
 The book's PDF is checked in `test_pdf.py`, with this file's server and browser (a file of its
 own, so that pytest-xdist's `--dist loadfile` runs it beside the pages, not after them).
@@ -211,7 +212,8 @@ OVERFLOW = """() => {
                 name(el)} to x=${
                 Math.round(el.getBoundingClientRect().right)}`)};
 }"""
-SCROLLING_CODE = """() => [...document.querySelectorAll('div.cell_input pre')]
+# a code cell, or what a cell printed (book/_static/lnbook.css wraps printed output)
+SCROLLING_CODE = """() => [...document.querySelectorAll('div.cell_input pre, div.cell_output pre')]
     .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
     .map(pre => `${pre.scrollWidth - pre.clientWidth}px too wide: ` +
                 pre.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a))"""
@@ -313,7 +315,7 @@ def check_fits_the_screen(tab, page: str) -> None:
                 f"{page} at {width} px: a claims-ledger table does not fit its column {t}")
         if viewport is DESKTOP:
             wide = tab.evaluate(SCROLLING_CODE)
-            assert not wide, f"{page} at {width} px: code cells scroll sideways: {wide}"
+            assert not wide, f"{page} at {width} px: code or output scrolls sideways: {wide}"
         else:
             small = [f for f in tab.evaluate(FIGURES)
                      if f["shown"] < min(PHONE_FIGURE_WIDTH, f["drawn"]) - 1]

@@ -23,6 +23,20 @@ from lnbook import exercises as ex
 # --- Exercise 3.1: the forward pass -----------------------------------------------------------
 
 
+def said(err: Exception) -> str:
+    """A checker's message with its line breaks undone (it is wrapped for the page)."""
+    return " ".join(str(err).split())
+
+
+def test_a_checker_message_is_wrapped_for_the_page_with_its_words_unchanged():
+    long = "the variance is the unbiased one; " * 8
+    err = ex.ExerciseError("check_layer_norm", "variance", long.strip(), "x (4, 8)")
+    lines = str(err).splitlines()
+    assert len(lines) > 2 and max(map(len, lines)) <= 88, lines
+    assert lines[1].startswith("  the")  # continuation lines indented under the first
+    assert said(err) == f"check_layer_norm: {long.strip()} (test case: x (4, 8))"
+
+
 def dims_of(x, shape):
     return tuple(range(x.dim() - len(shape), x.dim()))
 
@@ -235,8 +249,10 @@ def test_wrong_forward_gets_its_diagnosis(fn, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm(fn)
     assert info.value.part == part, str(info.value)
-    assert phrase in str(info.value)
+    assert phrase in said(info.value)
     assert isinstance(info.value, AssertionError)  # a wrong solution fails an executed notebook
+    lines = str(info.value).splitlines()  # wrapped to fit the book's column when printed
+    assert max(map(len, lines)) <= 88 or any(len(w) > 80 for w in str(info.value).split())
 
 
 @pytest.mark.parametrize("fn", [eps_hard_coded, gain_flattened, gain_flattened_with_x,
@@ -245,7 +261,7 @@ def test_fallbacks_blame_only_what_the_evidence_shows(fn):
     # the D - 1 divisor only when the variance is (D - 1) / D; statistics only when they are wrong
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm(fn)
-    msg = str(info.value)
+    msg = said(info.value)
     assert "unbiased=False" not in msg and "keepdim=True so that mu" not in msg, msg
 
 
@@ -259,7 +275,7 @@ def test_in_place_on_a_leaf_that_requires_grad_is_named():
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm(mutates_g)
     assert info.value.part == "in-place", str(info.value)
-    assert "tensor that requires grad" in str(info.value)
+    assert "tensor that requires grad" in said(info.value)
 
 
 def test_in_place_on_a_saved_intermediate_is_named():
@@ -272,7 +288,7 @@ def test_in_place_on_a_saved_intermediate_is_named():
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm(divides_in_place)
     assert info.value.part == "in-place", str(info.value)
-    assert "saved for the backward pass" in str(info.value)
+    assert "saved for the backward pass" in said(info.value)
 
 
 def test_unknown_mistakes_are_blamed_on_the_part_their_case_probes():
@@ -390,7 +406,7 @@ def test_wrong_backward_gets_its_diagnosis(kwargs, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_backward(wrong)
     assert info.value.part == part, str(info.value)
-    assert phrase in str(info.value)
+    assert phrase in said(info.value)
 
 
 @pytest.mark.parametrize("forward, phrase", [
@@ -400,7 +416,7 @@ def test_backward_of_a_wrong_forward_is_named(forward, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_backward(by_autograd(forward))
     assert info.value.part == "dL/dg", str(info.value)
-    assert phrase in str(info.value)
+    assert phrase in said(info.value)
 
 
 def test_row_sum_hint_does_not_pass_a_wrong_answer():
@@ -411,7 +427,7 @@ def test_row_sum_hint_does_not_pass_a_wrong_answer():
 
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_backward(too_large)
-    msg = str(info.value)
+    msg = said(info.value)
     assert info.value.part == "dL/da"
     assert "necessary, not sufficient" in msg and "finite difference" in msg
     fd, yours = (float(v) for v in
@@ -424,15 +440,17 @@ def test_backward_unknown_mistake_names_the_gradient_and_the_row_sums():
         dx, dg, db = backward(dy, x, g, eps)
         return dx + 0.01, dg, db
 
-    with pytest.raises(ex.ExerciseError, match="each row of dL/da must sum to 0") as info:
+    with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_backward(off)
     assert info.value.part == "dL/da"
+    assert "each row of dL/da must sum to 0" in said(info.value)
 
 
 def test_backward_must_return_three_tensors():
-    with pytest.raises(ex.ExerciseError, match="three tensors") as info:
+    with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_backward(lambda dy, x, g, eps: backward(dy, x, g, eps)[:2])
     assert info.value.part == "type"
+    assert "three tensors" in said(info.value)
 
 
 # --- Exercise 3.7: LN as a torch.autograd.Function -------------------------------------------
@@ -476,7 +494,7 @@ def test_wrong_function_gets_its_diagnosis(slips, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_layer_norm_function(make_function(**slips))
     assert info.value.part == part, str(info.value)
-    assert phrase in str(info.value)
+    assert phrase in said(info.value)
     assert info.value.exercise == "check_layer_norm_function"
 
 
@@ -544,7 +562,7 @@ def test_wrong_mlp_gets_its_diagnosis(model_fn, part, phrase):
     with pytest.raises(ex.ExerciseError) as info:
         ex.check_ln_mlp(model_fn, steps=60)
     assert info.value.part == part, str(info.value)
-    assert phrase in str(info.value)
+    assert phrase in said(info.value)
 
 
 # --- chapter 3's two sittings -----------------------------------------------------------------

@@ -60,7 +60,7 @@ def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
     float32 statistics for half inputs. Each option is the keyword of the same name of
     :func:`lnbook.functional.normalize`: ``unbiased`` (divide by ``H - 1``), ``one_pass``
     (``E[x^2] - E[x]^2``), ``eps_inside=False`` (``(x - mu) / (sqrt(var) + eps)``), ``stats_dtype``
-    (``torch.float16``: ``x ** 2`` overflows from |x| >= 256), ``detach`` (:class:`DetachNorm`).
+    (``torch.float16``: ``x ** 2`` overflows from ``|x| >= 256``), ``detach`` (:class:`DetachNorm`).
     """
     if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1):
         raise TypeError("x must be a floating-point tensor of shape (*, H)")
