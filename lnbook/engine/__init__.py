@@ -1,10 +1,10 @@
 """The one experiment engine: every experiment of the book trains through it.
 
-- :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`make_config`;
-- :mod:`.train`: the training loop :func:`fit` (one model) with checkpoint and resume;
-- :mod:`.stack`: many copies of any model as one (:class:`Stack`, ``torch.func``);
-- :mod:`.copies`: the loop that trains such copies (:func:`train_copies`);
-- :mod:`.runner`: :func:`sweep`, variants x seeds -> :class:`Results`, here, in worker
+- :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`~.presets.make_config`;
+- :mod:`.train`: the training loop :func:`~.train.fit` (one model) with checkpoint and resume;
+- :mod:`.stack`: many copies of any model as one (:class:`~.stack.Stack`, ``torch.func``);
+- :mod:`.copies`: the loop that trains such copies (:func:`~.copies.train_copies`);
+- :mod:`.runner`: :func:`~.runner.sweep`, variants x seeds -> :class:`~.results.Results`, here, in worker
   processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
 - :mod:`.store`: the ``out`` folder (finished runs are never lost or overwritten);
 - :mod:`.results`, :mod:`.metrics`: one layout of results, and the measures of learning curves.

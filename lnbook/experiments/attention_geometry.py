@@ -258,7 +258,7 @@ def _loss_acc(model: MajorityAttention, x: Tensor, y: Tensor) -> tuple[Tensor, T
 def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
                 test: tuple[Tensor, Tensor]) -> list[tuple[History, dict[str, int]]]:
     """Every seed of one variant (a job of :func:`run`'s sweep) as one batched model, trained
-    by :func:`lnbook.engine.train_copies`: one ``(History, info)`` per seed."""
+    by :func:`lnbook.engine.copies.train_copies`: one ``(History, info)`` per seed."""
     norm, seeds, dev = job.variant, job.seeds, job.device
     s, (x, y), (xt, yt) = len(seeds), train, test
     model = MajorityAttention(s, config.symbols, config.length, config.d_model, norm)

@@ -110,7 +110,7 @@ def jacobian_distance(model: Transformer, x: Tensor, n_dirs: int, seed: int = 0
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train the Pre-LN model with and without LayerNorm Scaling (:data:`VARIANTS`), every seed
-    of a variant at once (a job of :func:`lnbook.engine.sweep`); each run's info holds
+    of a variant at once (a job of :func:`lnbook.engine.runner.sweep`); each run's info holds
     ``removal`` and ``jacobian`` per block; ``Results.info`` the task's. With ``out``, also
     writes ``out/depth.json`` (finished runs under it are kept).
     """

@@ -88,7 +88,7 @@ class Config:
     ``grad_clip`` clips every gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
     ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
     updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
-    checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.sweep`, and
+    checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.runner.sweep`, and
     ``checkpoint`` checkpoints each job under ``out``. ``seeds``: an int n is the first n of
     the seed set in force when the run starts; ``threads``: torch CPU threads (None: as is);
     ``workers``: jobs trained at once, one process each.
@@ -703,7 +703,7 @@ def _clip_hooks(model: nn.Module, clip: float) -> None:
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train every variant under every seed through :func:`lnbook.engine.sweep` (stacked: one
+    """Train every variant under every seed through :func:`lnbook.engine.runner.sweep` (stacked: one
     job, every run a copy of one :class:`StackedHandwriting`; else one job per run).
 
     Runs record the held-out ``nll`` (nats per point); their ``info`` holds ``input_scales``

@@ -4,7 +4,7 @@ Book chapter `06_6_mnist`. :class:`MLP` with no norm, batch norm on every layer 
 variance for small batches, claim C18) or layer norm on the hidden layers, trained with Adam at
 batch sizes 128 and 4. Engine ``"seeds"`` trains the seeds of a variant as one
 :class:`lnbook.batched.SeedMLP` and reads batch norm three ways (:data:`BN_READINGS`); engine
-``"runs"`` trains one run at a time. Both go through :func:`lnbook.engine.sweep`.
+``"runs"`` trains one run at a time. Both go through :func:`lnbook.engine.runner.sweep`.
 """
 
 from __future__ import annotations
@@ -381,7 +381,7 @@ def _steps(config: Config, variant: str, params: tuple[str, int]) -> int:
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
     """Train every (norm, batch size) variant (:func:`variant_name`) with every seed, through
-    :func:`lnbook.engine.sweep` (engine ``"seeds"``: the seeds of a variant as one job).
+    :func:`lnbook.engine.runner.sweep` (engine ``"seeds"``: the seeds of a variant as one job).
 
     Runs record ``train_nll``, ``train_error`` (``n_eval_train`` training images),
     ``test_nll`` and ``test_error`` in eval mode; engine ``"seeds"`` adds the readings of

@@ -78,7 +78,7 @@ def variant_name(position: str, lr: float) -> str:
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train Pre-LN and Peri-LN at every rate of ``config.lrs`` and Post-LN at ``post_lr``, every
-    seed and rate of one placement at once (all in one job of :func:`lnbook.engine.sweep`);
+    seed and rate of one placement at once (all in one job of :func:`lnbook.engine.runner.sweep`);
     variants :func:`variant_name` (pre, peri, post), each recording the stream's variance
     ``var_0 ... var_L``; ``Results.info`` the task's. With ``out``, also writes
     ``out/peri_ln.json`` (finished runs under it are kept).

@@ -88,7 +88,7 @@ def gradient_profiles(config: Config, param: str = "mlp.fc2.weight",
                       positions: tuple[str, ...] = PLACEMENTS) -> dict[str, dict[int, np.ndarray]]:
     """Per-block gradient norms at initialization (P04): ``{position: {depth: (seeds, depth)}}``
     (block 1 nearest the input), of models built under ``torch.manual_seed(seed)`` for every
-    seed of ``config.grad_seeds`` (:func:`~lnbook.engine.resolve_seeds`: an int ``n`` is the
+    seed of ``config.grad_seeds`` (:func:`~lnbook.engine.runner.resolve_seeds`: an int ``n`` is the
     first ``n`` of the seed set in force), on the first ``grad_batch`` training sequences
     (:func:`lnbook.transformer.layer_gradient_norms`); ``param``: a block's parameter
     (``"mlp.fc2.weight"``) or group (``"block"``, ``"attention"``, ``"ffn"``)."""
@@ -108,7 +108,7 @@ def gradient_profiles(config: Config, param: str = "mlp.fc2.weight",
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
     """Train every (placement, warm-up) variant (:func:`variant_name`) with every seed (P05),
-    in one job of :func:`lnbook.engine.sweep` (:func:`train`): Adam reaches ``config.lr``
+    in one job of :func:`lnbook.engine.runner.sweep` (:func:`train`): Adam reaches ``config.lr``
     after ``warmup`` updates of linear warm-up; evaluations record ``loss``, ``accuracy`` and
     ``max_logit``; a run whose loss stops being finite is ``diverged``. ``Results.info``: the
     task's. ``out``: also write ``out/placement.json`` (finished runs under it are kept)."""

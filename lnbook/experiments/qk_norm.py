@@ -157,7 +157,7 @@ def qk_logit_bound(model: Transformer) -> float:
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train the model with and without qk-layernorm at every learning rate and seed (those of
-    one model at once on ``device``, all in one job of :func:`lnbook.engine.sweep`); variants
+    one model at once on ``device``, all in one job of :func:`lnbook.engine.runner.sweep`); variants
     :func:`variant_name`; evaluations record ``loss``, ``accuracy`` and ``max_logit`` (a
     diverged run repeats its initial model's); qk-normalized runs' info holds ``logit_bound``
     (:func:`qk_logit_bound`); ``Results.info`` the task's. With ``out``, also writes

@@ -437,7 +437,7 @@ def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train every variant under every seed through :func:`lnbook.engine.sweep` (stacked: one
+    """Train every variant under every seed through :func:`lnbook.engine.runner.sweep` (stacked: one
     job, each LSTM family as one :class:`StackedReader`; else one job per run).
 
     Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
@@ -658,7 +658,7 @@ def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: 
                   label: str | None = None) -> list[Run]:
     """Train every (variant, seed) of one LSTM family at once, as one run at a time would
     (same initial models, batches and Adam updates); one :class:`Run` per copy, variant
-    first. ``checkpoint``, ``bar``, ``label``: as :func:`lnbook.engine.train_copies`'s."""
+    first. ``checkpoint``, ``bar``, ``label``: as :func:`lnbook.engine.copies.train_copies`'s."""
     dev = torch.device(device)
     jobs = [(v, s) for v in variants for s in seeds]
     model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs]).to(dev)

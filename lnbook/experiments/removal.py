@@ -122,7 +122,7 @@ def _batch_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torc
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train, then remove the norms one at a time with fine-tuning, for every seed (one job of
-    :func:`lnbook.engine.sweep` per seed, :func:`train`).
+    :func:`lnbook.engine.runner.sweep` per seed, :func:`train`).
 
     Each run's ``info``: ``original``, ``all_at_once`` (no fine-tuning), ``control`` (fine-tuned
     as long, norms kept) held-out losses, and per removal step (``order``) ``no_finetune`` and

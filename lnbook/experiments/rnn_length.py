@@ -422,7 +422,7 @@ def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
 
 def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) -> np.ndarray:
     """The ``(variants * seeds, E)`` error curves of one (length, batch size), every model
-    trained at once by the engine's :func:`~lnbook.engine.train_copies`."""
+    trained at once by the engine's :func:`~lnbook.engine.copies.train_copies`."""
     model = StackedRNN([v == "ln" for v in c.variants for _ in c.seeds], c.hidden)
     model.reset_parameters(list(c.seeds) * len(c.variants))
     opt = torch.optim.Adam(model.parameters(), lr=c.lr)

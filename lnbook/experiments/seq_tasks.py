@@ -3,7 +3,7 @@
 Not an experiment itself; ``rmsnorm``, ``placement``, ``qk_norm``, ``peri_ln`` and ``depth``
 build on :class:`TaskConfig` (shared settings and presets, and the model every run builds) and
 :func:`make_task`, and train through :func:`lnbook.experiments.stacked.train_stacked` in a job
-of :func:`lnbook.engine.sweep`.
+of :func:`lnbook.engine.runner.sweep`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class TaskConfig:
         d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
         batch_size, steps, eval_every: sequences per update, updates, updates between evaluations.
         seeds: the runs' seeds: ``n``, the first ``n`` of the seed set in force when the run
-            starts (:func:`lnbook.engine.resolve_seeds`), or the seeds themselves.
+            starts (:func:`lnbook.engine.runner.resolve_seeds`), or the seeds themselves.
         threads: torch CPU threads (None: leave as is). workers: jobs trained at once.
         checkpoint: not read by :func:`~lnbook.experiments.stacked.train_stacked`.
     """

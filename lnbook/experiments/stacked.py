@@ -6,7 +6,7 @@ dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). E
 model built under ``torch.manual_seed(seed)``, trained with Adam (:func:`adam_step`);
 evaluations record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's
 variance ``var_0`` (embeddings) ... ``var_L``. The Transformer experiments call it from the
-train function of a stacked job of :func:`lnbook.engine.sweep`; a loop of another shape
+train function of a stacked job of :func:`lnbook.engine.runner.sweep`; a loop of another shape
 (:mod:`~lnbook.experiments.dyt_regime`) builds on its pieces :func:`stack_models`,
 :func:`copy_loss`, :func:`adam_update` and :func:`unstack_model`.
 """
@@ -276,5 +276,5 @@ def groups(variants: dict[str, tuple[Any, Any]]) -> dict[Any, list[Any]]:
 def in_job_order(job: Any, trained: dict[tuple[str, int], StackedRun]
                  ) -> list[tuple[History, dict[str, Any]]]:
     """``(history, info)`` of each ``(variant, seed)`` of ``job.pairs``, in that order: what a
-    stacked job of :func:`lnbook.engine.sweep` returns."""
+    stacked job of :func:`lnbook.engine.runner.sweep` returns."""
     return [(trained[pair].history, trained[pair].info) for pair in job.pairs]
