@@ -4,8 +4,8 @@
 - :mod:`.train`: the training loop :func:`~.train.fit` (one model) with checkpoint and resume;
 - :mod:`.stack`: many copies of any model as one (:class:`~.stack.Stack`, ``torch.func``);
 - :mod:`.copies`: the loop that trains such copies (:func:`~.copies.train_copies`);
-- :mod:`.runner`: :func:`~.runner.sweep`, variants x seeds -> :class:`~.results.Results`, here, in worker
-  processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
+- :mod:`.runner`: :func:`~.runner.sweep`, variants x seeds -> :class:`~.results.Results`,
+  here, in worker processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
 - :mod:`.store`: the ``out`` folder (finished runs are never lost or overwritten);
 - :mod:`.results`, :mod:`.metrics`: one layout of results, and the measures of learning curves.
 

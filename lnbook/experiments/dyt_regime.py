@@ -171,8 +171,8 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
 def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train both norms on every training-set size and seed (one job of
-    :func:`lnbook.engine.runner.sweep`); one ``Run`` per (norm, size, seed), variant ``"<norm>/<n>"``,
-    measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds ``task``,
+    :func:`lnbook.engine.runner.sweep`); one ``Run`` per (norm, size, seed), variant
+    ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds ``task``,
     ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes ``out/dyt_regime.json``
     (finished runs under it are kept)."""
     check_config(config, Config)

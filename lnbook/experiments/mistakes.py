@@ -427,7 +427,8 @@ def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int 
 
 def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
     """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
-    every seed at once, trained by the engine's :func:`~lnbook.engine.copies.train_copies`, batches as
+    every seed at once, trained by the engine's
+    :func:`~lnbook.engine.copies.train_copies`, batches as
     :class:`~lnbook.engine.train.Batches`). Returns ``{norm: {"val_nll", "val_error", "train_nll":
     (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
     """

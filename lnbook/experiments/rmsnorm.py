@@ -127,8 +127,8 @@ def prermsnorm_gaps(seed: int = 0, d_model: int = 32, n_heads: int = 4, n_layers
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
         ) -> Results:
     """Train the Pre-norm Transformer with each norm of ``config.norms`` and every seed (those
-    of a norm at once on ``device``, one job of :func:`lnbook.engine.runner.sweep`); variants are named
-    by the norm, evaluations record ``loss``, ``accuracy`` and ``max_logit``; ``Results.info``
+    of a norm at once on ``device``, one job of :func:`lnbook.engine.runner.sweep`); variants are
+    named by the norm, evaluations record ``loss``, ``accuracy`` and ``max_logit``; ``Results.info``
     the task's (:attr:`~lnbook.experiments.seq_tasks.SequenceTask.info`). With ``out``, also
     writes ``out/rmsnorm.json``, finished runs under it kept."""
     check_config(config, Config)
