@@ -172,8 +172,8 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
         ) -> Results:
     """Train both norms on every training-set size and seed (one job of
     :func:`lnbook.engine.runner.sweep`); one ``Run`` per (norm, size, seed), variant
-    ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds ``task``,
-    ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes ``out/dyt_regime.json``
+    ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds
+    ``task``, ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes ``out/dyt_regime.json``
     (finished runs under it are kept)."""
     check_config(config, Config)
     task = task_of(config)
