@@ -173,8 +173,8 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
     """Train both norms on every training-set size and seed (one job of
     :func:`lnbook.engine.runner.sweep`); one ``Run`` per (norm, size, seed), variant
     ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds
-    ``task``, ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes ``out/dyt_regime.json``
-    (finished runs under it are kept)."""
+    ``task``, ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes the results
+    under ``out`` (finished runs under it are kept)."""
     check_config(config, Config)
     task = task_of(config)
     variants = {f"{norm}/{n}": (norm, n) for norm in NORMS for n in config.n_trains}
