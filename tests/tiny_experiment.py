@@ -30,7 +30,7 @@ DESCRIPTION = "a linear regression that trains in a second (for the tests)"
 class Config:
     scale: str = "quick"
     lr: float = 0.05
-    steps: int = 12
+    steps: int = int(os.environ.get("TINY_STEPS", "12"))
     seeds: int | tuple[int, ...] = 2  # the first 2 seeds of the seed set in force
     variants: tuple[str, ...] = ("a", "b")
     checkpoint: bool = False
