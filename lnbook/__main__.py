@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quick (default; a CPU) or paper (the paper's sizes; a GPU)")
     run.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda or mps")
     run.add_argument("--out", default=None,
-                     help="folder for NAME.json, finished runs and checkpoints (resumable); "
+                     help="folder for NAME-DIGEST.json, finished runs and checkpoints (resumable, "
+                          "shared by experiments and configs); "
                           "without it nothing is saved")
     run.add_argument("--seeds", type=int, nargs="+", default=None,
                      help="train these seeds (each once) instead of the config's")
