@@ -120,7 +120,7 @@ def test_a_run_goes_through_the_sweep_and_continues_from_its_checkpoints(tmp_pat
     whole = ag.run(ag.get_config("quick", steps=6, **kw), device="cpu")
     assert whole.seeds == list(verdict_seeds(2)) and whole.config["seeds"] == whole.seeds
     ag.run(ag.get_config("quick", steps=3, checkpoint=True, **kw), device="cpu", out=tmp_path)
-    assert len(list((tmp_path / "checkpoints").glob("*.pt"))) == 2  # one stack per norm
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == 2  # one stack per norm
     longer = ag.run(ag.get_config("quick", steps=6, checkpoint=True, **kw), device="cpu",
                     out=tmp_path)
     for a, b in zip(whole.runs, longer.runs, strict=True):

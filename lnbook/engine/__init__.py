@@ -1,11 +1,13 @@
 """The one experiment engine: every experiment of the book trains through it.
 
 - :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`make_config`;
-- :mod:`.train`: the training loop :func:`fit` (one model) with checkpoint and resume;
+- :mod:`.train`: the training loop :func:`fit` (one model) with checkpoint and resume, and
+  the smoke run's cap (:func:`capped`, read by every loop through :func:`max_updates`);
 - :mod:`.copies`: many copies of a model trained as one (:func:`train_copies`);
 - :mod:`.runner`: :func:`sweep`, variants x seeds -> :class:`Results`, here, in worker
   processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
-- :mod:`.store`: the ``out`` folder (finished runs are never lost or overwritten);
+- :mod:`.store`: the ``out`` folder, shared by experiments and configs (finished runs are
+  never lost or overwritten; :func:`save_sweep` writes results where they belong);
 - :mod:`.results`, :mod:`.metrics`: one layout of results, and the measures of learning curves.
 
 The engine knows no experiment: experiments (:mod:`lnbook.experiments`) import it, never the
@@ -25,12 +27,23 @@ from lnbook.engine.metrics import (
 from lnbook.engine.presets import SCALES, check_scale, make_config
 from lnbook.engine.results import Results, Run, load_results, save_results
 from lnbook.engine.runner import STACKS, resolve_seeds, sweep, using_executor
-from lnbook.engine.store import OutConflict
-from lnbook.engine.train import Batches, History, UnreadableFile, fit
+from lnbook.engine.store import OutConflict, results_file, save_sweep
+from lnbook.engine.train import (
+    Batches,
+    CannotWrite,
+    History,
+    UnreadableFile,
+    capped,
+    fit,
+    max_updates,
+)
+from lnbook.engine.workers import WorkersLost
 
 __all__ = [
-    "SCALES", "STACKS", "Batches", "History", "Job", "OutConflict", "Results", "Run",
-    "SweepInterrupted", "UnreadableFile", "best_step", "check_scale", "classification_metrics",
-    "cpu_threads", "fit", "load_results", "make_config", "mean_after_start", "resolve_seeds",
-    "save_results", "sweep", "train_copies", "updates_to_reach", "using_executor",
+    "SCALES", "STACKS", "Batches", "CannotWrite", "History", "Job", "OutConflict", "Results",
+    "Run", "SweepInterrupted", "UnreadableFile", "WorkersLost", "best_step", "capped",
+    "check_scale", "classification_metrics", "cpu_threads", "fit", "load_results",
+    "make_config", "max_updates", "mean_after_start", "resolve_seeds", "results_file",
+    "save_results", "save_sweep", "sweep", "train_copies", "updates_to_reach",
+    "using_executor",
 ]
