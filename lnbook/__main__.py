@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import resource
 import shlex
 import sys
 import textwrap
@@ -16,8 +17,18 @@ from pathlib import Path
 
 from lnbook.data import MissingExtra
 from lnbook.device import resolve_device
-from lnbook.engine import SCALES, OutConflict, SweepInterrupted, using_executor
-from lnbook.engine.train import UnreadableFile
+from lnbook.engine import (
+    SCALES,
+    CannotWrite,
+    OutConflict,
+    SweepInterrupted,
+    UnreadableFile,
+    WorkersLost,
+    capped,
+    results_file,
+    using_executor,
+)
+from lnbook.engine.workers import NO_WORKERS_ENV, NO_WORKERS_SECONDS, process_pool
 from lnbook.experiments import EXPERIMENTS, load_experiment
 
 __all__ = ["main", "build_parser"]
@@ -32,14 +43,23 @@ scales:
           checkpoints into --out, so an interrupted run resumes (the experiments that train
           their seeds as one model, mnist and the Transformer ones, write when they finish)
 
-Nothing is saved without --out. With --out DIR the results go to DIR/NAME.json, each finished
-run to DIR/runs/ and checkpoints to DIR/checkpoints/; the same command again resumes. DIR must
-be a folder this user can write (checked before anything trains). A finished run of another
-config in DIR is kept and never overwritten: the command stops and asks for another --out.
+Nothing is saved without --out. With --out DIR the results go to DIR/NAME-DIGEST.json (DIGEST
+names the config, seeds included), each finished run to DIR/runs/NAME-DIGEST/ and checkpoints
+to DIR/checkpoints/NAME-DIGEST/, so any number of experiments and configs share one DIR; the
+same command again resumes, and finished runs are read back, never trained again. DIR must be
+a folder this user can write (checked before anything trains). A finished run is never
+overwritten: asking fewer updates than it made stops the command, which asks for another --out.
+
+--max-updates N is a smoke run: every loop stops after N updates and evaluates once; its files
+carry N in their digest (never taken for a full run), and it prints the parameters, seconds
+per update and peak memory. At paper scale on a CPU a run prints an estimate of its time.
+--workers and --executor say in one line when they cannot apply (for example an experiment
+that trains its seeds as one model has fewer jobs than workers).
 
 exit status:
   0    the experiment ran (and its results were written, with --out)
-  1    it failed: a checkpoint or run file in --out cannot be read (the message names it)
+  1    it failed: a checkpoint or run file in --out cannot be read, a file cannot be written
+       (a full disk), or the executor has no live worker (the message names it)
   2    usage: unknown experiment or option, --out not usable or holding runs of another
        config, a missing extra (pip install 'lnbook[data]' or 'lnbook[cluster]'), a scheduler
        that cannot be reached
@@ -85,26 +105,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quick (default; a CPU) or paper (the paper's sizes; a GPU)")
     run.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda or mps")
     run.add_argument("--out", default=None,
-                     help="folder for NAME.json, finished runs and checkpoints (resumable); "
+                     help="folder for NAME-DIGEST.json, finished runs and checkpoints (resumable, "
+                          "shared by experiments and configs); "
                           "without it nothing is saved")
-    run.add_argument("--seeds", type=int, nargs="+", default=None, help="override the seeds")
+    run.add_argument("--seeds", type=int, nargs="+", default=None,
+                     help="train these seeds (each once) instead of the config's")
+    run.add_argument("--max-updates", type=int, default=None, metavar="N",
+                     help="smoke run: every loop stops after N updates (saved apart from full "
+                          "runs)")
     run.add_argument("--workers", type=int, default=None,
                      help="train this many runs at once, one process each, on a CPU "
                           "(experiments whose config has `workers`; same results)")
-    run.add_argument("--executor", default=None, metavar="dask:ADDRESS",
-                     help="train the runs on a Dask cluster instead, e.g. "
+    run.add_argument("--executor", default=None, metavar="dask:ADDRESS|processes:N",
+                     help="train the jobs on a Dask cluster instead, e.g. "
                           "dask:tcp://10.0.0.5:8786 (the scheduler's address; the 'cluster' "
                           "extra; its workers need lnbook, and a folder shared with this "
-                          "machine for checkpoints to resume)")
+                          "machine for checkpoints to resume; with no live worker for "
+                          f"${NO_WORKERS_ENV} seconds, default {NO_WORKERS_SECONDS:.0f}, it "
+                          "stops), or on processes:N, a local pool of N processes "
+                          "(concurrent.futures.ProcessPoolExecutor); same numbers as one "
+                          "process")
     return parser
 
 
 def _resume_command(args: argparse.Namespace) -> str:
     cmd = [sys.executable, "-m", "lnbook", "run", args.name]
-    for option in ("scale", "device", "out", "seeds", "workers", "executor"):
+    for option in ("scale", "device", "out", "seeds", "max_updates", "workers", "executor"):
         value = getattr(args, option)
         if value is not None:
-            cmd += [f"--{option}", *map(str, value if isinstance(value, list) else [value])]
+            cmd += [f"--{option.replace('_', '-')}",
+                    *map(str, value if isinstance(value, list) else [value])]
     return shlex.join(cmd)
 
 
@@ -134,11 +164,32 @@ class _Usage(Exception):
     """A mistake in how the command was called, found while it runs (exit status 2)."""
 
 
+def _parse_executor(text: str) -> tuple[str, str] | str:
+    """``(kind, where)`` of an ``--executor`` value, or why it is not one."""
+    kind, _, where = text.partition(":")
+    if kind == "dask" and where:
+        return kind, where
+    if kind == "processes" and where.isdigit() and int(where) >= 1:
+        return kind, where
+    return (f"--executor must look like dask:tcp://HOST:PORT or processes:N (N >= 1), got "
+            f"{text!r}")
+
+
 @contextmanager
-def _executor(address: str | None) -> Iterator[Executor | None]:
-    """The executor of the Dask scheduler at ``address``, or None; closed afterwards."""
-    if address is None:
+def _executor(spec: tuple[str, str] | None) -> Iterator[Executor | None]:
+    """The executor of ``--executor`` (a Dask scheduler's, or a local process pool), or None;
+    closed afterwards."""
+    if spec is None:
         yield None
+        return
+    kind, address = spec
+    if kind == "processes":
+        pool = process_pool(int(address))
+        try:
+            with using_executor(pool) as executor:
+                yield executor
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         return
     try:
         from distributed import Client
@@ -155,6 +206,19 @@ def _executor(address: str | None) -> Iterator[Executor | None]:
         client.close()
 
 
+def _smoke_line(measured: list[dict[str, float]], n: int) -> str:
+    """What a smoke run measured: parameters, seconds per update, peak memory."""
+    peak = max(resource.getrusage(who).ru_maxrss
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024  # MiB
+    if not measured:
+        return (f"smoke run of {n} updates: peak memory {peak:,.0f} MiB (no loop measured in "
+                f"this process)")
+    params = max(m["parameters"] for m in measured)
+    per = sum(m["seconds_per_update"] for m in measured) / len(measured)
+    return (f"smoke run of {n} updates: {len(measured)} loops, up to {params:,} parameters, "
+            f"{per:.3g} s per update, peak memory {peak:,.0f} MiB")
+
+
 def _usage(message: str) -> int:
     print(f"lnbook: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -169,6 +233,14 @@ def _run(args: argparse.Namespace) -> int:
         return _usage(f"bad --device: {e}")
     module = load_experiment(args.name)
     overrides = {}
+    if args.seeds is not None:
+        twice = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+        if twice:
+            return _usage(f"--seeds must differ: {' '.join(map(str, twice))} given more than "
+                          "once")
+        overrides["seeds"] = tuple(args.seeds)
+    if args.max_updates is not None and args.max_updates < 1:
+        return _usage(f"--max-updates must be >= 1, got {args.max_updates}")
     if args.workers is not None:
         if "workers" not in {f.name for f in dataclasses.fields(module.Config)}:
             return _usage(f"{args.name} trains one run at a time (its config has no workers)")
@@ -177,17 +249,20 @@ def _run(args: argparse.Namespace) -> int:
         overrides["workers"] = args.workers
     if args.out is not None and (problem := check_out(args.out)) is not None:
         return _usage(problem)
-    address = None
+    spec = None
     if args.executor is not None:
-        engine, _, address = args.executor.partition(":")
-        if engine != "dask" or not address:
-            return _usage(f"--executor must look like dask:tcp://HOST:PORT, got {args.executor!r}")
-    config = module.get_config(args.scale, **overrides)
+        spec = _parse_executor(args.executor)
+        if isinstance(spec, str):
+            return _usage(spec)
+    try:
+        config = module.get_config(args.scale, **overrides)
+    except (TypeError, ValueError) as e:
+        return _usage(f"{args.name}: {e}")
     where = f", saving to {args.out}" if args.out else " (nothing saved: no --out)"
     print(f"running {args.name} at scale {args.scale} on {device}{where}", flush=True)
     try:
-        with _executor(address):
-            results = module.run(config, device=device, out=args.out, seeds=args.seeds)
+        with _executor(spec), capped(args.max_updates) as measured:
+            results = module.run(config, device=device, out=args.out)
     except SweepInterrupted as stop:
         print(f"\nlnbook: {stop.describe()}", file=sys.stderr)
         if args.out is not None:
@@ -195,14 +270,19 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except (OutConflict, MissingExtra, _Usage) as e:
         return _usage(str(e))
-    except UnreadableFile as e:
+    except (UnreadableFile, CannotWrite, WorkersLost) as e:
         print(f"lnbook: {e}", file=sys.stderr)
         return EXIT_FAILED
     first = results.runs[0].history
     metrics = sorted(first.metrics[-1]) if first.metrics else []
     print(results.table(metrics) if metrics else f"{len(results.runs)} runs")
+    if args.max_updates is not None:
+        print(_smoke_line(measured, args.max_updates))
     if args.out is not None:
-        print(f"results written to {args.out}/{module.NAME}.json")
+        path = results_file(args.out, results.name, results.config)
+        if not path.exists():  # an experiment that writes its results itself
+            path = Path(args.out) / f"{module.NAME}.json"
+        print(f"results written to {path}")
     return EXIT_OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import pytest
 import tiny_experiment as tiny
 
 import lnbook.__main__ as cli
-from lnbook.engine import Results, Run, SweepInterrupted, save_results
+from lnbook.engine import Results, Run, SweepInterrupted, load_results, save_results
 from lnbook.engine.train import History
 from lnbook.experiments import EXPERIMENTS, draw, load_experiment
 
@@ -49,10 +50,10 @@ def test_usage_errors_exit_2(argv, message, capsys):
 
 def _fake_experiment(tmp_path, seen, interrupt=False):
     def get_config(scale="quick", **overrides):
-        return {"scale": scale}
+        return {"scale": scale, **overrides}
 
-    def run(config, device="auto", out=None, seeds=None):
-        seen.update(config=config, device=str(device), seeds=seeds)
+    def run(config, device="auto", out=None):
+        seen.update(config=config, device=str(device))
         if interrupt:
             raise SweepInterrupted(["a seed 3"], [("a seed 4", 40, 100)], tmp_path)
         hist = History(steps=[1], losses=[0.5], eval_steps=[0, 1],
@@ -71,7 +72,7 @@ def test_run_writes_results(tmp_path, monkeypatch, capsys):
     argv = ["run", "tiny", "--scale", "paper", "--device", "cpu", "--out", str(tmp_path),
             "--seeds", "3", "4"]
     assert cli.main(argv) == 0
-    assert seen == {"config": {"scale": "paper"}, "device": "cpu", "seeds": [3, 4]}
+    assert seen == {"config": {"scale": "paper", "seeds": (3, 4)}, "device": "cpu"}
     out = capsys.readouterr().out
     assert "acc (final)" in out and "1.000" in out and "results written to" in out
     assert json.loads((tmp_path / "tiny.json").read_text())["name"] == "tiny"
@@ -91,7 +92,7 @@ def test_interrupt_says_what_is_saved_and_how_to_resume(tmp_path, monkeypatch, c
 def test_workers_reach_the_config_and_the_resume_command(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def run(config, device="auto", out=None, seeds=None):
+    def run(config, device="auto", out=None):
         seen["config"] = config
         raise SweepInterrupted([], [], tmp_path)
 
@@ -149,7 +150,7 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
                             env=env, preexec_fn=_ctrl_c_as_a_shell_gives_it)
     try:
         deadline = time.monotonic() + 300
-        while not list((tmp_path / "runs").glob("*.json")):  # wait for the first finished run
+        while not list(tmp_path.glob("runs/*/*.json")):  # wait for the first finished run
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no run finished in 300 s"
             time.sleep(0.05)
@@ -165,7 +166,7 @@ def test_ctrl_c_in_a_real_run_exits_130_and_the_rerun_resumes(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "a seed 0: finished earlier, read from" in again.stderr
     assert "b seed 0: finished earlier" not in again.stderr  # b was trained by the rerun
-    assert (tmp_path / "tiny.json").exists()
+    assert len(list(tmp_path.glob("tiny-*.json"))) == 1
 
 
 def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
@@ -178,7 +179,7 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
                             env=env, start_new_session=True)  # its own process group
     try:
         deadline = time.monotonic() + 300
-        while not list((tmp_path / "runs").glob("*.json")):
+        while not list(tmp_path.glob("runs/*/*.json")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no run finished in 300 s"
             time.sleep(0.05)
@@ -188,7 +189,7 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
         proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "resume with:" in err and "--workers 2" in err, err
-    saved = {p.stem for p in (tmp_path / "runs").glob("*.json")}
+    saved = {p.stem for p in tmp_path.glob("runs/*/*.json")}
     listed = set(re.findall(r"(\S+) seed (\d+): finished", err))
     assert {f"{v.replace('/', '_')}-seed{s}" for v, s in listed} == saved, err
     total = len(tiny.get_config().variants) * 3  # 6 runs in the sweep
@@ -198,8 +199,9 @@ def test_ctrl_c_with_workers_stops_every_process_and_exits_130(tmp_path):
 # ------------------------------------------------------------------ as a user meets it
 
 
-def _tiny(*args: str, sleep: float = 0.0, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TINY_SLEEP": str(sleep)}
+def _tiny(*args: str, sleep: float = 0.0, env: dict | None = None,
+          **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINY_SLEEP": str(sleep), **(env or {})}
     return subprocess.run([sys.executable, str(TINY), *args], capture_output=True, text=True,
                           timeout=300, env=env, **kwargs)
 
@@ -245,8 +247,8 @@ def test_finished_runs_survive_broken_files_and_another_config(tmp_path):
     out = tmp_path / "runs"
     first = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
     assert first.returncode == 0, first.stderr
-    run_file = out / "runs" / "a-seed0.json"
-    (ckpt,) = (out / "checkpoints").glob("tiny-a-seed0-*.pt")
+    (run_file,) = out.glob("runs/tiny-*/a-seed0.json")
+    (ckpt,) = out.glob("checkpoints/tiny-*/a-seed0.pt")
     good = run_file.read_bytes()
     run_file.write_bytes(good[: len(good) // 2])  # the disk filled up while it was written
     broken = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
@@ -260,10 +262,14 @@ def test_finished_runs_survive_broken_files_and_another_config(tmp_path):
     assert f"cannot read {ckpt}" in broken.stderr and "delete it" in broken.stderr
     ckpt.unlink()
     kept = {p: p.read_bytes() for p in out.glob("**/*.json")}
-    other = _tiny("run", "tiny", "--scale", "quick", "--out", str(out))
-    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stderr
-    assert "another config" in other.stderr and "another folder (--out)" in other.stderr
-    assert {p: p.read_bytes() for p in out.glob("**/*.json")} == kept  # nothing overwritten
+    other = _tiny("run", "tiny", "--scale", "quick", "--out", str(out))  # another config
+    assert other.returncode == 0 and "Traceback" not in other.stderr, other.stderr
+    assert {p: p.read_bytes() for p in kept} == kept  # nothing overwritten: files of its own
+    assert len(list(out.glob("tiny-*.json"))) == 2 and "finished earlier" not in other.stderr
+    shorter = _tiny("run", "tiny", "--scale", "quick", "--out", str(out), env={"TINY_STEPS": "6"})
+    assert shorter.returncode == 2 and "Traceback" not in shorter.stderr, shorter.stderr
+    assert "another config" in shorter.stderr and "another folder (--out)" in shorter.stderr
+    assert {p: p.read_bytes() for p in kept} == kept
 
 
 def test_a_closed_output_pipe_ends_quietly():
@@ -343,7 +349,7 @@ def test_workers_end_when_the_sweep_process_dies(tmp_path, sig):
         while any(_alive(p) for p in below) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p for p in below if _alive(p)], "orphans still running"
-        assert len(list((tmp_path / "runs").glob("*.json"))) < 4  # it was stopped mid-sweep
+        assert len(list(tmp_path.glob("runs/*/*.json"))) < 4  # it was stopped mid-sweep
     finally:
         proc.kill()
         for p in below:
@@ -411,3 +417,81 @@ def test_an_empty_out_is_refused_and_nothing_is_written(tmp_path, monkeypatch, c
     assert called == {} and list(tmp_path.iterdir()) == []
     assert cli.main(["run", "tiny", "--out", "."]) == 0  # the current folder, when named
     assert called["config"] == {"scale": "quick"} and (tmp_path / "tiny.json").is_file()
+
+
+# ------------------------------------------------------------------ the contract's options
+
+
+def test_seeds_are_recorded_as_trained_and_given_twice_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(EXPERIMENTS, "tiny", tiny)
+    assert cli.main(["run", "tiny", "--seeds", "0", "3", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "lnbook: --seeds must differ: 0 given more than once\n"
+    assert list(tmp_path.iterdir()) == []  # nothing trained
+    assert cli.main(["run", "tiny", "--seeds", "7", "5", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("tiny-*.json")
+    assert f"results written to {path}" in capsys.readouterr().out
+    saved = json.loads(path.read_text())
+    assert saved["config"]["seeds"] == [7, 5]
+    assert [(r["variant"], r["seed"]) for r in saved["runs"]] == [("a", 7), ("a", 5), ("b", 7),
+                                                                  ("b", 5)]
+    monkeypatch.setenv("LNBOOK_SEED_SET", "3")  # the config's default: 2 seeds of set 3
+    assert cli.main(["run", "tiny", "--out", str(tmp_path)]) == 0
+    (other,) = set(tmp_path.glob("tiny-*.json")) - {path}
+    assert json.loads(other.read_text())["config"]["seeds"] == [3000, 3001]
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_stray_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(EXPERIMENTS, "tiny", tiny)
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.suffix == ".tmp":  # the results' JSON: the disk fills up half way
+            real(self, "{\"half")
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    assert cli.main(["run", "tiny", "--seeds", "0", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    run = tmp_path / "runs" / f"tiny-{_digest(tiny.get_config(seeds=(0,)))}" / "a-seed0.json"
+    assert err == (f"lnbook: cannot write {run}: No space left on device (nothing "
+                   "half-written was left)\n")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def _digest(config) -> str:
+    from lnbook.engine.results import _jsonable
+    from lnbook.engine.store import config_digest
+    cfg = _jsonable(config)
+    return config_digest({**cfg, "seeds": list(cfg["seeds"])})
+
+
+def test_max_updates_is_a_smoke_run_saved_apart(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(EXPERIMENTS, "tiny", tiny)
+    assert cli.main(["run", "tiny", "--out", str(tmp_path), "--max-updates", "3"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"smoke run of 3 updates: 4 loops, up to 4 parameters, [\d.e-]+ s per "
+                     r"update, peak memory [\d,]+ MiB", out), out
+    (smoke,) = tmp_path.glob("tiny-*.json")
+    saved = json.loads(smoke.read_text())
+    assert saved["config"]["max_updates"] == 3
+    assert {len(r["history"]["steps"]) for r in saved["runs"]} == {3}
+    assert cli.main(["run", "tiny", "--out", str(tmp_path)]) == 0  # the full run trains
+    assert "finished earlier" not in capsys.readouterr().err
+    full = load_results(next(iter(set(tmp_path.glob("tiny-*.json")) - {smoke})))
+    assert {len(r.history.steps) for r in full.runs} == {12}
+    assert cli.main(["run", "tiny", "--max-updates", "0"]) == 2
+    assert "--max-updates must be >= 1" in capsys.readouterr().err
+
+
+def test_executor_processes_gives_the_numbers_of_one_process(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(EXPERIMENTS, "tiny", tiny)
+    assert cli.main(["run", "tiny", "--executor", "processes:2", "--out", str(tmp_path)]) == 0
+    pooled = load_results(tmp_path / "tiny.json")
+    one = tiny.run(tiny.get_config(), device="cpu")
+    assert [r.history.losses for r in pooled.runs] == [r.history.losses for r in one.runs]
+    assert [r.history.metrics for r in pooled.runs] == [r.history.metrics for r in one.runs]
+    assert cli.main(["run", "tiny", "--executor", "processes:0"]) == 2
+    assert "processes:N (N >= 1)" in capsys.readouterr().err

@@ -3,15 +3,17 @@ and what an interrupted sweep leaves on disk."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +95,8 @@ def _regression_data(n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ torch.tensor([[1.0], [-2.0], [0.5]])
 
 
-def _train_one(job: P.Job, steps: int = 12, stop_at: int | None = None) -> History:
+def _train_one(job: P.Job, steps: int = 12, stop_at: int | None = None,
+               sleep: float = 0.0) -> History:
     torch.manual_seed(job.seed)
     model = nn.Linear(3, 1, bias=False) if job.params == "linear" else nn.Sequential(
         nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
@@ -103,6 +106,7 @@ def _train_one(job: P.Job, steps: int = 12, stop_at: int | None = None) -> Histo
     def data(step: int):
         if stop_at is not None and step == stop_at:
             raise KeyboardInterrupt
+        time.sleep(sleep)
         return batches(step)
 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -135,9 +139,11 @@ def test_sweep_info_from_train_one_and_files(tmp_path):
                 out=tmp_path, info={"source": "synthetic"})
     assert r.runs[0].info == {"param": "linear", "seed_twice": 6}
     assert r.info == {"source": "synthetic"}
-    on_disk = json.loads((tmp_path / "toy.json").read_text())
+    stem = f"toy-{config_digest(r.config)}"  # files name the experiment and its config
+    on_disk = json.loads((tmp_path / f"{stem}.json").read_text())
     assert on_disk["runs"][0]["info"]["seed_twice"] == 6
-    assert (tmp_path / "runs" / "linear-seed3.json").exists()
+    assert (tmp_path / "runs" / stem / "linear-seed3.json").exists()
+    assert P.load_results(tmp_path / "toy.json").to_dict() == r.to_dict()  # the one config
 
 
 def test_interrupted_sweep_resumes_to_the_same_results(tmp_path, capsys):
@@ -170,20 +176,33 @@ def test_interrupted_sweep_resumes_to_the_same_results(tmp_path, capsys):
         assert a.history.metrics == b.history.metrics
 
 
-def test_finished_runs_of_another_config_are_kept_not_overwritten(tmp_path, capsys):
-    P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 1}, device="cpu",
-            out=tmp_path)
-    kept = {p: p.read_bytes() for p in [tmp_path / "toy.json", *tmp_path.glob("runs/*")]}
+def test_configs_and_experiments_share_one_out_and_nothing_is_overwritten(tmp_path, capsys):
+    """Another config, or another experiment, writes its own files beside the first; asking
+    fewer updates than a finished run made is refused, with every file kept."""
+    first = P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 1, "steps": 12},
+                    device="cpu", out=tmp_path)
+    kept = {p: p.read_bytes() for p in tmp_path.glob("**/*.json")}
+    assert len(kept) == 2  # the results and the run
+    other = P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"lr": 2, "steps": 12},
+                    device="cpu", out=tmp_path)
+    again = P.sweep("toy2", {"linear": "linear"}, [0], _train_one,
+                    config={"lr": 1, "steps": 12}, device="cpu", out=tmp_path)
+    assert "finished earlier" not in capsys.readouterr().err  # each trained its own run
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert len(list(tmp_path.glob("**/*.json"))) == 6
+    for r in (first, other, again):
+        assert P.results_file(tmp_path, r.name, r.config).exists()
+    with pytest.raises(P.UnreadableFile, match="2 configs of toy"):
+        P.load_results(tmp_path / "toy.json")  # which one? the message lists both
     calls = []
     with pytest.raises(P.OutConflict, match="another folder") as conflict:
         P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0], lambda j: calls.append(j),
-                config={"lr": 2}, device="cpu", out=tmp_path)
+                config={"lr": 1, "steps": 8}, device="cpu", out=tmp_path)
     assert isinstance(conflict.value, FileExistsError) and calls == []  # nothing trained
-    assert set(conflict.value.files) == set(kept)  # the run and the sweep's results
+    assert len(conflict.value.files) == 1  # the run of 12 updates
     assert {p: p.read_bytes() for p in kept} == kept
-    saved = json.loads((tmp_path / "runs" / "linear-seed0.json").read_text())
-    assert saved["digest"] == config_digest({"lr": 1}) != config_digest({"lr": 2})
-    assert "finished earlier" not in capsys.readouterr().err
+    saved = json.loads(conflict.value.files[0].read_text())
+    assert saved["digest"] == config_digest({"lr": 1, "steps": 12}) != config_digest({"lr": 2})
 
 
 def test_checkpoints_are_resumed_under_their_own_config_only(tmp_path, capsys):
@@ -208,15 +227,18 @@ def test_checkpoints_are_resumed_under_their_own_config_only(tmp_path, capsys):
 
     slow, fast = {"lr": 0.01, "steps": 8}, {"lr": 0.05, "steps": 8}
     first = losses(slow, tmp_path)
-    for finished in (tmp_path / "runs" / "linear-seed0.json", tmp_path / "toy.json"):
+    for finished in tmp_path.glob("**/*.json"):
         finished.unlink()  # the checkpoint alone is left
     assert losses(fast, tmp_path) == losses(fast, tmp_path / "fresh") != first
     assert "resuming" not in capsys.readouterr().err
-    (tmp_path / "runs" / "linear-seed0.json").unlink()
+    for finished in tmp_path.glob("runs/*/*.json"):
+        finished.unlink()
     longer = losses({**fast, "steps": 12, "workers": 2, "threads": 1}, tmp_path)
     assert "linear seed 0: resuming from update 8 of 12" in capsys.readouterr().err
     assert longer[:8] == losses(fast, tmp_path / "fresh") and len(longer) == 12
-    assert len(list((tmp_path / "checkpoints").glob("toy-linear-seed0-*.pt"))) == 2
+    ckpts = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("checkpoints/**/*.pt"))
+    assert ckpts == sorted(f"checkpoints/toy-{config_digest(c)}/linear-seed0.pt"
+                           for c in (slow, fast))
 
 
 def test_interrupt_without_out_says_nothing_was_saved():
@@ -255,7 +277,7 @@ def test_workers_train_in_processes_to_the_same_results(tmp_path):
     assert [(r.variant, r.seed) for r in two.runs] == [(r.variant, r.seed) for r in one.runs]
     for a, b in zip(one.runs, two.runs, strict=True):
         assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
-    assert len(list((tmp_path / "runs").glob("*.json"))) == 6  # each worker kept its run
+    assert len(list(tmp_path.glob("runs/toy-*/*.json"))) == 6  # each worker kept its run
     with pytest.raises(TypeError, match="must be picklable"):
         P.sweep("toy", variants, seeds, lambda job: _train_one(job), config=None,
                 device="cpu", workers=2)
@@ -390,3 +412,130 @@ def test_seeds_are_resolved_when_the_sweep_starts_and_recorded_as_trained(monkey
     with pytest.raises(TypeError, match="seeds must be ints"):
         P.resolve_seeds([1.5])
     assert P.resolve_seeds(3) == (2000, 2001, 2002)
+
+
+def test_a_capped_sweep_stops_every_loop_and_is_saved_apart(tmp_path):
+    """A smoke run (``engine.capped``): fit and train_copies stop after the cap and evaluate
+    there; its files carry the cap in their digest, so the full run trains afresh."""
+    with P.capped(5) as measured:
+        assert P.max_updates() == 5 and P.max_updates(12) == 5 and P.max_updates(3) == 3
+        smoke = P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"x": 1},
+                        device="cpu", out=tmp_path, checkpoint=True, steps=12)
+        copies = [History(), History()]
+        w = torch.zeros(2, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        P.train_copies(lambda s: (w - 1.0) ** 2, lambda: [{"w": float(v)} for v in w.detach()], opt,
+                       copies, steps=12, eval_every=4)
+    assert P.max_updates() is None
+    h = smoke.runs[0].history
+    assert h.steps == [1, 2, 3, 4, 5] and h.eval_steps == [0, 4, 5]
+    assert smoke.config == {"x": 1, "max_updates": 5}
+    assert copies[0].steps == [1, 2, 3, 4, 5] and copies[0].eval_steps == [0, 4, 5]
+    assert [m["parameters"] for m in measured] == [3, 2]  # the linear model, the two copies
+    assert all(m["seconds_per_update"] > 0 for m in measured)
+    full = P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"x": 1}, device="cpu",
+                   out=tmp_path, checkpoint=True, steps=12)
+    assert len(full.runs[0].history.steps) == 12  # not the smoke run read back, nor resumed
+    assert full.runs[0].history.losses[:5] == h.losses
+    assert len(list(tmp_path.glob("runs/toy-*/linear-seed0.json"))) == 2
+    with pytest.raises(ValueError, match="max_updates must be a positive int"):
+        with P.capped(0):
+            pass
+
+
+def test_a_stacked_job_checkpoints_under_its_own_name(tmp_path):
+    seen = []
+
+    def record(job):
+        seen.append(job.checkpoint.relative_to(tmp_path).as_posix())
+        return _train_stack(job)
+
+    for stack in ("seeds", "all"):
+        P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0, 1], record,
+                config={"stack": stack}, device="cpu", out=tmp_path, stack=stack,
+                checkpoint=True)
+    d1, d2 = (config_digest({"stack": s}) for s in ("seeds", "all"))
+    assert seen == [f"checkpoints/toy-{d1}/linear-seeds.pt", f"checkpoints/toy-{d1}/mlp-seeds.pt",
+                    f"checkpoints/toy-{d2}/all.pt"]
+
+
+def test_an_option_that_cannot_apply_says_so_once(capsys):
+    P.sweep("toy", {"linear": "linear", "mlp": "mlp"}, [0], _train_stack, config=None,
+            device="cpu", stack="all", workers=4)
+    err = capsys.readouterr().err
+    assert err.count("lnbook: toy trains all its runs as one model: workers 4 has 1 job to "
+                     "spread\n") == 1, err
+    P.sweep("toy", {"linear": "linear"}, [0, 1], _train_one, config=None, device="cpu",
+            workers=3)
+    assert "lnbook: toy: workers 3 has 2 jobs to spread" in capsys.readouterr().err
+    P.sweep("toy", {"linear": "linear"}, [0, 1], _train_stack, config=None, device="cpu",
+            stack="seeds", executor=ThreadPoolExecutor(1))
+    assert ("toy trains the seeds of a variant as one model: the executor has 1 job to run"
+            in capsys.readouterr().err)
+    P.sweep("toy", {"linear": "linear"}, [0, 1], _train_one, config=None, device="cpu")
+    assert capsys.readouterr().err == ""  # nothing asked that cannot apply
+
+
+def test_paper_scale_on_a_cpu_estimates_its_time_and_logs_its_progress(capsys):
+    def slow(job):  # 0.05 s an update: the estimate of 35 updates left is under a minute
+        return _train_one(job, steps=40, sleep=0.05)
+
+    P.sweep("toy", {"linear": "linear"}, [0], slow, config={"scale": "paper"}, device="cpu",
+            steps=40, progress=False)
+    err = capsys.readouterr().err
+    assert err.count("a GPU is advised") == 1, err
+    assert re.search(r"toy: under a minute on this CPU \(0\.\d+ s per update, 35 "
+                     r"updates to go\); a GPU is advised", err), err
+    lines = re.findall(r"toy: update (\d+) of 40 \((\d+)%\)", err)
+    assert lines == [(str(4 * k), str(10 * k)) for k in range(1, 11)], err
+    P.sweep("toy", {"linear": "linear"}, [0], slow, config={"scale": "quick"}, device="cpu",
+            steps=40, progress=False)
+    assert capsys.readouterr().err == ""  # quick scale: neither
+
+
+def test_the_test_interrupt_stops_after_that_many_updates(tmp_path, monkeypatch):
+    monkeypatch.setenv("LNBOOK_TEST_INTERRUPT_AFTER_UPDATES", "15")
+    with pytest.raises(P.SweepInterrupted) as stop:
+        P.sweep("toy", {"linear": "linear"}, [0, 1], _train_one, config={"x": 1},
+                device="cpu", out=tmp_path, checkpoint=True, steps=12)
+    assert stop.value.finished == ["linear seed 0"]
+    assert stop.value.saved == [("linear seed 1", 3, 12)] and stop.value.progress == (15, 24)
+
+
+def test_a_full_disk_leaves_no_stray_file(tmp_path, monkeypatch):
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(P.CannotWrite) as err:
+        P.save_results({"a": 1}, tmp_path / "r.json")
+    assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
+    assert str(err.value).startswith(f"cannot write {tmp_path / 'r.json'}: No space left")
+    assert list(tmp_path.iterdir()) == []  # no .tmp left
+    monkeypatch.undo()
+
+    def half_then_full(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"
+                           "\nPytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", half_then_full)
+    with pytest.raises(P.CannotWrite, match="file write failed"):
+        P.sweep("toy", {"linear": "linear"}, [0], _train_one, config={"x": 1}, device="cpu",
+                out=tmp_path, checkpoint=True)
+    assert list(tmp_path.glob("**/*.tmp")) == [] and list(tmp_path.glob("**/*.pt")) == []
+
+
+def test_the_standard_library_process_pool_gives_the_numbers_of_one_process(tmp_path):
+    variants = {"linear": "linear", "mlp": "mlp"}
+    one = P.sweep("toy", variants, [0, 1], _train_one, config={"x": 1}, device="cpu", steps=12)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=spawn) as pool:
+        pooled = P.sweep("toy", variants, [0, 1], _train_one, config={"x": 1}, device="cpu",
+                         steps=12, out=tmp_path, executor=pool)
+        stacked = P.sweep("toy", variants, [0, 1], _train_stack, config={"x": 1},
+                          device="cpu", stack="seeds", executor=pool)
+    for r in (pooled, stacked):
+        assert [x.history.losses for x in r.runs] == [x.history.losses for x in one.runs]
+        assert [x.history.metrics for x in r.runs] == [x.history.metrics for x in one.runs]
+    assert len(list(tmp_path.glob("runs/toy-*/*.json"))) == 4

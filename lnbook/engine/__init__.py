@@ -1,12 +1,15 @@
 """The one experiment engine: every experiment of the book trains through it.
 
 - :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`~.presets.make_config`;
-- :mod:`.train`: the training loop :func:`~.train.fit` (one model) with checkpoint and resume;
+- :mod:`.train`: the training loop :func:`~.train.fit` (one model) with checkpoint and resume,
+  and the smoke run's cap (:func:`~.train.capped`, read by every loop through
+  :func:`~.train.max_updates`);
 - :mod:`.stack`: many copies of any model as one (:class:`~.stack.Stack`, ``torch.func``);
 - :mod:`.copies`: the loop that trains such copies (:func:`~.copies.train_copies`);
 - :mod:`.runner`: :func:`~.runner.sweep`, variants x seeds -> :class:`~.results.Results`,
   here, in worker processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
-- :mod:`.store`: the ``out`` folder (finished runs are never lost or overwritten);
+- :mod:`.store`: the ``out`` folder, shared by experiments and configs (finished runs are
+  never lost or overwritten; :func:`~.store.save_sweep` writes results where they belong);
 - :mod:`.results`, :mod:`.metrics`: one layout of results, and the measures of learning curves.
 
 The engine knows no experiment: experiments (:mod:`lnbook.experiments`) import it, never the
@@ -27,12 +30,23 @@ from lnbook.engine.presets import SCALES, check_scale, make_config
 from lnbook.engine.results import Results, Run, load_results, save_results
 from lnbook.engine.runner import STACKS, resolve_seeds, sweep, using_executor
 from lnbook.engine.stack import Stack
-from lnbook.engine.store import OutConflict
-from lnbook.engine.train import Batches, History, UnreadableFile, fit
+from lnbook.engine.store import OutConflict, results_file, save_sweep
+from lnbook.engine.train import (
+    Batches,
+    CannotWrite,
+    History,
+    UnreadableFile,
+    capped,
+    fit,
+    max_updates,
+)
+from lnbook.engine.workers import WorkersLost
 
 __all__ = [
-    "SCALES", "STACKS", "Batches", "History", "Job", "OutConflict", "Results", "Run", "Stack",
-    "SweepInterrupted", "UnreadableFile", "best_step", "check_scale", "classification_metrics",
-    "cpu_threads", "fit", "load_results", "make_config", "mean_after_start", "resolve_seeds",
-    "save_results", "sweep", "train_copies", "updates_to_reach", "using_executor",
+    "SCALES", "STACKS", "Batches", "CannotWrite", "History", "Job", "OutConflict", "Results",
+    "Run", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost", "best_step", "capped",
+    "check_scale", "classification_metrics", "cpu_threads", "fit", "load_results",
+    "make_config", "max_updates", "mean_after_start", "resolve_seeds", "results_file",
+    "save_results", "save_sweep", "sweep", "train_copies", "updates_to_reach",
+    "using_executor",
 ]

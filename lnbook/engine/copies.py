@@ -26,6 +26,8 @@ from lnbook.engine.train import (
     _rng_state,
     _set_rng_state,
     load_checkpoint,
+    max_updates,
+    note_smoke,
     progress_enabled,
 )
 
@@ -107,9 +109,13 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
         checkpoint: file written atomically at each evaluation and at the end; if it exists,
             training continues from it, to the numbers of an uninterrupted run. Ctrl-C saves
             the last finished update.
+
+    Under :func:`~lnbook.engine.train.capped` it stops after the cap's updates (and
+    evaluates there), and notes its parameters and seconds per update.
     """
     check_size("steps", steps)
     check_size("eval_every", eval_every)
+    steps = max_updates(steps)
     path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and state is None:
         raise ValueError("a checkpoint needs the copies' state (state=module or tensors)")
@@ -151,8 +157,10 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
     # `done` updates are finished and recorded, `mark` holds the generators' states after
     # them; `busy` is True while an update is half-applied
     done, busy, mark = start, False, rng()
+    times: list[float] = []
     try:
         for step in range(start, steps):
+            t0 = time.perf_counter()
             loss = losses(step)  # (M,)
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()
@@ -166,6 +174,7 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
                 h.steps.append(step + 1)
                 h.losses.append(v)
             done, busy, mark = step + 1, False, rng()
+            times.append(time.perf_counter() - t0)
             bar.update(1 if own_bar else m)
             if done % eval_every == 0 or done == steps:
                 record(done)
@@ -181,4 +190,5 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
             bar.close()
     for h in histories:
         h.wall_time = time.perf_counter() - t_start
+    note_smoke(sum(p.numel() for g in opt.param_groups for p in g["params"]), times)
     return histories

@@ -13,7 +13,7 @@ import torch
 
 from lnbook.engine.results import Run
 from lnbook.engine.store import save_run
-from lnbook.engine.train import UnreadableFile, load_checkpoint
+from lnbook.engine.train import UnreadableFile, capped, load_checkpoint, max_updates
 
 __all__ = ["Job", "SweepInterrupted", "cpu_threads"]
 
@@ -24,7 +24,9 @@ class Job:
     ``variants`` (name -> parameters, in order) with every seed of ``seeds``. A job of one
     variant and one seed is one run (``job.variant``, ``job.params``, ``job.seed``); a stacked
     job trains several as one model and returns one result per ``job.pairs`` entry. Pass
-    ``bar``, ``label`` and ``checkpoint`` on to :func:`lnbook.fit` (or the copies' loop)."""
+    ``bar``, ``label`` and ``checkpoint`` on to :func:`lnbook.fit` (or the copies' loop).
+    ``max_updates`` is the cap of a smoke run, in force while the job trains (a worker process
+    gets it with the job): loops read it through :func:`lnbook.engine.max_updates`."""
 
     variants: dict[str, Any]
     seeds: tuple[int, ...]
@@ -32,6 +34,7 @@ class Job:
     checkpoint: Path | None
     bar: Any
     label: str
+    max_updates: int | None = None  # the smoke run's cap (:func:`~.train.capped`), if any
 
     @property
     def pairs(self) -> list[tuple[str, int]]:
@@ -119,7 +122,8 @@ def train_job(train_one: Callable[[Job], Any], job: Job, threads: int | None, cf
 
     ``train_one`` returns, for a job of one run, a ``History`` or ``(History, info)``; for a
     stacked job, a list of those, one per ``job.pairs`` entry."""
-    with cpu_threads(threads):
+    same = max_updates() == job.max_updates  # in the sweep's process: keep its measurements
+    with cpu_threads(threads), (contextlib.nullcontext() if same else capped(job.max_updates)):
         got = train_one(job)
     many = len(job.pairs) > 1 or isinstance(got, list)
     got = list(got) if many else [got]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -15,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from lnbook.engine.metrics import _pick
-from lnbook.engine.train import History, UnreadableFile
+from lnbook.engine.train import CannotWrite, History, UnreadableFile, write_atomically
 from lnbook.table import Table
 
-__all__ = ["Results", "Run", "load_results", "read_json", "save_results"]
+__all__ = ["CannotWrite", "Results", "Run", "load_results", "read_json", "save_results",
+           "write_atomically"]
+
 
 
 def _jsonable(obj: Any) -> Any:
@@ -41,13 +44,10 @@ def _jsonable(obj: Any) -> Any:
 
 
 def save_results(results: Any, path: str | os.PathLike) -> Path:
-    """Write ``results`` (a :class:`Results` or a dict) as JSON, atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(results), indent=1, allow_nan=False))
-    os.replace(tmp, path)
-    return path
+    """Write ``results`` (a :class:`Results` or a dict) as JSON, atomically; returns the path
+    (:class:`CannotWrite` if the disk refuses it, with no ``.tmp`` left)."""
+    text = json.dumps(_jsonable(results), indent=1, allow_nan=False)
+    return write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
 def read_json(path: str | os.PathLike, remedy: str) -> Any:
@@ -61,7 +61,19 @@ def read_json(path: str | os.PathLike, remedy: str) -> Any:
 
 
 def load_results(path: str | os.PathLike) -> Results:
-    """Read a :class:`Results` written by :func:`save_results` (:class:`UnreadableFile` if not)."""
+    """Read a :class:`Results` written by :func:`save_results` (:class:`UnreadableFile` if not).
+
+    ``out/<name>.json`` that does not exist names the results of experiment ``name`` in
+    ``out`` (``out/<name>-<digest>.json``, one per config): the one there, or
+    :class:`UnreadableFile` listing them when several configs were run."""
+    path = Path(path)
+    if not path.exists() and path.suffix == ".json":
+        found = sorted(path.parent.glob(f"{glob.escape(path.stem)}-" + "[0-9a-f]" * 8 + ".json"))
+        if len(found) > 1:
+            raise UnreadableFile(path, f"{len(found)} configs of {path.stem} were run into "
+                                 f"{path.parent} ({', '.join(f.name for f in found)})",
+                                 "name one of those files")
+        path = found[0] if found else path
     d = read_json(path, "write the results again (run the sweep into the same folder)")
     try:
         return Results.from_dict(d)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -18,15 +20,17 @@ from tqdm import tqdm
 from lnbook.checks import check_choice, check_size
 from lnbook.device import resolve_device
 from lnbook.engine.job import Job, SweepInterrupted, label, saved_step, train_job
-from lnbook.engine.results import Results, Run, _jsonable, save_results
+from lnbook.engine.results import Results, Run, _jsonable
 from lnbook.engine.store import (
     OutConflict,
     check_results_file,
     checkpoint_file,
     load_finished,
+    results_file,
     run_file,
+    save_sweep,
 )
-from lnbook.engine.train import progress_enabled
+from lnbook.engine.train import max_updates, progress_enabled
 from lnbook.engine.workers import train_concurrently
 from lnbook.seeds import verdict_seeds
 
@@ -53,15 +57,54 @@ def using_executor(executor: Executor | None) -> Iterator[Executor | None]:
         _EXECUTOR.reset(token)
 
 
+INTERRUPT_ENV = "LNBOOK_TEST_INTERRUPT_AFTER_UPDATES"  # tests: Ctrl-C after this many updates
+
+
 class _SweepBar(tqdm):
     """The sweep's progress bar, which counts its updates even when it is not drawn (the
-    count an interrupted sweep reports is the count its bar shows)."""
+    count an interrupted sweep reports is the count its bar shows). With ``estimate`` it
+    prints, once a few updates are timed, how long the rest will take; with ``log`` and no
+    bar drawn, a plain line at every tenth of the updates (for logs)."""
 
     done = 0
 
+    def __init__(self, *args: Any, estimate: bool = False, log: bool = False,
+                 interrupt_after: int | None = None, **kwargs: Any) -> None:
+        self.estimate, self.log, self.interrupt_after = estimate, log, interrupt_after
+        self.timed: list[float] = []  # when each of the first single updates ended
+        self.started = time.perf_counter()
+        self.name = kwargs.get("desc") or ""  # the desc a job's loop sets is not the sweep's
+        super().__init__(*args, **kwargs)
+
     def update(self, n: float | None = 1) -> bool | None:
-        self.done += int(n or 0)
+        n = int(n or 0)
+        before, self.done = self.done, self.done + n
+        if n == 1 and self.estimate:
+            self._estimate()
+        if self.log and self.disable and self.total:
+            tenth = max(1, self.total // 10)
+            if self.done // tenth > before // tenth:
+                minutes = (time.perf_counter() - self.started) / 60
+                tqdm.write(f"{self.name}: update {self.done:,} of {self.total:,} "
+                           f"({100 * self.done // self.total}%), {minutes:.1f} minutes so far",
+                           file=sys.stderr)
+        if self.interrupt_after is not None and self.done >= self.interrupt_after:
+            self.interrupt_after = None
+            raise KeyboardInterrupt  # as Ctrl-C would, after a finished update (tests)
         return super().update(n)
+
+    def _estimate(self) -> None:
+        self.timed.append(time.perf_counter())
+        spent = self.timed[-1] - self.timed[0]  # the first update warms up: timed after it
+        if len(self.timed) < 5:
+            return
+        self.estimate = False
+        per_update = spent / (len(self.timed) - 1)
+        left = max(0, (self.total or 0) - self.done)
+        minutes = per_update * left / 60
+        about = f"about {minutes:,.0f} minutes" if minutes >= 1 else "under a minute"
+        tqdm.write(f"{self.name}: {about} on this CPU ({per_update:.3g} s per update, "
+                   f"{left:,} updates to go); a GPU is advised", file=sys.stderr)
 
 
 STACKS = (None, "seeds", "all")  # how sweep groups its runs into jobs
@@ -99,7 +142,8 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
     """Train every variant with every seed through ``train_one``; return one :class:`Results`.
 
     Args:
-        name: the experiment's name (files are ``out/<name>.json``).
+        name: the experiment's name (files are ``out/<name>-<digest>.json`` and, per run,
+            ``out/runs/<name>-<digest>/``: :mod:`~lnbook.engine.store`).
         variants: name -> parameters (anything ``train_one`` understands), in order.
         seeds: each variant is trained once per seed (:func:`resolve_seeds`: an int ``n`` is
             the first ``n`` seeds of the seed set in force when the sweep starts).
@@ -110,10 +154,11 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
         config: the experiment's config dataclass (stored with the results and each run,
             with its seeds as trained).
         device: ``"auto"`` (cuda, mps, cpu) or a device.
-        out: folder for ``<name>.json``, ``runs/`` and ``checkpoints/``; None keeps all in
-            memory. Finished runs of the same config are reused (continued when only
-            :data:`~lnbook.engine.store.CONTINUES` fields changed); runs of another
-            config raise :class:`OutConflict` before anything trains.
+        out: folder for the results, ``runs/`` and ``checkpoints/``, shared by any number
+            of experiments and configs; None keeps all in memory. Finished runs of the same
+            config are reused (continued when only :data:`~lnbook.engine.store.CONTINUES`
+            fields changed); asking fewer updates than a finished run made raises
+            :class:`OutConflict` before anything trains.
         stack: how runs are grouped into jobs: None, one job per (variant, seed); ``"seeds"``,
             one job per variant with all its seeds (trained as one model); ``"all"``, one job
             for every variant and seed. A job's runs are saved together when it finishes.
@@ -123,12 +168,20 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
         progress: show the bar; default only in a terminal outside CI.
         threads: torch CPU threads while training (:func:`~.job.cpu_threads`).
         workers: jobs trained at once, one process each, on a CPU (same results;
-            ``train_one`` must be picklable).
+            ``train_one`` must be picklable). Where it cannot apply (fewer jobs than
+            workers, a GPU) one line on stderr says so.
         executor: a :class:`concurrent.futures.Executor` to train on instead (default the
             one of :func:`using_executor`); same numbers as ``workers=1``.
 
+    Under :func:`~lnbook.engine.capped` (a smoke run) every loop stops after the cap and the
+    config records ``max_updates``, so its files never pass for a full run's. At paper scale
+    on a CPU it prints an estimate of its time once a few updates are timed, and, where no
+    bar is drawn, a line at every tenth of its updates. ``$LNBOOK_TEST_INTERRUPT_AFTER_UPDATES``
+    (tests) raises Ctrl-C after that many updates of the sweep.
+
     Raises:
-        SweepInterrupted: on Ctrl-C, saying what is saved. OutConflict, UnreadableFile.
+        SweepInterrupted: on Ctrl-C, saying what is saved. OutConflict, UnreadableFile,
+        CannotWrite (a full disk), WorkersLost (an executor without live workers).
     """
     if not variants:
         raise ValueError("variants is empty: name at least one variant to train")
@@ -144,15 +197,26 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
     cfg = _jsonable(config)
     if isinstance(cfg, dict) and "seeds" in cfg:
         cfg = {**cfg, "seeds": list(seeds)}  # the seeds as trained, whatever the config said
+    cap = max_updates()
+    if cap is not None:  # a smoke run: its own digest, never taken for a full run
+        cfg = {**cfg, "max_updates": cap} if isinstance(cfg, dict) else {
+            "config": cfg, "max_updates": cap}
     pairs = [(v, p, s) for v, p in variants.items() for s in seeds]
-    n_steps = [steps(v, p) if callable(steps) else int(steps or 0) for v, p, _ in pairs]
-    done, jobs = _plan(name, pairs, folder, cfg, dev, checkpoint, stack)
+    n_steps = [max_updates(steps(v, p) if callable(steps) else int(steps or 0))
+               for v, p, _ in pairs]
+    done, jobs = _plan(name, pairs, folder, cfg, dev, checkpoint, stack, cap)
+    if (note := _cannot_apply(name, len(jobs), stack, workers, executor, dev)) is not None:
+        tqdm.write(f"lnbook: {note}", file=sys.stderr)
     total = sum(n_steps) if steps is not None else None
+    paper_on_cpu = isinstance(cfg, dict) and cfg.get("scale") == "paper" and dev.type == "cpu"
+    after = os.environ.get(INTERRUPT_ENV, "").strip()
     bar = _SweepBar(total=total, disable=not progress_enabled(progress), desc=name,
-                    unit="update")
+                    unit="update", estimate=paper_on_cpu and bool(total) and bool(jobs),
+                    log=isinstance(cfg, dict) and cfg.get("scale") == "paper",
+                    interrupt_after=int(after) if after else None)
     for i in done:
         tqdm.write(f"{label(*pairs[i][::2])}: finished earlier, read from "
-                   f"{run_file(folder, pairs[i][0], pairs[i][2])}", file=sys.stderr)
+                   f"{run_file(folder, name, pairs[i][0], pairs[i][2], cfg)}", file=sys.stderr)
         bar.update(n_steps[i])
     for job, _, _ in jobs.values():
         job.bar = bar
@@ -173,12 +237,30 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
         bar.close()
     results = Results(name, cfg, str(dev), [done[i] for i in sorted(done)], dict(info or {}))
     if folder is not None:
-        save_results(results, folder / f"{name}.json")
+        save_sweep(results, folder)
     return results
 
 
+def _cannot_apply(name: str, n_jobs: int, stack: str | None, workers: int,
+                  executor: Executor | None, dev: torch.device) -> str | None:
+    """One line saying why ``workers`` or ``executor`` cannot do what it asks, or None."""
+    how = {None: "", "seeds": " trains the seeds of a variant as one model:",
+           "all": " trains all its runs as one model:"}[stack]
+    jobs = f"{n_jobs} job{'s' if n_jobs != 1 else ''}"
+    if n_jobs == 0:
+        return None
+    if executor is not None:
+        return f"{name}{how or ':'} the executor has {jobs} to run" if n_jobs == 1 else None
+    if workers > 1 and dev.type != "cpu":
+        return (f"workers {workers} spreads jobs over CPU processes; on {dev} the {jobs} of "
+                f"{name} train one after another")
+    if workers > n_jobs:
+        return f"{name}{how or ':'} workers {workers} has {jobs} to spread"
+    return None
+
+
 def _plan(name: str, pairs: list[tuple[str, Any, int]], folder: Path | None, cfg: Any,
-          dev: torch.device, checkpoint: bool, stack: str | None
+          dev: torch.device, checkpoint: bool, stack: str | None, cap: int | None = None
           ) -> tuple[dict[int, Run], dict[int, tuple[Job, list[Path] | None, list[int]]]]:
     """The runs already finished in ``folder`` and the jobs still to train: job index ->
     (job, its run files, the indices in ``pairs`` of its runs); a conflict anywhere raises
@@ -188,7 +270,8 @@ def _plan(name: str, pairs: list[tuple[str, Any, int]], folder: Path | None, cfg
     conflicts: list[Path] = []
     for i, (variant, _, seed) in enumerate(pairs):
         try:
-            found = load_finished(folder, variant, seed, cfg) if folder is not None else None
+            found = (load_finished(folder, name, variant, seed, cfg) if folder is not None
+                     else None)
         except OutConflict as conflict:
             conflicts += conflict.files
             continue
@@ -198,7 +281,7 @@ def _plan(name: str, pairs: list[tuple[str, Any, int]], folder: Path | None, cfg
             todo.append(i)
     if folder is not None:
         try:
-            check_results_file(folder / f"{name}.json", cfg)
+            check_results_file(results_file(folder, name, cfg), cfg)
         except OutConflict as conflict:
             conflicts += conflict.files
     if conflicts:
@@ -220,8 +303,8 @@ def _plan(name: str, pairs: list[tuple[str, Any, int]], folder: Path | None, cfg
                 f"{len(seeds)} seeds")
         ckpt = None
         if folder is not None and checkpoint:
-            ckpt = checkpoint_file(folder, name, first_v if len(variants) == 1 else "all",
-                                   first_s if len(seeds) == 1 else len(seeds), cfg)
-        paths = [run_file(folder, pairs[i][0], pairs[i][2]) for i in indices] if folder else None
-        jobs[k] = (Job(variants, seeds, dev, ckpt, None, what), paths, indices)
+            ckpt = checkpoint_file(folder, name, cfg, list(variants), seeds)
+        paths = ([run_file(folder, name, pairs[i][0], pairs[i][2], cfg) for i in indices]
+                 if folder else None)
+        jobs[k] = (Job(variants, seeds, dev, ckpt, None, what, cap), paths, indices)
     return done, jobs

@@ -1,12 +1,16 @@
 """What a sweep keeps in its ``out`` folder, and the rules that never lose a finished run.
 
-    out/<name>.json                         the Results of the whole sweep
-    out/runs/<variant>-seed<S>.json         each finished run, with its config and its digest
-    out/checkpoints/<name>-<variant>-seed<S>-<digest>.pt   a run in progress (paper scale)
+    out/<name>-<digest>.json                         the Results of the whole sweep
+    out/runs/<name>-<digest>/<variant>-seed<S>.json  each finished run, with its config
+    out/checkpoints/<name>-<digest>/<job>.pt         a job in progress (``<variant>-seed<S>``
+                                                     for one run, ``<variant>-seeds`` or
+                                                     ``all`` for a stack)
 
-The digest hashes the config without :data:`CONTINUES`. A finished run is reused under the
-same config, continued when only those fields changed, and otherwise kept: the sweep refuses
-to start (:class:`OutConflict`).
+Every file names its experiment and the digest of its config (the config as trained, seeds
+included, without :data:`CONTINUES`), so several experiments, and several configs of one,
+share one ``out``. A finished run is reused under the same config and continued when only
+:data:`CONTINUES` fields changed; a run asked with fewer updates than one on disk is refused
+(:class:`OutConflict`), never overwritten.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lnbook.engine.results import Run, read_json, save_results
+from lnbook.engine.results import Results, Run, read_json, save_results
 from lnbook.engine.train import UnreadableFile
 
-__all__ = ["CONTINUES", "OutConflict", "config_digest", "load_finished", "save_run"]
+__all__ = ["CONTINUES", "OutConflict", "config_digest", "load_finished", "results_file",
+           "save_run", "save_sweep"]
 
 # Config fields whose change continues a run from its checkpoint instead of starting another:
 # train longer, evaluate or checkpoint at other times, use more processes or threads.
@@ -28,16 +33,17 @@ CONTINUES = ("steps", "eval_every", "checkpoint", "threads", "workers")
 
 
 class OutConflict(FileExistsError):
-    """The ``out`` folder holds finished runs of another config: they are kept, and nothing
+    """The ``out`` folder holds finished runs that this sweep would overwrite (trained for more
+    updates than asked, or of another config under the same name): they are kept, and nothing
     trains. The message names the files and says what to do (another folder)."""
 
     def __init__(self, files: list[Path], folder: Path) -> None:
         self.files, self.folder = files, folder
         shown = ", ".join(str(f) for f in files[:3]) + (" ..." if len(files) > 3 else "")
         super().__init__(
-            f"{folder} holds finished results of another config ({len(files)} files: {shown}); "
-            f"they are kept and nothing was trained: write to another folder (--out), or move "
-            f"those files away to train them again")
+            f"{folder} holds finished results of another config (more updates, or other "
+            f"settings; {len(files)} files: {shown}); they are kept and nothing was trained: "
+            f"write to another folder (--out), or move those files away to train them again")
 
     def __reduce__(self) -> tuple[type, tuple[list[Path], Path]]:
         return type(self), (self.files, self.folder)
@@ -54,14 +60,39 @@ def file_stem(variant: str, seed: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', variant)}-seed{seed}"
 
 
-def run_file(out: Path, variant: str, seed: int) -> Path:
-    return out / "runs" / f"{file_stem(variant, seed)}.json"
+def sweep_stem(name: str, cfg: Any) -> str:
+    """``<name>-<digest>``: what every file of a sweep is named after."""
+    return f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}-{config_digest(cfg)}"
 
 
-def checkpoint_file(out: Path, name: str, variant: str, seed: int, cfg: Any) -> Path:
-    """The checkpoint of one run, named after the config it was trained under, so that a run
-    of another config never resumes it."""
-    return out / "checkpoints" / f"{name}-{file_stem(variant, seed)}-{config_digest(cfg)}.pt"
+def results_file(out: str | Path, name: str, cfg: Any) -> Path:
+    """Where the results of experiment ``name`` under ``cfg`` (a dict) go in ``out``."""
+    return Path(out) / f"{sweep_stem(name, cfg)}.json"
+
+
+def save_sweep(results: Results, out: str | Path) -> Path:
+    """Write ``results`` to its file in ``out`` (:func:`results_file`), atomically; returns
+    the path. An experiment that adds to ``results.info`` after :func:`~.runner.sweep` saves
+    again through this."""
+    return save_results(results, results_file(out, results.name, results.config))
+
+
+def run_file(out: Path, name: str, variant: str, seed: int, cfg: Any) -> Path:
+    return out / "runs" / sweep_stem(name, cfg) / f"{file_stem(variant, seed)}.json"
+
+
+def checkpoint_file(out: Path, name: str, cfg: Any, variants: list[str],
+                    seeds: tuple[int, ...]) -> Path:
+    """The checkpoint of one job, named after its experiment and config (a run of another
+    config never resumes it) and after what it trains: ``<variant>-seed<S>`` (one run),
+    ``<variant>-seeds`` (the seeds of a variant as one model) or ``all``."""
+    if len(variants) > 1:
+        job = "all"
+    elif len(seeds) > 1:
+        job = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', variants[0])}-seeds"
+    else:
+        job = file_stem(variants[0], seeds[0])
+    return out / "checkpoints" / sweep_stem(name, cfg) / f"{job}.pt"
 
 
 def save_run(run: Run, cfg: Any, path: Path) -> Path:
@@ -79,7 +110,7 @@ def _saved_config(path: Path, remedy: str) -> tuple[Any, str]:
     return saved, str(saved.get("digest") or config_digest(saved["config"]))
 
 
-def load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
+def load_finished(out: Path, name: str, variant: str, seed: int, cfg: Any) -> Run | None:
     """The finished run of (variant, seed) in ``out`` if it was trained under ``cfg``; None
     when there is none, or when only :data:`CONTINUES` fields changed and it is to be trained
     longer.
@@ -88,7 +119,7 @@ def load_finished(out: Path, variant: str, seed: int, cfg: Any) -> Run | None:
         OutConflict: the run on disk is of another config (it is never overwritten).
         UnreadableFile: the run file is truncated or not lnbook's.
     """
-    path = run_file(out, variant, seed)
+    path = run_file(out, name, variant, seed, cfg)
     if not path.exists():
         return None
     saved, digest = _saved_config(path, _REMEDY)

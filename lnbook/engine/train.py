@@ -6,10 +6,12 @@ bit-identical to an uninterrupted one (on CPU; ``tests/test_train.py``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,54 @@ from tqdm import tqdm
 from lnbook.checks import check_size
 from lnbook.device import resolve_device
 
-__all__ = ["History", "Batches", "UnreadableFile", "fit", "load_checkpoint", "progress_enabled"]
+__all__ = ["Batches", "CannotWrite", "History", "UnreadableFile", "capped", "fit",
+           "load_checkpoint", "max_updates", "progress_enabled"]
+
+_CAP: contextvars.ContextVar[int | None] = contextvars.ContextVar("lnbook_cap", default=None)
+_MEASURED: contextvars.ContextVar[list | None] = contextvars.ContextVar("lnbook_measured",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def capped(n: int | None) -> Iterator[list[dict[str, float]]]:
+    """Every training loop in the body stops after ``n`` updates (None: no cap) and evaluates
+    once at the end: the smoke run of ``python -m lnbook run NAME --max-updates N``.
+
+    A sweep under a cap records ``max_updates`` in its config (so its files never pass for a
+    full run's). Yields a list that each loop in this process appends to:
+    ``{"parameters": ..., "seconds_per_update": ...}``. Loops read the cap through
+    :func:`max_updates`."""
+    if n is not None:
+        check_size("max_updates", n)
+    measured: list[dict[str, float]] = []
+    tokens = _CAP.set(n), _MEASURED.set(measured)
+    try:
+        yield measured
+    finally:
+        _CAP.reset(tokens[0])
+        _MEASURED.reset(tokens[1])
+
+
+def max_updates(steps: int | None = None) -> int | None:
+    """The cap of :func:`capped` in force (None: none); with ``steps``, the updates a loop of
+    ``steps`` updates makes under it (``min(steps, cap)``). Every training loop honours it:
+    :func:`fit`, :func:`~lnbook.engine.train_copies`, and an experiment's own loop with
+    ``steps = engine.max_updates(steps)``; data built for ``steps`` updates can be cut
+    short the same way."""
+    cap = _CAP.get()
+    if steps is None:
+        return cap
+    return steps if cap is None else min(int(steps), cap)
+
+
+def note_smoke(parameters: int, seconds: list[float]) -> None:
+    """Record, under :func:`capped`, a loop's parameter count and seconds per update (the
+    first update, which warms up, left out when there are more)."""
+    measured = _MEASURED.get()
+    if measured is not None and seconds:
+        timed = seconds[1:] or seconds
+        measured.append({"parameters": int(parameters),
+                         "seconds_per_update": sum(timed) / len(timed)})
 
 Batch = tuple[Tensor, ...]
 
@@ -129,12 +178,45 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 def _save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
                      step: int, steps: int, history: History,
                      rng: dict[str, Any] | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"step": step, "steps": steps, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "rng": _rng_state() if rng is None else rng,
+             "history": history.to_dict()}
+    # atomic: a crash while saving leaves the previous checkpoint intact, and no .tmp
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
+
+
+class CannotWrite(OSError):
+    """A file of the results could not be written (a full disk, a folder gone read-only): an
+    ``OSError`` with the ``errno`` and ``filename`` of the file meant, nothing half-written
+    left behind."""
+
+    def __init__(self, errno: int | None, strerror: str, filename: str | os.PathLike) -> None:
+        super().__init__(errno, strerror, str(filename))
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror} (nothing half-written was left)"
+
+
+def write_atomically(path: str | os.PathLike, write: Any) -> Path:
+    """``write(tmp)`` into ``path.tmp``, then rename it to ``path``: a reader sees the old file
+    or the new one, never half of one. On any error the ``.tmp`` is deleted; an ``OSError``
+    (or torch's ``RuntimeError`` for a failed write) becomes :class:`CannotWrite` naming
+    ``path``."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"step": step, "steps": steps, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "rng": _rng_state() if rng is None else rng,
-                "history": history.to_dict()}, tmp)
-    os.replace(tmp, path)  # atomic: a crash while saving leaves the previous checkpoint intact
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise CannotWrite(exc.errno, exc.strerror or str(exc), path) from exc
+        if isinstance(exc, RuntimeError) and "writ" in str(exc):  # torch.save's stream writer
+            raise CannotWrite(None, str(exc).splitlines()[-1].strip(), path) from exc
+        raise
+    return path
 
 
 class UnreadableFile(RuntimeError):
@@ -186,7 +268,8 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
         checkpoint: str | os.PathLike | None = None,
         loss_fn: Callable[[nn.Module, Batch], Tensor] | None = None, progress: bool | None = None,
         bar: tqdm | None = None, label: str | None = None) -> History:
-    """Train ``model`` for ``steps`` updates; evaluate, checkpoint and resume on the way.
+    """Train ``model`` for ``steps`` updates (fewer under :func:`capped`); evaluate,
+    checkpoint and resume on the way.
 
     One update: ``batch = train_data(step)`` on the device, ``loss = loss_fn(model, batch)``
     (default ``model(*batch)``), backward, ``optimizer.step()``. ``eval_fn(model)`` runs under
@@ -212,6 +295,7 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
         The :class:`History` of the whole run.
     """
     check_size("steps", steps)
+    steps = max_updates(steps)  # a smoke run's cap (:func:`capped`), if any
     if not (isinstance(eval_every, int) and eval_every >= 1):
         raise ValueError(f"eval_every must be an int >= 1, got {eval_every!r}")
     if not callable(train_data):
@@ -299,4 +383,5 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
         if own_bar:
             bar.close()
     history.wall_time = time.perf_counter() - t_start
+    note_smoke(sum(p.numel() for p in model.parameters()), history.step_times[start:])
     return history
