@@ -10,7 +10,7 @@ import pytest
 import torch
 from seq_reference import train_transformer
 
-from lnbook.engine import Job, OutConflict, load_results
+from lnbook.engine import Job, load_results, results_file
 from lnbook.engine.train import Batches
 from lnbook.experiments import placement
 from lnbook.experiments.seq_tasks import make_task
@@ -49,9 +49,11 @@ def test_tiny_sweep_and_tiny_paper_run(tmp_path):
     cfg = placement.get_config("quick", steps=3, eval_every=3, warmups=(0, 2), n_train=64,
                                n_test=16, size=4, d_model=16, n_heads=2, seeds=(0,))
     res = placement.run(cfg, device="cpu", out=tmp_path)
-    with pytest.raises(OutConflict):  # another config's results are never overwritten
-        placement.run(replace(cfg, d_model=8), device="cpu", out=tmp_path)
-    assert load_results(tmp_path / "placement.json").to_dict() == res.to_dict()
+    other = placement.run(replace(cfg, d_model=8), device="cpu", out=tmp_path)
+    # another config's results go beside, never over, the first's
+    for r in (res, other):
+        assert load_results(results_file(tmp_path, r.name, r.config)).to_dict() == r.to_dict()
+    assert other.runs[0].history.losses != res.runs[0].history.losses
     assert res.variants == ["post/warmup0", "post/warmup2", "pre/warmup0", "pre/warmup2"]
     # the same seed and data: the warm-up is the only difference, and it changes the run
     assert res.final("pre/warmup0", "loss") != res.final("pre/warmup2", "loss")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -21,7 +22,8 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from lnbook.checks import check_config
-from lnbook.engine import History, Job, Results, check_scale, make_config, sweep
+from lnbook.engine import History, Job, Results, check_scale, make_config, max_updates, sweep
+from lnbook.engine.train import note_smoke
 from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
 from lnbook.experiments.stacked import (
     adam_update,
@@ -140,6 +142,8 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
     ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``. ``bar``: a progress
     bar advanced by one per copy and update (a sweep job's ``job.bar``)."""
+    steps = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
+    early_step = min(early_step, steps)
     params, buffers, base = stack_models(model_config, [s for _, s in copies], task.x.device)
     evaluate = torch.no_grad()(vmap(partial(copy_loss, base), in_dims=(0, 0, None, None)))
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
@@ -147,10 +151,13 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
     state: dict[str, Any] = {}
     out = [{"n": n, "seed": s, "diverged": False} for n, s in copies]
     last: list[Tensor] = []
+    times = []
     for step in range(1, steps + 1):
+        t0 = time.perf_counter()
         idx = rows[:, step - 1]  # (copies, batch)
         loss = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx])
         last = [*last[-9:], loss]
+        times.append(time.perf_counter() - t0)
         if bar is not None:
             bar.update(len(copies))
         if step == early_step:
@@ -160,6 +167,7 @@ def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: li
                 o["saturated"] = saturation_share(
                     unstack_model(model_config, params, buffers, k).to(probe.device).eval(),
                     probe, threshold) if model_config.norm == "dyt" else math.nan
+    note_smoke(sum(p[0].numel() for p in params.values()), times)  # one copy's parameters
     final = evaluate(params, buffers, task.x_test, task.y_test)
     train = torch.stack(last).mean(0)
     for k, o in enumerate(out):

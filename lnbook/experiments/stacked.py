@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX
-from lnbook.engine.train import Batches, History
+from lnbook.engine.train import Batches, History, max_updates, note_smoke
 from lnbook.experiments.seq_tasks import SequenceTask
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -187,6 +188,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     if len(ramps) != len(lrs) or any(
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
         raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
+    steps = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
     dev = task.x.device  # the copies train where the task's tensors are
     ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=dev)  # (n,)
@@ -229,7 +231,9 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             h.metrics.append(m)
 
     record(0)
+    times = []
     for step in range(1, steps + 1):
+        t0 = time.perf_counter()
         idx = rows[:, step - 1]  # (n, batch)
         rate = lr if not ramp.any() else lr * torch.where(
             ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
@@ -240,10 +244,12 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
             if diverged_at[k] is None:
                 h.steps.append(step)
                 h.losses.append(value)
+        times.append(time.perf_counter() - t0)
         if bar is not None:
             bar.update(len(jobs))
         if step % eval_every == 0 or step == steps:
             record(step)
+    note_smoke(sum(p[0].numel() for p in params.values()), times)  # one copy's parameters
     out = []
     for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
         model = unstack_model(model_config, params, buffers, k)
