@@ -1,7 +1,12 @@
 """Why does normalization help? The measurements of chapter 6.8 (``06_8_why_normalization_helps``)
-on lab 3.2's deep MLP: covariate shift on purpose (:class:`SignalNoise`), the effective learning
-rate of scale-invariant weights, the smoothness of the loss, the gradients through the
-statistics, and dead or always-on units; every seed of a run trains at once (:func:`train_seeds`).
+on lab 3.2's deep MLP: covariate shift on purpose (:class:`SignalNoise`, batch-shared, and
+:class:`ExampleNoise`, Santurkar et al.'s per-example noise) and where a plain network breaks under
+it (:func:`blowup`), the effective learning rate of scale-invariant weights and the equilibrium of
+their norm under weight decay (:func:`decay_runs`), the smoothness of the loss, the gradients
+through the statistics, and dead or always-on units; the chapter's table of known, contested and
+folklore statements built from its measured values (:func:`evidence_rows`). Every seed of a run
+trains at once (:func:`train_seeds`; new runs through :func:`lnbook.engine.train_copies`, in
+:func:`train_stack`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ __all__ = [
     "seed_model", "run", "norm_growth_step", "lr_sweep", "landscape", "landscape_seeds",
     "stats_seeds", "unit_rates", "NOISES", "ExampleNoise", "noise_model", "train_stack",
     "noise_runs", "blowup", "decay_runs", "evidence_rows", "example_noise", "pilot_noise",
-    "largest_safe", "blowup_rows", "decay_summary",
+    "largest_safe", "blowup_rows", "decay_summary", "EVIDENCE_KEYS",
 ]
 
 NOISES = ("shared", "example")
