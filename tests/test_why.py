@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from lnbook import why
+from lnbook.batched import seed_batches, seed_nll
 from lnbook.data import load_digits_tensor
+from lnbook.exercises import digits_split
 
 TINY = dict(depth=3, width=16, steps=6, eval_every=3, seeds=(0,))
 
@@ -182,3 +184,227 @@ def test_stats_seeds_equals_chapter_13s_run_stats():
     for norm in sc.norms:
         np.testing.assert_allclose(together[norm]["val_nll"], alone.final(norm, "val_nll"),
                                    atol=1e-4)
+
+
+# -- Santurkar et al.'s noise, the watched runs, weight decay, the evidence table --------------
+
+
+def test_example_noise_draws_every_activation_from_a_distribution_drawn_per_update():
+    torch.manual_seed(0)
+    r, n, h = 0.3, 4096, 1024
+    x = torch.ones(n, h, dtype=torch.float64) * torch.linspace(0.5, 2.0, h)  # rms_i = x_i
+    rms = x[0]
+    noise = why.ExampleNoise(r)
+    out = noise(x)
+    # not one affine map per unit: examples with the same input get different outputs
+    assert float((out[0] - out[1]).abs().min()) > 0
+    mu = (out - x).mean(0) / rms  # (H,) each unit's mean shift in units of its rms
+    assert float(mu.mean()) == pytest.approx(r, abs=0.03)  # mean r rms ...
+    assert float(mu.std()) == pytest.approx(r, rel=0.1)  # ... spread r rms, drawn per unit
+    # variance per unit: factor r^2 rms^2 / 3 plus a spread ~ U(0, 2r) rms: 5 r^2 / 3 on average
+    var = (out / rms).var(0)
+    assert float(var.mean()) == pytest.approx(5 * r**2 / 3, rel=0.05)
+    assert float(var.min()) < r**2 / 3 + 0.02 < 1.5 * r**2 < float(var.max())
+    assert not torch.allclose(noise(x).mean(0), out.mean(0))  # a new distribution per update
+    assert torch.equal(noise.eval()(x), x)
+    with pytest.raises(ValueError, match="size"):
+        why.ExampleNoise(1.0)
+
+
+def test_noise_model_checks_and_equals_seed_model_without_noise():
+    cfg = why.get_config(**TINY)
+    x = torch.rand(32, 64)
+    clean = why.seed_model("layer", (0, 1), cfg)
+    for kind in why.NOISES:
+        model = why.noise_model("layer", [(kind, 0.0, 0), (kind, 0.0, 1)], cfg)
+        torch.testing.assert_close(model(x), clean(x), rtol=0, atol=0)
+        noisy = why.noise_model("layer", [(kind, 0.3, 0), (kind, 0.3, 1)], cfg)
+        torch.testing.assert_close(noisy.eval()(x), clean.eval()(x), rtol=0, atol=0)
+        assert not torch.allclose(noisy.train()(x), clean.train()(x))
+    with pytest.raises(ValueError, match="kind"):
+        why.noise_model("layer", [("gauss", 0.1, 0)], cfg)
+    with pytest.raises(ValueError, match="size"):
+        why.noise_model("layer", [("example", 1.5, 0)], cfg)
+
+
+def test_noise_model_gives_each_copy_its_own_kind_and_size():
+    cfg = why.get_config(**TINY)
+    model = why.noise_model("none", [("shared", 0.3, 0), ("example", 0.3, 0),
+                                     ("example", 0.0, 0)], cfg).train()
+    torch.manual_seed(0)
+    h = torch.randn(1, 256, 8, dtype=torch.float64).expand(3, 256, 8) * 2
+    out = model._noise(h)
+    # the shared copy: one affine map per unit, the same for every example
+    s = (out[0, 1] - out[0, 0]) / (h[0, 1] - h[0, 0])
+    torch.testing.assert_close(out[0], h[0] * s + (out[0, 0] - s * h[0, 0]))
+    # the per-example copy: no such map; the copy of size 0: untouched
+    s = (out[1, 1] - out[1, 0]) / (h[1, 1] - h[1, 0])
+    assert (out[1] - (h[1] * s + out[1, 0] - s * h[1, 0])).abs().max() > 0.1
+    assert torch.equal(out[2], h[2])
+
+
+def test_noise_runs_trains_every_kind_of_a_norm_together():
+    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=20, seeds=(0, 1))
+    out = why.noise_runs(cfg, 0.0, norms=("layer",), seeds=(0, 1))  # no noise: plain runs
+    ref = why.train_seeds("layer", (0, 1), cfg)
+    assert set(out) == set(why.NOISES) and set(out["example"]) == {"layer"}
+    for kind in why.NOISES:
+        np.testing.assert_allclose(out[kind]["layer"]["train_nll"],
+                                   [r["train_nll"] for r in ref], atol=1e-5)
+        assert out[kind]["layer"]["diverged_at"].shape == (2,)
+
+
+@pytest.mark.parametrize("variant", ["none", "layer+noise", "batch+noise"])
+def test_train_stack_equals_train_seeds(variant):
+    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=20, seeds=(0, 1))
+    norm, _, noisy = variant.partition("+")
+    size = cfg.noise if noisy else 0.0
+    model = why.noise_model(norm, [("shared", size, 0), ("shared", size, 1)], cfg)
+    out = why.train_stack(model, (0, 1), cfg)
+    ref = why.train_seeds(variant, (0, 1), cfg)
+    np.testing.assert_allclose(out["train_nll"], [r["train_nll"] for r in ref], atol=1e-5)
+    np.testing.assert_allclose(out["test_nll"], [r["test_nll"][-1] for r in ref], atol=1e-5)
+    assert np.isinf(out["diverged_at"]).all()
+
+
+def test_train_stack_marks_a_diverging_seed_and_keeps_the_others():
+    cfg = why.get_config(depth=3, width=16, steps=10, eval_every=10, seeds=(0, 1))
+    good = why.train_stack(why.seed_model("none", (0, 1), cfg), (0, 1), cfg)
+    model = why.seed_model("none", (0, 1), cfg)
+    with torch.no_grad():
+        model.weights[-1][1].fill_(math.inf)  # seed 1: infinite logits from the start
+    bad = why.train_stack(model, (0, 1), cfg, watch=True)
+    assert bad["diverged_at"][1] == 1 and np.isinf(bad["diverged_at"][0])
+    assert bad["train_nll"][1] == math.inf and bad["test_nll"][1] == math.inf
+    assert bad["train_nll"][0] == pytest.approx(good["train_nll"][0], abs=1e-6)
+    assert bad["rms"].shape == (2, 10, 3) and bad["norm"].shape == (2, 11, 3)
+
+
+def test_train_stack_weight_decay_follows_the_identity_with_decay():
+    cfg = why.get_config(depth=3, width=16, steps=1, eval_every=1, seeds=(0, 1))
+    lr, wd = 0.5, 0.1
+    # the first update's gradient, computed here on the first batch
+    x, y, _, _ = digits_split()
+    ref = why.seed_model("layer", (0, 1), cfg).double()
+    xb, yb = seed_batches(x, y, cfg.batch, (0, 1))(0)
+    seed_nll(ref(xb.double()), yb).sum().backward()
+    w0 = [w.detach() for w in ref.hidden_weights]
+    g = [w.grad for w in ref.hidden_weights]
+    out = why.train_stack(why.seed_model("layer", (0, 1), cfg), (0, 1), cfg, hidden_lr=lr,
+                          momentum=0.0, weight_decay=wd, watch=True)
+    for k, (w, gk) in enumerate(zip(w0, g, strict=True)):
+        n0, gn = w.norm(dim=(1, 2)), gk.norm(dim=(1, 2))  # (S,)
+        assert float((w * gk).sum() / (w.norm() * gk.norm())) == pytest.approx(0, abs=1e-4)
+        want = torch.sqrt((1 - lr * wd) ** 2 * n0**2 + lr**2 * gn**2)
+        np.testing.assert_allclose(out["norm"][:, 0, k], n0.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(out["norm"][:, 1, k], want.numpy(), rtol=1e-5)
+        turn = torch.atan(lr * gn / ((1 - lr * wd) * n0))  # g is orthogonal to W
+        np.testing.assert_allclose(out["turn"][:, 0, k], turn.numpy(), rtol=1e-3)
+
+
+def test_decay_runs_and_summary():
+    cfg = why.get_config(depth=2, width=16, steps=40, eval_every=40, seeds=(0, 1))
+    runs = why.decay_runs(cfg, ((1.0, 0.0), (1.0, 0.1)), seeds=(0, 1))
+    no, wd = (why.decay_summary(runs[k], *k, last=10) for k in ((1.0, 0.0), (1.0, 0.1)))
+    assert (no["norm_end"] > no["norm_start"]).all()  # without decay: only growth
+    assert (wd["norm_end"] < no["norm_end"]).all()
+    assert wd["predicted"][0] == pytest.approx(math.sqrt(0.2)) and no["predicted"][0] == 0
+    rec = {"norm": np.ones((1, 5, 2)) * np.array([1, 1, 2, 2, 4])[None, :, None],
+           "turn": np.arange(4.0)[None, :, None].repeat(2, 2), "train_nll": np.array([0.5])}
+    s = why.decay_summary(rec, 0.5, 0.01, last=2)
+    assert s["change_first"][0] == pytest.approx(1.0)  # 2 / 1 - 1
+    assert s["settle"][0] == pytest.approx(1.0)  # mean(2, 4) / mean(1, 2) - 1
+    assert s["turn_first"][0] == 0.5 and s["turn_end"][0] == 2.5
+    assert s["predicted"][0] == pytest.approx(0.1) and s["norm_end"][0] == 4
+    with pytest.raises(ValueError, match="last"):
+        why.decay_summary(rec, 0.5, 0.01, last=3)
+
+
+def test_largest_safe_and_pilot_noise():
+    def rec(div, nll):
+        return {"diverged_at": np.array(div, float), "train_nll": np.array(nll, float)}
+
+    pilot = {("shared", 0.1): rec([np.inf, np.inf], [0.5, 0.6]),
+             ("example", 0.1): rec([np.inf, np.inf], [0.4, 0.5]),
+             ("shared", 0.2): rec([np.inf, np.inf], [1.0, 2.5]),
+             ("example", 0.2): rec([np.inf, np.inf], [0.9, 1.1]),
+             ("shared", 0.3): rec([np.inf, 50], [1.0, np.inf]),
+             ("example", 0.3): rec([np.inf, np.inf], [0.9, 1.1])}
+    assert why.largest_safe(pilot) == 0.2
+    assert why.largest_safe(pilot, below=math.log(10)) == 0.1
+    with pytest.raises(ValueError, match="every size"):
+        why.largest_safe(pilot, below=0.1)
+    cfg = why.get_config(**TINY)
+    out = why.pilot_noise(cfg, (0.05,), (7, 8))
+    assert set(out) == {("shared", 0.05), ("example", 0.05)}
+    assert out[("example", 0.05)]["train_nll"].shape == (2,)
+
+
+def test_blowup_rows_reads_the_updates_before_the_blow_up():
+    rms = np.arange(2 * 50 * 3, dtype=float).reshape(2, 50, 3)
+    noisy = {"diverged_at": np.array([np.inf, 40.0]), "rms": rms}
+    clean = {"rms": -rms}
+    rows = why.blowup_rows(noisy, clean, before=10)
+    assert len(rows) == 1  # only the seed that diverged
+    i, at, *vals = rows[0]
+    assert (i, at) == (1, 40)
+    idx = [0, 29, 38]  # the first update, 10 before update 40, and the one before it
+    assert vals == [*rms[1, idx, 0], *rms[1, idx, -1], *(-rms[1, idx, -1])]
+
+
+def test_blowup_watches_the_plain_network_with_the_shared_noise():
+    cfg = why.get_config(depth=3, width=16, steps=12, eval_every=12, seeds=(0, 1))
+    out = why.blowup(cfg)
+    ref = why.train_seeds("none+noise", (0, 1), cfg)
+    np.testing.assert_allclose(out["train_nll"], [r["train_nll"] for r in ref], atol=1e-5)
+    assert out["rms"].shape == (2, 12, 3) and (out["rms"] > 0).all()
+
+
+MEASURED = dict(
+    n=10, majority=8, shared_cost={"none": 10, "layer": 10, "batch": 10}, shared_blown=6,
+    ex_size=0.05, ex_cost={"none": 4, "layer": 3, "batch": 2}, ex_blown=0,
+    ex_better={"layer": 6, "batch": 10}, cos_max=5.3e-18, identity_err=2e-16,
+    growth_ordered=10, none5_diverged=10, ln5_diverged=0, ln5_above_chance=10,
+    ln5_median=2.324, ln5_worse=10, settled=10, turn_ratio=[0.86, 0.85], decay_fail=10,
+    detach_worse_simple=10, detach_worse_none=10, beta_less={"layer": 3, "batch": 3},
+    x2_ratio=2.4, bn_train_better=10, bn_test_better=10)
+
+
+def _row(rows, start):
+    hits = [r for r in rows if r[0].startswith(start)]
+    assert len(hits) == 1, start
+    return hits[0]
+
+
+def test_evidence_rows_say_what_the_run_showed():
+    rows = why.evidence_rows(MEASURED)
+    assert len(rows) == 9 and all(len(r) == 3 for r in rows)
+    step = _row(rows, "at a step size where the plain network diverges")
+    assert "does not train there" in step[0] and step[1] == "**known**"
+    assert "2.324" in step[2] and "above chance (2.303) on 10 of 10 seeds" in step[2]
+    assert "section 2, table 6.8.6" in step[2]
+    det = _row(rows, "dropping the gradients")
+    assert "not that the projection is where" in det[0]
+    assert "worse than no normalization" in det[0]
+    decay = _row(rows, "with weight decay a normalized layer's length and direction part")
+    assert "figure 6.8.1" in decay[2] and "0.86 and 0.85" in decay[2]
+    assert _row(rows, "with normalization the learning rate")[1] == "**folklore**, as stated"
+    assert all("section" in r[2] for r in rows)
+
+
+def test_evidence_rows_say_less_when_the_counts_fall_short():
+    trains = why.evidence_rows({**MEASURED, "ln5_above_chance": 1})
+    assert _row(trains, "normalization lets a network train")[1] == "**known**"
+    weak = why.evidence_rows({**MEASURED, "growth_ordered": 7, "detach_worse_none": 5,
+                              "turn_ratio": [0.5, 0.9], "none5_diverged": 3,
+                              "ln5_worse": 2, "decay_fail": 1, "bn_test_better": 4})
+    inv = _row(weak, "a normalized layer's weights are orthogonal")
+    assert "larger step" not in inv[0]
+    det = _row(weak, "dropping the gradients")
+    assert "worse than no normalization" not in det[0]
+    assert _row(weak, "with weight decay the length")[1] == "not shown here"
+    assert _row(weak, "normalization keeps a network")[1] == "not shown here"
+    assert _row(weak, "with normalization the learning rate")[1] == "not contradicted here"
+    assert _row(weak, "layer norm is always")[1] == "not contradicted here"
+    with pytest.raises(KeyError, match="x2_ratio"):
+        why.evidence_rows({k: v for k, v in MEASURED.items() if k != "x2_ratio"})
