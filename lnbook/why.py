@@ -5,7 +5,7 @@ it (:func:`blowup`), the effective learning rate of scale-invariant weights and 
 their norm under weight decay (:func:`decay_runs`), the smoothness of the loss, the gradients
 through the statistics, and dead or always-on units; the chapter's table of known, contested and
 folklore statements built from its measured values (:func:`evidence_rows`). Every seed of a run
-trains at once (:func:`train_seeds`; new runs through :func:`lnbook.engine.train_copies`, in
+trains at once (:func:`train_seeds`; new runs through :func:`lnbook.engine.copies.train_copies`, in
 :func:`train_stack`).
 """
 
@@ -460,7 +460,7 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
                 hidden_lr: float | None = None, momentum: float | None = None,
                 weight_decay: float = 0.0, watch: bool = False) -> dict[str, np.ndarray]:
     """Train every seed of ``model`` as :func:`train_seeds` does (the same batches, SGD, the
-    noise from the stream of ``seeds[0]``), through :func:`lnbook.engine.train_copies`.
+    noise from the stream of ``seeds[0]``), through :func:`lnbook.engine.copies.train_copies`.
     ``weight_decay``: on the hidden weights only. A seed whose loss is not finite is left out of
     the sum from then on. Returns ``(S,)`` arrays ``train_nll`` and ``test_nll`` (``inf`` for a
     diverged seed) and ``diverged_at`` (the first update with a non-finite loss, ``inf`` if

@@ -1,4 +1,5 @@
-"""The training loop of copies of a model trained as one (a stacked job of :func:`sweep`:
+"""The training loop of copies of a model trained as one (a stacked job of
+:func:`~lnbook.engine.runner.sweep`:
 ``reader``, ``draw``, ``handwriting``, ``mnist``, ``attention_geometry``), with checkpoint and
 resume as :func:`~lnbook.engine.train.fit` has them.
 

@@ -26,7 +26,7 @@ class Job:
     job trains several as one model and returns one result per ``job.pairs`` entry. Pass
     ``bar``, ``label`` and ``checkpoint`` on to :func:`lnbook.fit` (or the copies' loop).
     ``max_updates`` is the cap of a smoke run, in force while the job trains (a worker process
-    gets it with the job): loops read it through :func:`lnbook.engine.max_updates`."""
+    gets it with the job): loops read it through :func:`lnbook.engine.train.max_updates`."""
 
     variants: dict[str, Any]
     seeds: tuple[int, ...]

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from lnbook.engine.metrics import _pick
-from lnbook.engine.train import CannotWrite, History, UnreadableFile, write_atomically
+from lnbook.engine.train import History, UnreadableFile, write_atomically
 from lnbook.table import Table
 
-__all__ = ["CannotWrite", "Results", "Run", "load_results", "read_json", "save_results",
+__all__ = ["Results", "Run", "load_results", "read_json", "save_results",
            "write_atomically"]
 
 

@@ -173,15 +173,18 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
         executor: a :class:`concurrent.futures.Executor` to train on instead (default the
             one of :func:`using_executor`); same numbers as ``workers=1``.
 
-    Under :func:`~lnbook.engine.capped` (a smoke run) every loop stops after the cap and the
+    Under :func:`~lnbook.engine.train.capped` (a smoke run) every loop stops after the cap and the
     config records ``max_updates``, so its files never pass for a full run's. At paper scale
     on a CPU it prints an estimate of its time once a few updates are timed, and, where no
     bar is drawn, a line at every tenth of its updates. ``$LNBOOK_TEST_INTERRUPT_AFTER_UPDATES``
     (tests) raises Ctrl-C after that many updates of the sweep.
 
     Raises:
-        SweepInterrupted: on Ctrl-C, saying what is saved. OutConflict, UnreadableFile,
-        CannotWrite (a full disk), WorkersLost (an executor without live workers).
+        SweepInterrupted: on Ctrl-C, saying what is saved.
+        OutConflict: a run asked with fewer updates than one on disk.
+        UnreadableFile: a run or checkpoint file that cannot be read.
+        CannotWrite: a file that cannot be written (a full disk).
+        WorkersLost: an executor without live workers.
     """
     if not variants:
         raise ValueError("variants is empty: name at least one variant to train")

@@ -1,4 +1,4 @@
-"""What a sweep keeps in its ``out`` folder, and the rules that never lose a finished run.
+"""What a sweep keeps in its ``out`` folder, and the rules that never lose a finished run::
 
     out/<name>-<digest>.json                         the Results of the whole sweep
     out/runs/<name>-<digest>/<variant>-seed<S>.json  each finished run, with its config

@@ -54,7 +54,7 @@ def capped(n: int | None) -> Iterator[list[dict[str, float]]]:
 def max_updates(steps: int | None = None) -> int | None:
     """The cap of :func:`capped` in force (None: none); with ``steps``, the updates a loop of
     ``steps`` updates makes under it (``min(steps, cap)``). Every training loop honours it:
-    :func:`fit`, :func:`~lnbook.engine.train_copies`, and an experiment's own loop with
+    :func:`fit`, :func:`~lnbook.engine.copies.train_copies`, and an experiment's own loop with
     ``steps = engine.max_updates(steps)``; data built for ``steps`` updates can be cut
     short the same way."""
     cap = _CAP.get()
