@@ -42,7 +42,8 @@ def shared_out(tmp_path_factory) -> Path:
 def _numbers(path: Path) -> list[tuple]:
     """What a run learned, from a results file: no times."""
     def untimed(d: dict) -> dict:
-        return {k: v for k, v in d.items() if "time" not in k and "second" not in k}
+        return {k: v for k, v in d.items()
+                if not any(w in k for w in ("time", "second", "sec_per"))}
 
     results = json.loads(path.read_text())
     return [(r["variant"], r["seed"], r["history"]["steps"], r["history"]["losses"],

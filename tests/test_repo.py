@@ -290,6 +290,7 @@ def test_without_the_data_extra_the_loaders_name_it_and_mistakes_runs(tmp_path, 
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     monkeypatch.setenv("LNBOOK_DATA", str(tmp_path))
+    monkeypatch.setattr(data, "_SUBSET_CACHE", {})  # as in a fresh process: nothing loaded yet
     for loader in DATA_LOADERS:
         with pytest.raises(data.MissingExtra, match=r"pip install 'lnbook\[data\]'"):
             getattr(data, loader)()

@@ -150,6 +150,12 @@ def train_concurrently(jobs: dict[int, tuple[Job, list[Path] | None, list[int]]]
                         f"start workers for its scheduler, or run without --executor{where}")
             for future in finished:
                 i = running.pop(future)
+                if future.cancelled():  # dropped by the executor, not by us: no one to run it
+                    where = f"; finished runs are kept in {folder}" if folder else ""
+                    raise WorkersLost(
+                        f"the executor has no live workers (it cancelled a job) and "
+                        f"{len(running) + len(waiting) + 1} of {len(jobs)} jobs are not done: "
+                        f"start workers for its scheduler, or run without --executor{where}")
                 finish(i, future.result())  # a run's exception is raised here
                 bar.set_description(f"{jobs[i][0].label} done")
                 bar.update(n_steps(i))
