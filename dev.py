@@ -1,12 +1,12 @@
 """Build, test and read the book with nothing but Python 3.10+ and pip.
 
     python3 dev.py book    # make .venv, install requirements.txt, build the book into _build/html
-    python3 dev.py test    # ruff, unit tests, and nbval over every notebook in book/
+    python3 dev.py test    # ruff, unit tests, nbval over every notebook (from the wheel, alone)
     python3 dev.py lab     # JupyterLab on .venv's Python and kernel, opened on book/
     python3 dev.py sync    # rewrite every notebook's Colab cell (repository, release, extras)
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
     python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
-    python3 dev.py routes  # every notebook in an empty folder against lnbook's wheel, fresh venv
+    python3 dev.py routes  # only the last step of `test`: nbval over the notebooks (or those named)
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
@@ -15,7 +15,7 @@ sets 1..N (`LNBOOK_SEED_SET`, see lnbook/seeds.py), each set's claim records in 
 `_build/replication/set-K`, and writes book/replication.json (see `replicate_sets`).
 `routes [NOTEBOOK ...]` checks the routes outside the checkout (Colab, Binder, a reader's folder):
 lnbook's wheel in a fresh virtual environment, each notebook executed alone in an empty folder
-(see `check_routes`); CI runs it after the tests.
+(see `check_routes`); `test` ends with it, over every notebook.
 `lab` passes further options to JupyterLab, for example
 `python3 dev.py lab --no-browser --port 8890`; Ctrl-C asks JupyterLab to stop, as usual.
 
@@ -211,12 +211,15 @@ def execute_notebooks() -> None:
 
 
 def test() -> None:
+    """ruff, the unit tests (every core, pytest-xdist), then nbval over every notebook of book/
+    as a reader meets it: from lnbook's wheel in a fresh environment, each notebook alone in an
+    empty folder (`check_routes`). The notebooks run under nbval once, there, rather than also
+    in the checkout: `dev.py book` has just executed each of them in it."""
     ensure_venv()
     run(BIN / "ruff", "check", "lnbook", "tests", "book", "benchmarks")
-    # one worker per core; --dist loadfile keeps each notebook's cells in one worker, in order
-    run(BIN / "python", "-m", "pytest", "tests", "book", "--nbval-lax", "--nbval-current-env",
-        "-p", "no:cacheprovider", "-n", os.environ.get("LNBOOK_WORKERS", "auto"),
-        "--dist", "loadfile")
+    run(BIN / "python", "-m", "pytest", "tests", "-p", "no:cacheprovider",
+        "-n", os.environ.get("LNBOOK_WORKERS", "auto"), "--dist", "loadfile")
+    check_routes()
 
 
 def lab_command(python: str | Path, options: list[str]) -> list[str]:
@@ -611,23 +614,10 @@ def replicate(argv: list[str]) -> int:
 
 # --- routes: every chapter from a plain install, outside the checkout ------------------------
 
-# Executes one notebook with the fresh environment's Python (nbclient and ipykernel there):
-# `python -c RUNNER NOTEBOOK TIMEOUT`, in the notebook's own folder.
-RUNNER = """\
-import os, sys
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-path, timeout = sys.argv[1], int(sys.argv[2])
-nb = nbformat.read(path, as_version=4)
-client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                        resources={"metadata": {"path": os.path.dirname(path)}})
-try:
-    client.execute()
-except CellExecutionError as err:
-    print(str(err)[-4000:])
-    sys.exit(1)
-"""
+# nbval over one notebook, in the notebook's own folder: `python -m pytest NBVAL + [NOTEBOOK]`
+# (`--nbval-lax`: outputs are not compared, the chapters are committed without them)
+NBVAL = ["--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider", "-q",
+         "--nbval-cell-timeout"]
 # run first in each environment: the kernel is the fresh environment's, lnbook the wheel's
 PROBE = "import sys, lnbook; print(sys.prefix); print(lnbook.__file__)"
 
@@ -671,11 +661,11 @@ def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: di
     copy = folder / notebook.name
     shutil.copyfile(notebook, copy)
     start = time.perf_counter()
-    out = subprocess.run([str(python), "-c", RUNNER, str(copy), str(timeout)], cwd=folder,
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run([str(python), "-m", "pytest", *NBVAL, str(timeout), copy.name],
+                         cwd=folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no terminal colours
-    problem = "" if out.returncode == 0 else "\n".join(text.strip().splitlines()[-30:])
+    problem = "" if out.returncode == 0 else "\n".join(text.strip().splitlines()[-40:])
     left = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                   if p != copy and p.is_file())
     records = [p for p in left if re.search(r"(^|/)_build/|(^|/)[CP]\d\d\.json$", p)]
@@ -688,9 +678,10 @@ def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
     """Every chapter from a plain install, outside the checkout, as a reader runs it.
 
     Builds lnbook's wheel, installs it into a fresh virtual environment (no system site
-    packages) with the book's torch and what executes a notebook (ipykernel, nbclient), then
-    copies each notebook of book/ (or those `names`d) alone into an empty folder and executes
-    it there: first the chapters whose Colab cell installs lnbook without the data extra, then,
+    packages) with the book's torch and what executes a notebook (ipykernel, pytest, nbval),
+    then copies each notebook of book/ (or those `names`d) alone into an empty folder and runs
+    nbval over it there (every cell executed, an error or a failed assert fails it): first
+    the chapters whose Colab cell installs lnbook without the data extra, then,
     after `pip install "lnbook[data]"`, those that ask for it (`needs_data`), so a chapter that
     needs the extra without asking for it fails. Kernels get no LNBOOK_* or PYTHONPATH
     variables (they find nothing of the checkout) and one torch thread each, as many at a time
@@ -712,7 +703,7 @@ def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
     venv.create(env_dir, with_pip=True, system_site_packages=False)
     python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
     pip = [python, "-m", "pip", "install", "-qq", "--disable-pip-version-check"]
-    run(*pip, wheel, book_torch(), "ipykernel", "nbclient", "nbformat")
+    run(*pip, wheel, book_torch(), "ipykernel", "pytest", "nbval")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME")}
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))

@@ -427,10 +427,14 @@ def test_binder_installs_the_package_and_jupyterlab_not_the_build_and_test_tools
     assert "binder/requirements.txt" in readme
 
 
-def test_ci_checks_the_routes_after_the_tests():
+def test_ci_runs_the_quickstart_and_the_tests_end_with_nbval_over_the_routes():
     steps = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
              if "dev.py" in line and not line.lstrip().startswith("#")]
-    assert steps == ["python3 dev.py book", "python3 dev.py test", "python3 dev.py routes"]
+    assert steps == ["python3 dev.py book", "python3 dev.py test"]
+    dev = load_dev()
+    source = inspect.getsource(dev.test)
+    assert "check_routes()" in source and '"pytest", "tests", "-p"' in source, (
+        "dev.py test runs the unit tests, then nbval over every notebook from the wheel")
 
 
 def test_routes_usage():
