@@ -33,9 +33,9 @@ NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]
 Device = torch.device | str | None
 Dtype = torch.dtype | None
-Position = Literal["pre", "post", "peri", "output", "rezero"]
+Position = Literal["pre", "post", "peri", "output"]
 NORMS = ("layer", "rms", "dyt", "none")
-POSITIONS = ("pre", "post", "peri", "output", "rezero")
+POSITIONS = ("pre", "post", "peri", "output")
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
@@ -48,8 +48,7 @@ class TransformerConfig:
             blocks ``L``, the longest sequence.
         d_ff: feed-forward width; None for ``4 * d_model``.
         norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"`` or a factory ``size -> module``.
-        position: ``"pre"``, ``"post"``, ``"peri"``, ``"output"`` or ``"rezero"`` (see
-            :class:`Block`).
+        position: ``"pre"``, ``"post"``, ``"peri"`` or ``"output"`` (see :class:`Block`).
         qk_norm: layer-normalize queries and keys per head.
         final_norm: a norm after the last block; None for the placement's usual choice.
         depth_scaling: multiply the norms of block ``l`` by ``1 / sqrt(l)`` (Sun et al., 2025).
@@ -92,9 +91,6 @@ class TransformerConfig:
         check_choice("ln_impl", self.ln_impl, LN_IMPLS)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
-        if self.position == "rezero" and self.norm != "none":
-            raise ValueError(f"position='rezero' has no norm: it needs norm='none', got "
-                             f"norm={self.norm!r}")
         if self.deepnorm and self.position != "post":
             raise ValueError(
                 f"deepnorm=True needs position='post', got position={self.position!r}")
@@ -251,12 +247,6 @@ class Block(nn.Module):
               \qquad\text{and}\qquad
               x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
 
-    With ``position="rezero"`` (Bachlechner et al., 2021) no norm is applied: one learned
-    scalar ``gate`` per block, started at 0, weighs both branches, so the block starts as the
-    identity (the authors' code shares one scalar between a layer's two sublayers):
-
-    .. math:: x \leftarrow x + g\,\mathrm{Attn}(x), \qquad x \leftarrow x + g\,\mathrm{MLP}(x)
-
     The norms (``norm1``, ``norm2``; ``out_norm1``, ``out_norm2`` for ``"peri"``) come from
     :func:`make_norm`, times ``1 / sqrt(layer)`` with ``depth_scaling``; projections are
     Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
@@ -291,8 +281,6 @@ class Block(nn.Module):
         self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
         if self.position == "peri":
             self.out_norm1, self.out_norm2 = make_norm(config, **kw), make_norm(config, **kw)
-        if self.position == "rezero":
-            self.gate = nn.Parameter(torch.zeros((), **kw))
         self.dropout = nn.Dropout(config.dropout)
         self.scale = 1 / math.sqrt(self.layer) if config.depth_scaling else None
         self.reset_parameters()
@@ -307,8 +295,6 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
-        if self.position == "rezero":
-            nn.init.zeros_(self.gate)
         out_norms = (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
         for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *out_norms):
             if hasattr(m, "reset_parameters"):
@@ -337,9 +323,6 @@ class Block(nn.Module):
         if self.position == "output":
             x = x + drop(n(self.norm1, self.attn(x)))  # (B, T, D)
             return x + drop(n(self.norm2, self.mlp(x)))  # (B, T, D)
-        if self.position == "rezero":
-            x = x + self.gate * drop(self.attn(x))  # (B, T, D)
-            return x + self.gate * drop(self.mlp(x))  # (B, T, D)
         alpha = 1.0 if self.deepnorm_alpha is None else self.deepnorm_alpha
         x = n(self.norm1, alpha * x + drop(self.attn(x)))  # (B, T, D)
         return n(self.norm2, alpha * x + drop(self.mlp(x)))  # (B, T, D)

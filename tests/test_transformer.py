@@ -449,29 +449,3 @@ def test_depth_scaled_peri_model_end_to_end_against_a_hand_written_forward():
     with pytest.raises(ValueError, match="position must be one of"):
         config(position="sandwich")
 
-
-def test_rezero_block_starts_as_the_identity_and_learns_its_gate():
-    """ReZero (Bachlechner et al., 2021): x + g f(x) with one scalar g per block, started at 0."""
-    torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=3, max_len=5,
-                            position="rezero", norm="none")
-    model = Transformer(cfg).double()
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    block = model.blocks[0]
-    assert torch.equal(block(x), x)  # g = 0: the identity
-    idx = torch.randint(0, 7, (2, 5))
-    want = model.head(model.embed(idx))  # no norm anywhere, every block the identity
-    assert torch.allclose(model(idx), want, atol=1e-12)
-    sequence_loss(model(idx), torch.randint(0, 7, (2, 5))).backward()
-    assert all(b.gate.grad.abs() > 0 for b in model.blocks)
-    with torch.no_grad():
-        block.gate.fill_(0.5)
-    a = x + 0.5 * block.attn(x)
-    assert torch.allclose(block(x), a + 0.5 * block.mlp(a), atol=1e-12)
-    assert "position='rezero'" in repr(block)
-
-
-def test_rezero_has_no_norm():
-    with pytest.raises(ValueError, match="rezero.*norm='none'"):
-        TransformerConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1, max_len=5,
-                          position="rezero")
