@@ -33,9 +33,9 @@ NormKind = Literal["layer", "rms", "dyt", "none"]
 NormFactory = Callable[[int], nn.Module]
 Device = torch.device | str | None
 Dtype = torch.dtype | None
-Position = Literal["pre", "post", "peri", "output"]
+Position = Literal["pre", "post", "peri", "output", "rezero"]
 NORMS = ("layer", "rms", "dyt", "none")
-POSITIONS = ("pre", "post", "peri", "output")
+POSITIONS = ("pre", "post", "peri", "output", "rezero")
 IGNORE_INDEX = -100  # targets with this value are not scored (torch's cross_entropy default)
 
 
@@ -48,7 +48,8 @@ class TransformerConfig:
             blocks ``L``, the longest sequence.
         d_ff: feed-forward width; None for ``4 * d_model``.
         norm: ``"layer"``, ``"rms"``, ``"dyt"``, ``"none"`` or a factory ``size -> module``.
-        position: ``"pre"``, ``"post"``, ``"peri"`` or ``"output"`` (see :class:`Block`).
+        position: ``"pre"``, ``"post"``, ``"peri"``, ``"output"`` or ``"rezero"`` (see
+            :class:`Block`).
         qk_norm: layer-normalize queries and keys per head.
         final_norm: a norm after the last block; None for the placement's usual choice.
         depth_scaling: multiply the norms of block ``l`` by ``1 / sqrt(l)`` (Sun et al., 2025).
@@ -247,6 +248,13 @@ class Block(nn.Module):
               \qquad\text{and}\qquad
               x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
 
+    With ``position="rezero"`` (Bachlechner et al., 2021) the blocks have no norm; each branch
+    is scaled by its own learnt scalar, ``alpha_attn`` and ``alpha_mlp``, initialized at 0, so
+    that every block starts as the identity:
+
+    .. math:: x \leftarrow x + \alpha_1 \mathrm{Attn}(x), \qquad
+              x \leftarrow x + \alpha_2 \mathrm{MLP}(x)
+
     The norms (``norm1``, ``norm2``; ``out_norm1``, ``out_norm2`` for ``"peri"``) come from
     :func:`make_norm`, times ``1 / sqrt(layer)`` with ``depth_scaling``; projections are
     Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
@@ -272,13 +280,17 @@ class Block(nn.Module):
         self.deepnorm_alpha, self.deepnorm_beta = alpha, beta
         kw = {"device": device, "dtype": dtype}
         qk = functools.partial(make_norm, config, kind="layer", **kw)
-        self.norm1 = make_norm(config, **kw)
+        rezero = self.position == "rezero"  # no norm in the block, a gate per branch
+        self.norm1 = nn.Identity() if rezero else make_norm(config, **kw)
         self.attn = SelfAttention(config.d_model, config.n_heads,
                                   qk_norm=qk if config.qk_norm else False,
                                   dropout=config.dropout, causal=config.causal, bias=config.bias,
                                   **kw)
-        self.norm2 = make_norm(config, **kw)
+        self.norm2 = nn.Identity() if rezero else make_norm(config, **kw)
         self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
+        if rezero:
+            self.alpha_attn = nn.Parameter(torch.zeros((), **kw))
+            self.alpha_mlp = nn.Parameter(torch.zeros((), **kw))
         if self.position == "peri":
             self.out_norm1, self.out_norm2 = make_norm(config, **kw), make_norm(config, **kw)
         self.dropout = nn.Dropout(config.dropout)
@@ -287,7 +299,7 @@ class Block(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-normal projections (gain ``deepnorm_beta`` for v, out, fc1, fc2), zero biases,
-        norms reset (gains 1, biases 0, DyT alpha to its initial value)."""
+        norms reset (gains 1, biases 0, DyT alpha to its initial value), ReZero gates 0."""
         beta = 1.0 if self.deepnorm_beta is None else self.deepnorm_beta
         a = self.attn
         for lin, gain in ((a.q_proj, 1.0), (a.k_proj, 1.0), (a.v_proj, beta),
@@ -295,6 +307,9 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
+        if self.position == "rezero":
+            nn.init.zeros_(self.alpha_attn)
+            nn.init.zeros_(self.alpha_mlp)
         out_norms = (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
         for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *out_norms):
             if hasattr(m, "reset_parameters"):
@@ -323,6 +338,9 @@ class Block(nn.Module):
         if self.position == "output":
             x = x + drop(n(self.norm1, self.attn(x)))  # (B, T, D)
             return x + drop(n(self.norm2, self.mlp(x)))  # (B, T, D)
+        if self.position == "rezero":
+            x = x + self.alpha_attn * drop(self.attn(x))  # (B, T, D)
+            return x + self.alpha_mlp * drop(self.mlp(x))  # (B, T, D)
         alpha = 1.0 if self.deepnorm_alpha is None else self.deepnorm_alpha
         x = n(self.norm1, alpha * x + drop(self.attn(x)))  # (B, T, D)
         return n(self.norm2, alpha * x + drop(self.mlp(x)))  # (B, T, D)

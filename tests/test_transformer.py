@@ -449,3 +449,34 @@ def test_depth_scaled_peri_model_end_to_end_against_a_hand_written_forward():
     with pytest.raises(ValueError, match="position must be one of"):
         config(position="sandwich")
 
+
+def test_rezero_blocks_start_as_the_identity_and_follow_the_gated_formula():
+    """ReZero (Bachlechner et al., 2021): no norm in a block, x + a F(x) per branch with a
+    learnt scalar a initialized at 0, so the untrained model is the embeddings read by the
+    head; after the gates move, each block is the hand-written formula."""
+    m = model(norm="none", position="rezero")
+    idx = tokens()
+    for b in m.blocks:
+        assert type(b.norm1) is nn.Identity and type(b.norm2) is nn.Identity
+        assert float(b.alpha_attn) == 0.0 and float(b.alpha_mlp) == 0.0
+    assert type(m.final_norm) is nn.Identity
+    x0 = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    torch.testing.assert_close(m(idx), m.head(x0), atol=1e-12, rtol=0)
+    perturb_(m)
+    x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    for b in m.blocks:
+        assert float(b.alpha_attn) != 0.0
+        x = x + b.alpha_attn * b.attn(x)
+        x = x + b.alpha_mlp * b.mlp(x)
+    torch.testing.assert_close(m(idx), m.head(x), atol=1e-10, rtol=0)
+    # the gates get gradients from the start (the branches' weights do not, at a = 0)
+    fresh = model(norm="none", position="rezero")
+    sequence_loss(fresh(idx), idx).backward()
+    assert float(fresh.blocks[0].alpha_attn.grad.abs()) > 0
+    assert float(fresh.blocks[0].mlp.fc2.weight.grad.abs().max()) == 0.0
+    m.reset_parameters()
+    assert float(m.blocks[1].alpha_mlp) == 0.0
+    # with norm="layer" only the final norm is a norm: the blocks stay norm-free
+    ln_model = model(position="rezero")
+    assert type(ln_model.final_norm) is LayerNorm
+    assert all(type(b.norm1) is nn.Identity for b in ln_model.blocks)
