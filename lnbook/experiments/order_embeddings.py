@@ -22,10 +22,10 @@ from torch import Tensor, nn
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
-from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
 from lnbook.engine.metrics import best_step
 from lnbook.engine.train import History, fit
-from lnbook.experiments._text import first_reach, median_step_time, pad_ids
+from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
 
 NAME = "order_embeddings"
@@ -374,7 +374,8 @@ class Config:
 
     ``n_test`` test images are cut into ``test_splits`` equal splits; ``data_seed`` seeds the
     captions and the train/validation split; ``threads``: torch CPU threads during the run
-    (None: leave as is); ``checkpoint``: checkpoint every run (and its best model) and resume.
+    (None: leave as is); ``checkpoint``: checkpoint every run (and its best model) and resume;
+    ``workers``: runs trained at once, one process each.
     """
 
     scale: str = "quick"
@@ -396,6 +397,7 @@ class Config:
     source: str = "auto"
     threads: int | None = 1
     checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, tuple(VARIANTS))
@@ -479,7 +481,8 @@ def run(config: Config, device: str | torch.device = "auto",
         return sweep(
             NAME, {v: VARIANTS[v] for v in config.variants}, config.seeds,
             partial(train_one, config, splits), config=config, device=device,
-            out=out, checkpoint=config.checkpoint, steps=config.steps,
+            out=out, checkpoint=config.checkpoint, steps=config.steps, threads=config.threads,
+            workers=config.workers,
             info={"mnist_source": load_mnist(split="test", source=config.source).source,
                   "vocab_size": len(splits["train"].vocab),
                   "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()}},
@@ -492,14 +495,15 @@ def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseli
 
     Arrays ``(seeds,)``: ``base_best_step`` (the baseline's best ``metric``, higher is
     better), ``plateaued`` (that is before its last evaluation), ``other_steps`` (first update
-    at which ``other`` is as good; NaN: never) and ``ratio`` = other_steps / base_best_step.
+    at which ``other`` is as good; inf: never, :func:`~lnbook.engine.updates_to_reach`) and
+    ``ratio`` = other_steps / base_best_step (inf: never).
     """
     steps, base = results.curves(baseline, metric)  # (E,), (seeds, E)
     _, oth = results.curves(other, metric)
     best_at = np.array([best_step(steps, row, mode="max") for row in base], dtype=float)
-    other_steps = first_reach(steps, oth, base.max(axis=1), "max")
+    other_steps = updates_to_reach(steps, oth, base.max(axis=1), "max")
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(np.isnan(other_steps), np.inf, other_steps / best_at)
+        ratio = other_steps / best_at
     return {"base_best_step": best_at, "plateaued": best_at < steps[-1],
             "other_steps": other_steps, "ratio": ratio}
 

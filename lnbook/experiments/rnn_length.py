@@ -230,7 +230,7 @@ def run(config: Config, device: str | torch.device = "auto",
     with cpu_threads(config.threads):
         return sweep(NAME, variants, config.seeds, partial(train_one, config, held, tests_of),
                      config=config, device=resolve_device(device), out=out, steps=config.steps,
-                     workers=config.workers, info={"trivial": trivial})
+                     threads=config.threads, workers=config.workers, info={"trivial": trivial})
 
 
 def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
