@@ -278,3 +278,14 @@ def test_run_first_sign_curves_and_pairing():
 def test_bad_arguments_name_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_two_workers_give_the_numbers_of_one_process():
+    kw = dict(hidden=3, train_lens=(3,), batch_sizes=(4,), steps=2, eval_every=1, n_eval=4,
+              test_len=4, test_batch=4, seeds=(0, 1), variants=("ln", "plain"))
+    one = E.run(E.get_config("quick", **kw), device="cpu")
+    two = E.run(E.get_config("quick", workers=2, **kw), device="cpu")  # --workers 2
+    assert two.config["workers"] == 2
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert (a.variant, a.seed, a.info) == (b.variant, b.seed, b.info)
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics

