@@ -329,3 +329,17 @@ def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
 def test_bad_arguments_name_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_smoke_run_builds_a_short_corpus_and_a_real_run_the_whole(capsys):
+    from lnbook.engine import capped
+    cfg = st.get_config("paper")
+    full, _ = st.load_data(cfg)  # a real run: every sentence, up to 30 words
+    assert len(full) > st.SMOKE_SENTENCES and max(map(len, full.sentences)) == 30
+    with capped(2):
+        corpus, data = st.load_data(cfg)
+    assert len(corpus) == st.SMOKE_SENTENCES and max(map(len, corpus.sentences)) == 8
+    assert corpus.sentences[5] == full.sentences[5][:8] and corpus.topic == full.topic[:512]
+    assert data.train_triples.shape[0] >= cfg.batch_size and len(data.pairs) > 0
+    assert "smoke run on the first 512 sentences, at most 8 words each" in (
+        capsys.readouterr().out)

@@ -460,11 +460,11 @@ def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
     corpus = load_corpus(max_tokens=config.max_tokens)
     if max_updates() is not None and (len(corpus) > SMOKE_SENTENCES
                                       or config.max_tokens > SMOKE_TOKENS):
-        n = min(len(corpus), SMOKE_SENTENCES)
-        corpus = Corpus([w[:SMOKE_TOKENS] for w in corpus.sentences[:n]], corpus.topic[:n],
+        n, words = min(len(corpus), SMOKE_SENTENCES), min(config.max_tokens, SMOKE_TOKENS)
+        corpus = Corpus([w[:words] for w in corpus.sentences[:n]], corpus.topic[:n],
                         corpus.topics, corpus.source)
-        print(f"{NAME}: smoke run on the first {n:,} sentences, at most {SMOKE_TOKENS} words "
-              f"each", flush=True)
+        print(f"{NAME}: smoke run on the first {n:,} sentences, at most {words} words each",
+              flush=True)
     return corpus, make_data(corpus, config.vocab_size, config.heldout, config.probe_topics)
 
 
