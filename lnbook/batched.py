@@ -238,7 +238,7 @@ def seed_batches(x: Tensor, y: Tensor, batch_size: int,
     orders = [Batches(torch.arange(len(y)), batch_size=batch_size, seed=s) for s in seeds]
 
     def batch(step: int) -> tuple[Tensor, Tensor]:
-        idx = torch.stack([o(step)[0] for o in orders]).flatten()  # (S * B,)
+        idx = torch.stack([o(step)[0] for o in orders]).flatten().to(x.device)  # (S * B,)
         return (x.index_select(0, idx).view(len(seeds), batch_size, *x.shape[1:]),
                 y.index_select(0, idx).view(len(seeds), batch_size, *y.shape[1:]))
 
