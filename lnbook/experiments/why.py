@@ -473,7 +473,7 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
     stop = np.full(len(seeds), np.inf)
     rms: list[Tensor] = []
     norms = [torch.stack([w.detach().norm(dim=(1, 2)) for w in hidden], 1)]  # (S, L)
-    start = norms[0].clone()
+    start = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
     turns: list[Tensor] = []
     last = [w.detach().clone() for w in hidden]
     steps, done = max_updates(config.steps), [0]
@@ -506,11 +506,11 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
     train_copies(losses, evaluate, opt, histories or [History() for _ in seeds], config.steps,
                  every, bar=bar, label=label)
     bad = np.isfinite(stop)
-    end = torch.stack([w.detach().norm(dim=(1, 2)) for w in hidden], 1)  # (S, L)
+    end = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
     out = {"train_nll": np.where(bad, np.inf, _nll(model, x, y)).astype(float),
            "test_nll": np.where(bad, np.inf, _nll(model, xt, yt)).astype(float),
            "diverged_at": stop,
-           "weight_norms": torch.stack([start, end], 1).cpu().double().numpy()}
+           "weight_norms": torch.stack([start, end], 1).cpu().numpy()}
     for k in ("train_nll", "test_nll"):
         out[k][~np.isfinite(out[k])] = np.inf
     out["weight_norms"][~np.isfinite(out["train_nll"])] = np.nan
