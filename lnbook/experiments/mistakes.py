@@ -31,6 +31,7 @@ from lnbook.engine import (
     cpu_threads,
     fit,
     make_config,
+    max_updates,
     resolve_seeds,
     sweep,
     train_copies,
@@ -203,6 +204,9 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+_SMOKE_PROBE = 8  # probe sequences of a smoke run of the paper preset
+
+
 def variant_name(kind: str, depth: int) -> str:
     """``"post/L18"``, ``"deepnorm/L18"``."""
     return f"{kind}/L{depth}"
@@ -215,10 +219,16 @@ def run(config: Config, device: str | torch.device = "auto",
     sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
     """
     check_config(config, Config)
+    seeds, n_probe = config.seeds, config.n_probe
+    if max_updates() is not None and config.scale == "paper":
+        # a smoke run of the paper preset (lnbook.engine.capped): every model at full size,
+        # but one seed and a few probe sequences, so that stacks of 200 blocks step within
+        # minutes on a CPU (a probe pass of 256 sequences through one takes 10-20 s there)
+        seeds, n_probe = resolve_seeds(seeds)[:1], min(n_probe, _SMOKE_PROBE)
     x, y = sort_task(4096, config.length, config.vocab_size, seed=0)  # (n, T)
-    xp, yp = sort_task(config.n_probe, config.length, config.vocab_size, seed=1)
+    xp, yp = sort_task(n_probe, config.length, config.vocab_size, seed=1)
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
-    return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xp, yp)),
+    return sweep(NAME, variants, seeds, partial(train_one, config, (x, y, xp, yp)),
                  config=config, device=device, out=out, steps=config.steps, threads=config.threads,
                  workers=config.workers)
 
