@@ -465,7 +465,7 @@ def test_rezero_blocks_start_as_the_identity_and_follow_the_gated_formula():
     perturb_(m)
     x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
     for b in m.blocks:
-        assert float(b.alpha_attn) != 0.0
+        assert b.alpha_attn.item() != 0.0
         x = x + b.alpha_attn * b.attn(x)
         x = x + b.alpha_mlp * b.mlp(x)
     torch.testing.assert_close(m(idx), m.head(x), atol=1e-10, rtol=0)
