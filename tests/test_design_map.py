@@ -172,18 +172,45 @@ def test_claim_values_and_the_pilot_summary():
                                    v("olmo2", 2, 0.01, 0): spiky,
                                    v("olmo2", 2, 0.1, 0): flat})
     res.config["designs"] = ["pre", "post", "olmo2"]
-    values = design_map.claim_values(res)
+    amp = {"post": np.array([[0.1, 0.4]] * 3), "pre": np.array([[0.1, 0.2], [0.1, 0.4],
+                                                                 [0.1, 0.8]])}
+    values = design_map.claim_values(res, amp)
     p23, p29 = values["P23"], values["P29"]
+    np.testing.assert_allclose(p23["Post-LN amplifies a small update"],
+                               np.log10([2.0, 1.0, 0.5]))  # the deepest depth, post over pre
     # seed 0: post ties pre at the low rate, ends 0.5 lower at the high one: median of 0, 0.5/1.5
     np.testing.assert_allclose(p23["Post-LN ends lower where it trains"],
                                [np.median([0.0, 0.5 / 1.5]), 0.0, 0.0])
     np.testing.assert_allclose(p23["Post-LN fails where Pre-LN trains"], [0.0, 0.0, -0.5])
     np.testing.assert_allclose(p29["trains where Pre-LN does not"], [0.0, 0.5, 0.5])
     np.testing.assert_allclose(p29["fewer loss spikes"], [1 / 3] * 3)  # 2 spikes against 1
-    rec = design_map.pilot_summary(res, "P29", "a note")
+    rec = design_map.pilot_summary(res, amp, "P29", "a note")
+    assert rec["amplification"]["pre"] == pytest.approx([0.1, 1.4 / 3])
     assert rec["per_seed"]["trains where Pre-LN does not"] == [0.0, 0.5, 0.5]
     assert rec["seeds"] == [0, 1, 2] and rec["note"] == "a note"
     assert rec["map"][v("pre", 2, 0.1, 0)]["left"] == 1
     import json
 
     json.dumps(rec, allow_nan=False)  # strict JSON: no inf or NaN
+
+
+def test_output_change_is_the_relative_change_of_the_logits_after_a_sign_update():
+    cfg = design_map.get_config("quick", probe_depths=(1, 3), probe_step=0.02)
+    task = make_task("sort", 16, 8, 3, cfg.symbols)
+    idx = task.x_test
+    got = design_map.output_change(cfg, "post", 3, 7, idx)
+    torch.manual_seed(7)
+    model = Transformer(design_map.model_config(cfg, "post", 3, idx.shape[1]))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        y0 = model(idx)
+        for p in model.parameters():
+            p.add_(0.02 * (2 * torch.randint(0, 2, p.shape, generator=g).float() - 1))
+        want = float((model(idx) - y0).norm() / y0.norm())
+    assert got == pytest.approx(want, rel=1e-6) and got > 0
+    assert design_map.output_change(cfg, "pre", 3, 7, idx, step=1e-12) < 1e-8
+    amp = design_map.amplification(cfg, idx, seeds=(0, 1))
+    assert set(amp) == set(cfg.designs) and amp["rezero"].shape == (2, 2)
+    assert amp["pre"][1, 1] == pytest.approx(design_map.output_change(cfg, "pre", 3, 1, idx))
+    with pytest.raises(ValueError, match="probe_depths"):
+        design_map.get_config("quick", probe_depths=(4, 2))

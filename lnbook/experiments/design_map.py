@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -27,13 +28,14 @@ import numpy as np
 import torch
 
 from lnbook.checks import check_config
-from lnbook.engine import History, Job, Results, make_config, sweep
+from lnbook.engine import History, Job, Results, make_config, resolve_seeds, sweep
 from lnbook.experiments.seq_tasks import DeepTaskConfig, SequenceTask, check_lrs, presets, task_of
 from lnbook.experiments.stacked import groups, in_job_order, train_stacked
-from lnbook.transformer import TransformerConfig
+from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = ["NAME", "DESCRIPTION", "DESIGNS", "BAR", "Config", "Cell", "get_config",
-           "model_config", "variant_name", "run", "train", "final_loss", "left_trivial",
+           "model_config", "variant_name", "run", "train", "output_change", "amplification",
+           "final_loss", "left_trivial",
            "loss_spikes", "spikes", "median_interval", "design_map", "cells_trained",
            "ends_lower", "fewer_spikes", "claim_values", "pilot_summary", "plot_map"]
 
@@ -68,6 +70,8 @@ class Config(DeepTaskConfig):
         lrs: peak Adam learning rates, increasing.
         warmups: updates of linear warm-up to the peak (0: none), each at most ``steps``.
         n_eval: held-out sequences per evaluation.
+        probe_depths, probe_step: the depths of :func:`amplification` (untrained models) and
+            the size of the update it applies to every parameter entry.
     """
 
     designs: tuple[str, ...] = tuple(DESIGNS)
@@ -78,6 +82,8 @@ class Config(DeepTaskConfig):
     eval_every: int = 30
     n_eval: int = 128
     seeds: int | tuple[int, ...] = 5
+    probe_depths: tuple[int, ...] = (1, 4, 16)
+    probe_step: float = 0.01
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,10 +104,15 @@ class Config(DeepTaskConfig):
                              f"{self.steps}], got {self.warmups}")
         if self.n_eval < 1:
             raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
+        self.probe_depths = tuple(self.probe_depths)
+        if (not self.probe_depths or list(self.probe_depths) != sorted(set(self.probe_depths))
+                or self.probe_depths[0] < 1 or not self.probe_step > 0):
+            raise ValueError(f"probe_depths must be increasing depths >= 1 and probe_step > 0, "
+                             f"got {self.probe_depths}, {self.probe_step}")
 
 
 _PRESETS = presets(depths=(6, 12, 24), lrs=(1e-4, 3e-4, 1e-3, 3e-3), warmups=(0, 2000),
-                   steps=10_000, n_eval=512)
+                   steps=10_000, n_eval=512, probe_depths=(6, 12, 24, 48), probe_step=1e-3)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -149,6 +160,36 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
             name = variant_name(design, depth, r.info["lr"], r.info["warmup"])
             trained[name, r.info["seed"]] = r
     return in_job_order(job, trained)
+
+
+def output_change(config: Config, design: str, depth: int, seed: int, idx: torch.Tensor,
+                  step: float | None = None) -> float:
+    """How much one small update moves an untrained model's output (Liu et al. 2020's
+    amplification): the model of ``design`` with ``depth`` blocks built under
+    ``torch.manual_seed(seed)``, every parameter entry moved by ``+step`` or ``-step`` (random
+    signs from a generator seeded with ``seed``: the size of Adam's first update at rate
+    ``step``; default ``config.probe_step``); returns ``|f'(idx) - f(idx)| / |f(idx)|`` over
+    the logits."""
+    step = config.probe_step if step is None else step
+    torch.manual_seed(seed)
+    model = Transformer(model_config(config, design, depth, idx.shape[1]))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        before = model(idx)  # (B, T, V)
+        for p in model.parameters():
+            signs = torch.randint(0, 2, p.shape, generator=g).to(p.dtype) * 2 - 1
+            p.add_(step * signs)
+        return float((model(idx) - before).norm() / before.norm())
+
+
+def amplification(config: Config, idx: torch.Tensor, seeds: Sequence[int] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """:func:`output_change` of every design at every ``config.probe_depths``:
+    ``{design: (seeds, depths)}``; ``seeds`` default the config's
+    (:func:`lnbook.engine.resolve_seeds`)."""
+    seeds = resolve_seeds(config.seeds) if seeds is None else list(seeds)
+    return {d: np.array([[output_change(config, d, n, s, idx) for n in config.probe_depths]
+                         for s in seeds]) for d in config.designs}
 
 
 # --- per-seed quantities ---------------------------------------------------------------------
@@ -315,11 +356,15 @@ def fewer_spikes(results: Results, steadier: str, other: str, window: int = 5,
     return (b - a) / np.maximum(a + b, 1)
 
 
-def claim_values(results: Results, bar: float = BAR) -> dict[str, dict[str, np.ndarray]]:
+def claim_values(results: Results, amp: dict[str, np.ndarray], bar: float = BAR
+                 ) -> dict[str, dict[str, np.ndarray]]:
     """The per-seed values of each part of P23 and P29 as ``claims.yml`` declares them:
-    ``{"P23": {part: (seeds,)}, "P29": {...}}`` (NaN where a seed counts for neither side)."""
+    ``{"P23": {part: (seeds,)}, "P29": {...}}`` (NaN where a seed counts for neither side);
+    ``amp`` is :func:`amplification`'s (its deepest depth is read)."""
     return {
-        "P23": {"Post-LN ends lower where it trains": ends_lower(results, "post", "pre", bar),
+        "P23": {"Post-LN amplifies a small update": np.log10(amp["post"][:, -1]
+                                                              / amp["pre"][:, -1]),
+                "Post-LN ends lower where it trains": ends_lower(results, "post", "pre", bar),
                 "Post-LN fails where Pre-LN trains": cells_trained(results, "pre", bar)
                 - cells_trained(results, "post", bar)},
         "P29": {"trains where Pre-LN does not": cells_trained(results, "olmo2", bar)
@@ -328,12 +373,13 @@ def claim_values(results: Results, bar: float = BAR) -> dict[str, dict[str, np.n
     }
 
 
-def pilot_summary(results: Results, claim: str, note: str, bar: float = BAR
-                  ) -> dict[str, Any]:
+def pilot_summary(results: Results, amp: dict[str, np.ndarray], claim: str, note: str,
+                  bar: float = BAR) -> dict[str, Any]:
     """What a pilot record (``book/pilots/<claim>.json``) keeps of a pilot run: the config
     and seeds, the per-seed values of the claim's parts (:func:`claim_values`), the map
-    (:func:`design_map`, one line per cell) and ``note``, what the pilot showed and chose."""
-    values = claim_values(results, bar)[claim]
+    (:func:`design_map`, one line per cell), the amplification probe's seed means per design
+    and depth, and ``note``, what the pilot showed and chose."""
+    values = claim_values(results, amp, bar)[claim]
     cellmap = {variant_name(d, n, lr, w): {k: "inf" if v == math.inf else v
                                            for k, v in c._asdict().items()}
                for (d, n, lr, w), c in design_map(results, bar).items()}
@@ -341,4 +387,5 @@ def pilot_summary(results: Results, claim: str, note: str, bar: float = BAR
             "seeds": results.seeds, "baseline_loss": results.info["baseline_loss"],
             "bar": bar, "per_seed": {k: [None if not math.isfinite(x) else float(x)
                                          for x in v] for k, v in values.items()},
-            "map": cellmap, "note": note}
+            "map": cellmap, "amplification": {d: a.mean(0).tolist() for d, a in amp.items()},
+            "note": note}
