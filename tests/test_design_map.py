@@ -94,7 +94,8 @@ def _results(finals: dict[str, list[float]], diverged: dict[str, list[bool]] | N
             info = {"diverged": bool((diverged or {}).get(v, [False] * 3)[k])}
             runs.append(Run(v, k, h, info))
     config = {"designs": ["pre", "post"], "depths": [2], "lrs": [0.01, 0.1], "warmups": [0]}
-    return Results("design_map", config, "cpu", runs, {"baseline_loss": 2.0})
+    return Results("design_map", config, "cpu", runs, {"baseline_loss": 2.0,
+                                                        "uniform_loss": 2.1})
 
 
 def test_per_seed_quantities_on_known_results():
@@ -214,3 +215,31 @@ def test_output_change_is_the_relative_change_of_the_logits_after_a_sign_update(
     assert amp["pre"][1, 1] == pytest.approx(design_map.output_change(cfg, "pre", 3, 1, idx))
     with pytest.raises(ValueError, match="probe_depths"):
         design_map.get_config("quick", probe_depths=(4, 2))
+
+
+def test_course_reports_name_the_cells_that_give_each_report():
+    v = design_map.variant_name
+    down = [[3.0] + [1.5] * 5]  # training losses that went 0.5 below the baseline (2.0)
+    res = _results({v("pre", 2, 0.01, 0): [1.0, 1.1, 1.2],
+                    v("pre", 2, 0.1, 0): [0.5, 5.0, 0.6],  # seed 1 learnt, then collapsed
+                    v("post", 2, 0.01, 0): [1.05, 1.15, 1.3],
+                    v("post", 2, 0.1, 0): [1.9, 1.95, 1.0]},  # fails on 2 of 3, never learnt
+                   losses={v("pre", 2, 0.1, 0): down * 3})
+    np.testing.assert_array_equal(design_map.collapsed(res, v("pre", 2, 0.1, 0)),
+                                  [False, True, False])
+    assert not design_map.collapsed(res, v("post", 2, 0.1, 0)).any()
+    got = design_map.course_reports(res)
+    assert got["learnt, then collapsed"] == [("pre", 2, 0.1, 0)]
+    assert got["fails at every rate"] == []
+    assert got["no instability, Post-LN close to Pre-LN"] == [(2, 0.01, 0)]
+    res = _results({v("pre", 2, 0.01, 0): [1.0] * 3, v("pre", 2, 0.1, 0): [1.0] * 3,
+                    v("post", 2, 0.01, 0): [1.95, 1.0, 3.0], v("post", 2, 0.1, 0): [3.0] * 3},
+                   diverged={v("post", 2, 0.1, 0): [False, True, False]},
+                   losses={v("post", 2, 0.1, 0): [[3.0, 3.0], [3.0, 1.0], [3.0, 3.0]]})
+    got = design_map.course_reports(res)
+    assert got["fails at every rate"] == [("post", 2, 0)]
+    # seed 1 learnt (a run shorter than the window is read loss by loss), then diverged
+    assert got["learnt, then collapsed"] == [("post", 2, 0.1, 0)]
+    assert got["no instability, Post-LN close to Pre-LN"] == []
+    np.testing.assert_array_equal(design_map.collapsed(res, v("post", 2, 0.1, 0), window=1),
+                                  [False, True, False])

@@ -37,7 +37,8 @@ __all__ = ["NAME", "DESCRIPTION", "DESIGNS", "BAR", "Config", "Cell", "get_confi
            "model_config", "variant_name", "run", "train", "output_change", "amplification",
            "final_loss", "left_trivial",
            "loss_spikes", "spikes", "median_interval", "design_map", "cells_trained",
-           "ends_lower", "fewer_spikes", "claim_values", "pilot_summary", "plot_map"]
+           "ends_lower", "fewer_spikes", "claim_values", "pilot_summary", "collapsed",
+           "course_reports", "plot_map"]
 
 NAME = "design_map"
 DESCRIPTION = ("Where each design trains: no norm, Post-LN, Pre-LN, Peri-LN, OLMo 2's output "
@@ -314,6 +315,52 @@ def design_map(results: Results, bar: float = BAR) -> dict[tuple[str, int, float
             left = left_trivial(results, v, bar)
             out[(d, *c)] = Cell(int(left.sum()), left.size, float(left.mean()),
                                 *median_interval(final_loss(results, v)))
+    return out
+
+
+def collapsed(results: Results, variant: str, bar: float = BAR, window: int = 5
+              ) -> np.ndarray:
+    """Whether each seed's run learnt, then collapsed, ``(seeds,)`` bool: the mean of
+    ``window`` consecutive training losses went at least ``bar`` below the position-wise
+    unigram loss (a run with fewer losses is read loss by loss), and the run ended above it
+    (final held-out loss) or stopped being finite."""
+    base = results.info["baseline_loss"]
+    end = final_loss(results, variant)
+    out = []
+    for k, r in enumerate(results.select(variant)):
+        x = np.asarray(r.history.losses, dtype=float)
+        m = np.convolve(x, np.ones(window) / window, "valid") if x.size >= window else x
+        out.append(bool(m.size and m.min() < base - bar and end[k] > base))
+    return np.array(out, dtype=bool)
+
+
+def course_reports(results: Results, bar: float = BAR) -> dict[str, list[tuple]]:
+    """Where on the map each kind of one-run report comes from.
+
+    - ``"learnt, then collapsed"``: ``(design, depth, lr, warmup)`` cells where some seed's
+      run learnt, then collapsed (:func:`collapsed`);
+    - ``"fails at every rate"``: ``(design, depth, warmup)`` where at every peak rate fewer
+      than half of the seeds left the trivial phase;
+    - ``"no instability, Post-LN close to Pre-LN"``: ``(depth, lr, warmup)`` cells where
+      every seed of Post-LN and of Pre-LN left the trivial phase and the two medians' intervals
+      (:func:`median_interval`) overlap.
+    """
+    cfg, m = results.config, design_map(results, bar)
+    out: dict[str, list[tuple]] = {"learnt, then collapsed": [], "fails at every rate": [],
+                                   "no instability, Post-LN close to Pre-LN": []}
+    for d in cfg["designs"]:
+        for c in cells(results):
+            if collapsed(results, variant_name(d, *c), bar).any():
+                out["learnt, then collapsed"].append((d, *c))
+        for n in cfg["depths"]:
+            for w in cfg["warmups"]:
+                if all(m[(d, n, lr, w)].share < 0.5 for lr in cfg["lrs"]):
+                    out["fails at every rate"].append((d, n, w))
+    if {"post", "pre"} <= set(cfg["designs"]):
+        for c in cells(results):
+            a, b = m[("post", *c)], m[("pre", *c)]
+            if a.left == a.n and b.left == b.n and a.low <= b.high and b.low <= a.high:
+                out["no instability, Post-LN close to Pre-LN"].append(c)
     return out
 
 
