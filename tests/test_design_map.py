@@ -154,10 +154,10 @@ def test_plot_map_labels_every_cell():
     matplotlib.use("Agg")
     v = design_map.variant_name
     res = _results({v("pre", 2, 0.01, 0): [1.0, 1.5, 1.9], v("pre", 2, 0.1, 0): [0.5] * 3,
-                    v("post", 2, 0.01, 0): [0.8] * 3, v("post", 2, 0.1, 0): [3.0] * 3})
+                    v("post", 2, 0.01, 0): [0.8] * 3, v("post", 2, 0.1, 0): [3e8] * 3})
     ax = design_map.plot_map(res)
     texts = [t.get_text() for t in ax.texts]
-    assert texts == ["2/3  1.50", "3/3  0.50", "3/3  0.80", "0/3  3.00"]
+    assert texts == ["2/3  1.50", "3/3  0.50", "3/3  0.80", "0/3  3e+08"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["pre, 2 blocks", "post, 2 blocks"]
 
 
@@ -185,6 +185,8 @@ def test_claim_values_and_the_pilot_summary():
     np.testing.assert_allclose(p23["Post-LN fails where Pre-LN trains"], [0.0, 0.0, -0.5])
     np.testing.assert_allclose(p29["trains where Pre-LN does not"], [0.0, 0.5, 0.5])
     np.testing.assert_allclose(p29["fewer loss spikes"], [1 / 3] * 3)  # 2 spikes against 1
+    np.testing.assert_array_equal(design_map.total_spikes(res, "pre"), [2, 2, 2])
+    np.testing.assert_array_equal(design_map.both_trained(res, "pre", "post"), [True] * 3)
     rec = design_map.pilot_summary(res, amp, "P29", "a note")
     assert rec["amplification"]["pre"] == pytest.approx([0.1, 1.4 / 3])
     assert rec["per_seed"]["trains where Pre-LN does not"] == [0.0, 0.5, 0.5]

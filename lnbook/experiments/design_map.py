@@ -35,9 +35,9 @@ from lnbook.transformer import Transformer, TransformerConfig
 
 __all__ = ["NAME", "DESCRIPTION", "DESIGNS", "BAR", "Config", "Cell", "get_config",
            "model_config", "variant_name", "run", "train", "output_change", "amplification",
-           "final_loss", "left_trivial",
-           "loss_spikes", "spikes", "median_interval", "design_map", "cells_trained",
-           "ends_lower", "fewer_spikes", "claim_values", "pilot_summary", "collapsed",
+           "final_loss", "left_trivial", "loss_spikes", "spikes", "median_interval",
+           "design_map", "cells", "cells_trained", "ends_lower", "total_spikes",
+           "fewer_spikes", "both_trained", "claim_values", "pilot_summary", "collapsed",
            "course_reports", "plot_map"]
 
 NAME = "design_map"
@@ -364,6 +364,13 @@ def course_reports(results: Results, bar: float = BAR) -> dict[str, list[tuple]]
     return out
 
 
+def _short(loss: float) -> str:
+    """A final loss in a few characters: ``0.53``, ``8e+08``, ``inf``."""
+    if not math.isfinite(loss):
+        return "inf"
+    return f"{loss:.2f}" if loss < 100 else f"{loss:.0e}"
+
+
 def plot_map(results: Results, bar: float = BAR, ax: Any = None) -> Any:
     """A heat map of :func:`design_map`: one row per design and depth, one column per peak
     rate and warm-up, colour the share of seeds that left the trivial phase, text the
@@ -377,30 +384,41 @@ def plot_map(results: Results, bar: float = BAR, ax: Any = None) -> Any:
         _, ax = plt.subplots(figsize=(1.3 * len(cols) + 2, 0.42 * len(rows) + 1.2),
                              layout="constrained")
     share = np.array([[m[(d, n, lr, w)].share for lr, w in cols] for d, n in rows])
-    im = ax.imshow(share, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    im = ax.imshow(share, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for i, (d, n) in enumerate(rows):
         for j, (lr, w) in enumerate(cols):
             c = m[(d, n, lr, w)]
-            med = "inf" if not math.isfinite(c.median) else f"{c.median:.2f}"
-            ax.text(j, i, f"{c.left}/{c.n}  {med}", ha="center", va="center", fontsize=8)
+            ax.text(j, i, f"{c.left}/{c.n}  {_short(c.median)}", ha="center", va="center",
+                    fontsize=8, color="white" if c.share < 0.5 else "black")
     ax.set_xticks(range(len(cols)), [f"lr {lr:g}\nwarm-up {w}" for lr, w in cols])
-    ax.set_yticks(range(len(rows)), [f"{d}, {n} blocks" for d, n in rows])
+    ax.set_yticks(range(len(rows)),
+                  [f"{d}, {n} block{'s' if n > 1 else ''}" for d, n in rows])
     ax.figure.colorbar(im, ax=ax, label="share of seeds that left the trivial phase")
     ax.set_title("seeds that left / median final loss (nats)")
     return ax
 
 
+def total_spikes(results: Results, design: str, window: int = 5, rise: float = 0.5
+                 ) -> np.ndarray:
+    """``design``'s :func:`spikes` summed over the grid's cells, per seed, ``(seeds,)``."""
+    return np.sum([spikes(results, variant_name(design, *c), window, rise)
+                   for c in cells(results)], axis=0)
+
+
 def fewer_spikes(results: Results, steadier: str, other: str, window: int = 5,
                  rise: float = 0.5) -> np.ndarray:
     """For each seed, ``(S_other - S_steadier) / max(S_other + S_steadier, 1)`` where ``S`` is
-    a design's :func:`spikes` summed over the grid's cells: in [-1, 1], positive when
-    ``steadier`` spikes less, 0 when neither spikes. ``(seeds,)``."""
-    def total(design: str) -> np.ndarray:
-        return np.sum([spikes(results, variant_name(design, *c), window, rise)
-                       for c in cells(results)], axis=0)
-
-    a, b = total(steadier), total(other)
+    a design's :func:`total_spikes`: in [-1, 1], positive when ``steadier`` spikes less, 0 when
+    neither spikes. ``(seeds,)``."""
+    a = total_spikes(results, steadier, window, rise)
+    b = total_spikes(results, other, window, rise)
     return (b - a) / np.maximum(a + b, 1)
+
+
+def both_trained(results: Results, a: str, b: str, bar: float = BAR) -> np.ndarray:
+    """Whether designs ``a`` and ``b`` each left the trivial phase in at least one cell of
+    the grid, per seed, ``(seeds,)`` bool: the trivial-phase bar of P23's and P29's parts."""
+    return (cells_trained(results, a, bar) > 0) & (cells_trained(results, b, bar) > 0)
 
 
 def claim_values(results: Results, amp: dict[str, np.ndarray], bar: float = BAR
