@@ -3,6 +3,7 @@ quantities its claims (P23, P29) read."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,12 +20,14 @@ def test_presets_designs_and_validation():
     quick, paper = design_map.get_config("quick"), design_map.get_config("paper")
     assert EXPERIMENTS["design_map"] is design_map
     assert quick.designs == tuple(design_map.DESIGNS) and len(quick.designs) == 7
-    assert quick.seeds == 5 and quick.steps < paper.steps == 10_000
-    assert paper.depths == (6, 12, 24) and paper.d_model == 512
+    assert quick.seeds == 5 and quick.steps < paper.steps == 5_000
+    assert paper.depths == (4, 8, 16) and paper.d_model == 64 and paper.stack == "seeds"
+    assert quick.stack == "all" and quick.depths == (1, 5) and quick.lrs == (0.01, 0.1)
     assert design_map.variant_name("pre", 4, 0.03, 0) == "pre/L4/lr0.03/w0"
     for bad, match in (({"designs": ("pre", "batch")}, "designs"),
                        ({"depths": (4, 2)}, "depths"), ({"lrs": (0.1, 0.01)}, "increasing"),
-                       ({"warmups": (0, 1000)}, "warmups"), ({"n_eval": 0}, "n_eval")):
+                       ({"warmups": (0, 1000)}, "warmups"), ({"n_eval": 0}, "n_eval"),
+                       ({"stack": "none"}, "stack")):
         with pytest.raises(ValueError, match=match):
             design_map.get_config("quick", **bad)
     with pytest.raises(TypeError, match="design_map.Config"):
@@ -55,6 +58,9 @@ def test_a_tiny_run_is_each_copy_trained_alone():
                                 warmups=(0, 2), steps=4, eval_every=2, n_train=32, n_test=8,
                                 n_eval=8, size=3, seeds=(0, 1))
     res = design_map.run(cfg, device="cpu")
+    per_cell = design_map.run(dataclasses.replace(cfg, stack="seeds"), device="cpu")
+    for a, b in zip(res.runs, per_cell.runs, strict=True):  # the same copies, grouped apart
+        np.testing.assert_allclose(a.history.losses, b.history.losses, rtol=1e-5)
     task = make_task("sort", 32, 8, 3, cfg.symbols)
     assert len(res.runs) == 4 and res.info["baseline_loss"] == pytest.approx(task.baseline_loss)
     for w in (0, 2):

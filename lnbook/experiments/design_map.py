@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from lnbook.checks import check_config
+from lnbook.checks import check_choice, check_config
 from lnbook.engine import History, Job, Results, make_config, resolve_seeds, sweep
 from lnbook.experiments.seq_tasks import DeepTaskConfig, SequenceTask, check_lrs, presets, task_of
 from lnbook.experiments.stacked import groups, in_job_order, train_stacked
@@ -73,6 +73,9 @@ class Config(DeepTaskConfig):
         n_eval: held-out sequences per evaluation.
         probe_depths, probe_step: the depths of :func:`amplification` (untrained models) and
             the size of the update it applies to every parameter entry.
+        stack: what trains as one computation: ``"all"`` (one job: every cell of a design and
+            depth at once) or ``"seeds"`` (one job per cell, its seeds at once; the paper
+            preset's, whose copies are large).
     """
 
     designs: tuple[str, ...] = tuple(DESIGNS)
@@ -85,6 +88,7 @@ class Config(DeepTaskConfig):
     seeds: int | tuple[int, ...] = 5
     probe_depths: tuple[int, ...] = (1, 4, 16)
     probe_step: float = 0.01
+    stack: str = "all"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +109,7 @@ class Config(DeepTaskConfig):
                              f"{self.steps}], got {self.warmups}")
         if self.n_eval < 1:
             raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
+        check_choice("stack", self.stack, ("all", "seeds"))
         self.probe_depths = tuple(self.probe_depths)
         if (not self.probe_depths or list(self.probe_depths) != sorted(set(self.probe_depths))
                 or self.probe_depths[0] < 1 or not self.probe_step > 0):
@@ -112,8 +117,10 @@ class Config(DeepTaskConfig):
                              f"got {self.probe_depths}, {self.probe_step}")
 
 
-_PRESETS = presets(depths=(6, 12, 24), lrs=(1e-4, 3e-4, 1e-3, 3e-3), warmups=(0, 2000),
-                   steps=10_000, n_eval=512, probe_depths=(6, 12, 24, 48), probe_step=1e-3)
+_PRESETS = presets(size=16, symbols=32, n_train=50_000, n_test=1_000, d_model=64, n_heads=4,
+                   batch_size=32, depths=(4, 8, 16), lrs=(1e-3, 3e-3, 1e-2, 3e-2),
+                   warmups=(0, 500), steps=5_000, eval_every=250, n_eval=256,
+                   probe_depths=(4, 16, 64), probe_step=1e-3, stack="seeds")
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -135,16 +142,17 @@ def variant_name(design: str, depth: int, lr: float, warmup: int) -> str:
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train every cell of the grid on every seed in one job of
-    :func:`lnbook.engine.runner.sweep` (``stack="all"``); variants :func:`variant_name`, each
-    with ``(design, depth), (lr, warmup)``; ``Results.info`` the task's (``baseline_loss``).
+    """Train every cell of the grid on every seed in one call of
+    :func:`lnbook.engine.runner.sweep` (one job, or one per cell: ``config.stack``);
+    variants :func:`variant_name`, each with ``(design, depth), (lr, warmup)``;
+    ``Results.info`` the task's (``baseline_loss``).
     """
     check_config(config, Config)
     task = task_of(config)
     variants = {variant_name(d, n, lr, w): ((d, n), (lr, w)) for d in config.designs
                 for n in config.depths for lr in config.lrs for w in config.warmups}
     return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
-                 device=device, out=out, stack="all", steps=config.steps,
+                 device=device, out=out, stack=config.stack, steps=config.steps,
                  threads=config.threads, workers=config.workers, info=task.info)
 
 
