@@ -21,7 +21,7 @@ def test_presets_designs_and_validation():
     assert EXPERIMENTS["design_map"] is design_map
     assert quick.designs == tuple(design_map.DESIGNS) and len(quick.designs) == 7
     assert quick.seeds == 5 and quick.steps < paper.steps == 5_000
-    assert paper.depths == (4, 8, 16) and paper.d_model == 64 and paper.stack == "seeds"
+    assert paper.depths == (4, 8, 16) and paper.d_model == 32 and paper.lrs[0] == 1e-3
     assert quick.stack == "all" and quick.depths == (1, 5) and quick.lrs == (0.01, 0.1)
     assert design_map.variant_name("pre", 4, 0.03, 0) == "pre/L4/lr0.03/w0"
     for bad, match in (({"designs": ("pre", "batch")}, "designs"),

@@ -117,10 +117,10 @@ class Config(DeepTaskConfig):
                              f"got {self.probe_depths}, {self.probe_step}")
 
 
-_PRESETS = presets(size=16, symbols=32, n_train=50_000, n_test=1_000, d_model=64, n_heads=4,
+_PRESETS = presets(size=8, symbols=16, n_train=50_000, n_test=1_000, d_model=32, n_heads=4,
                    batch_size=32, depths=(4, 8, 16), lrs=(1e-3, 3e-3, 1e-2, 3e-2),
-                   warmups=(0, 500), steps=5_000, eval_every=250, n_eval=256,
-                   probe_depths=(4, 16, 64), probe_step=1e-3, stack="seeds")
+                   warmups=(0, 500), steps=5_000, eval_every=250, n_eval=128,
+                   probe_depths=(4, 16, 64), probe_step=1e-3)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
