@@ -458,24 +458,24 @@ def test_rezero_blocks_start_as_the_identity_and_follow_the_gated_formula():
     idx = tokens()
     for b in m.blocks:
         assert type(b.norm1) is nn.Identity and type(b.norm2) is nn.Identity
-        assert float(b.alpha_attn) == 0.0 and float(b.alpha_mlp) == 0.0
+        assert b.alpha_attn.item() == 0.0 and b.alpha_mlp.item() == 0.0
     assert type(m.final_norm) is nn.Identity
     x0 = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
     torch.testing.assert_close(m(idx), m.head(x0), atol=1e-12, rtol=0)
     perturb_(m)
     x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
     for b in m.blocks:
-        assert float(b.alpha_attn) != 0.0
+        assert b.alpha_attn.item() != 0.0
         x = x + b.alpha_attn * b.attn(x)
         x = x + b.alpha_mlp * b.mlp(x)
     torch.testing.assert_close(m(idx), m.head(x), atol=1e-10, rtol=0)
     # the gates get gradients from the start (the branches' weights do not, at a = 0)
     fresh = model(norm="none", position="rezero")
     sequence_loss(fresh(idx), idx).backward()
-    assert float(fresh.blocks[0].alpha_attn.grad.abs()) > 0
+    assert fresh.blocks[0].alpha_attn.grad.abs().item() > 0
     assert float(fresh.blocks[0].mlp.fc2.weight.grad.abs().max()) == 0.0
     m.reset_parameters()
-    assert float(m.blocks[1].alpha_mlp) == 0.0
+    assert m.blocks[1].alpha_mlp.item() == 0.0
     # with norm="layer" only the final norm is a norm: the blocks stay norm-free
     ln_model = model(position="rezero")
     assert type(ln_model.final_norm) is LayerNorm
