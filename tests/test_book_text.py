@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lnbook.pacing import exercise_labels
+from lnbook.pacing import EXERCISE, exercise_labels
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
@@ -62,3 +62,100 @@ def test_exercise_numbers_name_their_chapter_and_are_unique():
             # chapter 3's own exercises are 3.n; its sections 3.1 and 3.2 are 3.1.n, 3.2.n
             assert label.startswith(prefix) and label.count(".") == prefix.count("."), (
                 f"{path.name}: Exercise {label}, expected Exercise {prefix}n")
+
+
+# --- the lesson first, the evidence after ----------------------------------------------------
+
+CLAIMS_YML = Path(__file__).resolve().parents[1] / "lnbook" / "claims.yml"
+EVIDENCE = re.compile(r"^## Evidence\b", re.M)
+# chapters with claims whose apparatus is not yet gathered into an Evidence part
+EVIDENCE_PENDING = {
+    "01_introduction", "03_layer_norm", "05_1_invariance", "07_conclusion", "08_rmsnorm",
+    "09_norm_placement", "10_group_norm", "11_qk_norm", "12_dyt", "13_common_mistakes",
+    "14_peri_ln", "15_curse_of_depth", "16_removing_ln", "17_attention_geometry", "21_sphere",
+    "supplement"}
+
+
+def claims_by_chapter() -> dict[str, list[dict]]:
+    import yaml
+
+    rows = yaml.safe_load(CLAIMS_YML.read_text())
+    rows = rows.get("claims", rows) if isinstance(rows, dict) else rows
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        if isinstance(row, dict) and row.get("chapter") and row.get("where"):
+            out.setdefault(str(row["chapter"]), []).append(row)
+    return out
+
+
+def lesson_and_evidence(path: Path) -> dict[str, int | None]:
+    """Cell indices of the objectives, the first exercise, the Evidence heading, and the first
+    and last cell of the claim apparatus (a rule's decision or a ledger record)."""
+    nb = nbformat.read(path, as_version=4)
+    found: dict[str, int | None] = dict.fromkeys(
+        ("objectives", "exercise", "evidence", "apparatus_first"), None)
+    for i, cell in enumerate(nb.cells):
+        src = cell.source
+        if cell.cell_type == "markdown":
+            if found["objectives"] is None and "What you will be able to do" in src:
+                found["objectives"] = i
+            if found["exercise"] is None and EXERCISE.search(src):
+                found["exercise"] = i
+            if found["evidence"] is None and EVIDENCE.search(src):
+                found["evidence"] = i
+        elif found["apparatus_first"] is None and re.search(
+                r"ledger\.(decide_claim|record)\(", src):
+            found["apparatus_first"] = i
+    return found
+
+
+def heading_cell(path: Path, text: str) -> int | None:
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and any(
+                re.match(r"^#+\s+(.+?)\s*$", line) and
+                re.match(r"^#+\s+(.+?)\s*$", line).group(1) == text
+                for line in cell.source.splitlines()):
+            return i
+    return None
+
+
+def test_lesson_order_is_read_from_the_cells(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 9 X\n\n**What you will be able to do**"),
+                nbformat.v4.new_code_cell("d = ledger.decide_claim('C01', {})"),
+                nbformat.v4.new_markdown_cell("```{admonition} Exercise 9.1\nQ\n```"),
+                nbformat.v4.new_markdown_cell("## Evidence: the claim of chapter 9")]
+    path = tmp_path / "09_x.ipynb"
+    nbformat.write(nb, path)
+    assert lesson_and_evidence(path) == {
+        "objectives": 0, "exercise": 2, "evidence": 3, "apparatus_first": 1}
+    assert heading_cell(path, "Evidence: the claim of chapter 9") == 3
+
+
+@pytest.mark.parametrize("chapter", sorted(set(claims_by_chapter()) - EVIDENCE_PENDING))
+def test_evidence_part_comes_after_the_lesson(chapter):
+    """A chapter with claims teaches first: its objectives, its lesson and its first exercise
+    come before one part headed "## Evidence ...", which holds every claim's decision and
+    record. (A claim's `where` may stay in the lesson when the cell that asserts its measurement
+    teaches; the decision that turns it into a verdict is in the Evidence part.)"""
+    path = BOOK / f"{chapter}.ipynb"
+    if not path.exists():
+        pytest.skip(f"{chapter} is not in this checkout")
+    at = lesson_and_evidence(path)
+    assert at["evidence"] is not None, f"{chapter}: no '## Evidence ...' heading"
+    for part in ("objectives", "exercise"):
+        assert at[part] is not None and at[part] < at["evidence"], (
+            f"{chapter}: the Evidence part must come after the lesson's {part}")
+    assert at["apparatus_first"] is None or at["apparatus_first"] > at["evidence"], (
+        f"{chapter}: a claim decision or record (cell {at['apparatus_first']}) comes before "
+        "the Evidence part")
+
+
+def test_pending_chapters_exist_and_lack_an_evidence_part():
+    """A chapter leaves EVIDENCE_PENDING as soon as it has its Evidence part."""
+    for chapter in EVIDENCE_PENDING:
+        path = BOOK / f"{chapter}.ipynb"
+        if path.exists():
+            assert lesson_and_evidence(path)["evidence"] is None, (
+                f"{chapter} has an Evidence part: take it out of EVIDENCE_PENDING")
