@@ -81,8 +81,9 @@ def test_record_note_must_name_recorded_figures(ledger_env):
 
 
 def test_verdict_from_parts():
-    assert ledger.verdict_from({"x": True, "y": True}) == "reproduced"
-    assert ledger.verdict_from({"x": True, "y": False}) == "partially reproduced"
+    assert ledger.verdict_from({"x": True, "y": True}, primary="x") == "reproduced"
+    assert ledger.verdict_from({"x": True, "y": False}, primary="x") == "partially reproduced"
+    assert ledger.verdict_from({"x": True, "y": False}, primary="y") == "not reproduced"
     assert ledger.verdict_from({"x": False}) == "not reproduced"
     with pytest.raises(ValueError):
         ledger.verdict_from({})
@@ -245,17 +246,29 @@ def test_rule_describes_itself():
                                  "the target")
 
 
+# the first part is the primary one (the claim's headline)
 @pytest.mark.parametrize("outcomes, held, verdict", [
     (["holds", "holds"], "reproduced", "reproduced"),
     (["holds"], "explained", "explained"),
+    (["holds", "holds", "holds"], "explained", "explained"),
     (["holds", "fails"], "reproduced", "partially reproduced"),
     (["holds", "undecided"], "reproduced", "partially reproduced"),
+    (["holds", "fails", "holds"], "explained", "partially reproduced"),
     (["fails", "undecided"], "reproduced", "not reproduced"),
+    (["fails", "holds"], "reproduced", "not reproduced"),      # C15: "ends better" cannot save it
+    (["fails", "holds", "holds"], "reproduced", "not reproduced"),
     (["fails", "fails"], "reproduced", "not reproduced"),
+    (["fails"], "reproduced", "not reproduced"),
+    (["undecided", "holds"], "reproduced", ledger.UNDECIDED),  # whatever the others do
+    (["undecided", "fails"], "reproduced", ledger.UNDECIDED),
     (["undecided", "undecided"], "reproduced", ledger.UNDECIDED),
+    (["undecided"], "explained", ledger.UNDECIDED),
 ])
 def test_combine_every_branch(outcomes, held, verdict):
-    assert ledger.combine({f"p{i}": o for i, o in enumerate(outcomes)}, held) == verdict
+    parts = {f"p{i}": o for i, o in enumerate(outcomes)}
+    assert ledger.combine(parts, held, primary="p0") == verdict
+    # the primary part is named, not taken from the order
+    assert ledger.combine(dict(reversed(parts.items())), held, primary="p0") == verdict
 
 
 def test_combine_rejects_bad_input():
@@ -265,6 +278,75 @@ def test_combine_rejects_bad_input():
         ledger.combine({"a": "yes"})
     with pytest.raises(ValueError, match="held must be"):
         ledger.combine({"a": "holds"}, held="confirmed")
+    with pytest.raises(ValueError, match="needs primary="):
+        ledger.combine({"a": "holds", "b": "fails"})
+    with pytest.raises(ValueError, match="primary part 'c' is not one of"):
+        ledger.combine({"a": "holds", "b": "fails"}, primary="c")
+    assert ledger.combine({"a": "fails"}) == "not reproduced"  # one part: it is the primary
+
+
+def test_decide_relative_margin_scales_with_the_compared_value():
+    # DyT minus LN in nats, "within 20% of LN's loss": the bound moves with LN's loss
+    rel = ledger.Rule("DyT's loss minus LN's", "below", agree=2, of=3, at=0.2,
+                      relative="LN's loss")
+    gaps, ln = [0.03, 0.03, 0.15], [0.1, 0.2, 1.0]
+    d = ledger.decide(rel, gaps, reference=ln)  # bounds 0.02, 0.04, 0.2
+    assert (d.outcome, d.n_for, d.n_against) == ("holds", 2, 1)
+    d = ledger.decide(rel, gaps, reference=[0.1, 0.1, 0.5])  # bounds 0.02, 0.02, 0.1
+    assert (d.outcome, d.n_for, d.n_against) == ("fails", 0, 3)
+    # the margin is relative too: inside 0.2 +- 0.05 of the reference counts for neither
+    band = ledger.Rule("gap", "below", agree=2, of=3, at=0.2, margin=0.05, relative="LN")
+    assert ledger.decide(band, [0.0, 0.22, 0.5], reference=[1.0, 1.0, 1.0]).n_for == 1
+    assert ledger.decide(band, [0.0, 0.22, 0.5], reference=[1.0, 1.0, 1.0]).n_against == 1
+    assert d.effect.median == pytest.approx(0.3)  # gaps as fractions of the reference
+    with pytest.raises(ValueError, match="give its value per seed as reference="):
+        ledger.decide(rel, gaps)
+    with pytest.raises(ValueError, match="reference has 2 entries for 3 seeds"):
+        ledger.decide(rel, gaps, reference=[1.0, 1.0])
+    with pytest.raises(ValueError, match="is not relative"):
+        ledger.decide(FASTER, [1.2] * 5, reference=[1.0] * 5)
+    r = ledger.Rule.from_dict({"quantity": "gap", "direction": "below", "at": 0.2,
+                               "majority": "2 of 3", "relative": "LN's loss"})
+    assert r.relative == "LN's loss"
+    assert "fractions of LN's loss" in r.describe()
+    with pytest.raises(ValueError, match="names the compared quantity"):
+        ledger.Rule.from_dict({"quantity": "gap", "direction": "below", "majority": "2 of 3",
+                               "relative": True})
+
+
+def test_effect_is_the_median_with_an_exact_interval():
+    e = ledger.effect([1.333, 1.133, 1.231])
+    assert (e.median, e.low, e.high, e.n) == (1.231, 1.133, 1.333, 3)
+    assert e.level == pytest.approx(0.75)  # the range of 3 values: 1 - 2 / 2**3
+    e = ledger.effect([5, 1, 4, 2, 3, 6, 8, 7, 9, 0])
+    assert (e.median, e.low, e.high) == (4.5, 1.0, 8.0)  # k = 2 of 10
+    assert e.level == pytest.approx(1 - 2 * 11 / 1024)
+    e = ledger.effect(list(range(20)), level=0.95)
+    # the sign test's interval for n = 20 at 95%: the 6th and 15th order statistics
+    assert (e.low, e.high) == (5.0, 14.0) and e.level == pytest.approx(0.9586, abs=1e-4)
+    assert ledger.effect([1.0, float("nan"), 3.0, float("inf")]).n == 3
+    assert ledger.effect([2.0, float("inf"), float("inf")]).median == float("inf")
+    assert ledger.effect([1.0, 2.0, 3.0]) == ledger.effect([3.0, 1.0, 2.0])  # deterministic
+    with pytest.raises(ValueError, match="not NaN"):
+        ledger.effect([float("nan")])
+    with pytest.raises(ValueError, match="a number per seed"):
+        ledger.effect([True, False])
+    with pytest.raises(ValueError, match="level must lie"):
+        ledger.effect([1.0], level=1.0)
+
+
+def test_detectable_share_is_the_power_line_of_a_majority():
+    from math import comb
+    for need, n in [(2, 3), (4, 5), (8, 10), (16, 20)]:
+        p = ledger.detectable_share(need, n)
+        reach = sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(need, n + 1))
+        assert reach == pytest.approx(0.8, abs=1e-9)
+    assert ledger.detectable_share(1, 1) == pytest.approx(0.8)
+    assert ledger.detectable_share(16, 20) > ledger.detectable_share(8, 10) * 0.99
+    with pytest.raises(ValueError, match="need must be from 1"):
+        ledger.detectable_share(6, 5)
+    d = ledger.decide(FASTER, [1.3] * 5)
+    assert d.power == pytest.approx(ledger.detectable_share(4, 5))
 
 
 def test_decide_claim_by_the_declared_rule(tmp_path):
@@ -272,6 +354,7 @@ def test_decide_claim_by_the_declared_rule(tmp_path):
     path.write_text("""claims:
 - id: C15
   rule:
+    primary: faster
     parts:
       faster: {quantity: updates ratio, direction: above, at: 1, margin: 0.05,
                majority: 2 of 3}
@@ -281,16 +364,40 @@ def test_decide_claim_by_the_declared_rule(tmp_path):
 """)
     rules = ledger.load_rules(path)
     assert list(rules) == ["C15"] and rules["C15"]["held"] == "reproduced"
+    assert rules["C15"]["primary"] == "faster"
     got = ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.01],
                                       "ends lower": [0.4, -0.1, 0.2]}, rules=rules)
-    assert got.verdict == "partially reproduced"
+    assert got.verdict == "partially reproduced" and got.primary == "faster"
     assert got.figures() == {"agree_faster": "2/3 for, 0 against",
-                             "agree_ends_lower": "1/3 for, 2 against"}
-    assert "| faster | holds | 2 of 3 |" in got._repr_markdown_()
+                             "outcome_faster": "holds, primary",
+                             "effect_faster": "1.2 [1.01, 1.3] (75%, 3 seeds)",
+                             "agree_ends_lower": "1/3 for, 2 against",
+                             "outcome_ends_lower": "fails",
+                             "effect_ends_lower": "0.2 [-0.1, 0.4] (75%, 3 seeds)"}
+    assert "| faster (primary) | holds | 2 of 3 |" in got._repr_markdown_()
+    # the primary part fails: not reproduced, though the other part holds
+    got = ledger.decide_claim("C15", {"faster": [0.8, 0.9, 1.3],
+                                      "ends lower": [-0.4, -0.1, -0.2]}, rules=rules)
+    assert got.verdict == "not reproduced"
     with pytest.raises(ValueError, match="declares"):
         ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.1]}, rules=rules)
     with pytest.raises(KeyError, match="C16 declares no rule"):
         ledger.decide_claim("C16", {}, rules=rules)
+    path.write_text(path.read_text().replace("primary: faster", "primary: quicker"))
+    with pytest.raises(ValueError, match="C15: rule 'primary' names the part"):
+        ledger.load_rules(path)
+
+
+def test_parts_text_shows_each_part_beside_the_verdict():
+    rule = {"parts": {"faster": None, "ends lower": None, "unreported": None},
+            "primary": "faster"}
+    dec = ledger.ClaimDecision("C15", "partially reproduced", {
+        "faster": ledger.decide(FASTER, [1.3, 1.2, 1.01, 1.5, 1.4]),
+        "ends lower": ledger.Decision("fails", 1, 4, 5, 4)}, "faster")
+    assert ledger.parts_text(rule, dec.figures()) == [
+        "faster (primary): holds, 4/5 for, 0 against; median 1.3 [1.01, 1.5] (94%, 5 seeds)",
+        "ends lower: fails, 1/5 for, 4 against",
+        "unreported"]
 
 
 def test_every_declared_rule_of_claims_yml_is_well_formed():
@@ -300,6 +407,10 @@ def test_every_declared_rule_of_claims_yml_is_well_formed():
         assert cid in CLAIM_IDS_ALL
         for part in r["parts"].values():
             assert part.describe()
+        assert r["primary"] in r["parts"], cid
+    raw = {c["id"]: c["rule"] for c in CLAIMS if c.get("rule")}
+    several = [cid for cid, r in raw.items() if len(r["parts"]) > 1 and "primary" not in r]
+    assert not several, f"rules of several parts that name no primary part: {several}"
 
 
 # --- the replication record (python3 dev.py replicate) --------------------------------------
