@@ -25,7 +25,8 @@ __all__ = [
     "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Effect", "Rule",
     "agreement", "agreement_text", "combine", "decide", "decide_claim", "detectable_share",
     "effect", "format_seen", "ledger_dir", "load_claims", "load_records", "load_replication",
-    "claims_file", "load_rules", "parts_text", "record", "verdict_from",
+    "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from", "record",
+    "verdict_from",
 ]
 
 VERDICTS: tuple[str, ...] = (
@@ -630,6 +631,57 @@ def format_seen(text: str, figures: Mapping[str, Any]) -> str:
         'LN 0.21/0.2 vs BN 0.3'
     """
     return _Figures(figures).format(text)
+
+
+# --- pilots: the design runs a claim declares (python3 dev.py pilot CLAIM) -------------------
+
+_PILOT_FIELDS = {"experiment", "seeds", "config", "tried", "chose", "quantities"}
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """A claim's declared pilot (``pilot:`` in ``claims.yml``): ``experiment`` (a registered
+    name), ``seeds`` (how many of :func:`lnbook.seeds.pilot_seeds`), ``config`` (overrides of
+    its quick preset), ``tried`` (the design variants: each a mapping of further overrides; one
+    empty variant when absent), ``chose`` (what was chosen, in words) and ``quantities`` (the
+    name of a function of the experiment module, ``f(results) -> {name: per-seed values}``,
+    or None: each variant's final metrics per seed)."""
+
+    experiment: str
+    seeds: int
+    config: dict[str, Any] = field(default_factory=dict)
+    tried: tuple[dict[str, Any], ...] = ({},)
+    chose: str = ""
+    quantities: str | None = None
+
+
+def pilot_from(claim_id: str, d: Mapping[str, Any]) -> Pilot:
+    """A :class:`Pilot` from its ``claims.yml`` mapping, or ``ValueError`` naming the claim."""
+    unknown = set(d) - _PILOT_FIELDS
+    if unknown:
+        raise ValueError(f"{claim_id}: pilot has unknown fields {sorted(unknown)}; expected "
+                         f"{sorted(_PILOT_FIELDS)}")
+    if not str(d.get("experiment", "")).strip():
+        raise ValueError(f"{claim_id}: a pilot names its 'experiment'")
+    n = d.get("seeds")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1000:
+        raise ValueError(f"{claim_id}: pilot 'seeds' is how many pilot seeds (1 to 1000), "
+                         f"got {n!r}")
+    config, tried = d.get("config", {}) or {}, d.get("tried", [{}]) or [{}]
+    if not isinstance(config, Mapping) or "seeds" in config:
+        raise ValueError(f"{claim_id}: pilot 'config' maps config fields to values (the seeds "
+                         "are the pilot's own)")
+    if not isinstance(tried, list) or not all(isinstance(t, Mapping) for t in tried):
+        raise ValueError(f"{claim_id}: pilot 'tried' is a list of config overrides")
+    return Pilot(str(d["experiment"]), n, dict(config), tuple(dict(t) for t in tried),
+                 " ".join(str(d.get("chose", "")).split()), d.get("quantities"))
+
+
+def load_pilots(path: str | os.PathLike | None = None) -> dict[str, Pilot]:
+    """Every declared pilot of ``claims.yml`` (the package's own, or the file at ``path``),
+    by claim ID."""
+    return {str(c["id"]): pilot_from(str(c["id"]), c["pilot"])
+            for c in load_claims(path)["claims"] if c.get("pilot")}
 
 
 # --- replication: the verdicts on fresh seed sets (python3 dev.py replicate) -----------------

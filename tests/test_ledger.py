@@ -605,3 +605,93 @@ def test_record_cells_are_hidden_and_asserts_are_not(path):
         if "remove-input" in tags:
             assert not re.search(r"^\s*assert\b", cell.source, re.M), (
                 f"{path.name}: an asserting cell is hidden:\n{cell.source[:200]}")
+
+
+# --- pilots (python3 dev.py pilot CLAIM) -----------------------------------------------------
+
+
+def test_every_declared_pilot_names_a_registered_experiment_and_its_fields():
+    import dataclasses
+
+    from lnbook.experiments import EXPERIMENTS
+
+    pilots = ledger.load_pilots()
+    assert pilots, "claims.yml declares no pilot"
+    for cid, p in pilots.items():
+        assert cid in CLAIM_IDS_ALL
+        assert p.experiment in EXPERIMENTS, f"{cid}: pilot names no experiment {p.experiment!r}"
+        module = EXPERIMENTS[p.experiment]
+        fields = {f.name for f in dataclasses.fields(module.get_config("quick"))}
+        for over in (p.config, *p.tried):
+            assert set(over) <= fields - {"seeds", "scale"}, (
+                f"{cid}: pilot overrides {sorted(set(over) - fields)} are not fields of "
+                f"{p.experiment}'s Config")
+            module.get_config("quick", **{**p.config, **over})  # the preset takes them
+        assert p.chose, f"{cid}: a pilot says what was chosen"
+        if p.quantities:
+            assert callable(getattr(module, p.quantities, None)), cid
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"seeds": 3}, "names its 'experiment'"),
+    ({"experiment": "dyt", "seeds": 0}, "how many pilot seeds"),
+    ({"experiment": "dyt", "seeds": True}, "how many pilot seeds"),
+    ({"experiment": "dyt", "seeds": 3, "config": {"seeds": 5}}, "the pilot's own"),
+    ({"experiment": "dyt", "seeds": 3, "tried": {"lr": 0.1}}, "list of config overrides"),
+    ({"experiment": "dyt", "seeds": 3, "budget": 1}, "unknown fields"),
+])
+def test_pilot_from_rejects_bad_entries(fields, message):
+    with pytest.raises(ValueError, match=f"P12: .*{message}"):
+        ledger.pilot_from("P12", fields)
+
+
+def test_pilot_records_are_of_declared_pilots():
+    for path in sorted((BOOK / "pilots").glob("[CP][0-9][0-9].json")):
+        rec = json.loads(path.read_text())
+        p = ledger.load_pilots()[path.stem]
+        assert rec["experiment"] == p.experiment and rec["chose"] == p.chose
+        from lnbook.seeds import PILOT_BASE, pilot_seeds
+        assert tuple(rec["seeds"]) == pilot_seeds(p.seeds)
+        assert all(s >= PILOT_BASE for s in rec["seeds"])  # never a verdict seed
+        assert [t["overrides"] for t in rec["tried"]] == list(p.tried)
+
+
+# --- the blind confirmation (python3 dev.py confirm) -----------------------------------------
+
+
+def test_confirmation_sets_are_drawn_once_never_design_sets(tmp_path, monkeypatch):
+    dev = load_dev()
+    rep = tmp_path / "replication.json"
+    rep.write_text(json.dumps({"sets": [1, 2, 3, 4, 7]}))
+    monkeypatch.setattr(dev, "REPLICATION", rep)
+    manifest = tmp_path / "confirmation.yml"
+    got = dev.draw_confirmation_sets(4, manifest, ["05_1_invariance"])
+    sets = got["sets"]
+    assert len(set(sets)) == 4 and sets == sorted(sets)
+    assert not set(sets) & {0, 1, 2, 3, 4, 7}, "a design or replication set was drawn"
+    assert all(5 <= k <= 999 for k in sets)
+    saved = yaml.safe_load(manifest.read_text())
+    assert saved["sets"] == sets and "secrets" in saved["drawn"]["how"]
+    assert saved["digest"] == dev.experiment_digests(["05_1_invariance"])
+    with pytest.raises(FileExistsError, match="drawn once"):
+        dev.draw_confirmation_sets(4, manifest)
+    # another draw gives other sets (4 of 993: the same draw once in ~4e9)
+    other = dev.draw_confirmation_sets(4, tmp_path / "again.yml", ["05_1_invariance"])
+    assert other["sets"] != sets
+
+
+def test_confirmation_refuses_other_code_and_voids_changed_chapters(tmp_path):
+    dev = load_dev()
+    manifest = tmp_path / "confirmation.yml"
+    digest = dev.experiment_digests(["05_1_invariance"])
+    stale = {"lnbook": digest["lnbook"], "notebooks": {"05_1_invariance": "0" * 16}}
+    manifest.write_text(yaml.safe_dump({"sets": [101, 102], "digest": stale}))
+    with pytest.raises(RuntimeError, match="not the code the manifest froze"):
+        dev.confirm_sets(None, manifest, tmp_path / "out.json")
+    manifest.write_text(yaml.safe_dump({"sets": [3, 102], "digest": digest}))
+    with pytest.raises(ValueError, match=r"design sets \[3\]"):
+        dev.confirm_sets(None, manifest, tmp_path / "out.json")
+    record = {"digest": digest, "claims": {"C06": {"chapter": "05_1_invariance"}}}
+    assert dev.void_claims(record) == set()
+    assert dev.void_claims({"digest": stale, "claims": record["claims"]}) == {"C06"}
+    assert dev.void_claims({"claims": {}}) == set()
