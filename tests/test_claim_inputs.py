@@ -1,0 +1,79 @@
+"""The per-seed inputs of claims P02, P12 and P19 (``p02_inputs``, ``p12_inputs``,
+``p19_inputs`` of their experiments), on hand-made Results, decided by the declared rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lnbook import ledger
+from lnbook.engine import History, Results
+from lnbook.engine.results import Run
+from lnbook.experiments import dyt, removal, rmsnorm
+
+
+def _results(finals: dict[str, list[float]], metric: str, info: dict, run_info=None):
+    runs = []
+    for v, values in finals.items():
+        for seed, x in enumerate(values):
+            h = History(eval_steps=[0, 10], metrics=[{metric: 9.0}, {metric: x}])
+            runs.append(Run(v, seed, h, (run_info or {}).get((v, seed), {})))
+    return Results("x", {}, "cpu", runs, info)
+
+
+def test_p02_inputs_read_the_gap_against_layer_norms_loss():
+    res = _results({"layer": [0.40, 0.30, 0.35, 0.20, 1.2],
+                    "rms": [0.43, 0.35, 0.35, 0.21, 0.4]}, "loss", {"baseline_loss": 1.4})
+    got = rmsnorm.p02_inputs(res, cost_ratio=1.3)
+    np.testing.assert_allclose(got["values"]["comparable quality"],
+                               [0.03, 0.05, 0.0, 0.01, 0.8], atol=1e-12)
+    assert got["values"]["lower cost"] == [1.3]
+    # seed 4's layer-norm run stayed within 0.5 nats of the unigram predictor
+    assert got["trivial_ok"]["comparable quality"].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("P02", **got)
+    # bounds 0.04, 0.03, 0.035, 0.02: seed 1 (0.05 > 0.03) counts against
+    assert (d.parts["comparable quality"].n_for, d.parts["comparable quality"].n_against) == (3, 1)
+    assert d.parts["lower cost"].outcome == "fails" and d.verdict == ledger.UNDECIDED
+    assert rmsnorm.p02_left(res).tolist() == [True] * 4 + [False]
+
+
+def test_p12_inputs_count_seeds_whose_runs_left_the_trivial_phase():
+    chance = float(np.log(8))
+    res = _results({"layer": [0.20, 0.10, 0.15], "dyt": [0.21, 0.13, 1.5]}, "val_loss",
+                   {"chance": chance})
+    got = dyt.p12_inputs(res)
+    part = "DyT matches layer norm"
+    np.testing.assert_allclose(got["values"][part], [0.01, 0.03, 1.35], atol=1e-12)
+    assert got["trivial_ok"][part].tolist() == [True, True, False]  # 1.5 > chance - 1
+    assert dyt.left_trivial(res).tolist() == [True, True, False]
+    d = ledger.decide_claim("P12", **got)
+    # bound a tenth of LN's loss: 0.02 (0.01 for) and 0.01 (0.03 against); seed 2 out
+    assert (d.parts[part].n_for, d.parts[part].n_against, d.verdict) == (
+        1, 1, ledger.UNDECIDED)
+
+
+def test_p19_inputs_read_the_cost_against_the_control():
+    info = {("r", s): {"original": o, "all_at_once": a, "control": c,
+                       "finetuned": [0.5, f]}
+            for s, (o, a, c, f) in enumerate([(0.06, 0.35, 0.025, 0.026),
+                                             (0.07, 0.30, 0.030, 0.060),
+                                             (0.09, 0.40, 0.020, 0.021),
+                                             (0.06, 0.33, 0.030, 0.032),
+                                             (2.00, 2.50, 0.030, 0.031)])}
+    res = _results({"r": [0.0] * 5}, "loss", {"baseline_loss": 1.4}, info)
+    got = removal.p19_inputs(res)
+    small, needed = "small cost after fine-tuning", "the fine-tuning is needed"
+    np.testing.assert_allclose(got["values"][small], [0.001, 0.03, 0.001, 0.002, 0.001])
+    np.testing.assert_allclose(got["reference"][small], [0.025, 0.03, 0.02, 0.03, 0.03])
+    np.testing.assert_allclose(got["values"][needed], [0.324, 0.24, 0.379, 0.298, 2.469])
+    assert got["trivial_ok"][small].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("P19", **got)
+    assert d.parts[small].n_for == 3 and d.parts[small].n_against == 1  # 0.03 > 0.003
+    assert d.parts[small].outcome == "undecided" and d.verdict == ledger.UNDECIDED
+
+
+def test_relative_parts_need_their_reference():
+    res = _results({"layer": [0.2] * 3, "dyt": [0.2] * 3}, "val_loss", {"chance": 2.0})
+    got = dyt.p12_inputs(res)
+    with pytest.raises(ValueError, match="relative to layer norm's final held-out loss"):
+        ledger.decide_claim("P12", got["values"], got["trivial_ok"])
