@@ -371,7 +371,7 @@ def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None,
         kept = [v / abs(r) if r is not None and r != 0 else v if r is None else math.nan
                 for v, r, k in zip(values, refs, ok, strict=True) if k]
         kept = [v for v in kept if not math.isnan(v)]
-        if kept:
+        if len(kept) > 1:  # one computation has a value, not an interval
             eff = effect(kept, unit=f"(fraction of {rule.relative})" if rule.relative else "")
     return Decision(outcome, n_for, n_against, n, need, eff, detectable_share(need, n))
 

@@ -695,3 +695,21 @@ def test_confirmation_refuses_other_code_and_voids_changed_chapters(tmp_path):
     assert dev.void_claims(record) == set()
     assert dev.void_claims({"digest": stale, "claims": record["claims"]}) == {"C06"}
     assert dev.void_claims({"claims": {}}) == set()
+
+
+@pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_claim_is_recorded_before_its_decision_is_asserted(path):
+    """A verdict that another seed set flips must not stop the chapter before its record is
+    written: no cell asserts on a decision (``X = ledger.decide_claim("ID", ...)``) before the
+    cell that calls ``ledger.record("ID", ...)``."""
+    nb = nbformat.read(path, as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    for src in cells:
+        for m in re.finditer(r"(\w+)\s*=\s*ledger\.decide_claim\(\s*\"([CP]\d\d)\"", src):
+            var, cid = m.groups()
+            rec = [j for j, s in enumerate(cells) if re.search(rf"ledger\.record\(\s*\"{cid}\"", s)]
+            assert rec, f"{path.name}: {cid} is decided and never recorded"
+            early = [j for j, s in enumerate(cells[:rec[0]])
+                     if re.search(rf"^\s*assert\b.*\b{var}\b", s, re.M)]
+            assert not early, (f"{path.name}: a cell asserts on {var} ({cid}) before "
+                               f"ledger.record({cid!r}, ...):\n{cells[early[0]][:300]}")
