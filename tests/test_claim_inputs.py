@@ -9,7 +9,7 @@ import pytest
 from lnbook import ledger
 from lnbook.engine import History, Results
 from lnbook.engine.results import Run
-from lnbook.experiments import dyt, removal, rmsnorm
+from lnbook.experiments import dyt, placement, removal, rmsnorm
 
 
 def _results(finals: dict[str, list[float]], metric: str, info: dict, run_info=None):
@@ -77,3 +77,19 @@ def test_relative_parts_need_their_reference():
     got = dyt.p12_inputs(res)
     with pytest.raises(ValueError, match="relative to layer norm's final held-out loss"):
         ledger.decide_claim("P12", got["values"], got["trivial_ok"])
+
+
+def test_p05_inputs_pair_each_placement_with_its_warm_up():
+    res = _results({"post/warmup0": [1.5, 0.9, 0.5], "post/warmup20": [0.6, 0.7, 0.5],
+                    "pre/warmup0": [0.55, 1.2, 0.4], "pre/warmup20": [0.5, 0.6, 1.3]},
+                   "loss", {"baseline_loss": 1.6})
+    got = placement.p05_inputs(res)
+    pre, post = "Pre-LN trains without warm-up", "Post-LN worse without warm-up"
+    np.testing.assert_allclose(got["values"][post], [0.9, 0.2, 0.0], atol=1e-12)
+    np.testing.assert_allclose(got["values"][pre], [0.05, 0.6, -0.9], atol=1e-12)
+    # seed 2's warmed-up Pre-LN run sits 0.3 below the unigram predictor: out of both parts;
+    # seed 1's Pre-LN run without warm-up too: out of Pre-LN's part only
+    assert got["trivial_ok"][post].tolist() == [True, True, False]
+    assert got["trivial_ok"][pre].tolist() == [True, False, False]
+    d = ledger.decide_claim("P05", **got)
+    assert (d.parts[post].n_for, d.parts[pre].n_for) == (2, 1)
