@@ -1,7 +1,8 @@
 """The claims ledger page, built from the records the chapters wrote while they executed.
 
 ``book/claims.md`` holds the directive ``{claims-ledger}`` (once per part: ``:part: paper`` for
-C01-C22, ``:part: after-2016`` for P01-P14, ``:part: today`` for Part III's P15-P22) and
+C01-C22, ``:part: after-2016`` for P01-P14, ``:part: today`` for Part III's P15-P22,
+``:part: part-iv`` for Part IV's P23 onwards) and
 ``{claims-questions}``. Every chapter that checks
 a claim calls :func:`lnbook.ledger.record` after its asserting cell; the records land in
 ``$LNBOOK_LEDGER/<ID>.json``, which :func:`setup` sets to ``_build/ledger`` unless it is set
@@ -45,7 +46,8 @@ from lnbook.seeds import seed_set
 
 logger = logging.getLogger(__name__)
 
-PARTS = {"paper": ("C", 1, 22), "after-2016": ("P", 1, 14), "today": ("P", 15, 22)}
+PARTS = {"paper": ("C", 1, 22), "after-2016": ("P", 1, 14), "today": ("P", 15, 22),
+         "part-iv": ("P", 23, 99)}
 
 
 def in_part(claim_id: str, part: str) -> bool:
