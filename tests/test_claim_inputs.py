@@ -9,7 +9,7 @@ import pytest
 from lnbook import ledger
 from lnbook.engine import History, Results
 from lnbook.engine.results import Run
-from lnbook.experiments import dyt, placement, removal, rmsnorm
+from lnbook.experiments import dyt, placement, qk_norm, removal, rmsnorm
 
 
 def _results(finals: dict[str, list[float]], metric: str, info: dict, run_info=None):
@@ -93,3 +93,25 @@ def test_p05_inputs_pair_each_placement_with_its_warm_up():
     assert got["trivial_ok"][pre].tolist() == [True, False, False]
     d = ledger.decide_claim("P05", **got)
     assert (d.parts[post].n_for, d.parts[pre].n_for) == (2, 1)
+
+
+def test_p08_inputs_read_the_top_rate_against_the_sweep():
+    lrs = (0.01, 0.1, 0.3)
+    runs = []
+    # per model and rate: final loss and (initial, final) largest logit of seeds 0 and 1
+    loss = {(False, 0.01): [0.5, 0.6], (False, 0.1): [0.4, 0.5], (False, 0.3): [1.6, 0.9],
+            (True, 0.01): [0.5, 1.5], (True, 0.1): [0.45, 0.4], (True, 0.3): [0.5, 0.6]}
+    for (q, lr), values in loss.items():
+        for seed, x in enumerate(values):
+            h = History(eval_steps=[0, 10], metrics=[
+                {"loss": 2.0, "max_logit": 2.0}, {"loss": x, "max_logit": 30.0 if lr == 0.3
+                                                  else 4.0}])
+            diverged = (q, lr, seed) == (False, 0.3, 1)
+            runs.append(Run(qk_norm.variant_name(q, lr), seed, h, {"diverged": diverged}))
+    res = Results("qk_norm", {"lrs": lrs}, "cpu", runs, {"baseline_loss": 1.6})
+    got = qk_norm.p08_inputs(res)
+    np.testing.assert_allclose(got["values"]["logit growth"], [15.0, 15.0])
+    np.testing.assert_allclose(got["values"]["failure at high rates"], [4.0, np.inf])
+    np.testing.assert_allclose(got["values"]["qk-norm trains there"], [1.0 / 0.9, 1.5])
+    # seed 1's qk-norm model ends at 1.5 at the lowest rate, within 0.5 of the unigram's 1.6
+    assert got["trivial_ok"]["logit growth"].tolist() == [True, False]
