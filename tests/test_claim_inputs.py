@@ -9,7 +9,7 @@ import pytest
 from lnbook import ledger
 from lnbook.engine import History, Results
 from lnbook.engine.results import Run
-from lnbook.experiments import dyt, placement, qk_norm, removal, rmsnorm
+from lnbook.experiments import dyt, peri_ln, placement, qk_norm, removal, rmsnorm
 
 
 def _results(finals: dict[str, list[float]], metric: str, info: dict, run_info=None):
@@ -115,3 +115,33 @@ def test_p08_inputs_read_the_top_rate_against_the_sweep():
     np.testing.assert_allclose(got["values"]["qk-norm trains there"], [1.0 / 0.9, 1.5])
     # seed 1's qk-norm model ends at 1.5 at the lowest rate, within 0.5 of the unigram's 1.6
     assert got["trivial_ok"]["logit growth"].tolist() == [True, False]
+
+
+def test_p15_and_p16_inputs_compare_the_placements_seed_by_seed():
+    lrs = (0.01, 0.03, 0.1)
+    # per (placement, rate): final loss of seeds 0, 1; last-block variance at 0 and at the end
+    loss = {("pre", 0.01): [0.9, 0.8], ("pre", 0.03): [0.5, 1.5], ("pre", 0.1): [1.4, 0.9],
+            ("peri", 0.01): [0.8, 0.7], ("peri", 0.03): [0.4, 0.6], ("peri", 0.1): [0.6, 0.5]}
+    var = {"pre": (2.0, 200.0), "peri": (1.0, 4.0)}
+    runs = []
+    for (pos, lr), values in loss.items():
+        for seed, x in enumerate(values):
+            v0, v1 = var[pos]
+            h = History(eval_steps=[0, 10], metrics=[
+                {"loss": 2.0, "var_0": 1.0, "var_1": v0},
+                {"loss": x, "var_0": 1.0, "var_1": v1 * (seed + 1)}])
+            runs.append(Run(peri_ln.variant_name(pos, lr), seed, h, {}))
+    res = Results("peri_ln", {"lrs": lrs}, "cpu", runs, {"baseline_loss": 1.6})
+    p15 = peri_ln.p15_inputs(res)
+    np.testing.assert_allclose(p15["values"]["larger stream after training"], [np.log10(50)] * 2)
+    np.testing.assert_allclose(p15["values"]["grows more over training"],
+                               [np.log10(25)] * 2)  # growths 100x and 4x
+    # seed 1's Pre-LN run at the middle rate ends at 1.5, within 0.2 of the unigram's 1.6
+    assert p15["trivial_ok"]["larger stream after training"].tolist() == [True, False]
+    p16 = peri_ln.p16_inputs(res)
+    # rises from the best rate to the highest: Pre-LN 0.9 and 0.1, Peri-LN 0.2 and 0.0
+    np.testing.assert_allclose(p16["values"]["steadier at a high rate"], [0.7, 0.1])
+    np.testing.assert_allclose(p16["values"]["lower loss"], [-0.1, -0.3])
+    assert p16["trivial_ok"]["lower loss"].tolist() == [True, True]
+    d = ledger.decide_claim("P16", **p16)
+    assert d.parts["steadier at a high rate"].n_for == 1  # 0.1 is inside the 0.1 margin
