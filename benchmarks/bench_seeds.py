@@ -3,7 +3,7 @@
 Chapter 6.8 trains its ten seeds as one batched network (:class:`lnbook.batched.SeedMLP`,
 weights ``(S, in, out)``) instead of one network per seed. This script measures what that
 buys: in each round it trains the same ``S`` seeds of one variant both ways, with the same
-updates (``lnbook.why.train_deep`` per seed, ``lnbook.why.train_seeds`` for all at once),
+updates (``lnbook.experiments.why.run`` once per seed, and once for all of them together),
 and reports the median over the rounds of the per-round ratio ``one at a time / together``
 (a ratio measured in one run, so that a shared machine's load cancels as far as it can).
 
@@ -22,20 +22,21 @@ from typing import Any
 import torch
 from common import RESULTS, machine_description
 
-from lnbook import why
+from lnbook.experiments import why
 
 
 def bench(seeds: int, steps: int, repeats: int, variant: str = "layer") -> dict[str, Any]:
     """Seconds per round both ways and their ratios; every run makes ``steps`` updates."""
-    cfg = why.get_config("quick", steps=steps, eval_every=steps, seeds=tuple(range(seeds)))
+    cfg = why.get_config("quick", steps=steps, eval_every=steps, seeds=tuple(range(seeds)),
+                         variants=(variant,), threads=None)
     alone, together = [], []
     for _ in range(repeats):
         t = time.perf_counter()
         for s in cfg.seeds:
-            why.train_deep(variant, s, cfg)
+            why.run(why.get_config(**{**vars(cfg), "seeds": (s,)}), device="cpu")
         alone.append(time.perf_counter() - t)
         t = time.perf_counter()
-        why.train_seeds(variant, cfg.seeds, cfg)
+        why.run(cfg, device="cpu")
         together.append(time.perf_counter() - t)
     ratios = [a / b for a, b in zip(alone, together, strict=True)]
     return {"variant": variant, "seeds": seeds, "steps": steps,

@@ -37,7 +37,7 @@ class SeedMLP(nn.Module):
         hidden_bias: hidden layers' bias (default: only without a norm). out_bias: last layer's.
         affine: norms with gain and bias. detach: DetachNorm (chapter 13).
         norm_logits: batch norm of the logits too (section 6.6). bn_unbiased: unbiased variance.
-        noise: :class:`lnbook.why.SignalNoise`'s ``r`` after every hidden norm.
+        noise: :class:`lnbook.experiments.why.SignalNoise`'s ``r`` after every hidden norm.
         init_scale: He-normal std times this. eps, momentum: the norms'.
 
     Shape: ``(S, N, sizes[0])`` or ``(N, sizes[0])`` -> ``(S, N, sizes[-1])``.
@@ -238,7 +238,7 @@ def seed_batches(x: Tensor, y: Tensor, batch_size: int,
     orders = [Batches(torch.arange(len(y)), batch_size=batch_size, seed=s) for s in seeds]
 
     def batch(step: int) -> tuple[Tensor, Tensor]:
-        idx = torch.stack([o(step)[0] for o in orders]).flatten()  # (S * B,)
+        idx = torch.stack([o(step)[0] for o in orders]).flatten().to(x.device)  # (S * B,)
         return (x.index_select(0, idx).view(len(seeds), batch_size, *x.shape[1:]),
                 y.index_select(0, idx).view(len(seeds), batch_size, *y.shape[1:]))
 

@@ -92,9 +92,6 @@ class TransformerConfig:
         check_choice("ln_impl", self.ln_impl, LN_IMPLS)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout!r}")
-        if self.position == "rezero" and self.norm != "none":
-            raise ValueError(f"position='rezero' has no norm: it needs norm='none', got "
-                             f"norm={self.norm!r}")
         if self.deepnorm and self.position != "post":
             raise ValueError(
                 f"deepnorm=True needs position='post', got position={self.position!r}")
@@ -251,11 +248,12 @@ class Block(nn.Module):
               \qquad\text{and}\qquad
               x \leftarrow x + N_1(\mathrm{Attn}(x)), \qquad x \leftarrow x + N_2(\mathrm{MLP}(x))
 
-    With ``position="rezero"`` (Bachlechner et al., 2021) no norm is applied: one learned
-    scalar ``gate`` per block, started at 0, weighs both branches, so the block starts as the
-    identity (the authors' code shares one scalar between a layer's two sublayers):
+    With ``position="rezero"`` (Bachlechner et al., 2021) the blocks have no norm; each branch
+    is scaled by its own learnt scalar, ``alpha_attn`` and ``alpha_mlp``, initialized at 0, so
+    that every block starts as the identity:
 
-    .. math:: x \leftarrow x + g\,\mathrm{Attn}(x), \qquad x \leftarrow x + g\,\mathrm{MLP}(x)
+    .. math:: x \leftarrow x + \alpha_1 \mathrm{Attn}(x), \qquad
+              x \leftarrow x + \alpha_2 \mathrm{MLP}(x)
 
     The norms (``norm1``, ``norm2``; ``out_norm1``, ``out_norm2`` for ``"peri"``) come from
     :func:`make_norm`, times ``1 / sqrt(layer)`` with ``depth_scaling``; projections are
@@ -282,24 +280,26 @@ class Block(nn.Module):
         self.deepnorm_alpha, self.deepnorm_beta = alpha, beta
         kw = {"device": device, "dtype": dtype}
         qk = functools.partial(make_norm, config, kind="layer", **kw)
-        self.norm1 = make_norm(config, **kw)
+        rezero = self.position == "rezero"  # no norm in the block, a gate per branch
+        self.norm1 = nn.Identity() if rezero else make_norm(config, **kw)
         self.attn = SelfAttention(config.d_model, config.n_heads,
                                   qk_norm=qk if config.qk_norm else False,
                                   dropout=config.dropout, causal=config.causal, bias=config.bias,
                                   **kw)
-        self.norm2 = make_norm(config, **kw)
+        self.norm2 = nn.Identity() if rezero else make_norm(config, **kw)
         self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
+        if rezero:
+            self.alpha_attn = nn.Parameter(torch.zeros((), **kw))
+            self.alpha_mlp = nn.Parameter(torch.zeros((), **kw))
         if self.position == "peri":
             self.out_norm1, self.out_norm2 = make_norm(config, **kw), make_norm(config, **kw)
-        if self.position == "rezero":
-            self.gate = nn.Parameter(torch.zeros((), **kw))
         self.dropout = nn.Dropout(config.dropout)
         self.scale = 1 / math.sqrt(self.layer) if config.depth_scaling else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Xavier-normal projections (gain ``deepnorm_beta`` for v, out, fc1, fc2), zero biases,
-        norms reset (gains 1, biases 0, DyT alpha to its initial value)."""
+        norms reset (gains 1, biases 0, DyT alpha to its initial value), ReZero gates 0."""
         beta = 1.0 if self.deepnorm_beta is None else self.deepnorm_beta
         a = self.attn
         for lin, gain in ((a.q_proj, 1.0), (a.k_proj, 1.0), (a.v_proj, beta),
@@ -308,7 +308,8 @@ class Block(nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         if self.position == "rezero":
-            nn.init.zeros_(self.gate)
+            nn.init.zeros_(self.alpha_attn)
+            nn.init.zeros_(self.alpha_mlp)
         out_norms = (self.out_norm1, self.out_norm2) if self.position == "peri" else ()
         for m in (self.norm1, self.norm2, a.q_norm, a.k_norm, *out_norms):
             if hasattr(m, "reset_parameters"):
@@ -338,8 +339,8 @@ class Block(nn.Module):
             x = x + drop(n(self.norm1, self.attn(x)))  # (B, T, D)
             return x + drop(n(self.norm2, self.mlp(x)))  # (B, T, D)
         if self.position == "rezero":
-            x = x + self.gate * drop(self.attn(x))  # (B, T, D)
-            return x + self.gate * drop(self.mlp(x))  # (B, T, D)
+            x = x + self.alpha_attn * drop(self.attn(x))  # (B, T, D)
+            return x + self.alpha_mlp * drop(self.mlp(x))  # (B, T, D)
         alpha = 1.0 if self.deepnorm_alpha is None else self.deepnorm_alpha
         x = n(self.norm1, alpha * x + drop(self.attn(x)))  # (B, T, D)
         return n(self.norm2, alpha * x + drop(self.mlp(x)))  # (B, T, D)

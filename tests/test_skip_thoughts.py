@@ -136,6 +136,18 @@ def test_probe_matches_sklearn_ridge_classifier():
         assert st.probe_accuracy(x, y, folds=4, ridge=3.0, seed=1) == pytest.approx(
             100 * np.mean(acc), abs=1e-9
         )
+    # more features than examples (the paper's 4800-d neighbour features): the same answer
+    x, y = torch.randn(40, 90, generator=g), torch.arange(40) % 2
+    x[:, :3] += 1.5 * y[:, None]
+    fold = st.stratified_folds(y, 4, seed=1)
+    acc = []
+    for k in range(4):
+        tr, te = (fold != k).numpy(), (fold == k).numpy()
+        clf = make_pipeline(StandardScaler(), RidgeClassifier(alpha=3.0)).fit(x.numpy()[tr],
+                                                                             y.numpy()[tr])
+        acc.append(np.mean(clf.predict(x.numpy()[te]) == y.numpy()[te]))
+    assert st.probe_accuracy(x, y, folds=4, ridge=3.0, seed=1) == pytest.approx(
+        100 * np.mean(acc), abs=1e-9) and 50 < 100 * np.mean(acc) < 100
 
 
 def test_probe_finds_a_linear_signal_and_not_noise():
@@ -290,7 +302,7 @@ def test_run_tiny(tmp_path):
     assert [r[0] for r in table.rows] == ["baseline", "layer_norm"] and len(table.header) == 5
     reach = st.updates_to_target(res, target=1e9)  # every run is below at once
     assert reach["baseline"].tolist() == [0.0]
-    assert np.isnan(st.updates_to_target(res, target=0.0)["layer_norm"]).all()
+    assert np.isinf(st.updates_to_target(res, target=0.0)["layer_norm"]).all()  # never
 
 
 def test_paper_table3():
@@ -317,3 +329,17 @@ def test_paper_preset_tiny_override_checkpoints_and_resumes(tmp_path):
 def test_bad_arguments_name_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_smoke_run_builds_a_short_corpus_and_a_real_run_the_whole(capsys):
+    from lnbook.engine import capped
+    cfg = st.get_config("paper")
+    full, _ = st.load_data(cfg)  # a real run: every sentence, up to 30 words
+    assert len(full) > st.SMOKE_SENTENCES and max(map(len, full.sentences)) == 30
+    with capped(2):
+        corpus, data = st.load_data(cfg)
+    assert len(corpus) == st.SMOKE_SENTENCES and max(map(len, corpus.sentences)) == 8
+    assert corpus.sentences[5] == full.sentences[5][:8] and corpus.topic == full.topic[:512]
+    assert data.train_triples.shape[0] >= cfg.batch_size and len(data.pairs) > 0
+    assert "smoke run on the first 512 sentences, at most 8 words each" in (
+        capsys.readouterr().out)

@@ -78,3 +78,12 @@ def test_bad_copies_are_refused():
         Stack([])
     with pytest.raises(ValueError, match="same parameters and buffers"):
         Stack([nn.Linear(2, 3), nn.Linear(3, 3)])
+
+
+def test_eval_mode_reaches_the_vectorized_copies():
+    models = [nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)) for _ in range(2)]
+    stack = Stack(models).eval()
+    assert stack.vectorize and not stack._base[0].training
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(stack(x), torch.stack([m[0](x[k]) for k, m in enumerate(models)]))
+    assert stack.train()._base[0].training

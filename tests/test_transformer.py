@@ -450,28 +450,33 @@ def test_depth_scaled_peri_model_end_to_end_against_a_hand_written_forward():
         config(position="sandwich")
 
 
-def test_rezero_block_starts_as_the_identity_and_learns_its_gate():
-    """ReZero (Bachlechner et al., 2021): x + g f(x) with one scalar g per block, started at 0."""
-    torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=3, max_len=5,
-                            position="rezero", norm="none")
-    model = Transformer(cfg).double()
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    block = model.blocks[0]
-    assert torch.equal(block(x), x)  # g = 0: the identity
-    idx = torch.randint(0, 7, (2, 5))
-    want = model.head(model.embed(idx))  # no norm anywhere, every block the identity
-    assert torch.allclose(model(idx), want, atol=1e-12)
-    sequence_loss(model(idx), torch.randint(0, 7, (2, 5))).backward()
-    assert all(b.gate.grad.abs() > 0 for b in model.blocks)
-    with torch.no_grad():
-        block.gate.fill_(0.5)
-    a = x + 0.5 * block.attn(x)
-    assert torch.allclose(block(x), a + 0.5 * block.mlp(a), atol=1e-12)
-    assert "position='rezero'" in repr(block)
-
-
-def test_rezero_has_no_norm():
-    with pytest.raises(ValueError, match="rezero.*norm='none'"):
-        TransformerConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1, max_len=5,
-                          position="rezero")
+def test_rezero_blocks_start_as_the_identity_and_follow_the_gated_formula():
+    """ReZero (Bachlechner et al., 2021): no norm in a block, x + a F(x) per branch with a
+    learnt scalar a initialized at 0, so the untrained model is the embeddings read by the
+    head; after the gates move, each block is the hand-written formula."""
+    m = model(norm="none", position="rezero")
+    idx = tokens()
+    for b in m.blocks:
+        assert type(b.norm1) is nn.Identity and type(b.norm2) is nn.Identity
+        assert b.alpha_attn.item() == 0.0 and b.alpha_mlp.item() == 0.0
+    assert type(m.final_norm) is nn.Identity
+    x0 = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    torch.testing.assert_close(m(idx), m.head(x0), atol=1e-12, rtol=0)
+    perturb_(m)
+    x = m.tok_emb.weight[idx] + m.pos_emb.weight[: idx.shape[1]]  # (B, T, D)
+    for b in m.blocks:
+        assert b.alpha_attn.item() != 0.0
+        x = x + b.alpha_attn * b.attn(x)
+        x = x + b.alpha_mlp * b.mlp(x)
+    torch.testing.assert_close(m(idx), m.head(x), atol=1e-10, rtol=0)
+    # the gates get gradients from the start (the branches' weights do not, at a = 0)
+    fresh = model(norm="none", position="rezero")
+    sequence_loss(fresh(idx), idx).backward()
+    assert fresh.blocks[0].alpha_attn.grad.abs().item() > 0
+    assert float(fresh.blocks[0].mlp.fc2.weight.grad.abs().max()) == 0.0
+    m.reset_parameters()
+    assert m.blocks[1].alpha_mlp.item() == 0.0
+    # with norm="layer" only the final norm is a norm: the blocks stay norm-free
+    ln_model = model(position="rezero")
+    assert type(ln_model.final_norm) is LayerNorm
+    assert all(type(b.norm1) is nn.Identity for b in ln_model.blocks)

@@ -1,4 +1,4 @@
-"""lnbook.why: the measurements of chapter 6.8 (why does normalization help?)."""
+"""lnbook.experiments.why: the experiment of chapter 6.8 (why does normalization help?)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,51 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from lnbook import why
 from lnbook.batched import seed_batches, seed_nll
 from lnbook.data import load_digits_tensor
+from lnbook.engine.train import Batches
 from lnbook.exercises import digits_split
+from lnbook.experiments import why
 
 TINY = dict(depth=3, width=16, steps=6, eval_every=3, seeds=(0,))
+
+
+def _alone(variant, seed, config, momentum=None, hidden_lr=None):
+    """The reference: one network of ``variant`` trained alone by a plain SGD loop (the same
+    batches and groups as the experiment); test NLL at every eval_every updates."""
+    x, y, xt, yt = digits_split()
+    torch.manual_seed(seed)
+    model = why.build(variant, config)
+    hidden = [lin.weight for lin in model.linears[:-1]]
+    ids = {id(w) for w in hidden}
+    opt = torch.optim.SGD(
+        [{"params": hidden, "lr": config.lr if hidden_lr is None else hidden_lr},
+         {"params": [p for p in model.parameters() if id(p) not in ids]}], lr=config.lr,
+        momentum=config.momentum if momentum is None else momentum)
+    batches = Batches(x, y, batch_size=config.batch, seed=seed)
+    norms0 = [float(w.detach().norm()) for w in hidden]
+
+    def nll(xs, ys):
+        model.eval()
+        with torch.no_grad():
+            out = float(F.cross_entropy(model(xs), ys))
+        model.train()
+        return out
+
+    steps, test = [0], [nll(xt, yt)]
+    for step in range(1, config.steps + 1):
+        xb, yb = batches(step - 1)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        if step % config.eval_every == 0:
+            steps.append(step)
+            test.append(nll(xt, yt))
+    return {"steps": steps, "test_nll": np.array(test), "train_nll": nll(x, y),
+            "weight_norms": np.array([norms0, [float(w.detach().norm()) for w in hidden]]),
+            "model": model.eval()}
 
 
 def test_config_rejects_bad_fields():
@@ -55,24 +93,28 @@ def test_build_puts_the_noise_after_every_norm():
         why.build("group", cfg)
 
 
-def test_train_deep_records_a_curve_and_learns():
-    cfg = why.get_config(depth=2, width=32, steps=60, eval_every=30, seeds=(0,))
-    rec = why.train_deep("layer", 0, cfg)
-    assert rec["steps"].tolist() == [0, 30, 60]
-    assert rec["test_nll"][0] > math.log(10) - 0.3  # no better than chance at update 0
-    assert rec["test_nll"][-1] < rec["test_nll"][0] - 0.5  # and it learned
-    assert rec["weight_norms"].shape == (2, 2) and not rec["diverged"]
-    assert not rec["model"].training
+def test_run_records_a_curve_and_learns():
+    cfg = why.get_config(depth=2, width=32, steps=60, eval_every=30, seeds=(0,),
+                         variants=("layer",))
+    res = why.run(cfg, device="cpu")
+    assert res.name == "why" and res.seeds == [0]
+    (run,) = res.select("layer")
+    test = run.history.metric("test_nll")
+    assert run.history.eval_steps == [0, 30, 60]
+    assert test[0] > math.log(10) - 0.3  # no better than chance at update 0
+    assert test[-1] < test[0] - 0.5  # and it learned
+    assert np.array(run.info["weight_norms"]).shape == (2, 2) and not run.info["diverged"]
+    assert np.array(run.info["unit_rates"]).shape == (2, 32)
 
 
 def test_hidden_lr_reaches_only_the_hidden_weights():
     cfg = why.get_config(**TINY)
-    rec = why.train_deep("layer", 0, cfg, momentum=0.0, hidden_lr=0.0)
-    torch.manual_seed(0)
-    fresh = why.build("layer", cfg)
-    for a, b in zip(rec["model"].linears[:-1], fresh.linears[:-1], strict=True):
-        assert torch.equal(a.weight, b.weight)  # step size 0: unchanged
-    assert not torch.equal(rec["model"].linears[-1].weight, fresh.linears[-1].weight)
+    model = why.seed_model("layer", (0,), cfg)
+    why.train_stack(model, (0,), cfg, momentum=0.0, hidden_lr=0.0)
+    fresh = why.seed_model("layer", (0,), cfg)
+    for a, b in zip(model.hidden_weights, fresh.hidden_weights, strict=True):
+        assert torch.equal(a, b)  # step size 0: unchanged
+    assert not torch.equal(model.weights[-1], fresh.weights[-1])
 
 
 def test_norm_growth_step_follows_pythagoras_for_a_weight_before_a_norm():
@@ -122,28 +164,33 @@ def test_unit_rates_counts_dead_and_always_on_units():
 
 def test_run_and_lr_sweep_return_one_record_per_seed():
     cfg = why.get_config(**{**TINY, "seeds": (0, 1)}, variants=("none", "batch"))
-    res = why.run(cfg)
-    assert set(res) == {"none", "batch"} and all(len(r) == 2 for r in res.values())
+    res = why.run(cfg, device="cpu")
+    assert res.variants == ["none", "batch"] and all(len(res.select(v)) == 2
+                                                     for v in res.variants)
     sweep = why.lr_sweep(cfg, (0.01, 0.1), norms=("layer",), seeds=(0,))
     assert set(sweep) == {("layer", 0.01), ("layer", 0.1)}
 
 
 @pytest.mark.parametrize("variant", ["layer", "batch", "none"])
-def test_train_seeds_equals_train_deep_seed_by_seed(variant):
-    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=10, seeds=(0, 1))
-    together = why.train_seeds(variant, (0, 1), cfg)
-    for seed, rec in zip((0, 1), together, strict=True):
-        alone = why.train_deep(variant, seed, cfg)
-        assert rec["steps"].tolist() == alone["steps"].tolist()
-        np.testing.assert_allclose(rec["test_nll"], alone["test_nll"], atol=1e-4)
-        np.testing.assert_allclose(rec["weight_norms"], alone["weight_norms"], rtol=1e-5)
-        assert rec["train_nll"] == pytest.approx(alone["train_nll"], abs=1e-4)
-        for a, b in zip(rec["model"].parameters(), alone["model"].parameters(), strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+def test_run_equals_each_seed_trained_alone(variant):
+    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=10, seeds=(0, 1),
+                         variants=(variant,))
+    res = why.run(cfg, device="cpu")
+    for seed, run in zip((0, 1), res.select(variant), strict=True):
+        alone = _alone(variant, seed, cfg)
+        assert run.history.eval_steps == alone["steps"]
+        np.testing.assert_allclose(run.history.metric("test_nll"), alone["test_nll"],
+                                   atol=1e-5)
+        np.testing.assert_allclose(run.info["weight_norms"], alone["weight_norms"],
+                                   rtol=1e-5)
+        assert run.info["train_nll"] == pytest.approx(alone["train_nll"], abs=1e-5)
+        rates = why.unit_rates(alone["model"], digits_split()[2])
+        assert np.abs(np.array(run.info["unit_rates"]) - rates).max() < 0.01
 
 
-def test_train_seeds_marks_a_diverging_seed_and_keeps_the_others(monkeypatch):
-    cfg = why.get_config(depth=3, width=16, steps=30, eval_every=10, seeds=(0, 1))
+def test_run_marks_a_diverging_seed_and_keeps_the_others(monkeypatch):
+    cfg = why.get_config(depth=3, width=16, steps=30, eval_every=10, seeds=(0, 1),
+                         variants=("none",))
     make = why.seed_model
 
     def blown(variant, seeds, config):  # seed 1 starts with infinite logits
@@ -153,13 +200,17 @@ def test_train_seeds_marks_a_diverging_seed_and_keeps_the_others(monkeypatch):
         return model
 
     monkeypatch.setattr(why, "seed_model", blown)
-    bad = why.train_seeds("none", (0, 1), cfg)
-    monkeypatch.setattr(why, "seed_model", make)
-    good = why.train_seeds("none", (0, 1), cfg)
-    assert bad[1]["diverged"] and bad[1]["train_nll"] == math.inf
-    assert bad[1]["steps"].tolist() == [0]  # the curve is cut at the first update
-    assert not bad[0]["diverged"]
-    np.testing.assert_allclose(bad[0]["test_nll"], good[0]["test_nll"], atol=1e-6)
+    bad = why.run(cfg, device="cpu")
+    monkeypatch.undo()
+    good = why.run(cfg, device="cpu")
+    b0, b1 = bad.select("none")
+    assert b1.info["diverged"] and b1.info["train_nll"] == math.inf
+    assert b1.info["diverged_at"] == 1
+    assert b1.history.eval_steps == [0]  # the curve is cut at the first update
+    assert why.final_nll(bad, "none")[1][1] == math.inf
+    assert not b0.info["diverged"]
+    np.testing.assert_allclose(b0.history.metric("test_nll"),
+                               good.select("none")[0].history.metric("test_nll"), atol=1e-6)
 
 
 def test_landscape_seeds_equals_landscape_per_seed():
@@ -246,7 +297,7 @@ def test_noise_model_gives_each_copy_its_own_kind_and_size():
 def test_noise_runs_trains_every_kind_of_a_norm_together():
     cfg = why.get_config(depth=3, width=16, steps=20, eval_every=20, seeds=(0, 1))
     out = why.noise_runs(cfg, 0.0, norms=("layer",), seeds=(0, 1))  # no noise: plain runs
-    ref = why.train_seeds("layer", (0, 1), cfg)
+    ref = [_alone("layer", s, cfg) for s in (0, 1)]
     assert set(out) == set(why.NOISES) and set(out["example"]) == {"layer"}
     for kind in why.NOISES:
         np.testing.assert_allclose(out[kind]["layer"]["train_nll"],
@@ -255,13 +306,16 @@ def test_noise_runs_trains_every_kind_of_a_norm_together():
 
 
 @pytest.mark.parametrize("variant", ["none", "layer+noise", "batch+noise"])
-def test_train_stack_equals_train_seeds(variant):
-    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=20, seeds=(0, 1))
+def test_train_stack_equals_run(variant):
+    cfg = why.get_config(depth=3, width=16, steps=20, eval_every=20, seeds=(0, 1),
+                         variants=(variant,))
     norm, _, noisy = variant.partition("+")
     size = cfg.noise if noisy else 0.0
     model = why.noise_model(norm, [("shared", size, 0), ("shared", size, 1)], cfg)
     out = why.train_stack(model, (0, 1), cfg)
-    ref = why.train_seeds(variant, (0, 1), cfg)
+    res = why.run(cfg, device="cpu")
+    ref = [{"train_nll": r.info["train_nll"], "test_nll": r.history.metric("test_nll")}
+           for r in res.select(variant)]
     np.testing.assert_allclose(out["train_nll"], [r["train_nll"] for r in ref], atol=1e-5)
     np.testing.assert_allclose(out["test_nll"], [r["test_nll"][-1] for r in ref], atol=1e-5)
     assert np.isinf(out["diverged_at"]).all()
@@ -353,10 +407,11 @@ def test_blowup_rows_reads_the_updates_before_the_blow_up():
 
 
 def test_blowup_watches_the_plain_network_with_the_shared_noise():
-    cfg = why.get_config(depth=3, width=16, steps=12, eval_every=12, seeds=(0, 1))
+    cfg = why.get_config(depth=3, width=16, steps=12, eval_every=12, seeds=(0, 1),
+                         variants=("none+noise",))
     out = why.blowup(cfg)
-    ref = why.train_seeds("none+noise", (0, 1), cfg)
-    np.testing.assert_allclose(out["train_nll"], [r["train_nll"] for r in ref], atol=1e-5)
+    ref = why.final_nll(why.run(cfg, device="cpu"), "none+noise")[1]  # the same updates
+    np.testing.assert_allclose(out["train_nll"], ref, atol=1e-5)
     assert out["rms"].shape == (2, 12, 3) and (out["rms"] > 0).all()
 
 

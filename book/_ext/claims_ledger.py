@@ -2,8 +2,7 @@
 
 ``book/claims.md`` holds the directive ``{claims-ledger}`` (once per part: ``:part: paper`` for
 C01-C22, ``:part: after-2016`` for P01-P14, ``:part: today`` for Part III's P15-P22,
-``:part: part-iv`` for Part IV's P23 onwards) and
-``{claims-questions}``. Every chapter that checks
+``:part: arguments`` for Part IV's P23-P29) and ``{claims-questions}``. Every chapter that checks
 a claim calls :func:`lnbook.ledger.record` after its asserting cell; the records land in
 ``$LNBOOK_LEDGER/<ID>.json``, which :func:`setup` sets to ``_build/ledger`` unless it is set
 already (the kernels the build starts inherit it; a chapter executed outside the build writes
@@ -47,7 +46,7 @@ from lnbook.seeds import seed_set
 logger = logging.getLogger(__name__)
 
 PARTS = {"paper": ("C", 1, 22), "after-2016": ("P", 1, 14), "today": ("P", 15, 22),
-         "part-iv": ("P", 23, 99)}
+         "arguments": ("P", 23, 29)}
 
 
 def in_part(claim_id: str, part: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,23 +20,36 @@ def _pick(mode: str) -> Callable[[Sequence[float]], float]:
     return min if mode == "min" else max
 
 
-def updates_to_reach(steps: Sequence[int], values: Sequence[float], target: float,
-                     mode: str = "min") -> int | None:
+def updates_to_reach(steps: Sequence[int], values: Sequence[float] | np.ndarray,
+                     target: float | Sequence[float], mode: str = "min"
+                     ) -> int | float | np.ndarray:
     """The first evaluation step at which ``values`` reaches ``target`` (``<=`` for
-    ``mode="min"``, ``>=`` for ``"max"``), or None if never.
+    ``mode="min"``, ``>=`` for ``"max"``), or ``math.inf`` if never (the one convention of
+    the book for "never reached").
+
+    ``values`` ``(E,)`` gives one step (an int, or inf); ``(seeds, E)`` gives one per row,
+    ``(seeds,)`` floats, each row against ``target`` or its own ``target[k]``.
 
     Example::
 
         >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
         10
+        >>> updates_to_reach([0, 10], [[3.0, 1.0], [3.0, 2.0]], [1.0, 1.0])
+        array([10., inf])
     """
-    if len(steps) != len(values):
-        raise ValueError(f"steps and values differ in length: {len(steps)} vs {len(values)}")
     _pick(mode)
-    for s, v in zip(steps, values, strict=True):
+    rows = np.asarray(values, dtype=float)
+    if rows.ndim == 2:
+        targets = np.broadcast_to(np.asarray(target, dtype=float), rows.shape[:1])
+        return np.array([updates_to_reach(steps, r, t, mode) for r, t in zip(rows, targets,
+                                                                             strict=True)],
+                        dtype=float)
+    if len(steps) != len(rows):
+        raise ValueError(f"steps and values differ in length: {len(steps)} vs {len(rows)}")
+    for s, v in zip(steps, rows.tolist(), strict=True):
         if (v <= target) if mode == "min" else (v >= target):
             return int(s)
-    return None
+    return math.inf
 
 
 def mean_after_start(values: np.ndarray) -> np.ndarray:

@@ -115,6 +115,14 @@ class Stack(nn.Module):
         dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
         return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
 
+    def train(self, mode: bool = True) -> Stack:
+        """Training or evaluation mode for the stack and every copy it runs (under ``vmap`` the
+        copies run through one module kept outside the stack's submodules)."""
+        super().train(mode)
+        if self.vectorize:
+            self._base[0].train(mode)
+        return self
+
     def unstack(self) -> list[nn.Module]:
         """The copies as separate modules on the CPU, with the stack's current values."""
         if not self.vectorize:

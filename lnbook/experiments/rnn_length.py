@@ -1,7 +1,8 @@
 """The running-sum sign task: RNNs with and without normalization, by length and batch size.
 
 Chapters 3.1 (`03_1_ln_rnn`, claim C04; :func:`run`, one :class:`SignModel` per variant and
-seed) and 7 (`07_conclusion`, claim C22; :func:`run_first_sign`, one :class:`StackedRNN`).
+seed) and 7 (`07_conclusion`, claim C22; :func:`run_first_sign`, the seeds of a variant as one
+:class:`~lnbook.engine.Stack` of :class:`FirstSignRNN`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from lnbook.device import resolve_device
 from lnbook.engine import (
     Job,
     Results,
+    Stack,
     check_scale,
     cpu_threads,
     make_config,
-    resolve_seeds,
     sweep,
     train_copies,
 )
@@ -38,8 +39,8 @@ from lnbook.rnn import RNN
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
-           "variant_name", "per_step", "run", "first_sign_batch", "StackedRNN", "FirstSignConfig",
-           "FirstSignResults", "run_first_sign"]
+           "variant_name", "per_step", "run", "first_sign_batch", "FirstSignRNN",
+           "sensitivity_to_first", "FirstSignConfig", "FirstSignResults", "run_first_sign"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -56,7 +57,8 @@ class Config:
     updates at ``lr``; ``test_len`` (None: the training length) is the length of the
     ``test_batch`` test sequences, ``n_eval`` held-out sequences give the learning curves every
     ``eval_every`` updates; ``bn_gain_init`` is the BN-RNN's initial gain; ``threads``: torch
-    CPU threads while running (None leaves torch's setting).
+    CPU threads while running (None leaves torch's setting); ``workers``: runs trained at
+    once, one process each.
     """
 
     scale: str = "quick"
@@ -73,6 +75,7 @@ class Config:
     bn_gain_init: float = 1.0
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -227,7 +230,7 @@ def run(config: Config, device: str | torch.device = "auto",
     with cpu_threads(config.threads):
         return sweep(NAME, variants, config.seeds, partial(train_one, config, held, tests_of),
                      config=config, device=resolve_device(device), out=out, steps=config.steps,
-                     info={"trivial": trivial})
+                     threads=config.threads, workers=config.workers, info={"trivial": trivial})
 
 
 def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
@@ -273,92 +276,69 @@ def first_sign_batch(batch: int, length: int, generator: torch.Generator) -> tup
     return x, (x[:1, :, 0] > 0).float().expand(length, -1)  # (T, B)
 
 
-class StackedRNN(nn.Module):
-    r"""``M`` independent one-layer tanh RNNs with a read-out, run as one batched model.
+class FirstSignRNN(nn.Module):
+    r"""A one-layer tanh RNN with one scalar input per step and a one-logit read-out.
 
-    Model ``m`` computes, for a scalar input :math:`x_t`,
-    :math:`a_t = w^{ih}_m x_t + W^{hh}_m h_{t-1}` and
-    :math:`h_t = \tanh(\mathrm{LN}(a_t; g_m) + b_m)` with layer normalization (paper eq. 4,
-    the mean and deviation over the H summed inputs of each example), or
-    :math:`h_t = \tanh(a_t + b_m)` without, and one logit :math:`w^{out}_m \cdot h_t + c_m`
-    per step. The slots share no parameter, so the sum of their losses (and Adam) trains each
-    as if it were alone. ``layer_norm``: one bool per model (M = its length); ``hidden``: H.
+    :math:`a_t = w^{ih} x_t + W^{hh} h_{t-1}` and :math:`h_t = \tanh(\mathrm{LN}(a_t; g) + b)`
+    with layer normalization (paper eq. 4, over the H summed inputs of each example), or
+    :math:`h_t = \tanh(a_t + b)` without; the logit is :math:`w^{out} \cdot h_t + c`. The
+    weights are drawn uniform in +-1/sqrt(H) (as torch's RNN and Linear) from a generator
+    seeded with ``seed``, in the same order for both variants, so that the LN and the plain
+    model of one seed start from the same weights; the gain starts at 1.
 
     Shape:
-        x: ``(T, M, B)``, one scalar input per step; ``logits(x)``: ``(T, M, B)``.
+        x: ``(T, B)``, one scalar input per step; output: logits ``(T, B)``.
 
     Example::
 
-        >>> rnn = StackedRNN([True, False], hidden=8)
-        >>> rnn.reset_parameters([0, 0])  # the same start for both
-        >>> rnn.logits(torch.randn(5, 2, 4)).shape
-        torch.Size([5, 2, 4])
+        >>> FirstSignRNN(True, hidden=8, seed=0)(torch.randn(5, 4)).shape
+        torch.Size([5, 4])
     """
 
-    def __init__(self, layer_norm: list[bool] | tuple[bool, ...], hidden: int,
-                 eps: float = 1e-5) -> None:
+    def __init__(self, layer_norm: bool, hidden: int, seed: int = 0, eps: float = 1e-5) -> None:
         super().__init__()
-        flags = [bool(f) for f in layer_norm]
-        if not flags or hidden < 1:
-            raise ValueError(f"need at least one model and hidden >= 1, got {len(flags)} "
-                             f"models, hidden={hidden}")
-        m, h = len(flags), hidden
-        self.n_models, self.hidden, self.eps = m, h, eps
-        self.register_buffer("ln_mask", torch.tensor(flags).view(m, 1, 1), persistent=False)
-        self.w_ih = nn.Parameter(torch.empty(m, h))
-        self.w_hh = nn.Parameter(torch.empty(m, h, h))
-        self.bias = nn.Parameter(torch.empty(m, h))
-        self.gain = nn.Parameter(torch.ones(m, h))  # used by the normalized models only
-        self.w_out = nn.Parameter(torch.empty(m, h))
-        self.b_out = nn.Parameter(torch.empty(m))
-        self.reset_parameters(list(range(m)))
+        if hidden < 1:
+            raise ValueError(f"hidden must be >= 1, got {hidden}")
+        self.layer_norm, self.hidden, self.eps = bool(layer_norm), hidden, eps
+        g, k = torch.Generator().manual_seed(int(seed)), 1 / math.sqrt(hidden)
 
-    def reset_parameters(self, seeds: list[int] | tuple[int, ...]) -> None:
-        """Model ``m`` drawn uniform in +-1/sqrt(H) (as torch's RNN and Linear), gain 1, from a
-        generator seeded with ``seeds[m]``."""
-        if len(seeds) != self.n_models:
-            raise ValueError(f"need one seed per model ({self.n_models}), got {len(seeds)}")
-        k = 1 / math.sqrt(self.hidden)
-        with torch.no_grad():
-            for m, seed in enumerate(seeds):
-                g = torch.Generator().manual_seed(int(seed))
-                for p in (self.w_ih[m], self.w_hh[m], self.bias[m], self.w_out[m],
-                          self.b_out[m]):
-                    p.copy_(torch.rand(p.shape, generator=g) * 2 * k - k)
-            self.gain.fill_(1.0)
+        def draw(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.rand(shape, generator=g) * 2 * k - k)
 
-    def logits(self, x: Tensor) -> Tensor:
-        """``x`` (T, M, B) -> logits (T, M, B)."""
-        if x.dim() != 3 or x.shape[1] != self.n_models:
-            raise ValueError(f"x must be (T, {self.n_models}, B), got {tuple(x.shape)}")
-        # the normalized models first, then the plain ones: one layer norm over a slice and
-        # no mask inside the time loop (the models are put back in their order at the end)
-        flags = self.ln_mask.view(-1).tolist()
-        order = sorted(range(self.n_models), key=lambda m: not flags[m])
-        n_ln, moved = sum(flags), order != sorted(order)
-        w_ih, w_hh, bias, gain = (p[order] if moved else p
-                                  for p in (self.w_ih, self.w_hh, self.bias, self.gain))
-        x = x[:, order] if moved else x
-        xw = x.unsqueeze(-1) * w_ih[:, None, :]  # (T, M, B, H) the input terms, all steps
-        h = x.new_zeros(x.shape[1], x.shape[2], self.hidden)  # (M, B, H)
-        w_hh_t = w_hh.transpose(1, 2)  # (M, H, H)
-        bias, gain = bias[:, None, :], gain[:n_ln, None, :]  # (M, 1, H), (n_ln, 1, H)
-        H, out = self.hidden, []
-        for xw_t in xw.unbind(0):  # (M, B, H)
-            a = torch.baddbmm(xw_t, h, w_hh_t)  # (M, B, H) a_t
-            z = F.layer_norm(a[:n_ln], (H,), eps=self.eps) * gain  # eq. 4's LN(a_t; g)
-            if n_ln < self.n_models:
-                z = torch.cat([z, a[n_ln:]])  # the plain models' a_t as it is
-            h = torch.tanh(z + bias)
+        self.w_ih, self.w_hh, self.bias = draw(hidden), draw(hidden, hidden), draw(hidden)
+        self.w_out, self.b_out = draw(hidden), draw()
+        if self.layer_norm:
+            self.gain = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xw = x.unsqueeze(-1) * self.w_ih  # (T, B, H) the input terms, all steps
+        h, out = x.new_zeros(x.shape[1], self.hidden), []  # (B, H)
+        for xw_t in xw.unbind(0):  # (B, H)
+            a = torch.addmm(xw_t, h, self.w_hh.T)  # (B, H) a_t
+            if self.layer_norm:
+                a = F.layer_norm(a, (self.hidden,), eps=self.eps) * self.gain  # LN(a_t; g)
+            h = torch.tanh(a + self.bias)
             out.append(h)
-        hs = torch.stack(out)  # (T, M, B, H)
-        if moved:
-            hs = hs[:, [order.index(m) for m in range(self.n_models)]]
-        return (hs * self.w_out[:, None, :]).sum(-1) + self.b_out[:, None]  # (T, M, B)
+        return (torch.stack(out) * self.w_out).sum(-1) + self.b_out  # (T, B)
 
     def extra_repr(self) -> str:
-        n_ln = int(self.ln_mask.sum())
-        return f"n_models={self.n_models} ({n_ln} with layer norm), hidden={self.hidden}"
+        return f"layer_norm={self.layer_norm}, hidden={self.hidden}"
+
+
+def sensitivity_to_first(layer_norm: bool, seeds: tuple[int, ...] | list[int], hidden: int,
+                         x: Tensor, scale_hh: float = 1.0) -> np.ndarray:
+    """Mean ``abs(d z_T / d x_1)`` at initialization of the :class:`FirstSignRNN` of each seed
+    (its ``W_hh`` times ``scale_hh``) on its own sequences ``x[:, k]``: ``x (T, seeds, B)``
+    -> ``(seeds,)``."""
+    out = []
+    for k, seed in enumerate(seeds):
+        model = FirstSignRNN(layer_norm, hidden, seed)
+        with torch.no_grad():
+            model.w_hh.mul_(scale_hh)
+        xk = x[:, k].detach().clone().requires_grad_(True)  # (T, B)
+        (grad,) = torch.autograd.grad(model(xk)[-1].sum(), xk)
+        out.append(grad[0].abs().mean().item())
+    return np.array(out, dtype=np.float32)
 
 
 @dataclass
@@ -406,45 +386,51 @@ class FirstSignResults:
         return self.error[(variant, length, batch)]
 
 
-def run_first_sign(config: FirstSignConfig) -> FirstSignResults:
-    """Train every (variant, length, batch size, seed) of ``config``: one batched
-    :class:`StackedRNN` per (length, batch size); the runs of one seed share weights and data."""
+def run_first_sign(config: FirstSignConfig, device: str | torch.device = "auto",
+                   out: str | os.PathLike | None = None) -> FirstSignResults:
+    """Train every (variant, length, batch size, seed) of ``config`` through the engine's
+    sweep (``rnn_first_sign``): the seeds of one variant as one :class:`~lnbook.engine.Stack`
+    of :class:`FirstSignRNN`; the runs of one seed share their initial weights and data."""
     check_config(config, FirstSignConfig, None)
-    config = dataclasses.replace(config, seeds=resolve_seeds(config.seeds))
+    variants = {variant_name(v, n, b): (v, n, b) for n, b in
+                itertools.product(config.lengths, config.batch_sizes) for v in config.variants}
+    res = sweep("rnn_first_sign", variants, config.seeds, partial(_train_stack, config),
+                config=config, stack="seeds", device=resolve_device(device), out=out,
+                steps=config.steps)
     steps = np.arange(0, config.steps + 1, config.eval_every)
     error = {}
-    for length, bs in itertools.product(config.lengths, config.batch_sizes):
-        curves = _train_stack(config, length, bs, steps)  # (variants * seeds, E)
-        for v, part in zip(config.variants, np.split(curves, len(config.variants)), strict=True):
-            error[(v, length, bs)] = part  # (seeds, E)
-    return FirstSignResults(config, steps, error)
+    for name, key in variants.items():
+        at, curves = res.curves(name, "error")  # (E,), (seeds, E)
+        keep = [list(at).index(int(s)) for s in steps]  # the evaluations asked for
+        error[key] = curves[:, keep].astype(np.float32)
+    return FirstSignResults(dataclasses.replace(config, seeds=res.seeds), steps, error)
 
 
-def _train_stack(c: FirstSignConfig, length: int, bs: int, steps: np.ndarray) -> np.ndarray:
-    """The ``(variants * seeds, E)`` error curves of one (length, batch size), every model
-    trained at once by the engine's :func:`~lnbook.engine.copies.train_copies`."""
-    model = StackedRNN([v == "ln" for v in c.variants for _ in c.seeds], c.hidden)
-    model.reset_parameters(list(c.seeds) * len(c.variants))
-    opt = torch.optim.Adam(model.parameters(), lr=c.lr)
-    gens = [torch.Generator().manual_seed(s * 1_000_003 + 1_000 * length + bs)
-            for s in c.seeds]
+def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return F.binary_cross_entropy_with_logits(model(x), y)
+
+
+def _train_stack(c: FirstSignConfig, job: Job) -> list[History]:
+    """The seeds of one (variant, length, batch size) as one :class:`~lnbook.engine.Stack`
+    trained by the engine's :func:`~lnbook.engine.copies.train_copies`; one history per seed."""
+    (variant, length, bs), seeds = job.params, job.seeds
+    stack = Stack([FirstSignRNN(variant == "ln", c.hidden, s) for s in seeds]).to(job.device)
+    opt = torch.optim.Adam(stack.parameters(), lr=c.lr)
+    gens = [torch.Generator().manual_seed(s * 1_000_003 + 1_000 * length + bs) for s in seeds]
     x_eval, y_eval = first_sign_batch(c.n_eval, length,
                                       torch.Generator().manual_seed(_EVAL_SEED + length))
-    x_eval = x_eval[..., 0][:, None, :].expand(length, model.n_models, c.n_eval)  # (T, M, N)
+    x_eval, y_last = x_eval[..., 0].to(job.device), y_eval[-1].to(job.device)  # (T, N), (N,)
 
-    def losses(step: int) -> Tensor:  # (M,): each model's mean loss on its seed's batch
+    def losses(step: int) -> Tensor:  # (M,): each copy's mean loss on its seed's batch
         xy = [first_sign_batch(bs, length, g) for g in gens]  # one data stream per seed
-        x = torch.stack([x for x, _ in xy], 1)[..., 0].repeat(1, len(c.variants), 1)
-        y = torch.stack([y for _, y in xy], 1).repeat(1, len(c.variants), 1)  # (T, M, B)
-        bce = F.binary_cross_entropy_with_logits(model.logits(x), y, reduction="none")
-        return bce.mean((0, 2))
+        x = torch.stack([x[..., 0] for x, _ in xy]).to(job.device)  # (M, T, B)
+        return stack.call(_loss, x, torch.stack([y for _, y in xy]).to(job.device))
 
     def evaluate() -> list[dict[str, float]]:
         with torch.no_grad():
-            wrong = (model.logits(x_eval)[-1] > 0).float() != y_eval[-1]  # (M, N)
+            wrong = (stack(x_eval, shared=(0,))[:, -1] > 0).float() != y_last  # (M, N)
         return [{"error": e} for e in wrong.float().mean(-1).tolist()]
 
-    hists = train_copies(losses, evaluate, opt, [History() for _ in range(model.n_models)],
-                         c.steps, c.eval_every)
-    keep = [hists[0].eval_steps.index(int(s)) for s in steps]  # the evaluations asked for
-    return np.array([[h.metrics[k]["error"] for k in keep] for h in hists], dtype=np.float32)
+    return train_copies(losses, evaluate, opt, [History() for _ in seeds], c.steps,
+                        c.eval_every, state=stack, generators=gens, checkpoint=job.checkpoint,
+                        bar=job.bar, label=job.label)

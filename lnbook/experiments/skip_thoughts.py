@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
-from lnbook.engine import Job, Results, cpu_threads, make_config, sweep
-from lnbook.engine.train import Batches, History, fit
-from lnbook.experiments._text import first_reach, median_step_time, pad_ids
+from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
+from lnbook.engine.train import Batches, History, fit, max_updates
+from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
 
 NAME = "skip_thoughts"
@@ -305,8 +305,14 @@ def probe_accuracy(features: Tensor, labels: Tensor, folds: int = 5, ridge: floa
         sd = torch.where(sd > 0, sd, torch.ones_like(sd))
         xs_tr, xs_te = (x[tr] - mu) / sd, (x[te] - mu) / sd  # (n, F)
         t_mean = targets[tr].mean(0)  # the intercept absorbs the means
-        a = xs_tr.T @ xs_tr + ridge * torch.eye(x.shape[1], dtype=torch.float64)  # (F, F)
-        w = torch.linalg.solve(a, xs_tr.T @ (targets[tr] - t_mean))  # (F, K)
+        t_c = targets[tr] - t_mean
+        if ridge > 0 and xs_tr.shape[0] < x.shape[1]:  # fewer examples than features: the
+            # same W from the (n, n) system, W = X^T (X X^T + lambda I)^-1 Y
+            a = xs_tr @ xs_tr.T + ridge * torch.eye(xs_tr.shape[0], dtype=torch.float64)
+            w = xs_tr.T @ torch.linalg.solve(a, t_c)  # (F, K)
+        else:
+            a = xs_tr.T @ xs_tr + ridge * torch.eye(x.shape[1], dtype=torch.float64)  # (F, F)
+            w = torch.linalg.solve(a, xs_tr.T @ t_c)  # (F, K)
         pred = (xs_te @ w + t_mean).argmax(1)  # (n,)
         correct.append((pred == y[te]).double().mean())
     return 100.0 * torch.stack(correct).mean().item()
@@ -333,42 +339,44 @@ def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> 
                                         folds)}
 
 
+class _Clocked:
+    """Batches that note the process's CPU time at each request: :func:`~lnbook.engine.fit`
+    asks for the next batch as soon as an update is done, so two requests time one update."""
+
+    def __init__(self, batches: Batches) -> None:
+        self.batches, self.marks = batches, []
+
+    def __call__(self, step: int) -> tuple[Tensor, ...]:
+        self.marks.append(time.process_time())
+        return self.batches(step)
+
+
 def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batch_size: int,
                     updates: int = 10, device: str | torch.device = "cpu",
                     seed: int = 0) -> dict[str, float]:
-    """Median seconds per update of the baseline and the LN model, taking turns on the same
-    batches after one untimed warm-up each (CPU time on a CPU, synchronized wall clock on a GPU).
+    """Median seconds per update of the baseline and the LN model, each trained by the
+    engine's :func:`~lnbook.engine.fit` on the same batches, ``updates`` timed updates after
+    one untimed warm-up: CPU time on a CPU (a busy machine stretches it much less than the
+    wall clock), on a GPU the wall clock of ``History.step_times`` (synchronized by the loss).
 
     Returns ``{"baseline": s, "layer_norm": s, "ratio": r}``, r the median over updates of
-    the LN update's time over the baseline update's just before it.
+    the LN update's time over the baseline's update of the same step.
     """
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     dev = torch.device(device)
-    batches = _batches(data, batch_size, seed)
-    models, opts, times = {}, {}, {}
+    times = {}
     for v, layer_norm in VARIANTS.items():
         torch.manual_seed(seed)
-        models[v] = SkipThoughts(len(data.vocab), word_dim, hidden_size, layer_norm).to(dev)
-        opts[v], times[v] = torch.optim.Adam(models[v].parameters(), lr=1e-3), []
-
-    sync = torch.cuda.synchronize if dev.type == "cuda" else torch.cpu.synchronize
-    clock = time.process_time if dev.type == "cpu" else time.perf_counter
-    for step in range(updates + 1):
-        batch = tuple(t.to(dev) for t in batches(step))
-        for v, model in models.items():
-            sync(dev)
-            t0 = clock()
-            loss = model(*batch)
-            opts[v].zero_grad(set_to_none=True)
-            loss.backward()
-            opts[v].step()
-            sync(dev)
-            if step > 0:
-                times[v].append(clock() - t0)
+        model = SkipThoughts(len(data.vocab), word_dim, hidden_size, layer_norm)
+        batches = _Clocked(_batches(data, batch_size, seed))
+        hist = fit(model, batches, torch.optim.Adam(model.parameters(), lr=1e-3), updates + 2,
+                   updates + 2, device=dev, seed=seed, progress=False, label=f"timing {v}")
+        t = np.diff(batches.marks).tolist() if dev.type == "cpu" else hist.step_times
+        times[v] = t[1 : updates + 1] or t  # the first update warms up (all under a cap)
     out = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
     pair = sorted(a / b for a, b in zip(times["layer_norm"], times["baseline"], strict=True))
-    out["ratio"] = pair[len(pair) // 2]  # median over back-to-back pairs: robust to load drift
+    out["ratio"] = pair[len(pair) // 2]  # median over pairs: robust to a busy machine
     return out
 
 
@@ -393,7 +401,8 @@ class Config:
 
     ``timing_hidden``: state sizes at which :func:`time_per_update` runs ``timing_updates``
     updates per variant; ``threads``: torch CPU threads during the run (None: leave as is);
-    ``checkpoint``: checkpoint every run under ``out`` and resume from it.
+    ``checkpoint``: checkpoint every run under ``out`` and resume from it; ``workers``: runs
+    trained at once, one process each.
     """
 
     scale: str = "quick"
@@ -414,6 +423,7 @@ class Config:
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     threads: int | None = 1
     checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, tuple(VARIANTS))
@@ -437,9 +447,24 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
+#: A smoke run's corpus (:func:`~lnbook.engine.capped`): at most this many sentences, of at
+#: most this many words (an update of the paper's 2400-unit GRUs costs tens of CPU seconds
+#: per 30-word batch, and every evaluation encodes the held-out and probed sentences).
+SMOKE_SENTENCES, SMOKE_TOKENS = 512, 8
+
+
 def load_data(config: Config) -> tuple[Corpus, SkipThoughtData]:
-    """The corpus and the triples and probe sets ``config`` asks for."""
+    """The corpus and the triples and probe sets ``config`` asks for; in a smoke run, the
+    first :data:`SMOKE_SENTENCES` sentences cut to :data:`SMOKE_TOKENS` words (said in one
+    line)."""
     corpus = load_corpus(max_tokens=config.max_tokens)
+    if max_updates() is not None and (len(corpus) > SMOKE_SENTENCES
+                                      or config.max_tokens > SMOKE_TOKENS):
+        n, words = min(len(corpus), SMOKE_SENTENCES), min(config.max_tokens, SMOKE_TOKENS)
+        corpus = Corpus([w[:words] for w in corpus.sentences[:n]], corpus.topic[:n],
+                        corpus.topics, corpus.source)
+        print(f"{NAME}: smoke run on the first {n:,} sentences, at most {words} words each",
+              flush=True)
     return corpus, make_data(corpus, config.vocab_size, config.heldout, config.probe_topics)
 
 
@@ -488,15 +513,15 @@ def run(config: Config, device: str | torch.device = "auto",
                 / len(data.topic_labels), "timing": timing}
         return sweep(NAME, {v: VARIANTS[v] for v in config.variants}, config.seeds,
                      partial(train_one, config, data), config=config, device=device,
-                     out=out, checkpoint=config.checkpoint, steps=config.steps, info=info)
+                     out=out, checkpoint=config.checkpoint, steps=config.steps, info=info,
+                     threads=config.threads, workers=config.workers)
 
 
 def updates_to_target(results: Results, target: float,
                       metric: str = "heldout_loss") -> dict[str, np.ndarray]:
-    """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (NaN: never)."""
-    curves = {v: results.curves(v, metric) for v in results.variants}  # (E,), (seeds, E)
-    return {v: first_reach(steps, values, [target] * len(values), "min")
-            for v, (steps, values) in curves.items()}
+    """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (inf:
+    never; :func:`~lnbook.engine.updates_to_reach`)."""
+    return {v: updates_to_reach(*results.curves(v, metric), target) for v in results.variants}
 
 
 def probe_table(results: Results, fmt: str = ".1f") -> Table:

@@ -100,14 +100,16 @@ def variant_name(design: str, depth: int) -> str:
 
 
 def build(config: Config, design: str, depth: int, seq_len: int) -> nn.Module:
-    """A freshly initialized model of ``design`` with ``depth`` blocks, without biases (so the
-    designs have the same weights; nGPT's SwiGLU width keeps its count within 1%)."""
+    """A freshly initialized model of ``design`` with ``depth`` blocks, without biases, so the
+    designs have the same matrices (nGPT's SwiGLU width keeps its MLP at a GELU MLP's count);
+    what differs is the norms' gains and biases, ReZero's gates and nGPT's scales."""
     if design == "ngpt":
         return NGPT(NGPTConfig(config.symbols + 1, config.d_model, config.n_heads, depth,
                                seq_len))
     fields = {"pre": {"position": "pre"}, "post": {"position": "post"},
               "rezero": {"position": "rezero", "norm": "none"}}[design]
-    return Transformer(config.model_config(seq_len, n_layers=depth, bias=False, **fields))
+    return Transformer(config.model_config(seq_len, n_layers=depth, bias=False, ln_impl="torch",
+                                           **fields))
 
 
 def run(config: Config, device: str | torch.device = "auto", out: str | os.PathLike | None = None
@@ -269,14 +271,17 @@ def _json(a: np.ndarray) -> list:
 
 
 def pilot(seeds: tuple[int, ...], lrs: tuple[float, ...] = PILOT_LRS, scale: str = "quick",
-          device: str | torch.device = "auto") -> dict[str, Any]:
+          device: str | torch.device = "auto", designs: tuple[str, ...] = DESIGNS
+          ) -> dict[str, Any]:
     """The design run behind ``Config.lrs``: every design at every rate of ``lrs`` on the
-    pilot ``seeds`` (:func:`lnbook.seeds.pilot_seeds`, never a verdict seed); returns the
+    pilot ``seeds`` (:func:`lnbook.seeds.pilot_seeds`, never a verdict seed), or those of
+    ``designs``; returns the
     record (config, seeds, per rate and variant the final held-out losses and updates to each
     target, None where never reached, and :func:`choose_lrs`' choice) that
     ``book/pilots/sphere.json`` keeps."""
-    runs = {lr: run(get_config(scale, seeds=tuple(seeds), lrs=tuple((d, lr) for d in DESIGNS)),
-                    device=device) for lr in lrs}
+    runs = {lr: run(get_config(scale, seeds=tuple(seeds), designs=tuple(designs),
+                               lrs=tuple((d, lr) for d in DESIGNS)), device=device)
+            for lr in lrs}
     first = runs[lrs[0]]
     return {"experiment": NAME, "scale": scale, "seeds": list(seeds), "lrs": list(lrs),
             "targets": targets(first).tolist(),

@@ -1,19 +1,23 @@
-"""Why does normalization help? The measurements of chapter 6.8 (``06_8_why_normalization_helps``)
-on lab 3.2's deep MLP: covariate shift on purpose (:class:`SignalNoise`, batch-shared, and
-:class:`ExampleNoise`, Santurkar et al.'s per-example noise) and where a plain network breaks under
-it (:func:`blowup`), the effective learning rate of scale-invariant weights and the equilibrium of
-their norm under weight decay (:func:`decay_runs`), the smoothness of the loss, the gradients
-through the statistics, and dead or always-on units; the chapter's table of known, contested and
-folklore statements built from its measured values (:func:`evidence_rows`). Every seed of a run
-trains at once (:func:`train_seeds`; new runs through :func:`lnbook.engine.copies.train_copies`, in
-:func:`train_stack`).
+"""Why does normalization help? The experiment of chapter 6.8 (``06_8_why_normalization_helps``) on
+lab 3.2's deep MLP (:class:`lnbook.mlp.DeepMLP`): covariate shift on purpose
+(:class:`SignalNoise`, batch-shared, and :class:`ExampleNoise`, Santurkar et al.'s per-example
+noise) and where a plain network breaks under it (:func:`blowup`), the effective learning rate of
+scale-invariant weights and the equilibrium of their norm under weight decay
+(:func:`decay_runs`), the smoothness of the loss, the gradients through the statistics, and dead
+or always-on units; the chapter's table of known, contested and folklore statements built from
+its measured values (:func:`evidence_rows`). :func:`run` trains the networks of :data:`VARIANTS`
+through :func:`lnbook.engine.sweep` (the seeds of a variant as one model); every other
+measurement trains its seeds as one model too, through :func:`lnbook.engine.train_copies`
+(:func:`train_stack`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,20 +26,33 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
-from lnbook.checks import check_choice, check_size, check_subset
-from lnbook.engine import History, check_scale, make_config, resolve_seeds, train_copies
-from lnbook.engine.train import Batches
+from lnbook.checks import check_choice, check_config, check_size, check_subset
+from lnbook.engine import (
+    History,
+    Job,
+    Results,
+    check_scale,
+    make_config,
+    max_updates,
+    resolve_seeds,
+    sweep,
+    train_copies,
+)
 from lnbook.exercises import digits_split
-from lnbook.experiments import mistakes
-from lnbook.experiments.deep_mlp import DeepMLP
+from lnbook.mlp import DeepMLP, NormMLP
 
 __all__ = [
-    "VARIANTS", "Config", "get_config", "SignalNoise", "build", "train_deep", "train_seeds",
-    "seed_model", "run", "norm_growth_step", "lr_sweep", "landscape", "landscape_seeds",
+    "NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "SignalNoise", "build",
+    "seed_model", "run", "train_variant", "final_nll", "norm_growth_step", "lr_sweep",
+    "landscape", "landscape_seeds",
     "stats_seeds", "unit_rates", "NOISES", "ExampleNoise", "noise_model", "train_stack",
     "noise_runs", "blowup", "decay_runs", "evidence_rows", "example_noise", "pilot_noise",
     "largest_safe", "blowup_rows", "decay_summary", "EVIDENCE_KEYS",
 ]
+
+NAME = "why"
+DESCRIPTION = ("chapter 6.8: lab 3.2's 8-layer ReLU MLP with no norm / layer norm / batch norm, "
+               "with and without injected covariate shift, trained by SGD on the 8x8 digits")
 
 NOISES = ("shared", "example")
 """The two injected noises: ``shared`` (:class:`SignalNoise`, one draw per unit for the whole
@@ -52,7 +69,9 @@ class Config:
     """Settings of the chapter's runs (:func:`get_config` gives the presets): the
     :class:`DeepMLP`'s ``depth`` and ``width``, ``init_scale`` (times He's std), SGD's
     ``batch``, ``steps``, ``lr``, ``momentum``, ``eval_every``, the :class:`SignalNoise`
-    size ``noise``, the ``variants`` and the ``seeds`` (trained together)."""
+    size ``noise``, the ``variants`` and the ``seeds`` (an int n: the first n of the seed set
+    in force when the run starts; a variant's seeds train as one model); ``threads``: torch CPU
+    threads (None: leave as is); ``workers``: variants trained at once, one process each."""
 
     scale: str = "quick"
     depth: int = 8
@@ -66,6 +85,8 @@ class Config:
     noise: float = 0.2
     variants: tuple[str, ...] = VARIANTS
     seeds: int | tuple[int, ...] = 10
+    threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -81,7 +102,7 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"eval_every": 150},  # the chapter reads the final losses only
-    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": 10},
+    "paper": {"width": 256, "steps": 2000, "eval_every": 100, "seeds": 10, "threads": None},
 }
 
 
@@ -135,7 +156,7 @@ def example_noise(h: Tensor, size: float | Tensor, batch_dim: int = 0) -> Tensor
     return h * scale + mean + spread * torch.randn_like(h)
 
 
-class ExampleNoise(nn.Module):
+class ExampleNoise(SignalNoise):
     r"""Santurkar et al.'s (2018) injected noise, :func:`example_noise` (every activation of
     every example its own draw, non-zero mean, non-unit variance, the distribution drawn afresh
     at every forward), ``size`` = ``r`` in [0, 1). In evaluation mode it does nothing.
@@ -144,19 +165,10 @@ class ExampleNoise(nn.Module):
         - Input: ``(N, H)``; output: the same.
     """
 
-    def __init__(self, size: float = 0.5) -> None:
-        super().__init__()
-        if not 0 <= size < 1:
-            raise ValueError(f"size must lie in [0, 1), got {size!r}")
-        self.size = float(size)
-
     def forward(self, h: Tensor) -> Tensor:
         if not self.training or self.size == 0:
             return h
         return example_noise(h, self.size, batch_dim=0)
-
-    def extra_repr(self) -> str:
-        return f"size={self.size}"
 
 
 class _NoiseSeedMLP(SeedMLP):
@@ -197,7 +209,7 @@ def _nll(model: nn.Module, x: Tensor, y: Tensor) -> Any:
     model.eval()
     with torch.no_grad():
         if isinstance(model, SeedMLP):
-            out = seed_nll(model(x), y).numpy()  # (S,)
+            out = seed_nll(model(x), y).cpu().numpy()  # (S,)
         else:
             out = float(F.cross_entropy(model(x), y))
     model.train(was)
@@ -215,43 +227,9 @@ def _sgd(model: nn.Module, hidden: list[Tensor], config: Config, lr: float | Non
                            momentum=config.momentum if momentum is None else momentum)
 
 
-def train_deep(variant: str, seed: int, config: Config, lr: float | None = None,
-               momentum: float | None = None, hidden_lr: float | None = None) -> dict[str, Any]:
-    """Train one :func:`build` network on the digits with SGD. The record: ``steps``,
-    ``test_nll`` at them, final ``train_nll``, ``weight_norms`` ``(2, depth)`` (start, end),
-    ``diverged`` and ``model``. ``hidden_lr``: the hidden weight matrices' own step size."""
-    x, y, xt, yt = digits_split()
-    torch.manual_seed(seed)
-    model = build(variant, config)
-    hidden = [lin.weight for lin in model.linears[:-1]]
-    opt = _sgd(model, hidden, config, lr, momentum, hidden_lr)
-    batches = Batches(x, y, batch_size=config.batch, seed=seed)
-    norms0 = [float(w.detach().norm()) for w in hidden]
-    steps, test, diverged = [0], [_nll(model, xt, yt)], False
-    for step in range(1, config.steps + 1):
-        xb, yb = batches(step - 1)
-        loss = F.cross_entropy(model(xb), yb)
-        if not torch.isfinite(loss):
-            diverged = True
-            break
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % config.eval_every == 0:
-            steps.append(step)
-            test.append(_nll(model, xt, yt))
-    model.eval()
-    train = math.inf if diverged else _nll(model, x, y)
-    diverged = diverged or not (math.isfinite(train) and math.isfinite(test[-1]))
-    return {"steps": np.array(steps), "test_nll": np.array(test),
-            "train_nll": train if math.isfinite(train) else math.inf,
-            "weight_norms": np.array([norms0, [float(w.detach().norm()) for w in hidden]]),
-            "diverged": diverged, "model": model}
-
-
 def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
     """The :func:`build` networks of ``seeds`` (each made after ``torch.manual_seed(seed)``,
-    as :func:`train_deep` makes it), stacked into one :class:`SeedMLP`."""
+    as one seed alone would be made), stacked into one :class:`SeedMLP`."""
     models = []
     for s in seeds:
         torch.manual_seed(s)
@@ -261,54 +239,54 @@ def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
                                noise=config.noise if noisy else 0.0)
 
 
-def train_seeds(variant: str, seeds: tuple[int, ...], config: Config,
-                lr: float | None = None, momentum: float | None = None,
-                hidden_lr: float | None = None) -> list[dict[str, Any]]:
-    """:func:`train_deep` for every seed at once in one :class:`lnbook.batched.SeedMLP` (its
-    weights and batches; the noise from another stream); one record per seed."""
-    seeds = tuple(int(s) for s in seeds)
-    x, y, xt, yt = digits_split()
-    model = seed_model(variant, seeds, config)
-    torch.manual_seed(seeds[0])
-    hidden = model.hidden_weights
-    opt = _sgd(model, hidden, config, lr, momentum, hidden_lr)
-    batches = seed_batches(x, y, config.batch, seeds)
-    norms0 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
-    steps, test = [0], [_nll(model, xt, yt)]
-    stop = np.full(len(seeds), config.steps + 1)  # the first update whose loss was not finite
-    for step in range(1, config.steps + 1):
-        xb, yb = batches(step - 1)
-        losses = seed_nll(model(xb), yb)  # (S,)
-        bad = ~torch.isfinite(losses.detach()).numpy()
-        stop[bad & (stop > step)] = step
-        opt.zero_grad()
-        losses.sum().backward()
-        opt.step()
-        if step % config.eval_every == 0:
-            steps.append(step)
-            test.append(_nll(model, xt, yt))
-    train = _nll(model, x, y)
-    norms1 = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)
-    curve, at = np.stack(test, 1), np.array(steps)  # (S, E), (E,)
-    records = []
-    for i in range(len(seeds)):
-        keep = at < stop[i]
-        diverged = bool(stop[i] <= config.steps) or not (
-            math.isfinite(train[i]) and math.isfinite(curve[i, keep][-1]))
-        one = build(variant, config)
-        model.copy_to(one, i)
-        records.append({"steps": at[keep], "test_nll": curve[i, keep],
-                        "train_nll": math.inf if diverged else float(train[i]),
-                        "weight_norms": np.stack([norms0[i].numpy(), norms1[i].numpy()]),
-                        "diverged": diverged, "model": one.eval()})
-    return records
+def run(config: Config, device: str | torch.device = "auto",
+        out: str | os.PathLike | None = None) -> Results:
+    """Every variant of ``config.variants`` with every seed, through
+    :func:`lnbook.engine.sweep` (the seeds of a variant trained as one model,
+    :func:`train_variant`). Each run records ``test_nll`` at its evaluations (up to the last
+    before it diverged, if it did) and, in ``info``, ``train_nll`` (``inf`` for a diverged run;
+    :func:`final_nll` reads it), ``diverged``, ``diverged_at``, ``weight_norms`` (start, end;
+    hidden layers) and ``unit_rates`` (:func:`unit_rates` on the test digits)."""
+    check_config(config, Config)
+    return sweep(NAME, {v: v for v in config.variants}, config.seeds,
+                 partial(train_variant, config), config=config, stack="seeds",
+                 device=device, out=out, steps=config.steps, threads=config.threads,
+                 workers=config.workers, info={"data": "sklearn digits"})
 
 
-def run(config: Config) -> dict[str, list[dict[str, Any]]]:
-    """Every variant of ``config.variants`` with every seed (trained together):
-    ``{variant: [record per seed]}``."""
-    seeds = resolve_seeds(config.seeds)
-    return {v: train_seeds(v, seeds, config) for v in config.variants}
+def train_variant(config: Config, job: Job) -> list[tuple[History, dict[str, Any]]]:
+    """One job of :func:`run`: the seeds of variant ``job.variant`` trained as one
+    :func:`seed_model` by :func:`train_stack`; one ``(History, info)`` per seed."""
+    seeds = job.seeds
+    model = seed_model(job.variant, seeds, config)
+    histories = [History() for _ in seeds]
+    rec = train_stack(model, seeds, config, histories=histories, bar=job.bar,
+                      label=job.label, device=job.device)
+    _, _, xt, _ = digits_split()
+    out = []
+    for i, h in enumerate(histories):
+        stop = rec["diverged_at"][i]
+        if np.isfinite(stop):  # keep the evaluations made before the update that diverged
+            keep = [k for k, step in enumerate(h.eval_steps) if step < stop]
+            h.eval_steps = [h.eval_steps[k] for k in keep]
+            h.metrics = [h.metrics[k] for k in keep]
+            h.losses = [v if step < stop else math.nan
+                        for step, v in zip(h.steps, h.losses, strict=True)]
+        one = model.copy_to(build(job.variant, config), i).eval()
+        out.append((h, {"train_nll": float(rec["train_nll"][i]),
+                        "diverged": bool(np.isinf(rec["train_nll"][i])),
+                        "diverged_at": float(stop),
+                        "weight_norms": rec["weight_norms"][i].tolist(),
+                        "unit_rates": unit_rates(one, xt).tolist()}))
+    return out
+
+
+def final_nll(results: Results, variant: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(test, train)``: per seed ``(S,)`` the last test NLL a run of :func:`run` recorded
+    (before it diverged, if it did) and its final training NLL (``inf`` for a diverged run,
+    also when read back from a file, where it is stored as null)."""
+    train = [math.inf if v is None else v for v in results.info_of(variant, "train_nll")]
+    return results.final(variant, "test_nll"), np.array(train, dtype=float)
 
 
 def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
@@ -317,10 +295,8 @@ def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
     :math:`\lVert W - \eta g\rVert^2 = \lVert W\rVert^2 + \eta^2\lVert g\rVert^2`. Returns
     ``cos`` (of W and g), the squared norms ``before``, ``after`` and ``predicted``."""
     w = model.linears[layer].weight
-    model.zero_grad()
-    F.cross_entropy(model(x), y).backward()
+    (g,) = torch.autograd.grad(F.cross_entropy(model(x), y), w)
     with torch.no_grad():
-        g = w.grad.clone()
         before = float(w.square().sum())
         cos = float((w * g).sum() / (w.norm() * g.norm()))
         predicted = before + lr**2 * float(g.square().sum())
@@ -332,10 +308,18 @@ def norm_growth_step(model: DeepMLP, x: Tensor, y: Tensor, lr: float,
 def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("none", "layer"),
              seeds: tuple[int, ...] | None = None) -> dict[tuple[str, float], list[dict]]:
     """``{(norm, lr): [record per seed]}``: plain SGD with step ``lr`` on the hidden weights,
-    ``config.lr`` on the rest (Arora, Li and Lyu, 2019)."""
+    ``config.lr`` on the rest (Arora, Li and Lyu, 2019); a record holds ``train_nll`` (``inf``
+    for a diverged seed) and ``weight_norms`` ``(2, depth)``, start and end
+    (:func:`train_stack`)."""
     seeds = resolve_seeds(config.seeds if seeds is None else seeds)
-    return {(n, lr): train_seeds(n, seeds, config, momentum=0.0, hidden_lr=lr)
-            for n in norms for lr in lrs}
+    out = {}
+    for n in norms:
+        for lr in lrs:
+            rec = train_stack(seed_model(n, seeds, config), seeds, config, momentum=0.0,
+                              hidden_lr=lr)
+            out[(n, lr)] = [{"train_nll": float(rec["train_nll"][i]),
+                             "weight_norms": rec["weight_norms"][i]} for i in range(len(seeds))]
+    return out
 
 
 def _along(model: nn.Module, x: Tensor, y: Tensor, lr: float, multiples: tuple[float, ...]
@@ -347,10 +331,8 @@ def _along(model: nn.Module, x: Tensor, y: Tensor, lr: float, multiples: tuple[f
     per_seed = isinstance(model, SeedMLP)
 
     def grad_at() -> tuple[Any, list[Tensor]]:
-        model.zero_grad()
         loss = seed_nll(model(x), y) if per_seed else F.cross_entropy(model(x), y)  # (S,) or ()
-        loss.sum().backward()  # each seed's own gradient
-        grads = [p.grad.detach().clone() for p in params]
+        grads = list(torch.autograd.grad(loss.sum(), params))  # each seed's own gradient
         return (loss.detach() if per_seed else float(loss.detach())), grads
 
     def norm(ts: list[Tensor]) -> Any:
@@ -392,9 +374,12 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
             "beta": torch.stack(betas).max(0).values.double().numpy()}
 
 
-def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]]:
-    """Chapter 13's :func:`lnbook.experiments.mistakes.run_stats`, every seed at once:
-    ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the final losses (nats)."""
+def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
+    """Chapter 13's norm ablation (``lnbook.experiments.mistakes.run_stats``, whose
+    ``StatsConfig`` ``config`` is: ``norms``, ``hidden``, ``depth``, ``lr``, ``batch``,
+    ``steps``, ``seeds``), every seed at once, Adam through
+    :func:`lnbook.engine.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
+    final losses (nats)."""
     x, y, xv, yv = digits_split()
     sizes = (64, *[config.hidden] * config.depth, 10)
     seeds = resolve_seeds(config.seeds)
@@ -403,20 +388,23 @@ def stats_seeds(config: mistakes.StatsConfig) -> dict[str, dict[str, np.ndarray]
         models = []
         for s in seeds:
             torch.manual_seed(s)
-            models.append(mistakes.NormMLP(norm, config.hidden, config.depth))
+            models.append(NormMLP(norm, config.hidden, config.depth))
         model = SeedMLP.from_models(models, sizes, "none" if norm == "none" else "layer",
                                     hidden_bias=True, affine=norm == "layer",
                                     detach=norm == "detach")
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
         batches = seed_batches(x, y, config.batch, seeds)
-        for step in range(config.steps):
-            xb, yb = batches(step)
-            opt.zero_grad()
-            seed_nll(model(xb), yb).sum().backward()
-            opt.step()
-        out[norm] = {"val_nll": _nll(model, xv, yv),
-                     "train_nll": _nll(model, x, y)}
+        copies = [History() for _ in seeds]
+        train_copies(partial(_batch_nll, model, batches), lambda: [{} for _ in seeds], opt,
+                     copies, config.steps, config.steps)
+        out[norm] = {"val_nll": _nll(model, xv, yv), "train_nll": _nll(model, x, y)}
     return out
+
+
+def _batch_nll(model: SeedMLP, batches: Any, step: int) -> Tensor:
+    """Every seed's mean cross-entropy on its batch of update ``step``: ``(S,)``."""
+    xb, yb = batches(step)
+    return seed_nll(model(xb), yb)
 
 
 def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
@@ -438,7 +426,7 @@ def noise_model(norm: str, copies: list[tuple[str, float, int]], config: Config
     ``(kind, size, seed)`` of ``copies``, each with the noise ``kind`` (one of :data:`NOISES`)
     of ``size`` after every hidden norm. Copies that all share one kind and size of
     ``shared`` noise are a plain :class:`SeedMLP` with ``noise=size`` (the networks and the
-    noise draws of :func:`train_seeds`)."""
+    noise draws of :func:`run`)."""
     check_choice("norm", norm, ("none", "layer", "batch"))
     for kind, size, _ in copies:
         check_choice("kind", kind, NOISES)
@@ -458,17 +446,25 @@ def noise_model(norm: str, copies: list[tuple[str, float, int]], config: Config
 
 def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
                 hidden_lr: float | None = None, momentum: float | None = None,
-                weight_decay: float = 0.0, watch: bool = False) -> dict[str, np.ndarray]:
-    """Train every seed of ``model`` as :func:`train_seeds` does (the same batches, SGD, the
-    noise from the stream of ``seeds[0]``), through :func:`lnbook.engine.copies.train_copies`.
-    ``weight_decay``: on the hidden weights only. A seed whose loss is not finite is left out of
-    the sum from then on. Returns ``(S,)`` arrays ``train_nll`` and ``test_nll`` (``inf`` for a
-    diverged seed) and ``diverged_at`` (the first update with a non-finite loss, ``inf`` if
-    none); with ``watch``, per update ``rms`` ``(S, steps, depth)``, every hidden layer's
-    summed inputs' root mean square, and the hidden weights' ``norm`` ``(S, steps + 1, depth)``
-    and ``turn`` ``(S, steps, depth)``, the angle (radians) each update turns them by."""
+                weight_decay: float = 0.0, watch: bool = False,
+                histories: list[History] | None = None, bar: Any = None,
+                label: str | None = None, device: str | torch.device = "cpu"
+                ) -> dict[str, np.ndarray]:
+    """Train every seed of ``model`` (the seeds' own batches, SGD, the noise from the stream of
+    ``seeds[0]``) through :func:`lnbook.engine.train_copies`. ``weight_decay``: on the hidden
+    weights only. A seed whose loss is not finite is left out of the sum from then on. Returns
+    ``(S,)`` arrays ``train_nll`` and ``test_nll`` (``inf`` for a diverged seed),
+    ``diverged_at`` (the first update with a non-finite loss, ``inf`` if none) and
+    ``weight_norms`` ``(S, 2, depth)``, the hidden weights' norms at the start and the end
+    (NaN for a diverged seed); with ``watch``, per update ``rms`` ``(S, steps, depth)``, every
+    hidden layer's summed inputs' root mean square, and the hidden weights' ``norm`` ``(S,
+    steps + 1, depth)`` and ``turn`` ``(S, steps, depth)``, the angle (radians) each update
+    turns them by. ``histories`` (one per seed, filled in place): the losses, and the test NLL
+    every ``config.eval_every`` updates and after the last; ``bar``, ``label``: the sweep's."""
     seeds = tuple(int(s) for s in seeds)
-    x, y, xt, yt = digits_split()
+    dev = torch.device(device)
+    x, y, xt, yt = (t.to(dev) for t in digits_split())
+    model.to(dev)
     torch.manual_seed(seeds[0])
     hidden = model.hidden_weights
     opt = _sgd(model, hidden, config, None, momentum, hidden_lr)
@@ -477,17 +473,20 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
     stop = np.full(len(seeds), np.inf)
     rms: list[Tensor] = []
     norms = [torch.stack([w.detach().norm(dim=(1, 2)) for w in hidden], 1)]  # (S, L)
+    start = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
     turns: list[Tensor] = []
     last = [w.detach().clone() for w in hidden]
+    steps, done = max_updates(config.steps), [0]
 
     def losses(step: int) -> Tensor:
         xb, yb = batches(step)
         logits, summed = model(xb, return_summed=True)
         loss = seed_nll(logits, yb)  # (S,)
         ok = torch.isfinite(loss.detach())
-        stop[(~ok).numpy() & np.isinf(stop)] = step + 1
+        stop[(~ok).cpu().numpy() & np.isinf(stop)] = step + 1
         if watch:
             rms.append(torch.stack([a.detach().square().mean((1, 2)).sqrt() for a in summed], 1))
+        done[0] = step + 1
         return torch.where(ok, loss, torch.zeros_like(loss))
 
     def evaluate() -> list[dict[str, float]]:
@@ -499,20 +498,26 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
             turns.append(torch.arccos(cos.clamp(-1, 1)))
             for a, b in zip(last, now, strict=True):
                 a.copy_(b)
-        return [{} for _ in seeds]
+        if histories is None or (done[0] % config.eval_every and done[0] != steps):
+            return [{} for _ in seeds]
+        return [{"test_nll": float(v)} for v in _nll(model, xt, yt)]
 
-    every = 1 if watch else config.steps
-    train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps, every)
+    every = 1 if watch else (config.eval_every if histories is not None else config.steps)
+    train_copies(losses, evaluate, opt, histories or [History() for _ in seeds], config.steps,
+                 every, bar=bar, label=label)
     bad = np.isfinite(stop)
+    end = torch.stack([w.detach().flatten(1).norm(dim=1) for w in hidden], 1)  # (S, L)
     out = {"train_nll": np.where(bad, np.inf, _nll(model, x, y)).astype(float),
            "test_nll": np.where(bad, np.inf, _nll(model, xt, yt)).astype(float),
-           "diverged_at": stop}
+           "diverged_at": stop,
+           "weight_norms": torch.stack([start, end], 1).cpu().numpy()}
     for k in ("train_nll", "test_nll"):
         out[k][~np.isfinite(out[k])] = np.inf
+    out["weight_norms"][~np.isfinite(out["train_nll"])] = np.nan
     if watch:
-        out["rms"] = torch.stack(rms, 1).double().numpy()
-        out["norm"] = torch.stack(norms, 1).double().numpy()
-        out["turn"] = torch.stack(turns, 1).double().numpy()
+        out["rms"] = torch.stack(rms, 1).cpu().double().numpy()
+        out["norm"] = torch.stack(norms, 1).cpu().double().numpy()
+        out["turn"] = torch.stack(turns, 1).cpu().double().numpy()
     return out
 
 
