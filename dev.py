@@ -7,6 +7,9 @@
     python3 dev.py pdf     # the whole book as one PDF, _build/pdf/lnbook.pdf (needs Chromium)
     python3 dev.py replicate --sets N   # execute every notebook on seed sets 1..N, record it
     python3 dev.py routes  # only the last step of `test`: nbval over the notebooks (or those named)
+    python3 dev.py confirm --draw       # freeze never-used seed sets in book/confirmation.yml
+    python3 dev.py confirm              # execute every notebook on them: book/confirmation.json
+    python3 dev.py pilot CLAIM          # run a claim's declared pilot: book/pilots/CLAIM.json
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
@@ -612,6 +615,264 @@ def replicate(argv: list[str]) -> int:
     return 0
 
 
+# --- confirm: the blind confirmation on never-used seed sets -------------------------------
+
+CONFIRMATION_MANIFEST = BOOK / "confirmation.yml"
+CONFIRMATION = BOOK / "confirmation.json"
+#: Seed sets 0-4 shaped the designs (0 the book's, 1-4 the replication's): never drawn.
+DESIGN_SETS = frozenset(range(5))
+
+
+def draw_confirmation_sets(n_sets: int = 4, manifest: Path = CONFIRMATION_MANIFEST,
+                           notebooks: list[str] | None = None) -> dict:
+    """Draw `n_sets` seed sets that no design decision has seen and freeze them in `manifest`.
+
+    Runs inside .venv. The sets come from the operating system's randomness (`secrets`), from
+    5 to lnbook.seeds.MAX_SET, never a design set (0-4) nor a set of book/replication.json;
+    the manifest records them, how they were drawn, when, and `experiment_digests` of the code
+    they will confirm (lnbook's code, and per notebook its code cells and its claims' rules).
+    Commit the manifest before `confirm` runs. A manifest is drawn once: this refuses to
+    overwrite one.
+    """
+    import datetime
+    import secrets
+
+    import yaml
+
+    from lnbook.seeds import MAX_SET
+
+    if manifest.exists():
+        raise FileExistsError(f"{manifest.name} exists: its sets were drawn once; delete it "
+                              "only to start a new confirmation on new code")
+    if not 1 <= n_sets <= 16:
+        raise ValueError(f"draw 1 to 16 sets, got {n_sets}")
+    used = set(DESIGN_SETS)
+    if REPLICATION.exists():
+        used |= set(json.loads(REPLICATION.read_text()).get("sets", []))
+    pool = [k for k in range(MAX_SET + 1) if k not in used]
+    rng = secrets.SystemRandom()
+    sets = sorted(rng.sample(pool, n_sets))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    data = {"sets": sets,
+            "drawn": {"date": now, "how": f"secrets.SystemRandom().sample of {n_sets} from "
+                      f"the {len(pool)} sets 0-{MAX_SET} outside the design sets "
+                      f"{sorted(used)}"},
+            "digest": experiment_digests(notebooks)}
+    header = ("# The blind confirmation's seed sets, drawn once before any run on them\n"
+              "# (python3 dev.py confirm --draw), and the digests of the code and rules they\n"
+              "# confirm. `python3 dev.py confirm` refuses to run on other code; a claim whose\n"
+              "# chapter changes afterwards is shown void on book/verdicts.md.\n")
+    manifest.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    return data
+
+
+def void_claims(record: dict) -> set[str]:
+    """The claims of a confirmation record whose chapter's digest (code cells and rules) or
+    lnbook's digest is no longer the record's: their confirmation no longer applies."""
+    names = sorted(record.get("digest", {}).get("notebooks", {}))
+    if not names:
+        return set()
+    now = experiment_digests([n for n in names if (BOOK / f"{n}.ipynb").is_file()])
+    then = record["digest"]
+    stale = {n for n in names if now["notebooks"].get(n) != then["notebooks"][n]
+             or now["lnbook"] != then["lnbook"]}
+    return {cid for cid, c in record.get("claims", {}).items() if c["chapter"] in stale}
+
+
+def confirm_sets(notebooks: list[str] | None = None, manifest: Path = CONFIRMATION_MANIFEST,
+                 out: Path = CONFIRMATION) -> dict:
+    """Execute the notebooks (default: all) on the manifest's seed sets, record the verdicts.
+
+    Runs inside .venv. Refuses when the current code or rules differ from the digests the
+    manifest froze (the confirmation would not be of the code declared before it). Each
+    (notebook, set) executes in its own kernel, as `replicate_sets` does, its claim records
+    in `_build/confirmation/set-K`; `out` gets the layout of book/replication.json, plus the
+    manifest's sets and draw.
+    """
+    import datetime
+    import platform
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import yaml
+
+    from lnbook.ledger import load_records
+
+    if not manifest.is_file():
+        raise FileNotFoundError(f"no manifest {manifest}: draw the sets first with "
+                                "python3 dev.py confirm --draw, and commit it")
+    plan = yaml.safe_load(manifest.read_text())
+    sets = [int(k) for k in plan["sets"]]
+    if DESIGN_SETS & set(sets):
+        raise ValueError(f"the manifest names design sets {sorted(DESIGN_SETS & set(sets))}")
+    names = notebooks or sorted(plan["digest"]["notebooks"])
+    missing = [n for n in names if n not in plan["digest"]["notebooks"]]
+    if missing:
+        raise ValueError(f"the manifest froze no digest for {missing}")
+    digest = experiment_digests(names)
+    changed = [n for n in names if digest["notebooks"][n] != plan["digest"]["notebooks"][n]]
+    if digest["lnbook"] != plan["digest"]["lnbook"] or changed:
+        raise RuntimeError("the code is not the code the manifest froze (lnbook "
+                           f"{digest['lnbook']} against {plan['digest']['lnbook']}; notebooks "
+                           f"changed: {changed or 'none'}): a confirmation applies to the code "
+                           "declared before it; draw a new manifest for new code")
+    folders = {k: ROOT / "_build" / "confirmation" / f"set-{k}" for k in sets}
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
+    alone = [n for n in names if runs_alone(BOOK / f"{n}.ipynb")]
+    shared = [n for n in longest_first(names) if n not in alone]
+    print(f"+ confirming {len(names)} notebook(s) on seed sets {sets}", flush=True)
+    runs: dict[str, dict[str, dict]] = {n: {} for n in names}
+    for group, n_workers in ((alone, 1), (shared, workers)):
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            jobs = [pool.submit(_execute_in_set, n, k, folders[k], 600)
+                    for n in group for k in sets]
+            for job in as_completed(jobs):
+                r = job.result()
+                runs[r["name"]][str(r["set"])] = {"ok": r["ok"], "seconds": r["seconds"],
+                                                  **({"error": r["error"]} if r["error"] else {})}
+                state = "ok" if r["ok"] else f"FAILED: {r['error']}"
+                print(f"  set {r['set']} {r['name']}: {r['seconds']:.1f} s, {state}", flush=True)
+    records = {k: load_records(folders[k]) for k in sets}
+    claims = {}
+    for c in yaml.safe_load(CLAIMS.read_text())["claims"]:
+        if c["chapter"] not in names:
+            continue
+        per_set = {}
+        for k in sets:
+            rec = records[k].get(c["id"])
+            per_set[str(k)] = ({"verdict": rec.verdict, "figures": rec.figures} if rec
+                               else {"verdict": "no record", "figures": {}})
+        claims[c["id"]] = {"chapter": c["chapter"], "book": c["status"], "sets": per_set}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {
+        "sets": sets,
+        "manifest": {"file": manifest.name, "drawn": plan.get("drawn", {})},
+        "made": {"date": now.strftime("%Y-%m-%d %H:%M UTC"),
+                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                            f"{platform.system()} {platform.release()}",
+                 "python": platform.python_version(), "torch": _torch_version()},
+        "digest": digest,
+        "notebooks": runs,
+        "claims": claims,
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    same = sum(all(s["verdict"] == v["book"] for s in v["sets"].values()) for v in claims.values())
+    print(f"  {same} of {len(claims)} claims have the book's verdict on every confirmation "
+          f"set; record written to {out}", flush=True)
+    return record
+
+
+def confirm(argv: list[str]) -> int:
+    """`dev.py confirm --draw [N]` (freeze N never-used seed sets, default 4) or
+    `dev.py confirm [NOTEBOOK ...]` (execute on the frozen sets)."""
+    if argv[:1] == ["--draw"]:
+        if len(argv) > 2 or (len(argv) == 2 and not argv[1].isdigit()):
+            print("usage: python3 dev.py confirm --draw [N]", file=sys.stderr)
+            return 2
+        ensure_venv()
+        n = int(argv[1]) if len(argv) == 2 else 4
+        run(BIN / "python", "-c", f"import dev; print(dev.draw_confirmation_sets({n}))")
+        return 0
+    names = [a.removesuffix(".ipynb").removeprefix("book/") for a in argv]
+    if any(n.startswith("-") for n in names):
+        print("usage: python3 dev.py confirm [--draw [N] | NOTEBOOK ...]", file=sys.stderr)
+        return 2
+    ensure_venv()
+    run(BIN / "python", "-c", f"import dev; dev.confirm_sets({names or None!r})")
+    return 0
+
+
+# --- pilot: a claim's declared design runs, recorded ---------------------------------------
+
+PILOTS = BOOK / "pilots"
+
+
+def _per_seed(results) -> dict:
+    """Each variant's last value of every evaluation metric, per seed, of a Results (or of
+    each Results of a mapping of them)."""
+    if isinstance(results, dict):
+        return {k: _per_seed(v) for k, v in results.items()}
+    out = {}
+    for v in results.variants:
+        h = results.select(v)[0].history
+        names = sorted(h.metrics[0]) if h.metrics else []
+        out[v] = {m: results.final(v, m).tolist() for m in names}
+    return out
+
+
+def pilot_claim(claim_id: str, out_dir: Path = PILOTS) -> dict:
+    """Run `claim_id`'s declared pilot (`pilot:` in lnbook/claims.yml) and write
+    `out_dir/<claim_id>.json`: the experiment, the pilot seeds (lnbook.seeds.pilot_seeds),
+    per design variant tried its full config and per-seed quantities, and what was chosen.
+    Runs inside .venv, on the CPU, one variant after the other."""
+    import datetime
+    import time as _time
+
+    from lnbook.experiments import load_experiment
+    from lnbook.ledger import load_pilots
+    from lnbook.seeds import pilot_seeds
+
+    pilots = load_pilots()
+    if claim_id not in pilots:
+        raise KeyError(f"{claim_id} declares no pilot in lnbook/claims.yml; claims with "
+                       f"one: {sorted(pilots)}")
+    p = pilots[claim_id]
+    module = load_experiment(p.experiment)
+    seeds = pilot_seeds(p.seeds)
+    tried = []
+    for variant in p.tried:
+        cfg = module.get_config("quick", **{**p.config, **variant, "seeds": seeds})
+        start = _time.perf_counter()
+        results = module.run(cfg, device="cpu")
+        figures = (getattr(module, p.quantities)(results) if p.quantities
+                   else _per_seed(results))
+        seconds = round(_time.perf_counter() - start, 1)
+        config = dataclasses_asdict(cfg)
+        tried.append({"overrides": variant, "config": config, "seconds": seconds,
+                      "quantities": _plain_json(figures)})
+        print(f"  {claim_id} {variant or '(the declared config)'}: {seconds} s", flush=True)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    record = {"claim": claim_id, "experiment": p.experiment, "seeds": list(seeds),
+              "config": p.config, "tried": tried, "chose": p.chose, "made": now,
+              "digest": experiment_digests([])["lnbook"]}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{claim_id}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"  pilot record written to {path}", flush=True)
+    return record
+
+
+def dataclasses_asdict(cfg) -> dict:
+    import dataclasses
+
+    return _plain_json(dataclasses.asdict(cfg))
+
+
+def _plain_json(x):
+    """`x` with numpy values and tuples as plain JSON (non-finite floats as strings)."""
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, dict):
+        return {str(k): _plain_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain_json(v) for v in x]
+    if isinstance(x, float) and x != x or x in (float("inf"), float("-inf")):
+        return str(x)
+    return x
+
+
+def pilot(argv: list[str]) -> int:
+    """`dev.py pilot CLAIM`: run the claim's declared pilot, write book/pilots/CLAIM.json."""
+    if len(argv) != 1 or not re.fullmatch(r"[CP]\d{2}", argv[0]):
+        print("usage: python3 dev.py pilot CLAIM   (for example C15)", file=sys.stderr)
+        return 2
+    ensure_venv()
+    run(BIN / "python", "-c", f"import dev; dev.pilot_claim({argv[0]!r})")
+    return 0
+
+
 # --- routes: every chapter from a plain install, outside the checkout ------------------------
 
 # nbval over one notebook, in the notebook's own folder: `python -m pytest NBVAL + [NOTEBOOK]`
@@ -783,12 +1044,14 @@ def routes(argv: list[str]) -> int:
 
 
 USAGE = ("usage: python3 dev.py {book|test|lab [JupyterLab options]|sync|pdf"
-         "|replicate --sets N [NOTEBOOK ...]|routes [NOTEBOOK ...]}")
+         "|replicate --sets N [NOTEBOOK ...]|routes [NOTEBOOK ...]"
+         "|confirm [--draw [N] | NOTEBOOK ...]|pilot CLAIM}")
 
 if __name__ == "__main__":
     tasks = {"book": book, "test": test, "sync": sync, "pdf": pdf}
     name = sys.argv[1] if len(sys.argv) > 1 else ""
-    with_args = {"lab": lab, "replicate": replicate, "routes": routes}
+    with_args = {"lab": lab, "replicate": replicate, "routes": routes, "confirm": confirm,
+                 "pilot": pilot}
     if name not in with_args and (name not in tasks or len(sys.argv) != 2):
         print(USAGE, file=sys.stderr)
         sys.exit(2)

@@ -22,9 +22,10 @@ from typing import Any
 from lnbook.resources import CLAIMS, claims_text
 
 __all__ = [
-    "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Rule", "agreement",
-    "agreement_text", "combine", "decide", "decide_claim", "format_seen", "ledger_dir",
-    "load_claims", "load_records", "load_replication", "claims_file", "load_rules", "record",
+    "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Effect", "Rule",
+    "agreement", "agreement_text", "combine", "decide", "decide_claim", "detectable_share",
+    "effect", "format_seen", "ledger_dir", "load_claims", "load_records", "load_replication",
+    "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from", "record",
     "verdict_from",
 ]
 
@@ -97,12 +98,13 @@ def _check_figure(name: str, value: Any) -> Figure:
     )
 
 
-def verdict_from(parts: Mapping[str, bool]) -> str:
-    """One verdict from the outcomes of a claim's parts (name -> held): all held
-    ("reproduced"), some held ("partially reproduced"), or none held ("not reproduced")."""
+def verdict_from(parts: Mapping[str, bool], primary: str | None = None) -> str:
+    """One verdict from the outcomes of a claim's parts (name -> held), by :func:`combine`:
+    all held ("reproduced"), the ``primary`` part held and another not ("partially
+    reproduced"), the primary part failed ("not reproduced")."""
     if not parts:
         raise ValueError("verdict_from needs at least one part, e.g. {'LN faster': True}")
-    return combine({k: "holds" if v else "fails" for k, v in parts.items()})
+    return combine({k: "holds" if v else "fails" for k, v in parts.items()}, primary=primary)
 
 
 # --- decision rules, declared in lnbook/claims.yml before the runs --------------------------
@@ -120,6 +122,10 @@ class Rule:
     *against* it when beyond on the other side by more than ``margin``, else (or when the
     seed failed the ``trivial`` bar) for neither. The part holds when ``agree`` of ``of``
     seeds count for it, fails when as many count against, and is undecided otherwise.
+
+    With ``relative`` (the name of the compared quantity, for example "layer norm's final
+    loss"), ``at`` and ``margin`` are fractions of that quantity's value on the same seed,
+    which :func:`decide` takes as ``reference``: a margin that scales with what is compared.
     """
 
     quantity: str
@@ -129,6 +135,7 @@ class Rule:
     at: float = 0.0
     margin: float = 0.0
     trivial: str | None = None
+    relative: str | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -145,10 +152,14 @@ class Rule:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Rule:
         """A rule from its ``claims.yml`` mapping (``majority: "4 of 5"``)."""
-        unknown = set(d) - {"quantity", "direction", "at", "margin", "majority", "trivial"}
+        unknown = set(d) - {"quantity", "direction", "at", "margin", "majority", "trivial",
+                            "relative"}
         if unknown:
             raise ValueError(f"rule has unknown fields {sorted(unknown)}; expected quantity, "
-                             "direction, at, margin, majority, trivial")
+                             "direction, at, margin, majority, trivial, relative")
+        if "relative" in d and not (isinstance(d["relative"], str) and d["relative"].strip()):
+            raise ValueError("rule 'relative' names the compared quantity the margin is a "
+                             f"fraction of, e.g. 'layer norm's final loss', got {d['relative']!r}")
         m = _MAJORITY.match(str(d.get("majority", "")))
         if m is None:
             raise ValueError(f"rule majority must read like '4 of 5', got {d.get('majority')!r}")
@@ -158,7 +169,8 @@ class Rule:
                    direction=str(d.get("direction", "")), agree=int(m.group(1)),
                    of=int(m.group(2)), at=float(d.get("at", 0.0)),
                    margin=float(d.get("margin", 0.0)),
-                   trivial=" ".join(str(d["trivial"]).split()) if d.get("trivial") else None)
+                   trivial=" ".join(str(d["trivial"]).split()) if d.get("trivial") else None,
+                   relative=" ".join(d["relative"].split()) if d.get("relative") else None)
 
     def describe(self) -> str:
         """The rule in one sentence, for the page "How the verdicts are made"."""
@@ -167,6 +179,8 @@ class Rule:
         else:
             band = f" by more than {self.margin:g}" if self.margin else ""
             test = f"{self.direction} {self.at:g}{band}"
+            if self.relative:
+                test += f" (fractions of {self.relative}, on the same seed)"
         seeds = ("(one computation)" if self.of == 1
                  else f"on at least {self.agree} of {self.of} seeds")
         text = f"{self.quantity}: {test} {seeds}"
@@ -174,23 +188,116 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Effect:
+    """The per-seed effect of one part: the ``median`` of the seeds' values with a
+    distribution-free interval ``[low, high]`` for it (two order statistics of the values,
+    :func:`effect`), which covers the true median with probability ``level`` whatever the
+    values' distribution; ``n`` values (NaN left out), ``unit`` what they measure."""
+
+    median: float
+    low: float
+    high: float
+    level: float
+    n: int
+    unit: str = ""
+
+    def __str__(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return (f"median {self.median:.3g}{unit}, {self.level:.0%} interval "
+                f"[{self.low:.3g}, {self.high:.3g}] over {self.n} seeds")
+
+
+def _binom_cdf(k: int, n: int, p: float = 0.5) -> float:
+    """P(Binomial(n, p) <= k)."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(0, k + 1))
+
+
+def effect(values: Any, level: float = 0.9, unit: str = "") -> Effect:
+    """The median of per-seed ``values`` with an exact interval for the true median.
+
+    The interval is ``[x_(k), x_(n+1-k)]`` of the sorted values, with the largest ``k`` whose
+    coverage ``1 - 2 P(Binomial(n, 1/2) <= k - 1)`` is at least ``level`` (the sign test's
+    interval: no assumption on the distribution, no random draw, the same on every run). With
+    few seeds no ``k`` reaches ``level``; then it is the range of the values, with the lower
+    coverage it has (0.75 for 3 seeds, 0.94 for 5). NaN values are left out; infinite ones
+    (a target never reached) are kept as the order statistics they are.
+
+    Example::
+
+        >>> str(effect([1.33, 1.13, 1.23]))
+        'median 1.23, 75% interval [1.13, 1.33] over 3 seeds'
+        >>> e = effect(range(10))
+        >>> (e.low, e.high, round(e.level, 3))
+        (1.0, 8.0, 0.979)
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie between 0 and 1, e.g. 0.9, got {level!r}")
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    values = list(values) if isinstance(values, list | tuple | range) else [values]
+    xs = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"effect takes a number per seed, got {v!r}")
+        if not math.isnan(v):
+            xs.append(float(v))
+    if not xs:
+        raise ValueError("effect needs at least one value that is not NaN")
+    xs.sort()
+    n = len(xs)
+    mid = (xs[(n - 1) // 2] + xs[n // 2]) / 2
+    k, cover = 1, 1 - 2 * _binom_cdf(0, n)
+    while k + 1 <= (n + 1) // 2 and 1 - 2 * _binom_cdf(k, n) >= level:
+        k += 1
+        cover = 1 - 2 * _binom_cdf(k - 1, n)
+    return Effect(mid, xs[k - 1], xs[n - k], cover, n, unit)
+
+
+def detectable_share(need: int, n: int, power: float = 0.8) -> float:
+    """The power line of a majority rule: the smallest share ``p`` of seeds counting for a
+    part (each seed independently) at which ``need`` of ``n`` seeds agree with probability at
+    least ``power``. A part whose true share lies below it is likely to come out undecided.
+
+    Example::
+
+        >>> round(detectable_share(4, 5), 2), round(detectable_share(16, 20), 2)
+        (0.83, 0.84)
+    """
+    if not 1 <= need <= n:
+        raise ValueError(f"need must be from 1 to n = {n}, got {need}")
+    if not 0 < power < 1:
+        raise ValueError(f"power must lie between 0 and 1, got {power!r}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: P(at least need of n) rises with p
+        p = (lo + hi) / 2
+        lo, hi = (p, hi) if 1 - _binom_cdf(need - 1, n, p) < power else (lo, p)
+    return hi
+
+
+@dataclass(frozen=True)
 class Decision:
     """One part's outcome (``"holds"``, ``"fails"``, ``"undecided"``): ``n_for``,
-    ``n_against`` of ``n`` seeds; ``need`` must agree (the majority scaled to ``n``)."""
+    ``n_against`` of ``n`` seeds; ``need`` must agree (the majority scaled to ``n``);
+    ``effect`` the median and interval of the seeds that passed the trivial bar (None for
+    yes/no parts); ``power`` the share of seeds the part needs to be found 4 times in 5
+    (:func:`detectable_share`)."""
 
     outcome: str
     n_for: int
     n_against: int
     n: int
     need: int
+    effect: Effect | None = None
+    power: float | None = None
 
     def __str__(self) -> str:
         return (f"{self.outcome} ({self.n_for} of {self.n} seeds for, {self.n_against} "
                 f"against; {self.need} must agree)")
 
 
-def _side(rule: Rule, value: Any) -> int:
-    """+1 when ``value`` counts for the rule, -1 against, 0 for neither."""
+def _side(rule: Rule, value: Any, ref: float | None = None) -> int:
+    """+1 when ``value`` counts for the rule, -1 against, 0 for neither (``ref``: the compared
+    quantity's value on the seed, for a relative rule)."""
     if rule.direction == "yes":
         if not isinstance(value, bool | int) or value not in (0, 1):
             raise ValueError(f"rule {rule.quantity!r} takes yes/no values per seed, "
@@ -201,14 +308,24 @@ def _side(rule: Rule, value: Any) -> int:
     v = float(value)
     if math.isnan(v):
         return 0
-    d = v - rule.at if rule.direction == "above" else rule.at - v
-    return 1 if d > rule.margin else -1 if d < -rule.margin else 0
+    scale = 1.0 if ref is None else abs(ref)
+    at, margin = rule.at * scale, rule.margin * scale
+    d = v - at if rule.direction == "above" else at - v
+    return 1 if d > margin else -1 if d < -margin else 0
 
 
-def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) -> Decision:
+def _as_list(x: Any) -> list:
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return list(x) if isinstance(x, list | tuple) else [x]
+
+
+def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None,
+           reference: Any = None) -> Decision:
     """Apply a declared rule (a :class:`Rule` or its mapping) to per-seed ``values``;
     ``trivial_ok`` (one yes/no per seed) makes a seed that failed the trivial bar count for
-    neither side.
+    neither side; ``reference`` (one value per seed) is the compared quantity a ``relative``
+    rule's ``at`` and ``margin`` are fractions of.
 
     Example::
 
@@ -217,44 +334,77 @@ def decide(rule: Rule | Mapping[str, Any], values: Any, trivial_ok: Any = None) 
         'holds (4 of 5 seeds for, 0 against; 4 must agree)'
         >>> decide(r, [-0.05, 0.03, -0.002, -0.04, -0.06]).outcome
         'undecided'
+        >>> rel = Rule("DyT's loss minus LN's", "below", agree=2, of=3, at=0.1,
+        ...            relative="LN's loss")
+        >>> decide(rel, [0.01, 0.03, 0.01], reference=[0.2, 0.2, 0.05]).n_for
+        1
     """
     if not isinstance(rule, Rule):
         rule = Rule.from_dict(rule)
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    values = list(values) if isinstance(values, list | tuple) else [values]
+    values = _as_list(values)
     if not values:
         raise ValueError(f"rule {rule.quantity!r}: no per-seed values given")
-    sides = [_side(rule, v) for v in values]
+    refs: list = [None] * len(values)
+    if rule.relative:
+        if reference is None:
+            raise ValueError(f"rule {rule.quantity!r} is relative to {rule.relative}: give "
+                             "its value per seed as reference=")
+        refs = [float(r) for r in _as_list(reference)]
+        if len(refs) != len(values):
+            raise ValueError(f"reference has {len(refs)} entries for {len(values)} seeds")
+    elif reference is not None:
+        raise ValueError(f"rule {rule.quantity!r} is not relative; declare 'relative:' in "
+                         "claims.yml to read it against a reference")
+    sides = [_side(rule, v, r) for v, r in zip(values, refs, strict=True)]
+    ok = [True] * len(values)
     if trivial_ok is not None:
-        ok = trivial_ok.tolist() if hasattr(trivial_ok, "tolist") else list(trivial_ok)
+        ok = [bool(k) for k in _as_list(trivial_ok)]
         if len(ok) != len(values):
             raise ValueError(f"trivial_ok has {len(ok)} entries for {len(values)} seeds")
-        sides = [s if bool(k) else 0 for s, k in zip(sides, ok, strict=True)]
+        sides = [s if k else 0 for s, k in zip(sides, ok, strict=True)]
     n = len(values)
     need = rule.agree if n == rule.of else max(n // 2 + 1, math.ceil(rule.agree * n / rule.of))
     n_for, n_against = sides.count(1), sides.count(-1)
     outcome = "holds" if n_for >= need else "fails" if n_against >= need else "undecided"
-    return Decision(outcome, n_for, n_against, n, need)
+    eff = None
+    if rule.direction != "yes":
+        kept = [v / abs(r) if r is not None and r != 0 else v if r is None else math.nan
+                for v, r, k in zip(values, refs, ok, strict=True) if k]
+        kept = [v for v in kept if not math.isnan(v)]
+        if len(kept) > 1:  # one computation has a value, not an interval
+            eff = effect(kept, unit=f"(fraction of {rule.relative})" if rule.relative else "")
+    return Decision(outcome, n_for, n_against, n, need, eff, detectable_share(need, n))
 
 
-def combine(parts: Mapping[str, Decision | str], held: str = "reproduced") -> str:
-    """A claim's verdict from its parts: all hold: ``held`` ("reproduced", or "explained");
-    some hold: "partially reproduced"; none holds, some fail: "not reproduced"; all
-    undecided: :data:`UNDECIDED`."""
+def combine(parts: Mapping[str, Decision | str], held: str = "reproduced",
+            primary: str | None = None) -> str:
+    """A claim's verdict from its parts, led by its ``primary`` part (the claim's headline;
+    it may be left out only when there is one part):
+
+    - every part holds: ``held`` ("reproduced", or "explained");
+    - the primary part holds and another does not: "partially reproduced";
+    - the primary part fails: "not reproduced", whatever the other parts do;
+    - the primary part is undecided: :data:`UNDECIDED`, whatever the other parts do.
+    """
     if not parts:
         raise ValueError("combine needs at least one part, e.g. {'LN faster': decision}")
     if held not in VERDICTS or held == UNDECIDED:
         raise ValueError(f"held must be a verdict of VERDICTS, got {held!r}")
-    outcomes = [p.outcome if isinstance(p, Decision) else p for p in parts.values()]
-    bad = [o for o in outcomes if o not in ("holds", "fails", "undecided")]
+    outcomes = {k: p.outcome if isinstance(p, Decision) else p for k, p in parts.items()}
+    bad = [o for o in outcomes.values() if o not in ("holds", "fails", "undecided")]
     if bad:
         raise ValueError(f"part outcomes are 'holds', 'fails' or 'undecided', got {bad}")
-    if all(o == "holds" for o in outcomes):
+    if primary is None:
+        if len(parts) > 1:
+            raise ValueError(f"combine needs primary= (the part that is the claim's headline) "
+                             f"when there are several parts: {sorted(parts)}")
+        primary = next(iter(parts))
+    if primary not in outcomes:
+        raise ValueError(f"primary part {primary!r} is not one of the parts {sorted(parts)}")
+    if all(o == "holds" for o in outcomes.values()):
         return held
-    if "holds" in outcomes:
-        return "partially reproduced"
-    return "not reproduced" if "fails" in outcomes else UNDECIDED
+    return {"holds": "partially reproduced", "fails": "not reproduced",
+            "undecided": UNDECIDED}[outcomes[primary]]
 
 
 def claims_file() -> Path:
@@ -274,7 +424,8 @@ def load_claims(path: str | os.PathLike | None = None) -> dict[str, Any]:
 
 def load_rules(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
     """Every declared rule of ``claims.yml`` (the package's own, or the file at ``path``):
-    claim ID -> ``{"parts": {name: Rule}, "held"}``."""
+    claim ID -> ``{"parts": {name: Rule}, "held", "primary"}``. A rule with several parts
+    names its ``primary`` part, the claim's headline (:func:`combine`)."""
     claims = load_claims(path)["claims"]
     out = {}
     for c in claims:
@@ -292,7 +443,13 @@ def load_rules(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any
         if held not in ("reproduced", "explained"):
             raise ValueError(f"{c['id']}: rule 'held' is 'reproduced' or 'explained', "
                              f"got {held!r}")
-        out[str(c["id"])] = {"parts": parts, "held": held}
+        primary = r.get("primary")
+        if primary is None and len(parts) == 1:
+            primary = next(iter(parts))
+        if primary not in parts:
+            raise ValueError(f"{c['id']}: rule 'primary' names the part that is the claim's "
+                             f"headline, one of {sorted(parts)}; got {primary!r}")
+        out[str(c["id"])] = {"parts": parts, "held": held, "primary": str(primary)}
     return out
 
 
@@ -303,18 +460,53 @@ class ClaimDecision:
     id: str
     verdict: str
     parts: dict[str, Decision]
+    primary: str = ""
 
     def figures(self) -> dict[str, str]:
-        """Per part, ``"<n_for>/<n> for, <n_against> against"``, for :func:`record`."""
-        return {f"agree_{_slug(k)}": f"{d.n_for}/{d.n} for, {d.n_against} against"
-                for k, d in self.parts.items()}
+        """For :func:`record`, per part: ``agree_<part>``, ``"<n_for>/<n> for, <n_against>
+        against"``; ``outcome_<part>`` (``"holds"``, and ``", primary"`` on the primary part);
+        ``effect_<part>``, the median and interval of :class:`Effect` (parts with numbers)."""
+        out: dict[str, str] = {}
+        for k, d in self.parts.items():
+            slug = _slug(k)
+            out[f"agree_{slug}"] = f"{d.n_for}/{d.n} for, {d.n_against} against"
+            out[f"outcome_{slug}"] = d.outcome + (", primary" if k == self.primary else "")
+            if d.effect is not None:
+                e = d.effect
+                out[f"effect_{slug}"] = (f"{e.median:.3g} [{e.low:.3g}, {e.high:.3g}] "
+                                         f"({e.level:.0%}, {e.n} seeds)")
+        return out
 
     def _repr_markdown_(self) -> str:
         rows = [f"**{self.id}** by its declared rule: **{self.verdict}**", "",
-                "| part | outcome | seeds for | against | must agree |", "|---|---|---|---|---|"]
-        rows += [f"| {k} | {d.outcome} | {d.n_for} of {d.n} | {d.n_against} | {d.need} |"
-                 for k, d in self.parts.items()]
+                "| part | outcome | seeds for | against | must agree | median [interval] |",
+                "|---|---|---|---|---|---|"]
+        for k, d in self.parts.items():
+            name = f"{k} (primary)" if k == self.primary else k
+            e = d.effect
+            eff = (f"{e.median:.3g} [{e.low:.3g}, {e.high:.3g}] ({e.level:.0%})" if e
+                   else "")
+            rows.append(f"| {name} | {d.outcome} | {d.n_for} of {d.n} | {d.n_against} | "
+                        f"{d.need} | {eff} |")
         return "\n".join(rows)
+
+
+def parts_text(rule: Mapping[str, Any], figures: Mapping[str, Any]) -> list[str]:
+    """One line per part of a claim's rule (a :func:`load_rules` entry), from a record's
+    figures (:meth:`ClaimDecision.figures`), for the ledger page: ``"faster (primary): holds,
+    2/3 for, 0 against; median 1.2 [1.01, 1.3] (75%, 3 seeds)"``. A part the record does not
+    report shows its name only."""
+    lines = []
+    for name in rule["parts"]:
+        slug = _slug(name)
+        label = f"{name} (primary)" if name == rule.get("primary") else name
+        outcome = str(figures.get(f"outcome_{slug}", "")).replace(", primary", "")
+        bits = [b for b in (outcome, figures.get(f"agree_{slug}")) if b]
+        text = f"{label}: {', '.join(map(str, bits))}" if bits else label
+        if f"effect_{slug}" in figures:
+            text += f"; median {figures[f'effect_{slug}']}"
+        lines.append(text)
+    return lines
 
 
 def _slug(name: str) -> str:
@@ -323,10 +515,12 @@ def _slug(name: str) -> str:
 
 def decide_claim(claim_id: str, values: Mapping[str, Any],
                  trivial_ok: Mapping[str, Any] | None = None,
-                 rules: Mapping[str, Mapping[str, Any]] | None = None) -> ClaimDecision:
+                 rules: Mapping[str, Mapping[str, Any]] | None = None,
+                 reference: Mapping[str, Any] | None = None) -> ClaimDecision:
     """A claim's verdict from per-seed ``values`` (part name -> values, every declared part)
-    by the rule ``claims.yml`` declares for ``claim_id``; ``trivial_ok`` as in :func:`decide`,
-    ``rules`` default :func:`load_rules`."""
+    by the rule ``claims.yml`` declares for ``claim_id``, led by its primary part
+    (:func:`combine`); ``trivial_ok`` and ``reference`` (for relative parts) as in
+    :func:`decide`, by part; ``rules`` default :func:`load_rules`."""
     rules = load_rules() if rules is None else rules
     if claim_id not in rules:
         raise KeyError(f"{claim_id} declares no rule in claims.yml; add 'rule: parts: ...' "
@@ -335,9 +529,12 @@ def decide_claim(claim_id: str, values: Mapping[str, Any],
     if set(values) != set(declared):
         raise ValueError(f"{claim_id}: values for parts {sorted(values)}, but the rule "
                          f"declares {sorted(declared)}")
-    trivial_ok = trivial_ok or {}
-    parts = {k: decide(declared[k], values[k], trivial_ok.get(k)) for k in declared}
-    return ClaimDecision(claim_id, combine(parts, rules[claim_id]["held"]), parts)
+    trivial_ok, reference = trivial_ok or {}, reference or {}
+    parts = {k: decide(declared[k], values[k], trivial_ok.get(k), reference.get(k))
+             for k in declared}
+    rule = rules[claim_id]
+    primary = rule.get("primary") or next(iter(declared))
+    return ClaimDecision(claim_id, combine(parts, rule["held"], primary), parts, primary)
 
 
 def ledger_dir() -> Path | None:
@@ -434,6 +631,57 @@ def format_seen(text: str, figures: Mapping[str, Any]) -> str:
         'LN 0.21/0.2 vs BN 0.3'
     """
     return _Figures(figures).format(text)
+
+
+# --- pilots: the design runs a claim declares (python3 dev.py pilot CLAIM) -------------------
+
+_PILOT_FIELDS = {"experiment", "seeds", "config", "tried", "chose", "quantities"}
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """A claim's declared pilot (``pilot:`` in ``claims.yml``): ``experiment`` (a registered
+    name), ``seeds`` (how many of :func:`lnbook.seeds.pilot_seeds`), ``config`` (overrides of
+    its quick preset), ``tried`` (the design variants: each a mapping of further overrides; one
+    empty variant when absent), ``chose`` (what was chosen, in words) and ``quantities`` (the
+    name of a function of the experiment module, ``f(results) -> {name: per-seed values}``,
+    or None: each variant's final metrics per seed)."""
+
+    experiment: str
+    seeds: int
+    config: dict[str, Any] = field(default_factory=dict)
+    tried: tuple[dict[str, Any], ...] = ({},)
+    chose: str = ""
+    quantities: str | None = None
+
+
+def pilot_from(claim_id: str, d: Mapping[str, Any]) -> Pilot:
+    """A :class:`Pilot` from its ``claims.yml`` mapping, or ``ValueError`` naming the claim."""
+    unknown = set(d) - _PILOT_FIELDS
+    if unknown:
+        raise ValueError(f"{claim_id}: pilot has unknown fields {sorted(unknown)}; expected "
+                         f"{sorted(_PILOT_FIELDS)}")
+    if not str(d.get("experiment", "")).strip():
+        raise ValueError(f"{claim_id}: a pilot names its 'experiment'")
+    n = d.get("seeds")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1000:
+        raise ValueError(f"{claim_id}: pilot 'seeds' is how many pilot seeds (1 to 1000), "
+                         f"got {n!r}")
+    config, tried = d.get("config", {}) or {}, d.get("tried", [{}]) or [{}]
+    if not isinstance(config, Mapping) or "seeds" in config:
+        raise ValueError(f"{claim_id}: pilot 'config' maps config fields to values (the seeds "
+                         "are the pilot's own)")
+    if not isinstance(tried, list) or not all(isinstance(t, Mapping) for t in tried):
+        raise ValueError(f"{claim_id}: pilot 'tried' is a list of config overrides")
+    return Pilot(str(d["experiment"]), n, dict(config), tuple(dict(t) for t in tried),
+                 " ".join(str(d.get("chose", "")).split()), d.get("quantities"))
+
+
+def load_pilots(path: str | os.PathLike | None = None) -> dict[str, Pilot]:
+    """Every declared pilot of ``claims.yml`` (the package's own, or the file at ``path``),
+    by claim ID."""
+    return {str(c["id"]): pilot_from(str(c["id"]), c["pilot"])
+            for c in load_claims(path)["claims"] if c.get("pilot")}
 
 
 # --- replication: the verdicts on fresh seed sets (python3 dev.py replicate) -----------------

@@ -81,8 +81,9 @@ def test_record_note_must_name_recorded_figures(ledger_env):
 
 
 def test_verdict_from_parts():
-    assert ledger.verdict_from({"x": True, "y": True}) == "reproduced"
-    assert ledger.verdict_from({"x": True, "y": False}) == "partially reproduced"
+    assert ledger.verdict_from({"x": True, "y": True}, primary="x") == "reproduced"
+    assert ledger.verdict_from({"x": True, "y": False}, primary="x") == "partially reproduced"
+    assert ledger.verdict_from({"x": True, "y": False}, primary="y") == "not reproduced"
     assert ledger.verdict_from({"x": False}) == "not reproduced"
     with pytest.raises(ValueError):
         ledger.verdict_from({})
@@ -245,17 +246,29 @@ def test_rule_describes_itself():
                                  "the target")
 
 
+# the first part is the primary one (the claim's headline)
 @pytest.mark.parametrize("outcomes, held, verdict", [
     (["holds", "holds"], "reproduced", "reproduced"),
     (["holds"], "explained", "explained"),
+    (["holds", "holds", "holds"], "explained", "explained"),
     (["holds", "fails"], "reproduced", "partially reproduced"),
     (["holds", "undecided"], "reproduced", "partially reproduced"),
+    (["holds", "fails", "holds"], "explained", "partially reproduced"),
     (["fails", "undecided"], "reproduced", "not reproduced"),
+    (["fails", "holds"], "reproduced", "not reproduced"),      # C15: "ends better" cannot save it
+    (["fails", "holds", "holds"], "reproduced", "not reproduced"),
     (["fails", "fails"], "reproduced", "not reproduced"),
+    (["fails"], "reproduced", "not reproduced"),
+    (["undecided", "holds"], "reproduced", ledger.UNDECIDED),  # whatever the others do
+    (["undecided", "fails"], "reproduced", ledger.UNDECIDED),
     (["undecided", "undecided"], "reproduced", ledger.UNDECIDED),
+    (["undecided"], "explained", ledger.UNDECIDED),
 ])
 def test_combine_every_branch(outcomes, held, verdict):
-    assert ledger.combine({f"p{i}": o for i, o in enumerate(outcomes)}, held) == verdict
+    parts = {f"p{i}": o for i, o in enumerate(outcomes)}
+    assert ledger.combine(parts, held, primary="p0") == verdict
+    # the primary part is named, not taken from the order
+    assert ledger.combine(dict(reversed(parts.items())), held, primary="p0") == verdict
 
 
 def test_combine_rejects_bad_input():
@@ -265,6 +278,75 @@ def test_combine_rejects_bad_input():
         ledger.combine({"a": "yes"})
     with pytest.raises(ValueError, match="held must be"):
         ledger.combine({"a": "holds"}, held="confirmed")
+    with pytest.raises(ValueError, match="needs primary="):
+        ledger.combine({"a": "holds", "b": "fails"})
+    with pytest.raises(ValueError, match="primary part 'c' is not one of"):
+        ledger.combine({"a": "holds", "b": "fails"}, primary="c")
+    assert ledger.combine({"a": "fails"}) == "not reproduced"  # one part: it is the primary
+
+
+def test_decide_relative_margin_scales_with_the_compared_value():
+    # DyT minus LN in nats, "within 20% of LN's loss": the bound moves with LN's loss
+    rel = ledger.Rule("DyT's loss minus LN's", "below", agree=2, of=3, at=0.2,
+                      relative="LN's loss")
+    gaps, ln = [0.03, 0.03, 0.15], [0.1, 0.2, 1.0]
+    d = ledger.decide(rel, gaps, reference=ln)  # bounds 0.02, 0.04, 0.2
+    assert (d.outcome, d.n_for, d.n_against) == ("holds", 2, 1)
+    d = ledger.decide(rel, gaps, reference=[0.1, 0.1, 0.5])  # bounds 0.02, 0.02, 0.1
+    assert (d.outcome, d.n_for, d.n_against) == ("fails", 0, 3)
+    # the margin is relative too: inside 0.2 +- 0.05 of the reference counts for neither
+    band = ledger.Rule("gap", "below", agree=2, of=3, at=0.2, margin=0.05, relative="LN")
+    assert ledger.decide(band, [0.0, 0.22, 0.5], reference=[1.0, 1.0, 1.0]).n_for == 1
+    assert ledger.decide(band, [0.0, 0.22, 0.5], reference=[1.0, 1.0, 1.0]).n_against == 1
+    assert d.effect.median == pytest.approx(0.3)  # gaps as fractions of the reference
+    with pytest.raises(ValueError, match="give its value per seed as reference="):
+        ledger.decide(rel, gaps)
+    with pytest.raises(ValueError, match="reference has 2 entries for 3 seeds"):
+        ledger.decide(rel, gaps, reference=[1.0, 1.0])
+    with pytest.raises(ValueError, match="is not relative"):
+        ledger.decide(FASTER, [1.2] * 5, reference=[1.0] * 5)
+    r = ledger.Rule.from_dict({"quantity": "gap", "direction": "below", "at": 0.2,
+                               "majority": "2 of 3", "relative": "LN's loss"})
+    assert r.relative == "LN's loss"
+    assert "fractions of LN's loss" in r.describe()
+    with pytest.raises(ValueError, match="names the compared quantity"):
+        ledger.Rule.from_dict({"quantity": "gap", "direction": "below", "majority": "2 of 3",
+                               "relative": True})
+
+
+def test_effect_is_the_median_with_an_exact_interval():
+    e = ledger.effect([1.333, 1.133, 1.231])
+    assert (e.median, e.low, e.high, e.n) == (1.231, 1.133, 1.333, 3)
+    assert e.level == pytest.approx(0.75)  # the range of 3 values: 1 - 2 / 2**3
+    e = ledger.effect([5, 1, 4, 2, 3, 6, 8, 7, 9, 0])
+    assert (e.median, e.low, e.high) == (4.5, 1.0, 8.0)  # k = 2 of 10
+    assert e.level == pytest.approx(1 - 2 * 11 / 1024)
+    e = ledger.effect(list(range(20)), level=0.95)
+    # the sign test's interval for n = 20 at 95%: the 6th and 15th order statistics
+    assert (e.low, e.high) == (5.0, 14.0) and e.level == pytest.approx(0.9586, abs=1e-4)
+    assert ledger.effect([1.0, float("nan"), 3.0, float("inf")]).n == 3
+    assert ledger.effect([2.0, float("inf"), float("inf")]).median == float("inf")
+    assert ledger.effect([1.0, 2.0, 3.0]) == ledger.effect([3.0, 1.0, 2.0])  # deterministic
+    with pytest.raises(ValueError, match="not NaN"):
+        ledger.effect([float("nan")])
+    with pytest.raises(ValueError, match="a number per seed"):
+        ledger.effect([True, False])
+    with pytest.raises(ValueError, match="level must lie"):
+        ledger.effect([1.0], level=1.0)
+
+
+def test_detectable_share_is_the_power_line_of_a_majority():
+    from math import comb
+    for need, n in [(2, 3), (4, 5), (8, 10), (16, 20)]:
+        p = ledger.detectable_share(need, n)
+        reach = sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(need, n + 1))
+        assert reach == pytest.approx(0.8, abs=1e-9)
+    assert ledger.detectable_share(1, 1) == pytest.approx(0.8)
+    assert ledger.detectable_share(16, 20) > ledger.detectable_share(8, 10) * 0.99
+    with pytest.raises(ValueError, match="need must be from 1"):
+        ledger.detectable_share(6, 5)
+    d = ledger.decide(FASTER, [1.3] * 5)
+    assert d.power == pytest.approx(ledger.detectable_share(4, 5))
 
 
 def test_decide_claim_by_the_declared_rule(tmp_path):
@@ -272,6 +354,7 @@ def test_decide_claim_by_the_declared_rule(tmp_path):
     path.write_text("""claims:
 - id: C15
   rule:
+    primary: faster
     parts:
       faster: {quantity: updates ratio, direction: above, at: 1, margin: 0.05,
                majority: 2 of 3}
@@ -281,16 +364,40 @@ def test_decide_claim_by_the_declared_rule(tmp_path):
 """)
     rules = ledger.load_rules(path)
     assert list(rules) == ["C15"] and rules["C15"]["held"] == "reproduced"
+    assert rules["C15"]["primary"] == "faster"
     got = ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.01],
                                       "ends lower": [0.4, -0.1, 0.2]}, rules=rules)
-    assert got.verdict == "partially reproduced"
+    assert got.verdict == "partially reproduced" and got.primary == "faster"
     assert got.figures() == {"agree_faster": "2/3 for, 0 against",
-                             "agree_ends_lower": "1/3 for, 2 against"}
-    assert "| faster | holds | 2 of 3 |" in got._repr_markdown_()
+                             "outcome_faster": "holds, primary",
+                             "effect_faster": "1.2 [1.01, 1.3] (75%, 3 seeds)",
+                             "agree_ends_lower": "1/3 for, 2 against",
+                             "outcome_ends_lower": "fails",
+                             "effect_ends_lower": "0.2 [-0.1, 0.4] (75%, 3 seeds)"}
+    assert "| faster (primary) | holds | 2 of 3 |" in got._repr_markdown_()
+    # the primary part fails: not reproduced, though the other part holds
+    got = ledger.decide_claim("C15", {"faster": [0.8, 0.9, 1.3],
+                                      "ends lower": [-0.4, -0.1, -0.2]}, rules=rules)
+    assert got.verdict == "not reproduced"
     with pytest.raises(ValueError, match="declares"):
         ledger.decide_claim("C15", {"faster": [1.3, 1.2, 1.1]}, rules=rules)
     with pytest.raises(KeyError, match="C16 declares no rule"):
         ledger.decide_claim("C16", {}, rules=rules)
+    path.write_text(path.read_text().replace("primary: faster", "primary: quicker"))
+    with pytest.raises(ValueError, match="C15: rule 'primary' names the part"):
+        ledger.load_rules(path)
+
+
+def test_parts_text_shows_each_part_beside_the_verdict():
+    rule = {"parts": {"faster": None, "ends lower": None, "unreported": None},
+            "primary": "faster"}
+    dec = ledger.ClaimDecision("C15", "partially reproduced", {
+        "faster": ledger.decide(FASTER, [1.3, 1.2, 1.01, 1.5, 1.4]),
+        "ends lower": ledger.Decision("fails", 1, 4, 5, 4)}, "faster")
+    assert ledger.parts_text(rule, dec.figures()) == [
+        "faster (primary): holds, 4/5 for, 0 against; median 1.3 [1.01, 1.5] (94%, 5 seeds)",
+        "ends lower: fails, 1/5 for, 4 against",
+        "unreported"]
 
 
 def test_every_declared_rule_of_claims_yml_is_well_formed():
@@ -300,6 +407,10 @@ def test_every_declared_rule_of_claims_yml_is_well_formed():
         assert cid in CLAIM_IDS_ALL
         for part in r["parts"].values():
             assert part.describe()
+        assert r["primary"] in r["parts"], cid
+    raw = {c["id"]: c["rule"] for c in CLAIMS if c.get("rule")}
+    several = [cid for cid, r in raw.items() if len(r["parts"]) > 1 and "primary" not in r]
+    assert not several, f"rules of several parts that name no primary part: {several}"
 
 
 # --- the replication record (python3 dev.py replicate) --------------------------------------
@@ -496,3 +607,117 @@ def test_record_cells_are_hidden_and_asserts_are_not(path):
         if "remove-input" in tags:
             assert not re.search(r"^\s*assert\b", cell.source, re.M), (
                 f"{path.name}: an asserting cell is hidden:\n{cell.source[:200]}")
+
+
+# --- pilots (python3 dev.py pilot CLAIM) -----------------------------------------------------
+
+
+def test_every_declared_pilot_names_a_registered_experiment_and_its_fields():
+    import dataclasses
+
+    from lnbook.experiments import EXPERIMENTS
+
+    pilots = ledger.load_pilots()
+    assert pilots, "claims.yml declares no pilot"
+    for cid, p in pilots.items():
+        assert cid in CLAIM_IDS_ALL
+        assert p.experiment in EXPERIMENTS, f"{cid}: pilot names no experiment {p.experiment!r}"
+        module = EXPERIMENTS[p.experiment]
+        fields = {f.name for f in dataclasses.fields(module.get_config("quick"))}
+        for over in (p.config, *p.tried):
+            assert set(over) <= fields - {"seeds", "scale"}, (
+                f"{cid}: pilot overrides {sorted(set(over) - fields)} are not fields of "
+                f"{p.experiment}'s Config")
+            module.get_config("quick", **{**p.config, **over})  # the preset takes them
+        assert p.chose, f"{cid}: a pilot says what was chosen"
+        if p.quantities:
+            assert callable(getattr(module, p.quantities, None)), cid
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"seeds": 3}, "names its 'experiment'"),
+    ({"experiment": "dyt", "seeds": 0}, "how many pilot seeds"),
+    ({"experiment": "dyt", "seeds": True}, "how many pilot seeds"),
+    ({"experiment": "dyt", "seeds": 3, "config": {"seeds": 5}}, "the pilot's own"),
+    ({"experiment": "dyt", "seeds": 3, "tried": {"lr": 0.1}}, "list of config overrides"),
+    ({"experiment": "dyt", "seeds": 3, "budget": 1}, "unknown fields"),
+])
+def test_pilot_from_rejects_bad_entries(fields, message):
+    with pytest.raises(ValueError, match=f"P12: .*{message}"):
+        ledger.pilot_from("P12", fields)
+
+
+def test_pilot_records_are_of_declared_pilots():
+    """The records `dev.py pilot CLAIM` wrote are of the pilot claims.yml declares (chapters
+    with a pilot function of their own, such as sphere.pilot, write their own layout)."""
+    pilots = ledger.load_pilots()
+    recorded = [p for p in sorted((BOOK / "pilots").glob("[CP][0-9][0-9].json"))
+                if p.stem in pilots]
+    assert recorded, "no record of a declared pilot in book/pilots/"
+    for path in recorded:
+        rec = json.loads(path.read_text())
+        p = pilots[path.stem]
+        assert rec["experiment"] == p.experiment and rec["chose"] == p.chose
+        from lnbook.seeds import PILOT_BASE, pilot_seeds
+        assert tuple(rec["seeds"]) == pilot_seeds(p.seeds)
+        assert all(s >= PILOT_BASE for s in rec["seeds"])  # never a verdict seed
+        assert [t["overrides"] for t in rec["tried"]] == list(p.tried)
+
+
+# --- the blind confirmation (python3 dev.py confirm) -----------------------------------------
+
+
+def test_confirmation_sets_are_drawn_once_never_design_sets(tmp_path, monkeypatch):
+    dev = load_dev()
+    rep = tmp_path / "replication.json"
+    rep.write_text(json.dumps({"sets": [1, 2, 3, 4, 7]}))
+    monkeypatch.setattr(dev, "REPLICATION", rep)
+    manifest = tmp_path / "confirmation.yml"
+    got = dev.draw_confirmation_sets(4, manifest, ["05_1_invariance"])
+    sets = got["sets"]
+    assert len(set(sets)) == 4 and sets == sorted(sets)
+    assert not set(sets) & {0, 1, 2, 3, 4, 7}, "a design or replication set was drawn"
+    assert all(5 <= k <= 999 for k in sets)
+    saved = yaml.safe_load(manifest.read_text())
+    assert saved["sets"] == sets and "secrets" in saved["drawn"]["how"]
+    assert saved["digest"] == dev.experiment_digests(["05_1_invariance"])
+    with pytest.raises(FileExistsError, match="drawn once"):
+        dev.draw_confirmation_sets(4, manifest)
+    # another draw gives other sets (4 of 993: the same draw once in ~4e9)
+    other = dev.draw_confirmation_sets(4, tmp_path / "again.yml", ["05_1_invariance"])
+    assert other["sets"] != sets
+
+
+def test_confirmation_refuses_other_code_and_voids_changed_chapters(tmp_path):
+    dev = load_dev()
+    manifest = tmp_path / "confirmation.yml"
+    digest = dev.experiment_digests(["05_1_invariance"])
+    stale = {"lnbook": digest["lnbook"], "notebooks": {"05_1_invariance": "0" * 16}}
+    manifest.write_text(yaml.safe_dump({"sets": [101, 102], "digest": stale}))
+    with pytest.raises(RuntimeError, match="not the code the manifest froze"):
+        dev.confirm_sets(None, manifest, tmp_path / "out.json")
+    manifest.write_text(yaml.safe_dump({"sets": [3, 102], "digest": digest}))
+    with pytest.raises(ValueError, match=r"design sets \[3\]"):
+        dev.confirm_sets(None, manifest, tmp_path / "out.json")
+    record = {"digest": digest, "claims": {"C06": {"chapter": "05_1_invariance"}}}
+    assert dev.void_claims(record) == set()
+    assert dev.void_claims({"digest": stale, "claims": record["claims"]}) == {"C06"}
+    assert dev.void_claims({"claims": {}}) == set()
+
+
+@pytest.mark.parametrize("path", sorted(BOOK.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_claim_is_recorded_before_its_decision_is_asserted(path):
+    """A verdict that another seed set flips must not stop the chapter before its record is
+    written: no cell asserts on a decision (``X = ledger.decide_claim("ID", ...)``) before the
+    cell that calls ``ledger.record("ID", ...)``."""
+    nb = nbformat.read(path, as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    for src in cells:
+        for m in re.finditer(r"(\w+)\s*=\s*ledger\.decide_claim\(\s*\"([CP]\d\d)\"", src):
+            var, cid = m.groups()
+            rec = [j for j, s in enumerate(cells) if re.search(rf"ledger\.record\(\s*\"{cid}\"", s)]
+            assert rec, f"{path.name}: {cid} is decided and never recorded"
+            early = [j for j, s in enumerate(cells[:rec[0]])
+                     if re.search(rf"^\s*assert\b.*\b{var}\b", s, re.M)]
+            assert not early, (f"{path.name}: a cell asserts on {var} ({cid}) before "
+                               f"ledger.record({cid!r}, ...):\n{cells[early[0]][:300]}")

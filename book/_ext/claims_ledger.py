@@ -38,6 +38,8 @@ from lnbook.ledger import (
     format_seen,
     load_claims,
     load_replication,
+    load_rules,
+    parts_text,
 )
 from lnbook.seeds import seed_set
 
@@ -142,6 +144,8 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
     ledger = load_claims()
     records = _records(app)
     replication = load_replication(Path(app.srcdir) / "book" / "replication.json")
+    confirmation = load_replication(Path(app.srcdir) / "book" / "confirmation.json")
+    rules = load_rules()
     claims = [c for c in ledger["claims"] if in_part(c["id"], part)]
     if not claims:
         return [_para("No claim of this part is checked yet.")]
@@ -191,7 +195,20 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
         if same < n:  # said plainly: this verdict is not the claim's on every seed set
             across = f"unstable across seed sets: {across}"
         verdict_cell = [_para(nodes.strong(text=verdict))] + ([_para(across)] if across else [])
-        body += _row([[claim], verdict_cell, [checked], [_para(seen)]])
+        confirmed = agreement_text(confirmation, cid, verdict)
+        if confirmed:  # the blind confirmation on never-used seed sets (book/verdicts.md)
+            same_c, n_c = agreement(confirmation, cid, verdict)
+            verdict_cell.append(_para(("" if same_c == n_c else "unstable: ")
+                                      + confirmed.replace("fresh", "confirmation")))
+        seen_cell: list[nodes.Node] = [_para(seen)]
+        if rec is not None and cid in rules:  # each part's outcome and per-seed effect
+            items = nodes.bullet_list()
+            for line in parts_text(rules[cid], rec["figures"]):
+                item = nodes.list_item()
+                item += _para(line)
+                items += item
+            seen_cell.append(items)
+        body += _row([[claim], verdict_cell, [checked], seen_cell])
     tgroup += body
     summary = ", ".join(f"{counts[v]} {v}" for v in (*VERDICTS, "no record") if counts[v])
     return [_para(f"{len(claims)} claims: {summary}."), table]

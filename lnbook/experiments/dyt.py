@@ -228,3 +228,32 @@ def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Jo
                          if isinstance(m, DyT)}
         info["input_std"] = {n: float(seen[n][0].std()) for n in info["alpha"]}
     return hist, info
+
+
+# --- claim P12's per-seed inputs to lnbook.ledger.decide_claim (chapter 12) ------------------
+
+#: Nats below chance that every run of a seed must end (P11's and P12's trivial bar).
+P12_TRIVIAL = 1.0
+
+
+def left_trivial(results: Results) -> Any:
+    """Per seed, whether every variant's final held-out loss lies :data:`P12_TRIVIAL` nats
+    below chance (``Results.info["chance"]``): a ``(seeds,)`` boolean array."""
+    import numpy as np
+
+    chance = results.info["chance"]
+    return np.all([results.final(v, "val_loss") < chance - P12_TRIVIAL
+                   for v in results.variants], axis=0)
+
+
+def p12_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P12's ``values``, ``trivial_ok`` and ``reference`` for :func:`lnbook.ledger.decide_claim`:
+    per seed DyT's final held-out loss minus layer norm's, read against layer norm's loss (the
+    rule is relative), counted where :func:`left_trivial`."""
+    ln, dyt_ = results.final("layer", "val_loss"), results.final("dyt", "val_loss")
+    part = "DyT matches layer norm"
+    return {"values": {part: dyt_ - ln}, "trivial_ok": {part: left_trivial(results)},
+            "reference": {part: ln}}
+
+
+__all__ += ["P12_TRIVIAL", "left_trivial", "p12_inputs"]

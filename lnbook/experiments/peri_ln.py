@@ -123,3 +123,45 @@ def rise_to_top(loss: np.ndarray) -> np.ndarray:
     finite = np.where(np.isfinite(loss), loss, np.inf).min(1)
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(finite), top - finite, np.nan)
+
+
+# --- claims P15 and P16: per-seed inputs to lnbook.ledger.decide_claim (chapter 14) ----------
+
+#: Nats below the position-wise unigram predictor that a compared run must end (P15, P16).
+PERI_TRIVIAL = 0.2
+
+
+def p15_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P15's ``values`` and ``trivial_ok``, per seed at the middle rate of the sweep: log10 of
+    Pre-LN's over Peri-LN's final variance of the last block's output, and of their growths
+    over training (final over initial); a seed counts when both placements ended
+    :data:`PERI_TRIVIAL` below the unigram predictor at that rate."""
+    lrs = list(results.config["lrs"])
+    mid = len(lrs) // 2
+    pre, peri = (variant_name(p, lrs[mid]) for p in ("pre", "peri"))
+    end = {n: stream_variance(results, n)[:, -1] for n in (pre, peri)}
+    start = {n: stream_variance(results, n, 0)[:, -1] for n in (pre, peri)}
+    base = results.info["baseline_loss"]
+    left = ((final_by_lr(results, "pre")[:, mid] < base - PERI_TRIVIAL)
+            & (final_by_lr(results, "peri")[:, mid] < base - PERI_TRIVIAL))
+    larger, grows = "larger stream after training", "grows more over training"
+    return {"values": {larger: np.log10(end[pre] / end[peri]),
+                       grows: np.log10((end[pre] / start[pre]) / (end[peri] / start[peri]))},
+            "trivial_ok": {larger: left, grows: left}}
+
+
+def p16_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P16's ``values`` and ``trivial_ok``, per seed: the rise of the final loss from the
+    best rate to the highest (:func:`rise_to_top`), Pre-LN's minus Peri-LN's; the best final
+    loss over the sweep, Peri-LN's minus Pre-LN's; a seed counts when both placements' best
+    run ended :data:`PERI_TRIVIAL` below the unigram predictor."""
+    pre, peri = final_by_lr(results, "pre"), final_by_lr(results, "peri")
+    base = results.info["baseline_loss"]
+    both = (pre.min(1) < base - PERI_TRIVIAL) & (peri.min(1) < base - PERI_TRIVIAL)
+    steadier, lower = "steadier at a high rate", "lower loss"
+    return {"values": {steadier: rise_to_top(pre) - rise_to_top(peri),
+                       lower: peri.min(1) - pre.min(1)},
+            "trivial_ok": {steadier: both, lower: both}}
+
+
+__all__ += ["PERI_TRIVIAL", "p15_inputs", "p16_inputs"]

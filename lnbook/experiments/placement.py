@@ -134,3 +134,28 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
                 order="fit", max_logit=True, stream_var=False, bar=job.bar):
             trained[variant_name(position, r.info["warmup"]), r.info["seed"]] = r
     return in_job_order(job, trained)
+
+
+# --- claim P05's per-seed inputs to lnbook.ledger.decide_claim (chapter 9) -------------------
+
+#: Nats below the position-wise unigram predictor that a compared run must end (P05's bar).
+P05_TRIVIAL = 0.5
+
+
+def p05_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P05's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from a run
+    of :func:`run`, per seed: each placement's final held-out loss without warm-up minus with
+    the longest warm-up; a seed counts for Post-LN's part when both warmed-up runs cleared
+    :data:`P05_TRIVIAL`, for Pre-LN's when Pre-LN without warm-up did too."""
+    w = max(int(v.rsplit("warmup", 1)[1]) for v in results.variants)
+    base = results.info["baseline_loss"]
+    f = {(p, u): results.final(variant_name(p, u), "loss") for p in ("post", "pre")
+         for u in (0, w)}
+    warm_ok = (f["post", w] < base - P05_TRIVIAL) & (f["pre", w] < base - P05_TRIVIAL)
+    pre, post = "Pre-LN trains without warm-up", "Post-LN worse without warm-up"
+    return {"values": {pre: f["pre", 0] - f["pre", w], post: f["post", 0] - f["post", w]},
+            "trivial_ok": {pre: warm_ok & (f["pre", 0] < base - P05_TRIVIAL),
+                           post: warm_ok}}
+
+
+__all__ += ["P05_TRIVIAL", "p05_inputs"]

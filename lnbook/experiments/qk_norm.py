@@ -186,3 +186,36 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
 
 def _logit_bound(model: Transformer) -> dict[str, float]:
     return {"logit_bound": qk_logit_bound(model)}
+
+
+# --- claim P08's per-seed inputs to lnbook.ledger.decide_claim (chapter 11) ------------------
+
+#: Nats below the position-wise unigram predictor both models must end at the lowest rate.
+P08_TRIVIAL = 0.5
+
+
+def p08_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P08's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed:
+    without qk-norm at the highest rate, the final largest attention logit over its value
+    before training, and the final loss over the best final loss of the sweep (infinite for a
+    diverged run); with qk-norm, the same loss ratio; a seed counts when both models ended
+    :data:`P08_TRIVIAL` below the unigram predictor at the lowest rate."""
+    lrs = list(results.config["lrs"])
+    j_lo, j_hi = lrs.index(min(lrs)), lrs.index(max(lrs))
+    final = {q: by_lr(results, q, "loss") for q in (False, True)}  # (seeds, lrs)
+    peak = by_lr(results, False, "max_logit")[:, j_hi]
+    peak0 = by_lr(results, False, "max_logit", "initial")[:, j_hi]
+    base = results.info["baseline_loss"]
+    left = (final[False][:, j_lo] < base - P08_TRIVIAL) & (final[True][:, j_lo]
+                                                          < base - P08_TRIVIAL)
+    failed = np.array([bool(r.info["diverged"])
+                       for r in results.select(variant_name(False, max(lrs)))])
+    fail = np.where(failed, np.inf, final[False][:, j_hi] / final[False].min(axis=1))
+    parts = ("logit growth", "failure at high rates", "qk-norm trains there")
+    return {"values": dict(zip(parts, (peak / peak0, fail,
+                                       final[True][:, j_hi] / final[True].min(axis=1)),
+                               strict=True)),
+            "trivial_ok": {k: left for k in parts}}
+
+
+__all__ += ["P08_TRIVIAL", "p08_inputs"]

@@ -167,3 +167,30 @@ def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[s
             "control": held_out_loss(control, task), "order": order, "no_finetune": no_ft,
             "finetuned": ft}
     return History(eval_steps=[0], metrics=[{"loss": ft[-1]}]), info
+
+
+# --- claim P19's per-seed inputs to lnbook.ledger.decide_claim (chapter 16) ------------------
+
+#: Nats below the position-wise unigram predictor the original model must end (P19's bar).
+P19_TRIVIAL = 0.5
+
+
+def p19_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P19's ``values``, ``trivial_ok`` and ``reference`` for :func:`lnbook.ledger.decide_claim`
+    from a run of :func:`run`, per seed: the cost of removal, the held-out loss with every norm
+    replaced and fine-tuned minus the control's (the original fine-tuned as long with its
+    norms), read against the control's loss (the rule is relative); the loss of removing all
+    at once without fine-tuning minus with it; whether the original cleared
+    :data:`P19_TRIVIAL`."""
+    import numpy as np
+
+    info = {k: np.array([r.info[k] for r in results.runs])
+            for k in ("original", "all_at_once", "control", "finetuned")}
+    done = info["finetuned"][:, -1]
+    ok = info["original"] <= results.info["baseline_loss"] - P19_TRIVIAL
+    small, needed = "small cost after fine-tuning", "the fine-tuning is needed"
+    return {"values": {small: done - info["control"], needed: info["all_at_once"] - done},
+            "trivial_ok": {small: ok, needed: ok}, "reference": {small: info["control"]}}
+
+
+__all__ += ["P19_TRIVIAL", "p19_inputs"]

@@ -148,3 +148,38 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
         eval_every=config.eval_every, order="fit", max_logit=True, stream_var=False,
         bar=job.bar)
     return [(r.history, r.info) for r in trained]
+
+
+# --- claim P02's per-seed inputs to lnbook.ledger.decide_claim (chapter 8) -------------------
+
+#: Nats below the position-wise unigram predictor that both runs of a seed must end (P02).
+P02_TRIVIAL = 0.5
+
+
+def p02_inputs(results: Results, cost_ratio: float) -> dict[str, dict[str, Any]]:
+    """P02's ``values``, ``trivial_ok`` and ``reference`` for :func:`lnbook.ledger.decide_claim`
+    from a run of :func:`run`: per seed the absolute gap of the final held-out losses of
+    RMSNorm and layer norm (read against layer norm's loss, the rule being relative), whether
+    both runs cleared :data:`P02_TRIVIAL`; ``cost_ratio`` is the benchmark's RMSNorm / layer
+    norm time (one computation)."""
+    import numpy as np
+
+    ln, rms = results.final("layer", "loss"), results.final("rms", "loss")
+    return {"values": {"comparable quality": np.abs(rms - ln),
+                       "lower cost": [float(cost_ratio)]},
+            "trivial_ok": {"comparable quality": p02_left(results)},
+            "reference": {"comparable quality": ln}}
+
+
+__all__ += ["P02_TRIVIAL", "p02_inputs"]
+
+
+def p02_left(results: Results) -> Any:
+    """Per seed, whether both runs ended :data:`P02_TRIVIAL` nats below the position-wise
+    unigram predictor: a ``(seeds,)`` boolean array."""
+    base = results.info["baseline_loss"]
+    return ((results.final("layer", "loss") < base - P02_TRIVIAL)
+            & (results.final("rms", "loss") < base - P02_TRIVIAL))
+
+
+__all__ += ["p02_left"]
