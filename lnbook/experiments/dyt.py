@@ -50,7 +50,8 @@ class Config:
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
         n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
         seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is).
+        threads: torch CPU threads (None: leave as is). workers: jobs trained at once, one
+            process each (same results).
     """
 
     scale: str = "quick"
@@ -72,6 +73,7 @@ class Config:
     n_points: int = 1500
     seeds: int | tuple[int, ...] = 3
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -190,8 +192,8 @@ def run(config: Config, device: str | torch.device = "auto",
     return sweep(NAME, {n: n for n in config.norms}, seeds,
                  partial(train_one, config, data, seeds[0]), config=config,
                  device=device, out=out, steps=config.steps, threads=config.threads,
-                 info={"chance": math.log(config.vocab_size), "task": config.task,
-                       "seq_len": int(x.shape[1])})
+                 workers=config.workers, info={"chance": math.log(config.vocab_size),
+                                               "task": config.task, "seq_len": int(x.shape[1])})
 
 
 def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Job

@@ -60,6 +60,7 @@ class Config:
             measured after ``early_step`` updates on the first ``n_probe`` training sequences.
         seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
             the run starts). threads: torch CPU threads (None: leave as is).
+        workers: jobs trained at once, one process each (same results).
     """
 
     scale: str = "quick"
@@ -80,6 +81,7 @@ class Config:
     n_probe: int = 32
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -191,7 +193,7 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
     variants = {f"{norm}/{n}": (norm, n) for norm in NORMS for n in config.n_trains}
     return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
                  device=device, out=out, stack="all", steps=config.steps,
-                 threads=config.threads, workers=getattr(config, "workers", 1),
+                 threads=config.threads, workers=config.workers,
                  info=task.info)
 
 

@@ -41,6 +41,7 @@ class Config:
         n_probe: training sequences on which each fixed scale is measured.
         seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
             the run starts). threads: torch CPU threads (None: leave as is).
+        workers: jobs trained at once, one process each (same results).
     """
 
     scale: str = "quick"
@@ -59,6 +60,7 @@ class Config:
     n_probe: int = 256
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -135,7 +137,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     return sweep(NAME, {NAME: None}, config.seeds, partial(train, config, task), config=config,
                  device=device, out=out, threads=config.threads,
                  steps=config.steps + 2 * config.finetune_steps * n_norms,
-                 workers=getattr(config, "workers", 1), info=task.info)
+                 workers=config.workers, info=task.info)
 
 
 def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[str, Any]]:

@@ -141,7 +141,8 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
     dev = task.x.device  # the copies train where the task's tensors are
     stack = stack_models(model_config, [s for _, s in jobs], [len(seeds)] * len(lrs)).to(dev)
-    opt = linear_warmup(torch.optim.Adam(stack.param_groups(lr=[float(r) for r in lrs])),
+    opt = linear_warmup(torch.optim.Adam(stack.param_groups(lr=[float(r) for r in lrs]),
+                                         foreach=True),
                         ramps)
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
