@@ -13,9 +13,9 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.engine import History, using_executor
+from lnbook.engine import History, capped, using_executor
 from lnbook.engine.job import Job
-from lnbook.experiments import placement, qk_norm, rmsnorm
+from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
     make_task,
@@ -168,3 +168,12 @@ def test_groups_and_job_order_of_a_stacked_job():
                reversed(job.pairs)}
     got = in_job_order(job, trained)
     assert [(h.steps[0], i["v"]) for h, i in got] == [(s, v) for v, s in job.pairs]
+
+
+def test_a_smoke_run_builds_a_short_held_out_set_only():
+    cfg = rmsnorm.get_config("paper", n_train=512)
+    with capped(2):
+        smoke = seq_tasks.task_of(cfg)
+    assert smoke.x_test.shape[0] == seq_tasks.SMOKE_HELD_OUT < cfg.n_test
+    assert smoke.x.shape[0] == cfg.n_train  # the training set as a real run's
+    assert seq_tasks.task_of(rmsnorm.get_config("quick", n_test=100)).x_test.shape[0] == 100

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
+from lnbook.engine import max_updates
 from lnbook.engine.presets import check_scale
 from lnbook.engine.results import Results
 from lnbook.transformer import TransformerConfig
@@ -29,6 +30,8 @@ __all__ = ["TASKS", "TaskConfig", "DeepTaskConfig", "presets", "SequenceTask", "
 
 TASKS = ("sort", "recall")
 _TEST_SEED_OFFSET = 10_007  # the held-out set is drawn with another seed than the training set
+SMOKE_HELD_OUT = 16  # held-out sequences of a smoke run (task_of)
+SMOKE_BATCH = 8  # sequences per update of a smoke run (stacked.train_stacked)
 
 
 @dataclass
@@ -197,5 +200,7 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
 
 def task_of(config: Any) -> SequenceTask:
     """The task a config names: :func:`make_task` of its ``task``, ``n_train``, ``n_test``,
-    ``size`` and ``symbols``."""
-    return make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
+    ``size`` and ``symbols``; in a smoke run (:func:`lnbook.engine.capped`) at most
+    :data:`SMOKE_HELD_OUT` held-out sequences (a paper-scale evaluation alone takes minutes)."""
+    n_test = config.n_test if max_updates() is None else min(config.n_test, SMOKE_HELD_OUT)
+    return make_task(config.task, config.n_train, n_test, config.size, config.symbols)

@@ -25,7 +25,7 @@ from torch import Tensor
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX
 from lnbook.engine import Batches, History, Stack, linear_warmup, max_updates, train_copies
-from lnbook.experiments.seq_tasks import SequenceTask
+from lnbook.experiments.seq_tasks import SMOKE_BATCH, SequenceTask
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
 __all__ = ["StackedRun", "batch_indices", "copy_loss", "fit_batch_indices", "groups",
@@ -126,6 +126,10 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         stream_var: record ``var_0 ... var_L``.
         bar: a progress bar (tqdm's, e.g. a sweep job's ``job.bar``) advanced by one per copy
             and update.
+
+    In a smoke run (:func:`lnbook.engine.capped`) a batch holds at most
+    :data:`~lnbook.experiments.seq_tasks.SMOKE_BATCH` sequences (a paper-scale update of
+    several copies takes minutes on a CPU).
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -147,6 +151,8 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
     n_rows = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
+    if max_updates() is not None:
+        batch_size = min(batch_size, SMOKE_BATCH)
     rows = torch.stack([draw(s, len(task.x), n_rows, batch_size) for _, s in jobs]).to(dev)
     hists = [History() for _ in jobs]
     diverged_at: list[int | None] = [None] * len(jobs)
