@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -30,7 +30,12 @@ from lnbook.engine import (
     sweep,
     train_copies,
 )
-from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
+from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
+    SMOKE_BATCH,
+    SequenceTask,
+    make_task,
+    task_of,
+)
 from lnbook.experiments.stacked import batch_indices, copy_loss, groups, stack_models
 from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
@@ -201,6 +206,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
     """A job of :func:`run`: each norm of ``job.variants`` (``(norm, n)``) with all its sizes
     and the job's seeds at once; ``(History(), measurements)`` per ``job.pairs`` entry."""
     task, trained = task.to(job.device), {}
+    if max_updates() is not None:  # a smoke run: short batches and probe (minutes otherwise)
+        config = replace(config, batch_size=min(config.batch_size, SMOKE_BATCH),
+                         n_probe=min(config.n_probe, SMOKE_BATCH))
     for norm, sizes in groups(job.variants).items():
         mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
                                n_heads=config.n_heads, n_layers=config.n_layers,

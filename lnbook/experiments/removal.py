@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 
 from lnbook.checks import check_config
-from lnbook.engine import History, Job, Results, check_scale, fit, make_config, sweep
-from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
+from lnbook.engine import (
+    History,
+    Job,
+    Results,
+    check_scale,
+    fit,
+    make_config,
+    max_updates,
+    sweep,
+)
+from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
+    SMOKE_BATCH,
+    SequenceTask,
+    make_task,
+    task_of,
+)
 from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -145,6 +159,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[s
     fine-tuning) and one at a time (each followed by fine-tuning), and fine-tune a control
     with the norms kept; the history holds the final loss, ``info`` the rest."""
     task, seed = task.to(job.device), job.seed
+    if max_updates() is not None:  # a smoke run: short batches and probe (minutes otherwise)
+        config = replace(config, batch=min(config.batch, SMOKE_BATCH),
+                         n_probe=min(config.n_probe, SMOKE_BATCH))
     probe = task.x[: config.n_probe]
     torch.manual_seed(seed)
     model = Transformer.from_config(TransformerConfig(
