@@ -11,9 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.data import IGNORE_INDEX
+from lnbook.engine import linear_warmup
 from lnbook.engine.job import Job
 from lnbook.engine.train import Batches, History, fit
-from lnbook.experiments.seq_tasks import SequenceTask, linear_warmup
+from lnbook.experiments.seq_tasks import SequenceTask
 from lnbook.transformer import Transformer, TransformerConfig, max_attention_logits, sequence_loss
 
 

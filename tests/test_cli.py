@@ -105,7 +105,7 @@ def test_workers_reach_the_config_and_the_resume_command(tmp_path, monkeypatch, 
     assert "--workers 2" in capsys.readouterr().err
     assert cli.main(["run", "draw", "--workers", "0"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
-    assert cli.main(["run", "dyt", "--workers", "2"]) == 2  # its config has no workers
+    assert cli.main(["run", "mistakes", "--workers", "2"]) == 2  # its config has no workers
     assert "has no workers" in capsys.readouterr().err
 
 

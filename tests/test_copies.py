@@ -1,13 +1,17 @@
 """The copies' loop (:func:`lnbook.engine.train_copies`): checkpoint and resume of a stacked
-run give the numbers of an uninterrupted one."""
+run give the numbers of an uninterrupted one; a diverged copy is left behind while the others
+train on; the warm-up of each parameter group (:func:`lnbook.engine.linear_warmup`)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from lnbook.engine import History, train_copies
+from lnbook.engine import History, Stack, linear_warmup, train_copies
 from lnbook.engine.train import load_checkpoint
 
 M, D = 3, 4
@@ -84,3 +88,88 @@ def test_a_stacked_run_trains_longer_from_its_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="needs the copies' state"):
         train_copies(lambda s: torch.zeros(1), lambda: [{}], torch.optim.SGD(
             [nn.Parameter(torch.zeros(1))], lr=1.0), [History()], 1, 1, checkpoint=ckpt)
+
+
+def test_linear_warmup_ramps_then_holds_and_resumes():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = linear_warmup(torch.optim.Adam([p], lr=0.4), warmup=4)
+    used = []
+    for _ in range(6):
+        p.grad = torch.ones(3)
+        opt.step()
+        used.append(opt.param_groups[0]["lr"])
+    np.testing.assert_allclose(used, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+    # a resumed optimizer continues the ramp from its saved step count
+    q = torch.nn.Parameter(torch.zeros(3))
+    first = linear_warmup(torch.optim.Adam([q], lr=0.4), warmup=4)
+    q.grad = torch.ones(3)
+    first.step()
+    second = torch.optim.Adam([q], lr=0.4)
+    second.load_state_dict(first.state_dict())
+    linear_warmup(second, warmup=4)
+    q.grad = torch.ones(3)
+    second.step()
+    assert second.param_groups[0]["lr"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="warmup"):
+        linear_warmup(torch.optim.Adam([p], lr=0.1), warmup=0)
+    with pytest.raises(ValueError, match="one int >= 0 per parameter group"):
+        linear_warmup(torch.optim.Adam([p], lr=0.1), warmup=[2, 3])
+
+
+def test_each_group_warms_up_on_its_own_as_an_optimizer_alone():
+    """Two blocks of a Stack, each a group with its own rate and warm-up (0: none), update
+    each copy as torch.optim.Adam of that rate and warm-up would update it alone."""
+    g = torch.Generator().manual_seed(0)
+    start = [nn.Linear(3, 2) for _ in range(4)]
+    stack = Stack(start, blocks=(2, 2))
+    opt = linear_warmup(torch.optim.Adam(stack.param_groups(lr=[0.1, 0.01])), [3, 0])
+    alone = [nn.Linear(3, 2) for _ in range(4)]
+    for a, s in zip(alone, start, strict=True):
+        a.load_state_dict(s.state_dict())
+    opts = [linear_warmup(torch.optim.Adam(a.parameters(), lr=lr), w) if w else
+            torch.optim.Adam(a.parameters(), lr=lr)
+            for a, lr, w in zip(alone, (0.1, 0.1, 0.01, 0.01), (3, 3, 0, 0), strict=True)]
+    for _ in range(5):
+        x = torch.randn(4, 6, 3, generator=g)
+        opt.zero_grad()
+        stack(x).square().mean((1, 2)).sum().backward()
+        opt.step()
+        for k, (a, o) in enumerate(zip(alone, opts, strict=True)):
+            o.zero_grad()
+            a(x[k]).square().mean().backward()
+            o.step()
+    assert [grp["lr"] for grp in opt.param_groups] == [0.1, 0.01]
+    for got, want in zip(stack.unstack(), alone, strict=True):
+        for a, b in zip(got.parameters(), want.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_a_diverged_copy_is_left_behind_and_resumed_as_such(tmp_path):
+    """With ``diverged``, a copy whose loss is not finite gets the update's number and no more
+    losses; the other copies train as they would alone; a checkpoint keeps it."""
+
+    def train(steps, checkpoint=None):
+        w = nn.Parameter(torch.tensor([1.0, 2.0, 3.0]))
+        opt = torch.optim.SGD([w], lr=0.1)
+        hists, diverged = [History() for _ in range(3)], [None] * 3
+
+        def losses(step):  # copy 1 blows up at its third update
+            loss = (w - 0.5) ** 2
+            return torch.where(torch.tensor([False, step >= 2, False]), np.inf, loss)
+
+        train_copies(losses, lambda: [{"w": float(v)} for v in w.detach()], opt, hists, steps,
+                     2, diverged=diverged, state={"w": w}, checkpoint=checkpoint)
+        return hists, diverged, w.detach()
+
+    hists, diverged, w = train(4)
+    assert diverged == [None, 3, None]
+    assert hists[1].steps == [1, 2] and hists[0].steps == [1, 2, 3, 4]
+    assert math.isfinite(w[0]) and math.isfinite(w[2])
+    assert float(w[0]) == pytest.approx(0.5 + 0.5 * 0.8 ** 4)  # SGD on (w - 0.5)^2 alone
+    ckpt = tmp_path / "c.pt"
+    train(3, ckpt)
+    resumed, again, _ = train(4, ckpt)
+    assert again == diverged and [h.losses for h in resumed] == [h.losses for h in hists]
+    with pytest.raises(FloatingPointError, match="not finite|losses are"):
+        train_copies(lambda s: torch.tensor([np.inf], requires_grad=True), lambda: [{}],
+                     torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), [History()], 1, 1)

@@ -67,7 +67,7 @@ def test_stacked_copies_equal_models_trained_one_at_a_time():
                            max_len=task.x.shape[1], norm="dyt")
     copies, steps, bs, lr = [(16, 3), (64, 5)], 6, 8, 3e-3
     probe = task.x[:8]
-    got = dyt_regime.train_copies(mc, task, copies, steps=steps, batch_size=bs, lr=lr,
+    got = dyt_regime.train_sizes(mc, task, copies, steps=steps, batch_size=bs, lr=lr,
                                   early_step=2, probe=probe, threshold=1.0)
     for (n, seed), g in zip(copies, got, strict=True):
         torch.manual_seed(seed)

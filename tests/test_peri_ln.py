@@ -51,22 +51,6 @@ def test_stream_forward_is_the_model_and_its_residual_stream():
     torch.testing.assert_close(var, want, rtol=1e-12, atol=0)
 
 
-def test_adam_step_is_torch_adam_with_one_rate_per_copy():
-    g = torch.Generator().manual_seed(0)
-    p = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
-    refs = [p[k].clone().requires_grad_() for k in range(2)]
-    opts = [torch.optim.Adam([r], lr=lr) for r, lr in zip(refs, (0.1, 0.01), strict=True)]
-    state: dict = {}
-    for _ in range(3):
-        grad = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
-        stacked.adam_step([p], [grad], state, torch.tensor([0.1, 0.01], dtype=torch.float64))
-        for k, (r, o) in enumerate(zip(refs, opts, strict=True)):
-            r.grad = grad[k].clone()
-            o.step()
-    for k in range(2):
-        torch.testing.assert_close(p[k], refs[k].detach(), rtol=0, atol=1e-15)
-
-
 def test_train_stacked_equals_one_model_trained_alone_in_float64():
     task = tiny_task()
     cfg = TransformerConfig(9, 16, 2, 2, task.seq_len, position="peri")
@@ -90,7 +74,7 @@ def test_train_stacked_equals_one_model_trained_alone_in_float64():
     assert run.history.eval_steps == [0, 2, 4] and run.history.steps == [1, 2, 3, 4]
     assert math.isclose(run.history.losses[-1], float(loss.detach()), rel_tol=1e-10)
     for a, b in zip(run.model.parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(a.double(), b.detach(), rtol=0, atol=1e-8)
+        torch.testing.assert_close(a.double(), b.detach(), rtol=0, atol=1e-10)
     with torch.no_grad():
         held = float(sequence_loss(model(task.x_test), task.y_test))
     assert math.isclose(run.history.metrics[-1]["loss"], held, rel_tol=1e-6)
@@ -99,7 +83,7 @@ def test_train_stacked_equals_one_model_trained_alone_in_float64():
 def test_train_stacked_marks_a_diverged_copy_and_keeps_the_others():
     task = tiny_task()
     cfg = TransformerConfig(9, 16, 2, 1, task.seq_len)
-    runs = stacked.train_stacked(cfg, task, [0], [1e-3, 1e38], steps=3, batch_size=8,
+    runs = stacked.train_stacked(cfg, task, [0], [1e-3, 1e30], steps=3, batch_size=8,
                                  eval_every=1)
     assert not runs[0].info["diverged"] and runs[1].info["diverged"]
     assert runs[1].history.metrics[-1] == runs[1].history.metrics[0]  # counted at its start

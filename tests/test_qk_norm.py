@@ -146,14 +146,14 @@ def test_a_diverged_copy_is_reported_and_leaves_the_others_alone():
     sane rate train as they do without them."""
     kw = dict(steps=4, eval_every=2, n_train=64, n_test=16, size=4, d_model=16, n_heads=2,
               n_layers=1, seeds=(0, 1), qk_norms=(False,))
-    both = qk_norm.run(qk_norm.get_config("quick", lrs=(0.01, 1e38), **kw), device="cpu")
+    both = qk_norm.run(qk_norm.get_config("quick", lrs=(0.01, 1e30), **kw), device="cpu")
     sane = qk_norm.run(qk_norm.get_config("quick", lrs=(0.01,), **kw), device="cpu")
     for a, b in zip(both.select("plain/lr0.01"), sane.select("plain/lr0.01"), strict=True):
         assert not a.info["diverged"]
         np.testing.assert_allclose(a.history.losses, b.history.losses, rtol=1e-6)
         np.testing.assert_allclose(a.history.metric("loss"), b.history.metric("loss"),
                                    rtol=1e-6)
-    for r in both.select("plain/lr1e+38"):
+    for r in both.select("plain/lr1e+30"):
         h = r.history
         assert r.info["diverged"] and r.info["diverged_at"] == len(h.losses) + 1
         assert all(math.isfinite(v) for v in h.losses)

@@ -1,5 +1,5 @@
-"""The shared parts of the Part II Transformer experiments: task, trivial baseline, warm-up,
-and the one training run the stacked copies are held to (and what a diverged run leaves)."""
+"""The shared parts of the Part II Transformer experiments: task, trivial baseline, and the one
+training run the stacked copies are held to (and what a diverged run leaves)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import torch
 from seq_reference import sequence_metrics, train_transformer
 
 from lnbook.data import IGNORE_INDEX
-from lnbook.engine import History, using_executor
+from lnbook.engine import History, capped, using_executor
 from lnbook.engine.job import Job
 from lnbook.experiments import placement, qk_norm, rmsnorm, seq_tasks
 from lnbook.experiments.seq_tasks import (
     TaskConfig,
-    linear_warmup,
     make_task,
     position_unigram_loss,
     presets,
@@ -68,30 +67,6 @@ def test_sequence_metrics_loss_accuracy_and_max_logit():
     acc = float((logits.argmax(-1)[scored] == task.y_test[scored]).float().mean())
     assert m["accuracy"] == pytest.approx(acc)
     assert m["max_logit"] == pytest.approx(float(model.blocks[0].attn.last_max_logit))
-
-
-def test_linear_warmup_ramps_then_holds_and_resumes():
-    p = torch.nn.Parameter(torch.zeros(3))
-    opt = linear_warmup(torch.optim.Adam([p], lr=0.4), warmup=4)
-    used = []
-    for _ in range(6):
-        p.grad = torch.ones(3)
-        opt.step()
-        used.append(opt.param_groups[0]["lr"])
-    np.testing.assert_allclose(used, [0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
-    # a resumed optimizer continues the ramp from its saved step count
-    q = torch.nn.Parameter(torch.zeros(3))
-    first = linear_warmup(torch.optim.Adam([q], lr=0.4), warmup=4)
-    q.grad = torch.ones(3)
-    first.step()
-    second = torch.optim.Adam([q], lr=0.4)
-    second.load_state_dict(first.state_dict())
-    linear_warmup(second, warmup=4)
-    q.grad = torch.ones(3)
-    second.step()
-    assert second.param_groups[0]["lr"] == pytest.approx(0.2)
-    with pytest.raises(ValueError, match="warmup"):
-        linear_warmup(torch.optim.Adam([p], lr=0.1), warmup=0)
 
 
 def _tiny(task, qk=False):
@@ -148,14 +123,6 @@ def test_task_config_is_the_one_shared_part_of_the_three_experiments():
         9, 32, 4, 3, 16, norm="layer", position="post")
 
 
-@pytest.mark.parametrize("name", ["train_transformer", "sequence_metrics", "sweep_task"])
-def test_removed_names_say_what_replaces_them(name):
-    with pytest.raises(AttributeError, match=f"seq_tasks.{name} was removed.*stacked"):
-        getattr(seq_tasks, name)
-    with pytest.raises(AttributeError, match="no attribute 'train_transformers'"):
-        _ = seq_tasks.train_transformers
-
-
 _TINY = dict(steps=2, eval_every=1, n_train=64, n_test=16, size=4, d_model=16, n_heads=2,
              n_layers=1)
 
@@ -201,3 +168,12 @@ def test_groups_and_job_order_of_a_stacked_job():
                reversed(job.pairs)}
     got = in_job_order(job, trained)
     assert [(h.steps[0], i["v"]) for h, i in got] == [(s, v) for v, s in job.pairs]
+
+
+def test_a_smoke_run_builds_a_short_held_out_set_only():
+    cfg = rmsnorm.get_config("paper", n_train=512)
+    with capped(2):
+        smoke = seq_tasks.task_of(cfg)
+    assert smoke.x_test.shape[0] == seq_tasks.SMOKE_HELD_OUT < cfg.n_test
+    assert smoke.x.shape[0] == cfg.n_train  # the training set as a real run's
+    assert seq_tasks.task_of(rmsnorm.get_config("quick", n_test=100)).x_test.shape[0] == 100

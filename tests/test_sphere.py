@@ -57,7 +57,7 @@ def test_ngpt_weights_stay_on_the_sphere_through_training(tmp_path):
     names = NGPT(5, 8, 2, 1, 6).matrices()
     assert len(names) == 10
     for name, dim in names:
-        w = state["stacked." + name.replace(".", "|")]  # (copies, *shape)
+        w = state["stacked.0." + name.replace(".", "|")]  # (copies, *shape), one block
         assert w.shape[0] == 2
         assert torch.allclose(w.norm(dim=dim), torch.ones(()), atol=1e-5), name
 

@@ -87,3 +87,25 @@ def test_eval_mode_reaches_the_vectorized_copies():
     x = torch.randn(2, 3, 4)
     torch.testing.assert_close(stack(x), torch.stack([m[0](x[k]) for k, m in enumerate(models)]))
     assert stack.train()._base[0].training
+
+
+def test_blocks_are_parameter_groups_and_tuples_come_out_stacked():
+    models = [_mlp(s) for s in range(5)]
+    stack, whole = Stack(models, blocks=(2, 3)), Stack(models)
+    x = torch.randn(5, 4, 5)
+    torch.testing.assert_close(stack(x), whole(x), rtol=0, atol=0)  # blocks only split storage
+    groups = stack.param_groups(lr=[0.1, 0.2])
+    assert [g["lr"] for g in groups] == [0.1, 0.2]
+    assert [g["params"][0].shape[0] for g in groups] == [2, 3]
+    for k, (got, want) in enumerate(zip(stack.unstack(), models, strict=True)):
+        torch.testing.assert_close(got[0].weight, want[0].weight, msg=f"copy {k}")
+    both = stack.call(lambda m, v: (m(v), m[0](v)), x)  # a tuple: each part stacked
+    assert [tuple(t.shape) for t in both] == [(5, 4, 3), (5, 4, 8)]
+    bn = Stack([_mlp(s, norm=nn.BatchNorm1d) for s in range(3)], blocks=(1, 2))
+    assert [len(g["params"]) for g in bn.param_groups()] == [6, 12]
+    assert [tuple(t.shape) for t in bn.call(lambda m, v: (m(v), v), x[:3, :, :])] == [
+        (3, 4, 3), (3, 4, 5)]
+    with pytest.raises(ValueError, match="one value per block"):
+        stack.param_groups(lr=[0.1])
+    with pytest.raises(ValueError, match="sum to the 5 copies"):
+        Stack(models, blocks=(2, 2))

@@ -5,7 +5,8 @@
   and the smoke run's cap (:func:`~.train.capped`, read by every loop through
   :func:`~.train.max_updates`);
 - :mod:`.stack`: many copies of any model as one (:class:`~.stack.Stack`, ``torch.func``);
-- :mod:`.copies`: the loop that trains such copies (:func:`~.copies.train_copies`);
+- :mod:`.copies`: the loop that trains such copies (:func:`~.copies.train_copies`), with a
+  learning-rate warm-up per parameter group (:func:`~.copies.linear_warmup`);
 - :mod:`.runner`: :func:`~.runner.sweep`, variants x seeds -> :class:`~.results.Results`,
   here, in worker processes or on any :class:`concurrent.futures.Executor` (:mod:`.workers`);
 - :mod:`.store`: the ``out`` folder, shared by experiments and configs (finished runs are
@@ -18,7 +19,7 @@ other way round.
 
 from __future__ import annotations
 
-from lnbook.engine.copies import train_copies
+from lnbook.engine.copies import linear_warmup, train_copies
 from lnbook.engine.job import Job, SweepInterrupted, cpu_threads
 from lnbook.engine.metrics import (
     best_step,
@@ -45,8 +46,8 @@ from lnbook.engine.workers import WorkersLost
 __all__ = [
     "SCALES", "STACKS", "Batches", "CannotWrite", "History", "Job", "OutConflict", "Results",
     "Run", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost", "best_step", "capped",
-    "check_scale", "classification_metrics", "cpu_threads", "fit", "load_results",
-    "make_config", "max_updates", "mean_after_start", "resolve_seeds", "results_file",
-    "save_results", "save_sweep", "sweep", "train_copies", "updates_to_reach",
+    "check_scale", "classification_metrics", "cpu_threads", "fit", "linear_warmup",
+    "load_results", "make_config", "max_updates", "mean_after_start", "resolve_seeds",
+    "results_file", "save_results", "save_sweep", "sweep", "train_copies", "updates_to_reach",
     "using_executor",
 ]

@@ -13,18 +13,27 @@ that keeps the last value it saw) cannot run under ``vmap``: such copies are kep
 and run one after the other (``vectorize=False``, chosen by default for batch norm), with the
 same interface and the numbers of the copies run alone.
 
+Copies that train with settings of their own (a learning rate, a warm-up) are given in
+``blocks`` of consecutive copies: each block's parameters are tensors of their own, so that
+:meth:`Stack.param_groups` makes each block a parameter group of any torch optimizer.
+
 Example::
 
     >>> models = [nn.Linear(3, 2) for _ in range(4)]
-    >>> stack = Stack(models)
+    >>> stack = Stack(models, blocks=(2, 2))  # two settings, two copies each
     >>> stack(torch.randn(4, 8, 3)).shape  # (copies, batch, out)
     torch.Size([4, 8, 2])
+    >>> opt = torch.optim.Adam(stack.param_groups(lr=[1e-3, 1e-2]))
+    >>> [g["lr"] for g in opt.param_groups]
+    [0.001, 0.01]
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -49,13 +58,17 @@ class Stack(nn.Module):
             and buffer names and shapes); their current values are the stack's start.
         vectorize: run the copies as one computation (``vmap``); default: unless a copy updates
             running statistics in its forward (then the copies run one after the other).
+        blocks: the sizes of consecutive blocks of copies whose parameters are tensors of their
+            own (default: one block of all), for :meth:`param_groups`; they sum to ``n``.
 
     Shape:
         forward: every input ``(n, *)``, copy ``k`` gets ``input[k]``; inputs named in
-        ``shared`` are given to every copy whole. The output gets a leading ``n``.
+        ``shared`` are given to every copy whole. The output (each output, for a tuple) gets a
+        leading ``n``.
     """
 
-    def __init__(self, models: Sequence[nn.Module], vectorize: bool | None = None) -> None:
+    def __init__(self, models: Sequence[nn.Module], vectorize: bool | None = None,
+                 blocks: Sequence[int] | None = None) -> None:
         super().__init__()
         models = list(models)
         if not models or not all(isinstance(m, nn.Module) for m in models):
@@ -65,30 +78,70 @@ class Stack(nn.Module):
             raise ValueError("every copy must have the same parameters and buffers (names and "
                              "shapes) as the first")
         self.n = len(models)
+        self.blocks = (self.n,) if blocks is None else tuple(blocks)
+        if (not self.blocks or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                   for b in self.blocks) or sum(self.blocks) != self.n):
+            raise ValueError(f"blocks must be ints >= 1 that sum to the {self.n} copies, got "
+                             f"{blocks!r}")
+        self._ends = list(itertools.accumulate(self.blocks))
         self.vectorize = (not any(map(_has_running_state, models)) if vectorize is None
                           else bool(vectorize))
         if not self.vectorize:
             self.copies = nn.ModuleList(models)
             return
         params, buffers = stack_module_state(models)  # {name: (n, *shape)}
-        self.stacked = nn.ParameterDict(
-            {k.replace(".", _SEP): nn.Parameter(v.detach().clone()) for k, v in params.items()})
+        self.stacked = nn.ModuleList(
+            nn.ParameterDict({k.replace(".", _SEP): nn.Parameter(v[a:b].detach().clone())
+                              for k, v in params.items()})
+            for a, b in zip([0, *self._ends], self._ends, strict=False))
         for k, v in buffers.items():
             self.register_buffer("buffer" + _SEP + k.replace(".", _SEP), v.clone())
-        self._base = [copy.deepcopy(models[0]).to("meta")]  # a list: not a submodule
+        # lists: not submodules; the first runs every call, the second (never run, so it holds
+        # no value a forward under vmap left in it) is what unstack copies
+        self._base = [copy.deepcopy(models[0]).to("meta")]
+        self._template = [copy.deepcopy(self._base[0])]
 
     def _state(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        params = {k.replace(_SEP, "."): v for k, v in self.stacked.items()}
+        first = self.stacked[0]
+        params = {k.replace(_SEP, "."): (v if len(self.stacked) == 1 else
+                                         torch.cat([block[k] for block in self.stacked]))
+                  for k, v in first.items()}
         buffers = {k[len("buffer" + _SEP):].replace(_SEP, "."): v
                    for k, v in self.named_buffers() if k.startswith("buffer" + _SEP)}
         return params, buffers
 
-    def forward(self, *inputs: Tensor, shared: Sequence[int] = ()) -> Tensor:
+    def param_groups(self, **options: Sequence[Any]) -> list[dict[str, Any]]:
+        """One parameter group per block, for a torch optimizer; each option (``lr=[...]``,
+        ``weight_decay=[...]``) gives one value per block.
+
+        Raises:
+            ValueError: an option without one value per block.
+        """
+        for name, values in options.items():
+            if len(values) != len(self.blocks):
+                raise ValueError(f"{name} needs one value per block ({len(self.blocks)}), "
+                                 f"got {values!r}")
+        if self.vectorize:
+            params = [list(block.values()) for block in self.stacked]
+        else:
+            params = [[p for m in self.copies[a:b] for p in m.parameters()]
+                      for a, b in zip([0, *self._ends], self._ends, strict=False)]
+        return [{"params": p, **{k: v[i] for k, v in options.items()}}
+                for i, p in enumerate(params)]
+
+    def _one_by_one(self, fn: Callable[..., Any], inputs: Sequence[Tensor],
+                    shared: Sequence[int]) -> Any:
+        """``fn(copy k, its inputs)`` for every copy, stacked (each output of a tuple)."""
+        outs = [fn(m, *(x if i in shared else x[k] for i, x in enumerate(inputs)))
+                for k, m in enumerate(self.copies)]
+        if isinstance(outs[0], tuple):
+            return tuple(torch.stack(o) for o in zip(*outs, strict=True))
+        return torch.stack(outs)
+
+    def forward(self, *inputs: Tensor, shared: Sequence[int] = ()) -> Any:
         """Every copy on its own inputs; ``shared``: the positions of inputs given whole."""
         if not self.vectorize:
-            outs = [m(*(x if i in shared else x[k] for i, x in enumerate(inputs)))
-                    for k, m in enumerate(self.copies)]
-            return torch.stack(outs)
+            return self._one_by_one(lambda m, *xs: m(*xs), inputs, shared)
         base = self._base[0]
 
         def one(p: dict[str, Tensor], b: dict[str, Tensor], *xs: Tensor) -> Tensor:
@@ -97,12 +150,11 @@ class Stack(nn.Module):
         dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
         return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
 
-    def call(self, fn: Callable[..., Tensor], *inputs: Tensor, shared: Sequence[int] = ()
-             ) -> Tensor:
-        """``fn(model, *inputs)`` for every copy (for a method other than ``forward``), stacked."""
+    def call(self, fn: Callable[..., Any], *inputs: Tensor, shared: Sequence[int] = ()) -> Any:
+        """``fn(model, *inputs)`` for every copy (for a method other than ``forward``, or a
+        loss), stacked: a tensor, or a tuple of them."""
         if not self.vectorize:
-            return torch.stack([fn(m, *(x if i in shared else x[k] for i, x in enumerate(inputs)))
-                                for k, m in enumerate(self.copies)])
+            return self._one_by_one(fn, inputs, shared)
         base = self._base[0]
 
         wrapped = _Call(base, fn)
@@ -130,7 +182,7 @@ class Stack(nn.Module):
         params, buffers = self._state()
         out = []
         for k in range(self.n):
-            model = copy.deepcopy(self._base[0]).to_empty(device="cpu")
+            model = copy.deepcopy(self._template[0]).to_empty(device="cpu")
             with torch.no_grad():
                 for n, t in params.items():
                     model.get_parameter(n).copy_(t[k])
@@ -140,7 +192,8 @@ class Stack(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"n={self.n}, vectorize={self.vectorize}"
+        return f"n={self.n}, vectorize={self.vectorize}" + (
+            f", blocks={self.blocks}" if len(self.blocks) > 1 else "")
 
 
 class _Call(nn.Module):

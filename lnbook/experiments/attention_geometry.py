@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
-from lnbook.engine import Job, sweep
+from lnbook.engine import Job, max_updates, sweep
 from lnbook.engine.copies import train_copies
 from lnbook.engine.metrics import mean_after_start
 from lnbook.engine.presets import check_scale, make_config
@@ -238,8 +238,11 @@ def run(config: Config, device: str | torch.device = "auto",
     ``Results.info["chance"]``: the accuracy of always naming the most frequent target.
     ``out``: folder for ``attention_geometry.json``, the runs and checkpoints."""
     check_config(config, Config)
-    train = majority_task(config.n_train, config.length, config.symbols, seed=0)
-    test = majority_task(config.n_test, config.length, config.symbols, seed=1)
+    smoke = max_updates() is not None  # a smoke run: short data (minutes to build otherwise)
+    n_train, n_test = (min(config.n_train, 1024), min(config.n_test, 64)) if smoke else (
+        config.n_train, config.n_test)
+    train = majority_task(n_train, config.length, config.symbols, seed=0)
+    test = majority_task(n_test, config.length, config.symbols, seed=1)
     chance = float((test[1] == torch.bincount(train[1]).argmax()).double().mean())
     return sweep(NAME, {norm: norm for norm in config.norms}, config.seeds,
                  partial(_train_norm, config=config, train=train, test=test), config=config,
@@ -290,5 +293,7 @@ def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
     with torch.no_grad():  # the keys of every (symbol, position) pair, per model: (S, N, d)
         h = model.tok[:, :config.symbols, None] + model.pos[:, None, :config.length]
         keys = model.keys(normalize(h.reshape(s, config.symbols * config.length, -1), norm))
+    if max_updates() is not None:  # a smoke run: 32 keys (an NNLS per key: minutes otherwise)
+        keys = keys[:, :32]
     return [(hists[i], {"unselectable_keys": int(unselectable(keys[i]).sum()),
                         "n_keys": int(keys.shape[1])}) for i in range(s)]

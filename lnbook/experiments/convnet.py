@@ -169,7 +169,8 @@ class Config:
 
     ``norms`` train on the full images, ``control_norms`` on the central ``crop`` pixels (0: no
     control); ``boundary_width``: the ring of positions "near the boundary"; ``threads``: torch
-    CPU threads (None: as is); ``checkpoint``: per-run checkpoints under ``out/``.
+    CPU threads (None: as is); ``checkpoint``: per-run checkpoints under ``out/``; ``workers``:
+    runs trained at once, one process each (same results).
     """
 
     scale: str = "quick"
@@ -188,6 +189,7 @@ class Config:
     source: str = "auto"
     threads: int | None = 1
     checkpoint: bool = False
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -235,7 +237,7 @@ def run(config: Config, device: str | torch.device = "auto",
     with cpu_threads(config.threads):
         return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xt, yt)),
                      config=config, device=device, out=out, checkpoint=config.checkpoint,
-                     steps=config.steps, info=info)
+                     steps=config.steps, info=info, workers=config.workers)
 
 
 def train_one(config: Config, data: tuple[Tensor, ...], job: Job

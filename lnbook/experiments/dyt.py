@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from lnbook.checks import check_choice, check_config
 from lnbook.data import associative_recall, copy_task, sort_task
 from lnbook.engine import Job, Results, check_scale, make_config, resolve_seeds, sweep
-from lnbook.engine.train import Batches, History, fit
+from lnbook.engine.train import Batches, History, fit, max_updates
+from lnbook.experiments.seq_tasks import SMOKE_BATCH, SMOKE_HELD_OUT
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.transformer import Transformer, norm_inputs_outputs, sequence_loss
 from lnbook.variants import DyT
@@ -50,7 +51,8 @@ class Config:
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
         n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
         seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is).
+        threads: torch CPU threads (None: leave as is). workers: jobs trained at once, one
+            process each (same results).
     """
 
     scale: str = "quick"
@@ -72,6 +74,7 @@ class Config:
     n_points: int = 1500
     seeds: int | tuple[int, ...] = 3
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -184,14 +187,16 @@ def run(config: Config, device: str | torch.device = "auto",
     ``log(vocab_size)``."""
     check_config(config, Config)
     x, y = make_task(config, config.n_train, seed=0)  # (n, T), (n, T)
-    xv, yv = make_task(config, config.n_val, seed=1)
+    smoke = max_updates() is not None  # a smoke run: a short held-out set (minutes otherwise)
+    xv, yv = make_task(config, min(config.n_val, SMOKE_HELD_OUT) if smoke else config.n_val,
+                       seed=1)
     seeds = resolve_seeds(config.seeds)
     data = (x, y, xv, yv, xv[: config.n_probe])
     return sweep(NAME, {n: n for n in config.norms}, seeds,
                  partial(train_one, config, data, seeds[0]), config=config,
                  device=device, out=out, steps=config.steps, threads=config.threads,
-                 info={"chance": math.log(config.vocab_size), "task": config.task,
-                       "seq_len": int(x.shape[1])})
+                 workers=config.workers, info={"chance": math.log(config.vocab_size),
+                                               "task": config.task, "seq_len": int(x.shape[1])})
 
 
 def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Job
@@ -200,6 +205,8 @@ def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Jo
     validation ``xv, yv`` and the ``probe`` inputs) with seed ``job.seed``; its history and the
     norms' measurements (the fitted points themselves only for ``first_seed``)."""
     x, y, xv, yv, probe = data
+    if max_updates() is not None:  # a smoke run: short batches (minutes otherwise)
+        config = replace(config, batch=min(config.batch, SMOKE_BATCH))
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         dev = next(model.parameters()).device

@@ -5,39 +5,43 @@ layer norms or :class:`lnbook.DyT` learns the sort task from nested training set
 sizes; per seed and size, DyT's final loss minus LN's (:func:`dyt_minus_ln`), the early share
 of saturated tanh units (:func:`saturation_share`) and their rank agreement
 (:func:`rank_correlation`). Every (size, seed) copy of one norm trains in one vmapped stack
-(:func:`train_copies`, on the pieces of :mod:`lnbook.experiments.stacked`).
+(:func:`train_sizes`: a :class:`lnbook.engine.Stack` in :func:`lnbook.engine.train_copies`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import vmap
 
 from lnbook.checks import check_config
-from lnbook.engine import History, Job, Results, check_scale, make_config, max_updates, sweep
-from lnbook.engine.train import note_smoke
-from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
-from lnbook.experiments.stacked import (
-    adam_update,
-    batch_indices,
-    copy_loss,
-    groups,
-    stack_models,
-    unstack_model,
+from lnbook.engine import (
+    History,
+    Job,
+    Results,
+    check_scale,
+    make_config,
+    max_updates,
+    sweep,
+    train_copies,
 )
+from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
+    SMOKE_BATCH,
+    SequenceTask,
+    make_task,
+    task_of,
+)
+from lnbook.experiments.stacked import batch_indices, copy_loss, groups, stack_models
 from lnbook.transformer import Transformer, TransformerConfig, run_hooked  # noqa: F401 (ditto)
 from lnbook.variants import DyT
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "saturation_share",
-           "train_copies", "table", "dyt_minus_ln", "left_trivial", "rank_correlation",
+           "train_sizes", "table", "dyt_minus_ln", "left_trivial", "rank_correlation",
            "run", "train"]
 
 NAME = "dyt_regime"
@@ -61,6 +65,7 @@ class Config:
             measured after ``early_step`` updates on the first ``n_probe`` training sequences.
         seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
             the run starts). threads: torch CPU threads (None: leave as is).
+        workers: jobs trained at once, one process each (same results).
     """
 
     scale: str = "quick"
@@ -81,6 +86,7 @@ class Config:
     n_probe: int = 32
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -131,47 +137,51 @@ def saturation_share(model: nn.Module, x: Tensor, threshold: float = 2.0) -> flo
     return counts[0] / counts[1] if counts[1] else math.nan
 
 
-def train_copies(model_config: TransformerConfig, task: SequenceTask, copies: list[tuple[int, int]],
-                 *, steps: int, batch_size: int, lr: float, early_step: int, probe: Tensor,
-                 threshold: float, bar: Any = None) -> list[dict[str, Any]]:
+def train_sizes(model_config: TransformerConfig, task: SequenceTask,
+                copies: list[tuple[int, int]], *, steps: int, batch_size: int, lr: float,
+                early_step: int, probe: Tensor, threshold: float, bar: Any = None
+                ) -> list[dict[str, Any]]:
     """Train one model per ``(n, seed)`` of ``copies`` at once; what each one measured.
 
     Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
-    training sequences. Returns per copy ``n``, ``seed``, ``loss`` (held-out, final),
-    ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of the last 10 updates),
-    ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``. ``bar``: a progress
-    bar advanced by one per copy and update (a sweep job's ``job.bar``)."""
+    training sequences (all copies a :class:`lnbook.engine.Stack` in
+    :func:`lnbook.engine.train_copies`). Returns per copy ``n``, ``seed``, ``loss``
+    (held-out, final), ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of
+    the last 10 updates), ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
+    ``bar``: a progress bar advanced by one per copy and update (a sweep job's ``job.bar``)."""
     steps = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
     early_step = min(early_step, steps)
-    params, buffers, base = stack_models(model_config, [s for _, s in copies], task.x.device)
-    evaluate = torch.no_grad()(vmap(partial(copy_loss, base), in_dims=(0, 0, None, None)))
+    stack = stack_models(model_config, [s for _, s in copies]).to(task.x.device)
+    opt = torch.optim.Adam(stack.parameters(), lr=lr)
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
-    rate = torch.full((len(copies),), float(lr), device=task.x.device)
-    state: dict[str, Any] = {}
-    out = [{"n": n, "seed": s, "diverged": False} for n, s in copies]
-    last: list[Tensor] = []
-    times = []
-    for step in range(1, steps + 1):
-        t0 = time.perf_counter()
-        idx = rows[:, step - 1]  # (copies, batch)
-        loss = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx])
-        last = [*last[-9:], loss]
-        times.append(time.perf_counter() - t0)
-        if bar is not None:
-            bar.update(len(copies))
-        if step == early_step:
-            early = evaluate(params, buffers, task.x_test, task.y_test)
-            for k, o in enumerate(out):
-                o["loss_early"] = float(early[k])
-                o["saturated"] = saturation_share(
-                    unstack_model(model_config, params, buffers, k).to(probe.device).eval(),
-                    probe, threshold) if model_config.norm == "dyt" else math.nan
-    note_smoke(sum(p[0].numel() for p in params.values()), times)  # one copy's parameters
-    final = evaluate(params, buffers, task.x_test, task.y_test)
-    train = torch.stack(last).mean(0)
-    for k, o in enumerate(out):
-        o["loss"], o["train_loss"] = float(final[k]), float(train[k])
+    hists = [History() for _ in copies]
+    diverged: list[int | None] = [None] * len(copies)
+    out = [{"n": n, "seed": s} for n, s in copies]
+    done = [0]  # the updates done when evaluate is called
+
+    def losses(step: int) -> Tensor:  # (copies,)
+        done[0] = step + 1
+        idx = rows[:, step]  # (copies, batch)
+        return stack.call(copy_loss, task.x[idx], task.y[idx])
+
+    def evaluate() -> list[dict[str, float]]:  # measures after early_step and steps updates
+        keys = [k for k, at in (("loss_early", early_step), ("loss", steps)) if done[0] == at]
+        if keys:
+            with torch.no_grad():
+                held = stack.call(copy_loss, task.x_test, task.y_test, shared=(0, 1)).tolist()
+            dyt = "loss_early" in keys and model_config.norm == "dyt"
+            models = stack.unstack() if dyt else [None] * len(copies)
+            for o, value, model in zip(out, held, models, strict=True):
+                o.update(dict.fromkeys(keys, value))
+                if "loss_early" in keys:
+                    o["saturated"] = saturation_share(model.to(probe.device).eval(), probe,
+                                                      threshold) if dyt else math.nan
+        return [{} for _ in copies]
+
+    train_copies(losses, evaluate, opt, hists, steps, early_step, bar=bar, diverged=diverged)
+    for k, (o, h) in enumerate(zip(out, hists, strict=True)):
+        o["train_loss"] = math.nan if diverged[k] else sum(h.losses[-10:]) / len(h.losses[-10:])
         o["diverged"] = not (math.isfinite(o["loss"]) and math.isfinite(o["train_loss"]))
     return out
 
@@ -180,7 +190,7 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
         ) -> Results:
     """Train both norms on every training-set size and seed (one job of
     :func:`lnbook.engine.runner.sweep`); one ``Run`` per (norm, size, seed), variant
-    ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_copies`). ``Results.info`` holds
+    ``"<norm>/<n>"``, measurements in ``info`` (:func:`train_sizes`). ``Results.info`` holds
     ``task``, ``uniform_loss`` and ``baseline_loss``. With ``out``, also writes the results
     under ``out`` (finished runs under it are kept)."""
     check_config(config, Config)
@@ -188,7 +198,7 @@ def run(config: Config, device: Any = "auto", out: str | os.PathLike | None = No
     variants = {f"{norm}/{n}": (norm, n) for norm in NORMS for n in config.n_trains}
     return sweep(NAME, variants, config.seeds, partial(train, config, task), config=config,
                  device=device, out=out, stack="all", steps=config.steps,
-                 threads=config.threads, workers=getattr(config, "workers", 1),
+                 threads=config.threads, workers=config.workers,
                  info=task.info)
 
 
@@ -196,12 +206,15 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
     """A job of :func:`run`: each norm of ``job.variants`` (``(norm, n)``) with all its sizes
     and the job's seeds at once; ``(History(), measurements)`` per ``job.pairs`` entry."""
     task, trained = task.to(job.device), {}
+    if max_updates() is not None:  # a smoke run: short batches and probe (minutes otherwise)
+        config = replace(config, batch_size=min(config.batch_size, SMOKE_BATCH),
+                         n_probe=min(config.n_probe, SMOKE_BATCH))
     for norm, sizes in groups(job.variants).items():
         mc = TransformerConfig(vocab_size=task.vocab_size, d_model=config.d_model,
                                n_heads=config.n_heads, n_layers=config.n_layers,
                                max_len=task.x.shape[1], norm=norm,
                                dyt_alpha_init=config.dyt_alpha_init)
-        for m in train_copies(mc, task, [(n, s) for n in sizes for s in job.seeds],
+        for m in train_sizes(mc, task, [(n, s) for n in sizes for s in job.seeds],
                               steps=config.steps, batch_size=config.batch_size, lr=config.lr,
                               early_step=config.early_step, probe=task.x[: config.n_probe],
                               threshold=config.threshold, bar=job.bar):

@@ -45,7 +45,8 @@ class Config:
             update. channels, groups: of the two conv layers and of group norm.
         steps, eval_every, lr: Adam updates, updates between evaluations, rate.
         seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is).
+        threads: torch CPU threads (None: leave as is). workers: jobs trained at once, one
+            process each (same results).
     """
 
     scale: str = "quick"
@@ -59,6 +60,7 @@ class Config:
     lr: float = 3e-3
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -231,7 +233,7 @@ def run(config: Config, device: str | torch.device = "auto",
     variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
     return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xt, yt)),
                  config=config, device=device, out=out, steps=config.steps,
-                 threads=config.threads,
+                 threads=config.threads, workers=config.workers,
                  info={"majority_error": majority_error, "n_train": len(y), "n_test": len(yt)})
 
 

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 import torch
 
 from lnbook.checks import check_config
-from lnbook.engine import History, Job, Results, check_scale, fit, make_config, sweep
-from lnbook.experiments.seq_tasks import SequenceTask, make_task, task_of  # noqa: F401 (ch. 16)
+from lnbook.engine import (
+    History,
+    Job,
+    Results,
+    check_scale,
+    fit,
+    make_config,
+    max_updates,
+    sweep,
+)
+from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
+    SMOKE_BATCH,
+    SequenceTask,
+    make_task,
+    task_of,
+)
 from lnbook.removal import norm_input_scales, norm_names, remove_norms, replace_norm
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
@@ -41,6 +55,7 @@ class Config:
         n_probe: training sequences on which each fixed scale is measured.
         seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
             the run starts). threads: torch CPU threads (None: leave as is).
+        workers: jobs trained at once, one process each (same results).
     """
 
     scale: str = "quick"
@@ -59,6 +74,7 @@ class Config:
     n_probe: int = 256
     seeds: int | tuple[int, ...] = 5
     threads: int | None = 1
+    workers: int = 1
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
@@ -135,7 +151,7 @@ def run(config: Config, device: str | torch.device = "auto", out: str | os.PathL
     return sweep(NAME, {NAME: None}, config.seeds, partial(train, config, task), config=config,
                  device=device, out=out, threads=config.threads,
                  steps=config.steps + 2 * config.finetune_steps * n_norms,
-                 workers=getattr(config, "workers", 1), info=task.info)
+                 workers=config.workers, info=task.info)
 
 
 def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[str, Any]]:
@@ -143,6 +159,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[s
     fine-tuning) and one at a time (each followed by fine-tuning), and fine-tune a control
     with the norms kept; the history holds the final loss, ``info`` the rest."""
     task, seed = task.to(job.device), job.seed
+    if max_updates() is not None:  # a smoke run: short batches and probe (minutes otherwise)
+        config = replace(config, batch=min(config.batch, SMOKE_BATCH),
+                         n_probe=min(config.n_probe, SMOKE_BATCH))
     probe = task.x[: config.n_probe]
     torch.manual_seed(seed)
     model = Transformer.from_config(TransformerConfig(

@@ -20,28 +20,18 @@ from torch import Tensor
 
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
+from lnbook.engine import max_updates
 from lnbook.engine.presets import check_scale
 from lnbook.engine.results import Results
 from lnbook.transformer import TransformerConfig
 
 __all__ = ["TASKS", "TaskConfig", "DeepTaskConfig", "presets", "SequenceTask", "make_task",
-           "task_of", "position_unigram_loss", "linear_warmup"]
+           "task_of", "position_unigram_loss"]
 
 TASKS = ("sort", "recall")
-
-
-_REMOVED = {"train_transformer": "lnbook.experiments.stacked.train_stacked",
-            "sequence_metrics": "lnbook.experiments.stacked.train_stacked's evaluations",
-            "sweep_task": "lnbook.engine.sweep of lnbook.experiments.stacked.train_stacked"}
-
-
-def __getattr__(name: str) -> Any:
-    """Names that left the module raise an AttributeError that names the replacement."""
-    if name in _REMOVED:
-        raise AttributeError(f"seq_tasks.{name} was removed (it only served as a test reference, "
-                             f"now tests/seq_reference.py); use {_REMOVED[name]}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _TEST_SEED_OFFSET = 10_007  # the held-out set is drawn with another seed than the training set
+SMOKE_HELD_OUT = 16  # held-out sequences of a smoke run (task_of)
+SMOKE_BATCH = 8  # sequences per update of a smoke run (stacked.train_stacked)
 
 
 @dataclass
@@ -210,27 +200,7 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
 
 def task_of(config: Any) -> SequenceTask:
     """The task a config names: :func:`make_task` of its ``task``, ``n_train``, ``n_test``,
-    ``size`` and ``symbols``."""
-    return make_task(config.task, config.n_train, config.n_test, config.size, config.symbols)
-
-
-def linear_warmup(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.Optimizer:
-    """Ramp every group's learning rate linearly: update ``t`` (1-based) uses ``lr * min(1, t /
-    warmup)``.
-
-    A step pre-hook that reads the updates done from Adam's ``step`` state, so a resumed run
-    continues the ramp; the peak rate is kept in each group as ``"peak_lr"``. Returns ``optimizer``.
-    """
-    if isinstance(warmup, bool) or not (isinstance(warmup, int) and warmup >= 1):
-        raise ValueError(f"warmup must be an int >= 1 (updates), got {warmup!r}")
-    for group in optimizer.param_groups:
-        group.setdefault("peak_lr", group["lr"])
-
-    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        for group in opt.param_groups:
-            state = opt.state.get(group["params"][0], {})
-            done = int(state["step"]) if "step" in state else 0  # updates applied so far
-            group["lr"] = group["peak_lr"] * min(1.0, (done + 1) / warmup)
-
-    optimizer.register_step_pre_hook(hook)
-    return optimizer
+    ``size`` and ``symbols``; in a smoke run (:func:`lnbook.engine.capped`) at most
+    :data:`SMOKE_HELD_OUT` held-out sequences (a paper-scale evaluation alone takes minutes)."""
+    n_test = config.n_test if max_updates() is None else min(config.n_test, SMOKE_HELD_OUT)
+    return make_task(config.task, config.n_train, n_test, config.size, config.symbols)

@@ -148,8 +148,8 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[History]:
         torch.manual_seed(seed)
         models.append(build(config, design, depth, task.seq_len))
     stack = Stack(models).to(dev)
-    spheres = ([(stack.stacked[name.replace(".", "|")], dim) for name, dim in models[0].matrices()]
-               if design == "ngpt" else [])
+    spheres = ([(block[name.replace(".", "|")], dim) for block in stack.stacked
+                for name, dim in models[0].matrices()] if design == "ngpt" else [])
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
     n, xt, yt = len(seeds), task.x_test[:config.n_eval], task.y_test[:config.n_eval]
 

@@ -1,42 +1,37 @@
 """Train many copies of one small Transformer at once: seeds and learning rates stacked.
 
 Not an experiment itself. At the book's sizes an update of a small model is mostly Python
-overhead, so :func:`train_stacked` trains ``n`` copies as one computation with a leading model
-dimension (:func:`torch.func.stack_module_state` and :func:`torch.func.vmap`). Each copy is the
-model built under ``torch.manual_seed(seed)``, trained with Adam (:func:`adam_step`);
-evaluations record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's
-variance ``var_0`` (embeddings) ... ``var_L``. The Transformer experiments call it from the
-train function of a stacked job of :func:`lnbook.engine.runner.sweep`; a loop of another shape
-(:mod:`~lnbook.experiments.dyt_regime`) builds on its pieces :func:`stack_models`,
-:func:`copy_loss`, :func:`adam_update` and :func:`unstack_model`.
+overhead, so :func:`train_stacked` trains ``n`` copies as one model with a leading copy
+dimension (:class:`lnbook.engine.Stack`), in the engine's loop for copies
+(:func:`lnbook.engine.train_copies`): each copy is the model built under
+``torch.manual_seed(seed)``, trained by :class:`torch.optim.Adam` with its own learning rate
+and warm-up (one parameter group per rate, :func:`lnbook.engine.linear_warmup`); evaluations
+record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's variance
+``var_0`` (embeddings) ... ``var_L``. The Transformer experiments call it from the train
+function of a stacked job of :func:`lnbook.engine.runner.sweep`; a loop of another shape
+(:mod:`~lnbook.experiments.dyt_regime`) builds on :func:`copy_loss` and :func:`batch_indices`.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
-import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call, stack_module_state, vmap
+from torch import Tensor
 
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX
-from lnbook.engine.train import Batches, History, max_updates, note_smoke
-from lnbook.experiments.seq_tasks import SequenceTask
+from lnbook.engine import Batches, History, Stack, linear_warmup, max_updates, train_copies
+from lnbook.experiments.seq_tasks import SMOKE_BATCH, SequenceTask
 from lnbook.transformer import Transformer, TransformerConfig, sequence_loss
 
-__all__ = ["StackedRun", "adam_step", "adam_update", "batch_indices", "copy_loss",
-           "fit_batch_indices", "groups", "in_job_order", "stack_models", "stream_forward",
-           "train_stacked", "unstack_model"]
+__all__ = ["StackedRun", "batch_indices", "copy_loss", "fit_batch_indices", "groups",
+           "in_job_order", "stack_models", "stream_forward", "train_stacked"]
 
 ORDERS = ("stacked", "fit")  # the batch orders of train_stacked
-
-BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 
 def stream_forward(model: Transformer, idx: Tensor, with_var: bool = True
@@ -55,78 +50,33 @@ def stream_forward(model: Transformer, idx: Tensor, with_var: bool = True
     return logits, torch.stack(var) if with_var else x.new_zeros(0)  # (L + 1,) or (0,)
 
 
-class _Stream(nn.Module):
-    """``stream_forward`` as a module's forward, for :func:`torch.func.functional_call`."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: Tensor, with_var: bool = True) -> tuple[Tensor, Tensor]:
-        return stream_forward(self.model, idx, with_var)
-
-
-def adam_step(params: Sequence[Tensor], grads: Sequence[Tensor], state: dict[str, Any],
-              lr: Tensor) -> None:
-    """One in-place update of Adam on stacked parameters, one learning rate per copy.
-
-    ``params[i]`` is ``(n, *shape_i)``, ``lr`` ``(n,)``; :class:`torch.optim.Adam`'s defaults:
-    ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``,
-    ``p <- p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``. ``state`` starts as ``{}``.
-    """
-    b1, b2 = BETAS
-    if not state:
-        state.update(t=0, m=[torch.zeros_like(p) for p in params],
-                     v=[torch.zeros_like(p) for p in params])
-    state["t"] += 1
-    c1, c2 = 1 - b1 ** state["t"], 1 - b2 ** state["t"]
-    with torch.no_grad():
-        for p, g, m, v in zip(params, grads, state["m"], state["v"], strict=True):
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            rate = lr.view(-1, *[1] * (p.dim() - 1))  # (n, 1, ...)
-            p.sub_(rate * (m / c1) / ((v / c2).sqrt() + ADAM_EPS))
-
-
-def stack_models(model_config: TransformerConfig, seeds: Sequence[int], dev: torch.device
-                 ) -> tuple[dict[str, Tensor], dict[str, Tensor], nn.Module]:
-    """The model of each seed (built under ``torch.manual_seed(seed)``), stacked on ``dev``
-    (parameters and buffers ``{name: (n, ...)}``), and a meta copy to call them with
-    (:func:`copy_loss`, :func:`adam_update`; its forward is :func:`stream_forward`'s)."""
+def stack_models(model_config: TransformerConfig, seeds: Sequence[int],
+                 blocks: Sequence[int] | None = None) -> Stack:
+    """The model of each seed (built under ``torch.manual_seed(seed)``) as one
+    :class:`~lnbook.engine.Stack` (on the CPU; ``blocks`` as the Stack's)."""
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
-        models.append(_Stream(Transformer.from_config(model_config)))
-    params, buffers = stack_module_state(models)
-    params = {k: v.detach().to(dev) for k, v in params.items()}
-    buffers = {k: v.to(dev) for k, v in buffers.items()}
-    return params, buffers, copy.deepcopy(models[0]).to("meta")
+        models.append(Transformer.from_config(model_config))
+    return Stack(models, blocks=blocks)
 
 
-def copy_loss(base: nn.Module, p: dict, b: dict, x: Tensor, y: Tensor) -> Tensor:
-    """The loss of one copy (``base`` of :func:`stack_models` with ``p``, ``b``) on ids ``x``
-    and targets ``y``; vmap it over the copies."""
-    return sequence_loss(functional_call(base, (p, b), (x, False))[0], y)
+def copy_loss(model: Transformer, x: Tensor, y: Tensor) -> Tensor:
+    """The training loss of one copy on ids ``x`` and targets ``y`` (``Stack.call`` it)."""
+    return sequence_loss(stream_forward(model, x, False)[0], y)
 
 
-def adam_update(base: nn.Module, params: dict, buffers: dict, state: dict, rate: Tensor,
-                x: Tensor, y: Tensor) -> Tensor:
-    """One :func:`adam_step` of every copy of :func:`stack_models` on its batch ``x``, ``y``
-    ``(n, B, T)`` at its rate ``rate`` ``(n,)``, in place; the losses before it ``(n,)``."""
-    p = {k: v.detach().requires_grad_() for k, v in params.items()}
-    loss = vmap(functools.partial(copy_loss, base))(p, buffers, x, y)  # (n,)
-    grads = torch.autograd.grad(loss.sum(), list(p.values()))
-    adam_step(list(params.values()), grads, state, rate)
-    return loss.detach()
-
-
-def unstack_model(model_config: TransformerConfig, params: dict, buffers: dict, k: int
-                  ) -> Transformer:
-    """Copy ``k`` of the stacked ``params`` and ``buffers`` as a model on the CPU."""
-    model = Transformer.from_config(model_config)
-    model.load_state_dict({n[len("model."):]: t[k].detach().cpu().clone()
-                           for n, t in (params | buffers).items()})
-    return model
+def _copy_metrics(model: Transformer, x: Tensor, y: Tensor, stream_var: bool,
+                  max_logit: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """One copy's held-out loss, accuracy and ``var_0 .. var_L`` (then the largest attention
+    logit of any block, read after the forward set it)."""
+    logits, var = stream_forward(model, x, stream_var)  # (B, T, V), (L + 1,)
+    scored = y != IGNORE_INDEX  # (B, T)
+    right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
+    if max_logit:
+        top = torch.stack([b.attn.last_max_logit for b in model.blocks]).amax()
+        var = torch.cat([var, top.view(1)])  # (L + 2,)
+    return sequence_loss(logits, y), right, var
 
 
 def batch_indices(seed: int, n: int, steps: int, batch_size: int) -> Tensor:
@@ -168,14 +118,18 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     initialization; copies never mix. ``info``: ``seed``, ``lr``, ``diverged``, ``diverged_at``.
 
     Args:
-        warmup: updates of linear warm-up (:func:`~lnbook.experiments.seq_tasks.linear_warmup`),
-            one for all or one per rate (then recorded in ``info["warmup"]``).
+        warmup: updates of linear warm-up (:func:`lnbook.engine.linear_warmup`), one for all or
+            one per rate (then recorded in ``info["warmup"]``).
         order: ``"stacked"`` (:func:`batch_indices`) or ``"fit"`` (:func:`fit_batch_indices`).
         max_logit: also record ``max_logit`` (a diverged copy keeps its last value).
         measure: ``model -> dict`` merged into the ``info`` of each copy that did not diverge.
         stream_var: record ``var_0 ... var_L``.
         bar: a progress bar (tqdm's, e.g. a sweep job's ``job.bar``) advanced by one per copy
             and update.
+
+    In a smoke run (:func:`lnbook.engine.capped`) a batch holds at most
+    :data:`~lnbook.experiments.seq_tasks.SMOKE_BATCH` sequences (a paper-scale update of
+    several copies takes minutes on a CPU).
     """
     if not seeds or not lrs or min(steps, batch_size, eval_every) < 1:
         raise ValueError("train_stacked needs seeds, learning rates, and steps, batch_size, "
@@ -188,75 +142,51 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     if len(ramps) != len(lrs) or any(
             isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ramps):
         raise ValueError(f"warmup must be an int >= 0 or one per learning rate, got {warmup!r}")
-    steps = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
     jobs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
     dev = task.x.device  # the copies train where the task's tensors are
-    ramp = torch.tensor([float(w) for w in ramps for _ in seeds], device=dev)  # (n,)
-    params, buffers, base = stack_models(model_config, [s for _, s in jobs], dev)  # (n, ...)
-
-    def one(p: dict, b: dict, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logits, var = functional_call(base, (p, b), (x, stream_var))  # (B, T, V), (L + 1,)
-        scored = y != IGNORE_INDEX  # (B, T)
-        right = ((logits.argmax(-1) == y) & scored).sum() / scored.sum()
-        if max_logit:  # the largest attention logit of any block, read after the forward set it
-            top = torch.stack([b.attn.last_max_logit for b in base.model.blocks]).amax()
-            var = torch.cat([var, top.view(1)])  # (L + 2,)
-        return sequence_loss(logits, y), right, var
-
-    evaluate = torch.no_grad()(vmap(one, in_dims=(0, 0, None, None)))
+    stack = stack_models(model_config, [s for _, s in jobs], [len(seeds)] * len(lrs)).to(dev)
+    opt = linear_warmup(torch.optim.Adam(stack.param_groups(lr=[float(r) for r in lrs]),
+                                         foreach=True),
+                        ramps)
     x_test, y_test = task.x_test[:n_eval], task.y_test[:n_eval]
     draw = batch_indices if order == "stacked" else fit_batch_indices
-    rows = torch.stack([draw(s, len(task.x), steps, batch_size) for _, s in jobs]).to(dev)
-    lr = torch.tensor([r for r, _ in jobs], device=dev)  # (n,)
+    n_rows = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
+    if max_updates() is not None:
+        batch_size = min(batch_size, SMOKE_BATCH)
+    rows = torch.stack([draw(s, len(task.x), n_rows, batch_size) for _, s in jobs]).to(dev)
     hists = [History() for _ in jobs]
     diverged_at: list[int | None] = [None] * len(jobs)
-    state: dict[str, Any] = {}
-    initial: list[dict[str, float]] = []
+    metrics = partial(_copy_metrics, stream_var=stream_var, max_logit=max_logit)
 
-    def record(step: int) -> None:
-        loss, acc, var = evaluate(params, buffers, x_test, y_test)  # (n,), (n,), (n, L+1)
+    def losses(step: int) -> Tensor:  # (copies,)
+        idx = rows[:, step]  # (copies, batch)
+        return stack.call(copy_loss, task.x[idx], task.y[idx])
+
+    def evaluate() -> list[dict[str, float]]:
+        with torch.no_grad():
+            loss, acc, var = stack.call(metrics, x_test, y_test, shared=(0, 1))
         n_var = var.shape[1] - int(max_logit)
         loss, acc, var = loss.tolist(), acc.tolist(), var.tolist()  # one copy off a GPU
+        out = []
         for k, h in enumerate(hists):
             m = {"loss": loss[k], "accuracy": acc[k],
                  **{f"var_{i}": v for i, v in enumerate(var[k][:n_var])}}
             if max_logit:
                 m["max_logit"] = var[k][-1]
-            if step == 0:
-                initial.append(m)
             if diverged_at[k] is not None:  # the model at initialization (Wortsman et al. 2024)
-                m = {**initial[k], **({"max_logit": h.metrics[-1]["max_logit"]}
-                                      if max_logit else {})}
-            h.eval_steps.append(step)
-            h.metrics.append(m)
+                m = {**h.metrics[0], **({"max_logit": h.metrics[-1]["max_logit"]}
+                                        if max_logit else {})}
+            out.append(m)
+        return out
 
-    record(0)
-    times = []
-    for step in range(1, steps + 1):
-        t0 = time.perf_counter()
-        idx = rows[:, step - 1]  # (n, batch)
-        rate = lr if not ramp.any() else lr * torch.where(
-            ramp > 0, (step / ramp.clamp(min=1)).clamp(max=1), 1.0)  # (n,)
-        losses = adam_update(base, params, buffers, state, rate, task.x[idx], task.y[idx]).tolist()
-        for k, (h, value) in enumerate(zip(hists, losses, strict=True)):
-            if diverged_at[k] is None and not math.isfinite(value):
-                diverged_at[k] = step
-            if diverged_at[k] is None:
-                h.steps.append(step)
-                h.losses.append(value)
-        times.append(time.perf_counter() - t0)
-        if bar is not None:
-            bar.update(len(jobs))
-        if step % eval_every == 0 or step == steps:
-            record(step)
-    note_smoke(sum(p[0].numel() for p in params.values()), times)  # one copy's parameters
+    train_copies(losses, evaluate, opt, hists, steps, eval_every, bar=bar,
+                 diverged=diverged_at)
     out = []
-    for k, ((r, seed), h) in enumerate(zip(jobs, hists, strict=True)):
-        model = unstack_model(model_config, params, buffers, k)
+    for k, ((r, seed), h, model) in enumerate(zip(jobs, hists, stack.unstack(), strict=True)):
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
                 "diverged_at": diverged_at[k]}
         if not isinstance(warmup, int) or warmup:
-            info["warmup"] = int(ramp[k])
+            info["warmup"] = ramps[k // len(seeds)]
         if measure is not None and diverged_at[k] is None:
             info.update(measure(model))
         out.append(StackedRun(h, info, model))
