@@ -51,8 +51,9 @@ def test_ngpt_weights_stay_on_the_sphere_through_training(tmp_path):
     cfg = tiny(designs=("ngpt",), seeds=(0, 1))
     job = Job({"ngpt/L1": ("ngpt", 1)}, (0, 1), torch.device("cpu"), tmp_path / "c.pt", None,
               "ngpt/L1")
-    hists = S.train(cfg, task_of(cfg), job)
-    assert [len(h.eval_steps) for h in hists] == [3, 3]
+    out = S.train(cfg, task_of(cfg), job)
+    assert [len(h.eval_steps) for h, _ in out] == [3, 3]
+    assert [info["diverged_at"] for _, info in out] == [None, None]
     state = torch.load(tmp_path / "c.pt")["model"]
     names = NGPT(5, 8, 2, 1, 6).matrices()
     assert len(names) == 10
@@ -108,3 +109,15 @@ def test_claim_values_read_the_last_target_at_the_deepest_depth():
     assert ok["faster than Pre-LN"].tolist() == [True, False]  # seed 1's gate never learnt
     with pytest.raises(ValueError, match="P27"):
         S.claim_values(r, "P26")
+
+
+def test_a_copy_that_diverges_stops_and_reaches_no_target():
+    cfg = tiny(designs=("rezero",), lrs=tuple((d, 1e8) for d in S.DESIGNS), steps=30,
+               eval_every=10)
+    r = S.run(cfg, device="cpu")
+    v = S.variant_name("rezero", 1)
+    at = r.info_of(v, "diverged_at")
+    assert all(a is not None and a < 30 for a in at), at  # no norm, steps of 1e8
+    for a, ok, upd in zip(at, S.left_trivial(r, v), S.updates_to_targets(r, v), strict=True):
+        if a is not None:
+            assert not ok and np.isinf(upd).all()

@@ -137,10 +137,12 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return sequence_loss(model.head(model.final_norm(h)), y)
 
 
-def train(config: Config, task: SequenceTask, job: Job) -> list[History]:
+def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
     """Every seed of one variant (``(design, depth)``) as one :class:`~lnbook.engine.Stack`,
     trained by :func:`~lnbook.engine.train_copies` with Adam; nGPT's weights are put back on the
-    sphere before each update's forward and before each evaluation (so after every update)."""
+    sphere before each update's forward and before each evaluation (so after every update).
+    A copy whose loss stops being finite stops there (its held-out loss is then not finite:
+    it reaches no target); ``info["diverged_at"]`` is that update, or None."""
     (design, depth), seeds, dev = job.params, job.seeds, job.device
     task = task.to(dev)
     models = []
@@ -171,9 +173,12 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[History]:
         return [{"test_loss": v} for v in loss.tolist()]
 
     opt = torch.optim.Adam(stack.parameters(), lr=dict(config.lrs)[design])
-    return train_copies(losses, evaluate, opt, [History() for _ in range(n)], config.steps,
-                        config.eval_every, state=stack, generators=gens,
-                        checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    diverged: list[int | None] = [None] * n  # a copy whose loss stops being finite stops there
+    hists = train_copies(losses, evaluate, opt, [History() for _ in range(n)], config.steps,
+                         config.eval_every, state=stack, generators=gens,
+                         checkpoint=job.checkpoint, bar=job.bar, label=job.label,
+                         diverged=diverged)
+    return [(h, {"diverged_at": d}) for h, d in zip(hists, diverged, strict=True)]
 
 
 def targets(results: Results) -> np.ndarray:
