@@ -17,7 +17,8 @@ __all__ = ["EXPERIMENTS", "load_experiment"]
 _NAMES = (  # the experiment modules, in the book's order
     "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
     "handwriting", "mnist", "convnet", "rmsnorm", "placement", "group_norm", "qk_norm", "dyt",
-    "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime", "sphere",
+    "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime", "outliers",
+    "sphere",
 )
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)
