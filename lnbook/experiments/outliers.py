@@ -224,7 +224,8 @@ def outlier_dims(model: Transformer, k: int) -> list[int]:
     """The ``k`` dimensions whose norm gains stray furthest from the rest (Kovaleva et al.'s
     outlier dimensions): per dimension, the largest ``|g_d - mean(g)| / std(g)`` over the
     model's norms; the ``k`` largest, in decreasing order."""
-    z = torch.stack([(n.weight - n.weight.mean()).abs() / n.weight.std() for n in _norms(model)])
+    z = torch.stack([(n.weight - n.weight.mean()).abs() / n.weight.std().clamp_min(1e-12)
+                     for n in _norms(model)])  # (norms, D); a constant gain scores 0
     return z.amax(0).argsort(descending=True)[:k].tolist()
 
 
