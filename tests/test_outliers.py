@@ -69,7 +69,7 @@ def test_a_zero_sink_is_one_more_logit_of_zero():
     logits = torch.cat([att.logits(x), torch.zeros(2, 2, 4, 1)], -1)
     torch.testing.assert_close(w, logits.softmax(-1))
     first = float(att.logits(x)[0, 0, 0, 0].detach())  # the first query sees one token and the sink
-    assert float(w[0, 0, 0, -1]) == pytest.approx(1 / (1 + math.exp(first)), abs=1e-6)
+    assert float(w[0, 0, 0, -1].detach()) == pytest.approx(1 / (1 + math.exp(first)), abs=1e-6)
 
 
 def test_config_fields_reach_the_attention_and_bad_clips_raise():
@@ -163,7 +163,7 @@ def test_claim_values_on_known_results():
     assert ok["a bias removes them"].tolist() == [True, False]  # seed 2 is not massive
     v, ok = o.claim_values(r, "P25")
     np.testing.assert_allclose(v["keeps the loss"], [0.0, 0.0])
-    np.testing.assert_allclose(v["8-bit works"], [0.75, 0.75])
+    np.testing.assert_allclose(v["eight-bit works"], [0.75, 0.75])
     v, _ = o.claim_values(r, "P26")
     np.testing.assert_allclose(v["far more than random"], [4.0, 4.0])
     with pytest.raises(ValueError, match="P24"):

@@ -333,11 +333,11 @@ def claim_values(results: Results, claim: str) -> tuple[dict[str, np.ndarray],
         values = {"gated removes outliers": reduction("gated"),
                   "clipped removes outliers": reduction("clipped"),
                   "keeps the loss": (gated_l - plain_l) / (base - plain_l),
-                  "8-bit works": 1 - gated_damage / np.maximum(damage, 1e-12)}
+                  "eight-bit works": 1 - gated_damage / np.maximum(damage, 1e-12)}
         ok = {"gated removes outliers": massive & both("gated"),
               "clipped removes outliers": massive & both("clipped"),
               "keeps the loss": both("gated"),
-              "8-bit works": both("gated") & (damage >= 0.01 * plain_l)}
+              "eight-bit works": both("gated") & (damage >= 0.01 * plain_l)}
         return values, ok
     if claim == "P26":
         loss = _info(results, "plain", "loss")
