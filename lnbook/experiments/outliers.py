@@ -91,8 +91,8 @@ class Config(TaskConfig):
             raise ValueError(f"trivial_fraction must lie in (0, 1), got {self.trivial_fraction}")
 
 
-_PRESETS = presets(steps=5_000, eval_every=250, n_eval=1_000, d_model=128, n_heads=4,
-                   n_layers=6, n_random=20)
+_PRESETS = presets(steps=5_000, eval_every=250, n_eval=512, d_model=128, n_heads=4,
+                   n_layers=6)
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
