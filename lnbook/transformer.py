@@ -58,6 +58,9 @@ class TransformerConfig:
         deepnorm: DeepNorm's residual weight and init (needs ``position="post"``).
         eps, dyt_alpha_init: of the layer/RMS norms and of DyT.
         ln_impl: ``impl`` of every :class:`lnbook.LayerNorm` (``"torch"`` or ``"autograd"``).
+        attn_sink, attn_clip, attn_gate: the attention options of :class:`SelfAttention`
+            (``sink``, ``clip``, ``gate``): a learned key and value every query can attend to,
+            the clipped softmax's ``(gamma, zeta)``, a sigmoid gate per head.
     """
 
     vocab_size: int
@@ -78,6 +81,9 @@ class TransformerConfig:
     bias: bool = True
     ln_impl: Literal["autograd", "torch"] = LN_IMPL
     depth_scaling: bool = False
+    attn_sink: bool = False
+    attn_clip: tuple[float, float] | None = None
+    attn_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
@@ -95,7 +101,10 @@ class TransformerConfig:
         if self.deepnorm and self.position != "post":
             raise ValueError(
                 f"deepnorm=True needs position='post', got position={self.position!r}")
-        for name in ("qk_norm", "causal", "deepnorm", "bias", "depth_scaling"):
+        if self.attn_clip is not None:
+            self.attn_clip = _check_clip(self.attn_clip)
+        for name in ("qk_norm", "causal", "deepnorm", "bias", "depth_scaling", "attn_sink",
+                     "attn_gate"):
             setattr(self, name, bool(getattr(self, name)))
         for name in ("dropout", "eps", "dyt_alpha_init"):
             setattr(self, name, float(getattr(self, name)))
@@ -134,6 +143,16 @@ def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     return (2 * n) ** 0.25, (8 * n) ** -0.25
 
 
+def _check_clip(clip: object) -> tuple[float, float]:
+    """``clip`` as ``(gamma, zeta)`` floats with ``gamma <= 0 <= 1 <= zeta``, else ValueError."""
+    ok = (isinstance(clip, tuple | list) and len(clip) == 2
+          and all(isinstance(c, numbers.Real) and math.isfinite(c) for c in clip))
+    if not ok or not (clip[0] <= 0 and clip[1] >= 1):  # type: ignore[index]
+        raise ValueError(f"the clipped softmax takes (gamma, zeta) with gamma <= 0 and zeta >= 1, "
+                         f"e.g. (-0.03, 1.0), got {clip!r}")
+    return float(clip[0]), float(clip[1])  # type: ignore[index]
+
+
 class SelfAttention(nn.Module):
     r"""Multi-head self-attention with an explicit softmax (Vaswani et al., 2017, eq. 1).
 
@@ -143,12 +162,22 @@ class SelfAttention(nn.Module):
     module``) queries and keys are normalized per head first (Dehghani et al., 2023). Every
     forward stores its largest logit, detached, in ``last_max_logit`` (masked ones excluded).
 
+    Three options let a head attend without updating the stream. ``sink``: one learned key
+    and value per head (``sink_k``, ``sink_v``, ``(H, d_h)``, started at 0) that every query
+    sees besides the tokens, an explicit attention bias (Sun et al., 2024). ``clip=(gamma,
+    zeta)``: the clipped softmax ``clamp((zeta - gamma) softmax + gamma, 0, 1)`` (Bondarenko et
+    al., 2023), which can give a weight of exactly 0. ``gate``: the heads' outputs times
+    ``sigmoid(gate_proj(x))``, one gate per head and token (Bondarenko et al.'s gated
+    attention; ``gate_proj`` ``D -> H``).
+
     Shape: input and output ``(B, T, D)``.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
                  dropout: float = 0.0, causal: bool = True, bias: bool = True,
-                 device: Device = None, dtype: Dtype = None, **removed: object) -> None:
+                 sink: bool = False, clip: tuple[float, float] | None = None,
+                 gate: bool = False, device: Device = None, dtype: Dtype = None,
+                 **removed: object) -> None:
         super().__init__()
         if removed:
             raise TypeError(
@@ -175,6 +204,24 @@ class SelfAttention(nn.Module):
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         self.attn_dropout = nn.Dropout(dropout)
         self.last_max_logit: Tensor | None = None
+        self.sink, self.gate = bool(sink), bool(gate)
+        self.clip = None if clip is None else _check_clip(clip)
+        if self.sink:
+            self.sink_k = nn.Parameter(torch.zeros(n_heads, self.d_head, **kw))
+            self.sink_v = nn.Parameter(torch.zeros(n_heads, self.d_head, **kw))
+        if self.gate:
+            self.gate_proj = nn.Linear(d_model, n_heads, **kw)
+        self.reset_options()
+
+    def reset_options(self) -> None:
+        """The options' parameters at their start: sink key and value 0; the gate's weights
+        Xavier-normal and bias 0 (every gate starts near 1/2)."""
+        if self.sink:
+            nn.init.zeros_(self.sink_k)
+            nn.init.zeros_(self.sink_v)
+        if self.gate:
+            nn.init.xavier_normal_(self.gate_proj.weight)
+            nn.init.zeros_(self.gate_proj.bias)
 
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
@@ -196,17 +243,38 @@ class SelfAttention(nn.Module):
             att = att.masked_fill(~seen, float("-inf"))  # (B, H, T, T)
         return att
 
-    def forward(self, x: Tensor) -> Tensor:
+    def weights(self, x: Tensor) -> Tensor:
+        """The attention weights of input ``x`` ``(B, T, D)``: ``(B, H, T, T)``, or ``(B, H, T,
+        T + 1)`` with ``sink`` (the sink's weight last); rows sum to 1 (at most 1 when
+        clipped). Stores the largest logit in ``last_max_logit``."""
         att = self.logits(x)  # (B, H, T, T)
+        if self.sink:
+            q = self.q_norm(self._heads(self.q_proj(x)))  # (B, H, T, Dh)
+            s = (q * self.sink_k[:, None]).sum(-1, keepdim=True) / math.sqrt(self.d_head)
+            att = torch.cat([att, s], dim=-1)  # (B, H, T, T + 1)
+        self.last_max_logit = att.detach().amax()  # () masked entries are -inf
+        p = att.softmax(dim=-1)
+        if self.clip is not None:
+            gamma, zeta = self.clip
+            p = ((zeta - gamma) * p + gamma).clamp(0.0, 1.0)
+        return p
+
+    def forward(self, x: Tensor) -> Tensor:
+        att = self.attn_dropout(self.weights(x))  # (B, H, T, T [+ 1])
         v = self._heads(self.v_proj(x))  # (B, H, T, Dh)
         b, t, d = x.shape
-        self.last_max_logit = att.detach().amax()  # () masked entries are -inf
-        att = self.attn_dropout(att.softmax(dim=-1))  # (B, H, T, T) rows sum to 1
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)  # (B, T, D) heads side by side
-        return self.out_proj(y)
+        if self.sink:
+            y = att[..., :t] @ v + att[..., t:] * self.sink_v[:, None]  # (B, H, T, Dh)
+        else:
+            y = att @ v  # (B, H, T, Dh)
+        if self.gate:
+            y = y * torch.sigmoid(self.gate_proj(x)).transpose(1, 2)[..., None]
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, d))  # heads side by side
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, d_head={self.d_head}, causal={self.causal}"
+        s = f"n_heads={self.n_heads}, d_head={self.d_head}, causal={self.causal}"
+        return s + "".join(f", {k}={v}" for k, v in
+                           (("sink", self.sink), ("clip", self.clip), ("gate", self.gate)) if v)
 
 
 class MLP(nn.Module):
@@ -285,7 +353,8 @@ class Block(nn.Module):
         self.attn = SelfAttention(config.d_model, config.n_heads,
                                   qk_norm=qk if config.qk_norm else False,
                                   dropout=config.dropout, causal=config.causal, bias=config.bias,
-                                  **kw)
+                                  sink=config.attn_sink, clip=config.attn_clip,
+                                  gate=config.attn_gate, **kw)
         self.norm2 = nn.Identity() if rezero else make_norm(config, **kw)
         self.mlp = MLP(config.d_model, config.d_ff, bias=config.bias, **kw)
         if rezero:
@@ -307,6 +376,7 @@ class Block(nn.Module):
             nn.init.xavier_normal_(lin.weight, gain=gain)
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
+        a.reset_options()
         if self.position == "rezero":
             nn.init.zeros_(self.alpha_attn)
             nn.init.zeros_(self.alpha_mlp)

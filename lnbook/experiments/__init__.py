@@ -19,7 +19,7 @@ _NAMES = (  # the experiment modules, in the book's order
     "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
     "handwriting", "mnist", "convnet", "why", "rmsnorm", "placement", "group_norm", "qk_norm",
     "dyt", "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime",
-    "design_map", "sphere",
+    "design_map", "outliers", "sphere",
 )
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)
