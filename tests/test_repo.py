@@ -58,8 +58,9 @@ def test_dev_py_rejects_unknown_task_with_usage_and_exit_code_2(argv):
 
 def test_dev_py_docstring_lists_its_tasks():
     doc = (ROOT / "dev.py").read_text().split('"""')[1]
-    listed = re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)
-    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate", "routes"]
+    listed = list(dict.fromkeys(re.findall(r"^\s+python3 dev\.py (\w+)", doc, re.M)))
+    assert listed == ["book", "test", "lab", "sync", "pdf", "replicate", "routes", "confirm",
+                      "pilot"]
 
 
 # --- publishing: .github/workflows/book.yml -------------------------------------------------

@@ -178,12 +178,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
     hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
                          config.eval_every, state=stack, generators=gens,
                          checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-    with torch.no_grad():  # the trained values back into the copies (Stack.unstack would
-        for k, m in enumerate(models):  # deepcopy the attention's vmapped last_max_logit)
-            for name, p in m.named_parameters():
-                p.copy_(stack.stacked[name.replace(".", "|")][k].cpu())
-    return [(h, measure(config, m.cpu(), xt.cpu(), yt.cpu(), seed))
-            for h, m, seed in zip(hists, models, seeds, strict=True)]
+    trained = stack.unstack()  # the copies with their trained values, on the CPU
+    return [(h, measure(config, m, xt.cpu(), yt.cpu(), seed))
+            for h, m, seed in zip(hists, trained, seeds, strict=True)]
 
 
 def fake_quant(x: Tensor, bits: int = 8) -> Tensor:
