@@ -4,7 +4,7 @@
 Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale`` and
 ``seeds``, ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto",
 out=None) -> Results``, which trains its variants x seeds through the engine's
-:func:`lnbook.engine.sweep` and writes ``out/<NAME>-<digest>.json``, never over results of
+:func:`lnbook.engine.runner.sweep` and writes ``out/<NAME>-<digest>.json``, never over results of
 another config.
 """
 

@@ -195,7 +195,7 @@ def amplification(config: Config, idx: torch.Tensor, seeds: Sequence[int] | None
                   ) -> dict[str, np.ndarray]:
     """:func:`output_change` of every design at every ``config.probe_depths``:
     ``{design: (seeds, depths)}``; ``seeds`` default the config's
-    (:func:`lnbook.engine.resolve_seeds`)."""
+    (:func:`lnbook.engine.runner.resolve_seeds`)."""
     seeds = resolve_seeds(config.seeds) if seeds is None else list(seeds)
     return {d: np.array([[output_change(config, d, n, s, idx) for n in config.probe_depths]
                          for s in seeds]) for d in config.designs}

@@ -5,7 +5,7 @@ layer norms or :class:`lnbook.DyT` learns the sort task from nested training set
 sizes; per seed and size, DyT's final loss minus LN's (:func:`dyt_minus_ln`), the early share
 of saturated tanh units (:func:`saturation_share`) and their rank agreement
 (:func:`rank_correlation`). Every (size, seed) copy of one norm trains in one vmapped stack
-(:func:`train_sizes`: a :class:`lnbook.engine.Stack` in :func:`lnbook.engine.train_copies`).
+(:func:`train_sizes`: a :class:`lnbook.engine.Stack` in :func:`lnbook.engine.copies.train_copies`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def train_sizes(model_config: TransformerConfig, task: SequenceTask,
     Copy ``(n, seed)``: the model of ``seed`` trained with Adam on the batches
     :func:`~lnbook.experiments.stacked.batch_indices` draws for ``seed`` over the first ``n``
     training sequences (all copies a :class:`lnbook.engine.Stack` in
-    :func:`lnbook.engine.train_copies`). Returns per copy ``n``, ``seed``, ``loss``
+    :func:`lnbook.engine.copies.train_copies`). Returns per copy ``n``, ``seed``, ``loss``
     (held-out, final), ``loss_early`` (after ``early_step`` updates), ``train_loss`` (mean of
     the last 10 updates), ``saturated`` (on ``probe`` after ``early_step``) and ``diverged``.
     ``bar``: a progress bar advanced by one per copy and update (a sweep job's ``job.bar``)."""

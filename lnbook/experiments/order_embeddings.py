@@ -426,7 +426,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 
 def offline_config(config: Config) -> Config:
-    """``config`` for a smoke run (:func:`~lnbook.engine.capped`), which must not need a
+    """``config`` for a smoke run (:func:`~lnbook.engine.train.capped`), which must not need a
     download: MNIST as it is on this machine (the IDX files, else the shipped subset), the
     splits cut to fit it (said in one line). Outside a smoke run: ``config`` itself."""
     if max_updates() is None or config.source not in ("auto", "download"):
@@ -519,7 +519,7 @@ def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseli
 
     Arrays ``(seeds,)``: ``base_best_step`` (the baseline's best ``metric``, higher is
     better), ``plateaued`` (that is before its last evaluation), ``other_steps`` (first update
-    at which ``other`` is as good; inf: never, :func:`~lnbook.engine.updates_to_reach`) and
+    at which ``other`` is as good; inf: never, :func:`~lnbook.engine.metrics.updates_to_reach`) and
     ``ratio`` = other_steps / base_best_step (inf: never).
     """
     steps, base = results.curves(baseline, metric)  # (E,), (seeds, E)

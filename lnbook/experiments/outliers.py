@@ -150,7 +150,7 @@ def _loss(model: Transformer, x: Tensor, y: Tensor) -> Tensor:
 
 def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
     """Every seed of one variant as one :class:`~lnbook.engine.Stack`, trained by
-    :func:`~lnbook.engine.train_copies` with Adam; each evaluation records ``test_loss`` and
+    :func:`~lnbook.engine.copies.train_copies` with Adam; each evaluation records ``test_loss`` and
     ``ratio_l`` (:func:`top_ratio` of block ``l``'s output, from 1); each copy is then
     measured by :func:`measure`."""
     variant, seeds, dev = job.params, job.seeds, job.device

@@ -200,7 +200,7 @@ def make_task(name: str, n_train: int, n_test: int, size: int, symbols: int, see
 
 def task_of(config: Any) -> SequenceTask:
     """The task a config names: :func:`make_task` of its ``task``, ``n_train``, ``n_test``,
-    ``size`` and ``symbols``; in a smoke run (:func:`lnbook.engine.capped`) at most
+    ``size`` and ``symbols``; in a smoke run (:func:`lnbook.engine.train.capped`) at most
     :data:`SMOKE_HELD_OUT` held-out sequences (a paper-scale evaluation alone takes minutes)."""
     n_test = config.n_test if max_updates() is None else min(config.n_test, SMOKE_HELD_OUT)
     return make_task(config.task, config.n_train, n_test, config.size, config.symbols)

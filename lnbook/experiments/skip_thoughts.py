@@ -340,7 +340,7 @@ def probe_scores(model: SkipThoughts, data: SkipThoughtData, folds: int = 5) -> 
 
 
 class _Clocked:
-    """Batches that note the process's CPU time at each request: :func:`~lnbook.engine.fit`
+    """Batches that note the process's CPU time at each request: :func:`~lnbook.engine.train.fit`
     asks for the next batch as soon as an update is done, so two requests time one update."""
 
     def __init__(self, batches: Batches) -> None:
@@ -355,7 +355,7 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
                     updates: int = 10, device: str | torch.device = "cpu",
                     seed: int = 0) -> dict[str, float]:
     """Median seconds per update of the baseline and the LN model, each trained by the
-    engine's :func:`~lnbook.engine.fit` on the same batches, ``updates`` timed updates after
+    engine's :func:`~lnbook.engine.train.fit` on the same batches, ``updates`` timed updates after
     one untimed warm-up: CPU time on a CPU (a busy machine stretches it much less than the
     wall clock), on a GPU the wall clock of ``History.step_times`` (synchronized by the loss).
 
@@ -447,7 +447,7 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
     return make_config(Config, _PRESETS, scale, overrides)
 
 
-#: A smoke run's corpus (:func:`~lnbook.engine.capped`): at most this many sentences, of at
+#: A smoke run's corpus (:func:`~lnbook.engine.train.capped`): at most this many sentences, of at
 #: most this many words (an update of the paper's 2400-unit GRUs costs tens of CPU seconds
 #: per 30-word batch, and every evaluation encodes the held-out and probed sentences).
 SMOKE_SENTENCES, SMOKE_TOKENS = 512, 8
@@ -520,7 +520,7 @@ def run(config: Config, device: str | torch.device = "auto",
 def updates_to_target(results: Results, target: float,
                       metric: str = "heldout_loss") -> dict[str, np.ndarray]:
     """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (inf:
-    never; :func:`~lnbook.engine.updates_to_reach`)."""
+    never; :func:`~lnbook.engine.metrics.updates_to_reach`)."""
     return {v: updates_to_reach(*results.curves(v, metric), target) for v in results.variants}
 
 

@@ -139,8 +139,9 @@ def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
 
 def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, dict]]:
     """Every seed of one variant (``(design, depth)``) as one :class:`~lnbook.engine.Stack`,
-    trained by :func:`~lnbook.engine.train_copies` with Adam; nGPT's weights are put back on the
-    sphere before each update's forward and before each evaluation (so after every update).
+    trained by :func:`~lnbook.engine.copies.train_copies` with Adam; nGPT's weights are put
+    back on the sphere before each update's forward and before each evaluation (so after every
+    update).
     A copy whose loss stops being finite stops there (its held-out loss is then not finite:
     it reaches no target); ``info["diverged_at"]`` is that update, or None."""
     (design, depth), seeds, dev = job.params, job.seeds, job.device

@@ -3,9 +3,9 @@
 Not an experiment itself. At the book's sizes an update of a small model is mostly Python
 overhead, so :func:`train_stacked` trains ``n`` copies as one model with a leading copy
 dimension (:class:`lnbook.engine.Stack`), in the engine's loop for copies
-(:func:`lnbook.engine.train_copies`): each copy is the model built under
+(:func:`lnbook.engine.copies.train_copies`): each copy is the model built under
 ``torch.manual_seed(seed)``, trained by :class:`torch.optim.Adam` with its own learning rate
-and warm-up (one parameter group per rate, :func:`lnbook.engine.linear_warmup`); evaluations
+and warm-up (one parameter group per rate, :func:`lnbook.engine.copies.linear_warmup`); evaluations
 record, per copy, the held-out ``loss``, ``accuracy`` and the residual stream's variance
 ``var_0`` (embeddings) ... ``var_L``. The Transformer experiments call it from the train
 function of a stacked job of :func:`lnbook.engine.runner.sweep`; a loop of another shape
@@ -118,8 +118,8 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
     initialization; copies never mix. ``info``: ``seed``, ``lr``, ``diverged``, ``diverged_at``.
 
     Args:
-        warmup: updates of linear warm-up (:func:`lnbook.engine.linear_warmup`), one for all or
-            one per rate (then recorded in ``info["warmup"]``).
+        warmup: updates of linear warm-up (:func:`lnbook.engine.copies.linear_warmup`), one for
+            all or one per rate (then recorded in ``info["warmup"]``).
         order: ``"stacked"`` (:func:`batch_indices`) or ``"fit"`` (:func:`fit_batch_indices`).
         max_logit: also record ``max_logit`` (a diverged copy keeps its last value).
         measure: ``model -> dict`` merged into the ``info`` of each copy that did not diverge.
@@ -127,7 +127,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         bar: a progress bar (tqdm's, e.g. a sweep job's ``job.bar``) advanced by one per copy
             and update.
 
-    In a smoke run (:func:`lnbook.engine.capped`) a batch holds at most
+    In a smoke run (:func:`lnbook.engine.train.capped`) a batch holds at most
     :data:`~lnbook.experiments.seq_tasks.SMOKE_BATCH` sequences (a paper-scale update of
     several copies takes minutes on a CPU).
     """

@@ -6,8 +6,8 @@ scale-invariant weights and the equilibrium of their norm under weight decay
 (:func:`decay_runs`), the smoothness of the loss, the gradients through the statistics, and dead
 or always-on units; the chapter's table of known, contested and folklore statements built from
 its measured values (:func:`evidence_rows`). :func:`run` trains the networks of :data:`VARIANTS`
-through :func:`lnbook.engine.sweep` (the seeds of a variant as one model); every other
-measurement trains its seeds as one model too, through :func:`lnbook.engine.train_copies`
+through :func:`lnbook.engine.runner.sweep` (the seeds of a variant as one model); every other
+measurement trains its seeds as one model too, through :func:`lnbook.engine.copies.train_copies`
 (:func:`train_stack`).
 """
 
@@ -242,7 +242,7 @@ def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
     """Every variant of ``config.variants`` with every seed, through
-    :func:`lnbook.engine.sweep` (the seeds of a variant trained as one model,
+    :func:`lnbook.engine.runner.sweep` (the seeds of a variant trained as one model,
     :func:`train_variant`). Each run records ``test_nll`` at its evaluations (up to the last
     before it diverged, if it did) and, in ``info``, ``train_nll`` (``inf`` for a diverged run;
     :func:`final_nll` reads it), ``diverged``, ``diverged_at``, ``weight_norms`` (start, end;
@@ -378,7 +378,7 @@ def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
     """Chapter 13's norm ablation (``lnbook.experiments.mistakes.run_stats``, whose
     ``StatsConfig`` ``config`` is: ``norms``, ``hidden``, ``depth``, ``lr``, ``batch``,
     ``steps``, ``seeds``), every seed at once, Adam through
-    :func:`lnbook.engine.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
+    :func:`lnbook.engine.copies.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
     final losses (nats)."""
     x, y, xv, yv = digits_split()
     sizes = (64, *[config.hidden] * config.depth, 10)
@@ -451,7 +451,7 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
                 label: str | None = None, device: str | torch.device = "cpu"
                 ) -> dict[str, np.ndarray]:
     """Train every seed of ``model`` (the seeds' own batches, SGD, the noise from the stream of
-    ``seeds[0]``) through :func:`lnbook.engine.train_copies`. ``weight_decay``: on the hidden
+    ``seeds[0]``) through :func:`lnbook.engine.copies.train_copies`. ``weight_decay``: on the hidden
     weights only. A seed whose loss is not finite is left out of the sum from then on. Returns
     ``(S,)`` arrays ``train_nll`` and ``test_nll`` (``inf`` for a diverged seed),
     ``diverged_at`` (the first update with a non-finite loss, ``inf`` if none) and
