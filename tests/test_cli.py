@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -105,7 +106,18 @@ def test_workers_reach_the_config_and_the_resume_command(tmp_path, monkeypatch, 
     assert "--workers 2" in capsys.readouterr().err
     assert cli.main(["run", "draw", "--workers", "0"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
-    assert cli.main(["run", "mistakes", "--workers", "2"]) == 2  # its config has no workers
+    assert all("workers" in {f.name for f in dataclasses.fields(m.Config)}
+               for m in EXPERIMENTS.values())  # every registered experiment takes --workers
+
+    @dataclasses.dataclass
+    class Serial:  # an experiment whose config cannot spread its runs over processes
+        scale: str = "quick"
+        seeds: int = 1
+
+    serial = types.SimpleNamespace(NAME="draw", Config=Serial, run=run,
+                                   get_config=lambda scale="quick", **kw: Serial(scale, **kw))
+    monkeypatch.setattr(cli, "load_experiment", lambda n: serial if n == "draw" else real(n))
+    assert cli.main(["run", "draw", "--workers", "2"]) == 2
     assert "has no workers" in capsys.readouterr().err
 
 
