@@ -511,41 +511,26 @@ def _execute_in_set(name: str, seed_set: int, ledger: Path, timeout: int) -> dic
             "seconds": round(time.perf_counter() - start, 1)}
 
 
-def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
-    """Execute notebooks on seed sets 1..n_sets and write book/replication.json.
-
-    Runs inside .venv. Each (notebook, set) executes in its own kernel with
-    `LNBOOK_SEED_SET=k` and `LNBOOK_LEDGER=_build/replication/set-k`, as many at a time as
-    LNBOOK_WORKERS (default: the cores); notebooks that ask to run alone run one at a time.
-    The record holds, per claim of the notebooks run, the book's status and each set's verdict
-    and figures; per notebook and set, whether it executed and its seconds; the digests of
-    `experiment_digests`; the machine and the date. tests/test_ledger.py fails when the
-    record's digests are not the current code's (re-run this command to refresh it).
-    """
-    import datetime
-    import platform
+def _execute_on_sets(names: list[str], sets: list[int], kind: str) -> tuple[dict, dict]:
+    """Execute the notebooks `names` on every seed set of `sets` (`_execute_in_set`), each
+    set's claim records in `_build/<kind>/set-K`: the notebooks that run alone first, one at a
+    time, then the others on every core, slowest first. Returns (runs: notebook -> set -> ok
+    and seconds; claims: id -> chapter, the book's status and each set's verdict and figures).
+    Shared by `replicate_sets` and `confirm_sets`."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     import yaml
 
     from lnbook.ledger import load_records
 
-    if n_sets < 1:
-        raise ValueError(f"--sets must be at least 1, got {n_sets}")
-    names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
-    missing = [n for n in names if not (BOOK / f"{n}.ipynb").is_file()]
-    if missing:
-        raise ValueError(f"no such notebooks in book/: {missing}")
-    digest = experiment_digests(names)  # of the code as the runs start
-    sets = list(range(1, n_sets + 1))
-    folders = {k: ROOT / "_build" / "replication" / f"set-{k}" for k in sets}
+    folders = {k: ROOT / "_build" / kind / f"set-{k}" for k in sets}
     for folder in folders.values():
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     alone = [n for n in names if runs_alone(BOOK / f"{n}.ipynb")]
     shared = [n for n in longest_first(names) if n not in alone]
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
-    print(f"+ replicating {len(names)} notebook(s) on seed sets {sets}", flush=True)
+    print(f"+ {kind}: {len(names)} notebook(s) on seed sets {sets}", flush=True)
     runs: dict[str, dict[str, dict]] = {n: {} for n in names}
     for group, n_workers in ((alone, 1), (shared, workers)):
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
@@ -568,6 +553,33 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
             per_set[str(k)] = ({"verdict": rec.verdict, "figures": rec.figures} if rec
                                else {"verdict": "no record", "figures": {}})
         claims[c["id"]] = {"chapter": c["chapter"], "book": c["status"], "sets": per_set}
+    return runs, claims
+
+
+def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
+    """Execute notebooks on seed sets 1..n_sets and write book/replication.json.
+
+    Runs inside .venv. Each (notebook, set) executes in its own kernel with
+    `LNBOOK_SEED_SET=k` and `LNBOOK_LEDGER=_build/replication/set-k`, as many at a time as
+    LNBOOK_WORKERS (default: the cores); notebooks that ask to run alone run one at a time.
+    The record holds, per claim of the notebooks run, the book's status and each set's verdict
+    and figures; per notebook and set, whether it executed and its seconds; the digests of
+    `experiment_digests`; the machine and the date. tests/test_ledger.py fails when the
+    record's digests are not the current code's (re-run this command to refresh it).
+    """
+    import datetime
+    import platform
+
+
+    if n_sets < 1:
+        raise ValueError(f"--sets must be at least 1, got {n_sets}")
+    names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
+    missing = [n for n in names if not (BOOK / f"{n}.ipynb").is_file()]
+    if missing:
+        raise ValueError(f"no such notebooks in book/: {missing}")
+    digest = experiment_digests(names)  # of the code as the runs start
+    sets = list(range(1, n_sets + 1))
+    runs, claims = _execute_on_sets(names, sets, "replication")
     # the notebooks of an earlier record that this call did not run are kept, when that record
     # was made on the same lnbook code and the same sets: `replicate --sets N NAME` refreshes
     # one chapter without executing the others again
@@ -691,11 +703,9 @@ def confirm_sets(notebooks: list[str] | None = None, manifest: Path = CONFIRMATI
     """
     import datetime
     import platform
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     import yaml
 
-    from lnbook.ledger import load_records
 
     if not manifest.is_file():
         raise FileNotFoundError(f"no manifest {manifest}: draw the sets first with "
@@ -715,36 +725,7 @@ def confirm_sets(notebooks: list[str] | None = None, manifest: Path = CONFIRMATI
                            f"{digest['lnbook']} against {plan['digest']['lnbook']}; notebooks "
                            f"changed: {changed or 'none'}): a confirmation applies to the code "
                            "declared before it; draw a new manifest for new code")
-    folders = {k: ROOT / "_build" / "confirmation" / f"set-{k}" for k in sets}
-    for folder in folders.values():
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
-    alone = [n for n in names if runs_alone(BOOK / f"{n}.ipynb")]
-    shared = [n for n in longest_first(names) if n not in alone]
-    print(f"+ confirming {len(names)} notebook(s) on seed sets {sets}", flush=True)
-    runs: dict[str, dict[str, dict]] = {n: {} for n in names}
-    for group, n_workers in ((alone, 1), (shared, workers)):
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            jobs = [pool.submit(_execute_in_set, n, k, folders[k], 600)
-                    for n in group for k in sets]
-            for job in as_completed(jobs):
-                r = job.result()
-                runs[r["name"]][str(r["set"])] = {"ok": r["ok"], "seconds": r["seconds"],
-                                                  **({"error": r["error"]} if r["error"] else {})}
-                state = "ok" if r["ok"] else f"FAILED: {r['error']}"
-                print(f"  set {r['set']} {r['name']}: {r['seconds']:.1f} s, {state}", flush=True)
-    records = {k: load_records(folders[k]) for k in sets}
-    claims = {}
-    for c in yaml.safe_load(CLAIMS.read_text())["claims"]:
-        if c["chapter"] not in names:
-            continue
-        per_set = {}
-        for k in sets:
-            rec = records[k].get(c["id"])
-            per_set[str(k)] = ({"verdict": rec.verdict, "figures": rec.figures} if rec
-                               else {"verdict": "no record", "figures": {}})
-        claims[c["id"]] = {"chapter": c["chapter"], "book": c["status"], "sets": per_set}
+    runs, claims = _execute_on_sets(names, sets, "confirmation")
     now = datetime.datetime.now(datetime.timezone.utc)
     record = {
         "sets": sets,
