@@ -6,8 +6,8 @@ The method, stated once: a chapter takes its words of prose at 200 words a minut
 (fenced or indented code blocks), display equations (``$$ ... $$``), directive options
 (``:class: dropdown``) and HTML comments; an inline formula ``$...$`` counts as one word. An
 exercise is a numbered heading, bold lead or admonition title ``Exercise N.n`` (the book's
-numbering), counted once however often the chapter refers to it. The time to run the code is
-left out: a chapter runs in under a minute.
+numbering; ``Exercise S.n`` in the supplement), counted once however often the chapter refers
+to it. The time to run the code is left out: a chapter runs in under a minute.
 
 Only the standard library is used, so that the book's build can call it.
 """
@@ -27,11 +27,11 @@ __all__ = ["WORDS_PER_MINUTE", "MINUTES_PER_EXERCISE", "Pace", "prose", "prose_w
 WORDS_PER_MINUTE = 200
 MINUTES_PER_EXERCISE = 10
 
-# "Exercise 3.1", "Exercise 6.1.2" (and a bare "Exercise 1") where an exercise starts: a
-# heading, a bold lead or the title of an admonition
+# "Exercise 3.1", "Exercise 6.1.2", the supplement's "Exercise S.1" (and a bare "Exercise 1")
+# where an exercise starts: a heading, a bold lead or the title of an admonition
 EXERCISE = re.compile(
     r"^[ \t]*(?:#{1,6}[ \t]+|\*\*|(?:`{3,}|:{3,})\{admonition\}[ \t]+)"
-    r"Exercise[ \t]+(\d+(?:\.\d+)*)", re.M)
+    r"Exercise[ \t]+((?:S\.)?\d+(?:\.\d+)*)", re.M)
 _FENCE = re.compile(r"^[ \t]*(`{3,}|:{3,})[ \t]*(\S*)(.*)$")
 _CODE_DIRECTIVES = {"{code-cell}", "{code-block}", "{code}", "{sourcecode}",
                     "{eval-rst}", "{bibliography}", "{math}"}

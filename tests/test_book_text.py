@@ -72,7 +72,7 @@ EVIDENCE = re.compile(r"^## Evidence\b", re.M)
 EVIDENCE_PENDING = {
     "01_introduction", "08_rmsnorm", "09_norm_placement",
     "10_group_norm", "11_qk_norm", "12_dyt", "13_common_mistakes", "14_peri_ln",
-    "15_curse_of_depth", "16_removing_ln", "17_attention_geometry", "supplement"}
+    "15_curse_of_depth", "16_removing_ln", "17_attention_geometry"}
 
 
 def claims_by_chapter() -> dict[str, list[dict]]:

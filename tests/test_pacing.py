@@ -38,8 +38,9 @@ def test_exercises_counted_once_by_their_numbers(tmp_path):
         "## Exercises\n\n**Exercise 4.1 (by hand).** Do it.\n\nSee Exercise 4.1 again.",
         "```{admonition} Exercise 4.2\nDo that.\n```\n\n```{admonition} Solution\n"
         ":class: dropdown\nIt is done, as in Exercise 4.2.\n```",
-        "### Exercise 4.3: a heading\n\nThird.")
-    assert pacing.exercise_labels(nb) == ["4.1", "4.2", "4.3"]
+        "### Exercise 4.3: a heading\n\nThird.",
+        "```{admonition} Exercise S.1\nThe supplement's.\n```\n\n**Exercise S.** No number.")
+    assert pacing.exercise_labels(nb) == ["4.1", "4.2", "4.3", "S.1"]
 
 
 def test_minutes_are_words_over_200_plus_10_per_exercise(tmp_path):
