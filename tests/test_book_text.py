@@ -71,7 +71,7 @@ EVIDENCE = re.compile(r"^## Evidence\b", re.M)
 # chapters with claims whose apparatus is not yet gathered into an Evidence part
 EVIDENCE_PENDING = {
     "01_introduction", "03_layer_norm", "05_1_invariance", "07_conclusion",
-    "11_qk_norm", "12_dyt", "13_common_mistakes",
+    "12_dyt", "13_common_mistakes",
     "14_peri_ln", "15_curse_of_depth", "16_removing_ln", "17_attention_geometry",
     "supplement"}
 
