@@ -72,7 +72,7 @@ EVIDENCE = re.compile(r"^## Evidence\b", re.M)
 EVIDENCE_PENDING = {
     "01_introduction", "03_layer_norm", "05_1_invariance", "07_conclusion",
     "12_dyt", "13_common_mistakes",
-    "14_peri_ln", "15_curse_of_depth", "16_removing_ln", "17_attention_geometry",
+    "15_curse_of_depth", "16_removing_ln", "17_attention_geometry",
     "supplement"}
 
 
