@@ -70,8 +70,7 @@ CLAIMS_YML = Path(__file__).resolve().parents[1] / "lnbook" / "claims.yml"
 EVIDENCE = re.compile(r"^## Evidence\b", re.M)
 # chapters with claims whose apparatus is not yet gathered into an Evidence part
 EVIDENCE_PENDING = {
-    "08_rmsnorm", "09_norm_placement", "10_group_norm", "11_qk_norm", "12_dyt",
-    "13_common_mistakes", "14_peri_ln", "15_curse_of_depth", "16_removing_ln",
+    "12_dyt", "13_common_mistakes", "15_curse_of_depth", "16_removing_ln",
     "17_attention_geometry"}
 
 
