@@ -70,7 +70,7 @@ CLAIMS_YML = Path(__file__).resolve().parents[1] / "lnbook" / "claims.yml"
 EVIDENCE = re.compile(r"^## Evidence\b", re.M)
 # chapters with claims whose apparatus is not yet gathered into an Evidence part
 EVIDENCE_PENDING = {
-    "16_removing_ln", "17_attention_geometry"}
+    "17_attention_geometry"}
 
 
 def claims_by_chapter() -> dict[str, list[dict]]:
