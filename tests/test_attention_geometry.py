@@ -128,3 +128,41 @@ def test_a_run_goes_through_the_sweep_and_continues_from_its_checkpoints(tmp_pat
         assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
     two = ag.run(ag.get_config("quick", steps=6, workers=2, **kw), device="cpu")
     assert [r.history.losses for r in two.runs] == [r.history.losses for r in whole.runs]
+
+
+def test_p20_inputs_compare_groups_of_seeds_with_no_norm():
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    # per variant, the accuracy curves (start, middle, end) of four seeds: two groups of two
+    curves = {"layer": [(0.1, 0.7, 0.9), (0.1, 0.5, 0.9), (0.1, 0.6, 0.8), (0.1, 0.6, 0.8)],
+              "projection": [(0.1, 0.5, 0.9), (0.1, 0.5, 0.9), (0.1, 0.2, 0.3), (0.1, 0.2, 0.3)],
+              "none": [(0.1, 0.4, 0.9), (0.1, 0.4, 0.9), (0.1, 0.5, 0.7), (0.1, 0.5, 0.9)]}
+    runs = [Run(v, s, History(eval_steps=[0, 5, 10], metrics=[{"accuracy": a} for a in c]), {})
+            for v, cs in curves.items() for s, c in enumerate(cs)]
+    res = Results("attention_geometry", {}, "cpu", runs, {"chance": 0.3})
+    got = ag.p20_inputs(res, group=2)
+    ln, pr = "LN learns majority faster", "the projection alone learns it faster"
+    # speed: mean of the evaluations after the start, then over each group of two seeds
+    # layer 0.75, 0.7; projection 0.7, 0.25; none 0.65, 0.65
+    np.testing.assert_allclose(got["values"][ln], [0.1, 0.05], atol=1e-12)
+    np.testing.assert_allclose(got["values"][pr], [0.05, -0.4], atol=1e-12)
+    # the projection's second group ends at 0.3, not 0.2 above the chance of 0.3
+    assert ag.left_trivial(res, 2)["projection"].tolist() == [True, False]
+    assert got["trivial_ok"][ln].tolist() == [True, True]
+    assert got["trivial_ok"][pr].tolist() == [True, False]
+    d = ledger.decide_claim("P20", **got)
+    assert (d.parts[ln].n_for, d.parts[pr].n_for, d.parts[pr].n) == (2, 1, 2)
+
+
+def test_unselectable_counts_and_p21_inputs():
+    counts = ag.unselectable_counts([3, 4], n=64, d=8, spread=0.5)
+    for k, seed in enumerate((3, 4)):  # one draw per seed, as random_keys gives it
+        keys = ag.random_keys(64, 8, torch.Generator().manual_seed(seed), 0.5)
+        for v in ag.NORMS:
+            assert counts[v][k] == int(ag.unselectable(keys[v]).sum())
+    assert counts["layer"] == [0, 0] and min(counts["projection"]) > 0
+    got = ag.p21_inputs({"layer": [0, 0, 1], "projection": [3, 0, 2], "none": [1, 1, 1]})
+    assert got["values"]["no key un-selectable with LN"].tolist() == [0, 0, 1]
+    assert got["values"]["some un-selectable without the scaling"].tolist() == [3, 0, 2]

@@ -82,3 +82,58 @@ def test_tiny_run_layout_and_halves():
     # Results.info holds the trivial baseline of the task the runs trained on
     task = make_task(cfg.task, cfg.n_train, cfg.n_test, cfg.size, cfg.symbols)
     assert res.info["baseline_loss"] == task.baseline_loss
+
+
+def _depth_results():
+    """Two seeds of both variants, four blocks: the stream's variance after each block (the
+    embeddings' first), the removal cost and the Jacobian distance of each block, final loss."""
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    per_seed = {  # variant -> seed -> (variances, removal, jacobian, final loss)
+        "pre": [([1.0, 2.0, 3.0, 4.0, 30.0], [0.9, 0.3, 0.02, 0.04], [0.5, 0.3, 0.1, 0.1], 0.5),
+                ([1.0, 2.0, 4.0, 5.0, 4.0], [0.8, 0.2, 0.3, 0.3], [0.4, 0.2, 0.3, 0.1], 1.7)],
+        "scaled": [([1.0, 2.0, 2.5, 2.8, 3.0], [0.9, 0.1, 0.0, 0.0], [0.6, 0.2, 0.2, 0.0], 0.4),
+                   ([1.0, 1.5, 2.0, 2.0, 0.4], [0.7, 0.1, 0.1, 0.1], [0.5, 0.1, 0.1, 0.3], 0.6)]}
+    runs = []
+    for v, seeds in per_seed.items():
+        for s, (var, removal, jac, loss) in enumerate(seeds):
+            last = {"loss": loss, **{f"var_{k}": x for k, x in enumerate(var)}}
+            h = History(eval_steps=[0, 60], metrics=[{"loss": 2.0, **{
+                f"var_{k}": 1.0 for k in range(5)}}, last])
+            runs.append(Run(v, s, h, {"removal": removal, "jacobian": jac}))
+    return Results("depth", {}, "cpu", runs, {"baseline_loss": 1.8})
+
+
+def test_p17_inputs_read_the_pre_ln_model_by_halves():
+    from lnbook import ledger
+
+    res = _depth_results()
+    got = depth.p17_inputs(res)
+    v = got["values"]
+    # last block over block L // 2 = 2 (column 1 of the blocks): 30 / 3 and 4 / 4
+    np.testing.assert_allclose(v["variance grows with depth"], [1.0, 0.0], atol=1e-12)
+    # deep half minus early half: (0.03 - 0.6), (0.3 - 0.5); Jacobians (0.1 - 0.4), (0.2 - 0.3)
+    np.testing.assert_allclose(v["deep blocks cost less to remove"], [-0.57, -0.2], atol=1e-12)
+    np.testing.assert_allclose(v["deep Jacobians nearer the identity"], [-0.3, -0.1],
+                               atol=1e-12)
+    # seed 1's Pre-LN model ends at 1.7, within 0.2 of the unigram's 1.8
+    for part in v:
+        assert got["trivial_ok"][part].tolist() == [True, False]
+    assert depth.left_trivial(res)["scaled"].tolist() == [True, True]
+    d = ledger.decide_claim("P17", **got)
+    # seed 0 counts for every part; seed 1 is out, so none reaches its majority
+    assert all((p.n_for, p.n_against, p.outcome) == (1, 0, "undecided")
+               for p in d.parts.values())
+
+
+def test_p18_inputs_compare_the_scaled_model_seed_by_seed():
+    res = _depth_results()
+    got = depth.p18_inputs(res)
+    v = got["values"]
+    np.testing.assert_allclose(v["limits the growth"], [1.0, 1.0], atol=1e-12)  # 30/3, 4/0.4
+    # deep half's Jacobian distance, scaled minus Pre-LN: 0.1 - 0.1, 0.2 - 0.2
+    np.testing.assert_allclose(v["deep blocks contribute more"], [0.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(v["lower loss"], [-0.1, -1.1], atol=1e-12)
+    for part in v:  # both models must leave the trivial phase
+        assert got["trivial_ok"][part].tolist() == [True, False]

@@ -114,3 +114,41 @@ def test_paper_preset_constructs_and_a_tiny_override_runs():
     assert res.info["seq_len"] == 2 * cfg.length and len(res.runs) == 2
     with pytest.raises(TypeError, match="dyt.Config"):
         dyt.run({"scale": "quick"})
+
+
+def test_p11_inputs_read_the_fits_of_the_layer_norm_runs():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    def fits(final_cut, final_bend, norm1_cut):
+        return {"norm1": {"cut": norm1_cut, "bend": 2.0},
+                "final_norm": {"cut": final_cut, "bend": final_bend}}
+
+    # per seed: (trained fits, fits at initialization, final held-out loss of each variant)
+    seeds = [(fits(0.30, 1.5, 0.20), fits(0.05, 0.4, 0.01), 0.2),   # all S-shaped
+             (fits(0.12, 0.8, 0.20), fits(0.02, 0.3, 0.01), 0.3),   # final norm bends too little
+             (fits(0.40, 3.0, 0.05), fits(0.45, 2.0, 0.01), 0.25),  # norm1 cuts too little
+             (fits(0.50, 3.0, 0.50), fits(0.01, 0.1, 0.01), 1.9)]   # stayed near chance
+    runs = []
+    for seed, (trained, init, loss) in enumerate(seeds):
+        for v in ("layer", "dyt"):
+            h = History(eval_steps=[0, 10], metrics=[{"val_loss": 2.0}, {"val_loss": loss}])
+            info = {"fits_trained": trained, "fits_init": init} if v == "layer" else {}
+            runs.append(Run(v, seed, h, info))
+    res = Results("dyt", {}, "cpu", runs, {"chance": float(np.log(8))})  # 2.079
+    got = dyt.p11_inputs(res)
+    v = got["values"]
+    assert v["final norm S-shaped"] == [True, False, True, True]
+    np.testing.assert_allclose(v["more than at initialization"], [0.25, 0.10, -0.05, 0.49])
+    assert v["every norm S-shaped"] == [True, False, False, True]
+    for part in v:  # seed 3 ends 0.18 nats below chance, not the 1 nat the rule asks
+        assert got["trivial_ok"][part].tolist() == [True, True, True, False]
+    assert dyt.s_shaped({"cut": 0.10, "bend": 1.0})  # both criteria are inclusive
+    d = ledger.decide_claim("P11", **got)
+    assert (d.parts["final norm S-shaped"].n_for, d.parts["final norm S-shaped"].n_against) \
+        == (2, 1)
+    assert d.parts["more than at initialization"].n_for == 2
+    assert d.parts["every norm S-shaped"].n_against == 2

@@ -120,3 +120,39 @@ def test_tiny_run_tables_and_helpers():
     assert res.device == "cpu" and res.config["seeds"] == [0, 1]
     with pytest.raises(TypeError, match="dyt_regime.Config"):
         dyt_regime.run({"steps": 1})
+
+
+def test_p22_inputs_read_the_relative_loss_and_its_rank_correlation():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    sizes, seeds = (32, 256, 2048), (7, 9)
+    # per (norm, size): held-out loss of seeds 7, 9; DyT's early saturated share; train loss
+    loss = {("layer", 32): [1.0, 1.0], ("layer", 256): [0.5, 0.5], ("layer", 2048): [0.2, 0.4],
+            ("dyt", 32): [0.9, 0.95], ("dyt", 256): [0.5, 0.55], ("dyt", 2048): [0.21, 0.4]}
+    sat = {32: [0.03, 0.01], 256: [0.02, 0.02], 2048: [0.01, 0.03]}
+    runs = []
+    for (norm, n), values in loss.items():
+        for k, s in enumerate(seeds):
+            train = 1.5 if (norm, n, s) == ("dyt", 256, 9) else 0.1  # seed 9: not learnt
+            info = {"loss": values[k], "train_loss": train,
+                    "saturated": sat[n][k] if norm == "dyt" else 0.0}
+            runs.append(Run(f"{norm}/{n}", s, History(), info))
+    res = Results("dyt_regime", {"n_trains": list(sizes), "seeds": list(seeds)}, "cpu", runs,
+                  {"baseline_loss": 1.8})
+    got = dyt_regime.p22_inputs(res)
+    v = got["values"]
+    np.testing.assert_allclose(v["DyT lowers the loss on scarce data"], [-0.1, -0.05])
+    np.testing.assert_allclose(v["DyT raises the loss on plentiful data"], [0.05, 0.0],
+                               atol=1e-12)
+    # seed 7: shares fall with size as the relative loss rises (-0.1, 0, 0.05): rho = -1;
+    # seed 9: shares 0.01, 0.02, 0.03 against -0.05, 0.1, 0.0: ranks (0, 1, 2) and (0, 2, 1)
+    np.testing.assert_allclose(v["early saturation ranks DyT's effect"], [-1.0, 0.5])
+    for part in v:  # 1.5 is not 0.5 below the unigram's 1.8
+        assert got["trivial_ok"][part].tolist() == [True, False]
+    d = ledger.decide_claim("P22", **got)
+    assert d.parts["DyT lowers the loss on scarce data"].n_for == 1
+    assert d.parts["early saturation ranks DyT's effect"].n_for == 1

@@ -261,3 +261,58 @@ def test_affine_mlp_simple_gains_get_no_gradient():
     model(x).square().sum().backward()
     for g in model.gains:
         assert g.grad[2:].abs().max() == 0 and g.grad[:2].abs().max() > 0
+
+
+def test_p13_inputs_take_the_held_out_loss_apart():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    # final (held-out loss, held-out error) of seeds 0-4 per variant; majority class errs 0.9
+    final = {"layer": [(0.20, 0.05)] * 4 + [(1.9, 0.6)],
+             "simple": [(0.25, 0.06), (0.30, 0.07), (0.25, 0.06), (0.40, 0.1), (1.9, 0.6)],
+             "detach": [(0.45, 0.1), (0.35, 0.08), (0.30, 0.07), (0.35, 0.1), (2.0, 0.7)],
+             "none": [(0.50, 0.1), (0.50, 0.1), (0.50, 0.1), (0.50, 0.1), (2.1, 0.8)]}
+    runs = [Run(v, s, History(eval_steps=[0, 9], metrics=[
+        {"val_nll": 2.3, "val_error": 0.9}, {"val_nll": nll, "val_error": err}]), {})
+        for v, rows in final.items() for s, (nll, err) in enumerate(rows)]
+    res = Results("mistakes_stats", {}, "cpu", runs, {"majority_error": 0.9})
+    got = mk.p13_inputs(res)
+    help_, more = "statistics' gradients help", "more than the forward normalization"
+    np.testing.assert_allclose(got["values"][help_], [0.20, 0.05, 0.05, -0.05, 0.1],
+                               atol=1e-12)
+    # backward minus forward (none - detach: 0.05, 0.15, 0.2, 0.15, 0.1)
+    np.testing.assert_allclose(got["values"][more], [0.15, -0.10, -0.15, -0.20, 0.0],
+                               atol=1e-12)
+    # seed 4's LayerNorm errs 0.6, not 0.5 below the majority class's 0.9
+    for part in (help_, more):
+        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("P13", **got)
+    assert (d.parts[help_].n_for, d.parts[help_].n_against) == (3, 1)
+    assert (d.parts[more].n_for, d.parts[more].n_against) == (1, 3)
+
+
+def test_p14_inputs_compare_the_arms_of_run_affine():
+    import numpy as np
+
+    from lnbook import ledger
+
+    aff = {"layer": {"val_nll": np.array([0.40, 0.50, 0.20]),
+                     "train_nll": np.array([0.10, 0.20, 0.10]),
+                     "val_error": np.array([0.10, 0.12, 0.05])},
+           "simple": {"val_nll": np.array([0.41, 0.45, 0.30]),
+                      "train_nll": np.array([0.15, 0.20, 0.10]),
+                      "val_error": np.array([0.10, 0.11, 0.45])},
+           "info": {"majority_error": 0.9}}
+    got = mk.p14_inputs(aff)
+    v = got["values"]
+    np.testing.assert_allclose(v["does not hurt"], [0.025, -0.1, 0.5], atol=1e-12)
+    np.testing.assert_allclose(v["helps"], [0.01, -0.05, 0.10], atol=1e-12)
+    # gaps: LN 0.30, 0.30, 0.10; LN-simple 0.26, 0.25, 0.20
+    np.testing.assert_allclose(v["over-fits less"], [-0.04, -0.05, 0.10], atol=1e-12)
+    for part in v:  # seed 2's LayerNorm-simple errs 0.45: not 0.5 below 0.9
+        assert got["trivial_ok"][part].tolist() == [True, True, False]
+    d = ledger.decide_claim("P14", **got)
+    assert d.parts["does not hurt"].n_for == 2 and d.parts["does not hurt"].n_against == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -297,3 +298,59 @@ def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
         keys = keys[:, :32]
     return [(hists[i], {"unselectable_keys": int(unselectable(keys[i]).sum()),
                         "n_keys": int(keys.shape[1])}) for i in range(s)]
+
+
+# --- claims P20 and P21: per-seed inputs to lnbook.ledger.decide_claim (chapter 17) ----------
+
+#: Held-out accuracy above always naming the most frequent target that a group of seeds must
+#: reach, on its average, to leave the trivial phase (P20).
+P20_TRIVIAL = 0.2
+
+
+def left_trivial(results: Results, group: int) -> dict[str, np.ndarray]:
+    """Per variant, whether each ``group`` of consecutive seeds ends, on its mean final held-out
+    accuracy, :data:`P20_TRIVIAL` above ``Results.info["chance"]``: ``(seeds // group,)``."""
+    chance = results.info["chance"]
+    out = {}
+    for v in results.variants:
+        acc = results.final(v, "accuracy")
+        final = acc[:len(acc) // group * group].reshape(-1, group).mean(1)
+        out[v] = final >= chance + P20_TRIVIAL
+    return out
+
+
+def p20_inputs(results: Results, group: int) -> dict[str, dict[str, Any]]:
+    """P20's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per group of
+    ``group`` consecutive seeds: the :func:`learning_speed` of layer norm, and of the
+    projection only, minus no norm's; a group counts where both compared arms
+    :func:`left_trivial`."""
+    speed = {v: learning_speed(results, v, group) for v in NORMS}
+    ok = left_trivial(results, group)
+    ln, pr = "LN learns majority faster", "the projection alone learns it faster"
+    return {"values": {ln: speed["layer"] - speed["none"],
+                       pr: speed["projection"] - speed["none"]},
+            "trivial_ok": {ln: ok["layer"] & ok["none"], pr: ok["projection"] & ok["none"]}}
+
+
+def unselectable_counts(seeds: Sequence[int], n: int = 64, d: int = 8, spread: float = 0.5
+                        ) -> dict[str, list[int]]:
+    """Per norm of :data:`NORMS`, the number of :func:`unselectable` keys among one draw of
+    :func:`random_keys` (``n`` keys in ``d`` dimensions, length spread ``spread``) per seed,
+    each drawn from a generator seeded with the seed."""
+    counts: dict[str, list[int]] = {v: [] for v in NORMS}
+    for seed in seeds:
+        keys = random_keys(n, d, torch.Generator().manual_seed(seed), spread)
+        for v in NORMS:
+            counts[v].append(int(unselectable(keys[v]).sum()))
+    return counts
+
+
+def p21_inputs(counts: Mapping[str, Sequence[int]]) -> dict[str, dict[str, Any]]:
+    """P21's ``values`` for :func:`lnbook.ledger.decide_claim` from :func:`unselectable_counts`:
+    per draw, the un-selectable keys with layer norm and with the projection only."""
+    return {"values": {"no key un-selectable with LN": np.array(counts["layer"]),
+                       "some un-selectable without the scaling":
+                           np.array(counts["projection"])}}
+
+
+__all__ += ["P20_TRIVIAL", "left_trivial", "p20_inputs", "unselectable_counts", "p21_inputs"]

@@ -153,3 +153,49 @@ def halves(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The mean over the early and the deep half of the blocks, ``(seeds,)`` each."""
     n = values.shape[1] // 2
     return values[:, :n].mean(1), values[:, values.shape[1] - n:].mean(1)
+
+
+# --- claims P17 and P18: per-seed inputs to lnbook.ledger.decide_claim (chapter 15) ----------
+
+#: Nats below the position-wise unigram predictor a model must end to leave the trivial phase.
+TRIVIAL_BAR = 0.2
+
+
+def left_trivial(results: Results) -> dict[str, np.ndarray]:
+    """Per variant of :data:`VARIANTS`, whether each seed's final held-out loss lies
+    :data:`TRIVIAL_BAR` nats below ``Results.info["baseline_loss"]``: ``(seeds,)`` booleans."""
+    base = results.info["baseline_loss"]
+    return {n: results.final(n, "loss") < base - TRIVIAL_BAR for n in VARIANTS}
+
+
+def p17_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P17's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed of
+    the Pre-LN model: log10 of the last block's output variance over the middle block's
+    (block ``L // 2``), and the deep half's mean removal cost and Jacobian distance minus the
+    early half's (:func:`halves`); a seed counts where the model left the trivial phase."""
+    var = per_block(results, "pre", "variance")  # (seeds, L)
+    cost = halves(per_block(results, "pre", "removal"))
+    jac = halves(per_block(results, "pre", "jacobian"))
+    parts = ("variance grows with depth", "deep blocks cost less to remove",
+             "deep Jacobians nearer the identity")
+    values = {parts[0]: np.log10(var[:, -1] / var[:, var.shape[1] // 2 - 1]),
+              parts[1]: cost[1] - cost[0], parts[2]: jac[1] - jac[0]}
+    return {"values": values, "trivial_ok": dict.fromkeys(parts, left_trivial(results)["pre"])}
+
+
+def p18_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P18's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed:
+    log10 of the last block's output variance without LayerNorm Scaling over with it, the deep
+    half's mean Jacobian distance with minus without, and the final held-out loss with minus
+    without; a seed counts where both models left the trivial phase."""
+    var = {n: per_block(results, n, "variance")[:, -1] for n in VARIANTS}
+    jac = {n: halves(per_block(results, n, "jacobian"))[1] for n in VARIANTS}
+    loss = {n: results.final(n, "loss") for n in VARIANTS}
+    left = left_trivial(results)
+    parts = ("limits the growth", "deep blocks contribute more", "lower loss")
+    values = {parts[0]: np.log10(var["pre"] / var["scaled"]),
+              parts[1]: jac["scaled"] - jac["pre"], parts[2]: loss["scaled"] - loss["pre"]}
+    return {"values": values, "trivial_ok": dict.fromkeys(parts, left["pre"] & left["scaled"])}
+
+
+__all__ += ["TRIVIAL_BAR", "left_trivial", "p17_inputs", "p18_inputs"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -264,3 +265,37 @@ def p12_inputs(results: Results) -> dict[str, dict[str, Any]]:
 
 
 __all__ += ["P12_TRIVIAL", "left_trivial", "p12_inputs"]
+
+
+# --- claim P11's per-seed inputs to lnbook.ledger.decide_claim (chapter 12) ------------------
+
+#: P11's criteria, fixed before the runs: the share of the best line's squared error the best
+#: tanh must remove, the bend ``b max|x - m|`` it must reach within the data, and the layer
+#: norm the first two parts read (the deepest, in front of the head).
+P11_CUT, P11_BEND, P11_LAST = 0.10, 1.0, "final_norm"
+
+
+def s_shaped(fit: Mapping[str, float]) -> bool:
+    """Whether one fit (an entry of a layer-norm run's ``fits_trained`` or ``fits_init``)
+    passes both of P11's criteria: ``cut >= P11_CUT`` and ``bend >= P11_BEND``."""
+    return bool(fit["cut"] >= P11_CUT and fit["bend"] >= P11_BEND)
+
+
+def p11_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P11's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed of
+    the layer-norm runs: whether the final norm's trained map is :func:`s_shaped`; its ``cut``
+    trained minus at initialization; whether every layer norm's trained map is S-shaped; each
+    part counted where :func:`left_trivial`."""
+    runs = results.select("layer")
+    trained = [r.info["fits_trained"] for r in runs]
+    init = [r.info["fits_init"] for r in runs]
+    parts = ("final norm S-shaped", "more than at initialization", "every norm S-shaped")
+    values = {parts[0]: [s_shaped(f[P11_LAST]) for f in trained],
+              parts[1]: [t[P11_LAST]["cut"] - i[P11_LAST]["cut"]
+                         for t, i in zip(trained, init, strict=True)],
+              parts[2]: [all(s_shaped(x) for x in f.values()) for f in trained]}
+    left = left_trivial(results)
+    return {"values": values, "trivial_ok": dict.fromkeys(parts, left)}
+
+
+__all__ += ["P11_BEND", "P11_CUT", "P11_LAST", "p11_inputs", "s_shaped"]

@@ -257,3 +257,24 @@ def rank_correlation(a: Tensor, b: Tensor) -> Tensor:
     ra, rb = (t.argsort(0).argsort(0).double() for t in (a, b))
     ra, rb = ra - ra.mean(0), rb - rb.mean(0)
     return (ra * rb).sum(0) / (ra.square().sum(0) * rb.square().sum(0)).sqrt()
+
+
+# --- claim P22: per-seed inputs to lnbook.ledger.decide_claim (chapter 16) -------------------
+
+
+def p22_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P22's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed (numpy
+    arrays): DyT's held-out loss relative to layer norm's, ``(DyT - LN) / LN``, on the smallest
+    and on the largest training set (:func:`dyt_minus_ln`), and the :func:`rank_correlation`
+    over the sizes of DyT's early saturated share with that relative loss; a seed counts where
+    :func:`left_trivial` (every size, both norms)."""
+    rel = dyt_minus_ln(results, relative=True)  # (sizes, seeds)
+    sat = table(results, "saturated")["dyt"]  # (sizes, seeds)
+    parts = ("DyT lowers the loss on scarce data", "DyT raises the loss on plentiful data",
+             "early saturation ranks DyT's effect")
+    values = {parts[0]: rel[0].numpy(), parts[1]: rel[-1].numpy(),
+              parts[2]: rank_correlation(sat, rel).numpy()}
+    return {"values": values, "trivial_ok": dict.fromkeys(parts, left_trivial(results).numpy())}
+
+
+__all__ += ["p22_inputs"]

@@ -412,3 +412,45 @@ def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
               "train_nll": train[k * n:(k + 1) * n]} for k, arm in enumerate(AFFINE_NORMS)}
     out["info"] = {"majority_error": float((yv != majority).float().mean())}
     return out
+
+
+# --- claims P13 and P14: per-seed inputs to lnbook.ledger.decide_claim (chapter 13) ----------
+
+#: Rule 0 of P13 and P14: a run leaves the trivial phase when its held-out error is at least
+#: this much below the error of always predicting the most frequent training class.
+STATS_TRIVIAL = 0.5
+
+
+def p13_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P13's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from a run of
+    :func:`run_stats`, per seed on the final held-out loss: what the statistics' gradients bring
+    (DetachNorm minus LayerNorm-simple), and that minus what the forward normalization brings
+    (no norm minus DetachNorm); a seed counts where LayerNorm's held-out error is
+    :data:`STATS_TRIVIAL` below the majority class's."""
+    nll = {v: results.final(v, "val_nll") for v in ("layer", "simple", "detach", "none")}
+    backward, forward = nll["detach"] - nll["simple"], nll["none"] - nll["detach"]
+    left = (results.final("layer", "val_error")
+            <= results.info["majority_error"] - STATS_TRIVIAL)
+    parts = ("statistics' gradients help", "more than the forward normalization")
+    return {"values": {parts[0]: backward, parts[1]: backward - forward},
+            "trivial_ok": dict.fromkeys(parts, left)}
+
+
+def p14_inputs(affine: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """P14's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from the
+    output of :func:`run_affine`, per seed: LayerNorm-simple's final held-out loss over
+    LayerNorm's minus one, the two losses' difference, and the difference of their gaps
+    (held-out minus training loss); a seed counts where both arms' held-out errors are
+    :data:`STATS_TRIVIAL` below the majority class's."""
+    ln, simple = affine["layer"], affine["simple"]
+    bar = affine["info"]["majority_error"] - STATS_TRIVIAL
+    both = (ln["val_error"] <= bar) & (simple["val_error"] <= bar)
+    parts = ("does not hurt", "helps", "over-fits less")
+    return {"values": {
+        parts[0]: simple["val_nll"] / ln["val_nll"] - 1,
+        parts[1]: simple["val_nll"] - ln["val_nll"],
+        parts[2]: (simple["val_nll"] - simple["train_nll"]) - (ln["val_nll"] - ln["train_nll"])},
+        "trivial_ok": dict.fromkeys(parts, both)}
+
+
+__all__ += ["STATS_TRIVIAL", "p13_inputs", "p14_inputs"]
