@@ -768,6 +768,7 @@ def confirm(argv: list[str]) -> int:
 # --- pilot: a claim's declared design runs, recorded ---------------------------------------
 
 PILOTS = BOOK / "pilots"
+PACKAGE_PILOTS = ROOT / "lnbook" / "pilots"  # the same records, shipped with the package
 
 
 def _per_seed(results) -> dict:
@@ -818,10 +819,14 @@ def pilot_claim(claim_id: str, out_dir: Path = PILOTS) -> dict:
     record = {"claim": claim_id, "experiment": p.experiment, "seeds": list(seeds),
               "config": p.config, "tried": tried, "chose": p.chose, "made": now,
               "digest": experiment_digests([])["lnbook"]}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{claim_id}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"  pilot record written to {path}", flush=True)
+    text = json.dumps(record, indent=1) + "\n"
+    # the book's copy, and the package's (lnbook/pilots/, package data: a chapter renders its
+    # record with lnbook.ledger.pilot_markdown from a plain install)
+    for folder in dict.fromkeys((out_dir, PACKAGE_PILOTS if out_dir == PILOTS else out_dir)):
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{claim_id}.json"
+        path.write_text(text)
+        print(f"  pilot record written to {path}", flush=True)
     return record
 
 

@@ -25,8 +25,8 @@ __all__ = [
     "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Effect", "Rule",
     "agreement", "agreement_text", "combine", "decide", "decide_claim", "detectable_share",
     "effect", "format_seen", "ledger_dir", "load_claims", "load_records", "load_replication",
-    "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from", "record",
-    "verdict_from",
+    "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from",
+    "pilot_markdown", "pilot_record", "record", "verdict_from",
 ]
 
 VERDICTS: tuple[str, ...] = (
@@ -682,6 +682,210 @@ def load_pilots(path: str | os.PathLike | None = None) -> dict[str, Pilot]:
     by claim ID."""
     return {str(c["id"]): pilot_from(str(c["id"]), c["pilot"])
             for c in load_claims(path)["claims"] if c.get("pilot")}
+
+
+# --- pilot records: what a pilot tried, rendered for a chapter's design dropdown -------------
+
+#: The package folder that holds the pilot records (``book/pilots/*.json``, copied verbatim), so
+#: that a chapter renders its record from a plain install, outside the checkout.
+PILOT_RECORDS = "pilots"
+
+
+def pilot_record(name: str) -> dict[str, Any]:
+    """The pilot record ``name`` (a claim ID such as ``"P16"``, or a record's own name such as
+    ``"sphere"``) as the installed package holds it (``lnbook/pilots/NAME.json``).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        FileNotFoundError: there is no record of that name; the message names the claim and
+            the records that exist (a design chosen without one says "chosen without a pilot").
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"pilot_record(): name must be a claim ID or a record name (str), "
+                        f"got {type(name).__name__}")
+    folder = resources.files("lnbook").joinpath(PILOT_RECORDS)
+    file = folder.joinpath(f"{name}.json")
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name) or not file.is_file():
+        have = sorted(f.name.removesuffix(".json") for f in folder.iterdir()
+                      if f.name.endswith(".json")) if folder.is_dir() else []
+        raise FileNotFoundError(f"{name}: no pilot record (lnbook/pilots/{name}.json); "
+                                f"records: {have}. A design chosen without one says "
+                                "'chosen without a pilot'")
+    return json.loads(file.read_text(encoding="utf-8"))
+
+
+def _num(v: Any) -> float | None:
+    """A per-seed value as a float; None when absent; a non-finite value (a diverged run,
+    stored as ``"nan"`` or ``NaN``) as +inf, so that it ranks above every finite one."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) or x == -math.inf else math.inf
+
+
+def _median(values: list[Any]) -> str:
+    """The median over seeds of ``values`` (numbers, or equal-length lists of them: the median
+    of each position, joined by ``/``), to 3 significant digits; ``–`` where no seed has a
+    value; the seeds without one are left out."""
+    if values and all(isinstance(v, list) for v in values):
+        width = max(len(v) for v in values)
+        return "/".join(_median([v[k] if k < len(v) else None for v in values])
+                        for k in range(width))
+    xs = sorted(x for x in map(_num, values) if x is not None)
+    if not xs:
+        return "–"
+    n = len(xs)
+    m = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    return "∞" if m == math.inf else f"{m:.3g}"
+
+
+def _summary(quantities: Mapping[str, Any]) -> str:
+    """``name value`` for every quantity of one arm, per-seed lists by their median, and a run
+    of indexed names (``var_0``, ``var_1``, ...) as one entry (``var_0…8 a/b/...``)."""
+    parts, done = [], set()
+    for name, vals in quantities.items():
+        if name in done:
+            continue
+        m = re.fullmatch(r"(.+)_0", name)
+        run: list[str] = []
+        while m and f"{m.group(1)}_{len(run)}" in quantities:
+            run.append(f"{m.group(1)}_{len(run)}")
+        if len(run) > 1:
+            done.update(run)
+            meds = "/".join(_median(quantities[k]) if isinstance(quantities[k], list)
+                            else str(quantities[k]) for k in run)
+            parts.append(f"{m.group(1)}_0…{len(run) - 1} {meds}")
+            continue
+        parts.append(f"{name} {_median(vals) if isinstance(vals, list) else vals}")
+    return ", ".join(parts)
+
+
+def _overrides(config: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    diff = {k: v for k, v in config.items() if k != "seeds" and base.get(k) != v}
+    return ", ".join(f"{k}={v}" for k, v in diff.items()) or "the declared config"
+
+
+def _pilot_layout(rec: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """One record, whatever its layout, as ``{"tried": [{"label", "arms": {arm: {quantity:
+    per-seed values or a shown value}}, "claims": {claim: {part: per-seed values}}}], "chosen",
+    "notes"}``. Four layouts: ``dev.py pilot`` (``tried`` with ``overrides``), the design map's
+    grids (``map``, ``per_seed``), the outliers' run (``runs``, ``claim_values``) and the
+    sphere's rates (``runs`` by rate, ``chosen`` rate per design)."""
+    claim = rec.get("claim", name)
+    if isinstance(rec.get("tried"), list) and all("overrides" in t for t in rec["tried"]):
+        tried = []
+        for t in rec["tried"]:
+            q = t.get("quantities", {})
+            arms = q if all(isinstance(v, Mapping) for v in q.values()) else {"": q}
+            label = ", ".join(f"{k}={v}" for k, v in t["overrides"].items()) or \
+                "the declared config"
+            tried.append({"label": f"{label} ({t['seconds']} s)" if "seconds" in t else label,
+                          "arms": arms, "claims": {}})
+        return {"tried": tried, "chosen": rec.get("chose", ""), "notes": []}
+    if "map" in rec and "per_seed" in rec:
+        base = rec["config"]
+
+        def grid(g: Mapping[str, Any], label: str) -> dict[str, Any]:
+            arms: dict[str, dict[str, Any]] = {}
+            for cell, s in g["map"].items():
+                d = arms.setdefault(cell.split("/")[0], {"left": 0, "n": 0})
+                d["left"] += s["left"]
+                d["n"] += s["n"]
+            shown = {a: {"runs out of the trivial phase": f"{d['left']} of {d['n']}"}
+                     for a, d in arms.items()}
+            return {"label": label, "arms": shown, "claims": {claim: dict(g["per_seed"])}}
+
+        tried = [grid(g, _overrides(g["config"], base)) for g in rec.get("tried", [])]
+        chosen = grid(rec, ", ".join(f"{k}={base[k]}" for k in ("depths", "lrs", "warmups")
+                                     if k in base) + " (chosen)")
+        notes = [rec["note"]] if rec.get("note") else []
+        if rec.get("amplification"):
+            depths = "/".join(str(d) for d in rec.get("probe", {}).get("depths", []))
+            amp = ", ".join(f"{d} {'/'.join(f'{x:.3g}' for x in v)}"
+                            for d, v in rec["amplification"].items())
+            notes.append(f"Amplification probe (untrained, at {depths} blocks): {amp}.")
+        return {"tried": [*tried, chosen], "chosen": "", "notes": notes}
+    if "runs" in rec and "claim_values" in rec:
+        values = rec["claim_values"].get(claim, {})
+        return {"tried": [{"label": "the declared config", "arms": rec["runs"],
+                           "claims": {claim: values} if values else {}}],
+                "chosen": rec.get("chosen", ""), "notes": []}
+    if "runs" in rec and "lrs" in rec and isinstance(rec.get("chosen"), Mapping):
+        def reached(arm: Mapping[str, Any]) -> dict[str, Any]:
+            # a target a seed did not reach (None) took more updates than the run had
+            return {q: [[math.inf if u is None else u for u in s] for s in v]
+                    if q == "updates_to_targets" else v for q, v in arm.items()}
+
+        tried = [{"label": f"lr={lr}", "claims": {},
+                  "arms": {a: reached(q) for a, q in rec["runs"][str(lr)].items()}}
+                 for lr in rec["lrs"]]
+        chosen = "the rate of each design: " + ", ".join(
+            f"{d} {lr}" for d, lr in rec["chosen"].items())
+        notes = [rec["note"]] if rec.get("note") else []
+        if rec.get("targets"):
+            notes.insert(0, "Targets (held-out loss): "
+                         + "/".join(f"{t:.3g}" for t in rec["targets"])
+                         + "; ∞: the median seed did not reach the target within the run.")
+        return {"tried": tried, "chosen": chosen, "notes": notes}
+    raise ValueError(f"{name}: pilot record of an unknown layout (keys {sorted(rec)})")
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}–{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def pilot_markdown(*names: str) -> str:
+    """The pilot records ``names`` (claim IDs, or a record's name such as ``"sphere"``) as
+    Markdown for a chapter's "How this experiment was designed" dropdown: the experiment, the
+    pilot seeds, each variant tried with the median over the pilot seeds of every per-seed
+    quantity of each arm, the per-seed values of each claim's parts (medians), what was chosen
+    and when the record was made. Several names must be records of one run (as P24, P25 and
+    P26 are): it is shown once, with each claim's values.
+
+    Raises:
+        TypeError, FileNotFoundError: as :func:`pilot_record` (the error names the claim).
+        ValueError: no name, or records of different runs.
+    """
+    if not names:
+        raise ValueError("pilot_markdown() takes at least one claim ID or record name")
+    recs = [pilot_record(n) for n in names]
+    layouts = [_pilot_layout(r, n) for r, n in zip(recs, names, strict=True)]
+    first, lay = recs[0], layouts[0]
+    for n, r, other in zip(names[1:], recs[1:], layouts[1:], strict=True):
+        same = [(t["label"], t["arms"]) for t in other["tried"]] == \
+               [(t["label"], t["arms"]) for t in lay["tried"]]
+        if r.get("seeds") != first.get("seeds") or not same:
+            raise ValueError(f"{n}: not the same pilot run as {names[0]}; render it apart")
+        for t, o in zip(lay["tried"], other["tried"], strict=True):
+            t["claims"].update(o["claims"])
+    seeds = list(first.get("seeds", []))
+    from lnbook.seeds import pilot_seeds
+
+    made = f"made {first['made']}" if first.get("made") else "its date is not in the file"
+    which = (f"`lnbook.seeds.pilot_seeds({len(seeds)})`, which no verdict uses"
+             if seeds and tuple(seeds) == pilot_seeds(len(seeds)) else "not the pilot seeds")
+    lines = [f"**Pilot record {', '.join(names)}**: experiment `{first.get('experiment')}`, "
+             f"{made}.", "",
+             f"Pilot seeds {_seeds_text(seeds)} ({len(seeds)} seeds, {which}).", "",
+             "Tried (a per-seed figure is shown as its median over the pilot seeds):", ""]
+    for k, t in enumerate(lay["tried"], 1):
+        lines.append(f"{k}. {t['label']}")
+        for arm, q in t["arms"].items():
+            lines.append(f"   - {f'`{arm}`: ' if arm else ''}{_summary(q)}")
+        for cid, parts in t["claims"].items():
+            for part, vals in parts.items():
+                lines.append(f"   - {cid}, *{part}*: {_median(vals)}")
+    chosen = [c for c in dict.fromkeys(x["chosen"] for x in layouts) if c]
+    if chosen:
+        lines += ["", "Chosen: " + " ".join(chosen)]
+    for note in dict.fromkeys(n for x in layouts for n in x["notes"]):
+        lines += ["", note]
+    return "\n".join(lines) + "\n"
 
 
 # --- replication: the verdicts on fresh seed sets (python3 dev.py replicate) -----------------

@@ -1,0 +1,163 @@
+"""The pilot records (``book/pilots/*.json``, shipped as ``lnbook/pilots/``) and their rendering
+for the chapters' "How this experiment was designed" dropdowns (``ledger.pilot_markdown``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from lnbook import ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+DROPDOWN = "How this experiment was designed"
+
+
+def _raw(name: str) -> dict:
+    return json.loads((BOOK / "pilots" / f"{name}.json").read_text())
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+# --- the package's copy ----------------------------------------------------------------------
+
+
+def test_package_copies_are_the_books_records():
+    book = {p.name: p.read_bytes() for p in (BOOK / "pilots").glob("*.json")}
+    package = {p.name: p.read_bytes() for p in (ROOT / "lnbook" / "pilots").glob("*.json")}
+    assert book, "no pilot record in book/pilots"
+    assert sorted(package) == sorted(book), "copy book/pilots/*.json into lnbook/pilots/"
+    for name, data in book.items():
+        assert package[name] == data, f"lnbook/pilots/{name} differs from book/pilots/{name}"
+
+
+def test_the_wheel_ships_the_records():
+    data = re.search(r"\[tool\.setuptools\.package-data\]\s*lnbook = (\[.*?\])",
+                     (ROOT / "pyproject.toml").read_text(), re.S)
+    assert data and "pilots/*.json" in json.loads(data.group(1))
+    assert ledger.pilot_record("P16") == _raw("P16")  # read through importlib.resources
+
+
+# --- one test per record layout, with the record's own values ---------------------------------
+
+
+def test_dev_pilot_layout_p16():
+    raw = _raw("P16")
+    md = ledger.pilot_markdown("P16")
+    q = raw["tried"][0]["quantities"]
+    acc, loss = np.median(q["pre/lr0.01"]["accuracy"]), np.median(q["pre/lr0.01"]["loss"])
+    assert (_g(acc), _g(loss)) == ("0.775", "0.617")
+    assert f"`pre/lr0.01`: accuracy {_g(acc)}, loss {_g(loss)}, var_0…6 2.08/" in md
+    var6 = np.median(q["post/lr0.01"]["var_6"])
+    assert f"/{_g(var6)}\n" in md.split("`post/lr0.01`")[1]
+    assert "experiment `peri_ln`, made 2026-11-28 07:40 UTC" in md
+    assert "Pilot seeds 1000000–1000009 (10 seeds, `lnbook.seeds.pilot_seeds(10)`" in md
+    assert "1. the declared config (23.7 s)" in md
+    assert "Chosen: the stability part as the rise of the final loss" in md
+    assert md.count("\n   - `") == 7  # the seven arms: Pre-LN and Peri-LN at 3 rates, Post-LN
+
+
+def test_design_map_layout_p23_p29():
+    raw = _raw("P23")
+    md = ledger.pilot_markdown("P23", "P29")
+    left = sum(c["left"] for k, c in raw["map"].items() if k.startswith("pre/"))
+    total = sum(c["n"] for k, c in raw["map"].items() if k.startswith("pre/"))
+    assert (left, total) == (34, 40)
+    grid_a, grid_b = md.split("\n2. ")
+    assert "1. depths=[1, 4], lrs=[0.003, 0.03]" in grid_a
+    assert grid_b.startswith("depths=[1, 5], lrs=[0.01, 0.1], warmups=[0, 30] (chosen)")
+    assert "`pre`: runs out of the trivial phase 34 of 40" in grid_b
+    ends = np.median(raw["per_seed"]["Post-LN ends lower where it trains"])
+    assert f"P23, *Post-LN ends lower where it trains*: {_g(ends)}" in grid_b
+    assert _g(ends) == "-0.268"
+    spikes = np.median(_raw("P29")["tried"][0]["per_seed"]["fewer loss spikes"])
+    assert f"P29, *fewer loss spikes*: {_g(spikes)}" in grid_a and spikes == 0
+    assert "post 0.0758/0.138/0.368" in md  # the amplification probe at 1/4/16 blocks
+    assert "its date is not in the file" in md
+
+
+def test_outliers_layout_p24_alone_and_with_p25_p26():
+    raw = _raw("P24")
+    md = ledger.pilot_markdown("P24")
+    bias = np.median(raw["claim_values"]["P24"]["a bias removes them"])
+    assert f"P24, *a bias removes them*: {_g(bias)}" in md and _g(bias) == "0.962"
+    assert "P25," not in md  # only the rendered claim's values
+    ratio = np.median(np.array(raw["runs"]["plain"]["ratio"]), axis=0)
+    assert f"`plain`: ratio {_g(ratio[0])}/{_g(ratio[1])}, " in md
+    both = ledger.pilot_markdown("P24", "P25", "P26")
+    assert both.count("`plain`:") == 1 and "P26, *far more than random*: 0.706" in both
+    assert both.startswith("**Pilot record P24, P25, P26**: experiment `outliers`")
+    with pytest.raises(ValueError, match="P17: not the same pilot run as P24"):
+        ledger.pilot_markdown("P24", "P17")
+
+
+def test_sphere_layout():
+    raw = _raw("sphere")
+    md = ledger.pilot_markdown("sphere")
+    assert [line for line in md.splitlines() if re.match(r"\d\. ", line)] == [
+        "1. lr=0.001", "2. lr=0.003", "3. lr=0.01", "4. lr=0.03", "5. lr=0.1"]
+    # seeds 70/120/180, 90/130/200, 90/160/not reached: the missing one counts as more updates
+    assert raw["runs"]["0.003"]["pre/L2"]["updates_to_targets"][2][2] is None
+    at3 = md.split("2. lr=0.003")[1].split("3. lr=0.01")[0]
+    assert "`pre/L2`: final_test_loss 0.143, updates_to_targets 90/130/200" in at3
+    # a diverged seed (NaN) ranks above the finite ones: the median is the larger finite loss
+    losses = raw["runs"]["0.1"]["rezero/L6"]["final_test_loss"]
+    assert np.isnan(losses[1]) and _g(max(losses[0], losses[2])) == "6.22e+11"
+    assert "`rezero/L6`: final_test_loss 6.22e+11, updates_to_targets ∞/∞/∞" in md
+    assert "Chosen: the rate of each design: pre 0.01, post 0.01, rezero 0.01, ngpt 0.03" in md
+
+
+def test_errors_name_the_claim():
+    with pytest.raises(FileNotFoundError, match=r"P05: no pilot record .*'P16'"):
+        ledger.pilot_markdown("P05")
+    with pytest.raises(FileNotFoundError, match="chosen without a pilot"):
+        ledger.pilot_record("C01")
+    with pytest.raises(FileNotFoundError, match=r"\.\./P16: no pilot record"):
+        ledger.pilot_record("../P16")
+    with pytest.raises(TypeError, match="claim ID or a record name"):
+        ledger.pilot_record(16)
+    with pytest.raises(ValueError, match="at least one"):
+        ledger.pilot_markdown()
+
+
+# --- the book: every design dropdown renders a record or says it had none ---------------------
+
+
+def _rendered(nb) -> tuple[set[str], str]:
+    """The records a notebook renders (``pilot_markdown("P16", ...)`` glued and shown with
+    ``{glue:md}`` inside its dropdown) and the text of its design dropdowns."""
+    names, glued = set(), set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for call in re.finditer(r"glue\(\s*\"(\w+)\",\s*Markdown\(\s*pilot_markdown\(([^)]*)\)",
+                                cell.source):
+            glued.add(call.group(1))
+            names.update(re.findall(r"\"(\w+)\"", call.group(2)))
+    dropdowns = "\n".join(c.source for c in nb.cells
+                          if c.cell_type == "markdown" and DROPDOWN in c.source)
+    shown = set(re.findall(r"\{glue:md\} (\w+)", dropdowns))
+    return (names if glued and glued <= shown else set()), dropdowns
+
+
+def test_every_design_dropdown_renders_a_record_or_says_it_had_none():
+    rendered: set[str] = set()
+    for path in sorted(BOOK.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        names, dropdowns = _rendered(nb)
+        if not dropdowns:
+            continue
+        rendered |= names
+        assert names or "chosen without a pilot" in dropdowns.lower(), (
+            f"{path.name}: its design dropdown neither renders a pilot record "
+            "(glue of ledger.pilot_markdown shown with {glue:md} in it) nor says "
+            "'chosen without a pilot'")
+    records = {p.stem for p in (BOOK / "pilots").glob("*.json")}
+    assert records <= rendered, f"records no chapter renders: {sorted(records - rendered)}"
