@@ -137,8 +137,8 @@ def _rendered(nb) -> tuple[set[str], str]:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        for call in re.finditer(r"glue\(\s*\"(\w+)\",\s*Markdown\(\s*pilot_markdown\(([^)]*)\)",
-                                cell.source):
+        for call in re.finditer(r"glue\(\"(\w+)\", Markdown\((?:ledger\.)?pilot_markdown\("
+                                r"([^)]*)\)", cell.source):
             glued.add(call.group(1))
             names.update(re.findall(r"\"(\w+)\"", call.group(2)))
     dropdowns = "\n".join(c.source for c in nb.cells
