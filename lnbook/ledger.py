@@ -728,12 +728,12 @@ def _num(v: Any) -> float | None:
 
 def _median(values: list[Any]) -> str:
     """The median over seeds of ``values`` (numbers, or equal-length lists of them: the median
-    of each position, joined by ``/``), to 3 significant digits; ``–`` where no seed has a
-    value; the seeds without one are left out."""
+    of each position, in brackets), to 3 significant digits; ``–`` where no seed has a value;
+    the seeds without one are left out."""
     if values and all(isinstance(v, list) for v in values):
         width = max(len(v) for v in values)
-        return "/".join(_median([v[k] if k < len(v) else None for v in values])
-                        for k in range(width))
+        return "[" + ", ".join(_median([v[k] if k < len(v) else None for v in values])
+                               for k in range(width)) + "]"
     xs = sorted(x for x in map(_num, values) if x is not None)
     if not xs:
         return "–"
@@ -744,7 +744,7 @@ def _median(values: list[Any]) -> str:
 
 def _summary(quantities: Mapping[str, Any]) -> str:
     """``name value`` for every quantity of one arm, per-seed lists by their median, and a run
-    of indexed names (``var_0``, ``var_1``, ...) as one entry (``var_0…8 a/b/...``)."""
+    of indexed names (``var_0``, ``var_1``, ...) as one entry (``var_0…8 [a, b, ...]``)."""
     parts, done = [], set()
     for name, vals in quantities.items():
         if name in done:
@@ -755,9 +755,9 @@ def _summary(quantities: Mapping[str, Any]) -> str:
             run.append(f"{m.group(1)}_{len(run)}")
         if len(run) > 1:
             done.update(run)
-            meds = "/".join(_median(quantities[k]) if isinstance(quantities[k], list)
-                            else str(quantities[k]) for k in run)
-            parts.append(f"{m.group(1)}_0…{len(run) - 1} {meds}")
+            meds = ", ".join(_median(quantities[k]) if isinstance(quantities[k], list)
+                             else str(quantities[k]) for k in run)
+            parts.append(f"{m.group(1)}_0…{len(run) - 1} [{meds}]")
             continue
         parts.append(f"{name} {_median(vals) if isinstance(vals, list) else vals}")
     return ", ".join(parts)
@@ -804,7 +804,7 @@ def _pilot_layout(rec: Mapping[str, Any], name: str) -> dict[str, Any]:
         notes = [rec["note"]] if rec.get("note") else []
         if rec.get("amplification"):
             depths = "/".join(str(d) for d in rec.get("probe", {}).get("depths", []))
-            amp = ", ".join(f"{d} {'/'.join(f'{x:.3g}' for x in v)}"
+            amp = ", ".join(f"{d} [{', '.join(f'{x:.3g}' for x in v)}]"
                             for d, v in rec["amplification"].items())
             notes.append(f"Amplification probe (untrained, at {depths} blocks): {amp}.")
         return {"tried": [*tried, chosen], "chosen": "", "notes": notes}

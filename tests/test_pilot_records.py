@@ -54,9 +54,9 @@ def test_dev_pilot_layout_p16():
     q = raw["tried"][0]["quantities"]
     acc, loss = np.median(q["pre/lr0.01"]["accuracy"]), np.median(q["pre/lr0.01"]["loss"])
     assert (_g(acc), _g(loss)) == ("0.775", "0.617")
-    assert f"`pre/lr0.01`: accuracy {_g(acc)}, loss {_g(loss)}, var_0…6 2.08/" in md
+    assert f"`pre/lr0.01`: accuracy {_g(acc)}, loss {_g(loss)}, var_0…6 [2.08, " in md
     var6 = np.median(q["post/lr0.01"]["var_6"])
-    assert f"/{_g(var6)}\n" in md.split("`post/lr0.01`")[1]
+    assert f", {_g(var6)}]\n" in md.split("`post/lr0.01`")[1]
     assert "experiment `peri_ln`, made 2026-11-28 07:40 UTC" in md
     assert "Pilot seeds 1000000–1000009 (10 seeds, `lnbook.seeds.pilot_seeds(10)`" in md
     assert "1. the declared config (23.7 s)" in md
@@ -79,7 +79,7 @@ def test_design_map_layout_p23_p29():
     assert _g(ends) == "-0.268"
     spikes = np.median(_raw("P29")["tried"][0]["per_seed"]["fewer loss spikes"])
     assert f"P29, *fewer loss spikes*: {_g(spikes)}" in grid_a and spikes == 0
-    assert "post 0.0758/0.138/0.368" in md  # the amplification probe at 1/4/16 blocks
+    assert "post [0.0758, 0.138, 0.368]" in md  # the amplification probe at 1/4/16 blocks
     assert "its date is not in the file" in md
 
 
@@ -90,7 +90,7 @@ def test_outliers_layout_p24_alone_and_with_p25_p26():
     assert f"P24, *a bias removes them*: {_g(bias)}" in md and _g(bias) == "0.962"
     assert "P25," not in md  # only the rendered claim's values
     ratio = np.median(np.array(raw["runs"]["plain"]["ratio"]), axis=0)
-    assert f"`plain`: ratio {_g(ratio[0])}/{_g(ratio[1])}, " in md
+    assert f"`plain`: ratio [{_g(ratio[0])}, {_g(ratio[1])}], " in md
     both = ledger.pilot_markdown("P24", "P25", "P26")
     assert both.count("`plain`:") == 1 and "P26, *far more than random*: 0.706" in both
     assert both.startswith("**Pilot record P24, P25, P26**: experiment `outliers`")
@@ -106,11 +106,11 @@ def test_sphere_layout():
     # seeds 70/120/180, 90/130/200, 90/160/not reached: the missing one counts as more updates
     assert raw["runs"]["0.003"]["pre/L2"]["updates_to_targets"][2][2] is None
     at3 = md.split("2. lr=0.003")[1].split("3. lr=0.01")[0]
-    assert "`pre/L2`: final_test_loss 0.143, updates_to_targets 90/130/200" in at3
+    assert "`pre/L2`: final_test_loss 0.143, updates_to_targets [90, 130, 200]" in at3
     # a diverged seed (NaN) ranks above the finite ones: the median is the larger finite loss
     losses = raw["runs"]["0.1"]["rezero/L6"]["final_test_loss"]
     assert np.isnan(losses[1]) and _g(max(losses[0], losses[2])) == "6.22e+11"
-    assert "`rezero/L6`: final_test_loss 6.22e+11, updates_to_targets ∞/∞/∞" in md
+    assert "`rezero/L6`: final_test_loss 6.22e+11, updates_to_targets [∞, ∞, ∞]" in md
     assert "Chosen: the rate of each design: pre 0.01, post 0.01, rezero 0.01, ngpt 0.03" in md
 
 
@@ -155,9 +155,22 @@ def test_every_design_dropdown_renders_a_record_or_says_it_had_none():
         if not dropdowns:
             continue
         rendered |= names
-        assert names or "chosen without a pilot" in dropdowns.lower(), (
+        assert names or "chosen without a pilot" in " ".join(dropdowns.split()).lower(), (
             f"{path.name}: its design dropdown neither renders a pilot record "
             "(glue of ledger.pilot_markdown shown with {glue:md} in it) nor says "
             "'chosen without a pilot'")
     records = {p.stem for p in (BOOK / "pilots").glob("*.json")}
     assert records <= rendered, f"records no chapter renders: {sorted(records - rendered)}"
+
+
+def test_the_book_check_sees_a_glue_that_is_not_shown_in_the_dropdown():
+    import nbformat.v4 as v4
+
+    glue = v4.new_code_cell('glue("p16_pilot", Markdown(ledger.pilot_markdown("P16")), '
+                            'display=False)')
+    shown = v4.new_markdown_cell(f"````{{dropdown}} {DROPDOWN}\n```{{glue:md}} p16_pilot\n"
+                                 ":format: myst\n```\n````")
+    elsewhere = v4.new_markdown_cell(f"```{{dropdown}} {DROPDOWN}\nWhy.\n```\n\n"
+                                     "{glue:md}`p16_pilot`")
+    assert _rendered(v4.new_notebook(cells=[glue, shown]))[0] == {"P16"}
+    assert _rendered(v4.new_notebook(cells=[glue, elsewhere]))[0] == set()
