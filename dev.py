@@ -641,8 +641,10 @@ def draw_confirmation_sets(n_sets: int = 4, manifest: Path = CONFIRMATION_MANIFE
 
     Runs inside .venv. The sets come from the operating system's randomness (`secrets`), from
     5 to lnbook.seeds.MAX_SET, never a design set (0-4) nor a set of book/replication.json;
-    the manifest records them, how they were drawn, when, and `experiment_digests` of the code
-    they will confirm (lnbook's code, and per notebook its code cells and its claims' rules).
+    nor a set an earlier confirmation (book/confirmation.json) used or spent;
+    the manifest records them, how they were drawn, when, the spent sets, and
+    `experiment_digests` of the code they will confirm (lnbook's code, and per notebook its
+    code cells and its claims' rules).
     Commit the manifest before `confirm` runs. A manifest is drawn once: this refuses to
     overwrite one.
     """
@@ -661,6 +663,13 @@ def draw_confirmation_sets(n_sets: int = 4, manifest: Path = CONFIRMATION_MANIFE
     used = set(DESIGN_SETS)
     if REPLICATION.exists():
         used |= set(json.loads(REPLICATION.read_text()).get("sets", []))
+    # an earlier confirmation's sets have been seen (and the code changed after them): they are
+    # spent, never drawn again, and every later manifest and record carries them
+    spent: set[int] = set()
+    if CONFIRMATION.exists():
+        old = json.loads(CONFIRMATION.read_text())
+        spent = set(old.get("sets", [])) | set(old.get("spent", []))
+    used |= spent
     pool = [k for k in range(MAX_SET + 1) if k not in used]
     rng = secrets.SystemRandom()
     sets = sorted(rng.sample(pool, n_sets))
@@ -669,6 +678,7 @@ def draw_confirmation_sets(n_sets: int = 4, manifest: Path = CONFIRMATION_MANIFE
             "drawn": {"date": now, "how": f"secrets.SystemRandom().sample of {n_sets} from "
                       f"the {len(pool)} sets 0-{MAX_SET} outside the design sets "
                       f"{sorted(used)}"},
+            "spent": sorted(spent),
             "digest": experiment_digests(notebooks)}
     header = ("# The blind confirmation's seed sets, drawn once before any run on them\n"
               "# (python3 dev.py confirm --draw), and the digests of the code and rules they\n"
@@ -730,6 +740,7 @@ def confirm_sets(notebooks: list[str] | None = None, manifest: Path = CONFIRMATI
     record = {
         "sets": sets,
         "manifest": {"file": manifest.name, "drawn": plan.get("drawn", {})},
+        "spent": plan.get("spent", []),
         "made": {"date": now.strftime("%Y-%m-%d %H:%M UTC"),
                  "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
                             f"{platform.system()} {platform.release()}",

@@ -688,6 +688,24 @@ def test_confirmation_sets_are_drawn_once_never_design_sets(tmp_path, monkeypatc
     assert other["sets"] != sets
 
 
+def test_an_earlier_confirmations_sets_are_spent(tmp_path, monkeypatch):
+    """A new manifest never draws a set an earlier confirmation used or spent, and carries
+    them on: with all but four sets spent, the draw is those four."""
+    dev = load_dev()
+    from lnbook.seeds import MAX_SET
+
+    monkeypatch.setattr(dev, "REPLICATION", tmp_path / "none.json")
+    earlier = tmp_path / "confirmation.json"
+    free = list(range(MAX_SET - 3, MAX_SET + 1))
+    earlier.write_text(json.dumps({"sets": [126, 611],
+                                   "spent": [k for k in range(5, MAX_SET - 3)]}))
+    monkeypatch.setattr(dev, "CONFIRMATION", earlier)
+    got = dev.draw_confirmation_sets(4, tmp_path / "confirmation.yml", ["05_1_invariance"])
+    assert got["sets"] == free
+    assert set(got["spent"]) == set(range(5, MAX_SET - 3)) and 611 in got["spent"]
+    assert yaml.safe_load((tmp_path / "confirmation.yml").read_text())["spent"] == got["spent"]
+
+
 def test_confirmation_refuses_other_code_and_voids_changed_chapters(tmp_path):
     dev = load_dev()
     manifest = tmp_path / "confirmation.yml"

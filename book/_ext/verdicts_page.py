@@ -100,6 +100,9 @@ class ReplicationTable(SphinxDirective):
                       f"{len(secs)} executions, the longest {max(secs, default=0):.0f} s; "
                       f"failed: {', '.join(failed) or 'none'}. Digest of lnbook's code "
                       f"`{digest.get('lnbook', '?')}`."]
+        if rep.get("spent"):
+            lines += ["", "Seed sets of earlier confirmations, seen and never drawn again: "
+                          f"{', '.join(str(k) for k in rep['spent'])}."]
         return self.parse_text_to_nodes("\n".join(lines))
 
 

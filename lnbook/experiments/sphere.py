@@ -21,7 +21,14 @@ from torch import Tensor, nn
 from lnbook.checks import check_config, check_subset
 from lnbook.engine import History, Job, Results, Stack, make_config, sweep, train_copies
 from lnbook.engine.metrics import updates_to_reach
-from lnbook.experiments.seq_tasks import SequenceTask, TaskConfig, presets, task_of
+from lnbook.engine.train import max_updates
+from lnbook.experiments.seq_tasks import (
+    SMOKE_BATCH,
+    SequenceTask,
+    TaskConfig,
+    presets,
+    task_of,
+)
 from lnbook.ngpt import NGPT, NGPTConfig, unit
 from lnbook.transformer import Transformer, sequence_loss
 
@@ -143,7 +150,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
     back on the sphere before each update's forward and before each evaluation (so after every
     update).
     A copy whose loss stops being finite stops there (its held-out loss is then not finite:
-    it reaches no target); ``info["diverged_at"]`` is that update, or None."""
+    it reaches no target); ``info["diverged_at"]`` is that update, or None. In a smoke run
+    (:func:`lnbook.engine.train.capped`) a batch holds at most
+    :data:`~lnbook.experiments.seq_tasks.SMOKE_BATCH` sequences."""
     (design, depth), seeds, dev = job.params, job.seeds, job.device
     task = task.to(dev)
     models = []
@@ -155,6 +164,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
                 for name, dim in models[0].matrices()] if design == "ngpt" else [])
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
     n, xt, yt = len(seeds), task.x_test[:config.n_eval], task.y_test[:config.n_eval]
+    batch = config.batch_size if max_updates() is None else min(config.batch_size, SMOKE_BATCH)
 
     @torch.no_grad()
     def project() -> None:
@@ -163,7 +173,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
 
     def losses(step: int) -> Tensor:
         project()
-        idx = torch.stack([torch.randint(len(task.x), (config.batch_size,), generator=g)
+        idx = torch.stack([torch.randint(len(task.x), (batch,), generator=g)
                            for g in gens]).to(dev)  # (S, B)
         return stack.call(_loss, task.x[idx], task.y[idx])  # (S,)
 
