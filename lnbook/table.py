@@ -15,10 +15,14 @@ GLUE_PREFIX = "application/papermill.record/"
 def glue(name: str, value: Any, display: bool = True) -> None:
     """Hand ``value`` to the page's prose as ``name`` (MyST's ``glue:text`` role): the output
     ``myst_nb.glue`` writes (under ``GLUE_PREFIX`` when ``display=False``), without importing
-    MyST-NB's Sphinx extension into the kernel (about 1.4 s of CPU per chapter)."""
+    MyST-NB's Sphinx extension into the kernel (about 1.4 s of CPU per chapter). A NumPy or
+    torch scalar is glued as the Python number it holds: its text is then ``0.25``, not
+    ``np.float64(0.25)``, which a format such as ``{glue:text}`name:.2f``` could not read."""
     from IPython.core.formatters import format_display_data
     from IPython.display import display as show
 
+    if type(value).__module__ in ("numpy", "torch") and getattr(value, "ndim", None) == 0:
+        value = value.item()  # a 0-d array, NumPy scalar or 0-d tensor: its Python number
     data, metadata = format_display_data(value)
     prefix = "" if display else GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}

@@ -40,3 +40,19 @@ def test_glue_writes_what_myst_nb_glue_writes(monkeypatch, value, display):
     data = ours[0][0][0]
     assert all(k.startswith(GLUE_PREFIX) for k in data) == (not display)
     assert lnbook.glue is glue
+
+
+@pytest.mark.parametrize("make", ["numpy", "numpy0d", "torch"])
+def test_glue_gives_a_scalar_as_the_python_number_a_format_can_read(monkeypatch, make):
+    import numpy as np
+    import torch
+
+    value = {"numpy": lambda: np.float64(1.25), "numpy0d": lambda: np.array(1.25),
+             "torch": lambda: torch.tensor(1.25, dtype=torch.float64)}[make]()
+    ours = _shown(monkeypatch, IPython.display, "display",
+                  lambda: glue("name", value, display=False))
+    text = ours[0][0][0][GLUE_PREFIX + "text/plain"]
+    assert text == "1.25" and f"{float(text):.1f}" == "1.2"
+    vector = _shown(monkeypatch, IPython.display, "display",
+                    lambda: glue("name", np.array([1.0, 2.0]), display=False))
+    assert vector[0][0][0][GLUE_PREFIX + "text/plain"] == "array([1., 2.])"  # kept whole
