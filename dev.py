@@ -570,7 +570,6 @@ def replicate_sets(n_sets: int, notebooks: list[str] | None = None) -> dict:
     import datetime
     import platform
 
-
     if n_sets < 1:
         raise ValueError(f"--sets must be at least 1, got {n_sets}")
     names = notebooks or sorted(p.stem for p in BOOK.glob("*.ipynb"))
@@ -676,8 +675,8 @@ def draw_confirmation_sets(n_sets: int = 4, manifest: Path = CONFIRMATION_MANIFE
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     data = {"sets": sets,
             "drawn": {"date": now, "how": f"secrets.SystemRandom().sample of {n_sets} from "
-                      f"the {len(pool)} sets 0-{MAX_SET} outside the design sets "
-                      f"{sorted(used)}"},
+                      f"the {len(pool)} sets 0-{MAX_SET} outside the design, replication and "
+                      f"spent sets {sorted(used)}"},
             "spent": sorted(spent),
             "digest": experiment_digests(notebooks)}
     header = ("# The blind confirmation's seed sets, drawn once before any run on them\n"
@@ -715,7 +714,6 @@ def confirm_sets(notebooks: list[str] | None = None, manifest: Path = CONFIRMATI
     import platform
 
     import yaml
-
 
     if not manifest.is_file():
         raise FileNotFoundError(f"no manifest {manifest}: draw the sets first with "
