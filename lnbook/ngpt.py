@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.checks import ShapeError, check_size
+from lnbook.transformer import softmax
 
 __all__ = ["NGPTConfig", "NGPT", "Scale", "unit"]
 
@@ -115,7 +116,7 @@ class _Block(nn.Module):
         att = q @ k.transpose(-2, -1) * math.sqrt(self.d_head)  # (B, H, T, T)
         t = h.shape[1]
         seen = torch.ones(t, t, dtype=torch.bool, device=h.device).tril()  # (T, T) causal
-        att = att.masked_fill(~seen, float("-inf")).softmax(-1)  # (B, H, T, T)
+        att = softmax(att.masked_fill(~seen, float("-inf")))  # (B, H, T, T)
         y = att @ self._heads(self.v(h))  # (B, H, T, Dh)
         return self.o(y.transpose(1, 2).flatten(2))  # (B, T, D)
 

@@ -23,6 +23,7 @@ from lnbook.transformer import (
     norm_inputs_outputs,
     residual_stream,
     sequence_loss,
+    softmax,
     to_pre_rmsnorm,
 )
 from lnbook.variants import DyT, RMSNorm
@@ -480,3 +481,26 @@ def test_rezero_blocks_start_as_the_identity_and_follow_the_gated_formula():
     ln_model = model(position="rezero")
     assert type(ln_model.final_norm) is LayerNorm
     assert all(type(b.norm1) is nn.Identity for b in ln_model.blocks)
+
+
+@pytest.mark.parametrize("width", [1, 5, 13, 15, 16, 40])
+def test_softmax_is_torchs_softmax_with_masked_entries(width):
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(3, 2, 7, width, dtype=torch.float64, generator=g) * 30  # large logits
+    x[..., 1:] = x[..., 1:].masked_fill(torch.rand(x[..., 1:].shape, generator=g) < 0.3,
+                                        float("-inf"))
+    x.requires_grad_(True)
+    w = torch.randn(x.shape, dtype=torch.float64, generator=g)
+    mine, ref = softmax(x), x.softmax(dim=-1)
+    torch.testing.assert_close(mine, ref, rtol=0, atol=1e-15)
+    assert (mine[x.isinf()] == 0).all()
+    (grad,) = torch.autograd.grad((mine * w).sum(), x)
+    (ref_grad,) = torch.autograd.grad((ref * w).sum(), x)
+    torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(softmax(x.float()), ref.float(), rtol=0, atol=1e-6)
+
+
+def test_softmax_leaves_half_precision_to_torch():
+    x = torch.randn(4, 13).bfloat16()
+    assert softmax(x).dtype == torch.bfloat16
+    assert torch.equal(softmax(x), x.softmax(dim=-1))
