@@ -59,6 +59,23 @@ def test_updates_to_reach_both_directions():
         P.updates_to_reach([0], [1.0], 0.5, mode="down")
 
 
+def test_updates_to_reach_interpolates_between_evaluations():
+    # the loss falls from 2.0 at update 10 to 1.0 at update 20: 1.75 is a quarter of the way
+    assert P.updates_to_reach([0, 10, 20], [3.0, 2.0, 1.0], 1.75) == 12.5
+    assert P.updates_to_reach([0, 10, 20], [0.0, 0.2, 0.6], 0.5, mode="max") == 17.5
+    # a line through the two evaluations crosses the target where the formula says
+    s = P.updates_to_reach([0, 40, 50], [9.0, 4.0, 1.5], 3.0)
+    assert 4.0 + (1.5 - 4.0) * (s - 40) / 10 == pytest.approx(3.0)
+    # reached at the first evaluation, or right after a loss that is not finite: that step
+    assert P.updates_to_reach([5, 10], [1.0, 0.5], 2.0) == 5.0
+    assert P.updates_to_reach([0, 10, 20], [3.0, math.nan, 1.0], 2.0) == 20.0
+    # finer evaluations of a straight line give the same answer as coarse ones
+    steps = np.arange(0, 101)
+    line = 10.0 - 0.07 * steps
+    assert P.updates_to_reach(steps, line, 5.1) == pytest.approx(70.0)
+    assert P.updates_to_reach(steps[::20], line[::20], 5.1) == pytest.approx(70.0)
+
+
 def test_mean_after_start_and_best_step():
     v = np.array([[9.0, 1.0, 3.0], [9.0, 2.0, 2.0]])
     np.testing.assert_allclose(P.mean_after_start(v), [2.0, 2.0])

@@ -22,18 +22,22 @@ def _pick(mode: str) -> Callable[[Sequence[float]], float]:
 
 def updates_to_reach(steps: Sequence[int], values: Sequence[float] | np.ndarray,
                      target: float | Sequence[float], mode: str = "min"
-                     ) -> int | float | np.ndarray:
-    """The first evaluation step at which ``values`` reaches ``target`` (``<=`` for
-    ``mode="min"``, ``>=`` for ``"max"``), or ``math.inf`` if never (the one convention of
-    the book for "never reached").
+                     ) -> float | np.ndarray:
+    """The number of updates at which ``values`` reaches ``target`` (``<=`` for ``mode="min"``,
+    ``>=`` for ``"max"``), interpolated linearly between the last evaluation before it and the
+    first that reached it; ``math.inf`` if never (the one convention of the book for "never
+    reached"). Reached at the first evaluation, or just after a value that is not finite, it is
+    that evaluation's step.
 
-    ``values`` ``(E,)`` gives one step (an int, or inf); ``(seeds, E)`` gives one per row,
-    ``(seeds,)`` floats, each row against ``target`` or its own ``target[k]``.
+    ``values`` ``(E,)`` gives one float; ``(seeds, E)`` gives one per row, ``(seeds,)``, each
+    row against ``target`` or its own ``target[k]``.
 
     Example::
 
         >>> updates_to_reach([0, 10, 20], [200.0, 150.0, 140.0], 150.0)
-        10
+        10.0
+        >>> updates_to_reach([0, 10, 20], [200.0, 160.0, 140.0], 150.0)  # halfway from 10 to 20
+        15.0
         >>> updates_to_reach([0, 10], [[3.0, 1.0], [3.0, 2.0]], [1.0, 1.0])
         array([10., inf])
     """
@@ -46,9 +50,15 @@ def updates_to_reach(steps: Sequence[int], values: Sequence[float] | np.ndarray,
                         dtype=float)
     if len(steps) != len(rows):
         raise ValueError(f"steps and values differ in length: {len(steps)} vs {len(rows)}")
+    sign = 1.0 if mode == "min" else -1.0  # below the target in "min" terms
+    prev = None
     for s, v in zip(steps, rows.tolist(), strict=True):
-        if (v <= target) if mode == "min" else (v >= target):
-            return int(s)
+        if sign * v <= sign * target:
+            if prev is None or not math.isfinite(prev[1]):
+                return float(s)
+            (s0, v0) = prev  # v0 had not reached the target: the fraction of the way from it
+            return float(s0 + (s - s0) * (v0 - target) / (v0 - v))
+        prev = (s, v)
     return math.inf
 
 

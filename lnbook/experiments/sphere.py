@@ -200,14 +200,13 @@ def targets(results: Results) -> np.ndarray:
 
 
 def updates_to_targets(results: Results, variant: str) -> np.ndarray:
-    """Per seed and target, the first evaluated update at which the held-out loss reached it,
-    ``(seeds, targets)``; ``inf`` where it never did (the convention of
-    :func:`lnbook.engine.metrics.updates_to_reach`'s None)."""
+    """Per seed and target, the updates at which the held-out loss reached it, interpolated
+    between evaluations (:func:`lnbook.engine.metrics.updates_to_reach`), ``(seeds,
+    targets)``; ``inf`` where it never did."""
     rows = []
     for r in results.select(variant):
         steps, loss = r.history.eval_steps, r.history.metric("test_loss")
-        rows.append([np.inf if (u := updates_to_reach(steps, loss, t)) is None else u
-                     for t in targets(results)])
+        rows.append([updates_to_reach(steps, loss, t) for t in targets(results)])
     return np.array(rows, dtype=float)
 
 
