@@ -259,8 +259,11 @@ def _fake_results(curves: dict[str, list[list[float]]]) -> Results:
 def test_updates_to_bound():
     res = _fake_results({"baseline": [[500, 300, 210, 199, 190], [500, 250, 240, 230, 220]],
                          "layer_norm": [[500, 260, 199, 190, 185], [500, 195, 190, 185, 180]]})
-    np.testing.assert_array_equal(draw.updates_to_bound(res, "baseline", 200.0), [30.0, np.inf])
-    np.testing.assert_array_equal(draw.updates_to_bound(res, "layer_norm", 200.0), [20.0, 10.0])
+    # read between evaluations: 200 lies 10 / 11 of the way from 210 (update 20) to 199
+    np.testing.assert_allclose(draw.updates_to_bound(res, "baseline", 200.0),
+                               [20 + 10 * 10 / 11, np.inf])
+    np.testing.assert_allclose(draw.updates_to_bound(res, "layer_norm", 200.0),
+                               [10 + 10 * 60 / 61, 10 * 300 / 305])
     with pytest.raises(KeyError, match="variant"):
         draw.updates_to_bound(res, "batch_norm", 200.0)
 

@@ -76,6 +76,15 @@ def test_updates_to_reach_interpolates_between_evaluations():
     assert P.updates_to_reach(steps[::20], line[::20], 5.1) == pytest.approx(70.0)
 
 
+def test_speedup_of_updates_to_a_target():
+    inf = math.inf
+    got = P.speedup([300.0, inf, 100.0, inf, 30.0], [200.0, 50.0, inf, inf, 0.0])
+    np.testing.assert_array_equal(got, [1.5, inf, 0.0, np.nan, 30.0])  # 0 updates count as 1
+    assert P.speedup([[90.0]], [[60.0]]).shape == (1, 1)
+    with pytest.raises(ValueError, match="shape"):
+        P.speedup([1.0, 2.0], [1.0])
+
+
 def test_mean_after_start_and_best_step():
     v = np.array([[9.0, 1.0, 3.0], [9.0, 2.0, 2.0]])
     np.testing.assert_allclose(P.mean_after_start(v), [2.0, 2.0])

@@ -76,10 +76,15 @@ def test_targets_updates_and_speedups_on_known_curves():
     r = result({"pre/L2": [[1.0, 0.6, 0.4, 0.2], [1.0, 0.9, 0.8, 0.7]],
                 "ngpt/L2": [[1.0, 0.4, 0.2, 0.1], [1.0, 0.9, 0.9, 0.9]]})
     assert S.targets(r).tolist() == pytest.approx([0.5, 0.25])
-    assert S.updates_to_targets(r, "pre/L2").tolist() == [[20, 30], [np.inf, np.inf]]
-    assert S.updates_to_targets(r, "ngpt/L2").tolist() == [[10, 20], [np.inf, np.inf]]
+    # read between evaluations: 0.5 lies a quarter of the way from pre's 0.6 (update 10) to
+    # its 0.4 (update 20), 0.25 three quarters of the way from 0.4 to 0.2
+    assert S.updates_to_targets(r, "pre/L2").tolist() == [[15, 27.5], [np.inf, np.inf]]
+    ngpt = S.updates_to_targets(r, "ngpt/L2")
+    np.testing.assert_allclose(ngpt[0], [10 * 0.5 / 0.6, 17.5])
+    assert np.isinf(ngpt[1]).all()
     sp = S.speedups(r, "ngpt/L2", "pre/L2")
-    assert sp[0].tolist() == [2.0, 1.5] and np.isnan(sp[1]).all()
+    np.testing.assert_allclose(sp[0], [15 / (10 * 0.5 / 0.6), 27.5 / 17.5])
+    assert np.isnan(sp[1]).all()
     assert S.left_trivial(r, "pre/L2").tolist() == [True, True]
     assert S.left_trivial(r, "ngpt/L2").tolist() == [True, False]  # 0.9 > 0.75
 
@@ -100,12 +105,16 @@ def test_claim_values_read_the_last_target_at_the_deepest_depth():
     r = result(curves, fractions=(0.5, 0.9))
     r.config["depths"] = [2, 6]
     values, ok = S.claim_values(r, "P27")
-    assert values["fewer updates"].tolist() == [1.5, 1.5]  # 30 updates against 20
-    assert values["fewer updates when shallow"].tolist() == [1.5, 1.5]
+    # the target 0.1 lies 0.3 / 0.35 of the way into the interval that brackets it: from
+    # update 20 for the slow curve, from 10 for the fast one
+    ratio = (20 + 10 * 0.3 / 0.35) / (10 + 10 * 0.3 / 0.35)
+    np.testing.assert_allclose(values["fewer updates"], [ratio, ratio])
+    np.testing.assert_allclose(values["fewer updates when shallow"], [ratio, ratio])
     assert ok["fewer updates"].tolist() == [True, True]
     values, ok = S.claim_values(r, "P28")
     assert values["trains deep without a norm"].tolist() == [True, False]
-    assert values["faster than Pre-LN"][0] == 1.5 and values["faster than Pre-LN"][1] == 0.0
+    assert values["faster than Pre-LN"][0] == pytest.approx(ratio)
+    assert values["faster than Pre-LN"][1] == 0.0
     assert ok["faster than Pre-LN"].tolist() == [True, False]  # seed 1's gate never learnt
     with pytest.raises(ValueError, match="P27"):
         S.claim_values(r, "P26")

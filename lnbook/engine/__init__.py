@@ -25,6 +25,7 @@ from lnbook.engine.metrics import (
     best_step,
     classification_metrics,
     mean_after_start,
+    speedup,
     updates_to_reach,
 )
 from lnbook.engine.presets import SCALES, check_scale, make_config
@@ -48,6 +49,6 @@ __all__ = [
     "Run", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost", "best_step", "capped",
     "check_scale", "classification_metrics", "cpu_threads", "fit", "linear_warmup",
     "load_results", "make_config", "max_updates", "mean_after_start", "resolve_seeds",
-    "results_file", "save_results", "save_sweep", "sweep", "train_copies", "updates_to_reach",
-    "using_executor",
+    "results_file", "save_results", "save_sweep", "speedup", "sweep", "train_copies",
+    "updates_to_reach", "using_executor",
 ]

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["best_step", "classification_metrics", "mean_after_start", "updates_to_reach"]
+__all__ = ["best_step", "classification_metrics", "mean_after_start", "speedup",
+           "updates_to_reach"]
 
 
 def _pick(mode: str) -> Callable[[Sequence[float]], float]:
@@ -60,6 +61,26 @@ def updates_to_reach(steps: Sequence[int], values: Sequence[float] | np.ndarray,
             return float(s0 + (s - s0) * (v0 - target) / (v0 - v))
         prev = (s, v)
     return math.inf
+
+
+def speedup(slower: np.ndarray | Sequence[float], faster: np.ndarray | Sequence[float]
+            ) -> np.ndarray:
+    """``slower / faster``, elementwise, for updates to a target (:func:`updates_to_reach`):
+    above 1 where ``faster`` needed fewer updates; ``inf`` where only ``faster`` reached it,
+    ``0`` where only ``slower`` did, NaN where neither did.
+
+    Example::
+
+        >>> speedup([300.0, math.inf, 100.0, math.inf], [200.0, 50.0, math.inf, math.inf])
+        array([1.5, inf, 0. , nan])
+    """
+    a = np.asarray(faster, dtype=float)
+    b = np.asarray(slower, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"slower and faster differ in shape: {b.shape} vs {a.shape}")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = b / np.maximum(a, 1)  # a run reaching the target at update 0 counts as 1
+    return np.where(np.isinf(a) & np.isinf(b), np.nan, np.where(np.isinf(a), 0.0, ratio))
 
 
 def mean_after_start(values: np.ndarray) -> np.ndarray:

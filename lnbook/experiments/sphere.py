@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_config, check_subset
 from lnbook.engine import History, Job, Results, Stack, make_config, sweep, train_copies
-from lnbook.engine.metrics import updates_to_reach
+from lnbook.engine.metrics import speedup, updates_to_reach
 from lnbook.engine.train import max_updates
 from lnbook.experiments.seq_tasks import (
     SMOKE_BATCH,
@@ -214,10 +214,7 @@ def speedups(results: Results, faster: str, slower: str) -> np.ndarray:
     """``updates(slower) / updates(faster)`` per seed and target, ``(seeds, targets)``: above 1
     where ``faster`` reached the target in fewer updates (inf if only it did, NaN if neither did;
     seeds paired by their order)."""
-    a, b = updates_to_targets(results, faster), updates_to_targets(results, slower)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = b / np.maximum(a, 1)
-    return np.where(np.isinf(a) & np.isinf(b), np.nan, np.where(np.isinf(a), 0.0, ratio))
+    return speedup(updates_to_targets(results, slower), updates_to_targets(results, faster))
 
 
 def left_trivial(results: Results, variant: str) -> np.ndarray:
