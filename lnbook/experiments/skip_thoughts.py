@@ -23,7 +23,15 @@ from torch import Tensor, nn
 
 from lnbook import GRU
 from lnbook.checks import check_config, check_subset
-from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
+from lnbook.engine import (
+    Job,
+    Results,
+    cpu_threads,
+    make_config,
+    speedup,
+    sweep,
+    updates_to_reach,
+)
 from lnbook.engine.train import Batches, History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
@@ -38,7 +46,7 @@ __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE3", "VARIANTS", "Config", "get_con
            "build_vocab", "encode",
            "SkipThoughtData", "make_data", "unigram_loss", "bag_of_words", "SkipThoughts",
            "stratified_folds", "probe_accuracy", "heldout_loss", "probe_scores", "time_per_update",
-           "updates_to_target", "probe_table"]
+           "updates_to_target", "c14_quantities", "c14_inputs", "probe_table"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 _HEADING = re.compile(r"^[*=\-~^]+$")
@@ -399,10 +407,12 @@ VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> l
 class Config:
     """Sizes and schedule of the skip-thought experiment; :func:`get_config` gives presets.
 
-    ``timing_hidden``: state sizes at which :func:`time_per_update` runs ``timing_updates``
-    updates per variant; ``threads``: torch CPU threads during the run (None: leave as is);
-    ``checkpoint``: checkpoint every run under ``out`` and resume from it; ``workers``: runs
-    trained at once, one process each.
+    ``margin``: both runs of a seed must end this many nats per word below the word-frequency
+    predictor for the seed to count (the trivial phase); ``target_below``: the target loss of
+    "trains faster", this many nats per word below it. ``timing_hidden``: state sizes at which
+    :func:`time_per_update` runs ``timing_updates`` updates per variant; ``threads``: torch
+    CPU threads during the run (None: leave as is); ``checkpoint``: checkpoint every run under
+    ``out`` and resume from it; ``workers``: runs trained at once, one process each.
     """
 
     scale: str = "quick"
@@ -415,11 +425,13 @@ class Config:
     hidden_size: int = 32
     batch_size: int = 32
     lr: float = 1e-2
-    steps: int = 60
+    steps: int = 120
     eval_every: int = 5
+    margin: float = 0.1
+    target_below: float = 0.5
     timing_hidden: tuple[int, ...] = (32, 256)
     timing_updates: int = 5
-    seeds: int | tuple[int, ...] = 3
+    seeds: int | tuple[int, ...] = 5
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     threads: int | None = 1
     checkpoint: bool = False
@@ -519,9 +531,46 @@ def run(config: Config, device: str | torch.device = "auto",
 
 def updates_to_target(results: Results, target: float,
                       metric: str = "heldout_loss") -> dict[str, np.ndarray]:
-    """Per variant, per seed: the first update at which ``metric`` is <= ``target`` (inf:
-    never; :func:`~lnbook.engine.metrics.updates_to_reach`)."""
+    """Per variant, per seed: the updates at which ``metric`` reached ``target`` (``<=``),
+    interpolated between evaluations (inf: never;
+    :func:`~lnbook.engine.metrics.updates_to_reach`)."""
     return {v: updates_to_reach(*results.curves(v, metric), target) for v in results.variants}
+
+
+def c14_quantities(results: Results) -> dict[str, np.ndarray]:
+    """The per-seed quantities of C14's rule, ``(seeds,)`` each, from a run of :func:`run`:
+    each variant's final held-out loss (``final_<variant>``) and updates to the target loss
+    (``reach_<variant>``, interpolated, inf when never), the baseline's updates over LN's
+    (``speedup``, :func:`lnbook.engine.speedup`), whether both runs ended ``margin`` below the
+    word-frequency predictor (``left``), whether both runs' trained vectors beat their own
+    untrained encoder on the topic probe (``probe_ok``), and LN's topic-probe accuracy minus
+    the baseline's in points (``topic_diff``)."""
+    unigram, cfg = results.info["unigram"], results.config
+    reach = updates_to_target(results, unigram - cfg["target_below"])
+    out = {}
+    for v in ("baseline", "layer_norm"):
+        out[f"final_{v}"] = results.final(v, "heldout_loss")
+        out[f"reach_{v}"] = reach[v]
+    out["speedup"] = speedup(reach["baseline"], reach["layer_norm"])
+    out["left"] = ((out["final_baseline"] <= unigram - cfg["margin"])
+                   & (out["final_layer_norm"] <= unigram - cfg["margin"]))
+    topic = {(v, w): np.array([p["topic"] for p in results.info_of(v, w)])
+             for v in ("baseline", "layer_norm") for w in ("probe_start", "probe_final")}
+    out["probe_ok"] = np.all([topic[v, "probe_final"] > topic[v, "probe_start"]
+                              for v in ("baseline", "layer_norm")], axis=0)
+    out["topic_diff"] = topic["layer_norm", "probe_final"] - topic["baseline", "probe_final"]
+    return out
+
+
+def c14_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C14's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from
+    :func:`c14_quantities`: "trains faster" reads the speed-up of seeds whose runs both left
+    the trivial phase, "better downstream" the topic probe of those whose trained vectors also
+    beat their untrained encoders."""
+    q = c14_quantities(results)
+    return {"values": {"trains faster": q["speedup"], "better downstream": q["topic_diff"]},
+            "trivial_ok": {"trains faster": q["left"],
+                           "better downstream": q["left"] & q["probe_ok"]}}
 
 
 def probe_table(results: Results, fmt: str = ".1f") -> Table:
