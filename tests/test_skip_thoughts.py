@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from lnbook.engine import History, Results, Run
 from lnbook.experiments import load_experiment
 from lnbook.experiments import skip_thoughts as st
 
@@ -343,3 +344,37 @@ def test_a_smoke_run_builds_a_short_corpus_and_a_real_run_the_whole(capsys):
     assert data.train_triples.shape[0] >= cfg.batch_size and len(data.pairs) > 0
     assert "smoke run on the first 512 sentences, at most 8 words each" in (
         capsys.readouterr().out)
+
+
+def _c14_results(curves, probes, unigram=4.0):
+    """A Results of two variants: held-out loss curves (evaluations 10 updates apart) and the
+    topic probe before and after, one entry per seed."""
+    runs = []
+    for v in ("baseline", "layer_norm"):
+        for seed, (curve, (start, final)) in enumerate(zip(curves[v], probes[v], strict=True)):
+            h = History(eval_steps=[10 * k for k in range(len(curve))],
+                        metrics=[{"heldout_loss": x} for x in curve])
+            runs.append(Run(v, seed, h, {"probe_start": {"topic": start, "neighbour": 50.0},
+                                         "probe_final": {"topic": final, "neighbour": 50.0}}))
+    return Results("skip_thoughts", {"margin": 0.1, "target_below": 0.5}, "cpu", runs,
+                   {"unigram": unigram})
+
+
+def test_c14_quantities_and_inputs_read_the_declared_rule():
+    res = _c14_results(
+        {"baseline": [[4.0, 3.8, 3.6, 3.4], [4.0, 3.95, 3.92, 3.91], [4.0, 3.7, 3.5, 3.3]],
+         "layer_norm": [[4.0, 3.6, 3.3, 3.2], [4.0, 3.6, 3.5, 3.4], [4.0, 3.7, 3.5, 3.3]]},
+        {"baseline": [(30, 40), (30, 40), (30, 35)], "layer_norm": [(30, 45), (30, 31), (30, 20)]})
+    q = st.c14_quantities(res)
+    # target 3.5: the baseline crosses it halfway from update 20 to 30 on seed 0
+    np.testing.assert_allclose(q["reach_baseline"], [25.0, np.inf, 20.0])
+    np.testing.assert_allclose(q["reach_layer_norm"], [10 + 10 * 0.1 / 0.3, 20.0, 20.0])
+    np.testing.assert_allclose(q["speedup"], [25.0 / (10 + 10 / 3), np.inf, 1.0])
+    assert q["left"].tolist() == [True, False, True]  # seed 1's baseline ends at 3.91 > 3.9
+    assert q["probe_ok"].tolist() == [True, True, False]  # seed 2's LN probe fell
+    np.testing.assert_allclose(q["topic_diff"], [5.0, -9.0, -15.0])
+    inputs = st.c14_inputs(res)
+    assert inputs["trivial_ok"]["trains faster"].tolist() == [True, False, True]
+    assert inputs["trivial_ok"]["better downstream"].tolist() == [True, False, False]
+    np.testing.assert_allclose(inputs["values"]["trains faster"], q["speedup"])
+    np.testing.assert_allclose(inputs["values"]["better downstream"], [5.0, -9.0, -15.0])
