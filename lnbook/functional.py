@@ -81,7 +81,8 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def statistics_rows(x: Tensor) -> Tensor:
     """Checked rows ``(R, D)`` in :func:`statistics_dtype`."""
-    return check_rows(x).to(statistics_dtype(x.dtype))
+    dtype = statistics_dtype(check_rows(x).dtype)
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def centre(x: Tensor) -> Tensor:
