@@ -110,6 +110,11 @@ def _no_graph() -> bool:
     return not torch.is_grad_enabled()
 
 
+def _rsqrt(var: Tensor, eps: float) -> Tensor:
+    """``1 / sqrt(var + eps)``, written into the fresh ``var`` when no graph is recorded."""
+    return var.add_(eps).rsqrt_() if _no_graph() else torch.rsqrt(var + eps)
+
+
 def _times(xc: Tensor, rstd: Tensor) -> Tensor:
     """``xc * rstd``, written into the fresh ``xc`` when no graph is recorded."""
     return xc.mul_(rstd) if _no_graph() else xc * rstd
@@ -128,7 +133,7 @@ def normalize(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
     x = statistics_rows(x)  # (R, D)
     xc = centre(x)  # (R, D) x - mu
     var = sum_of_squares(xc) / x.shape[1]  # (R, 1) sigma^2: the mean of (x - mu)^2
-    rstd = torch.rsqrt(var + eps)  # (R, 1) 1 / sqrt(sigma^2 + eps)
+    rstd = _rsqrt(var, eps)  # (R, 1) 1 / sqrt(sigma^2 + eps)
     return _times(xc, rstd), rstd
 
 
@@ -140,7 +145,7 @@ def rms_normalize(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
     subtracted; ``(x_hat, rstd)`` as :func:`normalize`."""
     x = statistics_rows(x)  # (R, D)
     var = sum_of_squares(x) / x.shape[1]  # (R, 1) <- the mean square of x itself
-    rstd = torch.rsqrt(var + eps)  # (R, 1)
+    rstd = _rsqrt(var, eps)  # (R, 1)
     return x * rstd, rstd
 
 
@@ -152,7 +157,7 @@ def normalize_unbiased(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
         raise ShapeError(f"the unbiased variance needs D >= 2 values per row, got D={x.shape[1]}")
     xc = centre(x)  # (R, D)
     var = sum_of_squares(xc) / (x.shape[1] - 1)  # (R, 1) <- D - 1
-    rstd = torch.rsqrt(var + eps)  # (R, 1)
+    rstd = _rsqrt(var, eps)  # (R, 1)
     return _times(xc, rstd), rstd
 
 
@@ -173,7 +178,7 @@ def normalize_one_pass(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
     mu = x.mean(dim=1, keepdim=True)  # (R, 1)
     xc = x - mu  # (R, D) <- one subtraction
     var = sum_of_squares_one_pass(x, mu) / x.shape[1]  # (R, 1) <- E[x^2] - E[x]^2
-    rstd = torch.rsqrt(var + eps)  # (R, 1)
+    rstd = _rsqrt(var, eps)  # (R, 1)
     return _times(xc, rstd), rstd
 
 
@@ -183,7 +188,7 @@ def normalize_in_input_dtype(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tens
     x = check_rows(x)  # (R, D) <- no float32 for half inputs
     xc = centre(x)  # (R, D)
     var = sum_of_squares(xc) / x.shape[1]  # (R, 1)
-    rstd = torch.rsqrt(var + eps)  # (R, 1)
+    rstd = _rsqrt(var, eps)  # (R, 1)
     return _times(xc, rstd), rstd
 
 

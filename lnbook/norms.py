@@ -29,12 +29,7 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import (
-    layer_norm_backward,
-    layer_norm_forward,
-    normalize,
-    statistics_dtype,
-)
+from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize, statistics_dtype
 
 __all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
            "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
