@@ -4,9 +4,10 @@ r"""Check a reader's own normalization layer against the forms the book teaches 
 at a time, which axes it normalizes, whether it centres, its variance (biased or unbiased), where
 ``eps`` sits and its value, its gain and bias, the dtype of its statistics for float16 and
 bfloat16 inputs, its stability at large means, its output on a constant row and its gradients.
-The references are :func:`lnbook.functional.normalize` with the variant each probe found (so a
-finding measures one convention, not the rest), and :func:`lnbook.precision.half_ulps` for the
-half-precision errors. It then names the known family the layer belongs to (:data:`FAMILIES`).
+The references are eq. 3 built from :mod:`lnbook.functional`'s steps, each the variant the
+probes found (so a finding measures one convention, not the rest), and
+:func:`lnbook.precision.half_ulps` for the half-precision errors. It then names the known
+family the layer belongs to (:data:`FAMILIES`).
 
 Each probe reads one quantity, with the gain set to 1 and the bias to 0 on a copy of the layer:
 
@@ -32,7 +33,15 @@ import torch
 from torch import Tensor, nn
 
 from lnbook.checks import ShapeError, check_size
-from lnbook.functional import as_rows, from_rows, normalize
+from lnbook.functional import (
+    as_rows,
+    centre,
+    check_rows,
+    from_rows,
+    statistics_rows,
+    sum_of_squares,
+    sum_of_squares_one_pass,
+)
 from lnbook.precision import half_ulps
 
 __all__ = ["Finding", "NormCheck", "FAMILIES", "check_norm"]
@@ -377,8 +386,8 @@ def _half(p: _Probe, axes: tuple[int, ...], dtype: torch.dtype,
             return Finding(name, f"cannot run in {name}: {why}", None)
         out_dtype = y.dtype
         truth = _reference(x.double(), axes, ref)
-        y32 = _reference(x, axes, ref, stats_dtype=torch.float32).to(dtype)
-        yh = _reference(x, axes, ref, stats_dtype=dtype)
+        y32 = _reference(x, axes, ref).to(dtype)  # float32 statistics
+        yh = _reference(x, axes, ref, in_input_dtype=True)
         for e_name, yy in (("m", y), ("r", y32), ("h", yh)):
             u = half_ulps(yy, truth, dtype, floor=0.5).nan_to_num(math.inf).max()
             if e_name == "m":
@@ -396,12 +405,26 @@ def _half(p: _Probe, axes: tuple[int, ...], dtype: torch.dtype,
                    f"{err32:.3g}, {name} statistics: {errh:.3g}){cast}", ok, ev)
 
 
-def _reference(x: Tensor, axes: tuple[int, ...], ref: dict[str, object],
-               **kw: object) -> Tensor:
-    """The book's normalization with the conventions found, gain 1 and bias 0."""
-    opts = {k: ref[k] for k in ("center", "unbiased", "eps_inside")}
-    y, _ = normalize(as_rows(x, axes), ref["eps"], **opts, **kw)  # type: ignore[arg-type]
-    return from_rows(y, x.shape, axes)
+def _reference(x: Tensor, axes: tuple[int, ...], ref: dict[str, object], *,
+               one_pass: bool = False, in_input_dtype: bool = False) -> Tensor:
+    """The book's normalization with the conventions found, gain 1 and bias 0: the steps of
+    :func:`lnbook.functional.normalize`, each as ``ref`` says (``one_pass``:
+    ``E[x^2] - E[x]^2``; ``in_input_dtype``: no float32 statistics for half inputs)."""
+    rows = as_rows(x, axes)
+    rows = check_rows(rows) if in_input_dtype else statistics_rows(rows)  # (R, D)
+    d = rows.shape[1]
+    if not ref["center"]:  # RMSNorm's statistic
+        xc, ss = rows, sum_of_squares(rows)
+    elif one_pass:
+        mu = rows.mean(dim=1, keepdim=True)  # (R, 1)
+        xc, ss = rows - mu, sum_of_squares_one_pass(rows, mu)
+    else:
+        xc = centre(rows)
+        ss = sum_of_squares(xc)
+    var = ss / (d - 1 if ref["unbiased"] else d)  # (R, 1)
+    eps = ref["eps"]
+    rstd = torch.rsqrt(var + eps) if ref["eps_inside"] else (var.sqrt() + eps).reciprocal()
+    return from_rows(xc * rstd, x.shape, axes)
 
 
 def _large_mean(p: _Probe, axes: tuple[int, ...], ref: dict[str, object]) -> Finding:

@@ -29,7 +29,17 @@ from lnbook.display import wrap
 from lnbook.engine.job import cpu_threads
 from lnbook.engine.metrics import classification_metrics
 from lnbook.engine.train import Batches, fit
-from lnbook.functional import as_rows, from_rows, layer_norm_backward, normalize
+from lnbook.functional import (
+    as_rows,
+    from_rows,
+    layer_norm_backward,
+    normalize,
+    normalize_detached,
+    normalize_eps_outside,
+    normalize_one_pass,
+    normalize_unbiased,
+    rms_normalize,
+)
 from lnbook.norms import BatchNorm, LayerNorm
 from lnbook.table import Table
 
@@ -151,13 +161,15 @@ def _dims(x: Tensor, shape: Sequence[int]) -> tuple[int, ...]:
 
 def _variant(x: Tensor, g: Tensor, b: Tensor, eps: float, dims: tuple[int, ...], *,
              center: bool = True, divide: str = "std", affine: str = "g*x+b",
-             dtype: torch.dtype = _F64, **stats: bool) -> Tensor:
-    """Layer norm with one known mistake; ``stats``: :func:`lnbook.functional.normalize`'s."""
+             dtype: torch.dtype = _F64, norm: Callable[..., tuple[Tensor, Tensor]] = normalize
+             ) -> Tensor:
+    """Layer norm with one known mistake; ``norm``: :func:`lnbook.functional.normalize` or one
+    of its variants."""
     x, g, b = x.to(dtype), g.to(dtype), b.to(dtype)
     rows = as_rows(x, dims)  # (R, D)
-    x_hat, rstd = normalize(rows, eps, **stats)  # (R, D), (R, 1)
+    x_hat, rstd = norm(rows, eps)  # (R, D), (R, 1)
     if divide == "rms":  # (x - mu) / sqrt(mean(x^2) + eps): sigma of x, not of x - mu
-        x_hat = x_hat / rstd * normalize(rows, eps, center=False)[1]
+        x_hat = x_hat / rstd * rms_normalize(rows, eps)[1]
     elif divide == "var":  # (x - mu) / (var + eps)
         x_hat = x_hat * rstd
     elif divide == "none":  # x - mu
@@ -199,7 +211,7 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
                     f"together: dims = tuple(range(-{k}, 0))", {"dims": (x.dim() - 1,)}))
     out += [
         ("variance", "the variance is the unbiased one (divided by D - 1 = "
-         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"unbiased": True}),
+         f"{math.prod(shape) - 1}); " + _VARIANCE_HINT, {"norm": normalize_unbiased}),
         ("variance", "you divided by the variance sigma^2 + eps; divide by its square root, "
          "sigma = sqrt(var + eps)", {"divide": "var"}),
         ("variance", "your sigma is the root mean square of x, not of x - mu: subtract the "
@@ -209,13 +221,13 @@ def _forward_mistakes(case: _Case) -> list[tuple[str, str, dict[str, Any]]]:
         ("variance", "you subtracted the mean but never divided by sigma = sqrt(var + eps)",
          {"divide": "none"}),
         ("eps", "eps is added to sigma, outside the square root; torch and the chapter add it "
-         "to the variance: sigma = sqrt(var + eps)", {"eps_inside": False}),
+         "to the variance: sigma = sqrt(var + eps)", {"norm": normalize_eps_outside}),
         ("eps", "eps is missing: sigma = sqrt(var + eps), so that a row of equal values "
          "gives 0 / sqrt(eps) = 0 instead of 0 / 0", {"eps": 0.0}),
     ]
     if x.dtype == torch.float32:
         out.append(("variance", "your variance is E[x^2] - E[x]^2, computed in one pass: "
-                    + _ONE_PASS_HINT, {"one_pass": True, "dtype": torch.float32}))
+                    + _ONE_PASS_HINT, {"norm": normalize_one_pass, "dtype": torch.float32}))
     if case.eps != 1e-5:
         out.append(("eps", f"you used eps = 1e-5, but the call passed eps = {case.eps:g}: use "
                     "the eps argument", {"eps": 1e-5}))
@@ -474,7 +486,8 @@ def _check_forward_gradient(fn: ForwardFn, case: _Case, shown: str, name: str,
     err = _max_diff(mine[0], want[0]) if mine[0] is not None else math.inf
     if err > 1e-8:
         x = leaves[0]
-        detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape), detach=True)
+        detached = _variant(x, case.g, case.b, case.eps, _dims(x, case.shape),
+                            norm=normalize_detached)
         what = (f"the gradient differs from torch's by up to {err:.2e}, and it is the gradient "
                 "with the mean and the variance detached (treated as constants)"
                 if mine[0] is not None and _max_diff(mine[0], torch.autograd.grad(
@@ -630,8 +643,9 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
     da, dg, db = layer_norm_backward(dy, a_hat, rstd, g)  # the right answer
     no_proj = layer_norm_backward(dy, torch.zeros_like(a_hat), rstd, g)[0]  # (u - mean u) / s
 
-    def with_stats(backward: dict | None = None, **stats: Any) -> _Grads:  # other statistics
-        x_hat, r = normalize(a, **{"eps": eps, **stats})
+    def with_stats(norm: Callable[..., tuple[Tensor, Tensor]], e: float = eps,
+                   backward: dict | None = None) -> _Grads:  # other statistics
+        x_hat, r = norm(a, e)
         return layer_norm_backward(dy, x_hat, r, g, **(backward or {}))
 
     def da_of(**variant: Any) -> _Grads:  # dL/da of layer_norm_backward's variant, the rest right
@@ -657,12 +671,12 @@ def _backward_mistakes(dy: Tensor, a: Tensor, g: Tensor, eps: float
          "dL/da = bracket / sigma. Its rows still sum to 0, so a row-sum check cannot see "
          "this mistake", (da / rstd, dg, db)),
         (0, "your sigma has no eps; the forward used sqrt(var + eps)" + _SAME_SIGMA,
-         with_stats(eps=0.0)),
-        (0, _EPS_OUTSIDE, with_stats(eps_inside=False)),
-        (0, _EPS_OUTSIDE, with_stats(eps_inside=False,
+         with_stats(normalize, 0.0)),
+        (0, _EPS_OUTSIDE, with_stats(normalize_eps_outside)),
+        (0, _EPS_OUTSIDE, with_stats(normalize_eps_outside,
                                      backward={"eps_inside": False, "eps": eps})),
-        (0, _UNBIASED, with_stats(unbiased=True)),
-        (0, _UNBIASED, with_stats(unbiased=True, backward={"unbiased": True})),
+        (0, _UNBIASED, with_stats(normalize_unbiased)),
+        (0, _UNBIASED, with_stats(normalize_unbiased, backward={"unbiased": True})),
         (0, _ONE_TERM + "the mean(u) term used dL/dy without g",
          ((u - dy.mean(-1, keepdim=True) - a_hat * mean_ua) * rstd, dg, db)),
         (0, _ONE_TERM + "the a_hat * mean(u * a_hat) term used dL/dy without g",

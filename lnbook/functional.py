@@ -8,10 +8,14 @@ Paper section 3; chapter 3 (`03_layer_norm`). A tensor ``(R, D)`` holds one exam
     u = dL/dy * g:   dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma
                      dL/dg = sum_rows dL/dy * x_hat,   dL/db = sum_rows dL/dy
 
-Keywords of :func:`normalize` and :func:`layer_norm_backward` give the variants the book
-teaches (``center=False`` RMSNorm; the mistakes ``unbiased``, ``eps_inside=False``,
-``one_pass``; ``detach`` DetachNorm; ``stats_dtype``, float32 for half inputs by default).
-Two passes for the variance; all differentiable torch ops (:mod:`lnbook.reference` checks them).
+:func:`normalize` is eq. 3 in four steps (the statistics' dtype, ``x - mu``, ``sigma^2``,
+``1 / sqrt(sigma^2 + eps)``). Beside it, each variant the book teaches is the same function with
+one step changed: :func:`rms_normalize` (RMSNorm, no mean), the mistakes
+:func:`normalize_unbiased` (``D - 1``), :func:`normalize_eps_outside` (``sigma + eps``),
+:func:`normalize_one_pass` (``E[x^2] - E[x]^2``) and :func:`normalize_in_input_dtype` (float16
+statistics), and :func:`normalize_detached` (DetachNorm). Float32 statistics for half inputs
+come from one place, :func:`statistics_dtype`. Keywords of :func:`layer_norm_backward` give the
+backward of each variant. All differentiable torch ops (:mod:`lnbook.reference` checks them).
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from torch import Tensor
 
 from lnbook.checks import ShapeError, check_floating
 
-__all__ = ["as_rows", "from_rows", "normalize", "affine", "layer_norm_forward",
+__all__ = ["as_rows", "from_rows", "check_rows", "statistics_dtype", "statistics_rows", "centre",
+           "sum_of_squares", "sum_of_squares_one_pass", "normalize", "rms_normalize",
+           "normalize_unbiased", "normalize_eps_outside", "normalize_one_pass",
+           "normalize_in_input_dtype", "normalize_detached", "affine", "layer_norm_forward",
            "layer_norm_backward"]
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
 
 def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
     """``dims`` as sorted non-negative axes of a tensor with ``ndim`` dimensions."""
@@ -60,60 +64,142 @@ def from_rows(rows: Tensor, shape: Sequence[int], dims: int | Sequence[int] = -1
     return y
 
 
-def normalize(x: Tensor, eps: float = 1e-5, *, center: bool = True, unbiased: bool = False,
-              eps_inside: bool = True, one_pass: bool = False, detach: bool = False,
-              stats_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-    """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)`` and ``rstd``.
-
-    Args:
-        x: rows ``(R, D)``. eps: 0 allowed.
-        center, unbiased, eps_inside, one_pass, detach, stats_dtype: the variants of the module
-            docstring (defaults: the paper's and torch's computation).
-
-    Returns:
-        ``x_hat (R, D)`` in ``stats_dtype`` and ``rstd (R, 1) = 1 / sqrt(sigma^2 + eps)`` (or
-        ``1 / (sigma + eps)``). Without autograd recording, temporaries are written in place.
-    """
+def check_rows(x: Tensor) -> Tensor:
+    """``x`` itself, once checked to be floating-point rows ``(R, D)``."""
     check_floating(x, "x")
     if x.dim() != 2:
         raise ShapeError(f"x must be rows (R, D) (see lnbook.functional.as_rows), got shape "
                          f"{tuple(x.shape)}")
-    if stats_dtype is None:
-        stats_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    if x.dtype != stats_dtype:
-        x = x.to(stats_dtype)  # (R, D)
-    d = x.shape[1]
-    n = d - 1 if unbiased else d
-    if n < 1:
-        raise ShapeError(f"the unbiased variance needs D >= 2 values per row, got D={d}")
-    if detach:  # the values without a graph, plus (x - x.detach()) * rstd: exactly 0, whose
-        with torch.no_grad():  # gradient is that of (x - mu) * rstd with mu and rstd constant
-            x_hat, rstd = normalize(x, eps, center=center, unbiased=unbiased,
-                                    eps_inside=eps_inside, one_pass=one_pass)
-        return x_hat + (x - x.detach()) * rstd, rstd
-    own = not torch.is_grad_enabled()  # no graph: temporaries may be written over
-    if not center:  # RMSNorm: the root mean square, no temporary x^2
-        ms = torch.linalg.vector_norm(x, dim=1, keepdim=True).square() / n  # (R, 1)
-        rstd = _rstd(ms, eps, eps_inside)  # (R, 1)
-        return x * rstd, rstd
+    return x
+
+
+def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a norm computes its statistics in for inputs of ``dtype``: float32 for float16
+    and bfloat16 (in float16, ``x^2`` overflows from ``|x| >= 256``), else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def statistics_rows(x: Tensor) -> Tensor:
+    """Checked rows ``(R, D)`` in :func:`statistics_dtype`."""
+    dtype = statistics_dtype(check_rows(x).dtype)
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def centre(x: Tensor) -> Tensor:
+    """``x - mu`` for rows ``(R, D)``, in two passes: the mean of what the first subtraction left
+    (rounding) is taken away again, so that the rows sum to 0 as nearly as the dtype allows."""
+    xc = x - x.mean(dim=1, keepdim=True)  # (R, D)
+    mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
+    return xc.sub_(mu_err) if _no_graph() else xc - mu_err
+
+
+def sum_of_squares(x: Tensor) -> Tensor:
+    """``sum_i x_i^2`` of each row: ``(R, 1)``, without an ``(R, D)`` temporary ``x^2``."""
+    return torch.linalg.vector_norm(x, dim=1, keepdim=True).square()
+
+
+def sum_of_squares_one_pass(x: Tensor, mu: Tensor) -> Tensor:
+    """``sum_i (x_i - mu)^2`` of each row as ``sum_i x_i^2 - D mu^2`` (``E[x^2] - E[x]^2``, times
+    ``D``), ``mu`` the rows' means ``(R, 1)``: one pass over the data, and cancellation when the
+    mean is large against the spread."""
+    return x.square().sum(dim=1, keepdim=True) - x.shape[1] * mu.square()  # (R, 1)
+
+
+def _no_graph() -> bool:
+    """No autograd graph is recorded: a fresh temporary may be overwritten in place."""
+    return not torch.is_grad_enabled()
+
+
+def _rsqrt(var: Tensor, eps: float) -> Tensor:
+    """``1 / sqrt(var + eps)``, written into the fresh ``var`` when no graph is recorded."""
+    return var.add_(eps).rsqrt_() if _no_graph() else torch.rsqrt(var + eps)
+
+
+def _times(xc: Tensor, rstd: Tensor) -> Tensor:
+    """``xc * rstd``, written into the fresh ``xc`` when no graph is recorded."""
+    return xc.mul_(rstd) if _no_graph() else xc * rstd
+
+
+def normalize(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """Eq. 3 for each row: ``x_hat = (x - mu) / sqrt(sigma^2 + eps)``, and ``rstd``.
+
+    Args:
+        x: rows ``(R, D)``, floating point. eps: added to the variance; 0 allowed.
+
+    Returns:
+        ``x_hat (R, D)`` and ``rstd = 1 / sqrt(sigma^2 + eps) (R, 1)``, in float32 for float16
+        and bfloat16 inputs (:func:`statistics_rows`), else in ``x``'s dtype.
+    """
+    x = statistics_rows(x)  # (R, D)
+    xc = centre(x)  # (R, D) x - mu
+    var = sum_of_squares(xc) / x.shape[1]  # (R, 1) sigma^2: the mean of (x - mu)^2
+    rstd = _rsqrt(var, eps)  # (R, 1) 1 / sqrt(sigma^2 + eps)
+    return _times(xc, rstd), rstd
+
+
+# The variants the book teaches: each is normalize with one step changed (marked <-).
+
+
+def rms_normalize(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """RMSNorm's statistic (Zhang and Sennrich 2019): ``x / sqrt(mean(x^2) + eps)``, no mean
+    subtracted; ``(x_hat, rstd)`` as :func:`normalize`."""
+    x = statistics_rows(x)  # (R, D)
+    var = sum_of_squares(x) / x.shape[1]  # (R, 1) <- the mean square of x itself
+    rstd = _rsqrt(var, eps)  # (R, 1)
+    return x * rstd, rstd
+
+
+def normalize_unbiased(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """The mistake of ``torch.var``'s default: the variance divided by ``D - 1``, not ``D``
+    (outputs ``sqrt((D - 1) / D)`` times eq. 3's when ``eps = 0``); needs ``D >= 2``."""
+    x = statistics_rows(x)  # (R, D)
+    if x.shape[1] < 2:
+        raise ShapeError(f"the unbiased variance needs D >= 2 values per row, got D={x.shape[1]}")
+    xc = centre(x)  # (R, D)
+    var = sum_of_squares(xc) / (x.shape[1] - 1)  # (R, 1) <- D - 1
+    rstd = _rsqrt(var, eps)  # (R, 1)
+    return _times(xc, rstd), rstd
+
+
+def normalize_eps_outside(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """The mistake ``(x - mu) / (sigma + eps)``: ``eps`` added to the standard deviation, outside
+    the root; ``rstd = 1 / (sigma + eps)``."""
+    x = statistics_rows(x)  # (R, D)
+    xc = centre(x)  # (R, D)
+    var = sum_of_squares(xc) / x.shape[1]  # (R, 1)
+    rstd = (var.sqrt() + eps).reciprocal()  # (R, 1) <- 1 / (sigma + eps)
+    return _times(xc, rstd), rstd
+
+
+def normalize_one_pass(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """The mistake ``sigma^2 = E[x^2] - E[x]^2`` (:func:`sum_of_squares_one_pass`): right in exact
+    arithmetic, lost to cancellation in float32 once the mean is large against the spread."""
+    x = statistics_rows(x)  # (R, D)
     mu = x.mean(dim=1, keepdim=True)  # (R, 1)
-    xc = x - mu  # (R, D) centred first
-    if one_pass:  # the mistake: E[x^2] - E[x]^2, times D
-        ss = x.square().sum(dim=1, keepdim=True) - d * mu.square()  # (R, 1)
-    else:
-        mu_err = xc.mean(dim=1, keepdim=True)  # (R, 1) what the first mean missed
-        xc = xc.sub_(mu_err) if own else xc - mu_err  # (R, D) exactly centred
-        ss = torch.linalg.vector_norm(xc, dim=1, keepdim=True).square()  # (R, 1)
-    if own and eps_inside:  # the same ops on the (R, 1) temporaries, without new tensors
-        rstd = ss.div_(n).add_(eps).rsqrt_()  # (R, 1) 1 / sigma
-        return xc.mul_(rstd), rstd
-    rstd = _rstd(ss / n, eps, eps_inside)  # (R, 1) 1 / sigma
-    return (xc.mul_(rstd) if own else xc * rstd), rstd
+    xc = x - mu  # (R, D) <- one subtraction
+    var = sum_of_squares_one_pass(x, mu) / x.shape[1]  # (R, 1) <- E[x^2] - E[x]^2
+    rstd = _rsqrt(var, eps)  # (R, 1)
+    return _times(xc, rstd), rstd
 
 
-def _rstd(var: Tensor, eps: float, eps_inside: bool) -> Tensor:
-    """``1 / sqrt(var + eps)``, or ``1 / (sqrt(var) + eps)``: (R, 1)."""
-    return torch.rsqrt(var + eps) if eps_inside else (var.sqrt() + eps).reciprocal()
+def normalize_in_input_dtype(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """The mistake of computing the statistics in a float16 or bfloat16 input's own dtype (in
+    float16, ``x^2`` overflows from ``|x| >= 256``); eq. 3 otherwise."""
+    x = check_rows(x)  # (R, D) <- no float32 for half inputs
+    xc = centre(x)  # (R, D)
+    var = sum_of_squares(xc) / x.shape[1]  # (R, 1)
+    rstd = _rsqrt(var, eps)  # (R, 1)
+    return _times(xc, rstd), rstd
+
+
+def normalize_detached(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """Eq. 3's values with ``mu`` and ``sigma`` held constant in the backward (``DetachNorm``,
+    chapter 6.8): the gradient is ``dL/dx_hat * rstd`` alone."""
+    x = statistics_rows(x)  # (R, D)
+    with torch.no_grad():  # <- mu and sigma without a graph
+        x_hat, rstd = normalize(x, eps)  # (R, D), (R, 1)
+    # (x - x.detach()) * rstd is exactly 0, with the gradient of (x - mu) * rstd, mu and rstd fixed
+    return x_hat + (x - x.detach()) * rstd, rstd
 
 
 def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
@@ -126,9 +212,9 @@ def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
 
 def layer_norm_forward(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
-                       eps: float = 1e-5, **variant: object) -> tuple[Tensor, Tensor, Tensor]:
-    """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``; ``variant``: :func:`normalize`'s keywords."""
-    x_hat, rstd = normalize(x, eps, **variant)  # type: ignore[arg-type]
+                       eps: float = 1e-5) -> tuple[Tensor, Tensor, Tensor]:
+    """Eqs. 3 and 15 for rows: ``(y, x_hat, rstd)``."""
+    x_hat, rstd = normalize(x, eps)
     return affine(x_hat, weight, bias), x_hat, rstd
 
 
@@ -138,13 +224,15 @@ def layer_norm_backward(grad_y: Tensor, x_hat: Tensor, rstd: Tensor, weight: Ten
                         params: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The backward of eqs. 3 and 15 (chapter 3) for rows ``(R, D)``.
 
-    ``dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma`` with ``u = dL/dy * g``. The
-    :func:`normalize` keywords change it: ``center=False`` drops ``- mean(u)``; ``unbiased`` takes
-    the second mean over ``D - 1``; ``eps_inside=False`` scales it by ``(sigma + eps) / sigma``;
-    ``detach`` keeps ``u / sigma``.
+    ``dL/dx = (u - mean(u) - x_hat * mean(u * x_hat)) / sigma`` with ``u = dL/dy * g``. For the
+    forward's variants: ``center=False`` (:func:`rms_normalize`) drops ``- mean(u)``;
+    ``unbiased`` (:func:`normalize_unbiased`) takes the second mean over ``D - 1``;
+    ``eps_inside=False`` (:func:`normalize_eps_outside`, with its ``eps``) scales it by
+    ``(sigma + eps) / sigma``; ``detach`` (:func:`normalize_detached`) keeps ``u / sigma``.
 
     Args:
-        grad_y: ``(R, D)``. x_hat, rstd: from :func:`normalize`. weight: ``g`` ``(D,)`` or None.
+        grad_y: ``(R, D)``. x_hat, rstd: from :func:`normalize` or the variant's function.
+            weight: ``g`` ``(D,)`` or None.
         params: False skips ``dL/dg``, ``dL/db`` (returned as None).
 
     Returns: ``(dL/dx (R, D), dL/dg (D,), dL/db (D,))``; differentiable again (vmap-safe in-place

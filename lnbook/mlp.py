@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_eps, check_size
-from lnbook.functional import normalize
+from lnbook.functional import normalize_detached
 from lnbook.norms import LayerNorm
 
 __all__ = ["NORMS", "STATS_NORMS", "DeepMLP", "DetachNorm", "NormMLP"]
@@ -111,7 +111,7 @@ class DetachNorm(nn.Module):
                              f"tensor of shape (*, {self.normalized_shape}), got "
                              f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
         h = self.normalized_shape
-        x_hat, _ = normalize(x.reshape(-1, h), self.eps, detach=True)
+        x_hat, _ = normalize_detached(x.reshape(-1, h), self.eps)
         return x_hat.reshape(x.shape).to(x.dtype)  # (*, H)
 
     def extra_repr(self) -> str:

@@ -29,7 +29,7 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import _LOW_PRECISION, layer_norm_backward, layer_norm_forward, normalize
+from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize, statistics_dtype
 
 __all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
            "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
@@ -299,7 +299,7 @@ class BatchNorm(_Affine):
                           running_mean=self.running_mean, running_var=self.running_var)
         dims = [0] + list(range(2, x.dim()))  # everything but the unit axis
         view = [1, -1] + [1] * (x.dim() - 2)
-        xf = x.float() if x.dtype in _LOW_PRECISION else x
+        xf = x.to(statistics_dtype(x.dtype))
         if self.training:
             n = x.numel() // self.num_features
             if n < 2:

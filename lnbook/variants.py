@@ -24,8 +24,8 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import normalize
-from lnbook.norms import _LOW_PRECISION, _Affine, _ShapeLike
+from lnbook.functional import normalize, rms_normalize, statistics_dtype
+from lnbook.norms import _Affine, _ShapeLike
 
 __all__ = ["rms_norm", "RMSNorm", "group_norm", "GroupNorm", "dyt", "DyT"]
 
@@ -51,9 +51,9 @@ def rms_norm(input: Tensor, normalized_shape: _ShapeLike, weight: Tensor | None 
     check_param(weight, "weight", shape)
     check_eps(eps, allow_none=True)
     if eps is None:  # the machine epsilon of the statistics' dtype (float32 for half inputs)
-        eps = torch.finfo(torch.float32 if input.dtype in _LOW_PRECISION else input.dtype).eps
+        eps = torch.finfo(statistics_dtype(input.dtype)).eps
     # eq. 3 without the mean, over rows (R, prod(shape)): x / sqrt(mean(x^2) + eps)
-    y, _ = normalize(input.reshape(-1, math.prod(shape)), eps, center=False)  # (R, D)
+    y, _ = rms_normalize(input.reshape(-1, math.prod(shape)), eps)  # (R, D)
     y = y.reshape(input.shape)  # (*, *shape)
     if weight is not None:
         y = y * weight

@@ -36,7 +36,14 @@ from lnbook.engine import (
     sweep,
     train_copies,
 )
-from lnbook.functional import normalize
+from lnbook.functional import (
+    normalize,
+    normalize_detached,
+    normalize_eps_outside,
+    normalize_in_input_dtype,
+    normalize_one_pass,
+    normalize_unbiased,
+)
 from lnbook.mlp import STATS_NORMS, DetachNorm, NormMLP
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.transformer import Transformer, sequence_loss
@@ -59,7 +66,7 @@ def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
     """Eq. 3 over the last dimension ``(*, H)``, no gain and bias, right or in a common wrong way.
 
     Right (every option at its default): ``(x - mu) / sqrt(var + eps)``, biased two-pass variance,
-    float32 statistics for half inputs. Each option is the keyword of the same name of
+    float32 statistics for half inputs. Each option, one at a time, picks a variant of
     :func:`lnbook.functional.normalize`: ``unbiased`` (divide by ``H - 1``), ``one_pass``
     (``E[x^2] - E[x]^2``), ``eps_inside=False`` (``(x - mu) / (sqrt(var) + eps)``), ``stats_dtype``
     (``torch.float16``: ``x ** 2`` overflows from ``|x| >= 256``), ``detach`` (:class:`DetachNorm`).
@@ -69,8 +76,14 @@ def layer_norm_variant(x: Tensor, eps: float = 1e-5, *, unbiased: bool = False,
     h = x.shape[-1]
     if unbiased and h < 2:
         raise ValueError(f"the unbiased variance needs H >= 2 values, got H={h}")
-    x_hat, _ = normalize(x.reshape(-1, h), eps, unbiased=unbiased, one_pass=one_pass,
-                         eps_inside=eps_inside, stats_dtype=stats_dtype, detach=detach)
+    picked = [f for on, f in ((unbiased, normalize_unbiased), (one_pass, normalize_one_pass),
+                              (not eps_inside, normalize_eps_outside),
+                              (stats_dtype is not None, normalize_in_input_dtype),
+                              (detach, normalize_detached)) if on]
+    if len(picked) > 1:
+        raise ValueError("layer_norm_variant makes one mistake at a time")
+    rows = x.reshape(-1, h) if stats_dtype is None else x.reshape(-1, h).to(stats_dtype)
+    x_hat, _ = (picked[0] if picked else normalize)(rows, eps)
     return x_hat.reshape(x.shape).to(x.dtype)
 
 
