@@ -9,7 +9,7 @@
     python3 dev.py routes  # only the last step of `test`: nbval over the notebooks (or those named)
     python3 dev.py confirm --draw       # freeze never-used seed sets in book/confirmation.yml
     python3 dev.py confirm              # execute every notebook on them: book/confirmation.json
-    python3 dev.py pilot CLAIM          # run a claim's declared pilot: book/pilots/CLAIM.json
+    python3 dev.py pilot CLAIM          # run a claim's declared pilot: lnbook/pilots/CLAIM.json
 
 Every task creates (or reuses) the virtual environment `.venv` next to this file and re-installs
 when requirements.txt or pyproject.toml changed. Set LNBOOK_VENV to use another folder.
@@ -776,8 +776,7 @@ def confirm(argv: list[str]) -> int:
 
 # --- pilot: a claim's declared design runs, recorded ---------------------------------------
 
-PILOTS = BOOK / "pilots"
-PACKAGE_PILOTS = ROOT / "lnbook" / "pilots"  # the same records, shipped with the package
+PILOTS = ROOT / "lnbook" / "pilots"  # package data: a chapter reads it from a plain install
 
 
 def _per_seed(results) -> dict:
@@ -829,13 +828,10 @@ def pilot_claim(claim_id: str, out_dir: Path = PILOTS) -> dict:
               "config": p.config, "tried": tried, "chose": p.chose, "made": now,
               "digest": experiment_digests([])["lnbook"]}
     text = json.dumps(record, indent=1) + "\n"
-    # the book's copy, and the package's (lnbook/pilots/, package data: a chapter renders its
-    # record with lnbook.ledger.pilot_markdown from a plain install)
-    for folder in dict.fromkeys((out_dir, PACKAGE_PILOTS if out_dir == PILOTS else out_dir)):
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{claim_id}.json"
-        path.write_text(text)
-        print(f"  pilot record written to {path}", flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{claim_id}.json"
+    path.write_text(text)
+    print(f"  pilot record written to {path}", flush=True)
     return record
 
 
@@ -859,7 +855,7 @@ def _plain_json(x):
 
 
 def pilot(argv: list[str]) -> int:
-    """`dev.py pilot CLAIM`: run the claim's declared pilot, write book/pilots/CLAIM.json."""
+    """`dev.py pilot CLAIM`: run the claim's declared pilot, write lnbook/pilots/CLAIM.json."""
     if len(argv) != 1 or not re.fullmatch(r"[CP]\d{2}", argv[0]):
         print("usage: python3 dev.py pilot CLAIM   (for example C15)", file=sys.stderr)
         return 2

@@ -686,8 +686,8 @@ def load_pilots(path: str | os.PathLike | None = None) -> dict[str, Pilot]:
 
 # --- pilot records: what a pilot tried, rendered for a chapter's design dropdown -------------
 
-#: The package folder that holds the pilot records (``book/pilots/*.json``, copied verbatim), so
-#: that a chapter renders its record from a plain install, outside the checkout.
+#: The package folder that holds the pilot records (``lnbook/pilots/*.json``, their only copy),
+#: so that a chapter renders its record from a plain install, outside the checkout.
 PILOT_RECORDS = "pilots"
 
 

@@ -651,9 +651,9 @@ def test_pilot_records_are_of_declared_pilots():
     """The records `dev.py pilot CLAIM` wrote are of the pilot claims.yml declares (chapters
     with a pilot function of their own, such as sphere.pilot, write their own layout)."""
     pilots = ledger.load_pilots()
-    recorded = [p for p in sorted((BOOK / "pilots").glob("[CP][0-9][0-9].json"))
+    recorded = [p for p in sorted((ROOT / "lnbook" / "pilots").glob("[CP][0-9][0-9].json"))
                 if p.stem in pilots]
-    assert recorded, "no record of a declared pilot in book/pilots/"
+    assert recorded, "no record of a declared pilot in lnbook/pilots/"
     for path in recorded:
         rec = json.loads(path.read_text())
         p = pilots[path.stem]

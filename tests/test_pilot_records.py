@@ -1,4 +1,4 @@
-"""The pilot records (``book/pilots/*.json``, shipped as ``lnbook/pilots/``) and their rendering
+"""The pilot records (``lnbook/pilots/*.json``, shipped with the package) and their rendering
 for the chapters' "How this experiment was designed" dropdowns (``ledger.pilot_markdown``)."""
 
 from __future__ import annotations
@@ -18,31 +18,27 @@ BOOK = ROOT / "book"
 DROPDOWN = "How this experiment was designed"
 
 
+PILOTS = ROOT / "lnbook" / "pilots"
+
+
 def _raw(name: str) -> dict:
-    return json.loads((BOOK / "pilots" / f"{name}.json").read_text())
+    return json.loads((PILOTS / f"{name}.json").read_text())
 
 
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
-# --- the package's copy ----------------------------------------------------------------------
+# --- one home -------------------------------------------------------------------------------
 
 
-def test_package_copies_are_the_books_records():
-    book = {p.name: p.read_bytes() for p in (BOOK / "pilots").glob("*.json")}
-    package = {p.name: p.read_bytes() for p in (ROOT / "lnbook" / "pilots").glob("*.json")}
-    assert book, "no pilot record in book/pilots"
-    assert sorted(package) == sorted(book), "copy book/pilots/*.json into lnbook/pilots/"
-    for name, data in book.items():
-        assert package[name] == data, f"lnbook/pilots/{name} differs from book/pilots/{name}"
-
-
-def test_the_wheel_ships_the_records():
-    data = re.search(r"\[tool\.setuptools\.package-data\]\s*lnbook = (\[.*?\])",
-                     (ROOT / "pyproject.toml").read_text(), re.S)
-    assert data and "pilots/*.json" in json.loads(data.group(1))
-    assert ledger.pilot_record("P16") == _raw("P16")  # read through importlib.resources
+def test_the_records_live_in_the_package_only():
+    """The records ship with the package, where a chapter reads them from a plain install; the
+    book keeps no second copy that could drift from them."""
+    assert sorted(p.name for p in PILOTS.glob("*.json")), "no pilot record in lnbook/pilots"
+    assert not (BOOK / "pilots").exists(), "book/pilots/ is gone: records live in lnbook/pilots/"
+    for path in PILOTS.glob("*.json"):
+        assert ledger.pilot_record(path.stem) == json.loads(path.read_text())
 
 
 # --- one test per record layout, with the record's own values ---------------------------------
@@ -159,7 +155,7 @@ def test_every_design_dropdown_renders_a_record_or_says_it_had_none():
             f"{path.name}: its design dropdown neither renders a pilot record "
             "(glue of ledger.pilot_markdown shown with {glue:md} in it) nor says "
             "'chosen without a pilot'")
-    records = {p.stem for p in (BOOK / "pilots").glob("*.json")}
+    records = {p.stem for p in PILOTS.glob("*.json")}
     assert records <= rendered, f"records no chapter renders: {sorted(records - rendered)}"
 
 

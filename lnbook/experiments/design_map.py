@@ -448,7 +448,7 @@ def claim_values(results: Results, amp: dict[str, np.ndarray], bar: float = BAR
 
 def pilot_summary(results: Results, amp: dict[str, np.ndarray], claim: str, note: str,
                   bar: float = BAR) -> dict[str, Any]:
-    """What a pilot record (``book/pilots/<claim>.json``) keeps of a pilot run: the config
+    """What a pilot record (``lnbook/pilots/<claim>.json``) keeps of a pilot run: the config
     and seeds, the per-seed values of the claim's parts (:func:`claim_values`), the map
     (:func:`design_map`, one line per cell), the amplification probe's seed means per design
     and depth, and ``note``, what the pilot showed and chose."""

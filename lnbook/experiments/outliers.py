@@ -351,7 +351,7 @@ def pilot(seeds: tuple[int, ...], scale: str = "quick", device: str | torch.devi
     """The design run behind the quick preset: every variant on the pilot ``seeds``
     (:func:`lnbook.seeds.pilot_seeds`, never a verdict seed); returns the record (config,
     seeds, per variant and seed the final loss, the ratio per block, the int8 loss and the
-    gain-zeroing losses) that ``book/pilots/P24.json`` keeps."""
+    gain-zeroing losses) that ``lnbook/pilots/P24.json`` keeps."""
     r = run(get_config(scale, seeds=tuple(seeds), **overrides), device=device)
     keys = ("ratio", "top_dim", "top_pos", "dim_share", "attn_top", "attn_uniform", "loss",
             "loss_int8", "loss_zero_outlier", "loss_zero_random")

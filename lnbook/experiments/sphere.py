@@ -290,7 +290,7 @@ def pilot(seeds: tuple[int, ...], lrs: tuple[float, ...] = PILOT_LRS, scale: str
     ``designs``; returns the
     record (config, seeds, per rate and variant the final held-out losses and updates to each
     target, None where never reached, and :func:`choose_lrs`' choice) that
-    ``book/pilots/sphere.json`` keeps."""
+    ``lnbook/pilots/sphere.json`` keeps."""
     runs = {lr: run(get_config(scale, seeds=tuple(seeds), designs=tuple(designs),
                                lrs=tuple((d, lr) for d in DESIGNS)), device=device)
             for lr in lrs}
