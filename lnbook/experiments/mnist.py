@@ -301,7 +301,9 @@ def _recalibrated(model: Stack, x: Tensor) -> Stack:
     copies = model.unstack()
     for bn in (m for c in copies for m in c.modules() if isinstance(m, BatchNorm)):
         bn.momentum = 1.0  # the average is this one batch
-    probe = Stack(copies, vectorize=True).to(x.device).train()
+    dtype = next(model.parameters()).dtype
+    probe = Stack(copies, vectorize=True).to(device=x.device, dtype=dtype).train()
+    probe.load_state_dict(model.state_dict())  # the values exactly, in the model's dtype
     with torch.no_grad():
         probe(x, shared=(0,))
     return probe.eval()
