@@ -541,8 +541,8 @@ def c14_quantities(results: Results) -> dict[str, np.ndarray]:
     """The per-seed quantities of C14's rule, ``(seeds,)`` each, from a run of :func:`run`:
     each variant's final held-out loss (``final_<variant>``) and updates to the target loss
     (``reach_<variant>``, interpolated, inf when never), the baseline's updates over LN's
-    (``speedup``, :func:`lnbook.engine.speedup`), whether both runs ended ``margin`` below the
-    word-frequency predictor (``left``), whether both runs' trained vectors beat their own
+    (``speedup``, :func:`lnbook.engine.metrics.speedup`), whether both runs ended ``margin``
+    below the word-frequency predictor (``left``), whether both runs' trained vectors beat their own
     untrained encoder on the topic probe (``probe_ok``), and LN's topic-probe accuracy minus
     the baseline's in points (``topic_diff``)."""
     unigram, cfg = results.info["unigram"], results.config
