@@ -1,7 +1,7 @@
 """Seeds trained together against seeds trained one at a time (chapter 6.8's deep MLP).
 
-Chapter 6.8 trains its ten seeds as one model (:class:`lnbook.engine.Stack` of the seeds'
-networks, one vectorized forward) instead of one network per seed. This script measures what that
+Chapter 6.8 trains its ten seeds as one batched network (:class:`lnbook.batched.SeedMLP`,
+weights ``(S, in, out)``) instead of one network per seed. This script measures what that
 buys: in each round it trains the same ``S`` seeds of one variant both ways, with the same
 updates (``lnbook.experiments.why.run`` once per seed, and once for all of them together),
 and reports the median over the rounds of the per-round ratio ``one at a time / together``

@@ -8,6 +8,7 @@ import torch
 
 import lnbook
 import lnbook.analysis
+import lnbook.batched
 import lnbook.data
 import lnbook.experiments.draw
 from lnbook import norms
@@ -142,6 +143,7 @@ def test_module_shape_errors_are_runtime_errors_as_torch_raises():
 
 @pytest.mark.parametrize("call", [
     lambda v: lnbook.data.copy_task(v, 5, 8, seed=0),
+    lambda v: lnbook.batched.SeedMLP(v, (4, 3)),
     lambda v: lnbook.analysis.direction_change_demo(steps=v),
     lambda v: lnbook.experiments.draw.DRAW(28, 28, glimpses=v),
 ])

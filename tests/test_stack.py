@@ -109,33 +109,3 @@ def test_blocks_are_parameter_groups_and_tuples_come_out_stacked():
         stack.param_groups(lr=[0.1])
     with pytest.raises(ValueError, match="sum to the 5 copies"):
         Stack(models, blocks=(2, 2))
-
-
-class _Noisy(nn.Module):
-    """A linear layer plus uniform noise drawn in the forward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x) + torch.rand_like(x)
-
-
-def test_randomness_different_gives_each_copy_its_own_draw_of_one_stacked_draw():
-    models = [_Noisy() for _ in range(3)]
-    x = torch.randn(3, 2, 4)
-    with pytest.raises(RuntimeError, match="randomness"):
-        Stack(models)(x)  # vmap's default: a random draw in the forward is an error
-    with pytest.raises(ValueError, match="randomness"):
-        Stack(models, randomness="own")
-    torch.manual_seed(5)
-    out = Stack(models, randomness="different")(x)  # (3, 2, 4)
-    torch.manual_seed(5)
-    noise = torch.rand(3, 2, 4)  # the copies' draws, as one draw of the stacked shape
-    want = torch.stack([m.lin(x[k]) + noise[k] for k, m in enumerate(models)])
-    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
-    assert not torch.allclose(noise[0], noise[1])
-    same = Stack(models, randomness="same")(x)
-    drawn = same - torch.stack([m.lin(x[k]) for k, m in enumerate(models)])
-    torch.testing.assert_close(drawn[1], drawn[0], rtol=0, atol=1e-6)  # one draw for all

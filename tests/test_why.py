@@ -9,20 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lnbook.batched import seed_batches, seed_nll
 from lnbook.data import load_digits_tensor
-from lnbook.engine import Stack
 from lnbook.engine.train import Batches
 from lnbook.exercises import digits_split
 from lnbook.experiments import why
 
 TINY = dict(depth=3, width=16, steps=6, eval_every=3, seeds=(0,))
-
-
-def _out_weight(model: Stack) -> torch.Tensor:
-    """The stacked weights of a seed_model's output layer, (S, 10, width)."""
-    names = [n for n, _ in model.named_parameters() if ".linears|" in n and n.endswith("weight")]
-    last = max(names, key=lambda n: int(n.split("|")[1]))
-    return model.get_parameter(last)
 
 
 def _alone(variant, seed, config, momentum=None, hidden_lr=None):
@@ -119,10 +112,9 @@ def test_hidden_lr_reaches_only_the_hidden_weights():
     model = why.seed_model("layer", (0,), cfg)
     why.train_stack(model, (0,), cfg, momentum=0.0, hidden_lr=0.0)
     fresh = why.seed_model("layer", (0,), cfg)
-    assert len(why.hidden_weights(model)) == cfg.depth
-    for a, b in zip(why.hidden_weights(model), why.hidden_weights(fresh), strict=True):
+    for a, b in zip(model.hidden_weights, fresh.hidden_weights, strict=True):
         assert torch.equal(a, b)  # step size 0: unchanged
-    assert not torch.equal(_out_weight(model), _out_weight(fresh))
+    assert not torch.equal(model.weights[-1], fresh.weights[-1])
 
 
 def test_norm_growth_step_follows_pythagoras_for_a_weight_before_a_norm():
@@ -204,7 +196,7 @@ def test_run_marks_a_diverging_seed_and_keeps_the_others(monkeypatch):
     def blown(variant, seeds, config):  # seed 1 starts with infinite logits
         model = make(variant, seeds, config)
         with torch.no_grad():
-            _out_weight(model)[1].fill_(math.inf)
+            model.weights[-1][1].fill_(math.inf)
         return model
 
     monkeypatch.setattr(why, "seed_model", blown)
@@ -276,11 +268,10 @@ def test_noise_model_checks_and_equals_seed_model_without_noise():
     clean = why.seed_model("layer", (0, 1), cfg)
     for kind in why.NOISES:
         model = why.noise_model("layer", [(kind, 0.0, 0), (kind, 0.0, 1)], cfg)
-        torch.testing.assert_close(model(x, shared=(0,)), clean(x, shared=(0,)), rtol=0, atol=0)
+        torch.testing.assert_close(model(x), clean(x), rtol=0, atol=0)
         noisy = why.noise_model("layer", [(kind, 0.3, 0), (kind, 0.3, 1)], cfg)
-        torch.testing.assert_close(noisy.eval()(x, shared=(0,)), clean.eval()(x, shared=(0,)),
-                                   rtol=0, atol=0)
-        assert not torch.allclose(noisy.train()(x, shared=(0,)), clean.train()(x, shared=(0,)))
+        torch.testing.assert_close(noisy.eval()(x), clean.eval()(x), rtol=0, atol=0)
+        assert not torch.allclose(noisy.train()(x), clean.train()(x))
     with pytest.raises(ValueError, match="kind"):
         why.noise_model("layer", [("gauss", 0.1, 0)], cfg)
     with pytest.raises(ValueError, match="size"):
@@ -291,10 +282,9 @@ def test_noise_model_gives_each_copy_its_own_kind_and_size():
     cfg = why.get_config(**TINY)
     model = why.noise_model("none", [("shared", 0.3, 0), ("example", 0.3, 0),
                                      ("example", 0.0, 0)], cfg).train()
-    noises = Stack([m.norms[0][1] for m in model.unstack()], randomness="different").double()
     torch.manual_seed(0)
     h = torch.randn(1, 256, 8, dtype=torch.float64).expand(3, 256, 8) * 2
-    out = noises.train()(h)  # each copy's noise of the first hidden layer
+    out = model._noise(h)
     # the shared copy: one affine map per unit, the same for every example
     s = (out[0, 1] - out[0, 0]) / (h[0, 1] - h[0, 0])
     torch.testing.assert_close(out[0], h[0] * s + (out[0, 0] - s * h[0, 0]))
@@ -336,7 +326,7 @@ def test_train_stack_marks_a_diverging_seed_and_keeps_the_others():
     good = why.train_stack(why.seed_model("none", (0, 1), cfg), (0, 1), cfg)
     model = why.seed_model("none", (0, 1), cfg)
     with torch.no_grad():
-        _out_weight(model)[1].fill_(math.inf)  # seed 1: infinite logits from the start
+        model.weights[-1][1].fill_(math.inf)  # seed 1: infinite logits from the start
     bad = why.train_stack(model, (0, 1), cfg, watch=True)
     assert bad["diverged_at"][1] == 1 and np.isinf(bad["diverged_at"][0])
     assert bad["train_nll"][1] == math.inf and bad["test_nll"][1] == math.inf
@@ -350,11 +340,10 @@ def test_train_stack_weight_decay_follows_the_identity_with_decay():
     # the first update's gradient, computed here on the first batch
     x, y, _, _ = digits_split()
     ref = why.seed_model("layer", (0, 1), cfg).double()
-    idx = torch.stack([Batches(torch.arange(len(y)), batch_size=cfg.batch, seed=s)(0)[0]
-                       for s in (0, 1)])  # (S, B): each seed's first batch
-    ref.call(lambda m, a, b: F.cross_entropy(m(a), b), x[idx].double(), y[idx]).sum().backward()
-    w0 = [w.detach() for w in why.hidden_weights(ref)]
-    g = [w.grad for w in why.hidden_weights(ref)]
+    xb, yb = seed_batches(x, y, cfg.batch, (0, 1))(0)
+    seed_nll(ref(xb.double()), yb).sum().backward()
+    w0 = [w.detach() for w in ref.hidden_weights]
+    g = [w.grad for w in ref.hidden_weights]
     out = why.train_stack(why.seed_model("layer", (0, 1), cfg), (0, 1), cfg, hidden_lr=lr,
                           momentum=0.0, weight_decay=wd, watch=True)
     for k, (w, gk) in enumerate(zip(w0, g, strict=True)):
@@ -474,33 +463,3 @@ def test_evidence_rows_say_less_when_the_counts_fall_short():
     assert _row(weak, "layer norm is always")[1] == "not contradicted here"
     with pytest.raises(KeyError, match="x2_ratio"):
         why.evidence_rows({k: v for k, v in MEASURED.items() if k != "x2_ratio"})
-
-
-@pytest.mark.parametrize("variant", ["none", "layer", "batch"])
-def test_a_stacked_seed_model_trains_each_seed_as_alone_in_float64(variant):
-    # seed_model's Stack (batch norm's running averages vectorized as each copy's buffers)
-    # against every seed's build() trained alone: SGD with momentum on the seed's batches
-    cfg = why.get_config(depth=3, width=16)
-    x, y, _, _ = digits_split()
-    x, seeds, steps = x.double(), (0, 1, 2), 5
-    orders = [Batches(torch.arange(len(y)), batch_size=32, seed=s) for s in seeds]
-    stack = why.seed_model(variant, seeds, cfg).double()
-    opt = torch.optim.SGD(stack.parameters(), lr=0.05, momentum=0.9)
-    for step in range(steps):
-        idx = torch.stack([o(step)[0] for o in orders])  # (S, 32)
-        opt.zero_grad()
-        stack.call(lambda m, a, b: F.cross_entropy(m(a), b), x[idx], y[idx]).sum().backward()
-        opt.step()
-    for k, seed in enumerate(seeds):
-        torch.manual_seed(seed)
-        alone = why.build(variant, cfg).double()
-        opt = torch.optim.SGD(alone.parameters(), lr=0.05, momentum=0.9)
-        for step in range(steps):
-            (idx,) = orders[k](step)
-            opt.zero_grad()
-            F.cross_entropy(alone(x[idx]), y[idx]).backward()
-            opt.step()
-        got = {n.split(".")[-1].removeprefix("buffer|").replace("|", "."): t
-               for n, t in stack.state_dict().items()}
-        for name, t in alone.state_dict().items():  # parameters and running averages
-            torch.testing.assert_close(got[name][k].to(t.dtype), t, rtol=0, atol=1e-10)

@@ -60,9 +60,6 @@ class Stack(nn.Module):
             running statistics in its forward (then the copies run one after the other).
         blocks: the sizes of consecutive blocks of copies whose parameters are tensors of their
             own (default: one block of all), for :meth:`param_groups`; they sum to ``n``.
-        randomness: :func:`torch.func.vmap`'s: ``"error"`` (default: a random draw in the
-            forward raises), ``"different"`` (each copy its own draws: one draw of the stacked
-            shape, as the copies' draws one after the other would not be) or ``"same"``.
 
     Shape:
         forward: every input ``(n, *)``, copy ``k`` gets ``input[k]``; inputs named in
@@ -71,12 +68,8 @@ class Stack(nn.Module):
     """
 
     def __init__(self, models: Sequence[nn.Module], vectorize: bool | None = None,
-                 blocks: Sequence[int] | None = None, randomness: str = "error") -> None:
+                 blocks: Sequence[int] | None = None) -> None:
         super().__init__()
-        if randomness not in ("error", "different", "same"):
-            raise ValueError(f"randomness must be 'error', 'different' or 'same', got "
-                             f"{randomness!r}")
-        self.randomness = randomness
         models = list(models)
         if not models or not all(isinstance(m, nn.Module) for m in models):
             raise TypeError(f"models must be a non-empty sequence of nn.Module, got {models!r}")
@@ -155,8 +148,7 @@ class Stack(nn.Module):
             return functional_call(base, (p, b), xs)
 
         dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
-        run = vmap(one, in_dims=(0, 0, *dims), randomness=self.randomness)
-        return run(*self._state(), *inputs)
+        return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
 
     def call(self, fn: Callable[..., Any], *inputs: Tensor, shared: Sequence[int] = ()) -> Any:
         """``fn(model, *inputs)`` for every copy (for a method other than ``forward``, or a
@@ -173,8 +165,7 @@ class Stack(nn.Module):
             return functional_call(wrapped, (p, b), xs)
 
         dims = tuple(None if i in shared else 0 for i in range(len(inputs)))
-        run = vmap(one, in_dims=(0, 0, *dims), randomness=self.randomness)
-        return run(*self._state(), *inputs)
+        return vmap(one, in_dims=(0, 0, *dims))(*self._state(), *inputs)
 
     def train(self, mode: bool = True) -> Stack:
         """Training or evaluation mode for the stack and every copy it runs (under ``vmap`` the

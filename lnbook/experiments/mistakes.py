@@ -8,7 +8,6 @@ Xu et al. (2019)'s ablation of the statistics' gradients and the gain and bias
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.checks import check_config
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.engine import (
@@ -26,7 +26,6 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    Stack,
     check_scale,
     classification_metrics,
     cpu_threads,
@@ -45,7 +44,7 @@ from lnbook.functional import (
     normalize_one_pass,
     normalize_unbiased,
 )
-from lnbook.mlp import STATS_NORMS, DeepMLP, DetachNorm, NormMLP
+from lnbook.mlp import STATS_NORMS, DetachNorm, NormMLP
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.transformer import Transformer, sequence_loss
 
@@ -366,41 +365,28 @@ def train_stats_one(config: StatsConfig, data: tuple[Tensor, ...], job: Job
 AFFINE_NORMS = ("layer", "simple")
 
 
-def _affine_arm(seed: int, hidden: int, depth: int) -> DeepMLP:
-    """The network both arms of :func:`run_affine` start from for ``seed``: a layer-normalized
-    :class:`~lnbook.mlp.DeepMLP` (no bias in front of a norm), its He-normal weights drawn
-    after ``torch.manual_seed(seed)`` input-major, as chapter 13's design was piloted."""
-    model = DeepMLP((64, *[hidden] * depth, 10), "layer")
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for lin in model.linears:  # (out, in), drawn as (in, out)
-            std = math.sqrt(2.0 / lin.in_features)
-            lin.weight.copy_(torch.empty(lin.in_features, lin.out_features).normal_(std=std).t())
-    return model
+def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> SeedMLP:
+    """Both arms of :func:`run_affine` for every seed, as one batched
+    :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
 
-
-def _ce(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """One copy's mean cross-entropy (nats), for :meth:`lnbook.engine.Stack.call`."""
-    return F.cross_entropy(model(x), y)
-
-
-def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> Stack:
-    """Both arms of :func:`run_affine` for every seed, as one :class:`lnbook.engine.Stack`.
-
-    Copies ``0 .. S-1``: layer norm with gain and bias; ``S .. 2S-1``: LayerNorm-simple followed
-    by a bias (its gains' gradients zeroed, so they stay 1). Copies ``i`` and ``S + i`` start
-    from the network of ``seeds[i]``.
+    Slices ``0 .. S-1``: layer norm with gain and bias; ``S .. 2S-1``: LayerNorm-simple followed by
+    a bias (its gains' gradients zeroed, so they stay 1). Slices ``i`` and ``S + i`` start from the
+    network built under ``torch.manual_seed(seeds[i])``.
     """
     seeds = tuple(int(s) for s in seeds)
     if not seeds:
         raise ValueError("seeds must name at least one seed")
-    models = [_affine_arm(s, hidden, depth) for s in seeds]
-    model = Stack(models + [copy.deepcopy(m) for m in models])
-    n = len(seeds)
-    keep = torch.cat([torch.ones(n), torch.zeros(n)]).view(-1, 1)  # (2S, 1)
-    for name, g in model.named_parameters():
-        if name.split(".")[-1].startswith("norms|") and name.endswith("|weight"):  # gains
-            g.register_hook(lambda grad: grad * keep)
+    sizes, n = (64, *[hidden] * depth, 10), len(seeds)
+    model = SeedMLP(2 * n, sizes, "layer", hidden_bias=False, affine=True)
+    with torch.no_grad():
+        for i, seed in enumerate(seeds):
+            torch.manual_seed(seed)
+            one = SeedMLP(1, sizes, "layer", hidden_bias=False, affine=True)
+            for p, q in zip(model.parameters(), one.parameters(), strict=True):
+                p[i] = p[n + i] = q[0]
+    keep = torch.cat([torch.ones(n), torch.zeros(n)]).view(-1, 1, 1)  # (2S, 1, 1)
+    for g in model.gains:
+        g.register_hook(lambda grad: grad * keep)
     return model
 
 
@@ -419,20 +405,20 @@ def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
     with cpu_threads(config.threads):
         model = affine_mlp(seeds, config.hidden, config.depth)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        orders = [Batches(torch.arange(len(y)), batch_size=config.batch, seed=s) for s in seeds]
+        batches = seed_batches(x, y, config.batch, seeds)
 
         def losses(step: int) -> Tensor:  # (2S,): both arms of every seed on its batch
-            idx = torch.stack([o(step)[0] for o in orders])  # (S, B)
-            return model.call(_ce, x[idx].repeat(2, 1, 1), y[idx].repeat(2, 1))
+            xb, yb = batches(step)  # (S, B, 64), (S, B)
+            return seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb]))
 
         copies = [History() for _ in range(2 * len(seeds))]
         train_copies(losses, lambda: [{} for _ in copies], opt, copies, config.steps,
                      config.steps)  # measured below, once
         with torch.no_grad():
-            logits = model(xv, shared=(0,))  # (2S, 359, 10)
-            val = model.call(_ce, xv, yv, shared=(0, 1)).double().numpy()
+            logits = model(xv)  # (2S, 359, 10)
+            val = seed_nll(logits, yv).double().numpy()
             err = (logits.argmax(-1) != yv).double().mean(1).numpy()
-            train = model.call(_ce, x, y, shared=(0, 1)).double().numpy()
+            train = seed_nll(model(x), y).double().numpy()
     n = len(seeds)
     out: dict[str, dict[str, Any]] = {
         arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],

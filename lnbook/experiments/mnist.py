@@ -3,9 +3,8 @@
 Book chapter `06_6_mnist`. :class:`MLP` with no norm, batch norm on every layer (the unbiased
 variance for small batches, claim C18) or layer norm on the hidden layers, trained with Adam at
 batch sizes 128 and 4. Engine ``"seeds"`` trains the seeds of a variant as one
-:class:`lnbook.engine.Stack` of :class:`MLP` s and reads batch norm three ways
-(:data:`BN_READINGS`); engine ``"runs"`` trains one run at a time. Both go through
-:func:`lnbook.engine.runner.sweep`.
+:class:`lnbook.batched.SeedMLP` and reads batch norm three ways (:data:`BN_READINGS`); engine
+``"runs"`` trains one run at a time. Both go through :func:`lnbook.engine.runner.sweep`.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.engine.copies import train_copies
@@ -30,7 +29,6 @@ from lnbook.engine.metrics import classification_metrics
 from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results, Run
 from lnbook.engine.runner import sweep
-from lnbook.engine.stack import Stack
 from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, LayerNorm
 
@@ -165,7 +163,7 @@ class MLP(nn.Module):
             if norm == "batch":
                 layers.append(BatchNorm(d_out, unbiased=bn_unbiased))
             elif norm == "layer" and not last:
-                layers.append(LayerNorm(d_out, impl="torch"))
+                layers.append(LayerNorm(d_out))
             if not last:
                 layers.append(nn.ReLU())
         self.net = nn.Sequential(*layers)
@@ -272,58 +270,27 @@ def _data(config: Config) -> dict[str, Any]:
 
 
 def seed_model(config: Config, norm: str, batch_size: int,
-               seeds: tuple[int, ...] | list[int]) -> Stack:
+               seeds: tuple[int, ...] | list[int]) -> SeedMLP:
     """The :class:`MLP` s engine ``"runs"`` starts under each seed, as one
-    :class:`lnbook.engine.Stack` (vectorized: batch norm's running averages are each copy's
-    own buffers)."""
+    :class:`lnbook.batched.SeedMLP`."""
     sizes = (784, *config.hidden, 10)
     unbiased = batch_size <= config.bn_unbiased_max_batch
     models = []
     for seed in seeds:
         torch.manual_seed(seed)
         models.append(MLP(sizes, norm, bn_unbiased=unbiased))
-    return Stack(models, vectorize=True)
+    return SeedMLP.from_models(models, sizes, norm, out_bias=norm != "batch",
+                               norm_logits=norm == "batch", bn_unbiased=unbiased)
 
 
 def _scores(logits: Tensor, y: Tensor, prefix: str, suffix: str) -> dict[str, np.ndarray]:
     """Per-seed NLL and error of logits ``(S, N, C)`` on labels ``(N,)``."""
-    s, n, _ = logits.shape
-    y = y[:n].expand(s, n)
-    nll = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)  # (S,)
-    err = (logits.argmax(-1) != y).float().mean(1).cpu().numpy()  # (S,)
-    nll = nll.cpu().numpy()
+    nll = seed_nll(logits, y[: logits.shape[1]]).cpu().numpy()  # (S,)
+    err = (logits.argmax(-1) != y[: logits.shape[1]]).float().mean(1).cpu().numpy()  # (S,)
     return {f"{prefix}_nll{suffix}": nll, f"{prefix}_error{suffix}": err}
 
 
-def _recalibrated(model: Stack, x: Tensor) -> Stack:
-    """A copy of ``model`` in evaluation mode whose batch-norm running averages are ``x``'s
-    statistics under the present weights, layer by layer (``model`` is untouched)."""
-    copies = model.unstack()
-    for bn in (m for c in copies for m in c.modules() if isinstance(m, BatchNorm)):
-        bn.momentum = 1.0  # the average is this one batch
-    dtype = next(model.parameters()).dtype
-    probe = Stack(copies, vectorize=True).to(device=x.device, dtype=dtype).train()
-    probe.load_state_dict(model.state_dict())  # the values exactly, in the model's dtype
-    with torch.no_grad():
-        probe(x, shared=(0,))
-    return probe.eval()
-
-
-def _block_logits(model: nn.Module, x: Tensor, batch_size: int) -> Tensor:
-    """One copy's logits in training mode on the whole blocks of ``batch_size`` examples of
-    ``x``, each block normalized by its own statistics (the copy's averages are kept)."""
-    g = x.shape[0] // batch_size
-    params = dict(model.named_parameters())
-    buffers = {k: v.expand(g, *v.shape).clone() for k, v in model.named_buffers()}
-
-    def block(b: dict[str, Tensor], xb: Tensor) -> Tensor:
-        return functional_call(model, (params, b), (xb,))
-
-    out = vmap(block)(buffers, x[: g * batch_size].view(g, batch_size, -1))  # (G, B, C)
-    return out.reshape(g * batch_size, -1)
-
-
-def seed_metrics(model: Stack, data: dict[str, Tensor], batch_size: int,
+def seed_metrics(model: SeedMLP, data: dict[str, Tensor], batch_size: int,
                  x_recal: Tensor) -> dict[str, np.ndarray]:
     """One evaluation of every seed of ``model``: metric name -> ``(S,)`` values.
 
@@ -337,15 +304,13 @@ def seed_metrics(model: Stack, data: dict[str, Tensor], batch_size: int,
         model.eval()
         sets = (("train", data["x_eval"], data["y_eval"]), ("test", data["x_test"], data["y_test"]))
         for prefix, x, y in sets:
-            out.update(_scores(model(x, shared=(0,)), y, prefix, ""))
-        if any(k.endswith("running_mean") for k, _ in model.named_buffers()):  # batch norm
-            recal = _recalibrated(model, x_recal)
+            out.update(_scores(model(x), y, prefix, ""))
+        if model.norm == "batch":
+            recal = model.recalibrated(x_recal)
             for prefix, x, y in sets:
-                out.update(_scores(recal(x, shared=(0,)), y, prefix, "_recal"))
-            model.train()
-            tmode = model.call(partial(_block_logits, batch_size=batch_size), data["x_eval"],
-                               shared=(0,))
-            out.update(_scores(tmode, data["y_eval"], "train", "_tmode"))
+                out.update(_scores(recal(x), y, prefix, "_recal"))
+            out.update(_scores(train_mode_logits(model, data["x_eval"], batch_size),
+                               data["y_eval"], "train", "_tmode"))
         else:
             out.update({k + "_recal": v for k, v in list(out.items())})
             out.update({f"train_{m}_tmode": out[f"train_{m}"] for m in ("nll", "error")})
@@ -361,11 +326,11 @@ def _train_variant(job: Job, config: Config, d: dict[str, Tensor]) -> list[Histo
     d = {k: v.to(dev) for k, v in d.items()}
     model = seed_model(config, norm, bs, seeds).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, fused=dev.type in ("cpu", "cuda"))
-    orders = [Batches(torch.arange(len(d["y"])), batch_size=bs, seed=s) for s in seeds]
+    batches = seed_batches(d["x"], d["y"], bs, seeds)
 
     def losses(step: int) -> Tensor:
-        idx = torch.stack([o(step)[0] for o in orders]).to(dev)  # (S, B): each seed's batch
-        return model.call(_copy_loss, d["x"][idx], d["y"][idx])  # (S,)
+        xb, yb = batches(step)  # (S, B, 784), (S, B)
+        return seed_nll(model(xb), yb)  # (S,)
 
     def evaluate() -> list[dict[str, float]]:
         m = seed_metrics(model, d, bs, d["x_recal"])
@@ -389,11 +354,6 @@ def _eval_fn(model: nn.Module, d: dict[str, Tensor]) -> dict[str, float]:
 
 def _cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     return F.cross_entropy(model(batch[0]), batch[1])
-
-
-def _copy_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """One copy's mean cross-entropy, for :meth:`lnbook.engine.Stack.call`."""
-    return _cross_entropy(model, (x, y))
 
 
 def _train_one(job: Job, config: Config, d: dict[str, Tensor]) -> tuple[History, dict]:

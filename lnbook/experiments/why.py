@@ -25,13 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.engine import (
-    Batches,
     History,
     Job,
     Results,
-    Stack,
     check_scale,
     make_config,
     max_updates,
@@ -44,8 +43,8 @@ from lnbook.mlp import DeepMLP, NormMLP
 
 __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "SignalNoise", "build",
-    "seed_model", "hidden_weights", "run", "train_variant", "final_nll", "norm_growth_step",
-    "lr_sweep", "landscape", "landscape_seeds",
+    "seed_model", "run", "train_variant", "final_nll", "norm_growth_step", "lr_sweep",
+    "landscape", "landscape_seeds",
     "stats_seeds", "unit_rates", "NOISES", "ExampleNoise", "noise_model", "train_stack",
     "noise_runs", "blowup", "decay_runs", "evidence_rows", "example_noise", "pilot_noise",
     "largest_safe", "blowup_rows", "decay_summary", "EVIDENCE_KEYS",
@@ -172,25 +171,24 @@ class ExampleNoise(SignalNoise):
         return example_noise(h, self.size, batch_dim=0)
 
 
-class _CopyNoise(nn.Module):
-    """The noise of one copy of :func:`noise_model` whose copies differ in kind or size: its
-    ``size`` and whether it is :func:`example_noise` (else :class:`SignalNoise`'s shared draw)
-    are buffers, so that each copy of a :class:`lnbook.engine.Stack` has its own. Both noises
-    are drawn at every forward in training mode, and the copy's own is kept."""
+class _NoiseSeedMLP(SeedMLP):
+    """:class:`SeedMLP` with a noise of its own per copy: ``sizes`` ``(S,)`` and ``example``
+    ``(S,)`` (True: :func:`example_noise`, False: :class:`SignalNoise`'s shared draw), each
+    over the copy's own batch."""
 
-    def __init__(self, size: float, example: bool) -> None:
-        super().__init__()
-        self.register_buffer("size", torch.tensor(float(size)))
-        self.register_buffer("example", torch.tensor(bool(example)))
+    def set_noise(self, sizes: Tensor, example: Tensor) -> _NoiseSeedMLP:
+        self.sizes_r = sizes.reshape(-1, 1, 1).to(self.weights[0].dtype)
+        self.example = example.reshape(-1, 1, 1).bool()
+        return self
 
-    def forward(self, h: Tensor) -> Tensor:
+    def _noise(self, h: Tensor) -> Tensor:
         if not self.training:
             return h
-        r = self.size
-        rms = h.detach().square().mean(0, keepdim=True).sqrt()  # (1, H)
+        r = self.sizes_r
+        rms = h.detach().square().mean(1, keepdim=True).sqrt()  # (S, 1, H)
         shared = h * (1 + r * (2 * torch.rand_like(rms) - 1)) + r * (
             1 + torch.randn_like(rms)) * rms  # SignalNoise, one draw per unit
-        return torch.where(self.example, example_noise(h, r, batch_dim=0), shared)
+        return torch.where(self.example, example_noise(h, r, batch_dim=1), shared)
 
 
 def build(variant: str, config: Config) -> DeepMLP:
@@ -199,48 +197,19 @@ def build(variant: str, config: Config) -> DeepMLP:
     norm, _, noisy = variant.partition("+")
     sizes = (64, *[config.width] * config.depth, 10)
     model = DeepMLP(sizes, norm, init_scale=config.init_scale)
-    return _noisy(model, SignalNoise(config.noise)) if noisy else model
-
-
-def _noisy(model: DeepMLP, noise: nn.Module) -> DeepMLP:
-    """``model`` with ``noise`` (a copy of it per layer) after every hidden norm."""
-    model.norms = nn.ModuleList(nn.Sequential(n, copy.deepcopy(noise)) for n in model.norms)
+    if noisy:
+        model.norms = nn.ModuleList(nn.Sequential(n, SignalNoise(config.noise))
+                                    for n in model.norms)
     return model
 
 
-def _ce(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
-    """One copy's mean cross-entropy (nats), for :meth:`lnbook.engine.Stack.call`."""
-    return F.cross_entropy(model(x), y)
-
-
-def _ce_summed(model: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, list[Tensor]]:
-    """One copy's mean cross-entropy and its hidden layers' summed inputs."""
-    logits, summed = model(x, return_summed=True)
-    return F.cross_entropy(logits, y), summed
-
-
-def _stack(models: list[nn.Module]) -> Stack:
-    """The copies as one :class:`lnbook.engine.Stack`: vectorized (batch norm's running
-    averages are the copies' own buffers), each copy its own noise draws."""
-    return Stack(models, vectorize=True, randomness="different")
-
-
-def hidden_weights(model: Stack) -> list[Tensor]:
-    """The stacked weights ``(S, out, in)`` of a :func:`seed_model`'s hidden layers (those in
-    front of a hidden norm), in order."""
-    params = dict(model.named_parameters())  # "stacked.0.linears|k|weight": layer k's
-    layers = sorted(int(k.split("|")[1]) for k in params
-                    if k.startswith("stacked.0.linears|") and k.endswith("|weight"))
-    return [params[f"stacked.0.linears|{k}|weight"] for k in layers[:-1]]
-
-
 def _nll(model: nn.Module, x: Tensor, y: Tensor) -> Any:
-    """The loss in evaluation mode: a float, or ``(S,)`` per copy for a :class:`Stack`."""
+    """The loss in evaluation mode: a float, or ``(S,)`` per seed for a :class:`SeedMLP`."""
     was = model.training
     model.eval()
     with torch.no_grad():
-        if isinstance(model, Stack):
-            out = model.call(_ce, x, y, shared=(0, 1)).cpu().numpy()  # (S,)
+        if isinstance(model, SeedMLP):
+            out = seed_nll(model(x), y).cpu().numpy()  # (S,)
         else:
             out = float(F.cross_entropy(model(x), y))
     model.train(was)
@@ -258,14 +227,16 @@ def _sgd(model: nn.Module, hidden: list[Tensor], config: Config, lr: float | Non
                            momentum=config.momentum if momentum is None else momentum)
 
 
-def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> Stack:
+def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
     """The :func:`build` networks of ``seeds`` (each made after ``torch.manual_seed(seed)``,
-    as one seed alone would be made) as one :class:`lnbook.engine.Stack`."""
+    as one seed alone would be made), stacked into one :class:`SeedMLP`."""
     models = []
     for s in seeds:
         torch.manual_seed(s)
         models.append(build(variant, config))
-    return _stack(models)
+    norm, _, noisy = variant.partition("+")
+    return SeedMLP.from_models(models, (64, *[config.width] * config.depth, 10), norm,
+                               noise=config.noise if noisy else 0.0)
 
 
 def run(config: Config, device: str | torch.device = "auto",
@@ -292,7 +263,7 @@ def train_variant(config: Config, job: Job) -> list[tuple[History, dict[str, Any
     rec = train_stack(model, seeds, config, histories=histories, bar=job.bar,
                       label=job.label, device=job.device)
     _, _, xt, _ = digits_split()
-    copies, out = model.unstack(), []
+    out = []
     for i, h in enumerate(histories):
         stop = rec["diverged_at"][i]
         if np.isfinite(stop):  # keep the evaluations made before the update that diverged
@@ -301,7 +272,7 @@ def train_variant(config: Config, job: Job) -> list[tuple[History, dict[str, Any
             h.metrics = [h.metrics[k] for k in keep]
             h.losses = [v if step < stop else math.nan
                         for step, v in zip(h.steps, h.losses, strict=True)]
-        one = copies[i].eval()
+        one = model.copy_to(build(job.variant, config), i).eval()
         out.append((h, {"train_nll": float(rec["train_nll"][i]),
                         "diverged": bool(np.isinf(rec["train_nll"][i])),
                         "diverged_at": float(stop),
@@ -354,20 +325,19 @@ def lr_sweep(config: Config, lrs: tuple[float, ...], norms: tuple[str, ...] = ("
 def _along(model: nn.Module, x: Tensor, y: Tensor, lr: float, multiples: tuple[float, ...]
            ) -> tuple[list, list]:
     """Losses and ``||g_k - g|| / (k lr ||g||)`` at ``w - k lr g`` for each ``k``, on a copy in
-    training mode (per copy, ``(S,)`` tensors, for a :class:`Stack`)."""
+    training mode (per seed, ``(S,)`` tensors, for a :class:`SeedMLP`)."""
     model = copy.deepcopy(model).train()
     params = [p for p in model.parameters() if p.requires_grad]
-    per_seed = isinstance(model, Stack)
+    per_seed = isinstance(model, SeedMLP)
 
     def grad_at() -> tuple[Any, list[Tensor]]:
-        loss = (model.call(_ce, x, y, shared=(0, 1)) if per_seed
-                else F.cross_entropy(model(x), y))  # (S,) or ()
+        loss = seed_nll(model(x), y) if per_seed else F.cross_entropy(model(x), y)  # (S,) or ()
         grads = list(torch.autograd.grad(loss.sum(), params))  # each seed's own gradient
         return (loss.detach() if per_seed else float(loss.detach())), grads
 
     def norm(ts: list[Tensor]) -> Any:
-        if per_seed:  # each copy's slice of every tensor together: (S,)
-            return sum(t.detach().square().flatten(1).sum(1) for t in ts).sqrt()
+        if per_seed:
+            return seed_sq_norm(ts).sqrt()
         return math.sqrt(sum(float(t.square().sum()) for t in ts))
 
     _, g = grad_at()
@@ -394,11 +364,10 @@ def landscape(model: nn.Module, x: Tensor, y: Tensor, lr: float,
     return {"loss_range": max(losses) - min(losses), "beta": max(betas)}
 
 
-def landscape_seeds(model: Stack, x: Tensor, y: Tensor, lr: float,
+def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
                     multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
                     ) -> dict[str, np.ndarray]:
-    """:func:`landscape` of every copy of a :class:`lnbook.engine.Stack` (:func:`seed_model`)
-    at once, ``(S,)``."""
+    """:func:`landscape` of every seed of a :class:`lnbook.batched.SeedMLP` at once, ``(S,)``."""
     losses, betas = _along(model, x, y, lr, multiples)
     loss_k = torch.stack(losses)  # (K, S)
     return {"loss_range": (loss_k.max(0).values - loss_k.min(0).values).double().numpy(),
@@ -412,6 +381,7 @@ def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
     :func:`lnbook.engine.copies.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
     final losses (nats)."""
     x, y, xv, yv = digits_split()
+    sizes = (64, *[config.hidden] * config.depth, 10)
     seeds = resolve_seeds(config.seeds)
     out = {}
     for norm in config.norms:
@@ -419,24 +389,22 @@ def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
         for s in seeds:
             torch.manual_seed(s)
             models.append(NormMLP(norm, config.hidden, config.depth))
-        model = Stack(models)
+        model = SeedMLP.from_models(models, sizes, "none" if norm == "none" else "layer",
+                                    hidden_bias=True, affine=norm == "layer",
+                                    detach=norm == "detach")
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
+        batches = seed_batches(x, y, config.batch, seeds)
         copies = [History() for _ in seeds]
-        train_copies(partial(_batch_nll, model, _orders(len(y), config.batch, seeds), x, y),
-                     lambda: [{} for _ in seeds], opt, copies, config.steps, config.steps)
+        train_copies(partial(_batch_nll, model, batches), lambda: [{} for _ in seeds], opt,
+                     copies, config.steps, config.steps)
         out[norm] = {"val_nll": _nll(model, xv, yv), "train_nll": _nll(model, x, y)}
     return out
 
 
-def _orders(n: int, batch: int, seeds: tuple[int, ...]) -> list[Batches]:
-    """Each seed's order of ``n`` examples, as :class:`lnbook.engine.Batches` gives one run."""
-    return [Batches(torch.arange(n), batch_size=batch, seed=s) for s in seeds]
-
-
-def _batch_nll(model: Stack, orders: list[Batches], x: Tensor, y: Tensor, step: int) -> Tensor:
-    """Every copy's mean cross-entropy on its seed's batch of update ``step``: ``(S,)``."""
-    idx = torch.stack([o(step)[0] for o in orders]).to(x.device)  # (S, B)
-    return model.call(_ce, x[idx], y[idx])
+def _batch_nll(model: SeedMLP, batches: Any, step: int) -> Tensor:
+    """Every seed's mean cross-entropy on its batch of update ``step``: ``(S,)``."""
+    xb, yb = batches(step)
+    return seed_nll(model(xb), yb)
 
 
 def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
@@ -453,27 +421,30 @@ def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
 
 
 def noise_model(norm: str, copies: list[tuple[str, float, int]], config: Config
-                ) -> Stack:
+                ) -> SeedMLP:
     """The :func:`seed_model` networks of ``norm`` (``none``, ``layer``, ``batch``), one per
     ``(kind, size, seed)`` of ``copies``, each with the noise ``kind`` (one of :data:`NOISES`)
     of ``size`` after every hidden norm. Copies that all share one kind and size of
-    ``shared`` noise carry :class:`SignalNoise` (the networks and the noise draws of
-    :func:`run`); others each their own kind and size."""
+    ``shared`` noise are a plain :class:`SeedMLP` with ``noise=size`` (the networks and the
+    noise draws of :func:`run`)."""
     check_choice("norm", norm, ("none", "layer", "batch"))
     for kind, size, _ in copies:
         check_choice("kind", kind, NOISES)
         if not 0 <= size < 1:
             raise ValueError(f"size must lie in [0, 1), got {size!r}")
-    one = len({(k, r) for k, r, _ in copies}) == 1 and copies[0][0] == "shared"
     models = []
-    for kind, size, s in copies:
+    for _, _, s in copies:
         torch.manual_seed(s)
-        noise = SignalNoise(size) if one else _CopyNoise(size, kind == "example")
-        models.append(_noisy(build(norm, config), noise))
-    return _stack(models)
+        models.append(build(norm, config))
+    sizes = (64, *[config.width] * config.depth, 10)
+    if len({(k, r) for k, r, _ in copies}) == 1 and copies[0][0] == "shared":
+        return SeedMLP.from_models(models, sizes, norm, noise=copies[0][1])
+    model = _NoiseSeedMLP.from_models(models, sizes, norm)
+    return model.set_noise(torch.tensor([r for _, r, _ in copies]),
+                           torch.tensor([k == "example" for k, _, _ in copies]))
 
 
-def train_stack(model: Stack, seeds: tuple[int, ...], config: Config, *,
+def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
                 hidden_lr: float | None = None, momentum: float | None = None,
                 weight_decay: float = 0.0, watch: bool = False,
                 histories: list[History] | None = None, bar: Any = None,
@@ -495,10 +466,10 @@ def train_stack(model: Stack, seeds: tuple[int, ...], config: Config, *,
     x, y, xt, yt = (t.to(dev) for t in digits_split())
     model.to(dev)
     torch.manual_seed(seeds[0])
-    hidden = hidden_weights(model)
+    hidden = model.hidden_weights
     opt = _sgd(model, hidden, config, None, momentum, hidden_lr)
     opt.param_groups[0]["weight_decay"] = float(weight_decay)
-    orders = _orders(len(y), config.batch, seeds)
+    batches = seed_batches(x, y, config.batch, seeds)
     stop = np.full(len(seeds), np.inf)
     rms: list[Tensor] = []
     norms = [torch.stack([w.detach().norm(dim=(1, 2)) for w in hidden], 1)]  # (S, L)
@@ -508,8 +479,9 @@ def train_stack(model: Stack, seeds: tuple[int, ...], config: Config, *,
     steps, done = max_updates(config.steps), [0]
 
     def losses(step: int) -> Tensor:
-        idx = torch.stack([o(step)[0] for o in orders]).to(dev)  # (S, B): each seed's batch
-        loss, summed = model.call(_ce_summed, x[idx], y[idx])  # (S,), depth x (S, B, H)
+        xb, yb = batches(step)
+        logits, summed = model(xb, return_summed=True)
+        loss = seed_nll(logits, yb)  # (S,)
         ok = torch.isfinite(loss.detach())
         stop[(~ok).cpu().numpy() & np.isinf(stop)] = step + 1
         if watch:
