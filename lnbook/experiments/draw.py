@@ -526,7 +526,8 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
 
 
 def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with held-out bound <= ``target`` (never: inf)."""
+    """Per seed, the updates at which the held-out bound reached ``target`` (``<=``), read
+    between evaluations (:func:`~lnbook.engine.metrics.updates_to_reach`; never: inf)."""
     reach = [updates_to_reach(r.history.eval_steps, r.history.metric("bound"), target)
              for r in results.select(variant)]
     return np.array([np.inf if n is None else float(n) for n in reach])

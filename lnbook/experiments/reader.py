@@ -406,7 +406,8 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
 
 
 def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the first evaluated update with validation error <= ``target`` (never: inf)."""
+    """Per seed, the updates at which the validation error reached ``target`` (``<=``), read
+    between evaluations (:func:`~lnbook.engine.metrics.updates_to_reach`; never: inf)."""
     reach = [updates_to_reach(r.history.eval_steps, r.history.metric("error"), target)
              for r in results.select(variant)]
     return np.array([np.inf if n is None else float(n) for n in reach])
