@@ -125,15 +125,6 @@ def book() -> None:
         "--keep-going")
 
 
-def _execute_one(data: object) -> tuple[int, str, float]:
-    """Execute one notebook into the cache (in a worker process); its status, path, seconds."""
-    from jupyter_cache.executors.basic import ExecutionWorkerLocalMProc
-
-    start = time.perf_counter()
-    status, uri = ExecutionWorkerLocalMProc()(data)
-    return status, uri, time.perf_counter() - start
-
-
 def runs_alone(path: Path) -> bool:
     """True if the notebook asks to execute with the machine to itself.
 
@@ -164,65 +155,60 @@ def longest_first(names: list[str]) -> list[str]:
     return sorted(names, key=seconds, reverse=True)
 
 
-def _one_thread() -> None:
-    """Pool initializer: each kernel started from this worker gets one torch thread."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-
-
 def execute_notebooks() -> None:
-    """Execute every notebook of book/ afresh into the build's Jupyter cache, several at once.
+    """Execute every notebook of book/ afresh into the build's Jupyter cache, as a reader runs it.
 
-    Runs inside .venv (jupyter-cache comes with myst-nb). Empties `_build/.jupyter_cache`,
-    then executes the notebooks that run alone (see `runs_alone`) one after another, then
-    the others, as many at a time as the machine has cores (set LNBOOK_WORKERS to change it),
-    the slowest first (`longest_first`),
-    each kernel with one torch thread (OMP_NUM_THREADS=1) when several share the machine.
-    Each runs in its notebook's folder as the build would. The build that follows
-    (`execute_notebooks: cache` in _config.yml) takes every notebook's outputs from the cache
-    and executes only what is not there, such as a notebook that failed here, so that its
-    error shows in the build as usual. Prints each notebook's time and the total.
+    Runs inside .venv (jupyter-cache comes with myst-nb). The notebooks run exactly as the
+    routes check runs them (`check_routes`: lnbook's wheel in a fresh environment, each
+    notebook alone in an empty folder, under nbval), with one difference: the kernels get
+    LNBOOK_LEDGER, so that the chapters record their verdicts for the claims ledger. Each
+    executed notebook, with the outputs nbval collected, goes into an emptied
+    `_build/.jupyter_cache`, where the build that follows (`execute_notebooks: cache` in
+    _config.yml) finds it by its code; a notebook that failed is not cached, so the build
+    executes it again in the checkout and shows its error as usual. `_build/routes.json`
+    records what ran, keyed by the digest of the package and of each notebook (`routes_key`),
+    so that `dev.py test` does not execute a notebook a second time for the same code.
     """
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    record_claims()
+    RECEIPT.unlink(missing_ok=True)
+    key = routes_key()
+    report = check_routes(for_book=True)
+    fill_cache(report["notebooks"])
+    shutil.rmtree(report.pop("folder"), ignore_errors=True)
+    print(f"  the notebooks executed in {report['seconds'] - report['install_seconds']:.0f} s "
+          f"with {os.environ.get('LNBOOK_WORKERS', os.cpu_count() or 1)} worker(s)", flush=True)
+    report["key"] = key
+    RECEIPT.parent.mkdir(parents=True, exist_ok=True)
+    RECEIPT.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
 
+
+def fill_cache(results: dict) -> None:
+    """Empty the build's Jupyter cache and put into it every notebook of `results` (name ->
+    {ok, seconds, executed}, from `execute_in_folders`) that ran ok, as book/NAME.ipynb."""
     from jupyter_cache import get_cache
-    from jupyter_cache.executors.basic import ProcessData
 
     cache = get_cache(ROOT / "_build" / ".jupyter_cache")
     cache.clear_cache()
     for record in cache.list_project_records():
         cache.remove_nb_from_project(record.pk)
-    names = longest_first([p.stem for p in BOOK.glob("*.ipynb")])
-    records = [cache.add_nb_to_project(str(BOOK / f"{n}.ipynb")) for n in names]
-    alone = [r for r in records if runs_alone(Path(r.uri))]
-    shared = [r for r in records if r not in alone]
-    workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
-    print(f"+ executing {len(records)} notebooks: {len(alone)} alone, then the others "
-          f"{workers} at a time", flush=True)
-    start, total = time.perf_counter(), 0.0
-    for group, n, init in ((alone, 1, None),
-                           (shared, workers, _one_thread if workers > 1 else None)):
-        with ProcessPoolExecutor(max_workers=n, initializer=init) as pool:
-            jobs = [pool.submit(_execute_one, ProcessData(r.pk, r.uri, cache, 300, False))
-                    for r in group]
-            for job in as_completed(jobs):
-                status, uri, seconds = job.result()
-                total += seconds
-                state = "ok" if status == 0 else "FAILED (the build re-runs it and shows why)"
-                print(f"  {Path(uri).name}: {seconds:.1f} s, {state}", flush=True)
-    print(f"  executed in {time.perf_counter() - start:.0f} s with {workers} worker(s); "
-          f"{total:.0f} s of notebook time", flush=True)
+    for name, result in results.items():
+        if result["ok"]:
+            cache.cache_notebook_file(result.pop("executed"), uri=str(BOOK / f"{name}.ipynb"),
+                                      data={"execution_seconds": result["seconds"]},
+                                      check_validity=False, overwrite=True)
 
 
 def test() -> None:
     """ruff, the unit tests (every core, pytest-xdist), then nbval over every notebook of book/
     as a reader meets it: from lnbook's wheel in a fresh environment, each notebook alone in an
-    empty folder (`check_routes`). The notebooks run under nbval once, there, rather than also
-    in the checkout: `dev.py book` has just executed each of them in it."""
+    empty folder (`check_routes`). `dev.py book` executes the notebooks that same way: a
+    notebook it ran ok for the package and notebook in the checkout now (`executed_by_book`)
+    is not executed a second time."""
     ensure_venv()
     run(BIN / "ruff", "check", "lnbook", "tests", "book", "benchmarks")
     run(BIN / "python", "-m", "pytest", "tests", "-p", "no:cacheprovider",
         "-n", os.environ.get("LNBOOK_WORKERS", "auto"), "--dist", "loadfile")
-    check_routes()
+    check_routes(skip=executed_by_book())
 
 
 def lab_command(python: str | Path, options: list[str]) -> list[str]:
@@ -870,8 +856,24 @@ def pilot(argv: list[str]) -> int:
 # (`--nbval-lax`: outputs are not compared, the chapters are committed without them)
 NBVAL = ["--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider", "-q",
          "--nbval-cell-timeout"]
+# what runs nbval over one notebook: `python -c NBVAL_RUN NOTEBOOK TIMEOUT [SAVE]`; with SAVE,
+# the notebook with the outputs nbval collected from its kernel is written there
+NBVAL_RUN = """import sys, nbformat, pytest
+class KeepOutputs:
+    def pytest_sessionfinish(self, session):
+        cells = [item for item in session.items if hasattr(item, "test_outputs")]
+        for count, item in enumerate(cells, 1):
+            item.cell.outputs = item.test_outputs or []
+            item.cell.execution_count = count
+        if cells:
+            nbformat.write(cells[0].parent.nb, sys.argv[3])
+notebook, timeout, save = (sys.argv[1:] + [""])[:3]
+sys.exit(pytest.main([*NBVAL, timeout, notebook], plugins=[KeepOutputs()] if save else []))
+""".replace("NBVAL", repr(NBVAL), 1)
 # run first in each environment: the kernel is the fresh environment's, lnbook the wheel's
 PROBE = "import sys, lnbook; print(sys.prefix); print(lnbook.__file__)"
+# what `dev.py book` executed from the wheel, for `dev.py test` (see `executed_by_book`)
+RECEIPT = ROOT / "_build" / "routes.json"
 
 
 def book_torch() -> str:
@@ -895,6 +897,36 @@ def build_wheel(folder: Path) -> Path:
     return next((folder / "dist").glob("lnbook-*.whl"))
 
 
+def routes_key() -> dict:
+    """What a route's execution depends on in the checkout: a digest of every file the wheel is
+    built from (with requirements.txt, which names the book's torch, and this Python's
+    version), and each notebook's digest."""
+    package = hashlib.sha256(sys.version.encode())
+    files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "requirements.txt",
+             *sorted(ROOT.glob("LICENSE*")),
+             *sorted(p for p in (ROOT / "lnbook").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts)]
+    for path in files:
+        package.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return {"package": package.hexdigest()[:16],
+            "notebooks": {p.stem: _sha(p.read_bytes()) for p in sorted(BOOK.glob("*.ipynb"))}}
+
+
+def executed_by_book() -> list[str]:
+    """The notebooks that `dev.py book` executed as `check_routes` does, successfully, for the
+    package and notebook that are in the checkout now (`_build/routes.json`)."""
+    try:
+        receipt = json.loads(RECEIPT.read_text())
+    except (OSError, ValueError):
+        return []
+    key = routes_key()
+    if receipt.get("key", {}).get("package") != key["package"]:
+        return []
+    done = receipt["key"]["notebooks"]
+    return sorted(name for name, result in receipt.get("notebooks", {}).items()
+                  if result.get("ok") and done.get(name) == key["notebooks"].get(name))
+
+
 def _package_files(python: Path) -> set[str]:
     """Every file of the installed lnbook package (not the byte code Python writes)."""
     out = subprocess.run([str(python), "-c", "import lnbook, os; print(os.path.dirname("
@@ -906,14 +938,17 @@ def _package_files(python: Path) -> set[str]:
 
 
 def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: dict,
-                             timeout: int) -> tuple[str, bool, float, str]:
-    """Copy `notebook` alone into the new folder `folder`, execute it there with `python`;
-    (name, ok, seconds, what went wrong)."""
+                             timeout: int, save: Path | None = None
+                             ) -> tuple[str, bool, float, str]:
+    """Copy `notebook` alone into the new folder `folder`, run nbval over it there with `python`
+    (`NBVAL_RUN`; with `save`, the executed notebook goes there); (name, ok, seconds, what
+    went wrong)."""
     folder.mkdir(parents=True)
     copy = folder / notebook.name
     shutil.copyfile(notebook, copy)
     start = time.perf_counter()
-    out = subprocess.run([str(python), "-m", "pytest", *NBVAL, str(timeout), copy.name],
+    out = subprocess.run([str(python), "-c", NBVAL_RUN, copy.name, str(timeout),
+                          *([str(save)] if save else [])],
                          cwd=folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)  # no terminal colours
@@ -926,95 +961,144 @@ def _execute_in_empty_folder(python: Path, notebook: Path, folder: Path, env: di
     return notebook.stem, not problem, seconds, problem
 
 
-def check_routes(names: list[str] | None = None, keep: bool = False) -> dict:
+def execute_in_folders(notebooks: list[tuple[Path, Path]], folder: Path, env: dict,
+                       workers: int, save: bool = False) -> dict:
+    """Run nbval over each notebook alone in an empty folder under `folder`, each with its own
+    Python (`notebooks`: (notebook, python) pairs): first those that ask to run alone
+    (`runs_alone`, one at a time with torch's default threads), then the others `workers` at
+    a time (one torch thread each when `workers` > 1), slowest first. Prints each one's
+    seconds; name -> {ok, seconds, problem[, executed: the executed notebook's path when
+    `save`]}."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    python = {p: py for p, py in notebooks}
+    order = longest_first_paths(list(python))
+    alone = [p for p in order if runs_alone(p)]
+    shared = [p for p in order if p not in alone]
+    threads = {"OMP_NUM_THREADS": "1"} if workers > 1 else {}
+    if save:
+        (folder / "executed").mkdir(parents=True, exist_ok=True)
+    results = {}
+    for group, n, extra in ((alone, 1, {}), (shared, workers, threads)):
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            jobs = [pool.submit(_execute_in_empty_folder, python[p], p, folder / "run" / p.stem,
+                                {**env, **extra}, 600,
+                                folder / "executed" / p.name if save else None)
+                    for p in group]
+            for job in as_completed(jobs):
+                name, ok, seconds, problem = job.result()
+                results[name] = {"ok": ok, "seconds": round(seconds, 1), "problem": problem}
+                if save and ok:
+                    results[name]["executed"] = str(folder / "executed" / f"{name}.ipynb")
+                print(f"  {name}: {seconds:.1f} s, {'ok' if ok else 'FAILED'}", flush=True)
+                if not ok:
+                    print("    " + problem.replace("\n", "\n    "), flush=True)
+    return results
+
+
+def fresh_environment(folder: Path, requirements: list[str | Path]) -> Path:
+    """A new virtual environment in `folder` (no system site packages) with `requirements`
+    installed by pip; its Python."""
+    venv.create(folder, with_pip=True, system_site_packages=False)
+    python = folder / ("Scripts" if os.name == "nt" else "bin") / "python"
+    run(python, "-m", "pip", "install", "-qq", "--disable-pip-version-check", *requirements)
+    return python
+
+
+def check_routes(names: list[str] | None = None, keep: bool = False, for_book: bool = False,
+                 skip: list[str] = ()) -> dict:
     """Every chapter from a plain install, outside the checkout, as a reader runs it.
 
-    Builds lnbook's wheel, installs it into a fresh virtual environment (no system site
-    packages) with the book's torch and what executes a notebook (ipykernel, pytest, nbval),
-    then copies each notebook of book/ (or those `names`d) alone into an empty folder and runs
-    nbval over it there (every cell executed, an error or a failed assert fails it): first
-    the chapters whose Colab cell installs lnbook without the data extra, then,
-    after `pip install "lnbook[data]"`, those that ask for it (`needs_data`), so a chapter that
-    needs the extra without asking for it fails. Kernels get no LNBOOK_* or PYTHONPATH
-    variables (they find nothing of the checkout) and one torch thread each, as many at a time
-    as LNBOOK_WORKERS (default: the cores). Fails when a notebook fails, when the ledger wrote
-    a record into a reader's folder, or when a file appeared in the installed package. Prints
-    each notebook's seconds, the total, and returns them.
+    Builds lnbook's wheel and installs it into two fresh virtual environments at once (no
+    system site packages), each with the book's torch and what executes a notebook (ipykernel,
+    pytest, nbval): `pip install lnbook` in one, `pip install "lnbook[data]"` in the other.
+    Then copies each notebook of book/ (or those `names`d) alone into an empty folder and runs
+    nbval over it there (every cell executed, an error or a failed assert fails it): a chapter
+    whose Colab cell asks for the data extra (`needs_data`) in the second environment, every
+    other chapter in the first, so a chapter that needs the extra without asking for it fails.
+    Kernels get no LNBOOK_* or PYTHONPATH variables (they find nothing of the checkout) and one
+    torch thread each, as many at a time as LNBOOK_WORKERS (default: the cores), slowest first.
+    Fails when a notebook fails, when the ledger wrote a record into a reader's folder, or when
+    a file appeared in an installed package. Prints each notebook's seconds, the total, and
+    returns them.
+
+    `for_book` (`dev.py book`, see `execute_notebooks`): the kernels get LNBOOK_LEDGER too, each
+    executed notebook is kept (`executed` in the result), and a failed notebook is reported,
+    not raised. `skip`: notebooks not to execute, because `dev.py book` has just executed them
+    this way for the same code (`executed_by_book`).
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from concurrent.futures import ThreadPoolExecutor
 
     paths = sorted(BOOK.glob("*.ipynb")) if not names else [BOOK / f"{n}.ipynb" for n in names]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
         raise ValueError(f"no such notebooks in book/: {missing}")
+    if skip:
+        print(f"+ routes: {len(skip)} notebook(s) ran from the wheel, alone in an empty folder, "
+              f"in `dev.py book` for this same code ({RECEIPT.relative_to(ROOT)}): "
+              f"{', '.join(skip)}", flush=True)
+        paths = [p for p in paths if p.stem not in skip]
+        if not paths:
+            return {"seconds": 0.0, "install_seconds": 0.0, "notebooks": {}}
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="lnbook-routes-"))
-    print(f"+ routes: building the wheel and a fresh environment in {tmp}", flush=True)
+    print(f"+ routes: building the wheel and two fresh environments in {tmp}", flush=True)
     wheel = build_wheel(tmp / "wheel")
-    env_dir = tmp / "venv"
-    venv.create(env_dir, with_pip=True, system_site_packages=False)
-    python = env_dir / ("Scripts" if os.name == "nt" else "bin") / "python"
-    pip = [python, "-m", "pip", "install", "-qq", "--disable-pip-version-check"]
-    run(*pip, wheel, book_torch(), "ipykernel", "pytest", "nbval")
+    group = {p: "data" if needs_data(chapter_code(json.loads(p.read_text())["cells"]))
+             else "plain" for p in paths}
+    wanted = {"plain": wheel, "data": f"{wheel}[data]"}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        made = {g: pool.submit(fresh_environment, tmp / f"venv-{g}",
+                               [wanted[g], book_torch(), "ipykernel", "pytest", "nbval"])
+                for g in sorted(set(group.values()))}
+        python = {g: job.result() for g, job in made.items()}
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME")}
+           if not k.startswith("LNBOOK_") and k not in ("PYTHONPATH", "PYTHONHOME",
+                                                          "OMP_NUM_THREADS")}
+    if for_book:
+        env["LNBOOK_LEDGER"] = os.environ["LNBOOK_LEDGER"]
+    env.update(JUPYTER_PREFER_ENV_PATH="1", PYTHONNOUSERSITE="1")
     workers = int(os.environ.get("LNBOOK_WORKERS", os.cpu_count() or 1))
-    env.update(OMP_NUM_THREADS="1" if workers > 1 else env.get("OMP_NUM_THREADS", ""),
-               JUPYTER_PREFER_ENV_PATH="1", PYTHONNOUSERSITE="1")
-    env = {k: v for k, v in env.items() if v != ""}
     installed = time.perf_counter() - start
-    print(f"  wheel {wheel.name} installed with its dependencies in {installed:.0f} s",
-          flush=True)
-    groups = {"plain": [], "data": []}
-    for p in paths:
-        groups["data" if needs_data(chapter_code(json.loads(p.read_text())["cells"]))
-               else "plain"].append(p)
-    results, failed = {}, []
-    for group, notebooks in groups.items():
-        if group == "data":
-            began = time.perf_counter()
-            run(*pip, f"{wheel}[data]")
-            installed += time.perf_counter() - began
-            print(f"  the data extra installed in {time.perf_counter() - began:.0f} s",
-                  flush=True)
-        if not notebooks:
-            continue
-        probe = subprocess.run([str(python), "-c", PROBE], cwd=tmp, env=env,
+    print(f"  wheel {wheel.name} installed with its dependencies, without and with the data "
+          f"extra, in {installed:.0f} s", flush=True)
+    before = {}
+    for g, py in python.items():
+        probe = subprocess.run([str(py), "-c", PROBE], cwd=tmp, env=env,
                                capture_output=True, text=True, check=True).stdout.split()
-        assert Path(probe[0]).resolve() == env_dir.resolve(), probe
-        assert Path(probe[1]).resolve().is_relative_to(env_dir.resolve()), probe
-        before = _package_files(python)
-        print(f"+ executing {len(notebooks)} notebook(s) with lnbook"
-              f"{'[data]' if group == 'data' else ''}, each alone in an empty folder, "
-              f"{workers} at a time", flush=True)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            jobs = [pool.submit(_execute_in_empty_folder, python, p, tmp / "run" / p.stem, env,
-                                600)
-                    for p in longest_first_paths(notebooks)]
-            for job in as_completed(jobs):
-                name, ok, seconds, problem = job.result()
-                results[name] = {"ok": ok, "seconds": round(seconds, 1), "extra": group}
-                print(f"  {name}: {seconds:.1f} s, {'ok' if ok else 'FAILED'}", flush=True)
-                if not ok:
-                    failed.append(name)
-                    print("    " + problem.replace("\n", "\n    "), flush=True)
-        added = _package_files(python) - before
+        assert Path(probe[0]).resolve() == (tmp / f"venv-{g}").resolve(), probe
+        assert Path(probe[1]).resolve().is_relative_to((tmp / f"venv-{g}").resolve()), probe
+        before[g] = _package_files(py)
+    counts = {g: list(group.values()).count(g) for g in python}
+    print(f"+ executing {len(paths)} notebook(s), each alone in an empty folder, {workers} at a "
+          f"time: {counts.get('plain', 0)} with lnbook, {counts.get('data', 0)} with "
+          "lnbook[data]", flush=True)
+    ran = execute_in_folders([(p, python[group[p]]) for p in paths], tmp, env, workers,
+                             save=for_book)
+    results, failed = {}, []
+    for p in paths:
+        results[p.stem] = {k: v for k, v in ran[p.stem].items() if k != "problem"}
+        results[p.stem]["extra"] = group[p]
+        if not ran[p.stem]["ok"]:
+            failed.append(p.stem)
+    for g, py in python.items():
+        added = _package_files(py) - before[g]
         if added:
-            failed.append("the installed package")
+            failed.append(f"the installed package ({g})")
             print(f"  FAILED: files appeared in the installed package: {sorted(added)}",
                   flush=True)
     total = time.perf_counter() - start
     print(f"  {len(results)} notebook(s) from an empty folder against the wheel in "
-          f"{total:.0f} s ({installed:.0f} s of it to build and install, with the data extra); "
+          f"{total:.0f} s ({installed:.0f} s of it to build and install); "
           f"{sum(r['seconds'] for r in results.values()):.0f} s of notebook time; "
           f"failed: {', '.join(failed) or 'none'}", flush=True)
-    if failed:
-        print(f"  the environment and the executed folders are kept in {tmp}", flush=True)
+    if failed and not for_book:
+        print(f"  the environments and the executed folders are kept in {tmp}", flush=True)
         raise SystemExit(1)
-    if not keep:
+    if not keep and not for_book:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"seconds": round(total, 1), "install_seconds": round(installed, 1),
-            "notebooks": results}
+            "notebooks": results, "folder": str(tmp)}
 
 
 def longest_first_paths(paths: list[Path]) -> list[Path]:

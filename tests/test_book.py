@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -305,61 +307,90 @@ def test_cite_keys_exist_in_bibliography():
                 assert key in keys, f"{path.name}: cite key {key!r} not in references.bib"
 
 
-def test_notebooks_that_train_in_processes_execute_alone_and_first(tmp_path, monkeypatch):
+def _notebooks(folder: Path, sources: dict, alone: tuple = ()) -> list[Path]:
+    """Write one-cell notebooks `folder/NAME.ipynb`; the names in `alone` ask to run alone."""
+    folder.mkdir()
+    for name, source in sources.items():
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        if name in alone:
+            nb.metadata["lnbook"] = {"run_alone": True}
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    return sorted(folder.glob("*.ipynb"))
+
+
+def _environment() -> dict:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("LNBOOK_") and k != "OMP_NUM_THREADS"}
+
+
+def test_notebooks_that_train_in_processes_execute_alone_and_first(tmp_path):
     """A notebook with `run_alone` metadata gets the machine to itself (and torch's default
     threads) before the others run, two at a time, one torch thread per kernel."""
     dev = load_dev()
-    monkeypatch.setitem(sys.modules, "lnbook_dev", dev)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    book = tmp_path / "book"
-    book.mkdir()
     probe = "import os, time\nprint(os.environ.get('OMP_NUM_THREADS'), time.time())"
-    for name in ("alone", "shared1", "shared2"):
-        # the cache finds a notebook by its code, so each one's code must differ
-        cell = nbformat.v4.new_code_cell(f"# {name}\n{probe}")
-        nb = nbformat.v4.new_notebook(cells=[cell])
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
-        if name == "alone":
-            nb.metadata["lnbook"] = {"run_alone": True}
-        nbformat.write(nb, book / f"{name}.ipynb")
-    assert dev.runs_alone(book / "alone.ipynb") and not dev.runs_alone(book / "shared1.ipynb")
-    monkeypatch.setattr(dev, "ROOT", tmp_path)
-    monkeypatch.setattr(dev, "BOOK", book)
-    monkeypatch.setenv("LNBOOK_WORKERS", "2")
-    dev.execute_notebooks()
-    cache = get_cache(tmp_path / "_build" / ".jupyter_cache")
+    # the cache finds a notebook by its code, so each one's code must differ
+    paths = _notebooks(tmp_path / "book", {n: f"# {n}\n{probe}"
+                                           for n in ("alone", "shared1", "shared2")},
+                       alone=("alone",))
+    assert dev.runs_alone(paths[0]) and not dev.runs_alone(paths[1])
+    ran = dev.execute_in_folders([(p, Path(sys.executable)) for p in paths], tmp_path / "out",
+                                 _environment(), workers=2, save=True)
     seen = {}
-    for name in ("alone", "shared1", "shared2"):
-        _, nb = cache.merge_match_into_notebook(nbformat.read(book / f"{name}.ipynb", 4))
-        threads, when = nb.cells[0].outputs[0]["text"].split()
+    for name, result in ran.items():
+        assert result["ok"], result["problem"]
+        threads, when = nbformat.read(result["executed"], 4).cells[0].outputs[0]["text"].split()
         seen[name] = (threads, float(when))
     assert seen["alone"][0] == "None"
     assert seen["shared1"][0] == seen["shared2"][0] == "1"
     assert seen["alone"][1] < min(seen["shared1"][1], seen["shared2"][1])
 
 
-def test_execute_notebooks_fills_the_cache_that_the_build_reads(tmp_path, monkeypatch, capsys):
-    """`dev.py book` runs the notebooks in parallel into the Jupyter cache; a notebook that ran
-    is found there by its content (as Jupyter Book looks it up), one that failed is not (so the
-    build executes it again and shows its error)."""
+def test_the_notebooks_book_executed_fill_the_cache_that_the_build_reads(tmp_path, monkeypatch,
+                                                                           capsys):
+    """`dev.py book` runs the notebooks as the routes check does, keeping each executed
+    notebook; one that ran is found in the cache by its content with the outputs its kernel
+    printed (as Jupyter Book looks it up), one that failed is not (so the build executes it
+    again and shows its error)."""
     dev = load_dev()
-    monkeypatch.setitem(sys.modules, "lnbook_dev", dev)  # the workers unpickle its function
-    book = tmp_path / "book"
-    book.mkdir()
-    for name, source in (("good", "print(6 * 7)"), ("bad", "raise ValueError('boom')")):
-        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                     "language": "python"}
-        nbformat.write(nb, book / f"{name}.ipynb")
+    paths = _notebooks(tmp_path / "book", {"good": "print(6 * 7)\n6 * 7",
+                                           "bad": "raise ValueError('boom')"})
     monkeypatch.setattr(dev, "ROOT", tmp_path)
-    monkeypatch.setattr(dev, "BOOK", book)
-    monkeypatch.setenv("LNBOOK_WORKERS", "2")
-    dev.execute_notebooks()
+    monkeypatch.setattr(dev, "BOOK", tmp_path / "book")
+    ran = dev.execute_in_folders([(p, Path(sys.executable)) for p in paths], tmp_path / "out",
+                                 _environment(), workers=2, save=True)
     printed = capsys.readouterr().out
-    assert "good.ipynb" in printed and "bad.ipynb" in printed and "FAILED" in printed
+    assert "good: " in printed and "bad: " in printed and "FAILED" in printed
+    assert "ValueError: boom" in ran["bad"]["problem"] and "executed" not in ran["bad"]
+    dev.fill_cache(ran)
     cache = get_cache(tmp_path / "_build" / ".jupyter_cache")
-    _, good = cache.merge_match_into_notebook(nbformat.read(book / "good.ipynb", 4))
-    assert good.cells[0].outputs[0]["text"] == "42\n"
+    _, good = cache.merge_match_into_notebook(nbformat.read(paths[1], 4))
+    outputs = good.cells[0].outputs
+    assert outputs[0]["text"] == "42\n" and outputs[1]["data"]["text/plain"] == "42"
+    assert good.cells[0].execution_count == 1
+    nbformat.validate(good)
     with pytest.raises(KeyError):
-        cache.match_cache_notebook(nbformat.read(book / "bad.ipynb", 4))
+        cache.match_cache_notebook(nbformat.read(paths[0], 4))
+
+
+def test_dev_test_skips_only_what_book_executed_for_the_same_code(tmp_path, monkeypatch):
+    """`_build/routes.json` spares `dev.py test` a second execution of a notebook only while
+    neither the package (any file the wheel is built from) nor that notebook changed."""
+    dev = load_dev()
+    (tmp_path / "lnbook").mkdir()
+    for name in ("pyproject.toml", "README.md", "requirements.txt", "lnbook/__init__.py"):
+        (tmp_path / name).write_text(name)
+    paths = _notebooks(tmp_path / "book", {"a": "1", "b": "2", "c": "3"})
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev, "BOOK", tmp_path / "book")
+    monkeypatch.setattr(dev, "RECEIPT", tmp_path / "_build" / "routes.json")
+    assert dev.executed_by_book() == []  # no receipt
+    dev.RECEIPT.parent.mkdir()
+    dev.RECEIPT.write_text(json.dumps({"key": dev.routes_key(), "notebooks": {
+        "a": {"ok": True}, "b": {"ok": True}, "c": {"ok": False}}}))
+    assert dev.executed_by_book() == ["a", "b"]
+    paths[1].write_text(paths[1].read_text().replace('"2"', '"22"'))  # b's code changed
+    assert dev.executed_by_book() == ["a"]
+    (tmp_path / "lnbook" / "new.py").write_text("")  # the package changed
+    assert dev.executed_by_book() == []

@@ -434,8 +434,10 @@ def test_ci_runs_the_quickstart_and_the_tests_end_with_nbval_over_the_routes():
     assert steps == ["python3 dev.py book", "python3 dev.py test"]
     dev = load_dev()
     source = inspect.getsource(dev.test)
-    assert "check_routes()" in source and '"pytest", "tests", "-p"' in source, (
-        "dev.py test runs the unit tests, then nbval over every notebook from the wheel")
+    assert ("check_routes(skip=executed_by_book())" in source
+            and '"pytest", "tests", "-p"' in source), (
+        "dev.py test runs the unit tests, then nbval over every notebook from the wheel "
+        "that dev.py book did not just execute that way")
 
 
 def test_routes_usage():
