@@ -256,16 +256,16 @@ def _fake_results(curves: dict[str, list[list[float]]]) -> Results:
     return Results("draw", {}, "cpu", runs, {"mean_image_nll": 200.0})
 
 
-def test_updates_to_bound():
+def test_updates_to_the_bound_are_read_between_evaluations():
     res = _fake_results({"baseline": [[500, 300, 210, 199, 190], [500, 250, 240, 230, 220]],
                          "layer_norm": [[500, 260, 199, 190, 185], [500, 195, 190, 185, 180]]})
     # read between evaluations: 200 lies 10 / 11 of the way from 210 (update 20) to 199
-    np.testing.assert_allclose(draw.updates_to_bound(res, "baseline", 200.0),
+    np.testing.assert_allclose(res.updates_to("baseline", "bound", 200.0),
                                [20 + 10 * 10 / 11, np.inf])
-    np.testing.assert_allclose(draw.updates_to_bound(res, "layer_norm", 200.0),
+    np.testing.assert_allclose(res.updates_to("layer_norm", "bound", 200.0),
                                [10 + 10 * 60 / 61, 10 * 300 / 305])
     with pytest.raises(KeyError, match="variant"):
-        draw.updates_to_bound(res, "batch_norm", 200.0)
+        res.updates_to("batch_norm", "bound", 200.0)
 
 
 def _seeds(cfg: draw.Config, *seeds: int) -> draw.Config:

@@ -397,24 +397,15 @@ def test_sample_is_deterministic_and_well_formed():
 # ----------------------------------------------------------------------------- measuring
 
 
-def test_crossing_interpolates_between_evaluations():
-    steps = np.array([0, 10, 20, 30])
-    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 2.5) == pytest.approx(15.0)
-    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 2.0) == pytest.approx(20.0)
-    assert HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.0]), 5.0) == 0.0
-    assert math.isnan(HW.crossing(steps, np.array([4.0, 3.0, 2.0, 1.5]), 1.0))
-    with pytest.raises(ValueError, match="one length"):
-        HW.crossing(steps, np.array([1.0, 2.0]), 1.0)
-
-
-def _results(curves: dict[str, list[list[float]]]) -> Results:
+def _results(curves: dict[str, list[list[float]]], info: dict | None = None,
+             config: dict | None = None) -> Results:
     runs = []
     for v, rows in curves.items():
         for seed, row in enumerate(rows):
             h = History(steps=[1], losses=[0.0], eval_steps=[0, 10, 20],
                         metrics=[{"nll": x} for x in row])
             runs.append(Run(v, seed, h))
-    return Results("handwriting", {}, "cpu", runs)
+    return Results("handwriting", config or {}, "cpu", runs, info=info or {})
 
 
 def test_race_measures_updates_to_the_baselines_final_value():
@@ -423,8 +414,24 @@ def test_race_measures_updates_to_the_baselines_final_value():
     r = HW.race(res, "layer_norm")
     np.testing.assert_allclose(r["target"], [1.0, 2.0])
     np.testing.assert_allclose(r["reference_updates"], [20.0, 20.0])
-    assert r["updates"][0] == pytest.approx(10.0) and math.isnan(r["updates"][1])
-    assert r["speedup"][0] == pytest.approx(2.0) and math.isnan(r["speedup"][1])
+    # seed 1: LN never reaches 2.0 (inf updates), so its speed-up is 0, a seed against
+    assert r["updates"][0] == pytest.approx(10.0) and math.isinf(r["updates"][1])
+    np.testing.assert_allclose(r["speedup"], [2.0, 0.0])
+
+
+def test_c16_quantities_by_hand():
+    """Per-letter mixture at 4 nats, margin 0.5: seed 0 past the bar (base 2, LN 2.1: LN is
+    0.1 above, a tenth of the baseline's distance 2 below the bar is 0.2, so 0.5 tenths);
+    seed 1's baseline ends at 3.6, not half a nat below the mixture."""
+    res = _results({"baseline": [[5.0, 3.0, 2.0], [5.0, 4.0, 3.6]],
+                    "layer_norm": [[5.0, 2.0, 2.1], [5.0, 3.0, 2.0]]},
+                   info={"gmm_letter_nll": 4.0}, config={"margin": 0.5})
+    q = HW.c16_quantities(res)
+    np.testing.assert_allclose(q["comparable"], [0.5, (2.0 - 3.6) / (0.1 * 0.4)])
+    assert q["left"].tolist() == [True, False]
+    # the baselines reach their final NLL at update 20; LN reaches 2.0 at 10 and 3.6 at
+    # 10 * (5 - 3.6) / (5 - 3) = 7, between the evaluations at 0 and 10
+    np.testing.assert_allclose(q["much faster"], [2.0, 20.0 / 7.0])
 
 
 # ----------------------------------------------------------------------------- experiment

@@ -180,14 +180,14 @@ def test_target_updates_and_gain_gap_read_the_runs():
     # halfway between chance error 0.75 and the baseline's mean final error 0.4
     assert R.target_error(res) == pytest.approx(0.575)
     # read between evaluations: 0.575 lies 0.125 / 0.2 of the way from 0.7 (update 10) to 0.5
-    np.testing.assert_allclose(R.updates_to_target(res, "lstm", 0.575),
+    np.testing.assert_allclose(res.updates_to("lstm", "error", 0.575),
                                [10 + 10 * 0.125 / 0.2, 20 + 10 * 0.025 / 0.1])
     # seed 1 of LN never gets there: inf, slower than any seed that does
-    np.testing.assert_allclose(R.updates_to_target(res, "ln_lstm", 0.575),
+    np.testing.assert_allclose(res.updates_to("ln_lstm", "error", 0.575),
                                [10 * 0.225 / 0.4, np.inf])
     np.testing.assert_allclose(R.gain_gap(res, "ln_lstm_g0.1", "ln_lstm"), [0.1, 0.05])
     with pytest.raises(KeyError, match="bn_lstm"):
-        R.updates_to_target(res, "bn_lstm", 0.5)
+        res.updates_to("bn_lstm", "error", 0.5)
 
 
 # ----------------------------------------------------------------------------- experiment

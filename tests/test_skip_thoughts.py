@@ -301,9 +301,8 @@ def test_run_tiny(tmp_path):
         st.probe_scores(m, data, 2))
     table = st.probe_table(res)
     assert [r[0] for r in table.rows] == ["baseline", "layer_norm"] and len(table.header) == 5
-    reach = st.updates_to_target(res, target=1e9)  # every run is below at once
-    assert reach["baseline"].tolist() == [0.0]
-    assert np.isinf(st.updates_to_target(res, target=0.0)["layer_norm"]).all()  # never
+    assert res.updates_to("baseline", "heldout_loss", 1e9).tolist() == [0.0]  # at once
+    assert np.isinf(res.updates_to("layer_norm", "heldout_loss", 0.0)).all()  # never
 
 
 def test_paper_table3():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lnbook.engine.metrics import _pick
+from lnbook.engine.metrics import _pick, updates_to_reach
 from lnbook.engine.train import History, UnreadableFile, write_atomically
 from lnbook.table import Table
 
@@ -155,6 +155,13 @@ class Results:
             raise ValueError(f"the seeds of {variant!r} recorded {metric!r} a different number "
                              "of times; compare them run by run")
         return steps, np.array(rows, dtype=float)
+
+    def updates_to(self, variant: str, metric: str, target: float | Sequence[float],
+                   mode: str = "min") -> np.ndarray:
+        """Per seed, the updates at which ``metric`` reached ``target`` (one, or one per seed),
+        interpolated between evaluations; ``inf`` where it never did
+        (:func:`~lnbook.engine.metrics.updates_to_reach`): ``(seeds,)``."""
+        return updates_to_reach(*self.curves(variant, metric), target, mode)
 
     def final(self, variant: str, metric: str) -> np.ndarray:
         """The last recorded value of ``metric``, per seed: ``(seeds,)``."""

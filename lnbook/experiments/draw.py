@@ -25,7 +25,6 @@ from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
-from lnbook.engine.metrics import updates_to_reach
 from lnbook.engine.presets import make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
@@ -45,7 +44,6 @@ __all__ = [
     "DRAW",
     "StackedDRAW",
     "mean_image_nll",
-    "updates_to_bound",
     "load_data",
     "build_model",
     "model_path",
@@ -523,14 +521,6 @@ def mean_image_nll(x_train: Tensor, x_test: Tensor, eps: float = 1e-3) -> float:
     p = x_train.double().mean(0).clamp(eps, 1 - eps)  # (D,)
     x = x_test.double()
     return float(-(x * p.log() + (1 - x) * (1 - p).log()).sum(1).mean())
-
-
-def updates_to_bound(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the updates at which the held-out bound reached ``target`` (``<=``), read
-    between evaluations (:func:`~lnbook.engine.metrics.updates_to_reach`; never: inf)."""
-    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("bound"), target)
-             for r in results.select(variant)]
-    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from lnbook.bptt import ln_lstm_recurrence
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.metrics import speedup
 from lnbook.engine.presets import make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import resolve_seeds, sweep
@@ -37,7 +38,7 @@ __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "LETTERS", "Letter", "Lines", "Config", "get_config",
     "make_handwriting", "strokes", "MixtureParams", "split_mixture_params", "mixture_nll",
     "fit_gaussian_mixture", "mixture_baseline_nll", "RecurrenceLNLSTM", "HandwritingModel",
-    "StackedHandwriting", "evaluate", "crossing", "race", "run",
+    "StackedHandwriting", "evaluate", "race", "c16_quantities", "run",
 ]
 
 NAME = "handwriting"
@@ -85,7 +86,9 @@ class Lines(NamedTuple):
 class Config:
     """Sizes of the data, the model and the run (presets in :func:`get_config`).
 
-    ``grad_clip`` clips every gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
+    ``margin``: nats per point both models must end below the per-letter mixture to count
+    as past the trivial phase (C16's bar, :func:`c16_quantities`); ``grad_clip`` clips every
+    gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
     ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
     updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
     checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.runner.sweep`, and
@@ -106,6 +109,7 @@ class Config:
     eval_every: int = 5
     lr: float = 5e-3
     grad_clip: float = 10.0
+    margin: float = 0.5
     variants: tuple[str, ...] = VARIANTS
     seeds: int | tuple[int, ...] = 3
     data_seed: int = 2024
@@ -657,42 +661,35 @@ def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict
 # ----------------------------------------------------------------------------- the experiment
 
 
-def crossing(steps: np.ndarray, values: np.ndarray, target: float) -> float:
-    """The update at which a falling curve first reaches ``target``, interpolated linearly
-    between the two evaluations around the crossing; NaN if it never does."""
-    steps, values = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
-    if steps.shape != values.shape or steps.ndim != 1:
-        raise ValueError(f"steps and values must be 1-D of one length, got {steps.shape} "
-                         f"and {values.shape}")
-    hit = np.flatnonzero(values <= target)
-    if len(hit) == 0:
-        return float("nan")
-    k = int(hit[0])
-    if k == 0:
-        return float(steps[0])
-    v0, v1 = values[k - 1], values[k]
-    return float(steps[k - 1] + (steps[k] - steps[k - 1]) * (v0 - target) / (v0 - v1))
-
-
 def race(results: Results, variant: str, reference: str = "baseline",
          metric: str = "nll") -> dict[str, np.ndarray]:
     """Updates each seed of ``variant`` needs to reach the last ``metric`` of the same seed of
-    ``reference`` (lower is better), both read with :func:`crossing`.
+    ``reference`` (lower is better), both read between evaluations
+    (:meth:`~lnbook.engine.results.Results.updates_to`).
 
     Returns ``{"target", "reference_updates", "updates", "speedup"}``, one value per seed
-    (``updates`` NaN where never reached; ``speedup = reference_updates / updates``).
+    (``updates`` inf where never reached; ``speedup``: ``reference_updates / updates`` by
+    :func:`lnbook.engine.metrics.speedup`, 0 where ``variant`` never reached the target).
     """
-    steps, ref = results.curves(reference, metric)  # (E,), (seeds, E)
-    _, other = results.curves(variant, metric)
-    if ref.shape != other.shape:
-        raise ValueError(f"{variant!r} and {reference!r} have different curves: "
-                         f"{other.shape} vs {ref.shape}")
-    target = ref[:, -1]
-    u_ref = np.array([crossing(steps, r, t) for r, t in zip(ref, target, strict=True)])
-    u = np.array([crossing(steps, o, t) for o, t in zip(other, target, strict=True)])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        speedup = np.where(u > 0, u_ref / u, np.nan)
-    return {"target": target, "reference_updates": u_ref, "updates": u, "speedup": speedup}
+    target = results.final(reference, metric)  # (seeds,)
+    u_ref = results.updates_to(reference, metric, target)
+    u = results.updates_to(variant, metric, target)
+    return {"target": target, "reference_updates": u_ref, "updates": u,
+            "speedup": speedup(u_ref, u)}
+
+
+def c16_quantities(results: Results) -> dict[str, np.ndarray]:
+    """The per-seed quantities of C16's rule, ``(seeds,)`` each, from a run of :func:`run`:
+    the baseline's updates to its own final held-out NLL over the LN-LSTM's (``much
+    faster``, :func:`race`), the LN-LSTM's final NLL minus the baseline's in tenths of the
+    baseline's distance below the per-letter mixture (``comparable``: at most 1 is within a
+    tenth), and whether both models ended ``config.margin`` nats per point below the per-letter
+    mixture (``left``, the trivial-phase bar)."""
+    bar = results.info["gmm_letter_nll"]
+    base, ln = results.final("baseline", "nll"), results.final("layer_norm", "nll")
+    left = (base < bar - results.config["margin"]) & (ln < bar - results.config["margin"])
+    return {"much faster": race(results, "layer_norm")["speedup"],
+            "comparable": (ln - base) / (0.1 * (bar - base)), "left": left}
 
 
 def _clip_hooks(model: nn.Module, clip: float) -> None:

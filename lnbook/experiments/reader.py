@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
-from lnbook.engine import Job, Results, Run, make_config, sweep, updates_to_reach
+from lnbook.engine import Job, Results, Run, make_config, sweep
 from lnbook.engine.copies import train_copies
 from lnbook.engine.train import Batches, History, fit
 from lnbook.recurrent_bn import RecurrentBNLSTM
@@ -41,7 +41,6 @@ __all__ = [
     "AttentiveReader",
     "evaluate",
     "target_error",
-    "updates_to_target",
     "gain_gap",
     "final_error",
     "gain_spread",
@@ -403,14 +402,6 @@ def target_error(results: Results, baseline: str = "lstm") -> float:
     passage's entities) and the baseline's final error, its mean over seeds."""
     chance_error = 1.0 - float(results.info["chance"])
     return 0.5 * (chance_error + float(results.final(baseline, "error").mean()))
-
-
-def updates_to_target(results: Results, variant: str, target: float) -> np.ndarray:
-    """Per seed, the updates at which the validation error reached ``target`` (``<=``), read
-    between evaluations (:func:`~lnbook.engine.metrics.updates_to_reach`; never: inf)."""
-    reach = [updates_to_reach(r.history.eval_steps, r.history.metric("error"), target)
-             for r in results.select(variant)]
-    return np.array([np.inf if n is None else float(n) for n in reach])
 
 
 def gain_gap(results: Results, small: str, large: str) -> np.ndarray:

@@ -30,7 +30,6 @@ from lnbook.engine import (
     make_config,
     speedup,
     sweep,
-    updates_to_reach,
 )
 from lnbook.engine.train import Batches, History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
@@ -46,7 +45,7 @@ __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE3", "VARIANTS", "Config", "get_con
            "build_vocab", "encode",
            "SkipThoughtData", "make_data", "unigram_loss", "bag_of_words", "SkipThoughts",
            "stratified_folds", "probe_accuracy", "heldout_loss", "probe_scores", "time_per_update",
-           "updates_to_target", "c14_quantities", "c14_inputs", "probe_table"]
+           "c14_quantities", "c14_inputs", "probe_table"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 _HEADING = re.compile(r"^[*=\-~^]+$")
@@ -529,14 +528,6 @@ def run(config: Config, device: str | torch.device = "auto",
                      threads=config.threads, workers=config.workers)
 
 
-def updates_to_target(results: Results, target: float,
-                      metric: str = "heldout_loss") -> dict[str, np.ndarray]:
-    """Per variant, per seed: the updates at which ``metric`` reached ``target`` (``<=``),
-    interpolated between evaluations (inf: never;
-    :func:`~lnbook.engine.metrics.updates_to_reach`)."""
-    return {v: updates_to_reach(*results.curves(v, metric), target) for v in results.variants}
-
-
 def c14_quantities(results: Results) -> dict[str, np.ndarray]:
     """The per-seed quantities of C14's rule, ``(seeds,)`` each, from a run of :func:`run`:
     each variant's final held-out loss (``final_<variant>``) and updates to the target loss
@@ -546,12 +537,11 @@ def c14_quantities(results: Results) -> dict[str, np.ndarray]:
     untrained encoder on the topic probe (``probe_ok``), and LN's topic-probe accuracy minus
     the baseline's in points (``topic_diff``)."""
     unigram, cfg = results.info["unigram"], results.config
-    reach = updates_to_target(results, unigram - cfg["target_below"])
     out = {}
     for v in ("baseline", "layer_norm"):
         out[f"final_{v}"] = results.final(v, "heldout_loss")
-        out[f"reach_{v}"] = reach[v]
-    out["speedup"] = speedup(reach["baseline"], reach["layer_norm"])
+        out[f"reach_{v}"] = results.updates_to(v, "heldout_loss", unigram - cfg["target_below"])
+    out["speedup"] = speedup(out["reach_baseline"], out["reach_layer_norm"])
     out["left"] = ((out["final_baseline"] <= unigram - cfg["margin"])
                    & (out["final_layer_norm"] <= unigram - cfg["margin"]))
     topic = {(v, w): np.array([p["topic"] for p in results.info_of(v, w)])

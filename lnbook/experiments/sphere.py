@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_config, check_subset
 from lnbook.engine import History, Job, Results, Stack, make_config, sweep, train_copies
-from lnbook.engine.metrics import speedup, updates_to_reach
+from lnbook.engine.metrics import speedup
 from lnbook.engine.train import max_updates
 from lnbook.experiments.seq_tasks import (
     SMOKE_BATCH,
@@ -203,11 +203,8 @@ def updates_to_targets(results: Results, variant: str) -> np.ndarray:
     """Per seed and target, the updates at which the held-out loss reached it, interpolated
     between evaluations (:func:`lnbook.engine.metrics.updates_to_reach`), ``(seeds,
     targets)``; ``inf`` where it never did."""
-    rows = []
-    for r in results.select(variant):
-        steps, loss = r.history.eval_steps, r.history.metric("test_loss")
-        rows.append([updates_to_reach(steps, loss, t) for t in targets(results)])
-    return np.array(rows, dtype=float)
+    return np.stack([results.updates_to(variant, "test_loss", t) for t in targets(results)],
+                    axis=1)
 
 
 def speedups(results: Results, faster: str, slower: str) -> np.ndarray:
