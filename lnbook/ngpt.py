@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import ShapeError, check_size
-from lnbook.transformer import softmax
+from lnbook.checks import ShapeError
+from lnbook.transformer import check_shape, softmax
 
 __all__ = ["NGPTConfig", "NGPT", "Scale", "unit"]
 
@@ -65,11 +65,9 @@ class NGPTConfig:
     alpha_init: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            setattr(self, name, check_size(name, getattr(self, name)))
-        self.d_ff = 8 * self.d_model // 3 if self.d_ff is None else check_size("d_ff", self.d_ff)
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        check_shape(self)
+        if self.d_ff is None:
+            self.d_ff = 8 * self.d_model // 3
         if not 0.0 < float(self.alpha_init) <= 1.0:
             raise ValueError(f"alpha_init must lie in (0, 1], got {self.alpha_init!r}")
         self.alpha_init = float(self.alpha_init)

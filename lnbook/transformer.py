@@ -14,7 +14,7 @@ import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -86,12 +86,7 @@ class TransformerConfig:
     attn_gate: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
-            setattr(self, name, check_size(name, getattr(self, name)))
-        if self.d_ff is not None:
-            self.d_ff = check_size("d_ff", self.d_ff)
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        check_shape(self)
         if not callable(self.norm):
             check_choice("norm", self.norm, NORMS)
         check_choice("position", self.position, POSITIONS)
@@ -112,6 +107,18 @@ class TransformerConfig:
     def has_final_norm(self) -> bool:
         """``final_norm``; when None: no for Post-LN (its last block ends in a norm), else yes."""
         return self.position != "post" if self.final_norm is None else bool(self.final_norm)
+
+
+def check_shape(config: Any) -> None:
+    """Check (in place) the sizes a Transformer's config and nGPT's share: ``vocab_size``,
+    ``d_model``, ``n_heads`` (dividing ``d_model``), ``n_layers``, ``max_len`` and ``d_ff``
+    (None is left for the config to fill)."""
+    for name in ("vocab_size", "d_model", "n_heads", "n_layers", "max_len"):
+        setattr(config, name, check_size(name, getattr(config, name)))
+    if config.d_ff is not None:
+        config.d_ff = check_size("d_ff", config.d_ff)
+    if config.d_model % config.n_heads != 0:
+        raise ValueError(f"n_heads ({config.n_heads}) must divide d_model ({config.d_model})")
 
 
 def make_norm(config: TransformerConfig, size: int | None = None, *, kind: NormKind | None = None,
