@@ -263,6 +263,27 @@ def test_affine_mlp_simple_gains_get_no_gradient():
         assert g.grad[2:].abs().max() == 0 and g.grad[:2].abs().max() > 0
 
 
+def test_p10_inputs_compare_deepnorm_with_post_ln_at_depth():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    # final logit update of seeds 0-2 per (kind, depth)
+    final = {("post", 2): [0.1, 0.2, 0.1], ("post", 18): [0.8, 0.4, 0.3],
+             ("deepnorm", 2): [0.1, 0.1, 0.2], ("deepnorm", 18): [0.2, 0.3, 0.4]}
+    runs = [Run(mk.variant_name(k, d), s, History(eval_steps=[0, 1], metrics=[
+        {"val_loss": 2.0, "update": 0.0}, {"val_loss": 1.9, "update": u}]), {})
+        for (k, d), us in final.items() for s, u in enumerate(us)]
+    got = mk.p10_inputs(Results("mistakes", {}, "cpu", runs, {}))["values"]
+    np.testing.assert_allclose(got["smaller update at depth"], [0.25, 0.75, 4 / 3])
+    # growth post 8, 2, 3; DeepNorm 2, 3, 2
+    np.testing.assert_allclose(got["grows less with depth"], [0.25, 1.5, 2 / 3])
+    d = ledger.decide_claim("P10", **mk.p10_inputs(Results("mistakes", {}, "cpu", runs, {})))
+    assert set(d.parts) == set(got)
+
+
 def test_p13_inputs_take_the_held_out_loss_apart():
     import numpy as np
 

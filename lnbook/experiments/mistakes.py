@@ -427,7 +427,24 @@ def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-# --- claims P13 and P14: per-seed inputs to lnbook.ledger.decide_claim (chapter 13) ----------
+# --- claims P10, P13 and P14: per-seed inputs to lnbook.ledger.decide_claim (chapter 13) -----
+
+def p10_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P10's ``values`` for :func:`lnbook.ledger.decide_claim` from a :func:`run`, per seed on
+    the final ``update`` (the RMS change of the logits): DeepNorm's over Post-LN's at the
+    largest depth, and DeepNorm's growth from the smallest depth to the largest over Post-LN's
+    (growth: the update at the largest depth over the one at the smallest)."""
+    depths = sorted({int(v.rsplit("/L", 1)[1]) for v in results.variants})
+    deep, shallow = depths[-1], depths[0]
+
+    def update(kind: str, depth: int) -> Any:
+        return results.final(variant_name(kind, depth), "update")  # (seeds,)
+
+    growth = {k: update(k, deep) / update(k, shallow) for k in ("post", "deepnorm")}
+    return {"values": {
+        "smaller update at depth": update("deepnorm", deep) / update("post", deep),
+        "grows less with depth": growth["deepnorm"] / growth["post"]}}
+
 
 #: Rule 0 of P13 and P14: a run leaves the trivial phase when its held-out error is at least
 #: this much below the error of always predicting the most frequent training class.
@@ -466,4 +483,4 @@ def p14_inputs(affine: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "trivial_ok": dict.fromkeys(parts, both)}
 
 
-__all__ += ["STATS_TRIVIAL", "p13_inputs", "p14_inputs"]
+__all__ += ["STATS_TRIVIAL", "p10_inputs", "p13_inputs", "p14_inputs"]
