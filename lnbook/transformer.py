@@ -11,7 +11,6 @@ import copy
 import functools
 import math
 import numbers
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -199,14 +198,8 @@ class SelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, qk_norm: bool | NormFactory = False,
                  dropout: float = 0.0, causal: bool = True, bias: bool = True,
                  sink: bool = False, clip: tuple[float, float] | None = None,
-                 gate: bool = False, device: Device = None, dtype: Dtype = None,
-                 **removed: object) -> None:
+                 gate: bool = False, device: Device = None, dtype: Dtype = None) -> None:
         super().__init__()
-        if removed:
-            raise TypeError(
-                f"SelfAttention no longer takes {sorted(removed)}: pass the query/key norm as "
-                "qk_norm=a factory d_h -> module, for example "
-                "qk_norm=functools.partial(lnbook.LayerNorm, eps=1e-6, impl='autograd')")
         d_model, n_heads = check_size("d_model", d_model), check_size("n_heads", n_heads)
         if d_model % n_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must divide d_model ({d_model})")
@@ -349,23 +342,19 @@ class Block(nn.Module):
     The norms (``norm1``, ``norm2``; ``out_norm1``, ``out_norm2`` for ``"peri"``) come from
     :func:`make_norm`, times ``1 / sqrt(layer)`` with ``depth_scaling``; projections are
     Xavier-normal (DeepNorm: gain ``beta`` for v, out, fc1, fc2), biases 0. ``layer`` is the
-    depth from 1. The former ``Block(d_model, n_heads, d_ff, ...)`` warns (deprecated).
+    depth from 1.
 
     Shape: input and output ``(B, T, D)``.
     """
 
-    def __init__(self, config: TransformerConfig, *args: object, layer: int = 1,
-                 device: Device = None, dtype: Dtype = None, **legacy: object) -> None:
+    def __init__(self, config: TransformerConfig, *, layer: int = 1, device: Device = None,
+                 dtype: Dtype = None) -> None:
         super().__init__()
-        alpha = beta = None
-        if isinstance(config, TransformerConfig):
-            if args or legacy:
-                raise TypeError("Block(config, *, layer, device, dtype) takes its options from "
-                                f"the config, got also {list(args) + sorted(legacy)}")
-            if config.deepnorm:
-                alpha, beta = deepnorm_constants(config.n_layers)
-        else:
-            config, alpha, beta = _legacy_block_config(config, *args, **legacy)
+        if not isinstance(config, TransformerConfig):
+            raise TypeError("Block takes the model's TransformerConfig, Block(config, layer=l), "
+                            f"got {type(config).__name__}; or take Transformer(config).blocks"
+                            "[l - 1]")
+        alpha, beta = deepnorm_constants(config.n_layers) if config.deepnorm else (None, None)
         self.config, self.layer = config, check_size("layer", layer)
         self.norm_kind, self.position = config.norm, config.position
         self.deepnorm_alpha, self.deepnorm_beta = alpha, beta
@@ -446,26 +435,6 @@ class Block(nn.Module):
             if getattr(self, name) is not None:
                 s += f", {name}={getattr(self, name):.4g}"
         return s
-
-
-def _legacy_block_config(d_model: object, n_heads: object = None, d_ff: object = None, *,
-                         deepnorm_alpha: float | None = None, deepnorm_beta: float | None = None,
-                         **options: object) -> tuple[TransformerConfig, float | None, float | None]:
-    """The config (placeholder V, L, max_len) and DeepNorm constants of the deprecated form."""
-    warnings.warn("Block(d_model, n_heads, ...) is deprecated: build a block from the model's "
-                  "config, Block(TransformerConfig(...), layer=l), or take "
-                  "Transformer(config).blocks[l - 1]", DeprecationWarning, stacklevel=3)
-    for name, v in (("deepnorm_alpha", deepnorm_alpha), ("deepnorm_beta", deepnorm_beta)):
-        if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name} must be None or a finite number > 0, got {v!r}")
-    config = TransformerConfig(1, d_model, n_heads, 1, 1, d_ff, **options)  # type: ignore[arg-type]
-    if deepnorm_alpha is not None and config.position != "post":
-        raise ValueError(
-            "deepnorm_alpha weights the residual of a Post-LN block, LN(alpha x + G(x)); "
-            f"it needs position='post', got position={config.position!r}"
-        )
-    return (config, None if deepnorm_alpha is None else float(deepnorm_alpha),
-            None if deepnorm_beta is None else float(deepnorm_beta))
 
 
 class Transformer(nn.Module):

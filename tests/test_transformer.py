@@ -356,7 +356,7 @@ def test_bad_arguments_raise_clear_errors():
         m.blocks[0].attn(torch.randn(2, 4, 8, dtype=torch.float64))
 
 
-def test_one_config_builds_the_model_and_the_old_forms_say_what_to_use():
+def test_one_config_builds_the_model_and_other_forms_are_refused():
     torch.manual_seed(0)
     a = Transformer(config(norm="rms", qk_norm=True), dtype=torch.float64)
     torch.manual_seed(0)
@@ -367,19 +367,12 @@ def test_one_config_builds_the_model_and_the_old_forms_say_what_to_use():
     assert [blk.layer for blk in a.blocks] == list(range(1, L + 1))
     with pytest.raises(TypeError, match="not both"):
         Transformer(config(), norm="rms")
-    with pytest.raises(TypeError, match="from the config"):
+    with pytest.raises(TypeError, match=r"Block\(config, layer=l\), got int"):
+        Block(D)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'norm'"):
         Block(config(), norm="rms")
-    with pytest.raises(TypeError, match="qk_norm=a factory"):
-        SelfAttention(D, H, qk_norm=True, ln_impl="torch")
     with pytest.raises(TypeError, match="make_norm takes the model's config"):
         make_norm("layer", D)
-    with pytest.warns(DeprecationWarning, match=r"Block\(TransformerConfig"):
-        old = Block(D, H, position="post", deepnorm_alpha=2.0, dtype=torch.float64)
-    x = torch.randn(2, 5, D, dtype=torch.float64)
-    h = old.norm1(2.0 * x + old.attn(x))  # the old form keeps its explicit alpha
-    torch.testing.assert_close(old(x), old.norm2(2.0 * h + old.mlp(h)))
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="needs position"):
-        Block(D, H, deepnorm_alpha=2.0)
 
 
 def test_norm_factory_in_the_config_is_called_for_every_norm():
