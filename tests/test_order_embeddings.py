@@ -308,6 +308,57 @@ def test_table2_puts_our_rows_under_the_papers():
     assert table.rows[2][1:] == ["1.0"] * 8
 
 
+def test_c12_quantities_and_inputs_read_the_declared_rule():
+    from lnbook import ledger
+
+    steps = [0, 10, 20, 30]
+    # per seed: (validation R-sum curve, best validation R@10, test R-sum of the best model)
+    runs_of = {
+        "baseline": [([0, 40, 80, 60], 70.0, 100.0),   # best 80 at update 20: plateaued
+                     ([0, 60, 90, 90], 65.0, 150.0),   # best 90 first at 20: plateaued
+                     ([0, 20, 40, 60], 61.0, 50.0),    # best at its last evaluation
+                     ([0, 50, 50, 50], 59.9, 0.0)],    # R@10 59.9 < 3 x 20: trivial
+        "layer_norm": [([0, 80, 90, 90], 80.0, 120.0),
+                       ([0, 30, 60, 90], 65.0, 140.0),
+                       ([0, 30, 45, 60.5], 90.0, 51.5),
+                       ([0, 70, 70, 70], 90.0, 30.0)]}
+    runs = [Run(v, seed, History(eval_steps=steps, metrics=[
+        {"rsum": float(x), "i_r10": r10 if k == len(steps) - 1 else 0.0}
+        for k, x in enumerate(curve)]), {"test": {"rsum": test}})
+        for v, rows in runs_of.items() for seed, (curve, r10, test) in enumerate(rows)]
+    # 50 validation images: a random ranking's R@10 is 100 * 10 / 50 = 20 %
+    res = Results("order_embeddings", {}, "cpu", runs, {"sizes": {"val": [50, 250]}})
+    q = oe.c12_quantities(res)
+    assert q["chance_r10"] == 20.0
+    assert q["left"].tolist() == [True, True, True, False]
+    assert q["plateaued"].tolist() == [True, True, False, True]
+    # mean R-sum after update 0, LN's minus the baseline's:
+    # (80+90+90)/3 - (40+80+60)/3, (30+60+90)/3 - (60+90+90)/3, (30+45+60.5)/3 - 40, 70 - 50
+    np.testing.assert_allclose(q["speed_diff"], [260 / 3 - 60, -20.0, 135.5 / 3 - 40, 20.0])
+    # LN's updates to the baseline's best over the baseline's: 10 / 20; 30 / 20; 60 reached
+    # 15 / 15.5 of the way from update 20 to 30, over 30; 50 reached at 50 / 70 of update 10,
+    # over 10
+    np.testing.assert_allclose(q["ratio"], [0.5, 1.5, (20 + 10 * 15 / 15.5) / 30, 50 / 70])
+    np.testing.assert_allclose(q["test_diff"], [20.0, -10.0, 1.5, 30.0])
+    got = oe.c12_inputs(res)
+    ahead, sooner, better = ("LN ahead per update", "LN reaches the baseline's best sooner",
+                             "LN tests better")
+    np.testing.assert_allclose(got["values"][ahead], q["speed_diff"])
+    np.testing.assert_allclose(got["values"][sooner], q["ratio"])
+    np.testing.assert_allclose(got["values"][better], [20.0, -10.0, 1.5, 30.0])
+    assert got["trivial_ok"][ahead].tolist() == [True, True, True, False]
+    assert got["trivial_ok"][better].tolist() == [True, True, True, False]
+    assert got["trivial_ok"][sooner].tolist() == [True, True, False, False]
+    d = ledger.decide_claim("C12", **got)
+    # seed 3 (trivial) would count for "ahead" and "better", seed 2 (not plateaued) for
+    # "sooner": with the masks each part has fewer than the 3 of 4 seeds it needs for
+    assert [(d.parts[p].n_for, d.parts[p].n_against) for p in (ahead, sooner, better)] == [
+        (2, 1), (1, 1), (2, 1)]
+    unmasked = ledger.decide_claim("C12", got["values"])
+    assert unmasked.parts[ahead].outcome == "holds" and d.parts[ahead].outcome == "undecided"
+    assert (unmasked.parts[sooner].n_for, unmasked.parts[sooner].n_against) == (3, 1)
+
+
 # ----------------------------------------------------------------------------- experiment
 
 

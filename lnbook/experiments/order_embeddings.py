@@ -24,7 +24,7 @@ from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
 from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
-from lnbook.engine.metrics import best_step
+from lnbook.engine.metrics import best_step, mean_after_start
 from lnbook.engine.train import History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
@@ -39,7 +39,8 @@ __all__ = ["NAME", "DESCRIPTION", "PAPER_TABLE2", "TABLE2_COLUMNS", "VARIANTS", 
            "attribute_bins", "make_caption", "build_vocab", "encode_captions", "load_caption_data",
            "CaptionBatches", "order_violation", "contrastive_loss", "retrieval_ranks",
            "recall_metrics", "OrderEmbedding", "evaluate", "evaluate_splits", "random_recall",
-           "time_to_best", "on_test", "table2", "train_one"]
+           "time_to_best", "on_test", "table2", "train_one", "TRIVIAL_FACTOR", "c12_quantities",
+           "c12_inputs"]
 
 PAD, UNK = "<pad>", "<unk>"
 ATTRIBUTES = ("thickness", "slant", "width")
@@ -535,6 +536,54 @@ def time_to_best(results: Results, metric: str = "rsum", baseline: str = "baseli
 def on_test(results: Results, variant: str, metric: str = "rsum") -> np.ndarray:
     """The test ``metric`` of each seed's best validation model: ``(seeds,)``."""
     return np.array([t[metric] for t in results.info_of(variant, "test")], dtype=float)
+
+
+#: C12's trivial-phase bar: a run has left the trivial phase when its best validation
+#: image-retrieval R@10 is at least this many times a random ranking's (:func:`random_recall`).
+TRIVIAL_FACTOR = 3.0
+
+
+def c12_quantities(results: Results) -> dict[str, Any]:
+    """The per-seed quantities of C12's rule, ``(seeds,)`` each, from a run of :func:`run`.
+
+    ``chance_r10``: a random ranking's R@10 on the validation images (a number);
+    ``best_r10_<variant>``: each variant's best validation image-retrieval R@10; ``left``: both
+    runs of the seed reach :data:`TRIVIAL_FACTOR` times ``chance_r10``; ``plateaued``: the
+    baseline's best validation model comes before its last evaluation (:func:`time_to_best`);
+    ``speed_diff``: LN's mean validation R-sum over the evaluations after the start minus the
+    baseline's, in points (:func:`~lnbook.engine.metrics.mean_after_start`); ``ratio``: LN's
+    updates to the baseline's best validation R-sum over the baseline's updates to it (inf:
+    never reached); ``test_<variant>``: the test R-sum of each variant's best validation model
+    (:func:`on_test`) and ``test_diff``: LN's minus the baseline's, in points.
+    """
+    variants = ("baseline", "layer_norm")
+    chance = random_recall(int(results.info["sizes"]["val"][0]), 10)
+    out: dict[str, Any] = {"chance_r10": chance}
+    for v in variants:
+        out[f"best_r10_{v}"] = results.best(v, "i_r10", mode="max")
+        out[f"test_{v}"] = on_test(results, v, "rsum")
+    out["left"] = np.all([out[f"best_r10_{v}"] >= TRIVIAL_FACTOR * chance for v in variants],
+                         axis=0)
+    ttb = time_to_best(results)
+    out["plateaued"], out["ratio"] = ttb["plateaued"], ttb["ratio"]
+    area = {v: mean_after_start(results.curves(v, "rsum")[1]) for v in variants}
+    out["speed_diff"] = area["layer_norm"] - area["baseline"]
+    out["test_diff"] = out["test_layer_norm"] - out["test_baseline"]
+    return out
+
+
+def c12_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C12's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from
+    :func:`c12_quantities`, per seed: "LN ahead per update" reads ``speed_diff``, "LN reaches
+    the baseline's best sooner" ``ratio`` and "LN tests better" ``test_diff``; a seed counts
+    where both runs left the trivial phase (``left``), and for "sooner" also where the
+    baseline's best validation model comes before its last evaluation (``plateaued``)."""
+    q = c12_quantities(results)
+    ahead, sooner, better = ("LN ahead per update", "LN reaches the baseline's best sooner",
+                             "LN tests better")
+    return {"values": {ahead: q["speed_diff"], sooner: q["ratio"], better: q["test_diff"]},
+            "trivial_ok": {ahead: q["left"], sooner: q["left"] & q["plateaued"],
+                           better: q["left"]}}
 
 
 def table2(results: Results, columns: tuple[str, ...] = TABLE2_COLUMNS) -> Table:
