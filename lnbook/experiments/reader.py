@@ -44,6 +44,10 @@ __all__ = [
     "gain_gap",
     "final_error",
     "gain_spread",
+    "LAST_EVALS",
+    "TRIVIAL_MARGIN",
+    "c13_quantities",
+    "c13_inputs",
     "variant_gain",
     "variant_kind",
     "StackedReader",
@@ -422,6 +426,64 @@ def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
     started at several gains; with two of them this is :func:`gain_gap`."""
     errs = np.stack([final_error(results, v, last) for v in variants])  # (gains, seeds)
     return errs.max(axis=0) - errs.min(axis=0)
+
+
+#: C13's final error: a run's mean validation error over its last ``LAST_EVALS`` evaluations.
+LAST_EVALS = 4
+#: C13's trivial-phase bar: a run has left the frequency plateau when its final error is at
+#: least this much below the frequency heuristic's validation error.
+TRIVIAL_MARGIN = 0.1
+
+
+def c13_quantities(results: Results) -> dict[str, Any]:
+    """What C13's rule reads, from a run of :func:`run` with the variants ``"lstm"``,
+    ``"bn_lstm"``, ``"bn_lstm_g1.0"``, ``"ln_lstm"`` and ``"ln_lstm_g0.1"``.
+
+    Numbers: ``frequency_error`` (the frequency heuristic's validation error), ``bar`` (that
+    minus :data:`TRIVIAL_MARGIN`), ``target`` (the target error of "trains faster": halfway
+    between ``frequency_error`` and the LSTM's final error, its mean over seeds). Per variant,
+    ``(seeds,)`` each: ``final`` (the mean validation error of the last :data:`LAST_EVALS`
+    evaluations, :func:`final_error`), ``left`` (``final`` at most ``bar``: the run left the
+    frequency plateau), ``updates`` (updates to ``target``, interpolated; inf: never). Per seed:
+    ``ln_gap`` and ``bn_gap``, the change of LN's and recurrent BN's final error between gains
+    0.1 and 1 (:func:`gain_spread`).
+    """
+    frequency_error = 1 - float(results.info["frequency_baseline"])
+    bar = frequency_error - TRIVIAL_MARGIN
+    final = {v: final_error(results, v, LAST_EVALS) for v in results.variants}
+    target = 0.5 * (frequency_error + final["lstm"].mean())
+    return {
+        "frequency_error": frequency_error, "bar": bar, "target": target, "final": final,
+        "left": {v: final[v] <= bar for v in results.variants},
+        "updates": {v: results.updates_to(v, "error", target) for v in results.variants},
+        "ln_gap": gain_spread(results, ["ln_lstm_g0.1", "ln_lstm"], LAST_EVALS),
+        "bn_gap": gain_spread(results, ["bn_lstm", "bn_lstm_g1.0"], LAST_EVALS)}
+
+
+def c13_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C13's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from
+    :func:`c13_quantities`, per seed: "LN faster than the LSTM" (than recurrent BN) is the
+    LSTM's (the BN-LSTM's at gain 0.1) updates to the target error minus the LN-LSTM's (inf:
+    never reached; NaN, counting for neither side, when neither reached it); "LN ends below
+    the LSTM" (recurrent BN) is the LN-LSTM's final error minus the LSTM's (the BN-LSTM's at
+    gain 0.1); "LN insensitive to its gain, unlike BN" is ``ln_gap - bn_gap``. A seed counts
+    for a comparison where both compared models left the frequency plateau (``left``), for the
+    gain part where LN at both gains and the BN-LSTM at gain 0.1 did."""
+    q = c13_quantities(results)
+    ups, fin, left = q["updates"], q["final"], q["left"]
+    ln, ln01, bn = "ln_lstm", "ln_lstm_g0.1", "bn_lstm"
+    with np.errstate(invalid="ignore"):  # inf - inf (neither reached the target): NaN
+        values = {
+            "LN faster than the LSTM": ups["lstm"] - ups[ln],
+            "LN faster than recurrent BN": ups[bn] - ups[ln],
+            "LN ends below the LSTM": fin[ln] - fin["lstm"],
+            "LN ends below recurrent BN": fin[ln] - fin[bn],
+            "LN insensitive to its gain, unlike BN": q["ln_gap"] - q["bn_gap"]}
+    vs_lstm, vs_bn = left[ln] & left["lstm"], left[ln] & left[bn]
+    return {"values": values, "trivial_ok": {
+        "LN faster than the LSTM": vs_lstm, "LN faster than recurrent BN": vs_bn,
+        "LN ends below the LSTM": vs_lstm, "LN ends below recurrent BN": vs_bn,
+        "LN insensitive to its gain, unlike BN": left[ln] & left[ln01] & left[bn]}}
 
 
 # ----------------------------------------------------------------------------- the experiment
