@@ -429,3 +429,70 @@ def test_a_tiny_paper_convnet_preset_runs():
                               batch_size=16, seeds=(0,), checkpoint=False, crop=0)
     res = convnet.run(tiny, device="cpu")
     assert res.variants == list(convnet.NORMS)
+
+
+def _mnist_results(areas, lates, n_seeds, majority):
+    """Hand-made Results of :func:`mnist.run`, evaluated at updates 0, 50, 100 and 150:
+    ``areas[variant][metric]`` the training NLL after the start (per seed), ``lates[variant]
+    [metric]`` the test error at 100 and the final one at 150 (per seed, pairs)."""
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    runs = []
+    for v in {**areas, **lates}:
+        for seed in range(n_seeds):
+            rows = [{} for _ in range(4)]
+            for metric, per_seed in areas.get(v, {}).items():
+                for k, x in enumerate([2.5, per_seed[seed], per_seed[seed], per_seed[seed]]):
+                    rows[k][metric] = x
+            for metric, per_seed in lates[v].items():
+                for k, x in enumerate([0.9, 0.5, *per_seed[seed]]):
+                    rows[k][metric] = x
+            runs.append(Run(v, seed, History(eval_steps=[0, 50, 100, 150], metrics=rows), {}))
+    return Results("mnist", {}, "cpu", runs, {"majority_error": majority})
+
+
+def test_c17_inputs_read_the_areas_and_the_late_test_errors():
+    from lnbook import ledger
+
+    five = lambda x: [x] * 5  # noqa: E731
+    areas = {  # training NLL after the start, per seed
+        "layer/bs128": {"train_nll": five(0.1)},
+        "batch/bs128": {"train_nll": [0.2, 0.2, 0.2, 0.05, 0.2],
+                        "train_nll_recal": [0.15, 0.3, 0.15, 0.3, 0.15],
+                        "train_nll_tmode": [0.3, 0.12, 0.3, 0.3, 0.3]},
+        "layer/bs4": {"train_nll": five(0.3)},
+        "batch/bs4": {"train_nll": five(0.5), "train_nll_recal": five(0.6),
+                      "train_nll_tmode": [0.4, 0.4, 0.305, 0.4, 0.4]}}
+    lates = {  # test error at updates 100 and 150 (the late half), per seed
+        "none/bs128": {"test_error": five((0.1, 0.1))},
+        "none/bs4": {"test_error": [(0.1, 0.1)] * 4 + [(0.5, 0.5)]},  # seed 4: trivial
+        "layer/bs128": {"test_error": five((0.06, 0.04))},
+        "layer/bs4": {"test_error": [(0.07, 0.05)] * 3 + [(0.2, 0.2), (0.07, 0.05)]},
+        "batch/bs128": {"test_error": five((0.05, 0.05)),
+                        "test_error_recal": five((0.04, 0.04))},
+        "batch/bs4": {"test_error": [(0.2, 0.2), (0.055, 0.055), *[(0.2, 0.2)] * 3],
+                      "test_error_recal": five((0.1, 0.1))}}
+    res = _mnist_results(areas, lates, n_seeds=5, majority=0.8)
+    got = mnist.c17_inputs(res)
+    v = got["values"]
+    # batch 128: BN's best reading 0.15, 0.12 (training mode), 0.15, 0.05 (running averages),
+    # 0.15; LN 0.1
+    np.testing.assert_allclose(v["faster than BN at batch 128"],
+                               [-0.05, -0.02, -0.05, 0.05, -0.05], atol=1e-12)
+    # batch 4: BN's best is training mode, 0.4 (0.305 on seed 2); LN 0.3
+    np.testing.assert_allclose(v["faster than BN at batch 4"],
+                               [-0.1, -0.1, -0.005, -0.1, -0.1], atol=1e-12)
+    # late test error: LN 0.05 at 128 and 0.06 at 4 (0.2 on seed 3); BN the lower reading,
+    # 0.04 at 128 and 0.1 at 4 (0.055 on seed 1): (0.06 - 0.05) - (0.1 - 0.04) = -0.05
+    np.testing.assert_allclose(v["robust to batch size"],
+                               [-0.05, 0.01 - 0.015, -0.05, 0.15 - 0.06, -0.05], atol=1e-12)
+    # the bar is half the majority error, 0.4: seed 4's none/bs4 ends at 0.5
+    assert mnist.c17_left(res).tolist() == [True] * 4 + [False]
+    for part in v:
+        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("C17", **got)
+    counts = {k: (p.n_for, p.n_against) for k, p in d.parts.items()}
+    # margins 0.01, 0.01, 0.005: -0.005 (batch 4, seed 2; robust, seed 1) is for neither side
+    assert counts == {"faster than BN at batch 128": (3, 1),
+                      "faster than BN at batch 4": (3, 0), "robust to batch size": (2, 1)}
