@@ -496,3 +496,56 @@ def test_c17_inputs_read_the_areas_and_the_late_test_errors():
     # margins 0.01, 0.01, 0.005: -0.005 (batch 4, seed 2; robust, seed 1) is for neither side
     assert counts == {"faster than BN at batch 128": (3, 1),
                       "faster than BN at batch 4": (3, 0), "robust to batch size": (2, 1)}
+
+
+def test_c19_inputs_read_the_race_and_the_boundary_units():
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    def maps(size, ring, centre):  # a ring of width 1 around the centre
+        m = np.full((size, size), float(centre))
+        m[0], m[-1], m[:, 0], m[:, -1] = ring, ring, ring, ring
+        return m.tolist()
+
+    losses = {"none": [(1.0, 0.8)] * 5,  # mean after the first update 0.9
+              "layer_chw": [(0.6, 0.4), (0.5, 0.5), (1.2, 1.0), (0.6, 0.4), (0.6, 0.4)]}
+    error = {"none": [0.1] * 4 + [0.45], "batch": [0.02, 0.02, 0.05, 0.02, 0.02],
+             "layer_chw": [0.03, 0.03, 0.03, 0.024, 0.03]}
+    on = [(0.2, 0.6), (0.5, 0.52), (0.7, 0.5), (0.1, 0.9), (0.2, 0.6)]  # LN: ring, centre
+    std = {"batch": (1, 4), "batch/crop3": (2, 4), "layer_chw": (1, 2),  # ring, centre
+           "layer_chw/crop3": (3, 4)}
+    runs = []
+    for v in ("none", "batch", "layer_chw", "batch/crop3", "layer_chw/crop3"):
+        size = 3 if "crop" in v else 4
+        for seed in range(5):
+            sd = (1, 4) if v == "layer_chw/crop3" and seed == 3 else std.get(v, (1, 1))
+            info = {"test_error": error.get(v, [0.1] * 5)[seed],
+                    "maps": {"on": maps(size, *(on[seed] if v == "layer_chw" else (1, 1))),
+                             "std": maps(size, *sd), "mean": maps(size, 0, 0)}}
+            h = History(steps=[1, 2, 3], losses=[3.0, *losses.get(v, [(1, 1)] * 5)[seed]])
+            runs.append(Run(v, seed, h, info))
+    cfg = {"boundary_width": 1, "crop": 3, "control_norms": ["batch", "layer_chw"]}
+    res = Results("convnet", cfg, "cpu", runs, {"majority_error": 0.9})
+    got = convnet.c19_inputs(res)
+    v = got["values"]
+    # mean loss after the first update: LN 0.5, 0.5, 1.1, 0.5, 0.5 against none's 0.9
+    np.testing.assert_allclose(v["LN faster than none"], [-0.4, -0.4, 0.2, -0.4, -0.4])
+    np.testing.assert_allclose(v["BN beats LN"], [-0.01, -0.01, 0.02, -0.004, -0.01],
+                               atol=1e-12)
+    np.testing.assert_allclose(v["boundary units rarely on"],
+                               [-0.4, -0.02, 0.2, -0.8, -0.4], atol=1e-12)
+    # spread ring / centre, full -> cropped: BN 0.25 -> 0.5, LN 0.5 -> 0.75 (0.25 on seed 3)
+    assert v["boundary statistics differ"].tolist() == [True, True, True, False, True]
+    # the bar is 0.9 - 0.5 = 0.4: seed 4's un-normalized run ends at 0.45
+    assert convnet.c19_left(res).tolist() == [True] * 4 + [False]
+    for part in v:
+        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("C19", **got)
+    counts = {k: (p.n_for, p.n_against) for k, p in d.parts.items()}
+    # margins 0.01, 0.005, 0.05: -0.004 (BN, seed 3) and -0.02 (ring, seed 1) count for neither
+    assert counts == {"LN faster than none": (3, 1), "BN beats LN": (2, 1),
+                      "boundary units rarely on": (2, 1), "boundary statistics differ": (3, 1)}
+    no_control = Results("convnet", {**cfg, "crop": 0}, "cpu", runs, {"majority_error": 0.9})
+    with pytest.raises(ValueError, match="cropped control"):
+        convnet.c19_inputs(no_control)
