@@ -416,3 +416,32 @@ def test_a_stacked_run_resumes_from_its_checkpoint(tmp_path):
     longer = draw.run(draw.get_config("quick", **tiny, checkpoint=True), device="cpu",
                       out=tmp_path)
     assert_same_runs(whole, longer)
+
+
+def test_c15_inputs_read_updates_to_the_target_and_the_final_bounds():
+    from lnbook import ledger
+
+    # mean-image level 200 nats: the target is 197, evaluations every 10 updates
+    res = _fake_results({
+        "baseline": [[210, 200, 196, 190, 188], [210, 205, 199, 195, 192],
+                     [210, 205, 200, 199, 198]],
+        "layer_norm": [[210, 196, 192, 190, 187], [210, 200, 198, 194, 197],
+                       [210, 190, 185, 183, 182]]})
+    got = draw.c15_inputs(res)
+    # updates to 197: baseline 10 + 10 * 3/4 = 17.5, 20 + 10 * 2/4 = 25, never;
+    # LN 10 * 13/14, 20 + 10 * 1/4 = 22.5, 10 * 13/20 = 6.5
+    ratio = [17.5 / (130 / 14), 25 / 22.5, np.inf]
+    np.testing.assert_allclose(got["values"]["converges faster"], ratio)
+    np.testing.assert_allclose(got["values"]["almost twice as fast"], ratio)
+    np.testing.assert_allclose(got["values"]["ends better"], [188 - 187, 192 - 197, 198 - 182])
+    # seed 1's LN run ends exactly 3 nats below (it counts); seed 2's baseline only 2 below
+    for part in got["values"]:
+        assert got["trivial_ok"][part].tolist() == [True, True, False]
+    d = ledger.decide_claim("C15", **got)
+    counts = {k: (p.n_for, p.n_against) for k, p in d.parts.items()}
+    # ratios 1.88 and 1.11: both above 1, only the first above 1.5; gaps +1 and -5
+    assert counts == {"converges faster": (2, 0), "almost twice as fast": (1, 1),
+                      "ends better": (1, 1)}
+    assert d.parts["converges faster"].outcome == "holds"
+    with pytest.raises(KeyError, match="variant"):  # both variants are needed
+        draw.c15_inputs(_fake_results({"baseline": [[210, 190]]}))

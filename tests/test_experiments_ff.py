@@ -429,3 +429,123 @@ def test_a_tiny_paper_convnet_preset_runs():
                               batch_size=16, seeds=(0,), checkpoint=False, crop=0)
     res = convnet.run(tiny, device="cpu")
     assert res.variants == list(convnet.NORMS)
+
+
+def _mnist_results(areas, lates, n_seeds, majority):
+    """Hand-made Results of :func:`mnist.run`, evaluated at updates 0, 50, 100 and 150:
+    ``areas[variant][metric]`` the training NLL after the start (per seed), ``lates[variant]
+    [metric]`` the test error at 100 and the final one at 150 (per seed, pairs)."""
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    runs = []
+    for v in {**areas, **lates}:
+        for seed in range(n_seeds):
+            rows = [{} for _ in range(4)]
+            for metric, per_seed in areas.get(v, {}).items():
+                for k, x in enumerate([2.5, per_seed[seed], per_seed[seed], per_seed[seed]]):
+                    rows[k][metric] = x
+            for metric, per_seed in lates[v].items():
+                for k, x in enumerate([0.9, 0.5, *per_seed[seed]]):
+                    rows[k][metric] = x
+            runs.append(Run(v, seed, History(eval_steps=[0, 50, 100, 150], metrics=rows), {}))
+    return Results("mnist", {}, "cpu", runs, {"majority_error": majority})
+
+
+def test_c17_inputs_read_the_areas_and_the_late_test_errors():
+    from lnbook import ledger
+
+    five = lambda x: [x] * 5  # noqa: E731
+    areas = {  # training NLL after the start, per seed
+        "layer/bs128": {"train_nll": five(0.1)},
+        "batch/bs128": {"train_nll": [0.2, 0.2, 0.2, 0.05, 0.2],
+                        "train_nll_recal": [0.15, 0.3, 0.15, 0.3, 0.15],
+                        "train_nll_tmode": [0.3, 0.12, 0.3, 0.3, 0.3]},
+        "layer/bs4": {"train_nll": five(0.3)},
+        "batch/bs4": {"train_nll": five(0.5), "train_nll_recal": five(0.6),
+                      "train_nll_tmode": [0.4, 0.4, 0.305, 0.4, 0.4]}}
+    lates = {  # test error at updates 100 and 150 (the late half), per seed
+        "none/bs128": {"test_error": five((0.1, 0.1))},
+        "none/bs4": {"test_error": [(0.1, 0.1)] * 4 + [(0.5, 0.5)]},  # seed 4: trivial
+        "layer/bs128": {"test_error": five((0.06, 0.04))},
+        "layer/bs4": {"test_error": [(0.07, 0.05)] * 3 + [(0.2, 0.2), (0.07, 0.05)]},
+        "batch/bs128": {"test_error": five((0.05, 0.05)),
+                        "test_error_recal": five((0.04, 0.04))},
+        "batch/bs4": {"test_error": [(0.2, 0.2), (0.055, 0.055), *[(0.2, 0.2)] * 3],
+                      "test_error_recal": five((0.1, 0.1))}}
+    res = _mnist_results(areas, lates, n_seeds=5, majority=0.8)
+    got = mnist.c17_inputs(res)
+    v = got["values"]
+    # batch 128: BN's best reading 0.15, 0.12 (training mode), 0.15, 0.05 (running averages),
+    # 0.15; LN 0.1
+    np.testing.assert_allclose(v["faster than BN at batch 128"],
+                               [-0.05, -0.02, -0.05, 0.05, -0.05], atol=1e-12)
+    # batch 4: BN's best is training mode, 0.4 (0.305 on seed 2); LN 0.3
+    np.testing.assert_allclose(v["faster than BN at batch 4"],
+                               [-0.1, -0.1, -0.005, -0.1, -0.1], atol=1e-12)
+    # late test error: LN 0.05 at 128 and 0.06 at 4 (0.2 on seed 3); BN the lower reading,
+    # 0.04 at 128 and 0.1 at 4 (0.055 on seed 1): (0.06 - 0.05) - (0.1 - 0.04) = -0.05
+    np.testing.assert_allclose(v["robust to batch size"],
+                               [-0.05, 0.01 - 0.015, -0.05, 0.15 - 0.06, -0.05], atol=1e-12)
+    # the bar is half the majority error, 0.4: seed 4's none/bs4 ends at 0.5
+    assert mnist.c17_left(res).tolist() == [True] * 4 + [False]
+    for part in v:
+        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("C17", **got)
+    counts = {k: (p.n_for, p.n_against) for k, p in d.parts.items()}
+    # margins 0.01, 0.01, 0.005: -0.005 (batch 4, seed 2; robust, seed 1) is for neither side
+    assert counts == {"faster than BN at batch 128": (3, 1),
+                      "faster than BN at batch 4": (3, 0), "robust to batch size": (2, 1)}
+
+
+def test_c19_inputs_read_the_race_and_the_boundary_units():
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+
+    def maps(size, ring, centre):  # a ring of width 1 around the centre
+        m = np.full((size, size), float(centre))
+        m[0], m[-1], m[:, 0], m[:, -1] = ring, ring, ring, ring
+        return m.tolist()
+
+    losses = {"none": [(1.0, 0.8)] * 5,  # mean after the first update 0.9
+              "layer_chw": [(0.6, 0.4), (0.5, 0.5), (1.2, 1.0), (0.6, 0.4), (0.6, 0.4)]}
+    error = {"none": [0.1] * 4 + [0.45], "batch": [0.02, 0.02, 0.05, 0.02, 0.02],
+             "layer_chw": [0.03, 0.03, 0.03, 0.024, 0.03]}
+    on = [(0.2, 0.6), (0.5, 0.52), (0.7, 0.5), (0.1, 0.9), (0.2, 0.6)]  # LN: ring, centre
+    std = {"batch": (1, 4), "batch/crop3": (2, 4), "layer_chw": (1, 2),  # ring, centre
+           "layer_chw/crop3": (3, 4)}
+    runs = []
+    for v in ("none", "batch", "layer_chw", "batch/crop3", "layer_chw/crop3"):
+        size = 3 if "crop" in v else 4
+        for seed in range(5):
+            sd = (1, 4) if v == "layer_chw/crop3" and seed == 3 else std.get(v, (1, 1))
+            info = {"test_error": error.get(v, [0.1] * 5)[seed],
+                    "maps": {"on": maps(size, *(on[seed] if v == "layer_chw" else (1, 1))),
+                             "std": maps(size, *sd), "mean": maps(size, 0, 0)}}
+            h = History(steps=[1, 2, 3], losses=[3.0, *losses.get(v, [(1, 1)] * 5)[seed]])
+            runs.append(Run(v, seed, h, info))
+    cfg = {"boundary_width": 1, "crop": 3, "control_norms": ["batch", "layer_chw"]}
+    res = Results("convnet", cfg, "cpu", runs, {"majority_error": 0.9})
+    got = convnet.c19_inputs(res)
+    v = got["values"]
+    # mean loss after the first update: LN 0.5, 0.5, 1.1, 0.5, 0.5 against none's 0.9
+    np.testing.assert_allclose(v["LN faster than none"], [-0.4, -0.4, 0.2, -0.4, -0.4])
+    np.testing.assert_allclose(v["BN beats LN"], [-0.01, -0.01, 0.02, -0.004, -0.01],
+                               atol=1e-12)
+    np.testing.assert_allclose(v["boundary units rarely on"],
+                               [-0.4, -0.02, 0.2, -0.8, -0.4], atol=1e-12)
+    # spread ring / centre, full -> cropped: BN 0.25 -> 0.5, LN 0.5 -> 0.75 (0.25 on seed 3)
+    assert v["boundary statistics differ"].tolist() == [True, True, True, False, True]
+    # the bar is 0.9 - 0.5 = 0.4: seed 4's un-normalized run ends at 0.45
+    assert convnet.c19_left(res).tolist() == [True] * 4 + [False]
+    for part in v:
+        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
+    d = ledger.decide_claim("C19", **got)
+    counts = {k: (p.n_for, p.n_against) for k, p in d.parts.items()}
+    # margins 0.01, 0.005, 0.05: -0.004 (BN, seed 3) and -0.02 (ring, seed 1) count for neither
+    assert counts == {"LN faster than none": (3, 1), "BN beats LN": (2, 1),
+                      "boundary units rarely on": (2, 1), "boundary statistics differ": (3, 1)}
+    no_control = Results("convnet", {**cfg, "crop": 0}, "cpu", runs, {"majority_error": 0.9})
+    with pytest.raises(ValueError, match="cropped control"):
+        convnet.c19_inputs(no_control)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test
 from lnbook.engine.job import Job, cpu_threads
+from lnbook.engine.metrics import mean_after_start
 from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
@@ -31,7 +32,7 @@ from lnbook.norms import BatchNorm, ChannelLayerNorm, LayerNorm
 __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "ConvNet", "crop_center",
     "boundary_mask", "activation_maps", "ring_and_centre", "maps_of", "variant_name", "run",
-    "train_one",
+    "train_one", "TRIVIAL_MARGIN", "c19_left", "c19_inputs",
 ]
 
 NAME = "convnet"
@@ -42,6 +43,9 @@ DESCRIPTION = (
 )
 NORMS = ("none", "batch", "layer_chw", "layer_c", "group")
 IMAGE_SIZE = 28
+#: a seed counts in C19 when every run of it ends with a test error at least this far below
+#: the majority-class predictor's (``Results.info["majority_error"]``); fixed before the runs
+TRIVIAL_MARGIN = 0.5
 
 
 def _norm_layer(norm: str, channels: int, size: int, groups: int) -> nn.Module:
@@ -261,3 +265,48 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job
 def maps_of(results: Results, variant: str, key: str = "on") -> np.ndarray:
     """The ``(seeds, S, S)`` maps ``key`` ("on", "mean" or "std") of one variant's runs."""
     return np.array([m[key] for m in results.info_of(variant, "maps")], dtype=float)
+
+
+def c19_left(results: Results) -> np.ndarray:
+    """Per seed, ``(seeds,)``: whether every run of the seed ends with a test error at least
+    :data:`TRIVIAL_MARGIN` below the majority-class predictor's (C19's trivial bar)."""
+    bar = results.info["majority_error"] - TRIVIAL_MARGIN
+    return np.all([np.array(results.info_of(v, "test_error")) <= bar
+                   for v in results.variants], axis=0)
+
+
+def c19_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C19's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from a run
+    of :func:`run` with ``"none"``, ``"batch"`` and ``"layer_chw"`` and the cropped control of
+    every ``control_norms``, per seed, ``(seeds,)`` each.
+
+    "LN faster than none": the mean training loss after the first update
+    (:func:`lnbook.engine.metrics.mean_after_start`), LN over (C,H,W) minus no normalization.
+    "BN beats LN": the final test error, batch norm minus LN over (C,H,W). "boundary units
+    rarely on": the fraction of test images for which the first layer's ring units
+    (``boundary_width`` positions along the edges, :func:`ring_and_centre`) of the LN network
+    are on, minus the centre's. "boundary statistics differ" (yes or no): in every control
+    network the ring's spread of summed inputs over the centre's (std maps, :func:`maps_of`)
+    is higher on the cropped digits than on the full ones. The mask, the same for every part:
+    :func:`c19_left`.
+    """
+    cfg = results.config
+    if not (cfg.get("crop") and cfg.get("control_norms")):
+        raise ValueError("C19's 'boundary statistics differ' reads the cropped control: run "
+                         f"with crop > 0 and control_norms, got crop={cfg.get('crop')!r}, "
+                         f"control_norms={cfg.get('control_norms')!r}")
+    width = cfg["boundary_width"]
+    area = {v: mean_after_start(results.curves(v, "loss")[1]) for v in ("none", "layer_chw")}
+    err = {v: np.array(results.info_of(v, "test_error")) for v in ("batch", "layer_chw")}
+    on_r, on_c = ring_and_centre(maps_of(results, "layer_chw", "on"), width)
+
+    def spread(variant: str) -> np.ndarray:
+        sd_r, sd_c = ring_and_centre(maps_of(results, variant, "std"), width)
+        return sd_r / sd_c
+
+    frame = np.all([spread(n) < spread(variant_name(n, cfg["crop"]))
+                    for n in cfg["control_norms"]], axis=0)
+    values = {"LN faster than none": area["layer_chw"] - area["none"],
+              "BN beats LN": err["batch"] - err["layer_chw"],
+              "boundary units rarely on": on_r - on_c, "boundary statistics differ": frame}
+    return {"values": values, "trivial_ok": dict.fromkeys(values, c19_left(results))}

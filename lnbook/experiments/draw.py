@@ -50,6 +50,8 @@ __all__ = [
     "load_trained",
     "plot_canvas",
     "run",
+    "TARGET_BELOW",
+    "c15_inputs",
 ]
 
 NAME = "draw"
@@ -58,6 +60,9 @@ DESCRIPTION = (
     "normalization on the cell state (section 6.4, Figure 4, eqs. 29-31)"
 )
 VARIANTS = ("baseline", "layer_norm")
+#: nats below the mean-image level (:func:`mean_image_nll`): C15's target of "converges
+#: faster", and how far below it both runs of a seed must end for the seed to count
+TARGET_BELOW = 3.0
 
 
 @dataclass
@@ -626,6 +631,29 @@ def run(config: Config, device: str | torch.device = "auto",
                  stack="all" if config.stacked else None, device=device, out=out,
                  checkpoint=config.checkpoint, steps=config.steps, info=info,
                  threads=config.threads, workers=config.workers)
+
+
+def c15_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C15's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from a run
+    of :func:`run` with both :data:`VARIANTS`, per seed, ``(seeds,)`` each.
+
+    "converges faster" and "almost twice as fast": the baseline's updates to the target
+    (:data:`TARGET_BELOW` nats below the mean-image level, ``info["mean_image_nll"]``; read
+    between evaluations by :meth:`~lnbook.engine.results.Results.updates_to`, inf when never)
+    over LN's; "ends better": the baseline's final held-out bound minus LN's, in nats. The mask,
+    the same for every part: both runs of the seed end at least :data:`TARGET_BELOW` nats below
+    the mean-image level.
+    """
+    level = results.info["mean_image_nll"]
+    ups = {v: results.updates_to(v, "bound", level - TARGET_BELOW) for v in VARIANTS}
+    final = {v: results.final(v, "bound") for v in VARIANTS}
+    with np.errstate(invalid="ignore", divide="ignore"):  # inf / inf: neither reached it
+        ratio = ups["baseline"] / ups["layer_norm"]  # > 1: LN got there first
+    left = np.all([level - final[v] >= TARGET_BELOW for v in VARIANTS], axis=0)
+    parts = ("converges faster", "almost twice as fast", "ends better")
+    return {"values": dict(zip(parts, (ratio, ratio, final["baseline"] - final["layer_norm"]),
+                               strict=True)),
+            "trivial_ok": dict.fromkeys(parts, left)}
 
 
 def _save_model(out: str | os.PathLike | None, variant: str, seed: int,

@@ -25,7 +25,7 @@ from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
-from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.metrics import classification_metrics, mean_after_start
 from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results, Run
 from lnbook.engine.runner import sweep
@@ -36,6 +36,7 @@ __all__ = [
     "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "by_examples", "Config",
     "get_config", "MLP", "curves", "degradation", "examples_seen", "late_mean", "mean_gap",
     "mode_nll", "run", "seed_metrics", "seed_model", "schedule", "variant_name",
+    "TRIVIAL_SHARE", "c17_left", "c17_inputs",
 ]
 
 NAME = "mnist"
@@ -47,6 +48,9 @@ NORMS = ("none", "batch", "layer")
 ENGINES = ("seeds", "runs")
 #: the readings of batch norm that engine "seeds" records at every evaluation (suffixes)
 BN_READINGS = ("", "_recal", "_tmode")
+#: a seed counts in C17 when every run of it ends with at most this share of the test error
+#: of the majority-class predictor (``Results.info["majority_error"]``)
+TRIVIAL_SHARE = 0.5
 
 
 @dataclass
@@ -230,6 +234,42 @@ def late_mean(results: Results, norm: str, batch_size: int, metric: str) -> np.n
     (updates made > half of the last), per seed: ``(seeds,)``."""
     steps, values = curves(results, norm, batch_size, metric)  # (E,), (seeds, E)
     return values[:, steps > steps[-1] / 2].mean(axis=1)
+
+
+def c17_left(results: Results) -> np.ndarray:
+    """Per seed, ``(seeds,)``: whether every run of the seed ends with at most
+    :data:`TRIVIAL_SHARE` of the majority-class predictor's test error (C17's trivial bar)."""
+    bar = TRIVIAL_SHARE * results.info["majority_error"]
+    return np.all([results.final(v, "test_error") <= bar for v in results.variants], axis=0)
+
+
+def c17_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
+    """C17's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from a run
+    of :func:`run` (engine ``"seeds"``: it reads :data:`BN_READINGS`) at batch sizes 128 and 4
+    with ``"batch"`` and ``"layer"``, per seed, ``(seeds,)`` each.
+
+    "faster than BN at batch 128" (and "at batch 4"): LN's mean training NLL over the
+    evaluations after the start (:func:`lnbook.engine.metrics.mean_after_start`) minus BN's at
+    the same batch size, BN read the way that gives it the lowest mean of
+    :data:`BN_READINGS`. "robust to batch size": LN's late test error (:func:`late_mean`) at
+    batch 4 minus at batch 128, minus the same for BN, whose late test error at each batch size
+    is the lower of its running-average and recalibrated readings. The mask, the same for
+    every part: :func:`c17_left`.
+    """
+    def area(norm: str, bs: int, reading: str = "") -> np.ndarray:
+        return mean_after_start(curves(results, norm, bs, "train_nll" + reading)[1])
+
+    def late(norm: str, bs: int) -> np.ndarray:
+        error = late_mean(results, norm, bs, "test_error")
+        return error if norm != "batch" else np.minimum(
+            error, late_mean(results, norm, bs, "test_error_recal"))
+
+    faster = {bs: area("layer", bs) - np.min([area("batch", bs, r) for r in BN_READINGS],
+                                             axis=0) for bs in (128, 4)}
+    robust = (late("layer", 4) - late("layer", 128)) - (late("batch", 4) - late("batch", 128))
+    parts = ("faster than BN at batch 128", "faster than BN at batch 4", "robust to batch size")
+    return {"values": dict(zip(parts, (faster[128], faster[4], robust), strict=True)),
+            "trivial_ok": dict.fromkeys(parts, c17_left(results))}
 
 
 def mode_nll(model: nn.Module, x: Tensor, y: Tensor, batch_size: int) -> dict[str, float]:
