@@ -40,8 +40,6 @@ __all__ = [
     "make_lstm",
     "AttentiveReader",
     "evaluate",
-    "target_error",
-    "gain_gap",
     "final_error",
     "gain_spread",
     "LAST_EVALS",
@@ -401,19 +399,6 @@ def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) ->
 # ----------------------------------------------------------------------------- reading the runs
 
 
-def target_error(results: Results, baseline: str = "lstm") -> float:
-    """The target of "trains faster": halfway between chance error (guessing among the
-    passage's entities) and the baseline's final error, its mean over seeds."""
-    chance_error = 1.0 - float(results.info["chance"])
-    return 0.5 * (chance_error + float(results.final(baseline, "error").mean()))
-
-
-def gain_gap(results: Results, small: str, large: str) -> np.ndarray:
-    """Per seed, ``|final error(small) - final error(large)|`` of two variants of one LSTM that
-    differ only in the initial gain (e.g. ``"ln_lstm_g0.1"`` and ``"ln_lstm"``)."""
-    return np.abs(results.final(small, "error") - results.final(large, "error"))
-
-
 def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
     """Per seed, the mean validation error of the ``last`` evaluations (1: the final one)."""
     return np.array([float(np.mean(r.history.metric("error")[-last:]))
@@ -423,7 +408,7 @@ def final_error(results: Results, variant: str, last: int = 1) -> np.ndarray:
 def gain_spread(results: Results, variants: list[str] | tuple[str, ...],
                 last: int = 1) -> np.ndarray:
     """Per seed, the spread (max - min) of :func:`final_error` over ``variants``, one LSTM
-    started at several gains; with two of them this is :func:`gain_gap`."""
+    started at several gains."""
     errs = np.stack([final_error(results, v, last) for v in variants])  # (gains, seeds)
     return errs.max(axis=0) - errs.min(axis=0)
 
