@@ -289,3 +289,33 @@ def test_two_workers_give_the_numbers_of_one_process():
     for a, b in zip(one.runs, two.runs, strict=True):
         assert (a.variant, a.seed, a.info) == (b.variant, b.seed, b.info)
         assert a.history.losses == b.history.losses and a.history.metrics == b.history.metrics
+
+
+def test_c04_inputs_read_the_errors_within_and_past_the_training_length():
+    from lnbook import ledger
+    from lnbook.engine import History
+    from lnbook.engine.results import Run
+
+    cfg = E.get_config("quick", train_lens=(2,), batch_sizes=(4,), test_len=4, seeds=2)
+    # per-step test errors (4 steps) of seeds 0 and 1: within = steps 1-2, past = steps 3-4
+    errors = {"ln": [[0.2, 0.2, 0.3, 0.3], [0.1, 0.1, 0.2, 0.2]],
+              "bn": [[0.1, 0.1, 0.4, 0.4], [0.2, 0.2, 0.2, 0.2]],
+              "plain": [[0.1, 0.1, 0.5, 0.5], [0.4, 0.4, 0.4, 0.4]]}
+    runs = [Run(E.variant_name(v, 2, 4), s, History(), {"error": e})
+            for v, rows in errors.items() for s, e in enumerate(rows)]
+    trivial = {"4": {"majority": [0.5, 0.45, 0.5, 0.5], "last_input": [0.4, 0.5, 0.3, 0.3]}}
+    res = Results("rnn_length", {}, "cpu", runs, {"trivial": trivial})
+    q = E.c04_quantities(res, cfg)
+    # best trivial within t <= 2: min(mean(0.5, 0.45), mean(0.4, 0.5)) = 0.45; bar 0.35
+    assert q["best_trivial"] == pytest.approx(0.45)
+    assert q["left"].tolist() == [True, False]  # seed 1's plain RNN errs 0.4 within
+    np.testing.assert_allclose(q["ratio"]["bn"], [4.0, 1.0])
+    got = E.c04_inputs(res, cfg)
+    v = got["values"]
+    np.testing.assert_allclose(v["BN degrades more than LN"], [4.0 - 1.5, 1.0 - 2.0])
+    np.testing.assert_allclose(v["BN worse than LN past the training length"], [0.1, 0.0],
+                               atol=1e-12)
+    np.testing.assert_allclose(v["LN degrades no more than the plain RNN"], [1.5 - 5.0, 1.0])
+    d = ledger.decide_claim("C04", **got)
+    # seed 1 is masked: one seed counts, for each part (BN's past error 0.1 > margin 0.01)
+    assert [(p.n_for, p.n_against) for p in d.parts.values()] == [(1, 0), (1, 0), (1, 0)]

@@ -40,7 +40,8 @@ from lnbook.rnn import RNN
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
            "variant_name", "per_step", "run", "first_sign_batch", "FirstSignRNN",
-           "sensitivity_to_first", "FirstSignConfig", "FirstSignResults", "run_first_sign"]
+           "sensitivity_to_first", "FirstSignConfig", "FirstSignResults", "run_first_sign",
+           "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -202,6 +203,43 @@ def per_step(results: Results, variant: str, train_len: int, batch_size: int,
              key: str = "error") -> np.ndarray:
     """A per-step record of every seed of one variant: ``(seeds, T)`` (``info[key]``)."""
     return np.array(results.info_of(variant_name(variant, train_len, batch_size), key))
+
+
+#: C04's trivial-phase bar: within the training length every model of a seed must beat the
+#: better trivial predictor (:func:`trivial_errors`) by this much in error rate.
+TRIVIAL_MARGIN = 0.1
+
+
+def c04_quantities(results: Results, config: Config) -> dict[str, Any]:
+    """What C04's rule reads from a :func:`run` of ``config``, at its first training length
+    ``L`` and batch size: per variant, ``(seeds,)`` each, the test error averaged over the steps
+    within the training length (``inside``) and past it (``beyond``) and their ratio
+    (``ratio``, the degradation); ``best_trivial``, the better trivial predictor's error within
+    ``L``; and ``left`` (per seed), every model beating it by :data:`TRIVIAL_MARGIN`."""
+    n, b = config.train_lens[0], config.batch_sizes[0]
+    err = {v: per_step(results, v, n, b) for v in config.variants}  # (seeds, test_len)
+    trivial = results.info["trivial"][str(config.test_len)]
+    inside = {v: e[:, :n].mean(1) for v, e in err.items()}
+    beyond = {v: e[:, n:].mean(1) for v, e in err.items()}
+    best = min(float(np.mean(trivial["majority"][:n])),
+               float(np.mean(trivial["last_input"][:n])))
+    left = np.all([inside[v] <= best - TRIVIAL_MARGIN for v in config.variants], 0)
+    return {"inside": inside, "beyond": beyond,
+            "ratio": {v: beyond[v] / inside[v] for v in config.variants},
+            "best_trivial": best, "left": left}
+
+
+def c04_inputs(results: Results, config: Config) -> dict[str, dict[str, Any]]:
+    """C04's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed
+    (:func:`c04_quantities`): BN's degradation (error past the training length over the error
+    within it) minus LN's; BN's error past the training length minus LN's; LN's degradation
+    minus the plain RNN's. A seed counts where every model left the trivial phase."""
+    q = c04_quantities(results, config)
+    ratio, beyond = q["ratio"], q["beyond"]
+    values = {"BN degrades more than LN": ratio["bn"] - ratio["ln"],
+              "BN worse than LN past the training length": beyond["bn"] - beyond["ln"],
+              "LN degrades no more than the plain RNN": ratio["ln"] - ratio["plain"]}
+    return {"values": values, "trivial_ok": dict.fromkeys(values, q["left"])}
 
 
 def _batch(n: int, length: int, seed: int) -> tuple[Tensor, Tensor]:
