@@ -319,3 +319,35 @@ def test_c04_inputs_read_the_errors_within_and_past_the_training_length():
     d = ledger.decide_claim("C04", **got)
     # seed 1 is masked: one seed counts, for each part (BN's past error 0.1 > margin 0.01)
     assert [(p.n_for, p.n_against) for p in d.parts.values()] == [(1, 0), (1, 0), (1, 0)]
+
+
+def test_c22_inputs_combine_the_gains_of_the_four_settings():
+    from lnbook import ledger
+
+    cfg = E.FirstSignConfig(seeds=(0, 1), steps=2, eval_every=1)
+    # (seeds, 3 evaluations) held-out error at the last step; the start is left out
+    curves = {("plain", 20, 4): [[0.5, 0.4, 0.2], [0.5, 0.5, 0.5]],
+              ("ln", 20, 4): [[0.5, 0.2, 0.2], [0.5, 0.3, 0.1]],
+              ("plain", 20, 64): [[0.5, 0.3, 0.3], [0.5, 0.4, 0.2]],
+              ("ln", 20, 64): [[0.5, 0.3, 0.1], [0.5, 0.2, 0.2]],
+              ("plain", 100, 4): [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]],
+              ("ln", 100, 4): [[0.5, 0.1, 0.1], [0.5, 0.4, 0.3]],
+              ("plain", 100, 64): [[0.5, 0.5, 0.5], [0.5, 0.4, 0.4]],
+              ("ln", 100, 64): [[0.5, 0.3, 0.2], [0.5, 0.2, 0.2]]}
+    res = E.FirstSignResults(cfg, np.arange(3), {k: np.array(v) for k, v in curves.items()})
+    got = E.c22_inputs(res)
+    v, ok = got["values"], got["trivial_ok"]
+    # d = plain's mean after the start minus LN's: (20,4) 0.1, 0.3; (20,64) 0.1, 0.1;
+    # (100,4) 0.4, 0.15; (100,64) 0.25, 0.2
+    np.testing.assert_allclose(v["LN helps (length 100, batch 4)"], [0.4, 0.15])
+    np.testing.assert_allclose(v["longer sequences, larger gain (batch 4)"], [0.3, -0.15])
+    np.testing.assert_allclose(v["longer sequences, larger gain (batch 64)"], [0.15, 0.1])
+    np.testing.assert_allclose(v["smaller batches, larger gain (length 20)"], [0.0, 0.2],
+                               atol=1e-12)
+    np.testing.assert_allclose(v["smaller batches, larger gain (length 100)"], [0.15, -0.05])
+    # seed 1's LN ends at 0.3 > 0.25 at length 100, batch 4: it counts only at length 20
+    assert ok["LN helps (length 100, batch 4)"].tolist() == [True, False]
+    assert ok["smaller batches, larger gain (length 20)"].tolist() == [True, True]
+    d = ledger.decide_claim("C22", **got)
+    assert d.parts["LN helps (length 100, batch 4)"].n_for == 1
+    assert d.parts["smaller batches, larger gain (length 20)"].n_for == 1

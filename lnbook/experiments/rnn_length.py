@@ -30,6 +30,7 @@ from lnbook.engine import (
     check_scale,
     cpu_threads,
     make_config,
+    mean_after_start,
     sweep,
     train_copies,
 )
@@ -41,7 +42,7 @@ __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_s
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
            "variant_name", "per_step", "run", "first_sign_batch", "FirstSignRNN",
            "sensitivity_to_first", "FirstSignConfig", "FirstSignResults", "run_first_sign",
-           "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs"]
+           "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs", "LEFT_ERROR", "c22_inputs"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -442,6 +443,35 @@ def run_first_sign(config: FirstSignConfig, device: str | torch.device = "auto",
         keep = [list(at).index(int(s)) for s in steps]  # the evaluations asked for
         error[key] = curves[:, keep].astype(np.float32)
     return FirstSignResults(dataclasses.replace(config, seeds=res.seeds), steps, error)
+
+
+#: C22's trivial-phase bar: a layer-normalized arm has left chance (0.5) when its final
+#: held-out error is at most this.
+LEFT_ERROR = 0.25
+
+
+def c22_inputs(results: FirstSignResults) -> dict[str, dict[str, Any]]:
+    """C22's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, from
+    :func:`run_first_sign` with two lengths (short, long) and two batch sizes (small, big).
+
+    Per seed, the gain ``d`` of a setting is the plain RNN's error averaged over the
+    evaluations after the start (:func:`lnbook.engine.mean_after_start`) minus the LN-RNN's.
+    The parts: ``d`` at the long length and the small batch; ``d`` long minus short at each
+    batch size; ``d`` small minus big at each length. A seed counts for a part where the
+    LN-RNN's final error is at most :data:`LEFT_ERROR` in every setting the part reads."""
+    (short, long), (small, big) = results.config.lengths, results.config.batch_sizes
+    d = {(n, b): mean_after_start(results.curves("plain", n, b))
+         - mean_after_start(results.curves("ln", n, b))
+         for n in (short, long) for b in (small, big)}  # (seeds,) each
+    parts = {f"LN helps (length {long}, batch {small})": ((long, small),)}
+    parts.update({f"longer sequences, larger gain (batch {b})": ((long, b), (short, b))
+                  for b in (small, big)})
+    parts.update({f"smaller batches, larger gain (length {n})": ((n, small), (n, big))
+                  for n in (short, long)})
+    left = {k: results.curves("ln", *k)[:, -1] <= LEFT_ERROR for k in d}  # (seeds,) bools
+    return {"values": {p: d[k[0]] - (d[k[1]] if len(k) > 1 else 0) for p, k in parts.items()},
+            "trivial_ok": {p: np.all([left[k] for k in ks], axis=0)
+                           for p, ks in parts.items()}}
 
 
 def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
