@@ -137,3 +137,34 @@ def test_run_tiny_and_paper_override():
     assert res.variants == ["batch/bs2", "group", "layer", "instance"]
     with pytest.raises(TypeError, match="group_norm.Config"):
         gn.run({"scale": "quick"})
+
+
+def test_p07_inputs_read_the_final_test_errors():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
+    from lnbook.experiments import group_norm as G
+
+    # final test errors of seeds 0-2; the majority class errs 0.9, so the bar is 0.4
+    final = {"batch/bs2": [0.30, 0.20, 0.35], "batch/bs32": [0.10, 0.25, 0.10],
+             "group": [0.15, 0.10, 0.45]}
+    runs = [Run(v, s, History(eval_steps=[0, 9], metrics=[{"test_error": 0.9},
+                                                           {"test_error": e}]), {})
+            for v, errs in final.items() for s, e in enumerate(errs)]
+    res = Results("group_norm", {}, "cpu", runs, {"majority_error": 0.9})
+    assert G.p07_left(res).tolist() == [True, True, False]  # seed 2's GN errs 0.45
+    got = G.p07_inputs(res, 3e-16)
+    v = got["values"]
+    assert v["batch independence"] == [3e-16]
+    np.testing.assert_allclose(v["BN falls at small batches"], [0.20, -0.05, 0.25])
+    np.testing.assert_allclose(v["GN beats BN at batch 2"], [-0.15, -0.10, 0.10])
+    d = ledger.decide_claim("P07", **got)
+    # seed 2 is masked on both seed parts (margin 0.003): GN lower on seeds 0 and 1, BN
+    # falls on seed 0 and rises on seed 1
+    assert (d.parts["GN beats BN at batch 2"].n_for,
+            d.parts["GN beats BN at batch 2"].n_against) == (2, 0)
+    assert (d.parts["BN falls at small batches"].n_for,
+            d.parts["BN falls at small batches"].n_against) == (1, 1)
+    assert d.parts["batch independence"].outcome == "holds"

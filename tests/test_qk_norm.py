@@ -163,3 +163,37 @@ def test_a_diverged_copy_is_reported_and_leaves_the_others_alone():
     sens = qk_norm.lr_sensitivity(qk_norm.by_lr(both, False, "loss"),
                                   qk_norm.by_lr(both, False, "loss", "initial"))
     assert np.all(np.isfinite(sens))
+
+
+def test_p09_inputs_read_logits_sensitivity_and_rounding():
+    from lnbook import ledger
+
+    lrs = (0.01, 0.1)
+
+    def results(rows: dict, lrs: tuple = lrs) -> Results:
+        # rows[(qk, lr)]: per seed ((loss, max_logit) at the start, at the end)
+        runs = [Run(qk_norm.variant_name(q, lr), s, History(eval_steps=[0, 9], metrics=[
+            {"loss": a[0], "max_logit": a[1]}, {"loss": b[0], "max_logit": b[1]}]),
+            {"diverged": False}) for (q, lr), per in rows.items()
+            for s, (a, b) in enumerate(per)]
+        return Results("qk_norm", {"lrs": list(lrs)}, "cpu", runs, {"baseline_loss": 3.0})
+
+    res = results({
+        (False, 0.01): [((4, 1), (2.0, 4)), ((4, 1), (2.0, 2))],
+        (False, 0.1): [((4, 1), (3.0, 8)), ((4, 1), (2.2, 6))],
+        (True, 0.01): [((4, 2), (2.0, 2)), ((4, 2), (2.0, 4))],
+        (True, 0.1): [((4, 2), (2.2, 4)), ((4, 2), (2.6, 3))]})
+    redo = results({(False, 0.1): [((4, 1), (2.8, 8)), ((4, 1), (2.2, 6))]}, (0.1,))
+    got = qk_norm.p09_inputs(res, redo)
+    v = got["values"]
+    # qk over plain final logit: seed 0 max(2/4, 4/8) = 0.5; seed 1 max(4/2, 3/6) = 2
+    np.testing.assert_allclose(v["lower logits"], [0.5, 2.0])
+    # qk growth from 2 at the start: seed 0 max(1, 2) = 2; seed 1 max(2, 1.5) = 2
+    np.testing.assert_allclose(v["bounded"], [2.0, 2.0])
+    # sensitivity, mean over rates of loss minus the best: plain 0.5, 0.1; qk 0.1, 0.3;
+    # the redo moves plain's seed 0 to 0.4: delta 0.1; (plain - qk) / delta = 4, -2
+    np.testing.assert_allclose(v["less sensitive"], [4.0, -2.0])
+    # both models end below 3.0 - 0.5 at the lowest rate on both seeds
+    assert got["trivial_ok"]["bounded"].tolist() == [True, True]
+    d = ledger.decide_claim("P09", **got)
+    assert (d.parts["lower logits"].n_for, d.parts["lower logits"].n_against) == (1, 1)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,7 +27,8 @@ from lnbook.engine.train import Batches, History, fit
 from lnbook.variants import GroupNorm, group_norm
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "Config", "get_config", "GhostBatchNorm", "ConvNet",
-           "normalize", "statistics_set", "variant_name", "run", "train_one"]
+           "normalize", "statistics_set", "variant_name", "run", "train_one", "TRIVIAL_MARGIN",
+           "p07_left", "p07_inputs"]
 
 NAME = "group_norm"
 DESCRIPTION = ("small ConvNet on the 8x8 digits: batch norm with statistics over 2 to 32 "
@@ -255,3 +257,31 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
                device=job.device, seed=job.seed,
                loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), bar=job.bar,
                label=job.label)
+
+
+#: P07's trivial-phase bar: a seed counts when every one of its runs ends with a test error at
+#: least this much below the majority class's.
+TRIVIAL_MARGIN = 0.5
+
+
+def p07_left(results: Results) -> np.ndarray:
+    """Per seed, whether every run of :func:`run` ended :data:`TRIVIAL_MARGIN` below the
+    majority class's test error: ``(seeds,)`` bools."""
+    bar = results.info["majority_error"] - TRIVIAL_MARGIN
+    return np.all([results.final(v, "test_error") <= bar for v in results.variants], axis=0)
+
+
+def p07_inputs(results: Results, batch_independence: float) -> dict[str, dict[str, Any]]:
+    """P07's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`:
+    ``batch_independence`` (one measurement: group norm's largest output change over sets of
+    batch-mates); per seed, batch norm's final test error with statistics over the fewest
+    examples minus over the most ("BN falls at small batches"), and group norm's minus batch
+    norm's over the fewest ("GN beats BN at batch 2"), counted where :func:`p07_left`."""
+    sizes = sorted(int(v.split("/bs")[1]) for v in results.variants if v.startswith("batch/"))
+    bn = {b: results.final(variant_name("batch", b), "test_error") for b in sizes}
+    left = p07_left(results)
+    return {"values": {"batch independence": [batch_independence],
+                       "BN falls at small batches": bn[sizes[0]] - bn[sizes[-1]],
+                       "GN beats BN at batch 2": results.final("group", "test_error")
+                       - bn[sizes[0]]},
+            "trivial_ok": {"BN falls at small batches": left, "GN beats BN at batch 2": left}}

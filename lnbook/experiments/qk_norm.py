@@ -219,3 +219,34 @@ def p08_inputs(results: Results) -> dict[str, dict[str, Any]]:
 
 
 __all__ += ["P08_TRIVIAL", "p08_inputs"]
+
+
+def p09_inputs(results: Results, redo: Results) -> dict[str, dict[str, Any]]:
+    """P09's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed:
+    "lower logits", qk-norm's final largest attention logit over the plain model's, the
+    largest over the rates; "bounded", qk-norm's largest growth of that logit from its value
+    before training, over the rates; "less sensitive", the plain model's learning-rate
+    sensitivity (:func:`lr_sensitivity`) minus qk-norm's, in units of how far rounding alone
+    moves the plain model's: ``redo`` is a run of the plain model at the highest rate with
+    other kernels (chapter 3's code), the same function rounded differently. A seed counts
+    where :func:`p08_inputs` counts it (both models left the trivial phase)."""
+    lrs = list(results.config["lrs"])
+    j_hi = lrs.index(max(lrs))
+    final = {q: by_lr(results, q, "loss") for q in (False, True)}  # (seeds, lrs)
+    init = {q: by_lr(results, q, "loss", "initial") for q in (False, True)}
+    peak = {q: by_lr(results, q, "max_logit") for q in (False, True)}
+    growth = peak[True] / by_lr(results, True, "max_logit", "initial")  # (seeds, lrs)
+    sens = {q: lr_sensitivity(final[q], init[q]) for q in (False, True)}  # (seeds,)
+    again = final[False].copy()
+    again[:, j_hi] = by_lr(redo, False, "loss")[:, 0]
+    delta = float(np.abs(lr_sensitivity(again, init[False]) - sens[False]).max())
+    left = p08_inputs(results)["trivial_ok"]["logit growth"]
+    parts = ("lower logits", "bounded", "less sensitive")
+    return {"values": dict(zip(parts, (np.max(peak[True] / peak[False], axis=1),
+                                       growth.max(axis=1),
+                                       (sens[False] - sens[True]) / max(delta, 1e-9)),
+                               strict=True)),
+            "trivial_ok": dict.fromkeys(parts, left)}
+
+
+__all__ += ["p09_inputs"]
