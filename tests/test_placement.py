@@ -113,3 +113,26 @@ def test_train_stacked_keywords_of_the_part_ii_experiments():
     assert all(torch.equal(rows[s], batches(s)[0]) for s in range(5))
     plain = stacked.train_stacked(model, task, [0], [0.01], **kw)[0]
     assert "var_1" in plain.history.metrics[0] and "max_logit" not in plain.history.metrics[0]
+
+
+def test_p04_inputs_read_the_gradient_profiles():
+    import numpy as np
+
+    from lnbook import ledger
+    from lnbook.experiments import placement as P
+
+    # {position: {depth: (seeds, depth)}} gradient norms, block 1 first; two seeds
+    prof = {"pre": {2: np.array([[1.0, 1.5], [2.0, 1.0]]),
+                    3: np.array([[1.0, 1.0, 0.8], [1.0, 1.0, 1.2]])},
+            "post": {2: np.array([[0.5, 3.0], [1.0, 2.0]]),
+                     3: np.array([[0.1, 1.0, 4.0], [0.2, 1.0, 2.4]])}}
+    more = {"post": {3: np.array([[0.3, 1.0, 2.0]])}}
+    v = P.p04_inputs(prof, more)["values"]
+    # Pre-LN last / first, largest over depths: seed 0 max(1.5, 0.8), seed 1 max(0.5, 1.2)
+    np.testing.assert_allclose(v["Pre-LN does not grow"], [1.5, 1.2])
+    # Post-LN last / Pre-LN last, smallest over depths: min(2, 5), min(2, 2)
+    np.testing.assert_allclose(v["Post-LN larger near the output"], [2.0, 2.0])
+    # depth 3, three seeds: rms of block 1 sqrt(0.14 / 3), of block 3 sqrt(25.76 / 3)
+    assert v["Post-LN grows in expectation"] == [pytest.approx((25.76 / 0.14) ** 0.5)]
+    d = ledger.decide_claim("P04", values=v)
+    assert set(d.parts) == set(v)

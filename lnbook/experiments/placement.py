@@ -159,3 +159,26 @@ def p05_inputs(results: Results) -> dict[str, dict[str, Any]]:
 
 
 __all__ += ["P05_TRIVIAL", "p05_inputs"]
+
+
+def p04_inputs(profiles: dict[str, dict[int, np.ndarray]],
+               more: dict[str, dict[int, np.ndarray]]) -> dict[str, dict[str, Any]]:
+    """P04's ``values`` for :func:`lnbook.ledger.decide_claim` from :func:`gradient_profiles`
+    (``profiles``, both placements) and further Post-LN seeds at the largest depth (``more``).
+    Per seed: Pre-LN's gradient norm at the last block over the first, the largest over the
+    depths ("Pre-LN does not grow"); Post-LN's over Pre-LN's at the last block, the smallest
+    over the depths ("Post-LN larger near the output"). Once, over the seeds of both:
+    Post-LN's root mean square gradient norm at the last block over the first, at the largest
+    depth ("Post-LN grows in expectation")."""
+    depths = sorted(profiles["pre"])
+    pre, post = profiles["pre"], profiles["post"]  # {depth: (seeds, depth)}
+    deep = np.r_[post[depths[-1]], more["post"][depths[-1]]]  # (all seeds, depth)
+    rms = np.sqrt((deep ** 2).mean(axis=0))  # (depth,) block by block
+    return {"values": {
+        "Pre-LN does not grow": np.max([pre[d][:, -1] / pre[d][:, 0] for d in depths], axis=0),
+        "Post-LN larger near the output": np.min([post[d][:, -1] / pre[d][:, -1]
+                                                  for d in depths], axis=0),
+        "Post-LN grows in expectation": [float(rms[-1] / rms[0])]}}
+
+
+__all__ += ["p04_inputs"]
