@@ -455,7 +455,7 @@ def c22_inputs(results: FirstSignResults) -> dict[str, dict[str, Any]]:
     :func:`run_first_sign` with two lengths (short, long) and two batch sizes (small, big).
 
     Per seed, the gain ``d`` of a setting is the plain RNN's error averaged over the
-    evaluations after the start (:func:`lnbook.engine.mean_after_start`) minus the LN-RNN's.
+    evaluations after the start (:func:`lnbook.engine.metrics.mean_after_start`) minus the LN-RNN's.
     The parts: ``d`` at the long length and the small batch; ``d`` long minus short at each
     batch size; ``d`` small minus big at each length. A seed counts for a part where the
     LN-RNN's final error is at most :data:`LEFT_ERROR` in every setting the part reads."""
