@@ -31,8 +31,8 @@ from lnbook.checks import ShapeError, check_floating
 __all__ = ["as_rows", "from_rows", "check_rows", "statistics_dtype", "statistics_rows", "centre",
            "sum_of_squares", "sum_of_squares_one_pass", "normalize", "rms_normalize",
            "normalize_unbiased", "normalize_eps_outside", "normalize_one_pass",
-           "normalize_in_input_dtype", "normalize_detached", "affine", "layer_norm_forward",
-           "layer_norm_backward"]
+           "normalize_in_input_dtype", "normalize_detached", "batch_normalize", "affine",
+           "layer_norm_forward", "layer_norm_backward"]
 
 def _dims(ndim: int, dims: int | Sequence[int]) -> tuple[int, ...]:
     """``dims`` as sorted non-negative axes of a tensor with ``ndim`` dimensions."""
@@ -200,6 +200,17 @@ def normalize_detached(x: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
         x_hat, rstd = normalize(x, eps)  # (R, D), (R, 1)
     # (x - x.detach()) * rstd is exactly 0, with the gradient of (x - mu) * rstd, mu and rstd fixed
     return x_hat + (x - x.detach()) * rstd, rstd
+
+
+def batch_normalize(x: Tensor, ref: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Eq. 2 with sample statistics, the other axis: each column (unit) of ``x`` ``(N, H)``
+    standardized by the mean and biased variance of that column over the rows of ``ref``
+    ``(M, H)``; ``ref`` None is ``x`` itself (a mini-batch's statistics). Chapter 2's arms of
+    claim C03 differ only in ``ref``."""
+    ref = x if ref is None else ref
+    mu = ref.mean(dim=0)  # (H,) one mean per unit, over the rows of ref
+    var = (ref - mu).square().mean(dim=0)  # (H,) biased
+    return (x - mu) * torch.rsqrt(var + eps)  # (N, H)
 
 
 def affine(x_hat: Tensor, weight: Tensor | None = None, bias: Tensor | None = None) -> Tensor:

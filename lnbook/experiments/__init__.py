@@ -16,7 +16,7 @@ from types import ModuleType
 __all__ = ["EXPERIMENTS", "load_experiment"]
 
 _NAMES = (  # the experiment modules, in the book's order
-    "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
+    "batch_noise", "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
     "handwriting", "mnist", "convnet", "why", "rmsnorm", "placement", "group_norm", "qk_norm",
     "dyt", "mistakes", "peri_ln", "depth", "attention_geometry", "removal", "dyt_regime",
     "design_map", "outliers", "sphere",
