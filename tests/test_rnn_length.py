@@ -351,3 +351,31 @@ def test_c22_inputs_combine_the_gains_of_the_four_settings():
     d = ledger.decide_claim("C22", **got)
     assert d.parts["LN helps (length 100, batch 4)"].n_for == 1
     assert d.parts["smaller batches, larger gain (length 20)"].n_for == 1
+
+
+def test_c05_inputs_from_hand_built_spans_and_drifts():
+    from lnbook import ledger
+    from lnbook.experiments import rnn_length as E
+
+    gains, seeds = (0.5, 1.0, 3.0), (0, 1)
+    # seed 0: the plain RNN's span moves 4 decades each way and its drift rises with the
+    # gain; the LN-RNN's span stays within 0.2 of its value at gain 1 and drifts 0.01
+    # seed 1: the plain span at gain 3 only 2 decades above; LN drifts 0.03 > log10 1.05
+    span = {(0.5, False, 0): -4.0, (1.0, False, 0): 0.0, (3.0, False, 0): 4.0,
+            (0.5, True, 0): 0.5, (1.0, True, 0): 0.4, (3.0, True, 0): 0.6,
+            (0.5, False, 1): -4.0, (1.0, False, 1): 0.5, (3.0, False, 1): 2.5,
+            (0.5, True, 1): 0.1, (1.0, True, 1): 0.1, (3.0, True, 1): 0.1}
+    drift = {(0.5, False, 0): -1.0, (1.0, False, 0): 0.1, (3.0, False, 0): 2.0,
+             (0.5, True, 0): 0.01, (1.0, True, 0): -0.01, (3.0, True, 0): 0.0,
+             (0.5, False, 1): -1.0, (1.0, False, 1): -0.2, (3.0, False, 1): 2.0,
+             (0.5, True, 1): 0.03, (1.0, True, 1): 0.0, (3.0, True, 1): 0.0}
+    v = E.c05_inputs(span, drift, seeds, gains)["values"]
+    assert v["plain RNN drifts with the scale"] == [True, False]
+    assert v["LN removes the scale"] == [True, False]
+    # largest |LN value| over the gains minus |plain value at gain 1|
+    np.testing.assert_allclose(v["LN inputs steadier than plain at gamma 1"],
+                               [0.01 - 0.1, 0.03 - 0.2])
+    np.testing.assert_allclose(v["LN gradient steadier than plain at gamma 1"],
+                               [0.6 - 0.0, 0.1 - 0.5])
+    d = ledger.decide_claim("C05", values=v)
+    assert d.parts["LN removes the scale"].n_for == 1

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -42,7 +43,8 @@ __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_s
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
            "variant_name", "per_step", "run", "first_sign_batch", "FirstSignRNN",
            "sensitivity_to_first", "FirstSignConfig", "FirstSignResults", "run_first_sign",
-           "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs", "LEFT_ERROR", "c22_inputs"]
+           "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs", "LEFT_ERROR", "c22_inputs",
+           "c05_inputs"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -443,6 +445,43 @@ def run_first_sign(config: FirstSignConfig, device: str | torch.device = "auto",
         keep = [list(at).index(int(s)) for s in steps]  # the evaluations asked for
         error[key] = curves[:, keep].astype(np.float32)
     return FirstSignResults(dataclasses.replace(config, seeds=res.seeds), steps, error)
+
+
+def c05_inputs(span: Mapping[tuple[float, bool, int], float],
+               drift: Mapping[tuple[float, bool, int], float], seeds: Sequence[int],
+               gains: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """C05's ``values`` for :func:`lnbook.ledger.decide_claim` from chapter 3.1's impulse
+    measurements: ``span`` (log10 of the gradient reaching step 1 over that at the last step)
+    and ``drift`` (log10 of the summed inputs' RMS at the last step over step 2), each keyed
+    ``(gain, layer_norm, seed)``, at the recurrent ``gains`` (which include 1). Per seed:
+
+    - "plain RNN drifts with the scale": the plain RNN's span at the smallest gain lies 3
+      decades below its span at gain 1, at the largest 3 above, and its drift rises with the
+      gain;
+    - "LN removes the scale": at every gain the LN-RNN's span lies within log10 2 of its span
+      at gain 1 and its drift within log10 1.05 of 0;
+    - "LN inputs (gradient) steadier than plain at gamma 1": the LN-RNN's largest ``|drift|``
+      (``|span|``) over the gains minus the plain RNN's at gain 1, in decades.
+    """
+    lo, hi = min(gains), max(gains)
+
+    def plain(s: int) -> bool:
+        sp, dr = (lambda g: span[(g, False, s)]), (lambda g: drift[(g, False, s)])
+        return sp(lo) < sp(1.0) - 3 and sp(hi) > sp(1.0) + 3 and dr(lo) < dr(1.0) < dr(hi)
+
+    def ln_flat(s: int) -> bool:
+        return all(abs(span[(g, True, s)] - span[(1.0, True, s)]) < np.log10(2)
+                   and abs(drift[(g, True, s)]) < np.log10(1.05) for g in gains)
+
+    def ln_minus_plain(table: Mapping[tuple[float, bool, int], float], s: int) -> float:
+        return max(abs(table[(g, True, s)]) for g in gains) - abs(table[(1.0, False, s)])
+
+    return {"values": {
+        "plain RNN drifts with the scale": [plain(s) for s in seeds],
+        "LN removes the scale": [ln_flat(s) for s in seeds],
+        "LN inputs steadier than plain at gamma 1": [ln_minus_plain(drift, s) for s in seeds],
+        "LN gradient steadier than plain at gamma 1": [ln_minus_plain(span, s)
+                                                       for s in seeds]}}
 
 
 #: C22's trivial-phase bar: a layer-normalized arm has left chance (0.5) when its final
