@@ -27,14 +27,14 @@ from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
 from lnbook.engine.metrics import classification_metrics, mean_after_start
 from lnbook.engine.presets import check_scale, make_config
-from lnbook.engine.results import Results, Run
+from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import BatchNorm, LayerNorm
 
 __all__ = [
-    "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "by_examples", "Config",
-    "get_config", "MLP", "curves", "degradation", "examples_seen", "late_mean", "mean_gap",
+    "NAME", "DESCRIPTION", "NORMS", "ENGINES", "BN_READINGS", "Config",
+    "get_config", "MLP", "curves", "late_mean",
     "mode_nll", "run", "seed_metrics", "seed_model", "schedule", "variant_name",
     "TRIVIAL_SHARE", "c17_left", "c17_inputs",
 ]
@@ -188,45 +188,6 @@ def curves(results: Results, norm: str, batch_size: int,
            metric: str) -> tuple[np.ndarray, np.ndarray]:
     """One metric of every seed of one variant: ``(eval_steps (E,), values (seeds, E))``."""
     return results.curves(variant_name(norm, batch_size), metric)
-
-
-def examples_seen(results: Results, norm: str, batch_size: int) -> np.ndarray:
-    """The number of training examples seen at each evaluation of a variant: ``(E,)``."""
-    return curves(results, norm, batch_size, "train_nll")[0] * batch_size
-
-
-def by_examples(results: Results) -> Results:
-    """A copy of ``results`` whose step counts are training examples seen, not updates."""
-    runs = []
-    for r in results.runs:
-        bs = int(r.variant.rsplit("/bs", 1)[1])
-        h = copy.deepcopy(r.history)
-        h.eval_steps = [s * bs for s in h.eval_steps]
-        h.steps = [s * bs for s in h.steps]
-        runs.append(Run(r.variant, r.seed, h, dict(r.info)))
-    return Results(results.name, dict(results.config), results.device, runs,
-                   dict(results.info))
-
-
-def mean_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Mean over evaluations (after step 0) of ``|a - b|``, per seed: ``(seeds, E) -> (seeds,)``."""
-    return np.abs(a[:, 1:] - b[:, 1:]).mean(axis=1)
-
-
-def degradation(results: Results, norm: str, metric: str, small: int, big: int,
-                at: str = "examples") -> np.ndarray:
-    """:func:`late_mean` of ``metric`` at batch size ``small`` minus that at ``big``, per seed
-    ``(seeds,)``: positive when the small batches do worse. Both must have been evaluated after
-    the same numbers of ``at`` (``"examples"`` or ``"updates"``)."""
-    if at not in ("examples", "updates"):
-        raise ValueError(f"at must be 'examples' or 'updates', got {at!r}")
-    seen = [examples_seen(results, norm, b) if at == "examples"
-            else curves(results, norm, b, metric)[0] for b in (small, big)]
-    if not np.array_equal(*seen):
-        raise ValueError(f"{norm}: batch sizes {small} and {big} were not evaluated after the "
-                         f"same numbers of {at}; run with Config."
-                         f"{'examples' if at == 'examples' else 'steps'} set")
-    return late_mean(results, norm, small, metric) - late_mean(results, norm, big, metric)
 
 
 def late_mean(results: Results, norm: str, batch_size: int, metric: str) -> np.ndarray:
