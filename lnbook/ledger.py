@@ -23,7 +23,8 @@ from lnbook.resources import CLAIMS, claims_text
 
 __all__ = [
     "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Effect", "Rule",
-    "agreement", "agreement_text", "combine", "decide", "decide_claim", "detectable_share",
+    "agreement", "agreement_text", "combine", "decide", "decide_claim", "declared",
+    "detectable_share",
     "effect", "format_seen", "ledger_dir", "load_claims", "load_records", "load_replication",
     "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from",
     "pilot_markdown", "pilot_record", "record", "verdict_from",
@@ -420,6 +421,17 @@ def load_claims(path: str | os.PathLike | None = None) -> dict[str, Any]:
 
     text = claims_text() if path is None else Path(path).read_text(encoding="utf-8")
     return yaml.safe_load(text)
+
+
+def declared(claim_id: str) -> str:
+    """The verdict ``claims.yml`` states for ``claim_id`` (its ``status``): what a chapter's
+    record on the book's own seeds (set 0) must give. ``ValueError`` naming the known IDs."""
+    if not isinstance(claim_id, str):
+        raise TypeError(f"claim_id must be a str such as 'C17', got {type(claim_id).__name__}")
+    status = {c["id"]: c["status"] for c in load_claims()["claims"]}
+    if claim_id not in status:
+        raise ValueError(f"no claim {claim_id!r} in claims.yml; known: {', '.join(status)}")
+    return status[claim_id]
 
 
 def load_rules(path: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:

@@ -89,3 +89,12 @@ def test_c03_inputs_from_measurements_and_a_hand_built_run():
     part = d.parts["batch noise regularizes"]
     assert (part.n_for, part.n_against, part.outcome) == (1, 1, "undecided")
     assert d.parts["needs running averages"].n_for == 2  # 0.0001 is not above 0.001
+
+
+def test_c03_reads_both_arms_and_names_a_missing_one():
+    runs = [Run("batch", 0, History(eval_steps=[0], metrics=[{"test_error": 0.3}]), {})]
+    res = Results("batch_noise", {}, "cpu", runs, {"majority_error": 0.7})
+    with pytest.raises(ValueError, match=r"lack \['full'\]"):
+        BN.left_trivial(res)
+    with pytest.raises(ValueError, match="run with arms"):
+        BN.c03_inputs([[0.9, 0.1]], [4, 256], [0.2], True, [1.0], res)

@@ -89,7 +89,7 @@ def test_token_scale_spread():
 
 def test_run_tiny_records_fits_points_and_alpha():
     cfg = dyt.get_config("quick", steps=2, eval_every=1, n_train=64, n_val=16, n_probe=8,
-                         n_points=10, seeds=(0, 1), batch=8, norms=("layer", "dyt", "none"))
+                         n_points=10, seeds=(0, 1), batch_size=8, norms=("layer", "dyt", "none"))
     res = dyt.run(cfg, device="cpu")
     assert res.variants == ["layer", "dyt", "none"]
     assert res.info["chance"] == pytest.approx(math.log(8)) and res.info["seq_len"] == 12
@@ -109,7 +109,7 @@ def test_run_tiny_records_fits_points_and_alpha():
 
 def test_paper_preset_constructs_and_a_tiny_override_runs():
     cfg = dyt.get_config("paper", steps=1, eval_every=1, n_train=32, n_val=8, n_probe=4,
-                         n_points=5, d_model=16, n_heads=2, n_layers=1, batch=4, seeds=(0,))
+                         n_points=5, d_model=16, n_heads=2, n_layers=1, batch_size=4, seeds=(0,))
     res = dyt.run(cfg, device="cpu")
     assert res.info["seq_len"] == 2 * cfg.length and len(res.runs) == 2
     with pytest.raises(TypeError, match="dyt.Config"):

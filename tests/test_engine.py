@@ -387,19 +387,21 @@ def test_the_engine_is_one_package_and_the_old_addresses_are_gone():
     import importlib
 
     import lnbook.experiments as E
-    from lnbook.engine import job, metrics, presets, results, runner, store, train
+    from lnbook.engine import config, job, metrics, results, runner, store, train
 
     moved = {"sweep": runner, "Job": job, "SweepInterrupted": job, "cpu_threads": job,
              "Run": results, "Results": results, "save_results": results,
              "load_results": results, "updates_to_reach": metrics, "best_step": metrics,
              "mean_after_start": metrics, "classification_metrics": metrics,
-             "SCALES": presets, "check_scale": presets, "make_config": presets,
+             "SCALES": config, "check_scale": config, "make_config": config,
+             "RunConfig": config,
              "OutConflict": store, "fit": train, "History": train, "Batches": train}
     for name, module in moved.items():
         assert getattr(P, name) is getattr(module, name), name
         assert not hasattr(E, name), name
     assert set(P.__all__) >= set(moved)
-    for old in ("lnbook.experiments.protocol", "lnbook.experiments.runner", "lnbook.train"):
+    for old in ("lnbook.experiments.protocol", "lnbook.experiments.runner", "lnbook.train",
+                "lnbook.engine.presets"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
 
@@ -573,3 +575,31 @@ def test_the_standard_library_process_pool_gives_the_numbers_of_one_process(tmp_
         assert [x.history.losses for x in r.runs] == [x.history.losses for x in one.runs]
         assert [x.history.metrics for x in r.runs] == [x.history.metrics for x in one.runs]
     assert len(list(tmp_path.glob("runs/toy-*/*.json"))) == 4
+
+
+@pytest.mark.parametrize("field, value", [
+    ("scale", "huge"), ("steps", 0), ("steps", 2.5), ("workers", 0), ("threads", 0),
+    ("threads", True), ("seeds", 0), ("seeds", "0 1"), ("seeds", True)])
+def test_run_config_refuses_a_bad_shared_field_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        P.RunConfig(**{field: value})
+
+
+def test_run_config_keeps_good_fields_and_reads_no_seed_set():
+    c = P.RunConfig(seeds=3, steps=7, threads=None, workers=2)
+    assert (c.scale, c.seeds, c.steps, c.threads, c.workers) == ("quick", 3, 7, None, 2)
+    assert P.RunConfig(seeds=(4, 9)).seeds == (4, 9)  # an int is resolved when a run starts
+
+
+def test_every_experiment_config_is_a_run_config_with_one_name_per_idea():
+    """Every registered experiment's config extends :class:`RunConfig`, and no config keeps an
+    old spelling of a shared idea (``batch`` for ``batch_size``, ``n_valid`` for ``n_val``)."""
+    import dataclasses
+
+    from lnbook.experiments import EXPERIMENTS
+
+    for name, module in EXPERIMENTS.items():
+        cfg = module.get_config("quick")
+        assert isinstance(cfg, P.RunConfig), name
+        fields = {f.name for f in dataclasses.fields(cfg)}
+        assert not fields & {"batch", "n_valid"}, name

@@ -121,7 +121,7 @@ def test_statistics_set_is_the_definition(kind, expected):
 
 
 def test_run_tiny_and_paper_override():
-    cfg = gn.get_config("quick", steps=2, eval_every=1, batch=4, bn_batches=(2, 4),
+    cfg = gn.get_config("quick", steps=2, eval_every=1, batch_size=4, bn_batches=(2, 4),
                         seeds=(0,), channels=8, groups=2)
     res = gn.run(cfg, device="cpu")
     assert res.variants == ["batch/bs2", "batch/bs4", "group"]
@@ -131,7 +131,7 @@ def test_run_tiny_and_paper_override():
         err = res.final(v, "test_error")
         assert err.shape == (1,) and 0 <= err[0] <= 1
         assert math.isfinite(res.final(v, "test_nll")[0])
-    paper = gn.get_config("paper", steps=1, eval_every=1, batch=4, bn_batches=(2,),
+    paper = gn.get_config("paper", steps=1, eval_every=1, batch_size=4, bn_batches=(2,),
                           seeds=(0,))
     res = gn.run(paper, device="cpu")
     assert res.variants == ["batch/bs2", "group", "layer", "instance"]

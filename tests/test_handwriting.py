@@ -437,7 +437,7 @@ def test_c16_quantities_by_hand():
 # ----------------------------------------------------------------------------- experiment
 
 
-_TINY = dict(seq_len=12, n_train=16, n_valid=4, hidden_size=8, n_mixtures=2, steps=2,
+_TINY = dict(seq_len=12, n_train=16, n_val=4, hidden_size=8, n_mixtures=2, steps=2,
              eval_every=1, seeds=(0,))
 
 

@@ -739,3 +739,16 @@ def test_every_claim_is_recorded_before_its_decision_is_asserted(path):
                      if re.search(rf"^\s*assert\b.*\b{var}\b", s, re.M)]
             assert not early, (f"{path.name}: a cell asserts on {var} ({cid}) before "
                                f"ledger.record({cid!r}, ...):\n{cells[early[0]][:300]}")
+
+
+def test_declared_reads_the_status_of_claims_yml_and_names_what_it_knows():
+    import yaml
+
+    claims = yaml.safe_load((Path(ledger.__file__).parent / "claims.yml").read_text())["claims"]
+    for c in claims:
+        assert ledger.declared(c["id"]) == c["status"]
+    assert ledger.declared("C01") in ledger.VERDICTS
+    with pytest.raises(ValueError, match="no claim 'C99'.*known: C01, C02"):
+        ledger.declared("C99")
+    with pytest.raises(TypeError, match="claim_id must be a str"):
+        ledger.declared(17)

@@ -118,7 +118,7 @@ def test_residual_placements():
 
 def test_run_tiny_and_paper_override():
     assert EXPERIMENTS["mistakes"] is mk
-    cfg = mk.get_config("quick", depths=(1, 3), seeds=(0,), n_probe=4, batch=4)
+    cfg = mk.get_config("quick", depths=(1, 3), seeds=(0,), n_probe=4, batch_size=4)
     res = mk.run(cfg, device="cpu")
     assert res.variants == ["post/L1", "deepnorm/L1", "post/L3", "deepnorm/L3"]
     for v in res.variants:
@@ -127,7 +127,7 @@ def test_run_tiny_and_paper_override():
     paper = mk.get_config("paper")
     assert max(paper.depths) == 200 and paper.steps == 100
     tiny = mk.get_config("paper", depths=(2,), d_model=16, n_heads=2, length=4, steps=1,
-                         batch=4, n_probe=4, seeds=(0,))
+                         batch_size=4, n_probe=4, seeds=(0,))
     assert len(mk.run(tiny, device="cpu").runs) == 2
     with pytest.raises(ValueError, match="kinds"):
         mk.get_config("quick", kinds=("pre",))
@@ -195,7 +195,7 @@ def test_norm_mlp_variants():
 
 
 def _tiny_stats(**kw):
-    return mk.get_stats_config("quick", **{"hidden": 8, "depth": 2, "steps": 4,
+    return mk.get_stats_config("quick", **{"hidden_size": 8, "depth": 2, "steps": 4,
                                            "eval_every": 2, "seeds": (0, 1), **kw})
 
 
@@ -222,9 +222,9 @@ def test_run_stats_tiny_layout_and_determinism():
 
 def test_stats_config_validation_and_paper_preset():
     paper = mk.get_stats_config("paper")
-    assert paper.threads is None and paper.seeds == 10 and paper.hidden == 256
+    assert paper.threads is None and paper.seeds == 10 and paper.hidden_size == 256
     assert mk.get_stats_config("quick").threads == 1
-    tiny = mk.get_stats_config("paper", hidden=8, depth=1, steps=1, eval_every=1, seeds=(0,),
+    tiny = mk.get_stats_config("paper", hidden_size=8, depth=1, steps=1, eval_every=1, seeds=(0,),
                                norms=("simple",))
     assert len(mk.run_stats(tiny, device="cpu").runs) == 1
     for bad, match in ((dict(norms=("batch",)), "norms"), (dict(norms=()), "norms"),

@@ -272,7 +272,7 @@ def test_get_config_presets_and_errors():
 
 
 def test_run_returns_results_and_writes_json(tmp_path):
-    cfg = R.get_config("quick", n_train=64, n_valid=32, hidden_size=8, embed_size=8,
+    cfg = R.get_config("quick", n_train=64, n_val=32, hidden_size=8, embed_size=8,
                        batch_size=16, steps=2, eval_every=1, seeds=(0,))
     threads = torch.get_num_threads()
     res = R.run(cfg, device="cpu", out=tmp_path)
@@ -292,7 +292,7 @@ def test_run_returns_results_and_writes_json(tmp_path):
 
 
 def test_a_tiny_override_of_the_paper_preset_runs():
-    cfg = R.get_config("paper", n_train=32, n_valid=16, n_entities=8, embed_size=8,
+    cfg = R.get_config("paper", n_train=32, n_val=16, n_entities=8, embed_size=8,
                        hidden_size=8, batch_size=8, steps=1, eval_every=1, seeds=(0,),
                        variants=("ln_lstm",), checkpoint=False)
     res = R.run(cfg, device="cpu")
@@ -301,7 +301,7 @@ def test_a_tiny_override_of_the_paper_preset_runs():
 
 def test_two_workers_give_the_same_runs():
     """workers=2 trains the runs in two processes; every run seeds itself, so nothing changes."""
-    kw = dict(n_train=64, n_valid=32, hidden_size=8, embed_size=8, batch_size=16, steps=2,
+    kw = dict(n_train=64, n_val=32, hidden_size=8, embed_size=8, batch_size=16, steps=2,
               eval_every=1, seeds=(0, 1), variants=("lstm", "ln_lstm"), stacked=False)
     cfg = R.get_config("quick", **kw)
     one = R.run(cfg, device="cpu")
@@ -380,7 +380,7 @@ def test_a_stacked_copy_is_its_single_model(family, corpus):
 
 def test_stacked_runs_are_the_sweep_runs():
     """run() trains every (variant, seed) stacked; the runs equal one-at-a-time training."""
-    kw = dict(n_train=96, n_valid=40, hidden_size=8, embed_size=8, batch_size=16, steps=8,
+    kw = dict(n_train=96, n_val=40, hidden_size=8, embed_size=8, batch_size=16, steps=8,
               eval_every=4, seeds=(0, 3))
     one = R.run(R.get_config("quick", **kw, stacked=False), device="cpu")
     stacked = R.run(R.get_config("quick", **kw), device="cpu")
@@ -404,7 +404,7 @@ def test_stacked_runs_are_the_sweep_runs():
 def test_a_stacked_run_resumes_from_its_checkpoints(tmp_path):
     """The stacked job checkpoints each family's stack under out; trained longer, it
     continues to the numbers of a stacked run trained at once."""
-    kw = dict(n_train=64, n_valid=32, hidden_size=8, embed_size=8, batch_size=16,
+    kw = dict(n_train=64, n_val=32, hidden_size=8, embed_size=8, batch_size=16,
               eval_every=2, seeds=2, variants=("lstm", "bn_lstm", "ln_lstm_g0.1"))
     whole = R.run(R.get_config("quick", steps=4, **kw), device="cpu")
     assert whole.seeds == list(verdict_seeds(2))

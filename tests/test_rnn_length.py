@@ -18,7 +18,7 @@ def test_registered_and_presets_and_validation():
     assert EXPERIMENTS["rnn_length"] is E
     q, p = E.get_config("quick"), E.get_config("paper")
     assert q.scale == "quick" and p.scale == "paper"
-    assert p.test_len > q.test_len and p.hidden > q.hidden and p.steps > q.steps
+    assert p.test_len > q.test_len and p.hidden_size > q.hidden_size and p.steps > q.steps
     assert E.get_config("quick", steps=3).steps == 3
     assert E.get_config("quick", train_lens=[5, 7]).train_lens == (5, 7)
     with pytest.raises(ValueError, match="scale"):
@@ -128,7 +128,7 @@ def test_state_sum_corr_of_a_linear_integrator_is_one():
 
 def test_run_tiny_grid_results_and_json(tmp_path):
     n = torch.get_num_threads()
-    cfg = E.get_config("quick", hidden=4, train_lens=(3, 4), batch_sizes=(2, 5), test_len=6,
+    cfg = E.get_config("quick", hidden_size=4, train_lens=(3, 4), batch_sizes=(2, 5), test_len=6,
                        steps=2, eval_every=1, n_eval=8, test_batch=8, seeds=(0, 1))
     res = E.run(cfg, device="cpu", out=tmp_path)
     assert torch.get_num_threads() == n
@@ -145,11 +145,11 @@ def test_run_tiny_grid_results_and_json(tmp_path):
     (path,) = tmp_path.glob(f"{E.NAME}-*.json")  # named by the config's digest
     saved = load_results(path)
     assert saved.info_of("ln/len4/bs5", "error") == res.info_of("ln/len4/bs5", "error")
-    assert json.loads(path.read_text())["config"]["hidden"] == 4
+    assert json.loads(path.read_text())["config"]["hidden_size"] == 4
 
 
 def test_same_seed_same_data_for_every_variant_and_test_at_training_length():
-    cfg = E.get_config("quick", hidden=3, train_lens=(3,), batch_sizes=(4,), test_len=None,
+    cfg = E.get_config("quick", hidden_size=3, train_lens=(3,), batch_sizes=(4,), test_len=None,
                        steps=1, eval_every=1, n_eval=4, test_batch=4, seeds=(7,),
                        variants=("ln", "plain"))
     res = E.run(cfg, device="cpu")
@@ -163,8 +163,8 @@ def test_same_seed_same_data_for_every_variant_and_test_at_training_length():
 
 def test_paper_preset_constructs_and_a_tiny_override_runs():
     p = E.get_config("paper")
-    assert p.hidden == 128 and p.train_lens == (50,) and p.test_len == 500
-    tiny = E.get_config("paper", hidden=3, train_lens=(2,), test_len=3, steps=1,
+    assert p.hidden_size == 128 and p.train_lens == (50,) and p.test_len == 500
+    tiny = E.get_config("paper", hidden_size=3, train_lens=(2,), test_len=3, steps=1,
                         eval_every=1, n_eval=4, test_batch=4, seeds=(0,), threads=1)
     res = E.run(tiny, device="cpu")
     assert len(res.runs) == 3 and len(res.runs[0].info["error"]) == 3
@@ -244,7 +244,7 @@ def test_first_sign_stack_trains_each_copy_as_alone(dtype, tol):
 
 
 def test_run_first_sign_curves_and_pairing():
-    cfg = E.FirstSignConfig(lengths=(3, 5), batch_sizes=(2, 4), hidden=4, steps=4,
+    cfg = E.FirstSignConfig(lengths=(3, 5), batch_sizes=(2, 4), hidden_size=4, steps=4,
                             eval_every=2, n_eval=16, seeds=(0, 1, 2))
     res = E.run_first_sign(cfg, device="cpu")
     assert list(res.steps) == [0, 2, 4] and res.config.seeds == (0, 1, 2)
@@ -257,7 +257,7 @@ def test_run_first_sign_curves_and_pairing():
     assert np.array_equal(res.curves("plain", 3, 2)[:, 0], res.curves("plain", 3, 4)[:, 0])
     again = E.run_first_sign(cfg, device="cpu")  # a function of the seeds alone
     assert np.array_equal(again.curves("plain", 5, 4), res.curves("plain", 5, 4))
-    one = E.run_first_sign(E.FirstSignConfig(lengths=(5,), batch_sizes=(4,), hidden=4,
+    one = E.run_first_sign(E.FirstSignConfig(lengths=(5,), batch_sizes=(4,), hidden_size=4,
                                              steps=4, eval_every=2, n_eval=16, seeds=(1,)),
                            device="cpu")
     np.testing.assert_allclose(one.curves("ln", 5, 4)[0], res.curves("ln", 5, 4)[1])
@@ -268,11 +268,11 @@ def test_run_first_sign_curves_and_pairing():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: E.Config(steps=0), "steps and eval_every"),
+    (lambda: E.Config(steps=0), "steps must be an int >= 1"),
     (lambda: E.Config(test_len=0), "test_len"),
     (lambda: E.FirstSignConfig(lengths=(0,)), "lengths"),
     (lambda: E.FirstSignConfig(batch_sizes=()), "batch_sizes"),
-    (lambda: E.FirstSignConfig(hidden=0), "hidden"),
+    (lambda: E.FirstSignConfig(hidden_size=0), "hidden_size"),
     (lambda: E.FirstSignRNN(True, 0), "hidden"),
 ])
 def test_bad_arguments_name_what_was_expected(call, match):
@@ -281,7 +281,7 @@ def test_bad_arguments_name_what_was_expected(call, match):
 
 
 def test_two_workers_give_the_numbers_of_one_process():
-    kw = dict(hidden=3, train_lens=(3,), batch_sizes=(4,), steps=2, eval_every=1, n_eval=4,
+    kw = dict(hidden_size=3, train_lens=(3,), batch_sizes=(4,), steps=2, eval_every=1, n_eval=4,
               test_len=4, test_batch=4, seeds=(0, 1), variants=("ln", "plain"))
     one = E.run(E.get_config("quick", **kw), device="cpu")
     two = E.run(E.get_config("quick", workers=2, **kw), device="cpu")  # --workers 2

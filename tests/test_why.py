@@ -30,7 +30,7 @@ def _alone(variant, seed, config, momentum=None, hidden_lr=None):
         [{"params": hidden, "lr": config.lr if hidden_lr is None else hidden_lr},
          {"params": [p for p in model.parameters() if id(p) not in ids]}], lr=config.lr,
         momentum=config.momentum if momentum is None else momentum)
-    batches = Batches(x, y, batch_size=config.batch, seed=seed)
+    batches = Batches(x, y, batch_size=config.batch_size, seed=seed)
     norms0 = [float(w.detach().norm()) for w in hidden]
 
     def nll(xs, ys):
@@ -340,7 +340,7 @@ def test_train_stack_weight_decay_follows_the_identity_with_decay():
     # the first update's gradient, computed here on the first batch
     x, y, _, _ = digits_split()
     ref = why.seed_model("layer", (0, 1), cfg).double()
-    xb, yb = seed_batches(x, y, cfg.batch, (0, 1))(0)
+    xb, yb = seed_batches(x, y, cfg.batch_size, (0, 1))(0)
     seed_nll(ref(xb.double()), yb).sum().backward()
     w0 = [w.detach() for w in ref.hidden_weights]
     g = [w.grad for w in ref.hidden_weights]

@@ -1,6 +1,8 @@
 """The one experiment engine: every experiment of the book trains through it.
 
-- :mod:`.presets`: the two scales (``quick``, ``paper``) and :func:`~.presets.make_config`;
+- :mod:`.config`: :class:`~.config.RunConfig`, the base of every experiment's config (scale,
+  seeds, steps, threads, workers), the two scales (``quick``, ``paper``) and
+  :func:`~.config.make_config`;
 - :mod:`.train`: the training loop :func:`~.train.fit` (one model) with checkpoint and resume,
   and the smoke run's cap (:func:`~.train.capped`, read by every loop through
   :func:`~.train.max_updates`);
@@ -19,6 +21,7 @@ other way round.
 
 from __future__ import annotations
 
+from lnbook.engine.config import SCALES, RunConfig, check_scale, make_config
 from lnbook.engine.copies import linear_warmup, train_copies
 from lnbook.engine.job import Job, SweepInterrupted, cpu_threads
 from lnbook.engine.metrics import (
@@ -28,7 +31,6 @@ from lnbook.engine.metrics import (
     speedup,
     updates_to_reach,
 )
-from lnbook.engine.presets import SCALES, check_scale, make_config
 from lnbook.engine.results import Results, Run, load_results, save_results
 from lnbook.engine.runner import STACKS, resolve_seeds, sweep, using_executor
 from lnbook.engine.stack import Stack
@@ -46,9 +48,9 @@ from lnbook.engine.workers import WorkersLost
 
 __all__ = [
     "SCALES", "STACKS", "Batches", "CannotWrite", "History", "Job", "OutConflict", "Results",
-    "Run", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost", "best_step", "capped",
-    "check_scale", "classification_metrics", "cpu_threads", "fit", "linear_warmup",
-    "load_results", "make_config", "max_updates", "mean_after_start", "resolve_seeds",
-    "results_file", "save_results", "save_sweep", "speedup", "sweep", "train_copies",
-    "updates_to_reach", "using_executor",
+    "Run", "RunConfig", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost",
+    "best_step", "capped", "check_scale", "classification_metrics", "cpu_threads", "fit",
+    "linear_warmup", "load_results", "make_config", "max_updates", "mean_after_start",
+    "resolve_seeds", "results_file", "save_results", "save_sweep", "speedup", "sweep",
+    "train_copies", "updates_to_reach", "using_executor",
 ]

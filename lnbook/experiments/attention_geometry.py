@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.engine import Job, max_updates, sweep
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.copies import train_copies
 from lnbook.engine.metrics import mean_after_start
-from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.train import History
 
@@ -171,11 +171,11 @@ class MajorityAttention(nn.Module):
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the majority experiment (:func:`get_config` gives the presets).
 
     ``length`` symbols per sequence out of ``symbols``; ``n_train`` and ``n_test`` sequences
-    (drawn with seeds 0 and 1); width ``d_model``; ``batch`` sequences per Adam update (each
+    (drawn with seeds 0 and 1); width ``d_model``; ``batch_size`` sequences per Adam update (each
     seed draws its own), ``steps`` updates at rate ``lr`` (the same for every variant), held-out
     evaluations every ``eval_every``; variants ``norms`` from :data:`NORMS`; ``seeds``
     (initialization and batch order: an int n, the first n of the seed set in force when the
@@ -184,35 +184,32 @@ class Config:
     as is); ``checkpoint``: checkpoint each variant's stack under ``out`` (a run resumes);
     ``workers``: variants trained at once, one process each."""
 
-    scale: str = "quick"
     length: int = 16
     symbols: int = 8
     n_train: int = 4096
     n_test: int = 512
     d_model: int = 16
-    batch: int = 32
+    batch_size: int = 32
     steps: int = 200
     eval_every: int = 20
     lr: float = 3e-3
     norms: tuple[str, ...] = NORMS
     seeds: int | tuple[int, ...] = 60
     group: int = 6
-    threads: int | None = 1
     checkpoint: bool = False
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_subset("norms", self.norms, NORMS)
-        if min(self.length, self.n_train, self.n_test, self.d_model, self.batch,
+        if min(self.length, self.n_train, self.n_test, self.d_model, self.batch_size,
                self.steps, self.eval_every, self.group) < 1 or self.symbols < 2:
-            raise ValueError("length, n_train, n_test, d_model, batch, steps and eval_every "
+            raise ValueError("length, n_train, n_test, d_model, batch_size, steps and eval_every "
                              "must be >= 1 and symbols >= 2")
 
 
 _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
     "threads": None, "length": 64, "symbols": 16, "n_train": 100_000, "n_test": 4096,
-    "d_model": 64, "batch": 128, "steps": 5000, "eval_every": 100, "checkpoint": True}}
+    "d_model": 64, "batch_size": 128, "steps": 5000, "eval_every": 100, "checkpoint": True}}
 
 
 def get_config(scale: str = "quick", **overrides: Any) -> Config:
@@ -277,7 +274,7 @@ def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def losses(step: int) -> Tensor:
-        idx = torch.stack([torch.randint(len(x), (config.batch,), generator=g) for g in gens])
+        idx = torch.stack([torch.randint(len(x), (config.batch_size,), generator=g) for g in gens])
         idx = idx.to(dev)
         return _loss_acc(model, x[idx], y[idx])[0]  # (S,)
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_config, check_subset
 from lnbook.engine import History, Job, Results, Stack, make_config, sweep, train_copies
-from lnbook.engine.presets import check_scale
+from lnbook.engine.config import RunConfig
 from lnbook.functional import batch_normalize
 
 __all__ = ["NAME", "DESCRIPTION", "ARMS", "Config", "get_config", "teacher_task", "StatsMLP",
@@ -39,7 +39,7 @@ ARMS = ("batch", "full")
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the batch-noise experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -54,7 +54,6 @@ class Config:
         threads: torch CPU threads (None: leave as is). workers: arms trained at once.
     """
 
-    scale: str = "quick"
     arms: tuple[str, ...] = ARMS
     dim: int = 16
     classes: int = 4
@@ -68,11 +67,9 @@ class Config:
     eval_every: int = 50
     lr: float = 3e-3
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_subset("arms", self.arms, ARMS)
         if min(self.dim, self.width, self.depth, self.steps, self.eval_every) < 1:
             raise ValueError("dim, width, depth, steps and eval_every must be >= 1")
@@ -210,7 +207,11 @@ TRIVIAL_MARGIN = 0.1
 
 def left_trivial(results: Results) -> np.ndarray:
     """Per seed, whether both arms ended :data:`TRIVIAL_MARGIN` below the majority class's
-    held-out error: ``(seeds,)`` bools."""
+    held-out error: ``(seeds,)`` bools. ``ValueError`` if ``results`` lacks an arm."""
+    missing = [a for a in ARMS if a not in results.variants]
+    if missing:
+        raise ValueError(f"C03 compares both arms {ARMS}; these results lack {missing} "
+                         f"(run with arms={ARMS})")
     bar = results.info["majority_error"] - TRIVIAL_MARGIN
     return np.all([results.final(a, "test_error") <= bar for a in ARMS], axis=0)
 
@@ -234,6 +235,7 @@ def c03_inputs(spreads: Sequence[Sequence[float]], batch_sizes: Sequence[int],
     i4, i256 = list(batch_sizes).index(4), list(batch_sizes).index(256)
     falls = [min(sp) > 1e-3 and all(a > b for a, b in zip(sp[:-1], sp[1:], strict=True))
              and sp[i4] / sp[i256] > 4 for sp in spreads]
+    left = left_trivial(results)  # first: it names a missing arm
     full, batch = results.final("full", "test_error"), results.final("batch", "test_error")
     part = "batch noise regularizes"
     return {"values": {"depends on batch-mates, less as B grows": falls,
@@ -241,4 +243,4 @@ def c03_inputs(spreads: Sequence[Sequence[float]], batch_sizes: Sequence[int],
                        "breaks down at tiny batches": [bool(refuses_one) and m > 0.999
                                                        for m in b2_median],
                        part: full - batch},
-            "trivial_ok": {part: left_trivial(results)}, "reference": {part: full}}
+            "trivial_ok": {part: left}, "reference": {part: full}}

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job, cpu_threads
 from lnbook.engine.metrics import mean_after_start
-from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
@@ -168,7 +168,7 @@ def ring_and_centre(maps: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarra
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the ConvNet experiment; :func:`get_config` gives the presets.
 
     ``norms`` train on the full images, ``control_norms`` on the central ``crop`` pixels (0: no
@@ -177,7 +177,6 @@ class Config:
     runs trained at once, one process each (same results).
     """
 
-    scale: str = "quick"
     channels: tuple[int, ...] = (8, 16)
     norms: tuple[str, ...] = ("none", "batch", "layer_chw")
     control_norms: tuple[str, ...] = ("batch", "layer_chw")
@@ -191,12 +190,10 @@ class Config:
     boundary_width: int = 4
     seeds: int | tuple[int, ...] = 5
     source: str = "auto"
-    threads: int | None = 1
     checkpoint: bool = False
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_subset("norms", (*self.norms, *self.control_norms), NORMS)
         if self.batch_size < 2 or self.steps < 1:
             raise ValueError("batch_size must be >= 2 and steps >= 1")

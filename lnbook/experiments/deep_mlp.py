@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job
 from lnbook.engine.metrics import classification_metrics
-from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
@@ -39,7 +39,7 @@ PROBE_KEYS = ("act_rms", "grad_rms", "grad_zero_frac", "act_hist", "grad_hist",
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the lab's deep-MLP experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -56,7 +56,6 @@ class Config:
         workers: runs trained at once, one process each (the same results).
     """
 
-    scale: str = "quick"
     data: str = "digits"
     depth: int = 8
     width: int = 64
@@ -72,11 +71,9 @@ class Config:
     hist_bins: int = 40
     n_eval_train: int = 512
     seeds: int | tuple[int, ...] = 3
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_choice("data", self.data, ("digits", "mnist"))
         check_subset("norms", self.norms, NORMS)
         if self.depth < 1 or self.width < 2:

@@ -23,9 +23,9 @@ from lnbook import DRAWLSTMCell
 from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import binarize, load_mnist, warn_if_subset
 from lnbook.device import resolve_device
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
-from lnbook.engine.presets import make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
@@ -66,7 +66,7 @@ TARGET_BELOW = 3.0
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the DRAW experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -87,7 +87,6 @@ class Config:
         stacked: train all runs as one :class:`StackedDRAW` (one job of the sweep).
     """
 
-    scale: str = "quick"
     image_size: int = 14
     binarize_threshold: float | None = 0.5
     glimpses: int = 2
@@ -106,8 +105,6 @@ class Config:
     seeds: int | tuple[int, ...] = 3
     variants: tuple[str, ...] = field(default=VARIANTS)
     checkpoint: bool = False
-    threads: int | None = 1
-    workers: int = 1
     stacked: bool = True
 
 

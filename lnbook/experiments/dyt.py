@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import associative_recall, copy_task, sort_task
-from lnbook.engine import Job, Results, check_scale, make_config, resolve_seeds, sweep
+from lnbook.engine import Job, Results, make_config, resolve_seeds, sweep
+from lnbook.engine.config import RunConfig
 from lnbook.engine.train import Batches, History, fit, max_updates
 from lnbook.experiments.seq_tasks import SMOKE_BATCH, SMOKE_HELD_OUT
 from lnbook.norms import LayerNorm, layer_norm
@@ -39,7 +40,7 @@ TASKS = tuple(_MAKERS)
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the DyT experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -47,7 +48,7 @@ class Config:
         task, length, vocab_size: ``"sort"``, ``"copy"`` or ``"recall"``, its length, symbols.
         n_train, n_val: training (seed 0) and held-out (seed 1) sequences.
         d_model, n_heads, n_layers: the Transformer.
-        batch, steps, eval_every, lr: Adam's batch, updates, updates between evaluations, rate.
+        batch_size, steps, eval_every, lr: Adam's batch, updates, updates between evaluations, rate.
         dyt_alpha_init: initial ``alpha`` of every DyT.
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
         n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
@@ -56,7 +57,6 @@ class Config:
             process each (same results).
     """
 
-    scale: str = "quick"
     task: str = "sort"
     length: int = 6
     vocab_size: int = 8
@@ -65,7 +65,7 @@ class Config:
     d_model: int = 32
     n_heads: int = 4
     n_layers: int = 1
-    batch: int = 32
+    batch_size: int = 32
     steps: int = 150
     eval_every: int = 50
     lr: float = 3e-3
@@ -74,11 +74,9 @@ class Config:
     n_probe: int = 64
     n_points: int = 1500
     seeds: int | tuple[int, ...] = 3
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_choice("task", self.task, TASKS)
         if "layer" not in self.norms or any(n not in NORMS for n in self.norms):
             raise ValueError(f"norms must include 'layer' and be drawn from {NORMS}, got "
@@ -92,8 +90,8 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "length": 16, "vocab_size": 32, "n_train": 100_000,
-        "n_val": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch": 128, "steps": 5000,
-        "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": 5},
+        "n_val": 2048, "d_model": 128, "n_heads": 8, "n_layers": 6, "batch_size": 128,
+        "steps": 5000, "eval_every": 250, "lr": 1e-3, "n_probe": 256, "seeds": 5},
 }
 
 
@@ -207,7 +205,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Jo
     norms' measurements (the fitted points themselves only for ``first_seed``)."""
     x, y, xv, yv, probe = data
     if max_updates() is not None:  # a smoke run: short batches (minutes otherwise)
-        config = replace(config, batch=min(config.batch, SMOKE_BATCH))
+        config = replace(config, batch_size=min(config.batch_size, SMOKE_BATCH))
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         dev = next(model.parameters()).device
@@ -222,7 +220,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Jo
     if job.params == "layer":
         _layer_info(info, "init", model, probe, config.n_points if keep else 0)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    hist = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+    hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
                device=job.device, seed=job.seed,
                loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),

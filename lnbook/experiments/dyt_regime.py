@@ -24,12 +24,12 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    check_scale,
     make_config,
     max_updates,
     sweep,
     train_copies,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
     SMOKE_BATCH,
     SequenceTask,
@@ -51,7 +51,7 @@ NORMS = ("layer", "dyt")
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the regime experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -68,7 +68,6 @@ class Config:
         workers: jobs trained at once, one process each (same results).
     """
 
-    scale: str = "quick"
     task: str = "sort"
     size: int = 6
     symbols: int = 8
@@ -85,11 +84,9 @@ class Config:
     threshold: float = 2.0
     n_probe: int = 32
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         self.n_trains = tuple(int(n) for n in self.n_trains)
         if len(self.n_trains) < 2 or list(self.n_trains) != sorted(set(self.n_trains)):
             raise ValueError(f"n_trains must hold two or more increasing sizes, got "

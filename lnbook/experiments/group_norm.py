@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 from lnbook.checks import check_choice, check_config
 from lnbook.data import load_digits_tensor
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job
 from lnbook.engine.metrics import classification_metrics
-from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
@@ -38,7 +38,7 @@ NORMS = ("batch", "group", "layer", "instance")
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the group-norm experiment; :func:`get_config` gives the presets.
 
     Attributes:
@@ -51,27 +51,24 @@ class Config:
             process each (same results).
     """
 
-    scale: str = "quick"
     norms: tuple[str, ...] = ("batch", "group")
     bn_batches: tuple[int, ...] = (2, 8, 32)
-    batch: int = 32
+    batch_size: int = 32
     channels: int = 16
     groups: int = 4
     steps: int = 60
     eval_every: int = 30
     lr: float = 3e-3
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         if "batch" not in self.norms or not set(self.norms) <= set(NORMS):
             raise ValueError(f"norms must include 'batch' and be drawn from {NORMS}, got "
                              f"{self.norms}")
-        if any(b < 2 or self.batch % b for b in self.bn_batches):
-            raise ValueError(f"every bn_batch must be >= 2 and divide batch={self.batch}, got "
-                             f"{self.bn_batches}")
+        if any(b < 2 or self.batch_size % b for b in self.bn_batches):
+            raise ValueError(f"every bn_batch must be >= 2 and divide batch_size="
+                             f"{self.batch_size}, got {self.bn_batches}")
         if self.channels % self.groups:
             raise ValueError(f"groups={self.groups} must divide channels={self.channels}")
         if self.steps < 1 or self.eval_every < 1:
@@ -232,7 +229,7 @@ def run(config: Config, device: str | torch.device = "auto",
     majority_error = float((yt != torch.bincount(y).argmax()).float().mean())
     variants: dict[str, tuple[str, int]] = {
         variant_name("batch", b): ("batch", b) for b in config.bn_batches}
-    variants |= {variant_name(n): (n, config.batch) for n in config.norms if n != "batch"}
+    variants |= {variant_name(n): (n, config.batch_size) for n in config.norms if n != "batch"}
     return sweep(NAME, variants, config.seeds, partial(train_one, config, (x, y, xt, yt)),
                  config=config, device=device, out=out, steps=config.steps,
                  threads=config.threads, workers=config.workers,
@@ -252,7 +249,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
         m = classification_metrics(model, xt, yt)
         return {"test_nll": m["nll"], "test_error": m["error"]}
 
-    return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+    return fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
                device=job.device, seed=job.seed,
                loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), bar=job.bar,

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from lnbook.bptt import ln_lstm_recurrence
 from lnbook.checks import check_choice, check_config, check_size, check_subset
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job, cpu_threads
 from lnbook.engine.metrics import speedup
-from lnbook.engine.presets import make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import resolve_seeds, sweep
 from lnbook.engine.train import Batches, History, fit
@@ -83,7 +83,7 @@ class Lines(NamedTuple):
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Sizes of the data, the model and the run (presets in :func:`get_config`).
 
     ``margin``: nats per point both models must end below the per-letter mixture to count
@@ -97,10 +97,9 @@ class Config:
     ``workers``: jobs trained at once, one process each.
     """
 
-    scale: str = "quick"
     seq_len: int = 100
     n_train: int = 160
-    n_valid: int = 8
+    n_val: int = 8
     hidden_size: int = 32
     num_layers: int = 1
     n_mixtures: int = 5
@@ -113,14 +112,12 @@ class Config:
     variants: tuple[str, ...] = VARIANTS
     seeds: int | tuple[int, ...] = 3
     data_seed: int = 2024
-    threads: int | None = 1
     stacked: bool = True
     checkpoint: bool = False
-    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, VARIANTS)
-        for name in ("seq_len", "n_train", "n_valid", "hidden_size", "num_layers",
+        for name in ("seq_len", "n_train", "n_val", "hidden_size", "num_layers",
                      "n_mixtures", "batch_size", "steps", "eval_every"):
             check_size(name, getattr(self, name))
 
@@ -130,7 +127,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
         # Graves (2013) section 5.2 as the paper: 3 layers of 400, 20 components; Figure 5:
         # batches of 8, sequences of 500 points
-        "seq_len": 500, "n_train": 12_000, "n_valid": 256, "hidden_size": 400, "num_layers": 3,
+        "seq_len": 500, "n_train": 12_000, "n_val": 256, "hidden_size": 400, "num_layers": 3,
         "n_mixtures": 20, "steps": 20_000, "eval_every": 500, "lr": 1e-4, "grad_clip": 10.0,
         "threads": None, "stacked": False, "checkpoint": True,
     },
@@ -711,7 +708,7 @@ def run(config: Config, device: str | torch.device = "auto",
     check_config(config, Config)
     with cpu_threads(config.threads):
         train = make_handwriting(config.n_train, config.seq_len, seed=config.data_seed)
-        valid = make_handwriting(config.n_valid, config.seq_len, seed=config.data_seed + 1)
+        valid = make_handwriting(config.n_val, config.seq_len, seed=config.data_seed + 1)
         trivial = {"gmm_nll": mixture_baseline_nll(train, valid, config.n_mixtures, False),
                    "gmm_letter_nll": mixture_baseline_nll(train, valid, config.n_mixtures)}
     fn = partial(_train_stack if config.stacked else _train_one, config=config, train=train,

@@ -26,7 +26,6 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    check_scale,
     classification_metrics,
     cpu_threads,
     fit,
@@ -36,6 +35,7 @@ from lnbook.engine import (
     sweep,
     train_copies,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.functional import (
     normalize,
     normalize_detached,
@@ -172,30 +172,27 @@ def residual_placements(x: Tensor, branch: Tensor, alpha: float) -> dict[str, Te
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the DeepNorm update-size experiment (:func:`get_config` gives the presets):
     a stack of each of ``depths`` blocks and ``kinds``, on the sort task (``length``,
     ``vocab_size``), ``steps`` Adam updates (the update size measured after each) and
     ``n_probe`` held-out sequences on which the logits are compared; ``threads``: torch CPU
     threads (None: leave as is); ``workers``: runs trained at once, one process each."""
 
-    scale: str = "quick"
     depths: tuple[int, ...] = (2, 6, 18)
     kinds: tuple[str, ...] = KINDS
     d_model: int = 16
     n_heads: int = 2
     length: int = 6
     vocab_size: int = 8
-    batch: int = 16
+    batch_size: int = 16
     steps: int = 1
     lr: float = 1e-3
     n_probe: int = 64
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         if any(k not in KINDS for k in self.kinds) or not self.kinds:
             raise ValueError(f"kinds must be drawn from {KINDS}, got {self.kinds}")
         if not self.depths or any(d < 1 for d in self.depths):
@@ -207,7 +204,7 @@ class Config:
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {"threads": None, "depths": (6, 18, 50, 100, 200), "d_model": 128, "n_heads": 4,
-              "length": 16, "vocab_size": 32, "batch": 64, "steps": 100, "lr": 5e-4,
+              "length": 16, "vocab_size": 32, "batch_size": 64, "steps": 100, "lr": 5e-4,
               "n_probe": 256},
 }
 
@@ -265,7 +262,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
                 "val_loss": float(sequence_loss(logits, targets))}
 
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
-    return fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+    return fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=1, eval_fn=eval_fn, device=job.device,
                seed=job.seed, loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),
                bar=job.bar, label=job.label)
@@ -276,29 +273,26 @@ NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "De
 
 
 @dataclass
-class StatsConfig:
+class StatsConfig(RunConfig):
     """Settings of the norm-ablation experiment on the digits (:func:`get_stats_config`): a
-    :class:`NormMLP` (``hidden``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
+    :class:`NormMLP` (``hidden_size``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
     trained with Adam; ``threads``: torch CPU threads (None: leave as is); ``workers``: runs
     trained at once, one process each."""
 
-    scale: str = "quick"
     norms: tuple[str, ...] = STATS_NORMS
-    hidden: int = 32
+    hidden_size: int = 32
     depth: int = 3
-    batch: int = 64
+    batch_size: int = 64
     steps: int = 150
     lr: float = 3e-3
     eval_every: int = 25
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         if not self.norms or any(n not in STATS_NORMS for n in self.norms):
             raise ValueError(f"norms must be drawn from {STATS_NORMS}, got {self.norms}")
-        for name in ("hidden", "depth", "batch", "steps", "eval_every"):
+        for name in ("hidden_size", "depth", "batch_size", "steps", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -309,7 +303,7 @@ class StatsConfig:
 
 _STATS_PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"threads": None, "hidden": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
+    "paper": {"threads": None, "hidden_size": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
               "eval_every": 500, "seeds": 10},
 }
 
@@ -343,7 +337,7 @@ def train_stats_one(config: StatsConfig, data: tuple[Tensor, ...], job: Job
     digits ``data`` (``x, y, x_val, y_val``) with seed ``job.seed``; ``weight_growth`` in info."""
     x, y, xv, yv = data
     torch.manual_seed(job.seed)
-    model = NormMLP(job.params, config.hidden, config.depth).to(job.device)
+    model = NormMLP(job.params, config.hidden_size, config.depth).to(job.device)
     norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
 
     def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
@@ -351,7 +345,7 @@ def train_stats_one(config: StatsConfig, data: tuple[Tensor, ...], job: Job
                 for k, v in classification_metrics(m, xs, ys).items()}
 
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    history = fit(model, Batches(x, y, batch_size=config.batch, seed=job.seed), opt,
+    history = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                   steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
                   device=job.device, seed=job.seed,
                   loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
@@ -403,9 +397,9 @@ def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
     xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
     majority = int(torch.bincount(y).argmax())
     with cpu_threads(config.threads):
-        model = affine_mlp(seeds, config.hidden, config.depth)
+        model = affine_mlp(seeds, config.hidden_size, config.depth)
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        batches = seed_batches(x, y, config.batch, seeds)
+        batches = seed_batches(x, y, config.batch_size, seeds)
 
         def losses(step: int) -> Tensor:  # (2S,): both arms of every seed on its batch
             xb, yb = batches(step)  # (S, B, 64), (S, B)

@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
 from lnbook.checks import check_choice, check_config, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
+from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
 from lnbook.engine.metrics import classification_metrics, mean_after_start
-from lnbook.engine.presets import check_scale, make_config
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
@@ -54,7 +54,7 @@ TRIVIAL_SHARE = 0.5
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the permutation-invariant MNIST experiment; :func:`get_config` gives presets.
 
     ``examples`` (with ``eval_examples``): examples seen per run at every batch size (``examples
@@ -67,7 +67,6 @@ class Config:
     once, one process each.
     """
 
-    scale: str = "quick"
     hidden: tuple[int, ...] = (128, 128)
     norms: tuple[str, ...] = NORMS
     batch_sizes: tuple[int, ...] = (128, 4)
@@ -84,13 +83,11 @@ class Config:
     seeds: int | tuple[int, ...] = 3
     source: str = "auto"
     checkpoint: bool = False
-    threads: int | None = 1
     engine: str = "seeds"
     n_recal: int = 4000
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_subset("norms", self.norms, NORMS)
         if any(b < 2 for b in self.batch_sizes):
             raise ValueError(f"batch sizes must be >= 2 (BN needs two), got {self.batch_sizes}")

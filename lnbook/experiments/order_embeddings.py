@@ -24,6 +24,7 @@ from lnbook import GRU
 from lnbook.checks import check_config, check_subset
 from lnbook.data import load_mnist
 from lnbook.engine import Job, Results, cpu_threads, make_config, sweep, updates_to_reach
+from lnbook.engine.config import RunConfig
 from lnbook.engine.metrics import best_step, mean_after_start
 from lnbook.engine.train import History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
@@ -372,7 +373,7 @@ VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> l
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Sizes and schedule of the order-embedding experiment; :func:`get_config` gives presets.
 
     ``n_test`` test images are cut into ``test_splits`` equal splits; ``data_seed`` seeds the
@@ -381,7 +382,6 @@ class Config:
     ``workers``: runs trained at once, one process each.
     """
 
-    scale: str = "quick"
     n_train: int = 1000
     n_val: int = 100
     n_test: int = 1000
@@ -398,9 +398,7 @@ class Config:
     variants: tuple[str, ...] = ("baseline", "layer_norm")
     data_seed: int = 0
     source: str = "auto"
-    threads: int | None = 1
     checkpoint: bool = False
-    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, tuple(VARIANTS))

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
 from lnbook.engine import Job, Results, Run, make_config, sweep
+from lnbook.engine.config import RunConfig
 from lnbook.engine.copies import train_copies
 from lnbook.engine.train import Batches, History, fit
 from lnbook.recurrent_bn import RecurrentBNLSTM
@@ -71,12 +72,12 @@ PAD, PLACEHOLDER = 0, 1
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Sizes of the corpus, the model and the training run (presets in :func:`get_config`).
 
     Attributes:
         scale: ``"quick"`` (a CPU) or ``"paper"`` (larger, for a GPU).
-        n_train, n_valid, n_entities, sentences, n_relations, blank: the corpus
+        n_train, n_val, n_entities, sentences, n_relations, blank: the corpus
             (:func:`make_cloze`); ``blank`` is ``"both"`` or ``"object"``.
         embed_size, hidden_size: word embedding and LSTM sizes.
         batch_size, steps, eval_every, lr: Adam training schedule.
@@ -91,9 +92,8 @@ class Config:
             job of the sweep (False: one job per run).
     """
 
-    scale: str = "quick"
     n_train: int = 6000
-    n_valid: int = 300
+    n_val: int = 300
     n_entities: int = 4
     sentences: int = 3
     n_relations: int = 8
@@ -110,15 +110,13 @@ class Config:
     seeds: int | tuple[int, ...] = 4
     data_seed: int = 1234
     checkpoint: bool = False
-    threads: int | None = 1
-    workers: int = 1
     stacked: bool = True
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
-        "n_train": 200_000, "n_valid": 5_000, "n_entities": 60, "sentences": 4,
+        "n_train": 200_000, "n_val": 5_000, "n_entities": 60, "sentences": 4,
         "blank": "both", "embed_size": 200, "hidden_size": 240, "batch_size": 64,
         "steps": 20_000, "eval_every": 500, "lr": 1e-3, "seeds": 5,
         "variants": VARIANTS,
@@ -487,9 +485,9 @@ def run(config: Config, device: str | torch.device = "auto",
     kw = {"n_entities": config.n_entities, "sentences": config.sentences,
           "n_relations": config.n_relations, "blank": config.blank}
     train = make_cloze(config.n_train, seed=config.data_seed, **kw)
-    valid = make_cloze(config.n_valid, seed=config.data_seed + 1, **kw)
+    valid = make_cloze(config.n_val, seed=config.data_seed + 1, **kw)
     info = {"chance": chance_level(valid), "frequency_baseline": frequency_baseline_accuracy(valid),
-            "n_train": len(train), "n_valid": len(valid)}
+            "n_train": len(train), "n_val": len(valid)}
     fn = partial(_train_stack if config.stacked else _train_one, config=config, train=train,
                  valid=valid)
     return sweep(NAME, {v: v for v in config.variants}, config.seeds, fn, config=config,

@@ -20,12 +20,12 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    check_scale,
     fit,
     make_config,
     max_updates,
     sweep,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.experiments.seq_tasks import (  # noqa: F401 (make_task: ch. 16)
     SMOKE_BATCH,
     SequenceTask,
@@ -44,13 +44,13 @@ DESCRIPTION = ("small Pre-LN Transformer on the sort task; its layer norms repla
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the removal experiment; :func:`get_config` gives the presets.
 
     Attributes:
         scale: ``"quick"`` or ``"paper"``. size, symbols: the sort task.
         n_train, n_test: training and held-out sequences. d_model, n_heads, n_layers: the model.
-        batch, steps, lr: Adam's batch, updates and rate of the original training.
+        batch_size, steps, lr: Adam's batch, updates and rate of the original training.
         finetune_steps, finetune_lr: Adam updates after each replacement, and their rate.
         n_probe: training sequences on which each fixed scale is measured.
         seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
@@ -58,7 +58,6 @@ class Config:
         workers: jobs trained at once, one process each (same results).
     """
 
-    scale: str = "quick"
     size: int = 6
     symbols: int = 8
     n_train: int = 4096
@@ -66,21 +65,19 @@ class Config:
     d_model: int = 32
     n_heads: int = 4
     n_layers: int = 2
-    batch: int = 32
+    batch_size: int = 32
     steps: int = 150
     lr: float = 3e-3
     finetune_steps: int = 8
     finetune_lr: float = 1e-3
     n_probe: int = 256
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
-        if min(self.size, self.n_train, self.n_test, self.batch, self.steps,
+        super().__post_init__()
+        if min(self.size, self.n_train, self.n_test, self.batch_size, self.steps,
                self.n_probe) < 1 or self.finetune_steps < 0:
-            raise ValueError("size, n_train, n_test, batch, steps and n_probe must be >= 1, "
+            raise ValueError("size, n_train, n_test, batch_size, steps and n_probe must be >= 1, "
                              "finetune_steps >= 0")
 
     @property
@@ -91,7 +88,7 @@ class Config:
 
 _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {
     "threads": None, "size": 16, "symbols": 32, "n_train": 100_000, "n_test": 2048,
-    "d_model": 256, "n_heads": 8, "n_layers": 6, "batch": 64, "steps": 10_000, "lr": 1e-3,
+    "d_model": 256, "n_heads": 8, "n_layers": 6, "batch_size": 64, "steps": 10_000, "lr": 1e-3,
     "finetune_steps": 300, "finetune_lr": 3e-4, "n_probe": 1024}}
 
 
@@ -160,7 +157,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[s
     with the norms kept; the history holds the final loss, ``info`` the rest."""
     task, seed = task.to(job.device), job.seed
     if max_updates() is not None:  # a smoke run: short batches and probe (minutes otherwise)
-        config = replace(config, batch=min(config.batch, SMOKE_BATCH),
+        config = replace(config, batch_size=min(config.batch_size, SMOKE_BATCH),
                          n_probe=min(config.n_probe, SMOKE_BATCH))
     probe = task.x[: config.n_probe]
     torch.manual_seed(seed)
@@ -168,18 +165,18 @@ def train(config: Config, task: SequenceTask, job: Job) -> tuple[History, dict[s
         vocab_size=task.vocab_size, d_model=config.d_model, n_heads=config.n_heads,
         n_layers=config.n_layers, max_len=task.seq_len)).to(task.x.device)
     gen = torch.Generator().manual_seed(seed)
-    adam_updates(model, task, config.steps, config.lr, config.batch, gen, job.bar)
+    adam_updates(model, task, config.steps, config.lr, config.batch_size, gen, job.bar)
     original = held_out_loss(model, task)
     at_once = held_out_loss(remove_norms(model, probe), task)
     order = removal_order(model)
     control = copy.deepcopy(model)
     adam_updates(control, task, config.finetune_steps * len(order), config.finetune_lr,
-                 config.batch, torch.Generator().manual_seed(seed + 1), job.bar)
+                 config.batch_size, torch.Generator().manual_seed(seed + 1), job.bar)
     no_ft, ft = [], []
     for name in order:
         replace_norm(model, name, norm_input_scales(model, probe, [name])[name])
         no_ft.append(held_out_loss(model, task))
-        adam_updates(model, task, config.finetune_steps, config.finetune_lr, config.batch, gen,
+        adam_updates(model, task, config.finetune_steps, config.finetune_lr, config.batch_size, gen,
                      job.bar)
         ft.append(held_out_loss(model, task))
     info = {"original": original, "all_at_once": at_once,

@@ -28,13 +28,13 @@ from lnbook.engine import (
     Job,
     Results,
     Stack,
-    check_scale,
     cpu_threads,
     make_config,
     mean_after_start,
     sweep,
     train_copies,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.engine.train import History, fit
 from lnbook.recurrent_bn import BatchNormRNN
 from lnbook.rnn import RNN
@@ -54,7 +54,7 @@ _TEST_SEED, _EVAL_SEED = 10_000, 20_000
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Sizes of the running-sum experiment; ``quick`` runs in seconds on a CPU.
 
     One sweep variant per (``variants``, ``train_lens``, ``batch_sizes``), each ``steps`` Adam
@@ -65,12 +65,11 @@ class Config:
     once, one process each.
     """
 
-    scale: str = "quick"
     variants: tuple[str, ...] = VARIANTS
     train_lens: tuple[int, ...] = (10,)
     batch_sizes: tuple[int, ...] = (32,)
     test_len: int | None = 50
-    hidden: int = 16
+    hidden_size: int = 16
     steps: int = 60
     eval_every: int = 20
     lr: float = 1e-2
@@ -78,11 +77,9 @@ class Config:
     test_batch: int = 256
     bn_gain_init: float = 1.0
     seeds: int | tuple[int, ...] = 5
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         self.variants = tuple(self.variants)
         if not isinstance(self.seeds, int):
             self.seeds = tuple(self.seeds)
@@ -101,7 +98,7 @@ class Config:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
-    "paper": {"hidden": 128, "train_lens": (50,), "batch_sizes": (64,), "test_len": 500,
+    "paper": {"hidden_size": 128, "train_lens": (50,), "batch_sizes": (64,), "test_len": 500,
               "steps": 3000, "eval_every": 250, "lr": 3e-3, "n_eval": 1024,
               "test_batch": 1024, "threads": None},
 }
@@ -282,7 +279,7 @@ def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
     ``tests[length]`` (the test sequences of that training length)."""
     variant, length, bs = job.params
     torch.manual_seed(job.seed)
-    model = SignModel(variant, config.hidden, length, config.bn_gain_init)
+    model = SignModel(variant, config.hidden_size, length, config.bn_gain_init)
     x_eval, y_eval = (t.to(job.device) for t in held[length])
 
     def eval_fn(m: nn.Module) -> dict[str, float]:
@@ -383,7 +380,7 @@ def sensitivity_to_first(layer_norm: bool, seeds: tuple[int, ...] | list[int], h
 
 
 @dataclass
-class FirstSignConfig:
+class FirstSignConfig(RunConfig):
     """Sizes of the first-sign experiment (chapter 7): every (length, batch size, variant
     ``"ln"``/``"plain"``, seed) makes ``steps`` Adam updates; the held-out error at the last
     step, on ``n_eval`` sequences, every ``eval_every`` updates."""
@@ -391,7 +388,7 @@ class FirstSignConfig:
     lengths: tuple[int, ...] = (20, 100)
     batch_sizes: tuple[int, ...] = (4, 64)
     variants: tuple[str, ...] = ("ln", "plain")
-    hidden: int = 16
+    hidden_size: int = 16
     steps: int = 150
     eval_every: int = 25
     lr: float = 1e-2
@@ -399,6 +396,7 @@ class FirstSignConfig:
     seeds: int | tuple[int, ...] = 8
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.lengths, self.batch_sizes = tuple(self.lengths), tuple(self.batch_sizes)
         self.variants = tuple(self.variants)
         if not isinstance(self.seeds, int):
@@ -409,8 +407,8 @@ class FirstSignConfig:
             raise ValueError(f"lengths must be >= 1, got {self.lengths}")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ValueError(f"batch_sizes must be >= 1, got {self.batch_sizes}")
-        if not self.seeds or self.steps < 1 or self.eval_every < 1 or self.hidden < 1:
-            raise ValueError("seeds must be given, and steps, eval_every, hidden >= 1")
+        if not self.seeds or self.steps < 1 or self.eval_every < 1 or self.hidden_size < 1:
+            raise ValueError("seeds must be given, and steps, eval_every, hidden_size >= 1")
 
 
 @dataclass
@@ -437,7 +435,7 @@ def run_first_sign(config: FirstSignConfig, device: str | torch.device = "auto",
                 itertools.product(config.lengths, config.batch_sizes) for v in config.variants}
     res = sweep("rnn_first_sign", variants, config.seeds, partial(_train_stack, config),
                 config=config, stack="seeds", device=resolve_device(device), out=out,
-                steps=config.steps)
+                steps=config.steps, threads=config.threads, workers=config.workers)
     steps = np.arange(0, config.steps + 1, config.eval_every)
     error = {}
     for name, key in variants.items():
@@ -521,7 +519,7 @@ def _train_stack(c: FirstSignConfig, job: Job) -> list[History]:
     """The seeds of one (variant, length, batch size) as one :class:`~lnbook.engine.Stack`
     trained by the engine's :func:`~lnbook.engine.copies.train_copies`; one history per seed."""
     (variant, length, bs), seeds = job.params, job.seeds
-    stack = Stack([FirstSignRNN(variant == "ln", c.hidden, s) for s in seeds]).to(job.device)
+    stack = Stack([FirstSignRNN(variant == "ln", c.hidden_size, s) for s in seeds]).to(job.device)
     opt = torch.optim.Adam(stack.parameters(), lr=c.lr)
     gens = [torch.Generator().manual_seed(s * 1_000_003 + 1_000 * length + bs) for s in seeds]
     x_eval, y_eval = first_sign_batch(c.n_eval, length,

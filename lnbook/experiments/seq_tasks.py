@@ -21,7 +21,7 @@ from torch import Tensor
 from lnbook.checks import check_choice
 from lnbook.data import IGNORE_INDEX, associative_recall, sort_task
 from lnbook.engine import max_updates
-from lnbook.engine.presets import check_scale
+from lnbook.engine.config import RunConfig
 from lnbook.engine.results import Results
 from lnbook.transformer import TransformerConfig
 
@@ -35,7 +35,7 @@ SMOKE_BATCH = 8  # sequences per update of a smoke run (stacked.train_stacked)
 
 
 @dataclass
-class TaskConfig:
+class TaskConfig(RunConfig):
     """The settings every Part II sequence-task experiment shares; its ``Config`` subclasses it.
 
     Attributes:
@@ -49,7 +49,6 @@ class TaskConfig:
         checkpoint: not read by :func:`~lnbook.experiments.stacked.train_stacked`.
     """
 
-    scale: str = "quick"
     task: str = "sort"
     size: int = 8
     symbols: int = 8
@@ -63,11 +62,9 @@ class TaskConfig:
     eval_every: int = 10
     seeds: int | tuple[int, ...] = 3
     checkpoint: bool = False
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_choice("task", self.task, TASKS)
         if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
             raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")

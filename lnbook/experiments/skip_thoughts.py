@@ -31,6 +31,7 @@ from lnbook.engine import (
     speedup,
     sweep,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.engine.train import Batches, History, fit, max_updates
 from lnbook.experiments._text import median_step_time, pad_ids
 from lnbook.table import Table
@@ -403,7 +404,7 @@ VARIANTS: dict[str, bool] = {"baseline": False, "layer_norm": True}  # name -> l
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Sizes and schedule of the skip-thought experiment; :func:`get_config` gives presets.
 
     ``margin``: both runs of a seed must end this many nats per word below the word-frequency
@@ -414,7 +415,6 @@ class Config:
     ``out`` and resume from it; ``workers``: runs trained at once, one process each.
     """
 
-    scale: str = "quick"
     vocab_size: int = 300
     max_tokens: int = 6
     heldout: float = 0.2
@@ -432,9 +432,7 @@ class Config:
     timing_updates: int = 5
     seeds: int | tuple[int, ...] = 5
     variants: tuple[str, ...] = ("baseline", "layer_norm")
-    threads: int | None = 1
     checkpoint: bool = False
-    workers: int = 1
 
     def __post_init__(self) -> None:
         check_subset("variants", self.variants, tuple(VARIANTS))

@@ -31,13 +31,13 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    check_scale,
     make_config,
     max_updates,
     resolve_seeds,
     sweep,
     train_copies,
 )
+from lnbook.engine.config import RunConfig
 from lnbook.exercises import digits_split
 from lnbook.mlp import DeepMLP, NormMLP
 
@@ -65,19 +65,18 @@ VARIANTS = ("none", "none+noise", "layer", "layer+noise", "batch", "batch+noise"
 
 
 @dataclass
-class Config:
+class Config(RunConfig):
     """Settings of the chapter's runs (:func:`get_config` gives the presets): the
     :class:`DeepMLP`'s ``depth`` and ``width``, ``init_scale`` (times He's std), SGD's
-    ``batch``, ``steps``, ``lr``, ``momentum``, ``eval_every``, the :class:`SignalNoise`
+    ``batch_size``, ``steps``, ``lr``, ``momentum``, ``eval_every``, the :class:`SignalNoise`
     size ``noise``, the ``variants`` and the ``seeds`` (an int n: the first n of the seed set
     in force when the run starts; a variant's seeds train as one model); ``threads``: torch CPU
     threads (None: leave as is); ``workers``: variants trained at once, one process each."""
 
-    scale: str = "quick"
     depth: int = 8
     width: int = 64
     init_scale: float = 1.0
-    batch: int = 64
+    batch_size: int = 64
     steps: int = 150
     lr: float = 0.05
     momentum: float = 0.9
@@ -85,13 +84,11 @@ class Config:
     noise: float = 0.2
     variants: tuple[str, ...] = VARIANTS
     seeds: int | tuple[int, ...] = 10
-    threads: int | None = 1
-    workers: int = 1
 
     def __post_init__(self) -> None:
-        check_scale(self.scale)
+        super().__post_init__()
         check_subset("variants", self.variants, VARIANTS)
-        for name in ("depth", "width", "batch", "steps", "eval_every"):
+        for name in ("depth", "width", "batch_size", "steps", "eval_every"):
             check_size(name, getattr(self, name))
         if not (self.init_scale > 0 and self.lr > 0 and self.noise >= 0):
             raise ValueError("init_scale and lr must be positive and noise >= 0, got "
@@ -376,24 +373,24 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
 
 def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
     """Chapter 13's norm ablation (``lnbook.experiments.mistakes.run_stats``, whose
-    ``StatsConfig`` ``config`` is: ``norms``, ``hidden``, ``depth``, ``lr``, ``batch``,
+    ``StatsConfig`` ``config`` is: ``norms``, ``hidden_size``, ``depth``, ``lr``, ``batch_size``,
     ``steps``, ``seeds``), every seed at once, Adam through
     :func:`lnbook.engine.copies.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
     final losses (nats)."""
     x, y, xv, yv = digits_split()
-    sizes = (64, *[config.hidden] * config.depth, 10)
+    sizes = (64, *[config.hidden_size] * config.depth, 10)
     seeds = resolve_seeds(config.seeds)
     out = {}
     for norm in config.norms:
         models = []
         for s in seeds:
             torch.manual_seed(s)
-            models.append(NormMLP(norm, config.hidden, config.depth))
+            models.append(NormMLP(norm, config.hidden_size, config.depth))
         model = SeedMLP.from_models(models, sizes, "none" if norm == "none" else "layer",
                                     hidden_bias=True, affine=norm == "layer",
                                     detach=norm == "detach")
         opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        batches = seed_batches(x, y, config.batch, seeds)
+        batches = seed_batches(x, y, config.batch_size, seeds)
         copies = [History() for _ in seeds]
         train_copies(partial(_batch_nll, model, batches), lambda: [{} for _ in seeds], opt,
                      copies, config.steps, config.steps)
@@ -469,7 +466,7 @@ def train_stack(model: SeedMLP, seeds: tuple[int, ...], config: Config, *,
     hidden = model.hidden_weights
     opt = _sgd(model, hidden, config, None, momentum, hidden_lr)
     opt.param_groups[0]["weight_decay"] = float(weight_decay)
-    batches = seed_batches(x, y, config.batch, seeds)
+    batches = seed_batches(x, y, config.batch_size, seeds)
     stop = np.full(len(seeds), np.inf)
     rms: list[Tensor] = []
     norms = [torch.stack([w.detach().norm(dim=(1, 2)) for w in hidden], 1)]  # (S, L)
