@@ -43,15 +43,14 @@ class Config(RunConfig):
     """Settings of the batch-noise experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``. arms: from :data:`ARMS`.
+        arms: from :data:`ARMS`.
         dim, classes: inputs and classes of :func:`teacher_task`; n_train, n_test: its
             examples; label_noise: the share of training labels replaced by a random class.
         width, depth: :class:`StatsMLP`'s hidden units and layers.
         batch_size, steps, eval_every, lr: Adam's examples per update, updates, updates
             between evaluations, rate.
-        seeds: how many seeds of the seed set (read when the run starts), or the seeds; they
-            vary the initialization and the data order (the task is fixed).
-        threads: torch CPU threads (None: leave as is). workers: arms trained at once.
+        seeds (:class:`~lnbook.engine.RunConfig`'s, like scale, threads, workers): they vary
+            the initialization and the data order (the task is fixed).
     """
 
     arms: tuple[str, ...] = ARMS

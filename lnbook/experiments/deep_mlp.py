@@ -43,7 +43,7 @@ class Config(RunConfig):
     """Settings of the lab's deep-MLP experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``. data: ``"digits"`` or ``"mnist"``.
+        data: ``"digits"`` or ``"mnist"``.
         depth, width: hidden layers (``Linear -> norm -> ReLU``) and their units.
         init_scale: weights start with standard deviation ``init_scale * sqrt(2 / fan_in)``.
         norms: variants, from :data:`NORMS`.
@@ -51,9 +51,7 @@ class Config(RunConfig):
         probe_updates: updates (1 = the first) at which the probe records.
         hist_range, hist_bins: the histograms' ``(low, high)`` in log10 ``|value|``, and bins.
         n_eval_train: training examples on which the training NLL is measured.
-        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is).
-        workers: runs trained at once, one process each (the same results).
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
     """
 
     data: str = "digits"

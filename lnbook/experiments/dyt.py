@@ -44,17 +44,15 @@ class Config(RunConfig):
     """Settings of the DyT experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
         task, length, vocab_size: ``"sort"``, ``"copy"`` or ``"recall"``, its length, symbols.
         n_train, n_val: training (seed 0) and held-out (seed 1) sequences.
         d_model, n_heads, n_layers: the Transformer.
-        batch_size, steps, eval_every, lr: Adam's batch, updates, updates between evaluations, rate.
+        batch_size, steps, eval_every, lr: Adam's batch, updates, updates between
+            evaluations, rate.
         dyt_alpha_init: initial ``alpha`` of every DyT.
         norms: the variants, from :data:`NORMS` (``"none"``: no norm at all).
         n_probe, n_points: held-out sequences fitted; pairs per norm kept for plots (first seed).
-        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is). workers: jobs trained at once, one
-            process each (same results).
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
     """
 
     task: str = "sort"

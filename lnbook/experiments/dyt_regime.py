@@ -55,7 +55,6 @@ class Config(RunConfig):
     """Settings of the regime experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``.
         task, size, symbols: the task (:func:`lnbook.experiments.seq_tasks.make_task`).
         n_trains, n_test: training-set sizes, increasing (the first ``n`` of one draw); held-out.
         d_model, n_heads, n_layers: the Transformer.
@@ -63,9 +62,7 @@ class Config(RunConfig):
         dyt_alpha_init: initial ``alpha`` of every DyT.
         early_step, threshold, n_probe: the saturated share (``|alpha * x| > threshold``) is
             measured after ``early_step`` updates on the first ``n_probe`` training sequences.
-        seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
-            the run starts). threads: torch CPU threads (None: leave as is).
-        workers: jobs trained at once, one process each (same results).
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
     """
 
     task: str = "sort"

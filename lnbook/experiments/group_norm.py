@@ -42,13 +42,11 @@ class Config(RunConfig):
     """Settings of the group-norm experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``. norms: from :data:`NORMS`, with ``"batch"``.
-        bn_batches: examples per batch-norm statistic, each dividing ``batch``, the examples per
-            update. channels, groups: of the two conv layers and of group norm.
+        norms: from :data:`NORMS`, with ``"batch"``.
+        bn_batches: examples per batch-norm statistic, each dividing ``batch_size``, the
+            examples per update. channels, groups: of the two conv layers and of group norm.
         steps, eval_every, lr: Adam updates, updates between evaluations, rate.
-        seeds: how many seeds of the seed set (read when the run starts), or the seeds.
-        threads: torch CPU threads (None: leave as is). workers: jobs trained at once, one
-            process each (same results).
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
     """
 
     norms: tuple[str, ...] = ("batch", "group")

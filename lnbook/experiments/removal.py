@@ -48,14 +48,12 @@ class Config(RunConfig):
     """Settings of the removal experiment; :func:`get_config` gives the presets.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``. size, symbols: the sort task.
+        size, symbols: the sort task.
         n_train, n_test: training and held-out sequences. d_model, n_heads, n_layers: the model.
         batch_size, steps, lr: Adam's batch, updates and rate of the original training.
         finetune_steps, finetune_lr: Adam updates after each replacement, and their rate.
         n_probe: training sequences on which each fixed scale is measured.
-        seeds: the runs' seeds (an int ``n``: the first ``n`` of the seed set in force when
-            the run starts). threads: torch CPU threads (None: leave as is).
-        workers: jobs trained at once, one process each (same results).
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
     """
 
     size: int = 6

@@ -39,13 +39,12 @@ class TaskConfig(RunConfig):
     """The settings every Part II sequence-task experiment shares; its ``Config`` subclasses it.
 
     Attributes:
-        scale: ``"quick"`` or ``"paper"``. task, size, symbols: :func:`make_task`'s.
+        task, size, symbols: :func:`make_task`'s.
         n_train, n_test: training and held-out sequences.
         d_model, n_heads, n_layers: the Transformer (causal, d_ff = 4 d_model).
-        batch_size, steps, eval_every: sequences per update, updates, updates between evaluations.
-        seeds: the runs' seeds: ``n``, the first ``n`` of the seed set in force when the run
-            starts (:func:`lnbook.engine.runner.resolve_seeds`), or the seeds themselves.
-        threads: torch CPU threads (None: leave as is). workers: jobs trained at once.
+        batch_size, steps, eval_every: sequences per update, updates, updates between
+            evaluations.
+        scale, seeds, threads, workers: :class:`~lnbook.engine.RunConfig`'s.
         checkpoint: not read by :func:`~lnbook.experiments.stacked.train_stacked`.
     """
 
