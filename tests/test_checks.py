@@ -83,7 +83,7 @@ def test_eps_and_choice():
 
 
 def test_config_names_the_class_and_how_to_make_one():
-    from lnbook.experiments import dyt, mistakes, rnn_length
+    from lnbook.experiments import dyt, mistakes
 
     check_config(dyt.get_config("quick"), dyt.Config)  # the right class passes
     made = r"config must be a dyt\.Config \(make one with get_config\), got dict"
@@ -91,8 +91,8 @@ def test_config_names_the_class_and_how_to_make_one():
         check_config({}, dyt.Config)
     with pytest.raises(TypeError, match=r"StatsConfig \(make one with get_stats_config\)"):
         mistakes.run_stats(mistakes.get_config("quick"))
-    with pytest.raises(TypeError, match=r"^config must be a rnn_length\.FirstSignConfig, got int$"):
-        check_config(3, rnn_length.FirstSignConfig, None)
+    with pytest.raises(TypeError, match=r"^config must be a dyt\.Config, got int$"):
+        check_config(3, dyt.Config, None)
 
 
 def test_normalized_shape_refuses_a_string():
