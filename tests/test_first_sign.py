@@ -164,3 +164,17 @@ def test_c22_inputs_combine_the_gains_of_the_four_settings():
     d = ledger.decide_claim("C22", **got)
     assert d.parts["LN helps (length 100, batch 4)"].n_for == 1
     assert d.parts["smaller batches, larger gain (length 20)"].n_for == 1
+
+
+def test_curves_read_back_from_the_results_file_are_the_run_s(tmp_path):
+    from lnbook.engine import load_results, results_file
+
+    cfg = E.get_config(lengths=(3,), batch_sizes=(2,), hidden_size=3, steps=2, eval_every=1,
+                       n_eval=4, seeds=(0, 1))
+    res = E.run(cfg, device="cpu", out=tmp_path)
+    back = E.curves(load_results(results_file(tmp_path, res.name, res.config)))
+    here = E.curves(res)
+    assert (back.lengths, back.batch_sizes, back.seeds) == ((3,), (2,), (0, 1))
+    assert list(back.steps) == [0, 1, 2]
+    for key in here.error:
+        np.testing.assert_array_equal(back.error[key], here.error[key])
