@@ -599,7 +599,8 @@ def test_every_experiment_config_is_a_run_config_with_one_name_per_idea():
     from lnbook.experiments import EXPERIMENTS
 
     for name, module in EXPERIMENTS.items():
-        cfg = module.get_config("quick")
-        assert isinstance(cfg, P.RunConfig), name
+        for scale in P.SCALES:  # a preset naming an old spelling would raise here
+            cfg = module.get_config(scale)
+            assert isinstance(cfg, P.RunConfig) and cfg.scale == scale, name
         fields = {f.name for f in dataclasses.fields(cfg)}
         assert not fields & {"batch", "n_valid"}, name
