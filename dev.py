@@ -72,8 +72,8 @@ COLAB_CELL = (
 # without the extra first, so a name missing here fails there.
 DATA_USERS = frozenset({
     "attention_geometry", "convnet", "deep_mlp", "draw", "exercises", "group_norm", "mnist",
-    "order_embeddings", "why", "load_digits_tensor", "load_mnist", "mnist_train_test",
-    "mlxtend", "scipy", "sklearn",
+    "norm_ablation", "order_embeddings", "why", "load_digits_tensor", "load_mnist",
+    "mnist_train_test", "mlxtend", "scipy", "sklearn",
 })
 
 

@@ -83,14 +83,14 @@ def test_eps_and_choice():
 
 
 def test_config_names_the_class_and_how_to_make_one():
-    from lnbook.experiments import dyt, mistakes
+    from lnbook.experiments import dyt, mistakes, norm_ablation
 
     check_config(dyt.get_config("quick"), dyt.Config)  # the right class passes
     made = r"config must be a dyt\.Config \(make one with get_config\), got dict"
     with pytest.raises(TypeError, match=made):
         check_config({}, dyt.Config)
-    with pytest.raises(TypeError, match=r"StatsConfig \(make one with get_stats_config\)"):
-        mistakes.run_stats(mistakes.get_config("quick"))
+    with pytest.raises(TypeError, match=r"norm_ablation\.Config \(make one with get_config\)"):
+        norm_ablation.run(mistakes.get_config("quick"))
     with pytest.raises(TypeError, match=r"^config must be a dyt\.Config, got int$"):
         check_config(3, dyt.Config, None)
 

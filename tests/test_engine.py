@@ -577,11 +577,13 @@ def test_the_standard_library_process_pool_gives_the_numbers_of_one_process(tmp_
     assert len(list(tmp_path.glob("runs/toy-*/*.json"))) == 4
 
 
-@pytest.mark.parametrize("field, value", [
-    ("scale", "huge"), ("steps", 0), ("steps", 2.5), ("workers", 0), ("threads", 0),
-    ("threads", True), ("seeds", 0), ("seeds", "0 1"), ("seeds", True)])
-def test_run_config_refuses_a_bad_shared_field_by_name(field, value):
-    with pytest.raises(ValueError, match=field):
+@pytest.mark.parametrize("field, value, error", [
+    ("scale", "huge", ValueError), ("steps", 0, ValueError), ("steps", 2.5, TypeError),
+    ("workers", 0, ValueError), ("threads", 0, ValueError), ("threads", True, TypeError),
+    ("seeds", 0, ValueError), ("seeds", "0 1", TypeError), ("seeds", True, TypeError)])
+def test_run_config_refuses_a_bad_shared_field_by_name(field, value, error):
+    """A value of the wrong type is a TypeError, a value out of range a ValueError (as torch)."""
+    with pytest.raises(error, match=field):
         P.RunConfig(**{field: value})
 
 

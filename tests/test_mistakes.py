@@ -1,9 +1,8 @@
 """lnbook.experiments.mistakes: each wrong version against the right one, weight conversion,
-DeepNorm's placements and the update-size sweep."""
+DeepNorm's placements and the update-size sweep (the norm ablation: test_norm_ablation.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -11,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from lnbook import LayerNorm, layer_norm
-from lnbook.data import load_digits_tensor
 from lnbook.experiments import EXPERIMENTS
 from lnbook.experiments import mistakes as mk
 
@@ -175,94 +173,6 @@ def test_detach_norm_checks_input_and_keeps_half_precision():
         mk.DetachNorm(4, eps=0.0)
 
 
-def test_norm_mlp_variants():
-    x = torch.rand(5, 64)
-    n_linear = (64 * 16 + 16) + 2 * (16 * 16 + 16) + (16 * 10 + 10)
-    for norm in mk.STATS_NORMS:
-        model = mk.NormMLP(norm, hidden=16, depth=3)
-        assert model(x).shape == (5, 10)
-        n = sum(p.numel() for p in model.parameters())
-        assert n == n_linear + (3 * 2 * 16 if norm == "layer" else 0)
-    simple = mk.NormMLP("simple", hidden=16).norms[0]
-    assert list(simple.parameters()) == []  # LayerNorm-simple: no gain, no bias
-    z = _x(6, 16, offset=3.0, dtype=torch.float32)
-    torch.testing.assert_close(simple(z), F.layer_norm(z, (16,), weight=None, bias=None))
-    assert isinstance(mk.NormMLP("none").norms[0], torch.nn.Identity)
-    with pytest.raises(ValueError, match="norm must be one of"):
-        mk.NormMLP("batch")
-    with pytest.raises(ValueError, match="depth"):
-        mk.NormMLP("layer", depth=0)
-
-
-def _tiny_stats(**kw):
-    return mk.get_stats_config("quick", **{"hidden_size": 8, "depth": 2, "steps": 4,
-                                           "eval_every": 2, "seeds": (0, 1), **kw})
-
-
-def test_run_stats_tiny_layout_and_determinism():
-    cfg = _tiny_stats()
-    res = mk.run_stats(cfg, device="cpu")
-    assert res.variants == list(mk.STATS_NORMS) and res.seeds == [0, 1]
-    _, yv = load_digits_tensor("test", flatten=True)
-    _, y = load_digits_tensor("train", flatten=True)
-    maj = int(torch.bincount(y).argmax())
-    assert res.info["majority_class"] == maj
-    assert res.info["majority_error"] == pytest.approx(float((yv != maj).float().mean()))
-    for v in res.variants:
-        for metric in ("val_nll", "val_error", "train_nll", "train_error"):
-            steps, vals = res.curves(v, metric)
-            assert list(steps) == [0, 2, 4] and vals.shape == (2, 3)
-        assert all(len(g) == 2 for g in res.info_of(v, "weight_growth"))
-    _, nll = res.curves("layer", "val_nll")
-    assert nll[0, 0] > nll[0, -1]  # it learns
-    assert nll[0, -1] != nll[1, -1]  # seeds differ
-    again = mk.run_stats(_tiny_stats(norms=("detach",), seeds=(1,)), device="cpu")
-    assert again.final("detach", "val_nll")[0] == res.final("detach", "val_nll")[1]
-
-
-def test_stats_config_validation_and_paper_preset():
-    paper = mk.get_stats_config("paper")
-    assert paper.threads is None and paper.seeds == 10 and paper.hidden_size == 256
-    assert mk.get_stats_config("quick").threads == 1
-    tiny = mk.get_stats_config("paper", hidden_size=8, depth=1, steps=1, eval_every=1, seeds=(0,),
-                               norms=("simple",))
-    assert len(mk.run_stats(tiny, device="cpu").runs) == 1
-    for bad, match in ((dict(norms=("batch",)), "norms"), (dict(norms=()), "norms"),
-                       (dict(steps=0), "steps"), (dict(depth=0), "depth"),
-                       (dict(lr=0.0), "lr"), (dict(seeds=()), "seeds"),
-                       (dict(width=3), "unknown Config fields")):
-        with pytest.raises(ValueError, match=match):
-            mk.get_stats_config("quick", **bad)
-    with pytest.raises(TypeError, match="StatsConfig"):
-        mk.run_stats(mk.get_config("quick"))
-
-
-def test_run_affine_arms_start_alike_and_simple_gains_stay_one():
-    cfg = _tiny_stats()
-    model = mk.affine_mlp((0, 1), hidden=8, depth=2)  # slices: layer 0, 1; simple 0, 1
-    for p in model.parameters():
-        torch.testing.assert_close(p[:2], p[2:])
-    torch.manual_seed(0)
-    one = mk.affine_mlp((0,), hidden=8, depth=2)
-    torch.testing.assert_close(one.weights[0][0], model.weights[0][0])
-    out = mk.run_affine(cfg)
-    assert set(out) == {"layer", "simple", "info"}
-    assert out["layer"]["val_nll"].shape == (2,) and out["simple"]["train_nll"].shape == (2,)
-    again = mk.run_affine(dataclasses.replace(cfg, seeds=(1,)))  # a seed alone: the same
-    for arm in ("layer", "simple"):
-        assert again[arm]["val_nll"][0] == pytest.approx(out[arm]["val_nll"][1], rel=1e-5)
-    with pytest.raises(TypeError, match="StatsConfig"):
-        mk.run_affine(mk.get_config("quick"))
-
-
-def test_affine_mlp_simple_gains_get_no_gradient():
-    model = mk.affine_mlp((0, 1), hidden=8, depth=2)
-    x = torch.randn(4, 3, 64)
-    model(x).square().sum().backward()
-    for g in model.gains:
-        assert g.grad[2:].abs().max() == 0 and g.grad[:2].abs().max() > 0
-
-
 def test_p10_inputs_compare_deepnorm_with_post_ln_at_depth():
     import numpy as np
 
@@ -282,58 +192,3 @@ def test_p10_inputs_compare_deepnorm_with_post_ln_at_depth():
     np.testing.assert_allclose(got["grows less with depth"], [0.25, 1.5, 2 / 3])
     d = ledger.decide_claim("P10", **mk.p10_inputs(Results("mistakes", {}, "cpu", runs, {})))
     assert set(d.parts) == set(got)
-
-
-def test_p13_inputs_take_the_held_out_loss_apart():
-    import numpy as np
-
-    from lnbook import ledger
-    from lnbook.engine import History, Results
-    from lnbook.engine.results import Run
-
-    # final (held-out loss, held-out error) of seeds 0-4 per variant; majority class errs 0.9
-    final = {"layer": [(0.20, 0.05)] * 4 + [(1.9, 0.6)],
-             "simple": [(0.25, 0.06), (0.30, 0.07), (0.25, 0.06), (0.40, 0.1), (1.9, 0.6)],
-             "detach": [(0.45, 0.1), (0.35, 0.08), (0.30, 0.07), (0.35, 0.1), (2.0, 0.7)],
-             "none": [(0.50, 0.1), (0.50, 0.1), (0.50, 0.1), (0.50, 0.1), (2.1, 0.8)]}
-    runs = [Run(v, s, History(eval_steps=[0, 9], metrics=[
-        {"val_nll": 2.3, "val_error": 0.9}, {"val_nll": nll, "val_error": err}]), {})
-        for v, rows in final.items() for s, (nll, err) in enumerate(rows)]
-    res = Results("mistakes_stats", {}, "cpu", runs, {"majority_error": 0.9})
-    got = mk.p13_inputs(res)
-    help_, more = "statistics' gradients help", "more than the forward normalization"
-    np.testing.assert_allclose(got["values"][help_], [0.20, 0.05, 0.05, -0.05, 0.1],
-                               atol=1e-12)
-    # backward minus forward (none - detach: 0.05, 0.15, 0.2, 0.15, 0.1)
-    np.testing.assert_allclose(got["values"][more], [0.15, -0.10, -0.15, -0.20, 0.0],
-                               atol=1e-12)
-    # seed 4's LayerNorm errs 0.6, not 0.5 below the majority class's 0.9
-    for part in (help_, more):
-        assert got["trivial_ok"][part].tolist() == [True] * 4 + [False]
-    d = ledger.decide_claim("P13", **got)
-    assert (d.parts[help_].n_for, d.parts[help_].n_against) == (3, 1)
-    assert (d.parts[more].n_for, d.parts[more].n_against) == (1, 3)
-
-
-def test_p14_inputs_compare_the_arms_of_run_affine():
-    import numpy as np
-
-    from lnbook import ledger
-
-    aff = {"layer": {"val_nll": np.array([0.40, 0.50, 0.20]),
-                     "train_nll": np.array([0.10, 0.20, 0.10]),
-                     "val_error": np.array([0.10, 0.12, 0.05])},
-           "simple": {"val_nll": np.array([0.41, 0.45, 0.30]),
-                      "train_nll": np.array([0.15, 0.20, 0.10]),
-                      "val_error": np.array([0.10, 0.11, 0.45])},
-           "info": {"majority_error": 0.9}}
-    got = mk.p14_inputs(aff)
-    v = got["values"]
-    np.testing.assert_allclose(v["does not hurt"], [0.025, -0.1, 0.5], atol=1e-12)
-    np.testing.assert_allclose(v["helps"], [0.01, -0.05, 0.10], atol=1e-12)
-    # gaps: LN 0.30, 0.30, 0.10; LN-simple 0.26, 0.25, 0.20
-    np.testing.assert_allclose(v["over-fits less"], [-0.04, -0.05, 0.10], atol=1e-12)
-    for part in v:  # seed 2's LayerNorm-simple errs 0.45: not 0.5 below 0.9
-        assert got["trivial_ok"][part].tolist() == [True, True, False]
-    d = ledger.decide_claim("P14", **got)
-    assert d.parts["does not hurt"].n_for == 2 and d.parts["does not hurt"].n_against == 0

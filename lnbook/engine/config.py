@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lnbook.checks import check_choice
+from lnbook.checks import check_choice, check_size
 
 __all__ = ["SCALES", "RunConfig", "check_scale", "make_config"]
 
@@ -47,18 +47,17 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_scale(self.scale)
-        bad = {"steps": self.steps, "workers": self.workers}
+        check_size("steps", self.steps)
+        check_size("workers", self.workers)
         if self.threads is not None:
-            bad["threads"] = self.threads
-        for name, value in bad.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_size("threads", self.threads)
         seeds = self.seeds
         if isinstance(seeds, bool) or not isinstance(seeds, int | Sequence) or isinstance(
-                seeds, str | bytes) or (isinstance(seeds, int) and seeds < 1):
-            raise ValueError(f"seeds must be an int >= 1 (how many seeds of the seed set) or "
-                             f"a tuple of ints, got {seeds!r}")
-
+                seeds, str | bytes):
+            raise TypeError(f"seeds must be an int (how many seeds of the seed set) or a "
+                            f"tuple of ints, got {seeds!r} ({type(seeds).__name__})")
+        if isinstance(seeds, int):
+            check_size("seeds", seeds)
 
 def make_config(config_cls: type, presets: Mapping[str, Mapping[str, Any]], scale: str,
                 overrides: Mapping[str, Any]) -> Any:

@@ -18,8 +18,8 @@ __all__ = ["EXPERIMENTS", "load_experiment"]
 _NAMES = (  # the experiment modules, in the book's order
     "batch_noise", "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
     "handwriting", "mnist", "convnet", "why", "first_sign", "rmsnorm", "placement", "group_norm",
-    "qk_norm", "dyt", "mistakes", "peri_ln", "depth", "attention_geometry", "removal",
-    "dyt_regime", "design_map", "outliers", "sphere",
+    "qk_norm", "dyt", "mistakes", "norm_ablation", "peri_ln", "depth", "attention_geometry",
+    "removal", "dyt_regime", "design_map", "outliers", "sphere",
 )
 EXPERIMENTS: dict[str, ModuleType] = {
     m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)

@@ -202,8 +202,8 @@ class Config(RunConfig):
         super().__post_init__()
         check_subset("norms", self.norms, NORMS)
         if min(self.length, self.n_train, self.n_test, self.d_model, self.batch_size,
-               self.steps, self.eval_every, self.group) < 1 or self.symbols < 2:
-            raise ValueError("length, n_train, n_test, d_model, batch_size, steps and eval_every "
+               self.eval_every, self.group) < 1 or self.symbols < 2:
+            raise ValueError("length, n_train, n_test, d_model, batch_size and eval_every "
                              "must be >= 1 and symbols >= 2")
 
 

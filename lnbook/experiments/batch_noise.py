@@ -70,8 +70,8 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_subset("arms", self.arms, ARMS)
-        if min(self.dim, self.width, self.depth, self.steps, self.eval_every) < 1:
-            raise ValueError("dim, width, depth, steps and eval_every must be >= 1")
+        if min(self.dim, self.width, self.depth, self.eval_every) < 1:
+            raise ValueError("dim, width, depth and eval_every must be >= 1")
         if self.classes < 2 or not 2 <= self.batch_size <= self.n_train or self.n_test < 1:
             raise ValueError(f"need classes >= 2, 2 <= batch_size <= n_train and n_test >= 1, "
                              f"got {self.classes}, {self.batch_size}, {self.n_train}, "

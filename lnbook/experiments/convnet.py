@@ -195,8 +195,8 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_subset("norms", (*self.norms, *self.control_norms), NORMS)
-        if self.batch_size < 2 or self.steps < 1:
-            raise ValueError("batch_size must be >= 2 and steps >= 1")
+        if self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2, got {self.batch_size}")
         if self.crop and not 4 * self.boundary_width < self.crop <= IMAGE_SIZE:
             raise ValueError(f"crop must be 0 or in ({4 * self.boundary_width}, {IMAGE_SIZE}],"
                              f" got {self.crop}")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config, check_subset
+from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job
@@ -81,8 +81,7 @@ class Config(RunConfig):
         if self.batch_size < 2:
             raise ValueError(f"batch_size must be >= 2 (BN needs two examples), got "
                              f"{self.batch_size}")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+        check_size("eval_every", self.eval_every)
         if any(not 1 <= u <= self.steps for u in self.probe_updates):
             raise ValueError(f"probe_updates must lie in [1, steps={self.steps}], got "
                              f"{self.probe_updates}")

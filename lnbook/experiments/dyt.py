@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.data import associative_recall, copy_task, sort_task
 from lnbook.engine import Job, Results, make_config, resolve_seeds, sweep
 from lnbook.engine.config import RunConfig
@@ -81,8 +81,7 @@ class Config(RunConfig):
                              f"{self.norms}")
         if self.n_probe > self.n_val:
             raise ValueError(f"n_probe ({self.n_probe}) must be <= n_val ({self.n_val})")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+        check_size("eval_every", self.eval_every)
 
 
 _PRESETS: dict[str, dict[str, Any]] = {

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.data import load_digits_tensor
 from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job
@@ -69,8 +69,7 @@ class Config(RunConfig):
                              f"{self.batch_size}, got {self.bn_batches}")
         if self.channels % self.groups:
             raise ValueError(f"groups={self.groups} must divide channels={self.channels}")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+        check_size("eval_every", self.eval_every)
 
 
 _PRESETS: dict[str, dict[str, Any]] = {"quick": {}, "paper": {

@@ -1,9 +1,9 @@
-"""Common mistakes in layer normalization (Part II, chapter `13_common_mistakes`, claims P10,
-P13, P14): :func:`layer_norm_variant` (eq. 3 right or in a common wrong way), loading weights
-trained with the unbiased variance (:class:`UnbiasedLayerNorm`, :func:`to_biased`), DeepNorm's
-constant (:func:`residual_placements`, :func:`run`: the model update of deep Post-LN stacks), and
-Xu et al. (2019)'s ablation of the statistics' gradients and the gain and bias
-(:func:`run_stats`, :func:`run_affine`).
+"""Common mistakes in layer normalization (Part II, chapter `13_common_mistakes`, claim P10):
+:func:`layer_norm_variant` (eq. 3 right or in a common wrong way), loading weights trained with
+the unbiased variance (:class:`UnbiasedLayerNorm`, :func:`to_biased`) and DeepNorm's constant
+(:func:`residual_placements`, :func:`run`: the model update of deep Post-LN stacks). The
+chapter's ablation of the statistics' gradients and the gain and bias (Xu et al. 2019) is the
+experiment :mod:`lnbook.experiments.norm_ablation`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.checks import check_config
 from lnbook.data import load_digits_tensor, sort_task
 from lnbook.engine import (
@@ -26,14 +25,11 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    classification_metrics,
-    cpu_threads,
     fit,
     make_config,
     max_updates,
     resolve_seeds,
     sweep,
-    train_copies,
 )
 from lnbook.engine.config import RunConfig
 from lnbook.functional import (
@@ -44,15 +40,13 @@ from lnbook.functional import (
     normalize_one_pass,
     normalize_unbiased,
 )
-from lnbook.mlp import STATS_NORMS, DetachNorm, NormMLP
+from lnbook.mlp import DetachNorm
 from lnbook.norms import LayerNorm, layer_norm
 from lnbook.transformer import Transformer, sequence_loss
 
 __all__ = ["NAME", "DESCRIPTION", "KINDS", "Config", "get_config", "layer_norm_variant",
            "UnbiasedLayerNorm", "DigitsMLP", "train_digits_mlp", "to_biased",
-           "residual_placements", "variant_name", "run", "STATS_NORMS", "NORM_LABELS",
-           "DetachNorm", "NormMLP", "StatsConfig", "get_stats_config", "run_stats", "AFFINE_NORMS",
-           "affine_mlp", "run_affine"]
+           "residual_placements", "variant_name", "run", "DetachNorm", "p10_inputs"]
 
 NAME = "mistakes"
 DESCRIPTION = ("size of the first model updates of deep Post-LN Transformers, plain and with "
@@ -197,8 +191,6 @@ class Config(RunConfig):
             raise ValueError(f"kinds must be drawn from {KINDS}, got {self.kinds}")
         if not self.depths or any(d < 1 for d in self.depths):
             raise ValueError(f"depths must be positive, got {self.depths}")
-        if self.steps < 1:
-            raise ValueError("steps must be >= 1")
 
 
 _PRESETS: dict[str, dict[str, Any]] = {
@@ -268,160 +260,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
                bar=job.bar, label=job.label)
 
 
-NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "DetachNorm",
-               "none": "no norm"}
-
-
-@dataclass
-class StatsConfig(RunConfig):
-    """Settings of the norm-ablation experiment on the digits (:func:`get_stats_config`): a
-    :class:`NormMLP` (``hidden_size``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`),
-    trained with Adam; ``threads``: torch CPU threads (None: leave as is); ``workers``: runs
-    trained at once, one process each."""
-
-    norms: tuple[str, ...] = STATS_NORMS
-    hidden_size: int = 32
-    depth: int = 3
-    batch_size: int = 64
-    steps: int = 150
-    lr: float = 3e-3
-    eval_every: int = 25
-    seeds: int | tuple[int, ...] = 5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.norms or any(n not in STATS_NORMS for n in self.norms):
-            raise ValueError(f"norms must be drawn from {STATS_NORMS}, got {self.norms}")
-        for name in ("hidden_size", "depth", "batch_size", "steps", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if not self.seeds:
-            raise ValueError("seeds must name at least one seed")
-
-
-_STATS_PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {"threads": None, "hidden_size": 256, "depth": 8, "steps": 10000, "lr": 1e-3,
-              "eval_every": 500, "seeds": 10},
-}
-
-
-def get_stats_config(scale: str = "quick", **overrides: Any) -> StatsConfig:
-    """The ``quick`` or ``paper`` preset of :func:`run_stats`, with ``overrides``."""
-    return make_config(StatsConfig, _STATS_PRESETS, scale, overrides)
-
-
-def run_stats(config: StatsConfig, device: str | torch.device = "auto",
-              out: str | os.PathLike | None = None) -> Results:
-    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
-    ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
-    ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
-    check_config(config, StatsConfig, "get_stats_config")
-    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
-    xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
-    majority = int(torch.bincount(y).argmax())
-    majority_error = float((yv != majority).float().mean())
-    variants = {n: n for n in config.norms}
-    return sweep(f"{NAME}_stats", variants, config.seeds,
-                 partial(train_stats_one, config, (x, y, xv, yv)), config=config,
-                 device=device, out=out, steps=config.steps, threads=config.threads,
-                 workers=config.workers,
-                 info={"majority_class": majority, "majority_error": majority_error})
-
-
-def train_stats_one(config: StatsConfig, data: tuple[Tensor, ...], job: Job
-                    ) -> tuple[History, dict[str, Any]]:
-    """One run of :func:`run_stats`: a :class:`NormMLP` with norm ``job.params`` trained on the
-    digits ``data`` (``x, y, x_val, y_val``) with seed ``job.seed``; ``weight_growth`` in info."""
-    x, y, xv, yv = data
-    torch.manual_seed(job.seed)
-    model = NormMLP(job.params, config.hidden_size, config.depth).to(job.device)
-    norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
-
-    def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
-        return {f"{split}_{k}": v for split, xs, ys in (("val", xv, yv), ("train", x, y))
-                for k, v in classification_metrics(m, xs, ys).items()}
-
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    history = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
-                  steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                  device=job.device, seed=job.seed,
-                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                  bar=job.bar, label=job.label, checkpoint=job.checkpoint)
-    growth = [float(layer.weight.detach().norm()) / n0
-              for layer, n0 in zip(model.layers, norms_init, strict=True)]
-    return history, {"weight_growth": growth}
-
-
-#: The two arms of :func:`run_affine`: layer norm with its gain and bias, and without them.
-AFFINE_NORMS = ("layer", "simple")
-
-
-def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> SeedMLP:
-    """Both arms of :func:`run_affine` for every seed, as one batched
-    :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
-
-    Slices ``0 .. S-1``: layer norm with gain and bias; ``S .. 2S-1``: LayerNorm-simple followed by
-    a bias (its gains' gradients zeroed, so they stay 1). Slices ``i`` and ``S + i`` start from the
-    network built under ``torch.manual_seed(seeds[i])``.
-    """
-    seeds = tuple(int(s) for s in seeds)
-    if not seeds:
-        raise ValueError("seeds must name at least one seed")
-    sizes, n = (64, *[hidden] * depth, 10), len(seeds)
-    model = SeedMLP(2 * n, sizes, "layer", hidden_bias=False, affine=True)
-    with torch.no_grad():
-        for i, seed in enumerate(seeds):
-            torch.manual_seed(seed)
-            one = SeedMLP(1, sizes, "layer", hidden_bias=False, affine=True)
-            for p, q in zip(model.parameters(), one.parameters(), strict=True):
-                p[i] = p[n + i] = q[0]
-    keep = torch.cat([torch.ones(n), torch.zeros(n)]).view(-1, 1, 1)  # (2S, 1, 1)
-    for g in model.gains:
-        g.register_hook(lambda grad: grad * keep)
-    return model
-
-
-def run_affine(config: StatsConfig) -> dict[str, dict[str, Any]]:
-    """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
-    every seed at once, trained by the engine's
-    :func:`~lnbook.engine.copies.train_copies`, batches as
-    :class:`~lnbook.engine.train.Batches`). Returns ``{norm: {"val_nll", "val_error", "train_nll":
-    (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
-    """
-    check_config(config, StatsConfig, "get_stats_config")
-    seeds = resolve_seeds(config.seeds)
-    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
-    xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
-    majority = int(torch.bincount(y).argmax())
-    with cpu_threads(config.threads):
-        model = affine_mlp(seeds, config.hidden_size, config.depth)
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        batches = seed_batches(x, y, config.batch_size, seeds)
-
-        def losses(step: int) -> Tensor:  # (2S,): both arms of every seed on its batch
-            xb, yb = batches(step)  # (S, B, 64), (S, B)
-            return seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb]))
-
-        copies = [History() for _ in range(2 * len(seeds))]
-        train_copies(losses, lambda: [{} for _ in copies], opt, copies, config.steps,
-                     config.steps)  # measured below, once
-        with torch.no_grad():
-            logits = model(xv)  # (2S, 359, 10)
-            val = seed_nll(logits, yv).double().numpy()
-            err = (logits.argmax(-1) != yv).double().mean(1).numpy()
-            train = seed_nll(model(x), y).double().numpy()
-    n = len(seeds)
-    out: dict[str, dict[str, Any]] = {
-        arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],
-              "train_nll": train[k * n:(k + 1) * n]} for k, arm in enumerate(AFFINE_NORMS)}
-    out["info"] = {"majority_error": float((yv != majority).float().mean())}
-    return out
-
-
-# --- claims P10, P13 and P14: per-seed inputs to lnbook.ledger.decide_claim (chapter 13) -----
+# --- claim P10: per-seed inputs to lnbook.ledger.decide_claim (chapter 13) -------------------
 
 def p10_inputs(results: Results) -> dict[str, dict[str, Any]]:
     """P10's ``values`` for :func:`lnbook.ledger.decide_claim` from a :func:`run`, per seed on
@@ -439,42 +278,3 @@ def p10_inputs(results: Results) -> dict[str, dict[str, Any]]:
         "smaller update at depth": update("deepnorm", deep) / update("post", deep),
         "grows less with depth": growth["deepnorm"] / growth["post"]}}
 
-
-#: Rule 0 of P13 and P14: a run leaves the trivial phase when its held-out error is at least
-#: this much below the error of always predicting the most frequent training class.
-STATS_TRIVIAL = 0.5
-
-
-def p13_inputs(results: Results) -> dict[str, dict[str, Any]]:
-    """P13's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from a run of
-    :func:`run_stats`, per seed on the final held-out loss: what the statistics' gradients bring
-    (DetachNorm minus LayerNorm-simple), and that minus what the forward normalization brings
-    (no norm minus DetachNorm); a seed counts where LayerNorm's held-out error is
-    :data:`STATS_TRIVIAL` below the majority class's."""
-    nll = {v: results.final(v, "val_nll") for v in ("layer", "simple", "detach", "none")}
-    backward, forward = nll["detach"] - nll["simple"], nll["none"] - nll["detach"]
-    left = (results.final("layer", "val_error")
-            <= results.info["majority_error"] - STATS_TRIVIAL)
-    parts = ("statistics' gradients help", "more than the forward normalization")
-    return {"values": {parts[0]: backward, parts[1]: backward - forward},
-            "trivial_ok": dict.fromkeys(parts, left)}
-
-
-def p14_inputs(affine: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """P14's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from the
-    output of :func:`run_affine`, per seed: LayerNorm-simple's final held-out loss over
-    LayerNorm's minus one, the two losses' difference, and the difference of their gaps
-    (held-out minus training loss); a seed counts where both arms' held-out errors are
-    :data:`STATS_TRIVIAL` below the majority class's."""
-    ln, simple = affine["layer"], affine["simple"]
-    bar = affine["info"]["majority_error"] - STATS_TRIVIAL
-    both = (ln["val_error"] <= bar) & (simple["val_error"] <= bar)
-    parts = ("does not hurt", "helps", "over-fits less")
-    return {"values": {
-        parts[0]: simple["val_nll"] / ln["val_nll"] - 1,
-        parts[1]: simple["val_nll"] - ln["val_nll"],
-        parts[2]: (simple["val_nll"] - simple["train_nll"]) - (ln["val_nll"] - ln["train_nll"])},
-        "trivial_ok": dict.fromkeys(parts, both)}
-
-
-__all__ += ["STATS_TRIVIAL", "p10_inputs", "p13_inputs", "p14_inputs"]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, train_mode_logits
-from lnbook.checks import check_choice, check_config, check_subset
+from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import mnist_train_test, pixel_permutation
 from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.copies import train_copies
@@ -95,8 +95,7 @@ class Config(RunConfig):
         if self.n_recal < max(self.batch_sizes, default=2):
             raise ValueError(f"n_recal ({self.n_recal}) must be at least the largest batch "
                              f"size {max(self.batch_sizes)}")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+        check_size("eval_every", self.eval_every)
         if (self.examples is None) != (self.eval_examples is None):
             raise ValueError("give examples and eval_examples together (or neither, to train "
                              f"every batch size for `steps` updates), got {self.examples} and "

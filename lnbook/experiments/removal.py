@@ -73,9 +73,9 @@ class Config(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if min(self.size, self.n_train, self.n_test, self.batch_size, self.steps,
+        if min(self.size, self.n_train, self.n_test, self.batch_size,
                self.n_probe) < 1 or self.finetune_steps < 0:
-            raise ValueError("size, n_train, n_test, batch_size, steps and n_probe must be >= 1, "
+            raise ValueError("size, n_train, n_test, batch_size and n_probe must be >= 1, "
                              "finetune_steps >= 0")
 
     @property

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lnbook.checks import check_choice, check_config
+from lnbook.checks import check_choice, check_config, check_size
 from lnbook.device import resolve_device
 from lnbook.engine import (
     Job,
@@ -85,8 +85,7 @@ class Config(RunConfig):
             raise ValueError(f"batch_sizes must be >= 2 (BN needs two), got {self.batch_sizes}")
         if self.test_len is not None and self.test_len < 1:
             raise ValueError(f"test_len must be >= 1 or None, got {self.test_len}")
-        if self.steps < 1 or self.eval_every < 1:
-            raise ValueError("steps and eval_every must be >= 1")
+        check_size("eval_every", self.eval_every)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

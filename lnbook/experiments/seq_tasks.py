@@ -65,8 +65,8 @@ class TaskConfig(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("task", self.task, TASKS)
-        if min(self.steps, self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
-            raise ValueError("steps, eval_every, batch_size, n_train and n_test must be >= 1")
+        if min(self.eval_every, self.batch_size, self.n_train, self.n_test) < 1:
+            raise ValueError("eval_every, batch_size, n_train and n_test must be >= 1")
 
     def model_config(self, seq_len: int, **fields: Any) -> TransformerConfig:
         """The Transformer of this task (``symbols + 1`` token ids, ``max_len = seq_len``) with

@@ -372,8 +372,8 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
 
 
 def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
-    """Chapter 13's norm ablation (``lnbook.experiments.mistakes.run_stats``, whose
-    ``StatsConfig`` ``config`` is: ``norms``, ``hidden_size``, ``depth``, ``lr``, ``batch_size``,
+    """Chapter 13's norm ablation (:mod:`lnbook.experiments.norm_ablation`, whose ``Config``
+    ``config`` is: ``norms``, ``hidden_size``, ``depth``, ``lr``, ``batch_size``,
     ``steps``, ``seeds``), every seed at once, Adam through
     :func:`lnbook.engine.copies.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
     final losses (nats)."""
