@@ -126,6 +126,17 @@ def test_registry_loads_and_rejects():
         module = load_experiment(name)
         assert module.NAME == name and module.DESCRIPTION
         assert module.get_config("quick").scale == "quick"
+    assert all(EXPERIMENTS[name].NAME == name for name in EXPERIMENTS)  # keys are the NAMEs
+    assert "nope" not in EXPERIMENTS and len(EXPERIMENTS) == len(list(EXPERIMENTS))
+
+
+def test_importing_one_experiment_imports_no_other():
+    """The registry imports a module when it is looked up: a chapter that imports one
+    experiment does not pay for the others (about a second of every notebook's start)."""
+    code = ("import sys; from lnbook.experiments import mistakes; "
+            "print(sorted(m for m in sys.modules if m.startswith('lnbook.experiments.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['lnbook.experiments.mistakes']"]
     with pytest.raises(KeyError, match="known experiments"):
         load_experiment("nope")
 

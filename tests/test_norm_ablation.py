@@ -162,3 +162,25 @@ def test_p14_inputs_compare_the_arms_of_run_affine():
         assert got["trivial_ok"][part].tolist() == [True, True, False]
     d = ledger.decide_claim("P14", **got)
     assert d.parts["does not hurt"].n_for == 2 and d.parts["does not hurt"].n_against == 0
+
+
+def test_stacked_seeds_give_the_numbers_of_runs_trained_alone():
+    """run trains the seeds of a norm as one stacked model; each copy ends where the same
+    network, trained alone by lnbook.fit on the same batches, ends (float32, to 1e-5)."""
+    from lnbook.engine import Batches, classification_metrics, fit
+
+    cfg = _tiny_stats(steps=12, eval_every=6, norms=("layer", "detach"), seeds=(3, 5))
+    res = na.run(cfg, device="cpu")
+    x, y = load_digits_tensor("train", flatten=True)
+    xv, yv = load_digits_tensor("test", flatten=True)
+    for norm in cfg.norms:
+        for k, seed in enumerate(cfg.seeds):
+            torch.manual_seed(seed)
+            model = NormMLP(norm, cfg.hidden_size, cfg.depth)
+            opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, foreach=True)
+            fit(model, Batches(x, y, batch_size=cfg.batch_size, seed=seed), opt,
+                steps=cfg.steps, eval_every=cfg.steps, device="cpu", seed=seed,
+                loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]), progress=False)
+            alone = classification_metrics(model, xv, yv)
+            assert res.final(norm, "val_nll")[k] == pytest.approx(alone["nll"], abs=1e-5)
+            assert res.final(norm, "val_error")[k] == pytest.approx(alone["error"], abs=1e-6)

@@ -226,17 +226,6 @@ def test_landscape_seeds_equals_landscape_per_seed():
         assert out["loss_range"][i] == pytest.approx(ref["loss_range"], rel=1e-8)
 
 
-def test_stats_seeds_equals_the_norm_ablation_experiment():
-    from lnbook.experiments import norm_ablation
-
-    sc = norm_ablation.get_config(seeds=(0, 1), steps=20, eval_every=10)
-    together = why.stats_seeds(sc)
-    alone = norm_ablation.run(sc)
-    for norm in sc.norms:
-        np.testing.assert_allclose(together[norm]["val_nll"], alone.final(norm, "val_nll"),
-                                   atol=1e-4)
-
-
 # -- Santurkar et al.'s noise, the watched runs, weight decay, the evidence table --------------
 
 

@@ -1,5 +1,6 @@
 """The mini-experiments of the book (chapters 3.1, 3.2, 6.1-6.8, 7, Part II): a registry,
-:data:`EXPERIMENTS` (name -> module), of modules that share one protocol.
+:data:`EXPERIMENTS` (name -> module, each imported when first looked up), of modules that share
+one protocol.
 
 Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale`` and
 ``seeds``, ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto",
@@ -11,19 +12,39 @@ another config.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 
 __all__ = ["EXPERIMENTS", "load_experiment"]
 
-_NAMES = (  # the experiment modules, in the book's order
+_NAMES = (  # the experiment modules, in the book's order; each module's NAME is its file's
     "batch_noise", "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
     "handwriting", "mnist", "convnet", "why", "first_sign", "rmsnorm", "placement", "group_norm",
     "qk_norm", "dyt", "mistakes", "norm_ablation", "peri_ln", "depth", "attention_geometry",
     "removal", "dyt_regime", "design_map", "outliers", "sphere",
 )
-EXPERIMENTS: dict[str, ModuleType] = {
-    m.NAME: m for m in (importlib.import_module(f"{__name__}.{name}") for name in _NAMES)
-}
+
+
+class _Registry(Mapping):
+    """name -> module, each module imported when first looked up (a chapter that imports one
+    experiment does not pay for importing the other 26)."""
+
+    def __getitem__(self, name: str) -> ModuleType:
+        if name not in _NAMES:
+            raise KeyError(name)
+        return importlib.import_module(f"{__name__}.{name}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __repr__(self) -> str:
+        return f"EXPERIMENTS({', '.join(_NAMES)})"
+
+
+EXPERIMENTS: Mapping[str, ModuleType] = _Registry()
 
 
 def load_experiment(name: str) -> ModuleType:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from lnbook.batched import SeedMLP, seed_batches, seed_nll
 from lnbook.checks import check_config, check_size
@@ -28,9 +28,8 @@ from lnbook.engine import (
     History,
     Job,
     Results,
-    classification_metrics,
+    Stack,
     cpu_threads,
-    fit,
     make_config,
     resolve_seeds,
     sweep,
@@ -39,7 +38,7 @@ from lnbook.engine import (
 from lnbook.engine.config import RunConfig
 from lnbook.mlp import STATS_NORMS, NormMLP
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "run", "train_one", "NORM_LABELS",
+__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "run", "train", "NORM_LABELS",
            "TRIVIAL_MARGIN", "p13_inputs", "AFFINE_NORMS", "affine_mlp", "run_affine",
            "p14_inputs"]
 
@@ -92,7 +91,8 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train a :class:`NormMLP` with every norm of ``config.norms``, with every seed. Runs record
+    """Train a :class:`NormMLP` with every norm of ``config.norms``, the seeds of each norm as
+    one stacked model (a job of :func:`lnbook.engine.runner.sweep`). Runs record
     ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
     ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
     check_config(config, Config)
@@ -101,35 +101,56 @@ def run(config: Config, device: str | torch.device = "auto",
     majority = int(torch.bincount(y).argmax())
     majority_error = float((yv != majority).float().mean())
     variants = {n: n for n in config.norms}
-    return sweep(NAME, variants, config.seeds,
-                 partial(train_one, config, (x, y, xv, yv)), config=config,
-                 device=device, out=out, steps=config.steps, threads=config.threads,
-                 workers=config.workers,
+    return sweep(NAME, variants, config.seeds, partial(train, config, (x, y, xv, yv)),
+                 config=config, device=device, out=out, stack="seeds", steps=config.steps,
+                 threads=config.threads, workers=config.workers,
                  info={"majority_class": majority, "majority_error": majority_error})
 
 
-def train_one(config: Config, data: tuple[Tensor, ...], job: Job
-              ) -> tuple[History, dict[str, Any]]:
-    """One run of :func:`run`: a :class:`NormMLP` with norm ``job.params`` trained on the
-    digits ``data`` (``x, y, x_val, y_val``) with seed ``job.seed``; ``weight_growth`` in info."""
-    x, y, xv, yv = data
-    torch.manual_seed(job.seed)
-    model = NormMLP(job.params, config.hidden_size, config.depth).to(job.device)
-    norms_init = [float(layer.weight.detach().norm()) for layer in model.layers]
+def _loss(model: NormMLP, x: Tensor, y: Tensor) -> Tensor:
+    return F.cross_entropy(model(x), y)
 
-    def eval_fn(m: nn.Module) -> dict[str, float]:  # val_nll, val_error, train_nll, ...
-        return {f"{split}_{k}": v for split, xs, ys in (("val", xv, yv), ("train", x, y))
-                for k, v in classification_metrics(m, xs, ys).items()}
 
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    history = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
-                  steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
-                  device=job.device, seed=job.seed,
-                  loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                  bar=job.bar, label=job.label, checkpoint=job.checkpoint)
-    growth = [float(layer.weight.detach().norm()) / n0
-              for layer, n0 in zip(model.layers, norms_init, strict=True)]
-    return history, {"weight_growth": growth}
+def _nll_and_error(model: NormMLP, x: Tensor, y: Tensor) -> Tensor:
+    """One copy's mean NLL (nats) and error rate on ``(x, y)``, ``(2,)``."""
+    logits = model(x)  # (N, 10)
+    return torch.stack([F.cross_entropy(logits, y), (logits.argmax(-1) != y).float().mean()])
+
+
+def train(config: Config, data: tuple[Tensor, ...], job: Job) -> list[tuple[History, dict]]:
+    """Every seed of norm ``job.params`` as one :class:`~lnbook.engine.Stack` of
+    :class:`NormMLP` (copy ``k`` built under ``torch.manual_seed(seed_k)`` and fed the batches
+    :class:`~lnbook.engine.Batches` gives that seed, as a run alone), trained with Adam by
+    :func:`~lnbook.engine.copies.train_copies` on the digits ``data`` (``x, y, x_val,
+    y_val``); ``weight_growth`` (each hidden layer's weight norm at the end over its start) in
+    each run's info."""
+    x, y, xv, yv = (t.to(job.device) for t in data)
+    models = []
+    for seed in job.seeds:
+        torch.manual_seed(seed)
+        models.append(NormMLP(job.params, config.hidden_size, config.depth))
+    start = [[float(layer.weight.detach().norm()) for layer in m.layers] for m in models]
+    stack = Stack(models).to(job.device)
+    batches = [Batches(x, y, batch_size=config.batch_size, seed=s) for s in job.seeds]
+
+    def losses(step: int) -> Tensor:  # (S,)
+        xb, yb = zip(*(b(step) for b in batches), strict=True)
+        return stack.call(_loss, torch.stack(xb), torch.stack(yb))  # (S, B, 64), (S, B)
+
+    def evaluate() -> list[dict[str, float]]:  # val_nll, val_error, train_nll, train_error
+        with torch.no_grad():
+            m = {split: stack.call(_nll_and_error, xs, ys, shared=(0, 1)).tolist()  # (S, 2)
+                 for split, xs, ys in (("val", xv, yv), ("train", x, y))}
+        return [{f"{split}_{k}": rows[i][j] for split, rows in m.items()
+                 for j, k in enumerate(("nll", "error"))} for i in range(len(job.seeds))]
+
+    opt = torch.optim.Adam(stack.parameters(), lr=config.lr, foreach=True)
+    hists = train_copies(losses, evaluate, opt, [History() for _ in job.seeds], config.steps,
+                         config.eval_every, state=stack, checkpoint=job.checkpoint,
+                         bar=job.bar, label=job.label)
+    return [(h, {"weight_growth": [float(layer.weight.detach().norm()) / n0
+                                   for layer, n0 in zip(m.layers, s0, strict=True)]})
+            for h, m, s0 in zip(hists, stack.unstack(), start, strict=True)]
 
 
 #: The two arms of :func:`run_affine`: layer norm with its gain and bias, and without them.

@@ -39,13 +39,13 @@ from lnbook.engine import (
 )
 from lnbook.engine.config import RunConfig
 from lnbook.exercises import digits_split
-from lnbook.mlp import DeepMLP, NormMLP
+from lnbook.mlp import DeepMLP
 
 __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "SignalNoise", "build",
     "seed_model", "run", "train_variant", "final_nll", "norm_growth_step", "lr_sweep",
     "landscape", "landscape_seeds",
-    "stats_seeds", "unit_rates", "NOISES", "ExampleNoise", "noise_model", "train_stack",
+    "unit_rates", "NOISES", "ExampleNoise", "noise_model", "train_stack",
     "noise_runs", "blowup", "decay_runs", "evidence_rows", "example_noise", "pilot_noise",
     "largest_safe", "blowup_rows", "decay_summary", "EVIDENCE_KEYS",
 ]
@@ -369,39 +369,6 @@ def landscape_seeds(model: SeedMLP, x: Tensor, y: Tensor, lr: float,
     loss_k = torch.stack(losses)  # (K, S)
     return {"loss_range": (loss_k.max(0).values - loss_k.min(0).values).double().numpy(),
             "beta": torch.stack(betas).max(0).values.double().numpy()}
-
-
-def stats_seeds(config: Any) -> dict[str, dict[str, np.ndarray]]:
-    """Chapter 13's norm ablation (:mod:`lnbook.experiments.norm_ablation`, whose ``Config``
-    ``config`` is: ``norms``, ``hidden_size``, ``depth``, ``lr``, ``batch_size``,
-    ``steps``, ``seeds``), every seed at once, Adam through
-    :func:`lnbook.engine.copies.train_copies`: ``{norm: {"val_nll": (S,), "train_nll": (S,)}}``, the
-    final losses (nats)."""
-    x, y, xv, yv = digits_split()
-    sizes = (64, *[config.hidden_size] * config.depth, 10)
-    seeds = resolve_seeds(config.seeds)
-    out = {}
-    for norm in config.norms:
-        models = []
-        for s in seeds:
-            torch.manual_seed(s)
-            models.append(NormMLP(norm, config.hidden_size, config.depth))
-        model = SeedMLP.from_models(models, sizes, "none" if norm == "none" else "layer",
-                                    hidden_bias=True, affine=norm == "layer",
-                                    detach=norm == "detach")
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        batches = seed_batches(x, y, config.batch_size, seeds)
-        copies = [History() for _ in seeds]
-        train_copies(partial(_batch_nll, model, batches), lambda: [{} for _ in seeds], opt,
-                     copies, config.steps, config.steps)
-        out[norm] = {"val_nll": _nll(model, xv, yv), "train_nll": _nll(model, x, y)}
-    return out
-
-
-def _batch_nll(model: SeedMLP, batches: Any, step: int) -> Tensor:
-    """Every seed's mean cross-entropy on its batch of update ``step``: ``(S,)``."""
-    xb, yb = batches(step)
-    return seed_nll(model(xb), yb)
 
 
 def unit_rates(model: DeepMLP, x: Tensor) -> np.ndarray:
