@@ -180,9 +180,8 @@ class Config(RunConfig):
     evaluations every ``eval_every``; variants ``norms`` from :data:`NORMS`; ``seeds``
     (initialization and batch order: an int n, the first n of the seed set in force when the
     run starts), ``group`` of them per value of P20's rule (chosen on pilot seeds, see the
-    chapter); ``threads``: torch CPU threads during the run (restored afterwards; None: leave
-    as is); ``checkpoint``: checkpoint each variant's stack under ``out`` (a run resumes);
-    ``workers``: variants trained at once, one process each."""
+    chapter); ``checkpoint``: checkpoint each variant's stack under ``out`` (a run resumes).
+    The fields of :class:`~lnbook.engine.RunConfig` are described there."""
 
     length: int = 16
     symbols: int = 8

@@ -172,9 +172,8 @@ class Config(RunConfig):
     """Settings of the ConvNet experiment; :func:`get_config` gives the presets.
 
     ``norms`` train on the full images, ``control_norms`` on the central ``crop`` pixels (0: no
-    control); ``boundary_width``: the ring of positions "near the boundary"; ``threads``: torch
-    CPU threads (None: as is); ``checkpoint``: per-run checkpoints under ``out/``; ``workers``:
-    runs trained at once, one process each (same results).
+    control); ``boundary_width``: the ring of positions "near the boundary"; ``checkpoint``:
+    per-run checkpoints under ``out/``. :class:`~lnbook.engine.RunConfig` describes the rest.
     """
 
     channels: tuple[int, ...] = (8, 16)

@@ -80,10 +80,8 @@ class Config(RunConfig):
         eval_images: held-out images scored at each evaluation (None: the whole test split).
         binarize_seed: seed of the stochastic binarization (training split; test: + 1).
         data_source: passed to :func:`lnbook.data.load_mnist`.
-        seeds, variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31);
-            an int n of seeds is the first n of the seed set in force when the run starts.
-        checkpoint, threads, workers: checkpoint each job under ``out/`` (a sweep resumes);
-            torch CPU threads (None: leave them); worker processes of the sweep.
+        variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
+        checkpoint: checkpoint each job under ``out/`` (a sweep resumes).
         stacked: train all runs as one :class:`StackedDRAW` (one job of the sweep).
     """
 

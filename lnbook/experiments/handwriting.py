@@ -92,9 +92,8 @@ class Config(RunConfig):
     ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
     updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
     checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.runner.sweep`, and
-    ``checkpoint`` checkpoints each job under ``out``. ``seeds``: an int n is the first n of
-    the seed set in force when the run starts; ``threads``: torch CPU threads (None: as is);
-    ``workers``: jobs trained at once, one process each.
+    ``checkpoint`` checkpoints each job under ``out``. :class:`~lnbook.engine.RunConfig`
+    describes ``seeds``, ``steps``, ``threads`` and ``workers``.
     """
 
     seq_len: int = 100

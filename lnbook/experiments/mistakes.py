@@ -170,8 +170,7 @@ class Config(RunConfig):
     """Settings of the DeepNorm update-size experiment (:func:`get_config` gives the presets):
     a stack of each of ``depths`` blocks and ``kinds``, on the sort task (``length``,
     ``vocab_size``), ``steps`` Adam updates (the update size measured after each) and
-    ``n_probe`` held-out sequences on which the logits are compared; ``threads``: torch CPU
-    threads (None: leave as is); ``workers``: runs trained at once, one process each."""
+    ``n_probe`` held-out sequences on which the logits are compared."""
 
     depths: tuple[int, ...] = (2, 6, 18)
     kinds: tuple[str, ...] = KINDS

@@ -61,10 +61,8 @@ class Config(RunConfig):
     // B`` updates at batch size B); None: ``steps`` updates whatever the batch size.
     ``bn_unbiased_max_batch``: BN uses the unbiased variance up to this batch size. ``engine``:
     from :data:`ENGINES`; ``n_recal``: training images that recalibrate batch norm (engine
-    ``"seeds"``); ``seeds``: an int n is the first n of the seed set in force when the run
-    starts; ``checkpoint``: checkpoint each job (a stack of seeds, or a run) under ``out`` (a
-    run resumes); ``threads``: torch CPU threads (None: as is); ``workers``: jobs trained at
-    once, one process each.
+    ``"seeds"``); ``checkpoint``: checkpoint each job (a stack of seeds, or a run) under
+    ``out`` (a run resumes). :class:`~lnbook.engine.RunConfig` describes the rest.
     """
 
     hidden: tuple[int, ...] = (128, 128)

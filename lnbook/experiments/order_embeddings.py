@@ -377,9 +377,8 @@ class Config(RunConfig):
     """Sizes and schedule of the order-embedding experiment; :func:`get_config` gives presets.
 
     ``n_test`` test images are cut into ``test_splits`` equal splits; ``data_seed`` seeds the
-    captions and the train/validation split; ``threads``: torch CPU threads during the run
-    (None: leave as is); ``checkpoint``: checkpoint every run (and its best model) and resume;
-    ``workers``: runs trained at once, one process each.
+    captions and the train/validation split; ``checkpoint``: checkpoint every run (and its
+    best model) and resume. :class:`~lnbook.engine.RunConfig` describes the rest.
     """
 
     n_train: int = 1000

@@ -84,10 +84,9 @@ class Config(RunConfig):
         bn_gain_init: initial gain of ``"bn_lstm"`` (0.1, as Cooijmans et al.).
         ln_small_gain: the gain of ``"ln_lstm_g0.1"`` (``"ln_lstm"`` starts at 1).
         variants: which LSTMs to train (from :data:`VARIANTS`).
-        seeds: seeds of the models (initialization and batch order; an int n: the first n
-            of the seed set in force when the run starts); data_seed: the corpus's.
-        checkpoint, threads, workers: checkpoint each job under ``out/`` (a sweep resumes);
-            torch CPU threads (None: leave them); worker processes of the sweep.
+        data_seed: the corpus's seed (``seeds``, from :class:`~lnbook.engine.RunConfig`,
+            seed the models' initialization and batch order).
+        checkpoint: checkpoint each job under ``out/`` (a sweep resumes).
         stacked: train the runs of each LSTM family as one :class:`StackedReader`, all in one
             job of the sweep (False: one job per run).
     """

@@ -53,9 +53,7 @@ class Config(RunConfig):
     One sweep variant per (``variants``, ``train_lens``, ``batch_sizes``), each ``steps`` Adam
     updates at ``lr``; ``test_len`` (None: the training length) is the length of the
     ``test_batch`` test sequences, ``n_eval`` held-out sequences give the learning curves every
-    ``eval_every`` updates; ``bn_gain_init`` is the BN-RNN's initial gain; ``threads``: torch
-    CPU threads while running (None leaves torch's setting); ``workers``: runs trained at
-    once, one process each.
+    ``eval_every`` updates; ``bn_gain_init`` is the BN-RNN's initial gain.
     """
 
     variants: tuple[str, ...] = VARIANTS

@@ -410,9 +410,8 @@ class Config(RunConfig):
     ``margin``: both runs of a seed must end this many nats per word below the word-frequency
     predictor for the seed to count (the trivial phase); ``target_below``: the target loss of
     "trains faster", this many nats per word below it. ``timing_hidden``: state sizes at which
-    :func:`time_per_update` runs ``timing_updates`` updates per variant; ``threads``: torch
-    CPU threads during the run (None: leave as is); ``checkpoint``: checkpoint every run under
-    ``out`` and resume from it; ``workers``: runs trained at once, one process each.
+    :func:`time_per_update` runs ``timing_updates`` updates per variant; ``checkpoint``:
+    checkpoint every run under ``out`` and resume from it.
     """
 
     vocab_size: int = 300

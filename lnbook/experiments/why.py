@@ -69,9 +69,8 @@ class Config(RunConfig):
     """Settings of the chapter's runs (:func:`get_config` gives the presets): the
     :class:`DeepMLP`'s ``depth`` and ``width``, ``init_scale`` (times He's std), SGD's
     ``batch_size``, ``steps``, ``lr``, ``momentum``, ``eval_every``, the :class:`SignalNoise`
-    size ``noise``, the ``variants`` and the ``seeds`` (an int n: the first n of the seed set
-    in force when the run starts; a variant's seeds train as one model); ``threads``: torch CPU
-    threads (None: leave as is); ``workers``: variants trained at once, one process each."""
+    size ``noise``, the ``variants`` and the ``seeds`` (a variant's seeds train as one
+    model)."""
 
     depth: int = 8
     width: int = 64
