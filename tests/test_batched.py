@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from lnbook.batched import SeedMLP, seed_batches, seed_nll, seed_sq_norm
 from lnbook.engine.train import Batches
 from lnbook.experiments.deep_mlp import DeepMLP
-from lnbook.experiments.mistakes import NormMLP
+from lnbook.mlp import NormMLP
 
 SIZES = (64, 32, 32, 10)
 

@@ -171,7 +171,7 @@ def test_paper_preset_constructs_and_a_tiny_override_runs():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: E.Config(steps=0), "steps must be an int >= 1"),
+    (lambda: E.Config(steps=0), "steps must be a positive int"),
     (lambda: E.Config(test_len=0), "test_len"),
 ])
 def test_bad_arguments_name_what_was_expected(call, match):

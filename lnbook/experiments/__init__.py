@@ -12,7 +12,7 @@ another config.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, MutableMapping
 from types import ModuleType
 
 __all__ = ["EXPERIMENTS", "load_experiment"]
@@ -25,26 +25,38 @@ _NAMES = (  # the experiment modules, in the book's order; each module's NAME is
 )
 
 
-class _Registry(Mapping):
+class _Registry(MutableMapping):
     """name -> module, each module imported when first looked up (a chapter that imports one
-    experiment does not pay for importing the other 26)."""
+    experiment does not pay for importing the others). A module set under a name (as the tests
+    register a tiny experiment) is looked up before the files; deleting the name removes it."""
+
+    def __init__(self) -> None:
+        self._set: dict[str, ModuleType] = {}
 
     def __getitem__(self, name: str) -> ModuleType:
+        if name in self._set:
+            return self._set[name]
         if name not in _NAMES:
             raise KeyError(name)
         return importlib.import_module(f"{__name__}.{name}")
 
+    def __setitem__(self, name: str, module: ModuleType) -> None:
+        self._set[name] = module
+
+    def __delitem__(self, name: str) -> None:
+        del self._set[name]
+
     def __iter__(self) -> Iterator[str]:
-        return iter(_NAMES)
+        return iter((*_NAMES, *(n for n in self._set if n not in _NAMES)))
 
     def __len__(self) -> int:
-        return len(_NAMES)
+        return len(set(_NAMES) | set(self._set))
 
     def __repr__(self) -> str:
-        return f"EXPERIMENTS({', '.join(_NAMES)})"
+        return f"EXPERIMENTS({', '.join(self)})"
 
 
-EXPERIMENTS: Mapping[str, ModuleType] = _Registry()
+EXPERIMENTS: MutableMapping[str, ModuleType] = _Registry()
 
 
 def load_experiment(name: str) -> ModuleType:
