@@ -83,30 +83,49 @@ def test_config_validation_and_paper_preset():
         na.run(mk.get_config("quick"))
 
 
-def test_run_affine_arms_start_alike_and_simple_gains_stay_one():
-    cfg = _tiny_stats()
-    model = na.affine_mlp((0, 1), hidden=8, depth=2)  # slices: layer 0, 1; simple 0, 1
-    for p in model.parameters():
-        torch.testing.assert_close(p[:2], p[2:])
-    torch.manual_seed(0)
-    one = na.affine_mlp((0,), hidden=8, depth=2)
-    torch.testing.assert_close(one.weights[0][0], model.weights[0][0])
-    out = na.run_affine(cfg)
-    assert set(out) == {"layer", "simple", "info"}
-    assert out["layer"]["val_nll"].shape == (2,) and out["simple"]["train_nll"].shape == (2,)
-    again = na.run_affine(dataclasses.replace(cfg, seeds=(1,)))  # a seed alone: the same
-    for arm in ("layer", "simple"):
-        assert again[arm]["val_nll"][0] == pytest.approx(out[arm]["val_nll"][1], rel=1e-5)
-    with pytest.raises(TypeError, match=r"norm_ablation\.Config"):
-        na.run_affine(mk.get_config("quick"))
+def test_bias_after_mlp_is_the_equation_with_each_bias_after_the_norm():
+    """Both arms built under one seed start alike; each is `depth` times Linear (no bias) ->
+    norm -> + b -> ReLU, then Linear, against a float64 reference written out."""
+    torch.manual_seed(4)
+    layer = na.BiasAfterMLP("layer", hidden=8, depth=2)
+    torch.manual_seed(4)
+    simple = na.BiasAfterMLP("simple", hidden=8, depth=2)
+    for w, v in zip(layer.weights, simple.weights, strict=True):
+        torch.testing.assert_close(w, v, rtol=0, atol=0)
+    assert len(layer.gains) == 2 and len(simple.gains) == 0  # LayerNorm-simple: no gain
+    with torch.no_grad():
+        for k in range(2):
+            layer.gains[k].uniform_(0.5, 1.5)
+            layer.biases[k].normal_()
+            simple.biases[k].normal_()
+    x = _x(5, 64)
+    for net in (layer, simple):
+        h = x.double()
+        for k in range(2):
+            a = h @ net.weights[k].double()
+            a = (a - a.mean(-1, keepdim=True)) / torch.sqrt(a.var(-1, unbiased=False,
+                                                                 keepdim=True) + 1e-5)
+            g = net.gains[k].double() if len(net.gains) else 1.0
+            h = torch.relu(g * a + net.biases[k].double())
+        ref = h @ net.weights[2].double() + net.out_bias.double()
+        torch.testing.assert_close(net(x).double(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="norm must be one of"):
+        na.BiasAfterMLP("detach")
 
 
-def test_affine_mlp_simple_gains_get_no_gradient():
-    model = na.affine_mlp((0, 1), hidden=8, depth=2)
-    x = torch.randn(4, 3, 64)
-    model(x).square().sum().backward()
-    for g in model.gains:
-        assert g.grad[2:].abs().max() == 0 and g.grad[:2].abs().max() > 0
+def test_run_with_bias_after_norm_trains_both_arms_as_alone():
+    cfg = _tiny_stats(norms=na.AFFINE_NORMS, bias_after_norm=True)
+    out = na.run(cfg, device="cpu")
+    assert out.variants == list(na.AFFINE_NORMS) and out.seeds == [0, 1]
+    assert out.final("layer", "val_nll").shape == (2,)
+    again = na.run(dataclasses.replace(cfg, seeds=(1,)), device="cpu")  # a seed alone
+    for arm in na.AFFINE_NORMS:
+        assert again.final(arm, "val_nll")[0] == pytest.approx(
+            out.final(arm, "val_nll")[1], abs=1e-5)
+    with pytest.raises(ValueError, match=r"norms must be drawn from \('layer', 'simple'\)"):
+        na.get_config("quick", norms=("detach",), bias_after_norm=True)
+    with pytest.raises(TypeError, match="bias_after_norm must be a bool"):
+        na.get_config("quick", bias_after_norm="yes")
 
 
 def test_p13_inputs_take_the_held_out_loss_apart():
@@ -140,19 +159,21 @@ def test_p13_inputs_take_the_held_out_loss_apart():
     assert (d.parts[more].n_for, d.parts[more].n_against) == (1, 3)
 
 
-def test_p14_inputs_compare_the_arms_of_run_affine():
+def test_p14_inputs_compare_the_arms_of_the_bias_after_norm_run():
     import numpy as np
 
     from lnbook import ledger
+    from lnbook.engine import History, Results
+    from lnbook.engine.results import Run
 
-    aff = {"layer": {"val_nll": np.array([0.40, 0.50, 0.20]),
-                     "train_nll": np.array([0.10, 0.20, 0.10]),
-                     "val_error": np.array([0.10, 0.12, 0.05])},
-           "simple": {"val_nll": np.array([0.41, 0.45, 0.30]),
-                      "train_nll": np.array([0.15, 0.20, 0.10]),
-                      "val_error": np.array([0.10, 0.11, 0.45])},
-           "info": {"majority_error": 0.9}}
-    got = na.p14_inputs(aff)
+    # final (held-out loss, training loss, held-out error) of seeds 0-2 per arm
+    final = {"layer": [(0.40, 0.10, 0.10), (0.50, 0.20, 0.12), (0.20, 0.10, 0.05)],
+             "simple": [(0.41, 0.15, 0.10), (0.45, 0.20, 0.11), (0.30, 0.10, 0.45)]}
+    runs = [Run(arm, s, History(eval_steps=[0, 9], metrics=[
+        {"val_nll": 2.3, "train_nll": 2.3, "val_error": 0.9},
+        {"val_nll": v, "train_nll": t, "val_error": e}]), {})
+        for arm, rows in final.items() for s, (v, t, e) in enumerate(rows)]
+    got = na.p14_inputs(Results("norm_ablation", {}, "cpu", runs, {"majority_error": 0.9}))
     v = got["values"]
     np.testing.assert_allclose(v["does not hurt"], [0.025, -0.1, 0.5], atol=1e-12)
     np.testing.assert_allclose(v["helps"], [0.01, -0.05, 0.10], atol=1e-12)

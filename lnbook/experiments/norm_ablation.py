@@ -5,12 +5,14 @@ bring, on an MLP on the 8x8 digits.
 :func:`run` trains a :class:`~lnbook.mlp.NormMLP` with each norm of ``config.norms``
 (:data:`~lnbook.mlp.STATS_NORMS`: LayerNorm, LayerNorm-simple without gain and bias,
 :class:`~lnbook.mlp.DetachNorm` whose statistics are constants to the backward pass, no norm);
-:func:`p13_inputs` reads P13's per-seed quantities from it. :func:`run_affine` trains the two
-arms of P14 with each bias after the norm (:func:`affine_mlp`); :func:`p14_inputs` reads them.
+:func:`p13_inputs` reads P13's per-seed quantities from it. With ``bias_after_norm`` it trains
+the two arms of P14 instead, each bias after the norm (:class:`BiasAfterMLP`), and
+:func:`p14_inputs` reads them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -18,10 +20,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from lnbook.batched import SeedMLP, seed_batches, seed_nll
-from lnbook.checks import check_config, check_size
+from lnbook.checks import check_bool, check_choice, check_config, check_size
 from lnbook.data import load_digits_tensor
 from lnbook.engine import (
     Batches,
@@ -29,18 +30,15 @@ from lnbook.engine import (
     Job,
     Results,
     Stack,
-    cpu_threads,
     make_config,
-    resolve_seeds,
     sweep,
     train_copies,
 )
 from lnbook.engine.config import RunConfig
 from lnbook.mlp import STATS_NORMS, NormMLP
 
-__all__ = ["NAME", "DESCRIPTION", "Config", "get_config", "run", "train", "NORM_LABELS",
-           "TRIVIAL_MARGIN", "p13_inputs", "AFFINE_NORMS", "affine_mlp", "run_affine",
-           "p14_inputs"]
+__all__ = ["NAME", "DESCRIPTION", "AFFINE_NORMS", "BiasAfterMLP", "Config", "get_config", "run",
+           "train", "NORM_LABELS", "TRIVIAL_MARGIN", "p13_inputs", "p14_inputs"]
 
 NAME = "norm_ablation"
 DESCRIPTION = ("an MLP on the 8x8 digits with LayerNorm, LayerNorm-simple (no gain and bias), "
@@ -50,13 +48,67 @@ NORM_LABELS = {"layer": "LayerNorm", "simple": "LayerNorm-simple", "detach": "De
                "none": "no norm"}
 
 
+#: The two arms of P14's network (:class:`BiasAfterMLP`): layer norm with its gain and bias,
+#: and LayerNorm-simple followed by a bias.
+AFFINE_NORMS = ("layer", "simple")
+
+
+class BiasAfterMLP(nn.Module):
+    r"""P14's network: ``depth`` times ``Linear (no bias) -> norm -> + b -> ReLU``, then
+    ``Linear``, on flat 8x8 digits ``(N, 64)``.
+
+    With ``norm="layer"`` the norm and the bias are layer norm's own, :math:`g \odot \hat a + b`
+    (eq. 3 with its gain and bias); with ``"simple"`` they are LayerNorm-simple (no gain) and a
+    plain bias per unit, :math:`\hat a + b`. Every ReLU thus keeps a threshold of its own
+    (in front of the norm, centring would remove most of a bias). The weights are drawn
+    He-normal, layer by layer, so that the two arms built under one seed start alike.
+    """
+
+    def __init__(self, norm: str = "layer", hidden: int = 32, depth: int = 3,
+                 eps: float = 1e-5) -> None:
+        super().__init__()
+        check_choice("norm", norm, AFFINE_NORMS)
+        check_size("hidden", hidden)
+        check_size("depth", depth)
+        self.norm_kind, self.eps = norm, float(eps)
+        sizes = (64, *[hidden] * depth, 10)
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(i, o))
+                                        for i, o in zip(sizes[:-1], sizes[1:], strict=True))
+        self.out_bias = nn.Parameter(torch.zeros(10))
+        self.gains = nn.ParameterList(nn.Parameter(torch.ones(hidden))
+                                      for _ in range(depth if norm == "layer" else 0))
+        self.biases = nn.ParameterList(nn.Parameter(torch.zeros(hidden)) for _ in range(depth))
+        for w in self.weights:
+            nn.init.normal_(w, std=math.sqrt(2.0 / w.shape[0]))
+
+    @property
+    def hidden_weights(self) -> list[nn.Parameter]:
+        """The weight matrices in front of a norm."""
+        return [self.weights[k] for k in range(len(self.biases))]
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x  # (N, 64)
+        for k in range(len(self.biases)):  # indexed: a slice would bypass torch.func's swap
+            w, b = self.weights[k], self.biases[k]
+            a = F.layer_norm(h @ w, w.shape[1:], eps=self.eps)  # (N, H)
+            a = torch.addcmul(b, a, self.gains[k]) if len(self.gains) else a + b
+            h = torch.relu(a)
+        return torch.addmm(self.out_bias, h, self.weights[-1])  # (N, 10)
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm_kind!r}, depth={len(self.biases)}, eps={self.eps}"
+
+
 @dataclass
 class Config(RunConfig):
     """Settings of the ablation (:func:`get_config` gives the presets): a :class:`NormMLP`
-    (``hidden_size``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`), trained with
-    Adam (``lr``, ``batch_size``) for ``steps`` updates, evaluated every ``eval_every``."""
+    (``hidden_size``, ``depth``) with each of ``norms`` (:data:`STATS_NORMS`), or with
+    ``bias_after_norm`` P14's :class:`BiasAfterMLP` with each of ``norms`` (then from
+    :data:`AFFINE_NORMS`), trained with Adam (``lr``, ``batch_size``) for ``steps`` updates,
+    evaluated every ``eval_every``."""
 
     norms: tuple[str, ...] = STATS_NORMS
+    bias_after_norm: bool = False
     hidden_size: int = 32
     depth: int = 3
     batch_size: int = 64
@@ -67,8 +119,12 @@ class Config(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.norms or any(n not in STATS_NORMS for n in self.norms):
-            raise ValueError(f"norms must be drawn from {STATS_NORMS}, got {self.norms}")
+        check_bool("bias_after_norm", self.bias_after_norm)
+        known = AFFINE_NORMS if self.bias_after_norm else STATS_NORMS
+        if not self.norms or any(n not in known for n in self.norms):
+            raise ValueError(f"norms must be drawn from {known}"
+                             f"{' (bias_after_norm)' if self.bias_after_norm else ''}, got "
+                             f"{self.norms}")
         for name in ("hidden_size", "depth", "batch_size", "eval_every"):
             check_size(name, getattr(self, name))
         if not self.lr > 0:
@@ -91,7 +147,8 @@ def get_config(scale: str = "quick", **overrides: Any) -> Config:
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train a :class:`NormMLP` with every norm of ``config.norms``, the seeds of each norm as
+    """Train the network of ``config`` (:class:`NormMLP`, or :class:`BiasAfterMLP` with
+    ``bias_after_norm``) with every norm of ``config.norms``, the seeds of each norm as
     one stacked model (a job of :func:`lnbook.engine.runner.sweep`). Runs record
     ``val_nll``/``val_error`` (359 held-out digits), ``train_nll``/``train_error`` and, in
     ``info``, ``weight_growth`` per hidden layer; ``Results.info`` holds ``majority_error``."""
@@ -107,11 +164,11 @@ def run(config: Config, device: str | torch.device = "auto",
                  info={"majority_class": majority, "majority_error": majority_error})
 
 
-def _loss(model: NormMLP, x: Tensor, y: Tensor) -> Tensor:
+def _loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     return F.cross_entropy(model(x), y)
 
 
-def _nll_and_error(model: NormMLP, x: Tensor, y: Tensor) -> Tensor:
+def _nll_and_error(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """One copy's mean NLL (nats) and error rate on ``(x, y)``, ``(2,)``."""
     logits = model(x)  # (N, 10)
     return torch.stack([F.cross_entropy(logits, y), (logits.argmax(-1) != y).float().mean()])
@@ -119,17 +176,19 @@ def _nll_and_error(model: NormMLP, x: Tensor, y: Tensor) -> Tensor:
 
 def train(config: Config, data: tuple[Tensor, ...], job: Job) -> list[tuple[History, dict]]:
     """Every seed of norm ``job.params`` as one :class:`~lnbook.engine.Stack` of
-    :class:`NormMLP` (copy ``k`` built under ``torch.manual_seed(seed_k)`` and fed the batches
-    :class:`~lnbook.engine.Batches` gives that seed, as a run alone), trained with Adam by
+    :class:`NormMLP` or :class:`BiasAfterMLP` (copy ``k`` built under
+    ``torch.manual_seed(seed_k)`` and fed the batches :class:`~lnbook.engine.Batches` gives
+    that seed, as a run alone), trained with Adam by
     :func:`~lnbook.engine.copies.train_copies` on the digits ``data`` (``x, y, x_val,
     y_val``); ``weight_growth`` (each hidden layer's weight norm at the end over its start) in
     each run's info."""
     x, y, xv, yv = (t.to(job.device) for t in data)
+    net = BiasAfterMLP if config.bias_after_norm else NormMLP
     models = []
     for seed in job.seeds:
         torch.manual_seed(seed)
-        models.append(NormMLP(job.params, config.hidden_size, config.depth))
-    start = [[float(layer.weight.detach().norm()) for layer in m.layers] for m in models]
+        models.append(net(job.params, config.hidden_size, config.depth))
+    start = [[float(w.detach().norm()) for w in _hidden_weights(m)] for m in models]
     stack = Stack(models).to(job.device)
     batches = [Batches(x, y, batch_size=config.batch_size, seed=s) for s in job.seeds]
 
@@ -148,75 +207,17 @@ def train(config: Config, data: tuple[Tensor, ...], job: Job) -> list[tuple[Hist
     hists = train_copies(losses, evaluate, opt, [History() for _ in job.seeds], config.steps,
                          config.eval_every, state=stack, checkpoint=job.checkpoint,
                          bar=job.bar, label=job.label)
-    return [(h, {"weight_growth": [float(layer.weight.detach().norm()) / n0
-                                   for layer, n0 in zip(m.layers, s0, strict=True)]})
+    return [(h, {"weight_growth": [float(w.detach().norm()) / n0
+                                   for w, n0 in zip(_hidden_weights(m), s0, strict=True)]})
             for h, m, s0 in zip(hists, stack.unstack(), start, strict=True)]
 
 
-#: The two arms of :func:`run_affine`: layer norm with its gain and bias, and without them.
-AFFINE_NORMS = ("layer", "simple")
-
-
-def affine_mlp(seeds: tuple[int, ...] | list[int], hidden: int = 32, depth: int = 3) -> SeedMLP:
-    """Both arms of :func:`run_affine` for every seed, as one batched
-    :class:`~lnbook.batched.SeedMLP` (``hidden_bias=False``, ``affine=True``).
-
-    Slices ``0 .. S-1``: layer norm with gain and bias; ``S .. 2S-1``: LayerNorm-simple followed by
-    a bias (its gains' gradients zeroed, so they stay 1). Slices ``i`` and ``S + i`` start from the
-    network built under ``torch.manual_seed(seeds[i])``.
-    """
-    seeds = tuple(int(s) for s in seeds)
-    if not seeds:
-        raise ValueError("seeds must name at least one seed")
-    sizes, n = (64, *[hidden] * depth, 10), len(seeds)
-    model = SeedMLP(2 * n, sizes, "layer", hidden_bias=False, affine=True)
-    with torch.no_grad():
-        for i, seed in enumerate(seeds):
-            torch.manual_seed(seed)
-            one = SeedMLP(1, sizes, "layer", hidden_bias=False, affine=True)
-            for p, q in zip(model.parameters(), one.parameters(), strict=True):
-                p[i] = p[n + i] = q[0]
-    keep = torch.cat([torch.ones(n), torch.zeros(n)]).view(-1, 1, 1)  # (2S, 1, 1)
-    for g in model.gains:
-        g.register_hook(lambda grad: grad * keep)
-    return model
-
-
-def run_affine(config: Config) -> dict[str, dict[str, Any]]:
-    """LayerNorm against LayerNorm-simple where every ReLU keeps its threshold (:func:`affine_mlp`,
-    every seed at once, trained by the engine's
-    :func:`~lnbook.engine.copies.train_copies`, batches as
-    :class:`~lnbook.engine.train.Batches`). Returns ``{norm: {"val_nll", "val_error", "train_nll":
-    (S,)}}`` and ``"info"``: ``{"majority_error": float}``.
-    """
-    check_config(config, Config)
-    seeds = resolve_seeds(config.seeds)
-    x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
-    xv, yv = load_digits_tensor("test", flatten=True)  # (359, 64), (359,)
-    majority = int(torch.bincount(y).argmax())
-    with cpu_threads(config.threads):
-        model = affine_mlp(seeds, config.hidden_size, config.depth)
-        opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-        batches = seed_batches(x, y, config.batch_size, seeds)
-
-        def losses(step: int) -> Tensor:  # (2S,): both arms of every seed on its batch
-            xb, yb = batches(step)  # (S, B, 64), (S, B)
-            return seed_nll(model(torch.cat([xb, xb])), torch.cat([yb, yb]))
-
-        copies = [History() for _ in range(2 * len(seeds))]
-        train_copies(losses, lambda: [{} for _ in copies], opt, copies, config.steps,
-                     config.steps)  # measured below, once
-        with torch.no_grad():
-            logits = model(xv)  # (2S, 359, 10)
-            val = seed_nll(logits, yv).double().numpy()
-            err = (logits.argmax(-1) != yv).double().mean(1).numpy()
-            train = seed_nll(model(x), y).double().numpy()
-    n = len(seeds)
-    out: dict[str, dict[str, Any]] = {
-        arm: {"val_nll": val[k * n:(k + 1) * n], "val_error": err[k * n:(k + 1) * n],
-              "train_nll": train[k * n:(k + 1) * n]} for k, arm in enumerate(AFFINE_NORMS)}
-    out["info"] = {"majority_error": float((yv != majority).float().mean())}
-    return out
+def _hidden_weights(model: nn.Module) -> list[Tensor]:
+    """The weight matrices in front of a norm, of a :class:`NormMLP` or a
+    :class:`BiasAfterMLP`."""
+    if isinstance(model, BiasAfterMLP):
+        return model.hidden_weights
+    return [layer.weight for layer in model.layers]
 
 
 #: Rule 0 of P13 and P14: a run leaves the trivial phase when its held-out error is at least
@@ -239,14 +240,15 @@ def p13_inputs(results: Results) -> dict[str, dict[str, Any]]:
             "trivial_ok": dict.fromkeys(parts, left)}
 
 
-def p14_inputs(affine: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """P14's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from the
-    output of :func:`run_affine`, per seed: LayerNorm-simple's final held-out loss over
-    LayerNorm's minus one, the two losses' difference, and the difference of their gaps
-    (held-out minus training loss); a seed counts where both arms' held-out errors are
-    :data:`TRIVIAL_MARGIN` below the majority class's."""
-    ln, simple = affine["layer"], affine["simple"]
-    bar = affine["info"]["majority_error"] - TRIVIAL_MARGIN
+def p14_inputs(results: Results) -> dict[str, dict[str, Any]]:
+    """P14's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim` from a
+    :func:`run` with ``bias_after_norm`` (both :data:`AFFINE_NORMS`), per seed:
+    LayerNorm-simple's final held-out loss over LayerNorm's minus one, the two losses'
+    difference, and the difference of their gaps (held-out minus training loss); a seed counts
+    where both arms' held-out errors are :data:`TRIVIAL_MARGIN` below the majority class's."""
+    ln, simple = ({k: results.final(arm, k) for k in ("val_nll", "val_error", "train_nll")}
+                  for arm in AFFINE_NORMS)
+    bar = results.info["majority_error"] - TRIVIAL_MARGIN
     both = (ln["val_error"] <= bar) & (simple["val_error"] <= bar)
     parts = ("does not hurt", "helps", "over-fits less")
     return {"values": {
