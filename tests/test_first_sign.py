@@ -106,7 +106,7 @@ def test_run_curves_and_pairing():
 def test_registered_with_presets_that_differ():
     q, p = E.get_config("quick"), E.get_config("paper")
     assert EXPERIMENTS["first_sign"] is E
-    assert (q.lengths, q.batch_sizes) == (p.lengths, p.batch_sizes) == ((20, 100), (4, 64))
+    assert (q.lengths, q.batch_sizes) == (p.lengths, p.batch_sizes) == ((20, 60), (4, 64))
     assert p.hidden_size > q.hidden_size and p.steps > q.steps and p.threads is None
 
 
@@ -142,27 +142,27 @@ def test_c22_inputs_combine_the_gains_of_the_four_settings():
               ("ln", 20, 4): [[0.5, 0.2, 0.2], [0.5, 0.3, 0.1]],
               ("plain", 20, 64): [[0.5, 0.3, 0.3], [0.5, 0.4, 0.2]],
               ("ln", 20, 64): [[0.5, 0.3, 0.1], [0.5, 0.2, 0.2]],
-              ("plain", 100, 4): [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]],
-              ("ln", 100, 4): [[0.5, 0.1, 0.1], [0.5, 0.4, 0.3]],
-              ("plain", 100, 64): [[0.5, 0.5, 0.5], [0.5, 0.4, 0.4]],
-              ("ln", 100, 64): [[0.5, 0.3, 0.2], [0.5, 0.2, 0.2]]}
-    res = E.Curves((20, 100), (4, 64), (0, 1), np.arange(3),
+              ("plain", 60, 4): [[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]],
+              ("ln", 60, 4): [[0.5, 0.1, 0.1], [0.5, 0.4, 0.3]],
+              ("plain", 60, 64): [[0.5, 0.5, 0.5], [0.5, 0.4, 0.4]],
+              ("ln", 60, 64): [[0.5, 0.3, 0.2], [0.5, 0.2, 0.2]]}
+    res = E.Curves((20, 60), (4, 64), (0, 1), np.arange(3),
                    {k: np.array(v) for k, v in curves.items()})
     got = E.c22_inputs(res)
     v, ok = got["values"], got["trivial_ok"]
     # d = plain's mean after the start minus LN's: (20,4) 0.1, 0.3; (20,64) 0.1, 0.1;
-    # (100,4) 0.4, 0.15; (100,64) 0.25, 0.2
-    np.testing.assert_allclose(v["LN helps (length 100, batch 4)"], [0.4, 0.15])
+    # (60,4) 0.4, 0.15; (60,64) 0.25, 0.2
+    np.testing.assert_allclose(v["LN helps (length 60, batch 4)"], [0.4, 0.15])
     np.testing.assert_allclose(v["longer sequences, larger gain (batch 4)"], [0.3, -0.15])
     np.testing.assert_allclose(v["longer sequences, larger gain (batch 64)"], [0.15, 0.1])
     np.testing.assert_allclose(v["smaller batches, larger gain (length 20)"], [0.0, 0.2],
                                atol=1e-12)
-    np.testing.assert_allclose(v["smaller batches, larger gain (length 100)"], [0.15, -0.05])
-    # seed 1's LN ends at 0.3 > 0.25 at length 100, batch 4: it counts only at length 20
-    assert ok["LN helps (length 100, batch 4)"].tolist() == [True, False]
+    np.testing.assert_allclose(v["smaller batches, larger gain (length 60)"], [0.15, -0.05])
+    # seed 1's LN ends at 0.3 > 0.25 at length 60, batch 4: it counts only at length 20
+    assert ok["LN helps (length 60, batch 4)"].tolist() == [True, False]
     assert ok["smaller batches, larger gain (length 20)"].tolist() == [True, True]
     d = ledger.decide_claim("C22", **got)
-    assert d.parts["LN helps (length 100, batch 4)"].n_for == 1
+    assert d.parts["LN helps (length 60, batch 4)"].n_for == 1
     assert d.parts["smaller batches, larger gain (length 20)"].n_for == 1
 
 
