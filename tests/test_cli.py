@@ -485,9 +485,9 @@ def test_a_full_disk_is_one_line_and_leaves_no_stray_file(tmp_path, monkeypatch,
 
 
 def _digest(config) -> str:
-    from lnbook.engine.results import _jsonable
+    from lnbook.engine.results import jsonable
     from lnbook.engine.store import config_digest
-    cfg = _jsonable(config)
+    cfg = jsonable(config)
     return config_digest({**cfg, "seeds": list(cfg["seeds"])})
 
 

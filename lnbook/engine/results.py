@@ -19,34 +19,34 @@ from lnbook.engine.metrics import _pick, updates_to_reach
 from lnbook.engine.train import History, UnreadableFile, write_atomically
 from lnbook.table import Table
 
-__all__ = ["Results", "Run", "load_results", "read_json", "save_results",
+__all__ = ["Results", "Run", "jsonable", "load_results", "read_json", "save_results",
            "write_atomically"]
 
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Plain JSON types; non-finite floats become None (strict JSON has no NaN)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(dataclasses.asdict(obj))
+        return jsonable(dataclasses.asdict(obj))
     if hasattr(obj, "to_dict"):
-        return _jsonable(obj.to_dict())
+        return jsonable(obj.to_dict())
     if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, bool) or obj is None or isinstance(obj, int | str):
         return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if hasattr(obj, "tolist"):  # numpy or torch array / scalar
-        return _jsonable(obj.tolist())
+        return jsonable(obj.tolist())
     raise TypeError(f"cannot save a {type(obj).__name__} as JSON: {obj!r}")
 
 
 def save_results(results: Any, path: str | os.PathLike) -> Path:
     """Write ``results`` (a :class:`Results` or a dict) as JSON, atomically; returns the path
     (:class:`CannotWrite` if the disk refuses it, with no ``.tmp`` left)."""
-    text = json.dumps(_jsonable(results), indent=1, allow_nan=False)
+    text = json.dumps(jsonable(results), indent=1, allow_nan=False)
     return write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
@@ -93,7 +93,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(self)
+        return jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Run:
@@ -113,7 +113,7 @@ class Results:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(self)
+        return jsonable(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Results:

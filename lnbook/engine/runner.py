@@ -20,7 +20,7 @@ from tqdm import tqdm
 from lnbook.checks import check_choice, check_size
 from lnbook.device import resolve_device
 from lnbook.engine.job import Job, SweepInterrupted, label, saved_step, train_job
-from lnbook.engine.results import Results, Run, _jsonable
+from lnbook.engine.results import Results, Run, jsonable
 from lnbook.engine.store import (
     OutConflict,
     check_results_file,
@@ -197,7 +197,7 @@ def sweep(name: str, variants: Mapping[str, Any], seeds: int | Sequence[int],
                         f"{type(executor).__name__}")
     dev = resolve_device(device)
     folder = Path(out) if out is not None else None
-    cfg = _jsonable(config)
+    cfg = jsonable(config)
     if isinstance(cfg, dict) and "seeds" in cfg:
         cfg = {**cfg, "seeds": list(seeds)}  # the seeds as trained, whatever the config said
     cap = max_updates()
