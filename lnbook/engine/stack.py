@@ -8,10 +8,12 @@ any :class:`torch.nn.Module`: the copies' parameters are stacked along a new fir
 only on its own slice of the parameters, so the gradient of the summed losses is each copy's
 own, and an elementwise optimizer (SGD, Adam) updates each copy as it would alone.
 
-A module that changes its own state in its forward (batch norm's running averages, a module
-that keeps the last value it saw) cannot run under ``vmap``: such copies are kept as they are
-and run one after the other (``vectorize=False``, chosen by default for batch norm), with the
-same interface and the numbers of the copies run alone.
+Buffers are stacked like parameters, so a module that updates its buffers in place in its
+forward (batch norm's running averages) updates each copy's own slice under ``vmap``. A module
+that cannot run under ``vmap`` (one that turns a tensor into a Python number, such as torch's
+batch norm with ``momentum=None``, whose cumulative average divides by the count of batches
+seen) is kept as it is and its copies run one after the other (``vectorize=False``, chosen by
+default for that batch norm), with the same interface and the numbers of the copies run alone.
 
 Copies that train with settings of their own (a learning rate, a warm-up) are given in
 ``blocks`` of consecutive copies: each block's parameters are tensors of their own, so that
@@ -44,10 +46,11 @@ __all__ = ["Stack"]
 _SEP = "|"  # stands for "." in a stacked parameter's name (module names may not hold dots)
 
 
-def _has_running_state(model: nn.Module) -> bool:
-    """True if ``model`` updates buffers in its forward (batch norm tracking statistics)."""
+def _needs_one_by_one(model: nn.Module) -> bool:
+    """True if ``model`` cannot run under ``vmap``: a torch batch norm that tracks a cumulative
+    average (``momentum=None``) reads its count of batches as a Python number."""
     return any(isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
-               for m in model.modules())
+               and m.momentum is None for m in model.modules())
 
 
 class Stack(nn.Module):
@@ -56,8 +59,8 @@ class Stack(nn.Module):
     Args:
         models: the copies, each an ``nn.Module`` of the same architecture (the same parameter
             and buffer names and shapes); their current values are the stack's start.
-        vectorize: run the copies as one computation (``vmap``); default: unless a copy updates
-            running statistics in its forward (then the copies run one after the other).
+        vectorize: run the copies as one computation (``vmap``); default: unless a copy is a
+            torch batch norm with ``momentum=None`` (then the copies run one after the other).
         blocks: the sizes of consecutive blocks of copies whose parameters are tensors of their
             own (default: one block of all), for :meth:`param_groups`; they sum to ``n``.
 
@@ -84,7 +87,7 @@ class Stack(nn.Module):
             raise ValueError(f"blocks must be ints >= 1 that sum to the {self.n} copies, got "
                              f"{blocks!r}")
         self._ends = list(itertools.accumulate(self.blocks))
-        self.vectorize = (not any(map(_has_running_state, models)) if vectorize is None
+        self.vectorize = (not any(map(_needs_one_by_one, models)) if vectorize is None
                           else bool(vectorize))
         if not self.vectorize:
             self.copies = nn.ModuleList(models)
