@@ -21,7 +21,7 @@ from lnbook.norms import BatchNorm, LayerNorm, WeightNormLinear
 from lnbook.rnn import LNRNNCell
 
 __all__ = [
-    "METHODS", "TRANSFORMATIONS", "PAPER_TABLE_1", "normalized_layer", "transform",
+    "EPS", "METHODS", "TRANSFORMATIONS", "PAPER_TABLE_1", "normalized_layer", "transform",
     "invariance_changes", "invariance_table", "reparameterization_residual", "glm_log_probs",
     "glm_output_covariance", "glm_normalized_inputs", "fisher_information",
     "glm_fisher_closed_form", "metric", "glm_kl_divergence", "gain_direction",
@@ -48,7 +48,8 @@ PAPER_TABLE_1: dict[str, dict[str, bool]] = {
 """Table 1 as printed in the paper, for comparison only (the computed table never reads it)."""
 
 _FAMILIES = ("softmax", "bernoulli")
-_EPS = 1e-12  # inside the square root of BN and LN; float64 keeps the invariances to ~1e-12
+#: the eps inside the square root of BN and LN here; float64 keeps the invariances to ~1e-12
+EPS = 1e-12
 
 
 def _check_matrix(t: object, name: str, cols: int | None = None) -> None:
@@ -57,7 +58,7 @@ def _check_matrix(t: object, name: str, cols: int | None = None) -> None:
 
 
 def normalized_layer(method: str, x: Tensor, weight: Tensor, gain: Tensor, bias: Tensor,
-                     eps: float = _EPS) -> Tensor:
+                     eps: float = EPS) -> Tensor:
     r"""The argument of f in eq. 5, ``g_i / sigma_i * (a_i - mu_i) + b_i``, ``a = x W^T``.
 
     ``method``: ``"batch"`` (statistics of unit i over the N cases, eq. 2), ``"weight"``
@@ -178,7 +179,7 @@ def reparameterization_residual(method: str, seed: int = 0, n: int = 512, d: int
     check_choice("method", method, _ALL_METHODS)
     x, w, g, b, gen = _random_layer(seed, n, d, h)
     if method == "batch":
-        bn = BatchNorm(h, eps=_EPS, momentum=1.0).double().train()
+        bn = BatchNorm(h, eps=EPS, momentum=1.0).double().train()
         x_stats = torch.randn(n, d, generator=gen, dtype=torch.float64) + x.mean(0)
         with torch.no_grad():
             bn(x_stats @ w.T)  # momentum 1: running stats := this batch's statistics
@@ -203,19 +204,21 @@ def _check_theta(theta: Tensor, x: Tensor, method: str) -> None:
 
 
 def glm_log_probs(theta: Tensor, x: Tensor, method: str = "none",
-                  family: str = "softmax") -> Tensor:
+                  family: str = "softmax", eps: float = EPS) -> Tensor:
     """Log-probabilities of every outcome under a (normalized) GLM (eqs. 10 and 5).
 
     ``theta``: ``(H, D + 1)`` rows ``[w_i, b_i]`` for ``method="none"`` (eq. 12), else
     ``(H, D + 2)`` rows ``[w_i, b_i, g_i]`` (eq. 13); x ``(N, D)``. Returns ``(N, H)`` for
     ``family="softmax"``, ``(N, H, 2)`` for ``"bernoulli"`` (H independent logistic GLMs).
+    ``eps``: inside the normalizations' square root (:func:`normalized_layer`).
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
     d = x.shape[1]
     w, b = theta[:, :d], theta[:, d]  # (H, D), (H,)
     # the natural parameters a + b of eq. 10, normalized for the normalized GLMs, (N, H)
-    z = x @ w.T + b if method == "none" else normalized_layer(method, x, w, theta[:, d + 1], b)
+    z = (x @ w.T + b if method == "none"
+         else normalized_layer(method, x, w, theta[:, d + 1], b, eps))
     if family == "softmax":
         return F.log_softmax(z, dim=1)
     return torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1)  # (N, H, 2)
@@ -244,21 +247,23 @@ def glm_normalized_inputs(theta: Tensor, x: Tensor, method: str) -> Tensor:
 
 
 def fisher_information(theta: Tensor, x: Tensor, method: str = "none",
-                       family: str = "softmax") -> Tensor:
+                       family: str = "softmax", eps: float = EPS) -> Tensor:
     r"""The Fisher information matrix F(theta) of eq. 9, exactly, by autograd.
 
     .. math:: F = \frac{1}{N} \sum_n \sum_y P(y|x_n) \, s_{n,y} s_{n,y}^\top
 
     with scores ``s`` through lnbook's layers (for batch norm including mu and sigma's
     dependence on W, eq. 14). Rows in ``theta.flatten()`` order, vec([W, b, g]^T); returns
-    ``(P, P)``, P = theta.numel(). O(N^2 H^2 D) work: for small models.
+    ``(P, P)``, P = theta.numel(). O(N^2 H^2 D) work: for small models. ``eps``: inside the
+    normalizations' square root; inputs scaled by ``c`` with ``eps`` scaled by ``c**2``
+    normalize to exactly the same values.
     """
     check_choice("family", family, _FAMILIES)
     _check_theta(theta, x, method)
     flat = theta.detach().reshape(-1)
 
     def logp(v: Tensor) -> Tensor:
-        return glm_log_probs(v.view_as(theta), x, method, family).reshape(-1)
+        return glm_log_probs(v.view_as(theta), x, method, family, eps).reshape(-1)
 
     jac = torch.autograd.functional.jacobian(logp, flat, vectorize=True)  # (N * outcomes, P)
     with torch.no_grad():

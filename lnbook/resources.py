@@ -33,12 +33,13 @@ def claims_text() -> str:
 
 def benchmark_results() -> dict[str, dict[str, Any]]:
     """Every stored benchmark result, by name (``"layernorm"``, ``"lstm"``, ``"rmsnorm"``,
-    ``"seeds"``): the JSON its script in ``benchmarks/`` last wrote, sorted by name.
+    ``"seeds"``, ``"stack"``): the JSON its script in ``benchmarks/`` last wrote, sorted by
+    name.
 
     Example::
 
         >>> sorted(benchmark_results())
-        ['layernorm', 'lstm', 'rmsnorm', 'seeds']
+        ['layernorm', 'lstm', 'rmsnorm', 'seeds', 'stack']
     """
     folder = _package().joinpath(BENCHMARK_RESULTS)
     if not folder.is_dir():

@@ -257,6 +257,24 @@ def test_gain_metric_input_scaling_normalized_vs_plain_eq35():
     assert before == pytest.approx(float(eq35), rel=1e-9)
 
 
+@pytest.mark.parametrize("method", ["batch", "layer"])
+def test_gain_metric_is_exactly_scale_free_once_eps_scales_with_the_inputs(method):
+    x, theta = _glm(4)
+    d, c = x.shape[1], 0.1
+    if method == "batch":  # close cases: a small spread for batch norm's statistics
+        x = 0.5 + 1e-3 * x
+    else:  # alike units: a small spread for layer norm's
+        theta[:, :d] = theta[0, :d] + 1e-2 * theta[:, :d]
+    delta_g = torch.tensor([1.0, -0.5, 0.25], dtype=F64)
+    direction = A.gain_direction(theta, delta_g)
+    before = A.metric(A.fisher_information(theta, x, method), direction)
+    same_eps = A.metric(A.fisher_information(theta, c * x, method), direction)
+    scaled_eps = A.metric(A.fisher_information(theta, c * x, method, eps=A.EPS * c**2),
+                          direction)
+    assert abs(scaled_eps / before - 1) < 1e-10  # LN(c a; eps c^2) = LN(a; eps), exactly
+    assert abs(same_eps / before - 1) > 1e-8  # with the same eps, eps / (c^2 var) shows
+
+
 def test_direction_change_demo_slower_turn_for_larger_norm():
     r = A.direction_change_demo(scales=(1.0, 4.0), method="layer", steps=15, n=64, seed=0)
     assert r.losses[0][0] == pytest.approx(r.losses[1][0], rel=1e-9)  # same function at t = 0

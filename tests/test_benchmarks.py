@@ -157,6 +157,33 @@ def test_seeds_benchmark_measures_a_ratio_of_the_same_runs(tmp_path):
                                          + sorted(r["ratio_per_round"])[1] * 0.5)
 
 
+def test_stack_benchmark_measures_ratios_of_the_same_updates(tmp_path):
+    import bench_stack
+
+    out = bench_stack.main(["--copies", "2", "--updates", "1", "--repeats", "3",
+                            "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "stack.json").read_text())
+    assert stored["results"] == out["results"]
+    names = [r["case"] for r in stored["results"]]
+    assert len(names) == len(bench_stack.MLP_CASES) + len(bench_stack.READER_CASES)
+    for r in stored["results"]:
+        assert r["ratio_per_round"] == pytest.approx(
+            [a / b for a, b in zip(r["seconds_stack"], r["seconds_hand"], strict=True)])
+        assert r["ratio"] == pytest.approx(sorted(r["ratio_per_round"])[1])  # the median
+
+
+@pytest.mark.parametrize("pair", [("mlp", "layer", 4), ("mlp", "batch", 128),
+                                  ("reader", "bn_lstm")])
+def test_stack_benchmark_times_the_same_computation_both_ways(pair):
+    import bench_stack
+
+    make = bench_stack.mlp_pair if pair[0] == "mlp" else bench_stack.reader_pair
+    _, stack_losses, _, hand_losses = make(*pair[1:], 3)
+    got, want = stack_losses(), hand_losses()  # (copies,): the same models on the same batch
+    assert got.shape == (3,) and not torch.equal(got[0], got[1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_scripts_write_where_the_chapters_read():
     """The results ship inside the package (one copy): each script's default output is the
     file `lnbook.resources.benchmark_result` reads, and each stored file is one script's."""

@@ -25,7 +25,7 @@ def test_benchmark_results_are_the_stored_files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     stored = {p.stem: json.loads(p.read_text())
               for p in sorted((PACKAGE / "benchmark_results").glob("*.json"))}
-    assert sorted(stored) == ["layernorm", "lstm", "rmsnorm", "seeds"]
+    assert sorted(stored) == ["layernorm", "lstm", "rmsnorm", "seeds", "stack"]
     assert resources.benchmark_results() == stored
     rms = resources.benchmark_result("rmsnorm")
     assert rms == stored["rmsnorm"] and rms["machine"]["cpu"]  # chapter 8 shows both

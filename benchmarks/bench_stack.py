@@ -1,0 +1,144 @@
+"""The engine's stacked copies against the hand-batched ones it has not replaced yet.
+
+Every experiment is meant to train its seeds through :class:`lnbook.engine.Stack`, which runs
+the copies of any ``nn.Module`` as one computation (``torch.func.vmap`` over
+``functional_call``). Two experiments still train hand-batched copies written for one model:
+chapter 6.6's MLP (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one ``baddbmm``
+a layer) and chapter 6.2's attentive reader (:class:`lnbook.experiments.reader.StackedReader`).
+This script measures what replacing them would cost: in each round it times the same update
+(Adam on the summed per-copy losses, the same batch for both) both ways, and reports the
+median over the rounds of the per-round ratio ``Stack / hand-batched`` (above 1: the engine's
+Stack is slower), a ratio measured in one run.
+
+    python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from common import RESULTS, machine_description
+
+from lnbook.batched import seed_nll
+from lnbook.engine import Stack
+from lnbook.experiments import mnist, reader
+
+MLP_CASES = tuple((norm, bs) for norm in mnist.NORMS for bs in (128, 4))
+READER_CASES = ("lstm", "ln_lstm", "bn_lstm")
+
+
+Pair = tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.nn.Module,
+             Callable[[], torch.Tensor]]  # (stack, its losses, hand-batched, its losses)
+
+
+def _updates(model: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[int], float]:
+    """``n -> seconds`` of ``n`` Adam updates of ``model`` on ``loss()`` (copies summed)."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            opt.zero_grad()
+            loss().sum().backward()
+            opt.step()
+        return time.perf_counter() - start
+    return run
+
+
+def mlp_pair(norm: str, batch_size: int, copies: int) -> Pair:
+    """Chapter 6.6's MLP (the quick preset's widths): ``mnist.seed_model`` (a ``SeedMLP``)
+    and a ``Stack`` of the ``mnist.MLP`` of each seed, on one random batch per copy."""
+    cfg = mnist.get_config("quick")
+    seeds = tuple(range(copies))
+    sizes = (784, *cfg.hidden, 10)
+    unbiased = batch_size <= cfg.bn_unbiased_max_batch
+    hand = mnist.seed_model(cfg, norm, batch_size, seeds)
+    models = []
+    for s in seeds:
+        torch.manual_seed(s)
+        models.append(mnist.MLP(sizes, norm, bn_unbiased=unbiased))
+    stack = Stack(models)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(copies, batch_size, 784, generator=g)
+    y = torch.randint(10, (copies, batch_size), generator=g)
+    return (stack, lambda: stack.call(lambda m, u, v: F.cross_entropy(m(u), v), x, y),
+            hand, lambda: seed_nll(hand(x), y))
+
+
+def reader_pair(variant: str, copies: int) -> Pair:
+    """Chapter 6.2's attentive reader (the quick preset): a ``Stack`` of the seeds' models and
+    the ``StackedReader`` of the same models, on one batch of training rows per copy."""
+    cfg = reader.get_config("quick")
+    train = reader.make_cloze(cfg.n_train, seed=cfg.data_seed, n_entities=cfg.n_entities,
+                              sentences=cfg.sentences, n_relations=cfg.n_relations,
+                              blank=cfg.blank)
+
+    def models() -> list[reader.AttentiveReader]:
+        out = []
+        for s in range(copies):
+            torch.manual_seed(s)
+            out.append(reader.AttentiveReader(
+                len(train.vocab), cfg.n_entities, train.passages.shape[1],
+                train.queries.shape[1], cfg.embed_size, cfg.hidden_size, variant,
+                cfg.bn_gain_init, cfg.ln_small_gain))
+        return out
+
+    stack, hand = Stack(models()), reader.StackedReader(models())
+    g = torch.Generator().manual_seed(0)
+    rows = torch.stack([torch.randperm(len(train), generator=g)[: cfg.batch_size]
+                        for _ in range(copies)])  # (copies, B)
+    batch = tuple(t[rows] for t in train.tensors())
+    return (stack, lambda: stack.call(lambda m, *b: m(*b), *batch),
+            hand, lambda: hand.losses(*batch))
+
+
+def bench(name: str, pair: Pair, updates: int, repeats: int) -> dict[str, Any]:
+    """Seconds per update both ways, round by round (one warm-up update each first)."""
+    stacked, hand = _updates(*pair[:2]), _updates(*pair[2:])
+    stacked(1), hand(1)
+    s_stack, s_hand = [], []
+    for _ in range(repeats):
+        s_stack.append(stacked(updates) / updates)
+        s_hand.append(hand(updates) / updates)
+    ratios = [a / b for a, b in zip(s_stack, s_hand, strict=True)]
+    return {"case": name, "seconds_stack": s_stack, "seconds_hand": s_hand,
+            "ratio_per_round": ratios, "ratio": statistics.median(ratios)}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--copies", type=int, default=5)
+    p.add_argument("--updates", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--note", default=None)
+    p.add_argument("--out", default=str(RESULTS))
+    a = p.parse_args(argv)
+    if min(a.copies, a.updates, a.repeats, a.threads) < 1:
+        p.error("--copies, --updates, --repeats and --threads must be >= 1")
+    torch.set_num_threads(a.threads)
+    results = [bench(f"mnist MLP, {norm}, batch {bs}", mlp_pair(norm, bs, a.copies),
+                     a.updates, a.repeats) for norm, bs in MLP_CASES]
+    results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies), a.updates,
+                      a.repeats) for v in READER_CASES]
+    out = {"machine": machine_description(torch.device("cpu"), a.note),
+           "config": {"copies": a.copies, "updates": a.updates, "repeats": a.repeats},
+           "results": results}
+    path = Path(a.out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "stack.json").write_text(json.dumps(out, indent=1) + "\n")
+    for r in results:
+        print(f"{r['case']:32s} Stack / hand-batched: {r['ratio']:.2f}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
