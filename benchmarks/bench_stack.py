@@ -2,13 +2,14 @@
 
 Every experiment is meant to train its seeds through :class:`lnbook.engine.Stack`, which runs
 the copies of any ``nn.Module`` as one computation (``torch.func.vmap`` over
-``functional_call``). Two experiments still train hand-batched copies written for one model:
-chapter 6.6's MLP (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one ``baddbmm``
-a layer) and chapter 6.2's attentive reader (:class:`lnbook.experiments.reader.StackedReader`).
-This script measures what replacing them would cost: in each round it times the same update
-(Adam on the summed per-copy losses, the same batch for both) both ways, and reports the
-median over the rounds of the per-round ratio ``Stack / hand-batched`` (above 1: the engine's
-Stack is slower), a ratio measured in one run.
+``functional_call``). Four experiments still train hand-batched copies written for one model:
+chapters 6.6 and 6.8 (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one
+``baddbmm`` a layer), 6.2 (:class:`lnbook.experiments.reader.StackedReader`), 6.4 and 6.5
+(``StackedDRAW``, ``StackedHandwriting``). This script measures what replacing two of them,
+chapter 6.6's MLP and chapter 6.2's attentive reader, would cost: in each round it times the
+same update (Adam on the summed per-copy losses, the same batch for both) both ways, and
+reports the median over the rounds of the per-round ratio ``Stack / hand-batched`` (above 1:
+the engine's Stack is slower), a ratio measured in one run.
 
     python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
 """
