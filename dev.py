@@ -782,8 +782,9 @@ def _per_seed(results) -> dict:
 def pilot_claim(claim_id: str, out_dir: Path = PILOTS) -> dict:
     """Run `claim_id`'s declared pilot (`pilot:` in lnbook/claims.yml) and write
     `out_dir/<claim_id>.json`: the experiment, the pilot seeds (lnbook.seeds.pilot_seeds),
-    per design variant tried its full config and per-seed quantities, and what was chosen.
-    Runs inside .venv, on the CPU, one variant after the other."""
+    per design variant tried its full config and per-seed quantities (of a run, or of the
+    pilot's `measure` on untrained models), and what was chosen. Runs inside .venv, on the CPU,
+    one variant after the other."""
     import datetime
     import time as _time
 
@@ -802,9 +803,12 @@ def pilot_claim(claim_id: str, out_dir: Path = PILOTS) -> dict:
     for variant in p.tried:
         cfg = module.get_config("quick", **{**p.config, **variant, "seeds": seeds})
         start = _time.perf_counter()
-        results = module.run(cfg, device="cpu")
-        figures = (getattr(module, p.quantities)(results) if p.quantities
-                   else _per_seed(results))
+        if p.measure:  # untrained models: the measure reads the config, nothing is trained
+            figures = getattr(module, p.measure)(cfg)
+        else:
+            results = module.run(cfg, device="cpu")
+            figures = (getattr(module, p.quantities)(results) if p.quantities
+                       else _per_seed(results))
         seconds = round(_time.perf_counter() - start, 1)
         config = dataclasses_asdict(cfg)
         tried.append({"overrides": variant, "config": config, "seconds": seconds,

@@ -1030,7 +1030,7 @@ def check_ln_mlp(model_fn: Callable[[], nn.Module], steps: int = 100, batch_size
         raise ExerciseError(name, "output", f"one image alone and the same image in a batch of "
                             f"8 get logits that differ by {gap:.2e}: something in the model "
                             "mixes the examples of a batch")
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     with cpu_threads(1):  # a tiny model: more threads only add overhead
         hist = fit(model, Batches(x, y, batch_size=batch_size, seed=seed), opt, steps=steps,
                    eval_every=steps, eval_fn=partial(classification_metrics, x=xt, y=yt),

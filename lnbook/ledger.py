@@ -647,7 +647,7 @@ def format_seen(text: str, figures: Mapping[str, Any]) -> str:
 
 # --- pilots: the design runs a claim declares (python3 dev.py pilot CLAIM) -------------------
 
-_PILOT_FIELDS = {"experiment", "seeds", "config", "tried", "chose", "quantities"}
+_PILOT_FIELDS = {"experiment", "seeds", "config", "tried", "chose", "quantities", "measure"}
 
 
 @dataclass(frozen=True)
@@ -655,9 +655,11 @@ class Pilot:
     """A claim's declared pilot (``pilot:`` in ``claims.yml``): ``experiment`` (a registered
     name), ``seeds`` (how many of :func:`lnbook.seeds.pilot_seeds`), ``config`` (overrides of
     its quick preset), ``tried`` (the design variants: each a mapping of further overrides; one
-    empty variant when absent), ``chose`` (what was chosen, in words) and ``quantities`` (the
+    empty variant when absent), ``chose`` (what was chosen, in words), ``quantities`` (the
     name of a function of the experiment module, ``f(results) -> {name: per-seed values}``,
-    or None: each variant's final metrics per seed)."""
+    or None: each variant's final metrics per seed) and ``measure`` (the name of a function
+    ``f(config) -> quantities`` that measures untrained models instead of running the
+    experiment, for a design read at initialization; None: the experiment is run)."""
 
     experiment: str
     seeds: int
@@ -665,6 +667,7 @@ class Pilot:
     tried: tuple[dict[str, Any], ...] = ({},)
     chose: str = ""
     quantities: str | None = None
+    measure: str | None = None
 
 
 def pilot_from(claim_id: str, d: Mapping[str, Any]) -> Pilot:
@@ -685,8 +688,12 @@ def pilot_from(claim_id: str, d: Mapping[str, Any]) -> Pilot:
                          "are the pilot's own)")
     if not isinstance(tried, list) or not all(isinstance(t, Mapping) for t in tried):
         raise ValueError(f"{claim_id}: pilot 'tried' is a list of config overrides")
+    if d.get("quantities") and d.get("measure"):
+        raise ValueError(f"{claim_id}: a pilot either runs the experiment ('quantities' of its "
+                         "results) or measures untrained models ('measure'), not both")
     return Pilot(str(d["experiment"]), n, dict(config), tuple(dict(t) for t in tried),
-                 " ".join(str(d.get("chose", "")).split()), d.get("quantities"))
+                 " ".join(str(d.get("chose", "")).split()), d.get("quantities"),
+                 d.get("measure"))
 
 
 def load_pilots(path: str | os.PathLike | None = None) -> dict[str, Pilot]:
@@ -755,8 +762,15 @@ def _median(values: list[Any]) -> str:
 
 
 def _summary(quantities: Mapping[str, Any]) -> str:
-    """``name value`` for every quantity of one arm, per-seed lists by their median, and a run
-    of indexed names (``var_0``, ``var_1``, ...) as one entry (``var_0…8 [a, b, ...]``)."""
+    """``name value`` for every quantity of one arm, per-seed lists by their median, a single
+    float to 3 significant digits, and a run of indexed names (``var_0``, ``var_1``, ...) as one
+    entry (``var_0…8 [a, b, ...]``)."""
+
+    def shown(v: Any) -> str:
+        if isinstance(v, float):
+            v = [v]  # one value: its own median
+        return _median(v) if isinstance(v, list) else str(v)
+
     parts, done = [], set()
     for name, vals in quantities.items():
         if name in done:
@@ -767,11 +781,10 @@ def _summary(quantities: Mapping[str, Any]) -> str:
             run.append(f"{m.group(1)}_{len(run)}")
         if len(run) > 1:
             done.update(run)
-            meds = ", ".join(_median(quantities[k]) if isinstance(quantities[k], list)
-                             else str(quantities[k]) for k in run)
+            meds = ", ".join(shown(quantities[k]) for k in run)
             parts.append(f"{m.group(1)}_0…{len(run) - 1} [{meds}]")
             continue
-        parts.append(f"{name} {_median(vals) if isinstance(vals, list) else vals}")
+        parts.append(f"{name} {shown(vals)}")
     return ", ".join(parts)
 
 

@@ -406,6 +406,38 @@ def test_the_engine_is_one_package_and_the_old_addresses_are_gone():
             importlib.import_module(old)
 
 
+def test_every_optimizer_in_the_package_updates_its_tensors_in_one_call():
+    """Each ``torch.optim`` optimizer built in ``lnbook/`` is given ``foreach=True`` or
+    ``fused=...``. On a CPU torch otherwise loops over the tensors in Python (its default
+    ``foreach`` is for CUDA), about 3x slower for Adam at the stacked sizes and bit-identical
+    to ``foreach`` (checked here on a step of a stacked MLP's shapes)."""
+    import ast
+
+    root = Path(P.__file__).resolve().parents[1]
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and ast.unparse(node.func.value) == "torch.optim"
+                    and not {"foreach", "fused"} & {k.arg for k in node.keywords}):
+                missing.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not missing, missing
+    shapes = [(5, 784, 64), (5, 64), (5, 64, 10)]
+    finals = []
+    for foreach in (False, True):
+        g = torch.Generator().manual_seed(0)
+        params = [torch.randn(s, generator=g).requires_grad_() for s in shapes]
+        opt = torch.optim.Adam(params, lr=1e-2, foreach=foreach)
+        for _ in range(5):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        finals.append(params)
+    assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+    assert not torch.equal(finals[0][0], torch.randn(shapes[0], generator=torch.Generator()
+                                                     .manual_seed(0)))  # it did update
+
+
 def _train_stack(job: P.Job) -> list[History]:
     """A stacked job: one result per (variant, seed) of the job, as if trained one by one."""
     return [_train_one(P.Job.one(v, job.variants[v], s)) for v, s in job.pairs]

@@ -630,8 +630,9 @@ def test_every_declared_pilot_names_a_registered_experiment_and_its_fields():
                 f"{p.experiment}'s Config")
             module.get_config("quick", **{**p.config, **over})  # the preset takes them
         assert p.chose, f"{cid}: a pilot says what was chosen"
-        if p.quantities:
-            assert callable(getattr(module, p.quantities, None)), cid
+        for name in (p.quantities, p.measure):
+            if name:
+                assert callable(getattr(module, name, None)), f"{cid}: {name}"
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -641,6 +642,7 @@ def test_every_declared_pilot_names_a_registered_experiment_and_its_fields():
     ({"experiment": "dyt", "seeds": 3, "config": {"seeds": 5}}, "the pilot's own"),
     ({"experiment": "dyt", "seeds": 3, "tried": {"lr": 0.1}}, "list of config overrides"),
     ({"experiment": "dyt", "seeds": 3, "budget": 1}, "unknown fields"),
+    ({"experiment": "dyt", "seeds": 3, "quantities": "f", "measure": "g"}, "not both"),
 ])
 def test_pilot_from_rejects_bad_entries(fields, message):
     with pytest.raises(ValueError, match=f"P12: .*{message}"):

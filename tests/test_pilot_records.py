@@ -16,6 +16,9 @@ from lnbook import ledger
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 DROPDOWN = "How this experiment was designed"
+# the titles where one dropdown covers several experiments (chapter 13) or a measurement of
+# untrained models (chapter 9's P04)
+DROPDOWNS = (DROPDOWN, "How these experiments were designed", "How this measurement was designed")
 
 
 PILOTS = ROOT / "lnbook" / "pilots"
@@ -58,6 +61,46 @@ def test_dev_pilot_layout_p16():
     assert "1. the declared config (23.7 s)" in md
     assert "Chosen: the stability part as the rise of the final loss" in md
     assert md.count("\n   - `") == 7  # the seven arms: Pre-LN and Peri-LN at 3 rates, Post-LN
+
+
+def test_dev_pilot_layout_with_the_claims_quantities_p14():
+    """P14's pilot names its quantities (``norm_ablation.p14_pilot``): the parts' per-seed
+    values by their median and the two counts as they are, per length tried."""
+    raw = _raw("P14")
+    md = ledger.pilot_markdown("P14")
+    assert [t["overrides"]["steps"] for t in raw["tried"]] == [150, 300, 450]
+    for k, t in enumerate(raw["tried"], 1):
+        p14 = t["quantities"]["P14"]
+        ratio = np.asarray(p14["does not hurt"])
+        assert p14["seeds within 5 %"] == int((ratio <= 0.05).sum())
+        loss = {a: np.asarray(t["quantities"][a]["val_nll"]) for a in ("layer", "simple")}
+        np.testing.assert_allclose(ratio, loss["simple"] / loss["layer"] - 1, rtol=1e-12)
+        item = md.split(f"\n{k}. ")[1].split("\n\n")[0]
+        assert (f"does not hurt {_g(np.median(ratio))}, " in item
+                and f"seeds within 5 % {p14['seeds within 5 %']}" in item), item
+
+
+def test_measure_layout_p04():
+    """P04's pilot measures untrained models (``measure: p04_pilot``): a single float is shown
+    to 3 significant digits, a count as it is, a per-seed list by its median."""
+    raw = _raw("P04")
+    md = ledger.pilot_markdown("P04")
+    (t,) = raw["tried"]
+    exp = t["quantities"]["Post-LN, 8 blocks, last over first (root mean square)"]
+    assert f"over all 160 seeds {_g(exp['over all 160 seeds'])}, " in md
+    assert _g(exp["over all 160 seeds"]) == "1.15"
+    assert "below 1 in groups of 16 (1 of 10), below 1 in groups of 32 (0 of 5)" in md
+    parts = t["quantities"]["P04 on the first 10 seeds"]
+    assert f"Pre-LN does not grow {_g(np.median(parts['Pre-LN does not grow']))}" in md
+
+
+def test_every_declared_pilot_has_its_record():
+    """A claim that declares a pilot in ``claims.yml`` has its record, unless its pilot is
+    another claim's (``chose: the same pilot as ...``)."""
+    pilots = ledger.load_pilots()
+    shared = {c for c, p in pilots.items() if p.chose.startswith("the same pilot as")}
+    missing = set(pilots) - shared - {p.stem for p in PILOTS.glob("*.json")}
+    assert not missing, f"declared pilots without a record: {sorted(missing)}"
 
 
 def test_design_map_layout_p23_p29():
@@ -111,8 +154,8 @@ def test_sphere_layout():
 
 
 def test_errors_name_the_claim():
-    with pytest.raises(FileNotFoundError, match=r"P05: no pilot record .*'P16'"):
-        ledger.pilot_markdown("P05")
+    with pytest.raises(FileNotFoundError, match=r"P07: no pilot record .*'P16'"):
+        ledger.pilot_markdown("P07")
     with pytest.raises(FileNotFoundError, match="chosen without a pilot"):
         ledger.pilot_record("C01")
     with pytest.raises(FileNotFoundError, match=r"\.\./P16: no pilot record"):
@@ -138,7 +181,8 @@ def _rendered(nb) -> tuple[set[str], str]:
             glued.add(call.group(1))
             names.update(re.findall(r"\"(\w+)\"", call.group(2)))
     dropdowns = "\n".join(c.source for c in nb.cells
-                          if c.cell_type == "markdown" and DROPDOWN in c.source)
+                          if c.cell_type == "markdown"
+                          and any(d in c.source for d in DROPDOWNS))
     shown = set(re.findall(r"\{glue:md\} (\w+)", dropdowns))
     return (names if glued and glued <= shown else set()), dropdowns
 

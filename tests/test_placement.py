@@ -136,3 +136,29 @@ def test_p04_inputs_read_the_gradient_profiles():
     assert v["Post-LN grows in expectation"] == [pytest.approx((25.76 / 0.14) ** 0.5)]
     d = ledger.decide_claim("P04", values=v)
     assert set(d.parts) == set(v)
+
+
+def test_p04_pilot_measures_the_expectation_over_groups_and_the_parts():
+    """P04's pilot: the Post-LN root mean square ratio over all seeds and over disjoint groups
+    (as the ratio of :func:`placement.gradient_profiles` computed here), and the other two
+    parts on the first seeds as :func:`placement.p04_inputs` gives them."""
+    cfg = placement.get_config("quick", seeds=(3, 4, 5, 6, 7), grad_depths=(1, 2),
+                               grad_batch=16)
+    got = placement.p04_pilot(cfg, groups=(2,), part_seeds=2)
+    deep = placement.gradient_profiles(replace(cfg, grad_depths=(2,), grad_seeds=cfg.seeds),
+                                       positions=("post",))["post"][2]  # (5, 2)
+
+    def ratio(g):
+        return np.sqrt((g[:, 1] ** 2).mean() / (g[:, 0] ** 2).mean())
+
+    exp = got["Post-LN, 2 blocks, last over first (root mean square)"]
+    assert exp["over all 5 seeds"] == pytest.approx(ratio(deep), rel=1e-12)
+    below = sum(ratio(deep[k:k + 2]) < 1 for k in (0, 2))  # two groups of 2, seed 7 left out
+    assert exp["below 1 in groups of 2"] == f"({below} of 2)"
+    parts = placement.p04_inputs(
+        placement.gradient_profiles(replace(cfg, grad_seeds=(3, 4))),
+        {"post": {2: deep[2:]}})["values"]
+    mine = got["P04 on the first 2 seeds"]
+    assert set(mine) == {"Pre-LN does not grow", "Post-LN larger near the output"}
+    for k, v in mine.items():
+        np.testing.assert_allclose(v, parts[k], rtol=1e-12)

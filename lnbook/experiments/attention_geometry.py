@@ -283,7 +283,7 @@ def _train_norm(job: Job, config: Config, train: tuple[Tensor, Tensor],
         return [{"loss": lo, "accuracy": ac}
                 for lo, ac in zip(loss.tolist(), acc.tolist(), strict=True)]
 
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
                          config.eval_every, state=model, generators=gens,
                          checkpoint=job.checkpoint, bar=job.bar, label=job.label)

@@ -191,7 +191,7 @@ def train(config: Config, task: dict[str, Tensor], job: Job) -> list[History]:
                  "test_error": float((a.argmax(1) != yt).double().mean()),
                  "train_nll": float(F.cross_entropy(b, y))} for a, b in zip(lt, lx, strict=True)]
 
-    opt = torch.optim.Adam(stack.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(stack.parameters(), lr=config.lr, foreach=True)
     return train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
                         config.eval_every, state=stack, generators=gens,
                         checkpoint=job.checkpoint, bar=job.bar, label=job.label)

@@ -249,7 +249,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job
     xs, xts = (crop_center(x, crop), crop_center(xt, crop)) if crop else (x, xt)
     torch.manual_seed(job.seed)
     model = ConvNet(config.channels, norm, groups=config.groups, image_size=crop or IMAGE_SIZE)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hist = fit(model, Batches(xs, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=config.steps, device=job.device,
                seed=job.seed, checkpoint=job.checkpoint,

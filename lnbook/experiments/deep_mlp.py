@@ -240,7 +240,8 @@ def train_one(config: Config, data: tuple[Tensor, ...], sizes: tuple[int, ...],
 
     torch.manual_seed(job.seed)
     model = DeepMLP(sizes, job.params, config.init_scale)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
+                          foreach=True)
     probe = LayerProbe(model, opt, config.probe_updates, edges)
     hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed),
                opt, steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,

@@ -664,7 +664,7 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
     """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
     torch.manual_seed(job.seed)
     model = build_model(config, layer_norm=(job.variant == "layer_norm"))
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     history = fit(model, Batches(x_train, batch_size=config.batch_size, seed=job.seed),
                   optimizer, steps=config.steps, eval_every=config.eval_every,
                   eval_fn=partial(DRAW.evaluate_terms, x=x_test.to(job.device)), device=job.device,

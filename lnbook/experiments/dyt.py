@@ -216,7 +216,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], first_seed: int, job: Jo
     keep = job.seed == first_seed
     if job.params == "layer":
         _layer_info(info, "init", model, probe, config.n_points if keep else 0)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hist = fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=config.eval_every, eval_fn=eval_fn,
                device=job.device, seed=job.seed,

@@ -147,7 +147,7 @@ def train_sizes(model_config: TransformerConfig, task: SequenceTask,
     steps = max_updates(steps)  # a smoke run's cap (lnbook.engine.capped), if any
     early_step = min(early_step, steps)
     stack = stack_models(model_config, [s for _, s in copies]).to(task.x.device)
-    opt = torch.optim.Adam(stack.parameters(), lr=lr)
+    opt = torch.optim.Adam(stack.parameters(), lr=lr, foreach=True)
     rows = torch.stack([batch_indices(s, n, steps, batch_size) for n, s in copies])
     hists = [History() for _ in copies]
     diverged: list[int | None] = [None] * len(copies)

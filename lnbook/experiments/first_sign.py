@@ -239,7 +239,7 @@ def train(c: Config, job: Job) -> list[History]:
     Adam; one history per seed."""
     (variant, length, bs), seeds = job.params, job.seeds
     stack = Stack([FirstSignRNN(variant == "ln", c.hidden_size, s) for s in seeds]).to(job.device)
-    opt = torch.optim.Adam(stack.parameters(), lr=c.lr)
+    opt = torch.optim.Adam(stack.parameters(), lr=c.lr, foreach=True)
     gens = [torch.Generator().manual_seed(s * 1_000_003 + 1_000 * length + bs) for s in seeds]
     x_eval, y_eval = first_sign_batch(c.n_eval, length,
                                       torch.Generator().manual_seed(_EVAL_SEED + length))

@@ -240,7 +240,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
     norm, bn_batch = job.params
     torch.manual_seed(job.seed)
     model = ConvNet(norm, config.channels, config.groups, bn_batch)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
 
     def eval_fn(model: nn.Module) -> dict[str, float]:
         m = classification_metrics(model, xt, yt)

@@ -728,7 +728,7 @@ def _train_one(job: Job, config: Config, train: Lines, valid: Lines,
     """One (variant, seed) of :func:`run` with :func:`lnbook.fit` (checkpointed)."""
     model, scales = _start(config, job.variant, job.seed, _head(config, train))
     _clip_hooks(model, config.grad_clip)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hist = fit(model, Batches(*train, batch_size=config.batch_size, seed=job.seed),
                opt, steps=config.steps, eval_every=config.eval_every,
                eval_fn=partial(evaluate, data=valid), device=job.device,
@@ -758,7 +758,8 @@ def _train_stack(job: Job, config: Config, train: Lines, valid: Lines,
         with torch.no_grad():
             return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
 
-    hist = train_copies(losses, evaluate_all, torch.optim.Adam(net.parameters(), lr=config.lr),
+    opt = torch.optim.Adam(net.parameters(), lr=config.lr, foreach=True)
+    hist = train_copies(losses, evaluate_all, opt,
                         [History() for _ in pairs], config.steps, config.eval_every,
                         state=net, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
     net.write_back([model for model, _ in started])

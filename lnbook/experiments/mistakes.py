@@ -128,7 +128,7 @@ def train_digits_mlp(norm: str = "unbiased", hidden: int = 8, steps: int = 300,
     x, y = load_digits_tensor("train", flatten=True)  # (1438, 64), (1438,)
     torch.manual_seed(seed)
     model = DigitsMLP(norm, hidden)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
     fit(model, Batches(x, y, batch_size=32, seed=seed), opt, steps=steps, eval_every=steps,
         device="cpu", seed=seed, loss_fn=lambda m, b: F.cross_entropy(m(b[0]), b[1]),
         progress=False)
@@ -252,7 +252,7 @@ def train_one(config: Config, data: tuple[Tensor, ...], job: Job) -> History:
         return {"update": float((logits - start).square().mean().sqrt()),
                 "val_loss": float(sequence_loss(logits, targets))}
 
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     return fit(model, Batches(x, y, batch_size=config.batch_size, seed=job.seed), opt,
                steps=config.steps, eval_every=1, eval_fn=eval_fn, device=job.device,
                seed=job.seed, loss_fn=lambda m, b: sequence_loss(m(b[0]), b[1]),

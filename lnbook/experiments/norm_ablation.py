@@ -38,7 +38,8 @@ from lnbook.engine.config import RunConfig
 from lnbook.mlp import STATS_NORMS, NormMLP
 
 __all__ = ["NAME", "DESCRIPTION", "AFFINE_NORMS", "BiasAfterMLP", "Config", "get_config", "run",
-           "train", "NORM_LABELS", "TRIVIAL_MARGIN", "p13_inputs", "p14_inputs"]
+           "train", "NORM_LABELS", "TRIVIAL_MARGIN", "p13_inputs", "p14_inputs",
+           "p14_pilot"]
 
 NAME = "norm_ablation"
 DESCRIPTION = ("an MLP on the 8x8 digits with LayerNorm, LayerNorm-simple (no gain and bias), "
@@ -256,3 +257,20 @@ def p14_inputs(results: Results) -> dict[str, dict[str, Any]]:
         parts[1]: simple["val_nll"] - ln["val_nll"],
         parts[2]: (simple["val_nll"] - simple["train_nll"]) - (ln["val_nll"] - ln["train_nll"])},
         "trivial_ok": dict.fromkeys(parts, both)}
+
+
+def p14_pilot(results: Results) -> dict[str, dict[str, Any]]:
+    """What P14's pilot records (``pilot: quantities`` in ``claims.yml``), from a :func:`run`
+    with ``bias_after_norm``: per arm the final held-out and training loss and held-out error
+    per seed; then the per-seed values of P14's parts, how many seeds have both arms out of the
+    trivial phase, and on how many LayerNorm-simple's held-out loss is within 5 % of
+    LayerNorm's (the bound of "does not hurt")."""
+    out: dict[str, dict[str, Any]] = {
+        arm: {k: results.final(arm, k).tolist() for k in ("val_nll", "train_nll", "val_error")}
+        for arm in AFFINE_NORMS}
+    inputs = p14_inputs(results)
+    parts = {part: v.tolist() for part, v in inputs["values"].items()}
+    out["P14"] = {**parts, "seeds out of the trivial phase":
+                  int(inputs["trivial_ok"]["does not hurt"].sum()),
+                  "seeds within 5 %": int((inputs["values"]["does not hurt"] <= 0.05).sum())}
+    return out

@@ -457,7 +457,7 @@ def train_one(config: Config, splits: dict[str, CaptionData], job: Job
     torch.manual_seed(job.seed)
     model = OrderEmbedding(len(splits["train"].vocab), config.word_dim, config.hidden_size,
                            layer_norm=job.params, margin=config.margin)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     # the best validation model (as the paper keeps), saved next to the checkpoint for resume
     best: dict[str, Any] = {"rsum": -math.inf, "state": None}
     best_path = None

@@ -174,7 +174,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
         return [{"test_loss": row[0], **{f"ratio_{i}": r for i, r in enumerate(row[1:], 1)}}
                 for row in m]
 
-    opt = torch.optim.Adam(stack.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(stack.parameters(), lr=config.lr, foreach=True)
     hists = train_copies(losses, evaluate, opt, [History() for _ in seeds], config.steps,
                          config.eval_every, state=stack, generators=gens,
                          checkpoint=job.checkpoint, bar=job.bar, label=job.label)

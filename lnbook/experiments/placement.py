@@ -182,3 +182,38 @@ def p04_inputs(profiles: dict[str, dict[int, np.ndarray]],
 
 
 __all__ += ["p04_inputs"]
+
+
+def p04_pilot(config: Config, groups: tuple[int, ...] = (16, 32, 64),
+              part_seeds: int = 10) -> dict[str, dict[str, Any]]:
+    """P04's pilot (``pilot: measure`` in ``claims.yml``), on untrained models: how many
+    initializations "Post-LN grows in expectation" needs, and what the per-seed parts give.
+
+    With every seed of ``config.seeds`` (the pilot seeds) the Post-LN model of the largest of
+    ``config.grad_depths``: its last block's root mean square gradient norm over its first's,
+    over all the seeds and over disjoint groups of each size of ``groups`` (how many groups
+    fall below 1); on the first ``part_seeds`` seeds, the per-seed values of P04's other two
+    parts (:func:`p04_inputs`, both placements at every depth)."""
+    seeds = resolve_seeds(config.seeds)
+    deep = max(config.grad_depths)
+    post = gradient_profiles(replace(config, grad_depths=(deep,), grad_seeds=seeds),
+                             positions=("post",))["post"][deep]  # (seeds, deep)
+
+    def growth(g: np.ndarray) -> float:  # last block's root mean square over the first's
+        rms = np.sqrt((g ** 2).mean(axis=0))
+        return float(rms[-1] / rms[0])
+
+    expectation: dict[str, Any] = {f"over all {len(seeds)} seeds": growth(post)}
+    for size in groups:
+        ratios = [growth(post[k:k + size]) for k in range(0, len(seeds) - size + 1, size)]
+        expectation[f"below 1 in groups of {size}"] = (f"({sum(r < 1 for r in ratios)} of "
+                                                       f"{len(ratios)})")
+    profiles = gradient_profiles(replace(config, grad_seeds=seeds[:part_seeds]))
+    parts = p04_inputs(profiles, {"post": {deep: post[part_seeds:]}})["values"]
+    return {f"Post-LN, {deep} blocks, last over first (root mean square)": expectation,
+            f"P04 on the first {part_seeds} seeds": {
+                k: np.asarray(v).tolist() for k, v in parts.items()
+                if k != "Post-LN grows in expectation"}}
+
+
+__all__ += ["p04_pilot"]

@@ -506,7 +506,7 @@ def _seeded_model(config: Config, data: ClozeData, variant: str, seed: int) -> A
 def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> History:
     """Train one (variant, seed) of :func:`run` (module level, so a worker process can)."""
     model = _seeded_model(config, train, job.variant, job.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     return fit(model, Batches(*train.tensors(), batch_size=config.batch_size, seed=job.seed),
                opt, steps=config.steps, eval_every=config.eval_every,
                eval_fn=partial(evaluate, data=valid), device=job.device, seed=job.seed,

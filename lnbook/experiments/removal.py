@@ -122,7 +122,7 @@ def adam_updates(model: torch.nn.Module, task: SequenceTask, steps: int, lr: flo
         idx = torch.randint(len(task.x), (batch,), generator=gen)  # (batch,)
         return task.x[idx], task.y[idx]
 
-    fit(model, draw, torch.optim.Adam(model.parameters(), lr=lr), steps=steps,
+    fit(model, draw, torch.optim.Adam(model.parameters(), lr=lr, foreach=True), steps=steps,
         eval_every=steps, device=task.x.device, loss_fn=_batch_loss, progress=False, bar=bar)
 
 

@@ -281,7 +281,7 @@ def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
     def data(step: int) -> tuple[Tensor, Tensor]:
         return _batch(bs, length, job.seed * 1_000_003 + step)
 
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hist = fit(model, data, opt, steps=config.steps, eval_every=config.eval_every,
                eval_fn=eval_fn, device=job.device, seed=job.seed,
                checkpoint=job.checkpoint, bar=job.bar, label=job.label)

@@ -378,7 +378,8 @@ def time_per_update(data: SkipThoughtData, word_dim: int, hidden_size: int, batc
         torch.manual_seed(seed)
         model = SkipThoughts(len(data.vocab), word_dim, hidden_size, layer_norm)
         batches = _Clocked(_batches(data, batch_size, seed))
-        hist = fit(model, batches, torch.optim.Adam(model.parameters(), lr=1e-3), updates + 2,
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+        hist = fit(model, batches, opt, updates + 2,
                    updates + 2, device=dev, seed=seed, progress=False, label=f"timing {v}")
         t = np.diff(batches.marks).tolist() if dev.type == "cpu" else hist.step_times
         times[v] = t[1 : updates + 1] or t  # the first update warms up (all under a cap)
@@ -482,7 +483,7 @@ def train_one(config: Config, data: SkipThoughtData, job: Job
     torch.manual_seed(job.seed)
     model = SkipThoughts(len(data.vocab), config.word_dim, config.hidden_size, job.params)
     start = probe_scores(model, data, config.probe_folds)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
     hist = fit(model, _batches(data, config.batch_size, job.seed), opt, config.steps,
                config.eval_every, eval_fn=lambda m: {"heldout_loss": heldout_loss(m, data)},
                device=job.device, seed=job.seed, checkpoint=job.checkpoint, bar=job.bar,

@@ -183,7 +183,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
             loss = stack.call(_loss, xt, yt, shared=(0, 1))  # (S,)
         return [{"test_loss": v} for v in loss.tolist()]
 
-    opt = torch.optim.Adam(stack.parameters(), lr=dict(config.lrs)[design])
+    opt = torch.optim.Adam(stack.parameters(), lr=dict(config.lrs)[design], foreach=True)
     diverged: list[int | None] = [None] * n  # a copy whose loss stops being finite stops there
     hists = train_copies(losses, evaluate, opt, [History() for _ in range(n)], config.steps,
                          config.eval_every, state=stack, generators=gens,

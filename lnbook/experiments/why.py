@@ -220,7 +220,8 @@ def _sgd(model: nn.Module, hidden: list[Tensor], config: Config, lr: float | Non
     groups = [{"params": hidden, "lr": lr if hidden_lr is None else hidden_lr},
               {"params": [p for p in model.parameters() if id(p) not in ids]}]
     return torch.optim.SGD(groups, lr=lr,
-                           momentum=config.momentum if momentum is None else momentum)
+                           momentum=config.momentum if momentum is None else momentum,
+                           foreach=True)
 
 
 def seed_model(variant: str, seeds: tuple[int, ...], config: Config) -> SeedMLP:
