@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from lnbook.data import load_digits_tensor
 from lnbook.display import wrap
 from lnbook.engine.job import cpu_threads
-from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.metrics import classification_metrics, prior_nll
 from lnbook.engine.train import Batches, fit
 from lnbook.functional import (
     as_rows,
@@ -45,7 +45,7 @@ from lnbook.table import Table
 
 __all__ = [
     "CheckReport", "ExerciseError", "check_layer_norm", "check_layer_norm_backward",
-    "check_layer_norm_function", "check_ln_mlp", "digits_split", "prior_nll",
+    "check_layer_norm_function", "check_ln_mlp", "digits_split",
 ]
 
 ForwardFn = Callable[[Tensor, tuple[int, ...], Tensor, Tensor, float], Tensor]
@@ -913,14 +913,6 @@ def digits_split() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return (*load_digits_tensor("train", flatten=True), *load_digits_tensor("test", flatten=True))
 
 
-def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
-    """Held-out NLL (nats) of the trivial predictor: the training set's class frequencies,
-    add-one smoothed."""
-    counts = torch.bincount(y_train, minlength=classes).to(_F64) + 1.0  # add-one smoothing
-    logp = (counts / counts.sum()).log()
-    return float(-logp[y_test].mean())
-
-
 _NORMALIZERS = (LayerNorm, nn.LayerNorm)
 _BATCH_NORMS = (BatchNorm, nn.modules.batchnorm._BatchNorm)
 _ACTIVATIONS = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.LeakyReLU, nn.SiLU,
@@ -994,7 +986,7 @@ def check_ln_mlp(model_fn: Callable[[], nn.Module], steps: int = 100, batch_size
     ``(N, 10)`` logits. The checker lists the modules one forward pass calls (two hidden
     ``Linear -> LayerNorm -> non-linearity``, logits not normalized), checks that batch size 1
     works, then trains ``steps`` Adam updates with :func:`lnbook.fit` and asks for a held-out
-    NLL below ``margin`` x the trivial predictor's (:func:`prior_nll`).
+    NLL below ``margin`` x the trivial predictor's (:func:`lnbook.engine.metrics.prior_nll`).
 
     Returns:
         A :class:`CheckReport` whose ``figures`` hold ``nll_before``, ``nll_after``,

@@ -131,10 +131,12 @@ def test_probe_ignores_eval_forward_passes():
 
 
 def test_prior_nll_and_log_spread():
+    from lnbook.engine.metrics import prior_nll
+
     y_train = torch.tensor([0, 0, 0, 1])  # add-one shares: 4/6 and 2/6
-    assert deep_mlp.prior_nll(y_train, torch.tensor([0, 1]), classes=2) == pytest.approx(
+    assert prior_nll(y_train, torch.tensor([0, 1]), classes=2) == pytest.approx(
         -(math.log(4 / 6) + math.log(2 / 6)) / 2)
-    assert deep_mlp.prior_nll(torch.arange(10), torch.arange(10)) == pytest.approx(math.log(10))
+    assert prior_nll(torch.arange(10), torch.arange(10)) == pytest.approx(math.log(10))
     np.testing.assert_allclose(deep_mlp.log_spread(np.array([[[1.0, 100.0], [2.0, 2.0]]])),
                                [[2.0, 0.0]])
     with pytest.raises(ValueError, match="positive"):

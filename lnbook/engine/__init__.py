@@ -28,6 +28,7 @@ from lnbook.engine.metrics import (
     best_step,
     classification_metrics,
     mean_after_start,
+    prior_nll,
     speedup,
     updates_to_reach,
 )
@@ -51,6 +52,6 @@ __all__ = [
     "Run", "RunConfig", "Stack", "SweepInterrupted", "UnreadableFile", "WorkersLost",
     "best_step", "capped", "check_scale", "classification_metrics", "cpu_threads", "fit",
     "linear_warmup", "load_results", "make_config", "max_updates", "mean_after_start",
-    "resolve_seeds", "results_file", "save_results", "save_sweep", "speedup", "sweep",
+    "prior_nll", "resolve_seeds", "results_file", "save_results", "save_sweep", "speedup", "sweep",
     "train_copies", "updates_to_reach", "using_executor",
 ]

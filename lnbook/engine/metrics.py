@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["best_step", "classification_metrics", "mean_after_start", "speedup",
+__all__ = ["best_step", "classification_metrics", "mean_after_start", "prior_nll", "speedup",
            "updates_to_reach"]
 
 
@@ -111,3 +111,10 @@ def classification_metrics(model: nn.Module, x: Tensor, y: Tensor,
             nll += float(F.cross_entropy(logits, yb, reduction="sum"))
             wrong += int((logits.argmax(1) != yb).sum())
     return {"nll": nll / len(y), "error": wrong / len(y)}
+
+
+def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
+    """Held-out NLL (nats) on ``y_test`` of the trivial predictor that outputs the training
+    set's class shares, add-one smoothed (no class gets probability 0), in float64."""
+    counts = torch.bincount(y_train, minlength=classes).double() + 1.0  # add-one smoothing
+    return float(-(counts / counts.sum()).log()[y_test].mean())

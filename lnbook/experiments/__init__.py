@@ -1,6 +1,6 @@
-"""The mini-experiments of the book (chapters 3.1, 3.2, 6.1-6.8, 7, Part II): a registry,
-:data:`EXPERIMENTS` (name -> module, each imported when first looked up), of modules that share
-one protocol.
+"""The mini-experiments of the book (chapters 2, 3, 3.1, 3.2, 6.1-6.8, 7, Parts II to IV): a
+registry, :data:`EXPERIMENTS` (name -> module, each imported when first looked up), of modules
+that share one protocol.
 
 Each module defines ``NAME``, ``DESCRIPTION``, a ``@dataclass Config`` with a ``scale`` and
 ``seeds``, ``get_config(scale="quick", **overrides)`` and ``run(config, device="auto",
@@ -18,10 +18,10 @@ from types import ModuleType
 __all__ = ["EXPERIMENTS", "load_experiment"]
 
 _NAMES = (  # the experiment modules, in the book's order; each module's NAME is its file's
-    "batch_noise", "rnn_length", "deep_mlp", "order_embeddings", "reader", "skip_thoughts", "draw",
-    "handwriting", "mnist", "convnet", "why", "first_sign", "rmsnorm", "placement", "group_norm",
-    "qk_norm", "dyt", "mistakes", "norm_ablation", "peri_ln", "depth", "attention_geometry",
-    "removal", "dyt_regime", "design_map", "outliers", "sphere",
+    "batch_noise", "online", "rnn_length", "deep_mlp", "order_embeddings", "reader",
+    "skip_thoughts", "draw", "handwriting", "mnist", "convnet", "why", "first_sign", "rmsnorm",
+    "placement", "group_norm", "qk_norm", "dyt", "mistakes", "norm_ablation", "peri_ln", "depth",
+    "attention_geometry", "removal", "dyt_regime", "design_map", "outliers", "sphere",
 )
 
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from lnbook.checks import check_config, check_subset
 from lnbook.engine import History, Job, Results, Stack, make_config, sweep, train_copies
 from lnbook.engine.config import RunConfig
+from lnbook.engine.metrics import prior_nll
 from lnbook.functional import batch_normalize
 
 __all__ = ["NAME", "DESCRIPTION", "ARMS", "Config", "get_config", "teacher_task", "StatsMLP",
@@ -147,10 +148,9 @@ def run(config: Config, device: str | torch.device = "auto",
     (always answering the most frequent training class) and ``prior_nll``."""
     check_config(config, Config)
     task = teacher_task(config)
-    counts = torch.bincount(task["y"], minlength=config.classes).double()
-    prior = (counts + 1) / (counts.sum() + config.classes)  # add-one smoothed class shares
+    counts = torch.bincount(task["y"], minlength=config.classes)
     info = {"majority_error": float((task["y_test"] != counts.argmax()).double().mean()),
-            "prior_nll": float(-prior.log()[task["y_test"]].mean())}
+            "prior_nll": prior_nll(task["y"], task["y_test"], config.classes)}
     return sweep(NAME, {a: a for a in config.arms}, config.seeds, partial(train, config, task),
                  config=config, device=device, out=out, stack="seeds", steps=config.steps,
                  threads=config.threads, workers=config.workers, info=info)

@@ -20,14 +20,14 @@ from lnbook.checks import check_choice, check_config, check_size, check_subset
 from lnbook.data import load_digits_tensor, load_mnist
 from lnbook.engine.config import RunConfig, make_config
 from lnbook.engine.job import Job
-from lnbook.engine.metrics import classification_metrics
+from lnbook.engine.metrics import classification_metrics, prior_nll
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
 from lnbook.engine.train import Batches, History, fit
 from lnbook.mlp import NORMS, DeepMLP
 
 __all__ = ["NAME", "DESCRIPTION", "NORMS", "PROBE_KEYS", "Config", "get_config", "DeepMLP",
-           "LayerProbe", "log_spread", "prior_nll", "probe_array", "run", "train_one"]
+           "LayerProbe", "log_spread", "probe_array", "run", "train_one"]
 
 NAME = "deep_mlp"
 DESCRIPTION = ("lab 3.2: an 8-layer ReLU MLP started with weights 2x too small, trained by SGD "
@@ -170,14 +170,6 @@ class LayerProbe:
         for key, value in new.items():
             self.records[key].append(value)
         self._summed, self._before = None, None
-
-
-def prior_nll(y_train: Tensor, y_test: Tensor, classes: int = 10) -> float:
-    """NLL (nats) on ``y_test`` of the trivial predictor that outputs the training class shares
-    (add-one smoothed)."""
-    counts = torch.bincount(y_train, minlength=classes).double()
-    p = (counts + 1.0) / (counts.sum() + classes)  # no class has probability 0
-    return float(-p.log()[y_test].mean())
 
 
 def probe_array(results: Results, variant: str, key: str) -> np.ndarray:
