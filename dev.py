@@ -175,7 +175,7 @@ def execute_notebooks() -> None:
     report = check_routes(for_book=True)
     fill_cache(report["notebooks"])
     shutil.rmtree(report.pop("folder"), ignore_errors=True)
-    print(f"  the notebooks executed in {report['seconds'] - report['install_seconds']:.0f} s "
+    print(f"  the notebooks executed in {report['executed_seconds']:.0f} s "
           f"with {os.environ.get('LNBOOK_WORKERS', os.cpu_count() or 1)} worker(s)", flush=True)
     report["key"] = key
     RECEIPT.parent.mkdir(parents=True, exist_ok=True)
@@ -876,7 +876,8 @@ notebook, timeout, save = (sys.argv[1:] + [""])[:3]
 sys.exit(pytest.main([*NBVAL, timeout, notebook], plugins=[KeepOutputs()] if save else []))
 """.replace("NBVAL", repr(NBVAL), 1)
 # run first in each environment: the kernel is the fresh environment's, lnbook the wheel's
-PROBE = "import sys, lnbook; print(sys.prefix); print(lnbook.__file__)"
+PROBE = ("import sys, importlib.util; print(sys.prefix); "
+         "print(importlib.util.find_spec('lnbook').origin)")  # found, not imported (torch)
 # what `dev.py book` executed from the wheel, for `dev.py test` (see `executed_by_book`)
 RECEIPT = ROOT / "_build" / "routes.json"
 
@@ -934,9 +935,9 @@ def executed_by_book() -> list[str]:
 
 def _package_files(python: Path) -> set[str]:
     """Every file of the installed lnbook package (not the byte code Python writes)."""
-    out = subprocess.run([str(python), "-c", "import lnbook, os; print(os.path.dirname("
-                          "lnbook.__file__))"], capture_output=True, text=True, check=True,
-                         cwd=python.parent)
+    out = subprocess.run([str(python), "-c", "import importlib.util; print(importlib.util."
+                          "find_spec('lnbook').submodule_search_locations[0])"],
+                         capture_output=True, text=True, check=True, cwd=python.parent)
     folder = Path(out.stdout.strip())
     return {str(p.relative_to(folder)) for p in folder.rglob("*")
             if "__pycache__" not in p.parts}
@@ -1044,7 +1045,8 @@ def check_routes(names: list[str] | None = None, keep: bool = False, for_book: b
               f"{', '.join(skip)}", flush=True)
         paths = [p for p in paths if p.stem not in skip]
         if not paths:
-            return {"seconds": 0.0, "install_seconds": 0.0, "notebooks": {}}
+            return {"seconds": 0.0, "install_seconds": 0.0, "executed_seconds": 0.0,
+                    "notebooks": {}}
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="lnbook-routes-"))
     print(f"+ routes: building the wheel and two fresh environments in {tmp}", flush=True)
@@ -1078,8 +1080,10 @@ def check_routes(names: list[str] | None = None, keep: bool = False, for_book: b
     print(f"+ executing {len(paths)} notebook(s), each alone in an empty folder, {workers} at a "
           f"time: {counts.get('plain', 0)} with lnbook, {counts.get('data', 0)} with "
           "lnbook[data]", flush=True)
+    executing = time.perf_counter()
     ran = execute_in_folders([(p, python[group[p]]) for p in paths], tmp, env, workers,
                              save=for_book)
+    executed = time.perf_counter() - executing  # the notebooks alone, `workers` at a time
     results, failed = {}, []
     for p in paths:
         results[p.stem] = {k: v for k, v in ran[p.stem].items() if k != "problem"}
@@ -1103,7 +1107,7 @@ def check_routes(names: list[str] | None = None, keep: bool = False, for_book: b
     if not keep and not for_book:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"seconds": round(total, 1), "install_seconds": round(installed, 1),
-            "notebooks": results, "folder": str(tmp)}
+            "executed_seconds": round(executed, 1), "notebooks": results, "folder": str(tmp)}
 
 
 def longest_first_paths(paths: list[Path]) -> list[Path]:
