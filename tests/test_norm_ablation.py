@@ -205,3 +205,12 @@ def test_stacked_seeds_give_the_numbers_of_runs_trained_alone():
             alone = classification_metrics(model, xv, yv)
             assert res.final(norm, "val_nll")[k] == pytest.approx(alone["nll"], abs=1e-5)
             assert res.final(norm, "val_error")[k] == pytest.approx(alone["error"], abs=1e-6)
+
+
+def test_the_module_bounds_are_the_declared_rules():
+    """HURT (P14's "does not hurt") is the rule's bound in claims.yml, which the chapter and
+    the pilot record read through the module."""
+    from lnbook import ledger
+    from lnbook.experiments import norm_ablation
+
+    assert ledger.load_rules()["P14"]["parts"]["does not hurt"].at == norm_ablation.HURT

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from lnbook import ledger
 from lnbook.data import load_digits_tensor
 from lnbook.engine import Batches, History, Results, Run
-from lnbook.experiments import EXPERIMENTS
-from lnbook.experiments import online
+from lnbook.experiments import EXPERIMENTS, online
 
 
 def test_registered_with_presets_and_checked():

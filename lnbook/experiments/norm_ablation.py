@@ -38,8 +38,8 @@ from lnbook.engine.config import RunConfig
 from lnbook.mlp import STATS_NORMS, NormMLP
 
 __all__ = ["NAME", "DESCRIPTION", "AFFINE_NORMS", "BiasAfterMLP", "Config", "get_config", "run",
-           "train", "NORM_LABELS", "TRIVIAL_MARGIN", "p13_inputs", "p14_inputs",
-           "p14_pilot"]
+           "train", "NORM_LABELS", "TRIVIAL_MARGIN", "HURT", "p13_inputs",
+           "p14_inputs", "p14_pilot"]
 
 NAME = "norm_ablation"
 DESCRIPTION = ("an MLP on the 8x8 digits with LayerNorm, LayerNorm-simple (no gain and bias), "
@@ -224,6 +224,9 @@ def _hidden_weights(model: nn.Module) -> list[Tensor]:
 #: Rule 0 of P13 and P14: a run leaves the trivial phase when its held-out error is at least
 #: this much below the error of always predicting the most frequent training class.
 TRIVIAL_MARGIN = 0.5
+#: P14's "does not hurt": LayerNorm-simple's held-out loss at most this fraction above
+#: LayerNorm's (the rule's ``at`` in ``claims.yml``; a test holds them equal).
+HURT = 0.05
 
 
 def p13_inputs(results: Results) -> dict[str, dict[str, Any]]:
@@ -263,8 +266,8 @@ def p14_pilot(results: Results) -> dict[str, dict[str, Any]]:
     """What P14's pilot records (``pilot: quantities`` in ``claims.yml``), from a :func:`run`
     with ``bias_after_norm``: per arm the final held-out and training loss and held-out error
     per seed; then the per-seed values of P14's parts, how many seeds have both arms out of the
-    trivial phase, and on how many LayerNorm-simple's held-out loss is within 5 % of
-    LayerNorm's (the bound of "does not hurt")."""
+    trivial phase, and on how many LayerNorm-simple's held-out loss is within :data:`HURT`
+    of LayerNorm's (the bound of "does not hurt")."""
     out: dict[str, dict[str, Any]] = {
         arm: {k: results.final(arm, k).tolist() for k in ("val_nll", "train_nll", "val_error")}
         for arm in AFFINE_NORMS}
@@ -272,5 +275,5 @@ def p14_pilot(results: Results) -> dict[str, dict[str, Any]]:
     parts = {part: v.tolist() for part, v in inputs["values"].items()}
     out["P14"] = {**parts, "seeds out of the trivial phase":
                   int(inputs["trivial_ok"]["does not hurt"].sum()),
-                  "seeds within 5 %": int((inputs["values"]["does not hurt"] <= 0.05).sum())}
+                  "seeds within 5 %": int((inputs["values"]["does not hurt"] <= HURT).sum())}
     return out
