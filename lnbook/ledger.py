@@ -762,11 +762,13 @@ def _median(values: list[Any]) -> str:
 
 
 def _summary(quantities: Mapping[str, Any]) -> str:
-    """``name value`` for every quantity of one arm, per-seed lists by their median, a single
-    float to 3 significant digits, and a run of indexed names (``var_0``, ``var_1``, ...) as one
-    entry (``var_0…8 [a, b, ...]``)."""
+    """``name value`` for every quantity of one arm, per-seed lists by their median (a list of
+    bools as ``k of n``), a single float to 3 significant digits, and a run of indexed names
+    (``var_0``, ``var_1``, ...) as one entry (``var_0…8 [a, b, ...]``)."""
 
     def shown(v: Any) -> str:
+        if isinstance(v, list) and v and all(isinstance(x, bool) for x in v):
+            return f"{sum(v)} of {len(v)}"  # a per-seed mask: how many seeds it holds for
         if isinstance(v, float):
             v = [v]  # one value: its own median
         return _median(v) if isinstance(v, list) else str(v)
@@ -804,6 +806,9 @@ def _pilot_layout(rec: Mapping[str, Any], name: str) -> dict[str, Any]:
         tried = []
         for t in rec["tried"]:
             q = t.get("quantities", {})
+            if set(q) == {"values", "trivial_ok"}:  # a claim's inputs (``*_inputs(results)``)
+                q = {"per-seed values (median)": q["values"],
+                     "seeds out of the trivial phase": q["trivial_ok"]}
             arms = q if all(isinstance(v, Mapping) for v in q.values()) else {"": q}
             label = ", ".join(f"{k}={v}" for k, v in t["overrides"].items()) or \
                 "the declared config"

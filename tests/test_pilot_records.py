@@ -94,6 +94,19 @@ def test_measure_layout_p04():
     assert f"Pre-LN does not grow {_g(np.median(parts['Pre-LN does not grow']))}" in md
 
 
+def test_inputs_layout_c17():
+    """A pilot whose quantities are a claim's inputs (``values``, ``trivial_ok``) shows each
+    part's median and, for the mask, on how many pilot seeds it holds."""
+    raw = _raw("C17")
+    md = ledger.pilot_markdown("C17")
+    q = raw["tried"][0]["quantities"]
+    part = "robust to batch size"
+    assert "`per-seed values (median)`: faster than BN at batch 128 " in md
+    assert f"{part} {_g(np.median(q['values'][part]))}" in md
+    ok = q["trivial_ok"][part]
+    assert "`seeds out of the trivial phase`: " in md and f"{part} {sum(ok)} of {len(ok)}" in md
+
+
 def test_every_declared_pilot_has_its_record():
     """A claim that declares a pilot in ``claims.yml`` has its record, unless its pilot is
     another claim's (``chose: the same pilot as ...``)."""
