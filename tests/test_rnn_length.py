@@ -191,6 +191,8 @@ def test_two_workers_give_the_numbers_of_one_process():
 
 
 def test_c04_inputs_read_the_errors_within_and_past_the_training_length():
+    import dataclasses
+
     from lnbook import ledger
     from lnbook.engine import History
     from lnbook.engine.results import Run
@@ -203,13 +205,13 @@ def test_c04_inputs_read_the_errors_within_and_past_the_training_length():
     runs = [Run(E.variant_name(v, 2, 4), s, History(), {"error": e})
             for v, rows in errors.items() for s, e in enumerate(rows)]
     trivial = {"4": {"majority": [0.5, 0.45, 0.5, 0.5], "last_input": [0.4, 0.5, 0.3, 0.3]}}
-    res = Results("rnn_length", {}, "cpu", runs, {"trivial": trivial})
-    q = E.c04_quantities(res, cfg)
+    res = Results("rnn_length", dataclasses.asdict(cfg), "cpu", runs, {"trivial": trivial})
+    q = E.c04_quantities(res)
     # best trivial within t <= 2: min(mean(0.5, 0.45), mean(0.4, 0.5)) = 0.45; bar 0.35
     assert q["best_trivial"] == pytest.approx(0.45)
     assert q["left"].tolist() == [True, False]  # seed 1's plain RNN errs 0.4 within
     np.testing.assert_allclose(q["ratio"]["bn"], [4.0, 1.0])
-    got = E.c04_inputs(res, cfg)
+    got = E.c04_inputs(res)
     v = got["values"]
     np.testing.assert_allclose(v["BN degrades more than LN"], [4.0 - 1.5, 1.0 - 2.0])
     np.testing.assert_allclose(v["BN worse than LN past the training length"], [0.1, 0.0],

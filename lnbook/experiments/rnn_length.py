@@ -200,31 +200,33 @@ def per_step(results: Results, variant: str, train_len: int, batch_size: int,
 TRIVIAL_MARGIN = 0.1
 
 
-def c04_quantities(results: Results, config: Config) -> dict[str, Any]:
-    """What C04's rule reads from a :func:`run` of ``config``, at its first training length
-    ``L`` and batch size: per variant, ``(seeds,)`` each, the test error averaged over the steps
-    within the training length (``inside``) and past it (``beyond``) and their ratio
-    (``ratio``, the degradation); ``best_trivial``, the better trivial predictor's error within
-    ``L``; and ``left`` (per seed), every model beating it by :data:`TRIVIAL_MARGIN`."""
-    n, b = config.train_lens[0], config.batch_sizes[0]
-    err = {v: per_step(results, v, n, b) for v in config.variants}  # (seeds, test_len)
-    trivial = results.info["trivial"][str(config.test_len)]
+def c04_quantities(results: Results) -> dict[str, Any]:
+    """What C04's rule reads from a :func:`run`, at the first training length ``L`` and batch
+    size of its config (``results.config``): per variant, ``(seeds,)`` each, the test error
+    averaged over the steps within the training length (``inside``) and past it (``beyond``)
+    and their ratio (``ratio``, the degradation); ``best_trivial``, the better trivial
+    predictor's error within ``L``; and ``left`` (per seed), every model beating it by
+    :data:`TRIVIAL_MARGIN`."""
+    config = results.config
+    n, b = config["train_lens"][0], config["batch_sizes"][0]
+    err = {v: per_step(results, v, n, b) for v in config["variants"]}  # (seeds, test_len)
+    trivial = results.info["trivial"][str(config["test_len"])]
     inside = {v: e[:, :n].mean(1) for v, e in err.items()}
     beyond = {v: e[:, n:].mean(1) for v, e in err.items()}
     best = min(float(np.mean(trivial["majority"][:n])),
                float(np.mean(trivial["last_input"][:n])))
-    left = np.all([inside[v] <= best - TRIVIAL_MARGIN for v in config.variants], 0)
+    left = np.all([inside[v] <= best - TRIVIAL_MARGIN for v in config["variants"]], 0)
     return {"inside": inside, "beyond": beyond,
-            "ratio": {v: beyond[v] / inside[v] for v in config.variants},
+            "ratio": {v: beyond[v] / inside[v] for v in config["variants"]},
             "best_trivial": best, "left": left}
 
 
-def c04_inputs(results: Results, config: Config) -> dict[str, dict[str, Any]]:
+def c04_inputs(results: Results) -> dict[str, dict[str, Any]]:
     """C04's ``values`` and ``trivial_ok`` for :func:`lnbook.ledger.decide_claim`, per seed
     (:func:`c04_quantities`): BN's degradation (error past the training length over the error
     within it) minus LN's; BN's error past the training length minus LN's; LN's degradation
     minus the plain RNN's. A seed counts where every model left the trivial phase."""
-    q = c04_quantities(results, config)
+    q = c04_quantities(results)
     ratio, beyond = q["ratio"], q["beyond"]
     values = {"BN degrades more than LN": ratio["bn"] - ratio["ln"],
               "BN worse than LN past the training length": beyond["bn"] - beyond["ln"],
