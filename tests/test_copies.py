@@ -173,3 +173,37 @@ def test_a_diverged_copy_is_left_behind_and_resumed_as_such(tmp_path):
     with pytest.raises(FloatingPointError, match="not finite|losses are"):
         train_copies(lambda s: torch.tensor([np.inf], requires_grad=True), lambda: [{}],
                      torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0), [History()], 1, 1)
+
+
+def test_autocast_trains_in_low_precision_and_keeps_float32_state():
+    """Under ``autocast=torch.bfloat16`` the losses are computed by bfloat16 matrix products
+    (so they differ from float32's by bfloat16 rounding, not more), while the parameters and
+    Adam's moments stay float32; a dtype autocast cannot train in is refused by name."""
+    def run(autocast):
+        torch.manual_seed(0)
+        layer = nn.Linear(16, 1)
+        x, y = torch.randn(3, 32, 16), torch.randn(3, 32, 1)
+        opt = torch.optim.Adam(layer.parameters(), lr=0.01, foreach=True)
+        seen = []
+
+        def losses(step):
+            out = layer(x)  # (3, 32, 1): one "copy" per leading index
+            seen.append(out.dtype)
+            return ((out.float() - y) ** 2).mean((1, 2))
+
+        hists = [History() for _ in range(3)]
+        train_copies(losses, lambda: [{} for _ in range(3)], opt, hists, 5, 5,
+                     autocast=autocast)
+        return hists, layer, opt, seen
+
+    h32, l32, _, dt32 = run(None)
+    h16, l16, opt16, dt16 = run(torch.bfloat16)
+    assert set(dt32) == {torch.float32} and set(dt16) == {torch.bfloat16}
+    assert l16.weight.dtype == torch.float32
+    assert all(s["exp_avg"].dtype == torch.float32 for s in opt16.state.values())
+    first32, first16 = h32[0].losses[0], h16[0].losses[0]
+    assert first16 != first32 and first16 == pytest.approx(first32, rel=2 ** -6)
+    with pytest.raises(ValueError, match="autocast must be None or one of"):
+        train_copies(lambda s: torch.zeros(1, requires_grad=True), lambda: [{}],
+                     torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1), [History()],
+                     1, 1, autocast=torch.float64)

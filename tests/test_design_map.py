@@ -251,3 +251,50 @@ def test_course_reports_name_the_cells_that_give_each_report():
     assert got["no instability, Post-LN close to Pre-LN"] == []
     np.testing.assert_array_equal(design_map.collapsed(res, v("post", 2, 0.1, 0), window=1),
                                   [False, True, False])
+
+
+def test_the_low_precision_column_config_and_its_reading():
+    cfg = design_map.get_config("quick")
+    low = design_map.low_precision_config(cfg)
+    assert (low.designs, low.depths, low.lrs, low.warmups, low.seeds, low.autocast) == (
+        ("none", "post", "pre"), (max(cfg.depths),), (min(cfg.lrs),), (max(cfg.warmups),),
+        3, "bfloat16")
+    assert design_map.low_precision_config(dataclasses.replace(cfg, seeds=(7, 8, 9, 10))
+                                           ).seeds == (7, 8, 9)
+    with pytest.raises(ValueError, match="autocast"):
+        design_map.get_config("quick", autocast="float64")
+    # the chapter's text: at the deepest depth of the pilot's grid, this is the cell with the
+    # most runs out of the trivial phase, over every design
+    from lnbook import ledger
+
+    rec = ledger.pilot_record("P23")
+    left = {}
+    for variant, c in rec["map"].items():
+        d, n, lr, w = variant.split("/")
+        if int(n[1:]) == max(rec["config"]["depths"]):
+            left[(float(lr[2:]), int(w[1:]))] = left.get((float(lr[2:]), int(w[1:])), 0) + c["left"]
+    assert max(left, key=left.get) == (low.lrs[0], low.warmups[0])
+    assert rec["config"]["depths"] == list(cfg.depths)
+
+
+def test_precision_column_pairs_each_seed_with_its_float32_run():
+    v = design_map.variant_name
+    grid = _results({v("pre", 2, 0.01, 0): [1.0, 1.5, 1.9], v("post", 2, 0.01, 0): [0.8, 1.9, 1.0],
+                     v("pre", 2, 0.1, 0): [0.5, 0.6, 0.8], v("post", 2, 0.1, 0): [0.4, 0.9, 0.4]})
+    runs = []
+    for name, values in ((v("pre", 2, 0.01, 0), [1.1, 1.5]), (v("post", 2, 0.01, 0), [0.9, 1.7])):
+        for seed, value in zip((2, 1), values, strict=True):  # the grid's seeds 2 and 1
+            h = History(steps=[1, 2], losses=[3.0, 2.5], eval_steps=[0, 2],
+                        metrics=[{"loss": 3.0}, {"loss": value}])
+            runs.append(Run(name, seed, h, {"diverged": name.startswith("post") and seed == 1}))
+    low = Results("design_map", {"designs": ["pre", "post"], "depths": [2], "lrs": [0.01],
+                                 "warmups": [0]}, "cpu", runs, {"baseline_loss": 2.0})
+    col = design_map.precision_column(grid, low)
+    np.testing.assert_array_equal(col["pre"].float32, [1.9, 1.5])
+    np.testing.assert_array_equal(col["pre"].low, [1.1, 1.5])
+    assert (col["pre"].left_float32, col["pre"].left_low) == (1, 2)  # 1.9 is not below 1.8
+    assert col["pre"].median_change == pytest.approx(np.median([1.1 - 1.9, 0.0]))
+    np.testing.assert_array_equal(col["post"].low, [0.9, math.inf])  # seed 1 diverged
+    assert col["post"].median_change == pytest.approx(0.9 - 1.0)  # the finite pair only
+    with pytest.raises(ValueError, match="one cell"):
+        design_map.precision_column(grid, grid)

@@ -13,6 +13,7 @@ others train on (``diverged``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -36,7 +37,10 @@ from lnbook.engine.train import (
     progress_enabled,
 )
 
-__all__ = ["linear_warmup", "train_copies"]
+__all__ = ["AUTOCAST_DTYPES", "linear_warmup", "train_copies"]
+
+#: The dtypes :func:`train_copies` can train in under :class:`torch.autocast`.
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
 
 State = nn.Module | Mapping[str, Tensor]
 
@@ -100,7 +104,8 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
                  eval_every: int, progress: bool | None = False, label: str | None = None, *,
                  state: State | None = None, generators: Sequence[torch.Generator] = (),
                  checkpoint: str | os.PathLike | None = None, bar: tqdm | None = None,
-                 diverged: list[int | None] | None = None) -> list[History]:
+                 diverged: list[int | None] | None = None,
+                 autocast: torch.dtype | None = None) -> list[History]:
     """``steps`` updates of every copy; ``losses(step)`` is ``(M,)``, ``evaluate()`` one dict
     per copy, recorded before training, every ``eval_every`` updates and after the last.
 
@@ -122,12 +127,20 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
             history ends the update before; the others train on, as copies never mix), and
             ``evaluate`` can read it. Without it a loss that is not finite raises
             :class:`FloatingPointError`.
+        autocast: ``torch.bfloat16`` or ``torch.float16``: every update's ``losses(step)`` runs
+            under :class:`torch.autocast` on the parameters' device (mixed precision: the
+            operations autocast lists run in that dtype, the parameters, their gradients and the
+            optimizer stay as they are); ``evaluate()`` runs as the caller wrote it. None: no
+            autocast.
 
     Under :func:`~lnbook.engine.train.capped` it stops after the cap's updates (and
     evaluates there), and notes its parameters and seconds per update.
     """
     check_size("steps", steps)
     check_size("eval_every", eval_every)
+    if autocast is not None and autocast not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast must be None or one of {AUTOCAST_DTYPES}, got {autocast!r}")
+    device_type = opt.param_groups[0]["params"][0].device.type
     steps = max_updates(steps)
     path = Path(checkpoint) if checkpoint is not None else None
     if path is not None and state is None:
@@ -177,7 +190,9 @@ def train_copies(losses: Callable[[int], Tensor], evaluate: Callable[[], list[di
     try:
         for step in range(start, steps):
             t0 = time.perf_counter()
-            loss = losses(step)  # (M,)
+            with (torch.autocast(device_type, dtype=autocast) if autocast is not None
+                  else contextlib.nullcontext()):
+                loss = losses(step)  # (M,)
             opt.zero_grad(set_to_none=True)
             loss.sum().backward()
             values = loss.tolist()

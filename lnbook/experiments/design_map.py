@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -38,7 +38,8 @@ __all__ = ["NAME", "DESCRIPTION", "DESIGNS", "BAR", "Config", "Cell", "get_confi
            "final_loss", "left_trivial", "loss_spikes", "spikes", "median_interval",
            "design_map", "cells", "cells_trained", "ends_lower", "total_spikes",
            "fewer_spikes", "both_trained", "claim_values", "pilot_summary", "collapsed",
-           "course_reports", "plot_map"]
+           "course_reports", "plot_map", "AUTOCAST", "low_precision_config", "PrecisionCell",
+           "precision_column"]
 
 NAME = "design_map"
 DESCRIPTION = ("Where each design trains: no norm, Post-LN, Pre-LN, Peri-LN, OLMo 2's output "
@@ -58,6 +59,8 @@ DESIGNS: dict[str, dict[str, Any]] = {
 #: The trivial-phase bar: a run left the trivial phase when its final held-out loss is at
 #: least this many nats below the position-wise unigram predictor's.
 BAR = 0.2
+#: The dtypes of ``Config.autocast``.
+AUTOCAST = ("bfloat16", "float16")
 
 
 @dataclass
@@ -76,6 +79,10 @@ class Config(DeepTaskConfig):
         stack: what trains as one computation: ``"all"`` (one job: every cell of a design and
             depth at once) or ``"seeds"`` (one job per cell, its seeds at once; the paper
             preset's, whose copies are large).
+        autocast: None, or ``"bfloat16"`` / ``"float16"``: every run trains in mixed precision
+            (:class:`torch.autocast` in that dtype, the parameters and Adam in float32), its
+            held-out loss measured in float32; the chapter's low-precision column
+            (:func:`precision_column`).
     """
 
     designs: tuple[str, ...] = tuple(DESIGNS)
@@ -89,9 +96,12 @@ class Config(DeepTaskConfig):
     probe_depths: tuple[int, ...] = (1, 4, 16)
     probe_step: float = 0.01
     stack: str = "all"
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.autocast is not None:
+            check_choice("autocast", self.autocast, AUTOCAST)
         self.designs, self.depths = tuple(self.designs), tuple(self.depths)
         self.lrs, self.warmups = tuple(self.lrs), tuple(self.warmups)
         unknown = [d for d in self.designs if d not in DESIGNS]
@@ -165,7 +175,9 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
         for r in train_stacked(model_config(config, design, depth, task.seq_len), task,
                                job.seeds, lrs, warmup=warmups, steps=config.steps,
                                batch_size=config.batch_size, eval_every=config.eval_every,
-                               n_eval=config.n_eval, stream_var=False, bar=job.bar):
+                               n_eval=config.n_eval, stream_var=False, bar=job.bar,
+                               autocast=(None if config.autocast is None
+                                         else getattr(torch, config.autocast))):
             name = variant_name(design, depth, r.info["lr"], r.info["warmup"])
             trained[name, r.info["seed"]] = r
     return in_job_order(job, trained)
@@ -462,3 +474,61 @@ def pilot_summary(results: Results, amp: dict[str, np.ndarray], claim: str, note
                                          for x in v] for k, v in values.items()},
             "map": cellmap, "amplification": {d: a.mean(0).tolist() for d, a in amp.items()},
             "note": note}
+
+
+# --- the low-precision column --------------------------------------------------------------
+
+
+def low_precision_config(config: Config, designs: Sequence[str] = ("none", "post", "pre"),
+                         seeds: int = 3, autocast: str = "bfloat16") -> Config:
+    """The chapter's low-precision column: ``config`` cut to one cell, the deepest depth at the
+    lowest peak rate and the longest warm-up (the cell where designs train most easily, so that
+    a design that stops training in low precision shows), for ``designs`` (default the three
+    of the course reports: no norm, Post-LN, Pre-LN), on the first ``seeds`` seeds of the set
+    in force (seeds given as a tuple in ``config``: its first ``seeds``), every run under
+    ``autocast``; :func:`precision_column` reads it against the float32 grid."""
+    first = seeds if isinstance(config.seeds, int) else tuple(config.seeds)[:seeds]
+    return replace(config, designs=tuple(designs), depths=(max(config.depths),),
+                   lrs=(min(config.lrs),), warmups=(max(config.warmups),), seeds=first,
+                   autocast=autocast)
+
+
+class PrecisionCell(NamedTuple):
+    """One design in the low-precision column: the final held-out losses of the column's seeds
+    in float32 (read from the grid) and in low precision, ``(seeds,)`` each (``inf`` where a
+    run's loss stopped being finite); how many of those seeds left the trivial phase in each;
+    and the median over the seeds where both are finite of low precision's loss minus
+    float32's (NaN where there is none)."""
+
+    float32: np.ndarray
+    low: np.ndarray
+    left_float32: int
+    left_low: int
+    median_change: float
+
+
+def precision_column(results: Results, low: Results, bar: float = BAR
+                     ) -> dict[str, PrecisionCell]:
+    """The low-precision column against the float32 grid, per design: ``low`` is a
+    :func:`run` of one cell with ``autocast`` (:func:`low_precision_config`), ``results`` a run
+    of the grid whose seeds include ``low``'s (the same seeds start from the same parameters
+    and see the same batches, so each pair of runs differs only by the precision)."""
+    c = low.config
+    if len(c["depths"]) != 1 or len(c["lrs"]) != 1 or len(c["warmups"]) != 1:
+        raise ValueError("low must be a run of one cell (one depth, rate and warm-up)")
+    cell = (c["depths"][0], c["lrs"][0], c["warmups"][0])
+    if cell not in cells(results):
+        raise ValueError(f"the cell {cell} is not in the grid of results")
+    missing = [s for s in low.seeds if s not in results.seeds]
+    if missing:
+        raise ValueError(f"seeds {missing} of low are not in results")
+    idx = [results.seeds.index(s) for s in low.seeds]
+    line = results.info["baseline_loss"] - bar  # below it: the run left the trivial phase
+    out = {}
+    for d in c["designs"]:
+        a = final_loss(results, variant_name(d, *cell))[idx]
+        b = final_loss(low, variant_name(d, *cell))
+        both = np.isfinite(a) & np.isfinite(b)
+        change = float(np.median(b[both] - a[both])) if both.any() else math.nan
+        out[d] = PrecisionCell(a, b, int((a < line).sum()), int((b < line).sum()), change)
+    return out

@@ -107,7 +107,8 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
                   n_eval: int | None = None, warmup: int | Sequence[int] = 0,
                   order: str = "stacked", max_logit: bool = False,
                   measure: Callable[[Transformer], dict[str, Any]] | None = None,
-                  stream_var: bool = True, bar: Any = None) -> list[StackedRun]:
+                  stream_var: bool = True, bar: Any = None,
+                  autocast: torch.dtype | None = None) -> list[StackedRun]:
     """Train one copy of the model per (learning rate, seed), all at once.
 
     Copies are ordered learning rate first. Copy ``(lr, seed)`` starts from the model built under
@@ -126,6 +127,9 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         stream_var: record ``var_0 ... var_L``.
         bar: a progress bar (tqdm's, e.g. a sweep job's ``job.bar``) advanced by one per copy
             and update.
+        autocast: train in mixed precision, the training losses under :class:`torch.autocast`
+            in this dtype (:func:`lnbook.engine.copies.train_copies`); the held-out metrics are
+            computed in the parameters' dtype. None: no autocast.
 
     In a smoke run (:func:`lnbook.engine.train.capped`) a batch holds at most
     :data:`~lnbook.experiments.seq_tasks.SMOKE_BATCH` sequences (a paper-scale update of
@@ -180,7 +184,7 @@ def train_stacked(model_config: TransformerConfig, task: SequenceTask, seeds: Se
         return out
 
     train_copies(losses, evaluate, opt, hists, steps, eval_every, bar=bar,
-                 diverged=diverged_at)
+                 diverged=diverged_at, autocast=autocast)
     out = []
     for k, ((r, seed), h, model) in enumerate(zip(jobs, hists, stack.unstack(), strict=True)):
         info = {"seed": seed, "lr": r, "diverged": diverged_at[k] is not None,
