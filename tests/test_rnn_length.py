@@ -248,3 +248,39 @@ def test_c05_inputs_from_hand_built_spans_and_drifts():
                                [0.6 - 0.0, 0.1 - 0.5])
     d = ledger.decide_claim("C05", values=v)
     assert d.parts["LN removes the scale"].n_for == 1
+
+
+def test_impulse_dynamics_leaves_torch_rng_and_layer_norm_removes_the_scale():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    plain = {g: E.impulse_dynamics(g, False, 0, steps=30, hidden=16) for g in E.GAINS}
+    assert torch.equal(torch.rand(3), expected)  # the global random state is untouched
+    ln = {g: E.impulse_dynamics(g, True, 0, steps=30, hidden=16) for g in E.GAINS}
+    # the same seed draws the same cell and input: at gain gamma the plain RNN's first summed
+    # inputs are a_1 = W_ih x_1 (no state yet), identical across gamma; later ones scale
+    first = {g: d.summed_input_rms[0].item() for g, d in plain.items()}
+    assert first[0.5] == first[1.0] == first[3.0]
+    # LN removes gamma: a_t = gamma Q h_{t-1} with no input after t = 0 (eps aside)
+    for g in (0.5, 3.0):
+        assert abs(E.span(ln[g]) - E.span(ln[1.0])) < 1e-3
+    assert E.span(plain[0.5]) < E.span(plain[1.0]) - 3 < E.span(plain[3.0]) - 6
+    d = plain[1.0]
+    assert E.span(d) == pytest.approx(math.log10(d.grad_norm[0] / d.grad_norm[-1]))
+    assert E.drift(d) == pytest.approx(
+        math.log10(d.summed_input_rms[-1] / d.summed_input_rms[1]))
+    # an input at every step: LN can no longer remove gamma
+    every = [E.span(E.impulse_dynamics(g, True, 0, steps=30, hidden=16, every_step=True))
+             for g in (0.5, 3.0)]
+    assert abs(every[0] - every[1]) > 0.1
+
+
+def test_c05_pilot_measures_the_quick_sizes_on_the_config_seeds():
+    cfg = E.get_config("quick", seeds=(3, 4))
+    out = E.c05_pilot(cfg)
+    _, span, drift = E.c05_measure((3, 4), E.GAINS, *E.IMPULSE_SIZES["quick"])
+    assert out == E.c05_inputs(span, drift, (3, 4), E.GAINS)
+    assert [len(v) for v in out["values"].values()] == [2, 2, 2, 2]
+    dyn, _, _ = E.c05_measure((3,), (1.0,), steps=11, hidden=8)
+    assert set(dyn) == {(1.0, False, 3), (1.0, True, 3)}
+    assert dyn[(1.0, True, 3)].grad_norm.shape == (11,)

@@ -523,12 +523,12 @@ def precision_column(results: Results, low: Results, bar: float = BAR
     if missing:
         raise ValueError(f"seeds {missing} of low are not in results")
     idx = [results.seeds.index(s) for s in low.seeds]
-    line = results.info["baseline_loss"] - bar  # below it: the run left the trivial phase
     out = {}
     for d in c["designs"]:
-        a = final_loss(results, variant_name(d, *cell))[idx]
-        b = final_loss(low, variant_name(d, *cell))
+        v = variant_name(d, *cell)
+        a, b = final_loss(results, v)[idx], final_loss(low, v)
         both = np.isfinite(a) & np.isfinite(b)
         change = float(np.median(b[both] - a[both])) if both.any() else math.nan
-        out[d] = PrecisionCell(a, b, int((a < line).sum()), int((b < line).sum()), change)
+        out[d] = PrecisionCell(a, b, int(left_trivial(results, v, bar)[idx].sum()),
+                               int(left_trivial(low, v, bar).sum()), change)
     return out

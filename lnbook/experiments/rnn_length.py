@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lnbook.analysis import RecurrentDynamics, recurrent_dynamics
 from lnbook.checks import check_choice, check_config, check_size
 from lnbook.device import resolve_device
 from lnbook.engine import (
@@ -27,17 +28,19 @@ from lnbook.engine import (
     Results,
     cpu_threads,
     make_config,
+    resolve_seeds,
     sweep,
 )
 from lnbook.engine.config import RunConfig
 from lnbook.engine.train import History, fit
 from lnbook.recurrent_bn import BatchNormRNN
-from lnbook.rnn import RNN
+from lnbook.rnn import RNN, LNRNNCell
 
 __all__ = ["NAME", "DESCRIPTION", "VARIANTS", "Config", "get_config", "running_sum_batch",
            "trivial_errors", "SignModel", "error_per_step", "input_sensitivity", "state_sum_corr",
            "variant_name", "per_step", "run", "TRIVIAL_MARGIN", "c04_quantities", "c04_inputs",
-           "c05_inputs"]
+           "IMPULSE_SIZES", "GAINS", "impulse_dynamics", "span", "drift", "c05_measure",
+           "c05_inputs", "c05_pilot"]
 
 NAME = "rnn_length"
 DESCRIPTION = ("running-sum sign task: LN-RNN, per-step BN-RNN and plain RNN by training "
@@ -295,6 +298,69 @@ def train_one(config: Config, held: dict[int, tuple[Tensor, Tensor]],
     if variant == "bn":
         info["error_batch_stats"] = error_per_step(model, x_in, y_in, True).cpu().tolist()
     return hist, info
+
+
+# --- claim C05: an untrained cell's response to one input (chapter 3.1) -----------------------
+
+#: The impulse measurement's sizes per scale: (time steps T, hidden units H).
+IMPULSE_SIZES = {"quick": (120, 64), "paper": (500, 256)}
+#: The recurrence scales gamma of C05: contracting, neutral, expanding.
+GAINS = (0.5, 1.0, 3.0)
+
+
+def impulse_dynamics(gain: float, layer_norm: bool, seed: int, steps: int = 120,
+                     hidden: int = 64, ln_gain: float = 1.0, every_step: bool = False
+                     ) -> RecurrentDynamics:
+    """An untrained cell's response to one input at t = 0 followed by zeros, in float64
+    (:func:`lnbook.recurrent_dynamics` of 16 sequences of 8 inputs, ``steps`` long): an
+    :class:`lnbook.LNRNNCell` of ``hidden`` units, with or without ``layer_norm``, whose W_hh is
+    ``gain`` times a random orthogonal matrix and whose LN gain g is ``ln_gain``. With
+    ``every_step`` a standard normal input arrives at every step instead (Exercise 3.1.2).
+    ``seed`` draws the cell, the matrix and the input; torch's global random state is left as
+    it was."""
+    f64 = torch.float64
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cell = LNRNNCell(8, hidden, layer_norm=layer_norm).double()
+        with torch.no_grad():
+            q, _ = torch.linalg.qr(torch.randn(hidden, hidden, dtype=f64))  # (H, H)
+            cell.weight_hh.copy_(gain * q)
+            if layer_norm:
+                cell.ln.weight.fill_(ln_gain)  # the gain g of eq. (4)
+        x = torch.zeros(steps, 16, 8, dtype=f64)  # (T, B, 8)
+        x[0] = 3 * torch.randn(16, 8, dtype=f64)
+        if every_step:
+            x = torch.randn(steps, 16, 8, dtype=f64)
+    return recurrent_dynamics(cell, x)
+
+
+def span(d: RecurrentDynamics) -> float:
+    """The gradient span in decades: log10 ||dL/dh_1|| / ||dL/dh_T||."""
+    return float(np.log10((d.grad_norm[0] / d.grad_norm[-1]).item()))
+
+
+def drift(d: RecurrentDynamics) -> float:
+    """The summed inputs' drift in decades: log10 rms(a_T) / rms(a_2)."""
+    return float(np.log10((d.summed_input_rms[-1] / d.summed_input_rms[1]).item()))
+
+
+def c05_measure(seeds: Sequence[int], gains: Sequence[float] = GAINS, steps: int = 120,
+                hidden: int = 64) -> tuple[dict, dict, dict]:
+    """Every (gain, layer_norm, seed)'s :func:`impulse_dynamics`, :func:`span` and
+    :func:`drift`, three dicts with those keys (plain RNN and LN-RNN at each of ``gains``)."""
+    dyn = {(g, ln, s): impulse_dynamics(g, ln, s, steps, hidden)
+           for g in gains for ln in (False, True) for s in seeds}
+    return (dyn, {k: span(d) for k, d in dyn.items()},
+            {k: drift(d) for k, d in dyn.items()})
+
+
+def c05_pilot(config: Config) -> dict[str, dict[str, Any]]:
+    """C05's pilot (``pilot: measure`` in ``claims.yml``), on untrained cells: its per-seed
+    quantities (:func:`c05_inputs`) on ``config.seeds`` at the scale's :data:`IMPULSE_SIZES`."""
+    seeds = resolve_seeds(config.seeds)
+    steps, hidden = IMPULSE_SIZES[config.scale]
+    _, sp, dr = c05_measure(seeds, GAINS, steps, hidden)
+    return c05_inputs(sp, dr, seeds, GAINS)
 
 
 def c05_inputs(span: Mapping[tuple[float, bool, int], float],
