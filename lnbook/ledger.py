@@ -8,12 +8,13 @@ no file). Verdicts come from the decision rules declared in ``lnbook/claims.yml`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,7 +25,7 @@ from lnbook.resources import CLAIMS, claims_text
 __all__ = [
     "UNDECIDED", "VERDICTS", "ClaimDecision", "ClaimRecord", "Decision", "Effect", "Rule",
     "agreement", "agreement_text", "combine", "decide", "decide_claim", "declared",
-    "detectable_share",
+    "detectable_share", "outcome_odds", "pooled_shares", "verdict_odds",
     "effect", "format_seen", "ledger_dir", "load_claims", "load_records", "load_replication",
     "claims_file", "load_pilots", "load_rules", "parts_text", "Pilot", "pilot_from",
     "pilot_markdown", "pilot_record", "record", "verdict_from",
@@ -941,3 +942,82 @@ def agreement_text(replication: Mapping[str, Any], claim_id: str, verdict: str) 
     replicated."""
     same, n = agreement(replication, claim_id, verdict)
     return f"same on {same}/{n} fresh seed sets" if n else None
+
+
+# --- how often a fresh seed set gives each verdict, from the recorded sets ---------------------
+
+_AGREE = re.compile(r"^(\d+)/(\d+) for, (\d+) against$")
+
+
+def pooled_shares(records: Sequence[Mapping[str, Any]], claim_id: str,
+                  rule: Mapping[str, Any]) -> dict[str, tuple[float, float, int]]:
+    """Per part of ``claim_id``'s ``rule`` (a :func:`load_rules` entry), the share of seeds that
+    counted for it and against it, pooled over every seed set of ``records`` (replication
+    records, :func:`load_replication`), and the number of seeds pooled: ``(for, against,
+    seeds)``. Each set's ``agree_<part>`` figure (``"3/5 for, 1 against"``) is read; a part no
+    set reports is left out."""
+    counts = {name: [0, 0, 0] for name in rule["parts"]}
+    for rec in records:
+        for s in rec.get("claims", {}).get(claim_id, {}).get("sets", {}).values():
+            figures = s.get("figures", {})
+            for name, c in counts.items():
+                m = _AGREE.match(str(figures.get(f"agree_{_slug(name)}", "")))
+                if m:
+                    c[0] += int(m[1])
+                    c[1] += int(m[3])
+                    c[2] += int(m[2])
+    return {k: (f / n, a / n, n) for k, (f, a, n) in counts.items() if n}
+
+
+def outcome_odds(share_for: float, share_against: float, n: int, need: int
+                 ) -> dict[str, float]:
+    """The chance of each outcome of a part decided by ``need`` of ``n`` seeds (:func:`decide`)
+    when each seed counts for it with probability ``share_for``, against it with
+    ``share_against`` and for neither otherwise, independently: ``{"holds", "fails",
+    "undecided"}``, summing to 1.
+
+    Example::
+
+        >>> {k: round(v, 3) for k, v in outcome_odds(0.5, 0.5, 5, 4).items()}
+        {'holds': 0.188, 'fails': 0.188, 'undecided': 0.625}
+    """
+    if not (0 <= share_for <= 1 and 0 <= share_against <= 1
+            and share_for + share_against <= 1 + 1e-12):
+        raise ValueError(f"shares must lie in [0, 1] and sum to at most 1, got {share_for!r} "
+                         f"and {share_against!r}")
+    if not n / 2 < need <= n:
+        raise ValueError(f"need must be more than half of n = {n} and at most n, got {need}")
+    neither = max(0.0, 1 - share_for - share_against)
+    holds = fails = 0.0
+    for f in range(n + 1):
+        for a in range(n + 1 - f):
+            p = (math.comb(n, f) * math.comb(n - f, a)  # multinomial: f for, a against
+                 * share_for ** f * share_against ** a * neither ** (n - f - a))
+            if f >= need:
+                holds += p
+            elif a >= need:
+                fails += p
+    return {"holds": holds, "fails": fails, "undecided": max(0.0, 1 - holds - fails)}
+
+
+def verdict_odds(rule: Mapping[str, Any], shares: Mapping[str, tuple[float, float, int]]
+                 ) -> dict[str, float]:
+    """The chance of each verdict that a fresh seed set gives a claim, under its ``rule`` (a
+    :func:`load_rules` entry, its declared seeds and majorities) and per-seed ``shares`` of
+    each part (:func:`pooled_shares`), taking the parts as independent: each combination of
+    the parts' outcomes (:func:`outcome_odds`) weighted and combined (:func:`combine`).
+    Verdicts of zero chance are left out. Raises ``KeyError`` when a part has no shares."""
+    names = list(rule["parts"])
+    per_part = []
+    for name in names:
+        r = rule["parts"][name]
+        f, a, _ = shares[name]
+        per_part.append(outcome_odds(f, a, r.of, r.agree))
+    out: dict[str, float] = {}
+    for combo in itertools.product(("holds", "fails", "undecided"), repeat=len(names)):
+        p = math.prod(odds[o] for odds, o in zip(per_part, combo, strict=True))
+        if p > 0:
+            v = combine(dict(zip(names, combo, strict=True)), held=rule["held"],
+                        primary=rule["primary"])
+            out[v] = out.get(v, 0.0) + p
+    return out

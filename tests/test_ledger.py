@@ -349,6 +349,51 @@ def test_detectable_share_is_the_power_line_of_a_majority():
     assert d.power == pytest.approx(ledger.detectable_share(4, 5))
 
 
+def test_outcome_odds_equal_the_decisions_of_every_seed_pattern():
+    """Exact: every assignment of for / against / neither to n seeds, weighted, decided."""
+    import itertools
+    import math
+
+    rule = ledger.Rule("q", "above", agree=3, of=4)
+    for f, a in [(0.5, 0.3), (0.9, 0.0), (0.2, 0.7), (0.0, 0.0), (0.4, 0.6)]:
+        p = {1: f, -1: a, 0: 1 - f - a}
+        want = {"holds": 0.0, "fails": 0.0, "undecided": 0.0}
+        for sides in itertools.product((1, -1, 0), repeat=4):
+            values = [{1: 1.0, -1: -1.0, 0: 0.0}[s] for s in sides]
+            ok = [s != 0 for s in sides]  # a seed for neither: out of the trivial phase
+            want[ledger.decide(rule, values, trivial_ok=ok).outcome] += math.prod(
+                p[s] for s in sides)
+        got = ledger.outcome_odds(f, a, 4, 3)
+        assert got == pytest.approx(want, abs=1e-12)
+        assert sum(got.values()) == pytest.approx(1)
+    with pytest.raises(ValueError, match="shares"):
+        ledger.outcome_odds(0.7, 0.5, 5, 4)
+    with pytest.raises(ValueError, match="more than half"):
+        ledger.outcome_odds(0.5, 0.5, 4, 2)
+
+
+def test_pooled_shares_and_verdict_odds_from_recorded_sets():
+    rules = {"parts": {"fast": ledger.Rule("q", "above", agree=2, of=3),
+                       "low": ledger.Rule("r", "below", agree=2, of=3)},
+             "held": "reproduced", "primary": "fast"}
+    sets = {"1": {"figures": {"agree_fast": "3/3 for, 0 against",
+                              "agree_low": "1/3 for, 1 against"}},
+            "2": {"figures": {"agree_fast": "2/3 for, 1 against"}}}
+    records = [{"claims": {"C99": {"sets": sets}}}, {"claims": {}}]
+    shares = ledger.pooled_shares(records, "C99", rules)
+    assert shares == {"fast": (5 / 6, 1 / 6, 6), "low": (1 / 3, 1 / 3, 3)}
+    odds = ledger.verdict_odds(rules, shares)
+    fast = ledger.outcome_odds(5 / 6, 1 / 6, 3, 2)
+    low = ledger.outcome_odds(1 / 3, 1 / 3, 3, 2)
+    assert odds["reproduced"] == pytest.approx(fast["holds"] * low["holds"])
+    assert odds["partially reproduced"] == pytest.approx(fast["holds"] * (1 - low["holds"]))
+    assert odds["not reproduced"] == pytest.approx(fast["fails"])
+    assert "undecided at this scale" not in odds  # 3 seeds, 2 needed, no neither: decided
+    assert sum(odds.values()) == pytest.approx(1)
+    with pytest.raises(KeyError):
+        ledger.verdict_odds(rules, {"fast": shares["fast"]})
+
+
 def test_decide_claim_by_the_declared_rule(tmp_path):
     path = tmp_path / "claims.yml"
     path.write_text("""claims:

@@ -40,6 +40,8 @@ from lnbook.ledger import (
     load_replication,
     load_rules,
     parts_text,
+    pooled_shares,
+    verdict_odds,
 )
 from lnbook.seeds import seed_set
 
@@ -200,6 +202,11 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
             same_c, n_c = agreement(confirmation, cid, verdict)
             verdict_cell.append(_para(("" if same_c == n_c else "unstable: ")
                                       + confirmed.replace("fresh", "confirmation")))
+            if same_c < n_c or same < n:
+                verdict_cell.append(_para(_odds_text(rules, cid, verdict,
+                                                     [replication, confirmation])))
+        elif same < n:
+            verdict_cell.append(_para(_odds_text(rules, cid, verdict, [replication])))
         seen_cell: list[nodes.Node] = [_para(seen)]
         if rec is not None and cid in rules:  # each part's outcome and per-seed effect
             items = nodes.bullet_list()
@@ -212,6 +219,24 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
     tgroup += body
     summary = ", ".join(f"{counts[v]} {v}" for v in (*VERDICTS, "no record") if counts[v])
     return [_para(f"{len(claims)} claims: {summary}."), table]
+
+
+def _odds_text(rules: dict, cid: str, verdict: str, records: list[dict]) -> str:
+    """Why an unstable verdict moves: the chance that a fresh seed set gives ``verdict``, and
+    the likeliest verdict, from each part's per-seed shares pooled over the recorded sets
+    (:func:`lnbook.ledger.verdict_odds`)."""
+    rule = rules.get(cid)
+    shares = pooled_shares(records, cid, rule) if rule else {}
+    if not rule or set(shares) != set(rule["parts"]):
+        return "(no per-seed counts recorded to estimate how often)"
+    odds = verdict_odds(rule, shares)
+    likeliest = max(odds, key=odds.get)
+    n_sets = sum(len(r.get("claims", {}).get(cid, {}).get("sets", {})) for r in records)
+    text = (f"from the seeds of these {n_sets} sets, a fresh set gives this verdict with "
+            f"chance {odds.get(verdict, 0.0):.2f}")
+    if likeliest != verdict:
+        text += f"; likeliest: {likeliest} ({odds[likeliest]:.2f})"
+    return text
 
 
 def _questions(app, fromdoc: str) -> list[nodes.Node]:
