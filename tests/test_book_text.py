@@ -155,3 +155,28 @@ def test_pending_chapters_exist_and_lack_an_evidence_part():
         if path.exists():
             assert lesson_and_evidence(path)["evidence"] is None, (
                 f"{chapter} has an Evidence part: take it out of EVIDENCE_PENDING")
+
+
+def majority_asserts_on_every_set(source: str) -> list[str]:
+    """The ``assert`` lines of a code cell that compare a count of seeds with a majority
+    constant (``MAJORITY``, ``LEN_MAJORITY``, ...) on every seed set. Such a count is what the
+    seeds drew; the chapter's text reads it on the book's seeds, so the assert holds there only
+    (``assert seed_set() != 0 or ...``), and on another set the chapter goes on to its records.
+    """
+    return [line.strip() for line in source.splitlines()
+            if re.match(r"\s*assert\b", line) and re.search(r"\b\w*MAJORITY\b", line)
+            and "seed_set() != 0 or" not in line]
+
+
+def test_majority_asserts_found_where_a_seed_set_would_stop_the_chapter():
+    cell = ("n = count(a > b)\nassert n >= MAJORITY\n"
+            "assert seed_set() != 0 or n >= LEN_MAJORITY  # set 0\nassert same < 1e-5\n")
+    assert majority_asserts_on_every_set(cell) == ["assert n >= MAJORITY"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_majority_assert_on_every_seed_set(path):
+    nb = nbformat.read(path, as_version=4)
+    found = [line for c in nb.cells if c.cell_type == "code"
+             for line in majority_asserts_on_every_set(c.source)]
+    assert not found, f"{path.name}: write these as assert seed_set() != 0 or ...: {found}"
