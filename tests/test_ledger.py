@@ -799,3 +799,23 @@ def test_declared_reads_the_status_of_claims_yml_and_names_what_it_knows():
         ledger.declared("C99")
     with pytest.raises(TypeError, match="claim_id must be a str"):
         ledger.declared(17)
+
+
+def test_expected_moves_sum_the_chances_of_another_verdict():
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        from claims_ledger import expected_moves, stability_text
+    finally:
+        sys.path.pop(0)
+    rule = {"parts": {"fast": ledger.Rule("q", "above", agree=2, of=3)},
+            "held": "reproduced", "primary": "fast"}
+    sets = {"1": {"figures": {"agree_fast": "2/3 for, 1 against"}}}
+    records = [{"claims": {"C98": {"sets": sets}, "C99": {"sets": sets}}}]
+    claims = [{"id": "C98", "status": "reproduced"}, {"id": "C99", "status": "not reproduced"},
+              {"id": "C97", "status": "reproduced"}]  # C97: no rule, left out
+    moves = expected_moves({"C98": rule, "C99": rule}, claims, records)
+    held = ledger.outcome_odds(2 / 3, 1 / 3, 3, 2)["holds"]  # 20/27
+    assert moves == pytest.approx({"C98": 1 - held, "C99": held})
+    text = stability_text(moves)
+    assert "on 1.0 of the 2 claims" in text and text.endswith("C99 0.74, C98 0.26.")
+    assert "No seed set" in stability_text({})

@@ -78,6 +78,16 @@ class ClaimsQuestions(SphinxDirective):
         return [ledger_placeholder(kind="questions", part="paper")]
 
 
+class ClaimsStability(SphinxDirective):
+    """How many of the book's verdicts a fresh seed set is expected to change (a paragraph)."""
+
+    def run(self) -> list[nodes.Node]:
+        self.env.note_dependency(str(_ledger_file(self.env.app)))
+        for name in ("replication.json", "confirmation.json"):
+            self.env.note_dependency(str(Path(self.env.app.srcdir) / "book" / name))
+        return [ledger_placeholder(kind="stability", part="paper")]
+
+
 def _ledger_file(app) -> Path:
     """``claims.yml`` of the package the build imports (``lnbook/claims.yml``)."""
     return claims_file()
@@ -239,6 +249,38 @@ def _odds_text(rules: dict, cid: str, verdict: str, records: list[dict]) -> str:
     return text
 
 
+def expected_moves(rules: dict, claims: list[dict], records: list[dict]) -> dict[str, float]:
+    """Per claim of ``claims`` (``claims.yml`` rows) whose rule has per-seed counts for every
+    part in ``records`` (replication records), the chance that a fresh seed set gives another
+    verdict than its ``status`` (:func:`lnbook.ledger.verdict_odds`); their sum is the number
+    of verdicts a fresh set is expected to change."""
+    out = {}
+    for c in claims:
+        rule = rules.get(c["id"])
+        shares = pooled_shares(records, c["id"], rule) if rule else {}
+        if rule and set(shares) == set(rule["parts"]):
+            out[c["id"]] = 1.0 - verdict_odds(rule, shares).get(c["status"], 0.0)
+    return out
+
+
+def stability_text(moves: dict[str, float], top: int = 5) -> str:
+    """One sentence on :func:`expected_moves`: the expected number and the largest terms."""
+    if not moves:
+        return "No seed set is recorded yet to estimate how many verdicts would move."
+    largest = sorted(moves.items(), key=lambda kv: -kv[1])[:top]
+    return (f"From the seeds of the recorded sets, a fresh seed set is expected to give "
+            f"another verdict than the book's on {sum(moves.values()):.1f} of the "
+            f"{len(moves)} claims with recorded counts. The largest chances: "
+            + ", ".join(f"{cid} {p:.2f}" for cid, p in largest) + ".")
+
+
+def _stability(app) -> list[nodes.Node]:
+    records = [load_replication(Path(app.srcdir) / "book" / name)
+               for name in ("replication.json", "confirmation.json")]
+    moves = expected_moves(load_rules(), load_claims()["claims"], records)
+    return [_para(stability_text(moves))]
+
+
 def _questions(app, fromdoc: str) -> list[nodes.Node]:
     ledger = load_claims()
     items = nodes.enumerated_list()
@@ -303,6 +345,8 @@ def _fill(app, doctree, docname: str) -> None:
     for node in list(doctree.findall(ledger_placeholder)):
         if node["kind"] == "table":
             node.replace_self(_on_own_row(_table(app, docname, node["part"])))
+        elif node["kind"] == "stability":
+            node.replace_self(_stability(app))
         else:
             node.replace_self(_questions(app, docname))
 
@@ -319,6 +363,7 @@ def setup(app):
     app.add_node(ledger_placeholder)
     app.add_directive("claims-ledger", ClaimsLedger)
     app.add_directive("claims-questions", ClaimsQuestions)
+    app.add_directive("claims-stability", ClaimsStability)
     app.connect("doctree-resolved", _fill)
     app.connect("env-get-outdated", _always_reread)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
