@@ -814,8 +814,8 @@ def test_expected_moves_sum_the_chances_of_another_verdict():
     claims = [{"id": "C98", "status": "reproduced"}, {"id": "C99", "status": "not reproduced"},
               {"id": "C97", "status": "reproduced"}]  # C97: no rule, left out
     moves = expected_moves({"C98": rule, "C99": rule}, claims, records)
-    held = ledger.outcome_odds(2 / 3, 1 / 3, 3, 2)["holds"]  # 20/27
-    assert moves == pytest.approx({"C98": 1 - held, "C99": held})
+    odds = ledger.outcome_odds(2 / 3, 1 / 3, 3, 2)  # holds 20/27, fails 7/27
+    assert moves == pytest.approx({"C98": 1 - odds["holds"], "C99": 1 - odds["fails"]})
     text = stability_text(moves)
     assert "on 1.0 of the 2 claims" in text and text.endswith("C99 0.74, C98 0.26.")
     assert "No seed set" in stability_text({})

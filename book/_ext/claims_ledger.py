@@ -231,15 +231,22 @@ def _table(app, fromdoc: str, part: str) -> list[nodes.Node]:
     return [_para(f"{len(claims)} claims: {summary}."), table]
 
 
-def _odds_text(rules: dict, cid: str, verdict: str, records: list[dict]) -> str:
-    """Why an unstable verdict moves: the chance that a fresh seed set gives ``verdict``, and
-    the likeliest verdict, from each part's per-seed shares pooled over the recorded sets
-    (:func:`lnbook.ledger.verdict_odds`)."""
+def _claim_odds(rules: dict, cid: str, records: list[dict]) -> dict[str, float] | None:
+    """:func:`lnbook.ledger.verdict_odds` of ``cid`` from its parts' per-seed shares pooled
+    over ``records``; None without a rule or without counts for every part."""
     rule = rules.get(cid)
     shares = pooled_shares(records, cid, rule) if rule else {}
     if not rule or set(shares) != set(rule["parts"]):
+        return None
+    return verdict_odds(rule, shares)
+
+
+def _odds_text(rules: dict, cid: str, verdict: str, records: list[dict]) -> str:
+    """Why an unstable verdict moves: the chance that a fresh seed set gives ``verdict``, and
+    the likeliest verdict (:func:`_claim_odds`)."""
+    odds = _claim_odds(rules, cid, records)
+    if odds is None:
         return "(no per-seed counts recorded to estimate how often)"
-    odds = verdict_odds(rule, shares)
     likeliest = max(odds, key=odds.get)
     n_sets = sum(len(r.get("claims", {}).get(cid, {}).get("sets", {})) for r in records)
     text = (f"from the seeds of these {n_sets} sets, a fresh set gives this verdict with "
@@ -254,13 +261,8 @@ def expected_moves(rules: dict, claims: list[dict], records: list[dict]) -> dict
     part in ``records`` (replication records), the chance that a fresh seed set gives another
     verdict than its ``status`` (:func:`lnbook.ledger.verdict_odds`); their sum is the number
     of verdicts a fresh set is expected to change."""
-    out = {}
-    for c in claims:
-        rule = rules.get(c["id"])
-        shares = pooled_shares(records, c["id"], rule) if rule else {}
-        if rule and set(shares) == set(rule["parts"]):
-            out[c["id"]] = 1.0 - verdict_odds(rule, shares).get(c["status"], 0.0)
-    return out
+    odds = {c["id"]: (c["status"], _claim_odds(rules, c["id"], records)) for c in claims}
+    return {cid: 1.0 - o.get(status, 0.0) for cid, (status, o) in odds.items() if o is not None}
 
 
 def stability_text(moves: dict[str, float], top: int = 5) -> str:
