@@ -2,16 +2,15 @@
 
 Every experiment is meant to train its seeds through :class:`lnbook.engine.Stack`, which runs
 the copies of any ``nn.Module`` as one computation (``torch.func.vmap`` over
-``functional_call``). Four experiments still train hand-batched copies written for one model:
+``functional_call``). Three experiments still train hand-batched copies written for one model:
 chapters 6.6 and 6.8 (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one
-``baddbmm`` a layer), 6.2 (:class:`lnbook.experiments.reader.StackedReader`), 6.4 and 6.5
-(:class:`~lnbook.experiments.draw.StackedDRAW`,
-:class:`~lnbook.experiments.handwriting.StackedHandwriting`). This script measures what
+``baddbmm`` a layer), 6.2 (:class:`lnbook.experiments.reader.StackedReader`) and 6.5
+(:class:`~lnbook.experiments.handwriting.StackedHandwriting`). This script measures what
 replacing them would cost: in each round it times the same update (Adam on the summed per-copy
 losses, the same batch for both) both ways, and reports the median over the rounds of the
 per-round ratio ``Stack / hand-batched`` (above 1: the engine's Stack is slower), a ratio
-measured in one run. The hand-batched DRAW and handwriting models run every variant as one
-model; a Stack holds copies of one architecture, so the engine's way is one Stack per variant.
+measured in one run. The hand-batched handwriting model runs every variant as one model; a
+Stack holds copies of one architecture, so the engine's way is one Stack per variant.
 
     python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
 """
@@ -33,27 +32,20 @@ from common import RESULTS, machine_description
 from lnbook import LSTM
 from lnbook.batched import seed_nll
 from lnbook.engine import Stack
-from lnbook.experiments import draw, handwriting, mnist, reader
+from lnbook.experiments import handwriting, mnist, reader
 
 MLP_CASES = tuple((norm, bs) for norm in mnist.NORMS for bs in (128, 4))
 READER_CASES = ("lstm", "ln_lstm", "bn_lstm")
-RECURRENT_CASES = ("handwriting", "draw")  # every variant: copies per variant, one batch each
+RECURRENT_CASES = ("handwriting",)  # every variant: copies per variant, one batch each
 
 
 Pair = tuple[Any, Callable[[], torch.Tensor], Any,
              Callable[[], torch.Tensor]]  # (stack, its losses, hand-batched, its losses)
 
 
-def _parameters(model: Any) -> list[torch.Tensor]:
-    """A module's parameters, or a ``StackedDRAW``'s (its ``params``: it is no module)."""
-    if isinstance(model, torch.nn.Module):
-        return list(model.parameters())
-    return list(model.params.values())
-
-
 def _updates(model: Any, loss: Callable[[], torch.Tensor]) -> Callable[[int], float]:
     """``n -> seconds`` of ``n`` Adam updates of ``model`` on ``loss()`` (copies summed)."""
-    opt = torch.optim.Adam(_parameters(model), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def run(n: int) -> float:
         start = time.perf_counter()
@@ -160,42 +152,6 @@ def handwriting_pair(copies: int) -> Pair:
             hand, lambda: hand.nll(pts.repeat(n, 1, 1, 1), let.repeat(n, 1, 1)).mean((1, 2)))
 
 
-def _copy_bound(model: draw.DRAW, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """One copy's mean negative bound on images ``x`` with the posterior noise ``eps``
-    ``(T, B, Z)`` (the noise is an input: ``vmap`` draws none)."""
-    read_raw = model.read_attn(x.new_zeros(x.shape[0], model.decoder.hidden_size))
-    layers = (model.encoder, model.decoder, model.to_q, model._heads)
-    nll_x, kl = model._glimpses(x, read_raw, layers, noise=lambda t: eps[t])
-    return (nll_x + kl).mean()
-
-
-def draw_pair(copies: int) -> Pair:
-    """Chapter 6.4's DRAW (the quick preset), ``copies`` seeds of each variant: one ``Stack``
-    per variant and the ``StackedDRAW`` of all, on one batch of images and noise per seed."""
-    cfg = draw.get_config("quick")
-
-    def models(layer_norm: bool) -> list[draw.DRAW]:
-        out = []
-        for s in range(copies):
-            torch.manual_seed(s)
-            out.append(draw.build_model(cfg, layer_norm))
-        return out
-
-    stacks = torch.nn.ModuleList(Stack(models(ln)) for ln in (False, True))
-    hand = draw.StackedDRAW(models(False) + models(True))
-    g = torch.Generator().manual_seed(0)
-    x = torch.bernoulli(torch.full((copies, cfg.batch_size, cfg.image_size ** 2), 0.2),
-                        generator=g)  # (copies, B, D): binary images
-    eps = torch.randn(copies, cfg.glimpses, cfg.batch_size, cfg.z_size, generator=g)
-
-    def hand_losses() -> torch.Tensor:
-        nll_x, kl = hand.bound_terms(x.repeat(2, 1, 1), lambda t: eps[:, t].repeat(2, 1, 1))
-        return (nll_x + kl).mean(1)
-
-    return (stacks, lambda: torch.cat([st.call(_copy_bound, x, eps) for st in stacks]),
-            hand, hand_losses)
-
-
 def bench(name: str, pair: Pair, updates: int, repeats: int) -> dict[str, Any]:
     """Seconds per update both ways, round by round (one warm-up update each first)."""
     stacked, hand = _updates(*pair[:2]), _updates(*pair[2:])
@@ -225,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      a.updates, a.repeats) for norm, bs in MLP_CASES]
     results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies), a.updates,
                       a.repeats) for v in READER_CASES]
-    pairs = {"handwriting": handwriting_pair, "draw": draw_pair}
+    pairs = {"handwriting": handwriting_pair}
     results += [bench(f"{name}, every variant", pairs[name](a.copies), a.updates, a.repeats)
                 for name in RECURRENT_CASES]
     out = {"machine": machine_description(torch.device("cpu"), a.note),

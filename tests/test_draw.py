@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers import assert_same_runs
 
 from lnbook.data import load_mnist
-from lnbook.engine import load_results
+from lnbook.engine import Stack, load_results
 from lnbook.engine.results import Results, Run
 from lnbook.engine.train import History
 from lnbook.experiments import draw
@@ -339,39 +339,47 @@ def test_two_workers_give_the_same_runs():
     assert_same_runs(one, two)
 
 
-def test_stacked_copies_compute_each_model_s_loss_and_gradient():
-    """Copy k of a StackedDRAW is models[k]: same loss and gradient (float64), and the same
-    held-out terms with the same noise; a baseline copy's unused LN gain gets no gradient."""
-    kinds = [(False, 0), (True, 0), (False, 1), (True, 2)]
-    models = [_small_model(ln, seed).double() for ln, seed in kinds]
-    stack = draw.StackedDRAW(models)
-    assert len(stack) == 4 and stack.params["encoder.weight_ih"].shape == (4, 64, 2 * 4 + 16)
-    x = torch.bernoulli(torch.full((4, 6, 784), 0.3, dtype=torch.float64),
+def test_the_noise_as_an_input_and_the_engine_stack_of_drawings():
+    """bound_terms(noise=...) is the draw from torch's global stream given as an input; the
+    engine's Stack of DRAWs (what the stacked run trains) gives each model's loss, gradient
+    and held-out terms (float64)."""
+    model = _small_model(True, 0).double()
+    x = torch.bernoulli(torch.full((3, 6, 784), 0.3, dtype=torch.float64),
                         generator=torch.Generator().manual_seed(0))
-    gens = [torch.Generator().manual_seed(seed) for _, seed in kinds]
-    nll_x, kl = stack.bound_terms(x, lambda t: torch.stack(
-        [torch.randn(6, 4, generator=g, dtype=torch.float64) for g in gens]))
+    torch.manual_seed(5)
+    default = model.bound_terms(x[0])
+    torch.manual_seed(5)
+    noise = torch.stack([torch.randn(6, model.z_size, dtype=torch.float64)
+                         for _ in range(model.glimpses)])  # as the glimpses draw it
+    given = model.bound_terms(x[0], noise=noise)
+    for a, b in zip(default, given, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"noise must have shape \(3, 6, 4\)"):
+        model.bound_terms(x[0], noise=noise[:, :5])
+
+    models = [_small_model(True, seed).double() for seed in (0, 1, 2)]
+    stack = Stack(models)
+    noises = torch.randn(3, model.glimpses, 6, model.z_size, dtype=torch.float64)
+    nll_x, kl = stack.call(lambda m, xs, e: m.bound_terms(xs, noise=e), x, noises)
     (nll_x + kl).mean(1).sum().backward()
-    for k, (model, (ln, seed)) in enumerate(zip(models, kinds, strict=True)):
-        torch.manual_seed(seed)  # the single model's noise: the global stream of its seed
-        loss = model(x[k])
+    for k, m in enumerate(models):
+        loss = sum(m.bound_terms(x[k], noise=noises[k])).mean()
         loss.backward()
-        assert float((nll_x[k] + kl[k]).mean().detach()) == pytest.approx(loss.item(), rel=1e-12)
-        for name, p in model.named_parameters():
-            torch.testing.assert_close(stack.params[name].grad[k], p.grad, rtol=1e-9,
-                                       atol=1e-12)
-        if not ln:
-            assert stack.params["encoder.ln_c.weight"].grad[k].abs().max() == 0
-        assert stack.model(k).layer_norm == ln
-        assert set(stack.state_dict(k)) == set(model.state_dict())
+        assert (nll_x[k] + kl[k]).mean().item() == pytest.approx(loss.item(), rel=1e-12)
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(stack.stacked[0][name.replace(".", "|")].grad[k],
+                                       p.grad, rtol=1e-9, atol=1e-12)
     x_test = x[0, :5]
-    for k, terms in enumerate(stack.evaluate_terms(x_test, batch_size=2)):
-        ref = models[k].evaluate_terms(x_test, batch_size=2)
-        assert terms == pytest.approx(ref, rel=1e-12)
-    with pytest.raises(ValueError, match="share their sizes"):
-        draw.StackedDRAW([_small_model(False), draw.DRAW(28, 28, 3, 16, 16, 4, 2, 2)])
-    with pytest.raises(ValueError, match=r"\(4, B, 784\)"):
-        stack.bound_terms(x[:2], lambda t: None)
+    held = draw.held_out_terms(
+        lambda xs, e: stack.call(lambda m, a, b: m.bound_terms(a, noise=b), xs, e,
+                                 shared=(0, 1)), x_test, model.glimpses, model.z_size, 2)
+    for k, terms in enumerate(held):
+        assert terms == pytest.approx(models[k].evaluate_terms(x_test, batch_size=2), rel=1e-12)
+        with torch.random.fork_rng():  # one model alone, the noise from the global stream
+            torch.manual_seed(0)
+            sums = [sum(t.sum() for t in models[k].bound_terms(c)).item()
+                    for c in x_test.split(2)]
+        assert terms["bound"] == pytest.approx(sum(sums) / 5, rel=1e-12)
 
 
 @pytest.mark.parametrize("scale", ["quick", "paper"])
@@ -406,13 +414,14 @@ def test_stacked_run_trains_what_one_model_at_a_time_trains(tmp_path, scale):
 
 
 def test_a_stacked_run_resumes_from_its_checkpoint(tmp_path):
-    """The stacked job checkpoints (copies, Adam, noise generators, histories) under out;
+    """A stacked job checkpoints (copies, Adam, noise generators, histories) under out;
     trained longer, it continues to the numbers of a stacked run trained at once."""
     tiny = {**_TINY, "steps": 4, "seeds": (0, 1)}
     whole = draw.run(draw.get_config("quick", **tiny), device="cpu")
     draw.run(draw.get_config("quick", **{**tiny, "steps": 2}, checkpoint=True), device="cpu",
              out=tmp_path)
-    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == 1  # one job: all copies
+    # one job per variant, its seeds stacked
+    assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == len(draw.VARIANTS)
     longer = draw.run(draw.get_config("quick", **tiny, checkpoint=True), device="cpu",
                       out=tmp_path)
     assert_same_runs(whole, longer)

@@ -6,7 +6,6 @@ cells (eqs. 29-31), trained on the negative variational bound ``L = L^x + L^z`` 
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from lnbook.engine.copies import train_copies
 from lnbook.engine.job import Job
 from lnbook.engine.results import Results
 from lnbook.engine.runner import sweep
+from lnbook.engine.stack import Stack
 from lnbook.engine.train import Batches, History, fit
 
 __all__ = [
@@ -41,8 +41,8 @@ __all__ = [
     "read_glimpse",
     "write_patch",
     "gaussian_kl",
+    "held_out_terms",
     "DRAW",
-    "StackedDRAW",
     "mean_image_nll",
     "load_data",
     "build_model",
@@ -82,7 +82,8 @@ class Config(RunConfig):
         data_source: passed to :func:`lnbook.data.load_mnist`.
         variants: the runs (``"baseline"``: eqs. 29-30, ``"layer_norm"``: eq. 31).
         checkpoint: checkpoint each job under ``out/`` (a sweep resumes).
-        stacked: train all runs as one :class:`StackedDRAW` (one job of the sweep).
+        stacked: train the seeds of each variant as one engine
+            :class:`~lnbook.engine.Stack` (one job of the sweep per variant).
     """
 
     image_size: int = 14
@@ -226,6 +227,27 @@ def gaussian_kl(mu: Tensor, log_sigma: Tensor) -> Tensor:
 # The model
 
 
+def held_out_terms(bound: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor,
+                   glimpses: int, z_size: int, batch_size: int = 500,
+                   seed: int = 0) -> list[dict[str, float]]:
+    """Held-out ``bound``, ``nll_x`` and ``kl`` in nats per image of ``x`` (N, H*W), one dict
+    per copy: ``bound(images, noise)`` gives the two terms ``(..., B)`` of ``B`` images (one
+    model: ``(B,)``; a stack of copies: ``(copies, B)``) with the posterior noise ``noise``
+    ``(T, B, Z)``, drawn chunk by chunk (``batch_size`` images) from a generator seeded with
+    ``seed``, so every copy sees the same noise as one model evaluated alone."""
+    gen = torch.Generator(device=x.device).manual_seed(seed)
+    nll = kl = torch.zeros((), dtype=torch.float64)
+    for chunk in x.split(batch_size):
+        noise = torch.stack([torch.randn(chunk.shape[0], z_size, generator=gen, device=x.device,
+                                         dtype=x.dtype) for _ in range(glimpses)])  # (T, B, Z)
+        nll_x, kl_ = bound(chunk, noise)
+        nll = nll + nll_x.sum(-1).double().cpu()  # float32 sums of a chunk, added in float64
+        kl = kl + kl_.sum(-1).double().cpu()
+    n = x.shape[0]
+    return [{"bound": (a + b) / n, "nll_x": a / n, "kl": b / n}
+            for a, b in zip(nll.reshape(-1).tolist(), kl.reshape(-1).tolist(), strict=True)]
+
+
 class DRAW(nn.Module):
     """DRAW with read and write attention (Gregor et al., 2015), LSTM cells of eqs. 29-31.
 
@@ -284,42 +306,16 @@ class DRAW(nn.Module):
         write_raw, w = self.write_attn(h_dec), self.write_w(h_dec)  # order fixes the gradients
         return self.read_attn(h_dec), write_raw, w
 
-    def _glimpses(self, x: Tensor, read_raw: Tensor, layers: tuple[Callable, ...],
-                  noise: Callable[[int], Tensor] | None = None,
-                  canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """The glimpse loop of one model (``x`` (B, H*W)) or of M copies (``x`` (M, B, H*W))."""
-        encoder, decoder, to_q, heads = layers  # functions of h; heads -> (read, write, patch)
-        lead = x.shape[:-1]
-        img = x.view(*lead, self.height, self.width)  # (*lead, H, W)
-        canvas = torch.zeros_like(img)  # logits c_0
-        h_dec = x.new_zeros(*lead, self.decoder.hidden_size)  # (*lead, Hd)
-        enc = dec = None
-        kl = x.new_zeros(lead)  # (*lead,)
-        for step in range(self.glimpses):
-            x_hat = img - torch.sigmoid(canvas)  # (*lead, H, W) error image
-            fx, fy, gamma = self._attend_raw(read_raw.reshape(-1, 5), self.read_n)
-            both = torch.stack([img, x_hat], -3).reshape(-1, 2, self.height, self.width)
-            r = read_glimpse(both, fx, fy, gamma).reshape(*lead, -1)  # (*lead, 2 Nr^2)
-            enc = encoder(torch.cat([r, h_dec], -1), enc)
-            mu, log_sigma = to_q(enc[0]).chunk(2, -1)  # (*lead, Z) each
-            eps = torch.randn_like(mu) if noise is None else noise(step)
-            z = mu + torch.exp(log_sigma) * eps
-            kl = kl + gaussian_kl(mu, log_sigma)
-            dec = decoder(z, dec)
-            h_dec = dec[0]  # (*lead, Hd)
-            read_raw, write_raw, w = heads(h_dec)
-            canvas = canvas + self._write_raw(write_raw.reshape(-1, 5), w).view(img.shape)
-            if canvases is not None:
-                canvases.append(canvas)
-        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((-2, -1))
-        return nll_x, kl
-
-    def bound_terms(self, x: Tensor, canvases: list[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def bound_terms(self, x: Tensor, canvases: list[Tensor] | None = None,
+                    noise: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The two parts of the negative variational bound for each image, in nats.
 
         Args:
             x: ``(B, height * width)`` binary images.
             canvases: a list to append the canvas logits ``c_t`` (B, H, W) of every step to.
+            noise: ``(T, B, z_size)`` standard normal draws, glimpse ``t``'s posterior sample
+                being ``z_t = mu_t + sigma_t * noise[t]``; default: drawn from torch's global
+                generator (give it under ``vmap``, which draws none).
 
         Returns:
             ``(nll_x, kl)``, each ``(B,)``: ``-log D(x | sigmoid(c_T))`` and ``sum_t KL_t``.
@@ -329,9 +325,32 @@ class DRAW(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.width * self.height:
             raise ValueError(f"images must have shape (B, {self.width * self.height}) (flattened "
                              f"{self.height}x{self.width}), got {tuple(x.shape)}")
-        read_raw = self.read_attn(x.new_zeros(x.shape[0], self.decoder.hidden_size))  # h_dec = 0
-        layers = (self.encoder, self.decoder, self.to_q, self._heads)
-        return self._glimpses(x, read_raw, layers, canvases=canvases)
+        if noise is not None and tuple(noise.shape) != (self.glimpses, x.shape[0], self.z_size):
+            raise ValueError(f"noise must have shape ({self.glimpses}, {x.shape[0]}, "
+                             f"{self.z_size}) (glimpses, B, z_size), got {tuple(noise.shape)}")
+        img = x.view(-1, self.height, self.width)  # (B, H, W)
+        canvas = torch.zeros_like(img)  # logits c_0
+        h_dec = x.new_zeros(x.shape[0], self.decoder.hidden_size)  # (B, Hd)
+        read_raw = self.read_attn(h_dec)  # the read head of h_dec = 0
+        enc = dec = None
+        kl = x.new_zeros(x.shape[0])  # (B,)
+        for step in range(self.glimpses):
+            x_hat = img - torch.sigmoid(canvas)  # (B, H, W) error image
+            fx, fy, gamma = self._attend_raw(read_raw, self.read_n)
+            r = read_glimpse(torch.stack([img, x_hat], 1), fx, fy, gamma).flatten(1)
+            enc = self.encoder(torch.cat([r, h_dec], -1), enc)  # r: (B, 2 Nr^2)
+            mu, log_sigma = self.to_q(enc[0]).chunk(2, -1)  # (B, Z) each
+            eps = torch.randn_like(mu) if noise is None else noise[step]
+            z = mu + torch.exp(log_sigma) * eps
+            kl = kl + gaussian_kl(mu, log_sigma)
+            dec = self.decoder(z, dec)
+            h_dec = dec[0]  # (B, Hd)
+            read_raw, write_raw, w = self._heads(h_dec)
+            canvas = canvas + self._write_raw(write_raw, w)
+            if canvases is not None:
+                canvases.append(canvas)
+        nll_x = F.binary_cross_entropy_with_logits(canvas, img, reduction="none").sum((-2, -1))
+        return nll_x, kl
 
     def forward(self, x: Tensor) -> Tensor:
         """Negative variational bound ``L^x + L^z`` averaged over the batch (nats per image)."""
@@ -365,147 +384,15 @@ class DRAW(nn.Module):
     @torch.no_grad()
     def evaluate_terms(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> dict[str, float]:
         """Held-out ``bound`` = ``nll_x`` + ``kl``, nats per image (one posterior sample each),
-        the noise seeded with ``seed`` (the global RNG is restored: training is unchanged)."""
-        nll_total = kl_total = 0.0
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            for chunk in x.split(batch_size):
-                nll_x, kl = self.bound_terms(chunk)
-                nll_total += float(nll_x.sum())
-                kl_total += float(kl.sum())
-        n = x.shape[0]
-        return {"bound": (nll_total + kl_total) / n, "nll_x": nll_total / n, "kl": kl_total / n}
+        the noise drawn from a generator seeded with ``seed`` (:func:`held_out_terms`; torch's
+        global generator is not touched: training is unchanged)."""
+        return held_out_terms(lambda xs, noise: self.bound_terms(xs, noise=noise), x,
+                              self.glimpses, self.z_size, batch_size, seed)[0]
 
     @torch.no_grad()
     def evaluate(self, x: Tensor, batch_size: int = 500, seed: int = 0) -> float:
         """Held-out negative bound in nats per image; see :meth:`evaluate_terms`."""
         return self.evaluate_terms(x, batch_size, seed)["bound"]
-
-
-# ----------------------------------------------------------------------------------------------
-# Many models as one computation
-
-
-class StackedDRAW:
-    """Copies of one DRAW architecture (baseline and layer-normalized, any seeds) as one model.
-
-    ``params[name]`` is ``(M, *shape)``, parameter ``name`` of every copy (copied from
-    ``models``, DRAWs of one size); copy ``k`` computes what ``models[k]`` computes. A baseline
-    copy holds an unused ``ln_c`` gain and bias (gradient 0).
-    """
-
-    def __init__(self, models: list[DRAW]) -> None:
-        if not models or not all(isinstance(m, DRAW) for m in models):
-            raise TypeError("StackedDRAW takes a non-empty list of DRAW models")
-        sizes = {(m.width, m.height, m.glimpses, m.encoder.hidden_size, m.decoder.hidden_size,
-                  m.z_size, m.read_n, m.write_n) for m in models}
-        if len(sizes) != 1:
-            raise ValueError(f"the models must share their sizes, got {sorted(sizes)}")
-        self.template = copy.deepcopy(models[0])  # sizes and glimpse loop of the copies
-        self.layer_norm = [bool(m.layer_norm) for m in models]
-        dev = next(models[0].parameters()).device
-        self.ln = torch.tensor(self.layer_norm, device=dev).view(-1, 1, 1)  # (M, 1, 1)
-        ln_model = next((m for m in models if m.layer_norm), None)
-        self.eps = ln_model.encoder.ln_c.eps if ln_model is not None else 1e-5
-        owns = [dict(m.named_parameters()) for m in models]
-        self.params: dict[str, Tensor] = {}
-        for name, q in (ln_model or models[0]).named_parameters():
-            unused = torch.full_like(q, 1.0 if name.endswith("weight") else 0.0)  # LN of a baseline
-            rows = [own[name].detach() if name in own else unused for own in owns]
-            self.params[name] = torch.stack(rows).clone().requires_grad_(True)
-
-    def __len__(self) -> int:
-        return len(self.layer_norm)
-
-    def state_dict(self, k: int) -> dict[str, Tensor]:
-        """The weights of copy ``k`` as ``DRAW.state_dict()`` holds them."""
-        keep = self.layer_norm[k]
-        return {n: p[k].detach().clone() for n, p in self.params.items()
-                if keep or ".ln_c." not in n}
-
-    def model(self, k: int) -> DRAW:
-        """Copy ``k`` as a :class:`DRAW` (in eval mode)."""
-        t = self.template
-        m = DRAW(t.width, t.height, t.glimpses, t.encoder.hidden_size, t.decoder.hidden_size,
-                 t.z_size, t.read_n, t.write_n, layer_norm=self.layer_norm[k])
-        m.load_state_dict(self.state_dict(k))
-        return m.to(t.write_w.weight.device).eval()
-
-    def _cell_norm(self, prefix: str, c: Tensor) -> Tensor:
-        """What feeds the output tanh: LN(c) in the LN copies (eq. 31), c in the others."""
-        if not any(self.layer_norm):
-            return c
-        p = self.params
-        n = F.layer_norm(c, c.shape[-1:], eps=self.eps)  # (M, B, H)
-        n = torch.addcmul(p[f"{prefix}.ln_c.bias"].unsqueeze(1), n,
-                          p[f"{prefix}.ln_c.weight"].unsqueeze(1))
-        return n if all(self.layer_norm) else torch.where(self.ln, n, c)
-
-    def _lstm(self, prefix: str, w: Tensor, b: Tensor, inp: Tensor,
-              state: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """A DRAWLSTMCell step of every copy; ``w`` ``[W_ih, W_hh]^T`` (M, I + H, 4H)."""
-        if state is None:
-            h = c = inp.new_zeros(*inp.shape[:2], w.shape[-1] // 4)  # (M, B, H)
-        else:
-            h, c = state
-        gates = torch.baddbmm(b, torch.cat([inp, h], -1), w)  # (M, B, 4H)
-        i, f, g, o = gates.chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (M, B, H), eq. 30
-        h = torch.sigmoid(o) * torch.tanh(self._cell_norm(prefix, c))  # eq. 31 (or plain)
-        return h, c
-
-    def bound_terms(self, x: Tensor, noise: Callable[[int], Tensor]) -> tuple[Tensor, Tensor]:
-        """:meth:`DRAW.bound_terms` of every copy on its own images.
-
-        Args:
-            x: ``(M, B, height * width)`` binary images, row ``k`` for copy ``k``.
-            noise: ``t -> (M, B, z_size)`` standard normal noise of glimpse ``t``.
-
-        Returns:
-            ``(nll_x, kl)``, each ``(M, B)``.
-        """
-        t, p = self.template, self.params
-        if x.dim() != 3 or x.shape[0] != len(self) or x.shape[2] != t.width * t.height:
-            raise ValueError(f"x must have shape ({len(self)}, B, {t.width * t.height}), got "
-                             f"{tuple(x.shape)}")
-        cells = [partial(self._lstm, c, torch.cat([p[f"{c}.weight_ih"], p[f"{c}.weight_hh"]],
-                                                  2).transpose(1, 2),
-                         (p[f"{c}.bias_ih"] + p[f"{c}.bias_hh"]).unsqueeze(1))
-                 for c in ("encoder", "decoder")]
-        w_q, b_q = p["to_q.weight"].transpose(1, 2), p["to_q.bias"].unsqueeze(1)
-        to_q = partial(torch.baddbmm, b_q, batch2=w_q)  # h_enc (M, B, He) -> (M, B, 2Z)
-        heads = ("read_attn", "write_attn", "write_w")  # all three read h_dec: one matmul
-        w_h = torch.cat([p[f"{h}.weight"] for h in heads], 1).transpose(1, 2)  # (M, Hd, 10+Nw^2)
-        b_h = torch.cat([p[f"{h}.bias"] for h in heads], 1).unsqueeze(1)  # (M, 1, 10+Nw^2)
-
-        def all_heads(h_dec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            out = torch.baddbmm(b_h, h_dec, w_h)  # (M, B, 10 + Nw^2)
-            return out[..., :5], out[..., 5:10], out[..., 10:]
-
-        layers = (*cells, to_q, all_heads)
-        read_raw = b_h[..., :5].expand(*x.shape[:2], 5)  # the read head of h_dec = 0
-        return t._glimpses(x, read_raw, layers, noise)
-
-    @torch.no_grad()
-    def evaluate_terms(self, x: Tensor, batch_size: int = 500,
-                       seed: int = 0) -> list[dict[str, float]]:
-        """:meth:`DRAW.evaluate_terms` of every copy on the same images ``x`` (N, H*W), with
-        the same posterior noise (a generator seeded with ``seed``, drawn as the single model
-        draws it), so copy ``k`` gets what ``self.model(k).evaluate_terms(x)`` returns."""
-        m, z = len(self), self.template.z_size
-        gen = torch.Generator(device=x.device).manual_seed(seed)
-        nll, kl = torch.zeros(2, m, dtype=torch.float64)  # sums per copy
-        for chunk in x.split(batch_size):
-            n = chunk.shape[0]
-            draws = [torch.randn(n, z, generator=gen, device=x.device, dtype=x.dtype)
-                     for _ in range(self.template.glimpses)]
-            nll_x, kl_ = self.bound_terms(chunk.expand(m, -1, -1),
-                                          lambda t, d=draws: d[t].expand(m, -1, -1))
-            nll += nll_x.sum(1).double().cpu()
-            kl += kl_.sum(1).double().cpu()
-        n = x.shape[0]
-        return [{"bound": (a + b) / n, "nll_x": a / n, "kl": b / n}
-                for a, b in zip(nll.tolist(), kl.tolist(), strict=True)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -609,10 +496,11 @@ def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
     """Train DRAW with and without layer norm for each seed; held-out bound against updates.
 
-    The runs train as one :class:`StackedDRAW` (``config.stacked``: one job of the sweep) or
-    one at a time (the same numbers) and evaluate :meth:`DRAW.evaluate_terms` every
-    ``eval_every`` updates. ``out``: folder for ``draw.json``, the runs, the weights
-    (:func:`model_path`) and checkpoints. ``info``: ``data_source``, ``n_train``,
+    The seeds of each variant train as one engine :class:`~lnbook.engine.Stack`
+    (``config.stacked``: one job of the sweep per variant) or one at a time (the same numbers),
+    and are evaluated (:meth:`DRAW.evaluate_terms`) every ``eval_every`` updates. ``out``:
+    folder for ``draw.json``, the runs, the weights (:func:`model_path`) and checkpoints.
+    ``info``: ``data_source``, ``n_train``,
     ``n_test``, ``n_pixels``, ``mean_image_nll``.
     """
     check_config(config, Config)
@@ -623,7 +511,7 @@ def run(config: Config, device: str | torch.device = "auto",
     train = partial(_train_stack if config.stacked else _train_one, config=config,
                     x_train=x_train, x_test=x_test, out=out)
     return sweep(NAME, {v: v for v in config.variants}, config.seeds, train, config=config,
-                 stack="all" if config.stacked else None, device=device, out=out,
+                 stack="seeds" if config.stacked else None, device=device, out=out,
                  checkpoint=config.checkpoint, steps=config.steps, info=info,
                  threads=config.threads, workers=config.workers)
 
@@ -673,34 +561,43 @@ def _train_one(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
     return history
 
 
+def _bound(model: DRAW, x: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """One copy's :meth:`DRAW.bound_terms` under the engine's ``vmap`` (the noise an input)."""
+    return model.bound_terms(x, noise=noise)
+
+
 def _train_stack(job: Job, config: Config, x_train: Tensor, x_test: Tensor,
                  out: str | os.PathLike | None) -> list[History]:
-    """Every (variant, seed) of the job as one copy of a :class:`StackedDRAW`."""
-    pairs, dev = job.pairs, job.device
-    batches = {s: Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for _, s in pairs}
-    gens = [torch.Generator(device=dev).manual_seed(s) for _, s in pairs]
+    """Every seed of the job's variant as one copy of an engine :class:`~lnbook.engine.Stack`;
+    each copy draws its batches and posterior noise as its run alone draws them."""
+    seeds, dev = job.seeds, job.device
+    batches = [Batches(x_train.to(dev), batch_size=config.batch_size, seed=s) for s in seeds]
+    gens = [torch.Generator(device=dev).manual_seed(s) for s in seeds]
     shape = (config.batch_size, config.z_size)
 
-    def noise(_: int) -> Tensor:
-        return torch.stack([torch.randn(shape, generator=g, device=dev) for g in gens])
-
     def losses(step: int) -> Tensor:
-        x = torch.stack([batches[s](step)[0] for _, s in pairs])  # (M, B, D)
-        nll_x, kl = stack.bound_terms(x, noise)
-        return (nll_x + kl).mean(1)  # (M,)
+        x = torch.stack([b(step)[0] for b in batches])  # (S, B, D)
+        noise = torch.stack([torch.stack([torch.randn(shape, generator=g, device=dev)
+                                          for _ in range(config.glimpses)])
+                             for g in gens])  # (S, T, B, Z)
+        nll_x, kl = stack.call(_bound, x, noise)  # (S, B) each
+        return (nll_x + kl).mean(1)  # (S,)
+
+    @torch.no_grad()
+    def evaluate() -> list[dict[str, float]]:
+        return held_out_terms(partial(stack.call, _bound, shared=(0, 1)), x_test.to(dev),
+                              config.glimpses, config.z_size)
 
     models = []
-    for v, s in pairs:
+    for s in seeds:
         torch.manual_seed(s)
-        models.append(build_model(config, layer_norm=(v == "layer_norm")).to(dev))
-    stack = StackedDRAW(models)
+        models.append(build_model(config, layer_norm=(job.variant == "layer_norm")))
+    stack = Stack(models).to(dev)
     # Adam is elementwise: each copy keeps its own moments (fused: one pass over all)
-    adam = torch.optim.Adam(list(stack.params.values()), lr=config.lr,
-                            fused=dev.type in ("cpu", "cuda"))
-    histories = train_copies(losses, partial(stack.evaluate_terms, x_test.to(dev)), adam,
-                             [History() for _ in pairs], config.steps, config.eval_every,
-                             state=stack.params, generators=gens, checkpoint=job.checkpoint,
-                             bar=job.bar, label=job.label)
-    for k, (v, s) in enumerate(pairs):
-        _save_model(out, v, s, stack.state_dict(k))
+    adam = torch.optim.Adam(stack.parameters(), lr=config.lr, fused=dev.type in ("cpu", "cuda"))
+    histories = train_copies(losses, evaluate, adam, [History() for _ in seeds], config.steps,
+                             config.eval_every, state=stack, generators=gens,
+                             checkpoint=job.checkpoint, bar=job.bar, label=job.label)
+    for s, model in zip(seeds, stack.unstack(), strict=True):
+        _save_model(out, job.variant, s, model.state_dict())
     return histories
