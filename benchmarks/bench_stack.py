@@ -36,14 +36,13 @@ from lnbook.experiments import handwriting, mnist, reader
 
 MLP_CASES = tuple((norm, bs) for norm in mnist.NORMS for bs in (128, 4))
 READER_CASES = ("lstm", "ln_lstm", "bn_lstm")
-RECURRENT_CASES = ("handwriting",)  # every variant: copies per variant, one batch each
 
 
-Pair = tuple[Any, Callable[[], torch.Tensor], Any,
+Pair = tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.nn.Module,
              Callable[[], torch.Tensor]]  # (stack, its losses, hand-batched, its losses)
 
 
-def _updates(model: Any, loss: Callable[[], torch.Tensor]) -> Callable[[int], float]:
+def _updates(model: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[int], float]:
     """``n -> seconds`` of ``n`` Adam updates of ``model`` on ``loss()`` (copies summed)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
@@ -181,9 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      a.updates, a.repeats) for norm, bs in MLP_CASES]
     results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies), a.updates,
                       a.repeats) for v in READER_CASES]
-    pairs = {"handwriting": handwriting_pair}
-    results += [bench(f"{name}, every variant", pairs[name](a.copies), a.updates, a.repeats)
-                for name in RECURRENT_CASES]
+    results.append(bench("handwriting, every variant", handwriting_pair(a.copies), a.updates,
+                         a.repeats))
     out = {"machine": machine_description(torch.device("cpu"), a.note),
            "config": {"copies": a.copies, "updates": a.updates, "repeats": a.repeats},
            "results": results}

@@ -339,7 +339,7 @@ def test_two_workers_give_the_same_runs():
     assert_same_runs(one, two)
 
 
-def test_the_noise_as_an_input_and_the_engine_stack_of_drawings():
+def test_the_noise_is_an_input_and_a_stack_of_draws_gives_each_model_s_terms():
     """bound_terms(noise=...) is the draw from torch's global stream given as an input; the
     engine's Stack of DRAWs (what the stacked run trains) gives each model's loss, gradient
     and held-out terms (float64)."""
