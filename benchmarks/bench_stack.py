@@ -13,6 +13,7 @@ measured in one run. The hand-batched handwriting model runs every variant as on
 Stack holds copies of one architecture, so the engine's way is one Stack per variant.
 
     python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
+    python benchmarks/bench_stack.py --device cuda --out ''   # on a GPU, print only
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import RESULTS, machine_description
+from common import RESULTS, machine_description, sync
 
-from lnbook import LSTM
+from lnbook import LSTM, resolve_device
 from lnbook.batched import seed_nll
 from lnbook.engine import Stack
 from lnbook.experiments import handwriting, mnist, reader
@@ -42,41 +43,45 @@ Pair = tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.nn.Module,
              Callable[[], torch.Tensor]]  # (stack, its losses, hand-batched, its losses)
 
 
-def _updates(model: torch.nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[int], float]:
-    """``n -> seconds`` of ``n`` Adam updates of ``model`` on ``loss()`` (copies summed)."""
+def _updates(model: torch.nn.Module, loss: Callable[[], torch.Tensor],
+             device: torch.device) -> Callable[[int], float]:
+    """``n -> seconds`` of ``n`` Adam updates of ``model`` on ``loss()`` (copies summed),
+    timed until the device has done them."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def run(n: int) -> float:
+        sync(device)
         start = time.perf_counter()
         for _ in range(n):
             opt.zero_grad()
             loss().sum().backward()
             opt.step()
+        sync(device)
         return time.perf_counter() - start
     return run
 
 
-def mlp_pair(norm: str, batch_size: int, copies: int) -> Pair:
+def mlp_pair(norm: str, batch_size: int, copies: int, device: torch.device) -> Pair:
     """Chapter 6.6's MLP (the quick preset's widths): ``mnist.seed_model`` (a ``SeedMLP``)
     and a ``Stack`` of the ``mnist.MLP`` of each seed, on one random batch per copy."""
     cfg = mnist.get_config("quick")
     seeds = tuple(range(copies))
     sizes = (784, *cfg.hidden, 10)
     unbiased = batch_size <= cfg.bn_unbiased_max_batch
-    hand = mnist.seed_model(cfg, norm, batch_size, seeds)
+    hand = mnist.seed_model(cfg, norm, batch_size, seeds).to(device)
     models = []
     for s in seeds:
         torch.manual_seed(s)
         models.append(mnist.MLP(sizes, norm, bn_unbiased=unbiased))
-    stack = Stack(models)
+    stack = Stack(models).to(device)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(copies, batch_size, 784, generator=g)
-    y = torch.randint(10, (copies, batch_size), generator=g)
+    x = torch.randn(copies, batch_size, 784, generator=g).to(device)
+    y = torch.randint(10, (copies, batch_size), generator=g).to(device)
     return (stack, lambda: stack.call(lambda m, u, v: F.cross_entropy(m(u), v), x, y),
             hand, lambda: seed_nll(hand(x), y))
 
 
-def reader_pair(variant: str, copies: int) -> Pair:
+def reader_pair(variant: str, copies: int, device: torch.device) -> Pair:
     """Chapter 6.2's attentive reader (the quick preset): a ``Stack`` of the seeds' models and
     the ``StackedReader`` of the same models, on one batch of training rows per copy."""
     cfg = reader.get_config("quick")
@@ -94,11 +99,11 @@ def reader_pair(variant: str, copies: int) -> Pair:
                 cfg.bn_gain_init, cfg.ln_small_gain))
         return out
 
-    stack, hand = Stack(models()), reader.StackedReader(models())
+    stack, hand = Stack(models()).to(device), reader.StackedReader(models()).to(device)
     g = torch.Generator().manual_seed(0)
     rows = torch.stack([torch.randperm(len(train), generator=g)[: cfg.batch_size]
                         for _ in range(copies)])  # (copies, B)
-    batch = tuple(t[rows] for t in train.tensors())
+    batch = tuple(t[rows].to(device) for t in train.tensors())
     return (stack, lambda: stack.call(lambda m, *b: m(*b), *batch),
             hand, lambda: hand.losses(*batch))
 
@@ -112,7 +117,7 @@ def _copy_nll(model: handwriting.HandwritingModel, points: torch.Tensor,
     return handwriting.mixture_nll(p, points[:, 1:].transpose(0, 1)).mean()
 
 
-def handwriting_pair(copies: int) -> Pair:
+def handwriting_pair(copies: int, device: torch.device) -> Pair:
     """Chapter 6.5's three LSTMs (the quick preset), ``copies`` seeds each: one ``Stack`` per
     variant and the ``StackedHandwriting`` of all, on one batch of lines per seed. torch's
     ``nn.LSTM`` (the baseline) has no ``vmap`` rule: its Stack runs :class:`lnbook.LSTM`
@@ -138,22 +143,25 @@ def handwriting_pair(copies: int) -> Pair:
         return m
 
     variants = handwriting.VARIANTS
-    stacks = torch.nn.ModuleList(Stack([vmappable(m) for m in models(v)]) for v in variants)
-    hand = handwriting.StackedHandwriting([m for v in variants for m in models(v)])
+    stacks = torch.nn.ModuleList(Stack([vmappable(m) for m in models(v)])
+                                 for v in variants).to(device)
+    hand = handwriting.StackedHandwriting([m for v in variants for m in models(v)]).to(device)
     for model in (stacks, hand):
         handwriting._clip_hooks(model, cfg.grad_clip)  # as the experiment clips
     g = torch.Generator().manual_seed(0)
     rows = torch.stack([torch.randperm(len(train.points), generator=g)[: cfg.batch_size]
                         for _ in range(copies)])  # (copies, B): seed k's lines
-    pts, let = train.points[rows], train.letters[rows]  # (copies, B, T + 1, 3), (copies, B, T)
+    pts, let = train.points[rows].to(device), train.letters[rows].to(device)
+    # pts (copies, B, T + 1, 3), let (copies, B, T)
     n = len(variants)
     return (stacks, lambda: torch.cat([st.call(_copy_nll, pts, let) for st in stacks]),
             hand, lambda: hand.nll(pts.repeat(n, 1, 1, 1), let.repeat(n, 1, 1)).mean((1, 2)))
 
 
-def bench(name: str, pair: Pair, updates: int, repeats: int) -> dict[str, Any]:
+def bench(name: str, pair: Pair, updates: int, repeats: int,
+          device: torch.device) -> dict[str, Any]:
     """Seconds per update both ways, round by round (one warm-up update each first)."""
-    stacked, hand = _updates(*pair[:2]), _updates(*pair[2:])
+    stacked, hand = _updates(*pair[:2], device), _updates(*pair[2:], device)
     stacked(1), hand(1)
     s_stack, s_hand = [], []
     for _ in range(repeats):
@@ -166,28 +174,35 @@ def bench(name: str, pair: Pair, updates: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu, cuda, or auto (cuda, then mps)")
     p.add_argument("--copies", type=int, default=5)
     p.add_argument("--updates", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--note", default=None)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(RESULTS), help="folder for stack.json ('' to skip)")
     a = p.parse_args(argv)
     if min(a.copies, a.updates, a.repeats, a.threads) < 1:
         p.error("--copies, --updates, --repeats and --threads must be >= 1")
+    try:
+        device = resolve_device(a.device)
+    except ValueError as e:
+        p.error(f"--device: {e}")
     torch.set_num_threads(a.threads)
-    results = [bench(f"mnist MLP, {norm}, batch {bs}", mlp_pair(norm, bs, a.copies),
-                     a.updates, a.repeats) for norm, bs in MLP_CASES]
-    results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies), a.updates,
-                      a.repeats) for v in READER_CASES]
-    results.append(bench("handwriting, every variant", handwriting_pair(a.copies), a.updates,
-                         a.repeats))
-    out = {"machine": machine_description(torch.device("cpu"), a.note),
+    n, k = a.updates, a.repeats
+    results = [bench(f"mnist MLP, {norm}, batch {bs}", mlp_pair(norm, bs, a.copies, device),
+                     n, k, device) for norm, bs in MLP_CASES]
+    results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies, device), n, k,
+                      device) for v in READER_CASES]
+    results.append(bench("handwriting, every variant", handwriting_pair(a.copies, device), n,
+                         k, device))
+    out = {"machine": machine_description(device, a.note),
            "config": {"copies": a.copies, "updates": a.updates, "repeats": a.repeats},
            "results": results}
-    path = Path(a.out)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "stack.json").write_text(json.dumps(out, indent=1) + "\n")
+    if a.out:
+        path = Path(a.out)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "stack.json").write_text(json.dumps(out, indent=1) + "\n")
     for r in results:
         print(f"{r['case']:32s} Stack / hand-batched: {r['ratio']:.2f}")
     return out

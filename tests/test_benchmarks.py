@@ -178,7 +178,7 @@ def test_stack_benchmark_times_the_same_computation_both_ways(pair):
     import bench_stack
 
     make = getattr(bench_stack, f"{pair[0]}_pair")
-    _, stack_losses, _, hand_losses = make(*pair[1:], 3)
+    _, stack_losses, _, hand_losses = make(*pair[1:], 3, torch.device("cpu"))
     got, want = stack_losses(), hand_losses()  # (copies,): the same models on the same batch
     variants = 3 if pair[0] == "handwriting" else 1  # 3 seeds of each of its variants
     assert got.shape == (3 * variants,) and not torch.equal(got[0], got[1])
@@ -202,3 +202,34 @@ def test_scripts_write_where_the_chapters_read():
     for name in scripts:
         assert resources.benchmark_result(name) == json.loads((folder / f"{name}.json").read_text())
     assert not (BENCH / "results").exists(), "one copy of the results, in lnbook/"
+
+
+def test_paper_scale_script_records_each_preset_s_smoke_run(tmp_path):
+    import paper_scale
+
+    from lnbook.experiments import load_experiment
+
+    out = paper_scale.main(["--device", "cpu", "--only", "online", "--max-updates", "2",
+                            "--out", str(tmp_path)])
+    stored = json.loads((tmp_path / "paper_scale-cpu.json").read_text())
+    assert stored["results"] == out["results"] and stored["machine"]["device"] == "cpu"
+    (row,) = stored["results"]
+    steps = load_experiment("online").get_config("paper").steps
+    assert row["experiment"] == "online" and row["exit_status"] == 0 and "error" not in row
+    assert row["steps"] == steps and row["updates_bound"] == row["loops"] * steps
+    assert row["loops"] >= 1 and row["parameters"] > 1000 and row["seconds_per_update"] > 0
+    assert "peak_accelerator_mib" not in row  # on the CPU there is none to report
+
+
+def test_paper_scale_script_refuses_bad_options_and_keeps_to_its_budget(tmp_path, capsys):
+    import paper_scale
+
+    for argv in (["--only", "no_such"], ["--max-updates", "1"], ["--full", "no_such"]):
+        with pytest.raises(SystemExit) as stop:
+            paper_scale.main([*argv, "--device", "cpu", "--out", ""])
+        assert stop.value.code == 2
+    assert "unknown experiments ['no_such']" in capsys.readouterr().err
+    out = paper_scale.main(["--device", "cpu", "--only", "online,mnist", "--budget", "0",
+                            "--out", str(tmp_path)])
+    assert [(r["experiment"], r["error"]) for r in out["results"]] == [
+        ("online", "not run: --budget spent"), ("mnist", "not run: --budget spent")]
