@@ -2,15 +2,13 @@
 
 Every experiment is meant to train its seeds through :class:`lnbook.engine.Stack`, which runs
 the copies of any ``nn.Module`` as one computation (``torch.func.vmap`` over
-``functional_call``). Three experiments still train hand-batched copies written for one model:
+``functional_call``). Two experiments still train hand-batched copies written for one model:
 chapters 6.6 and 6.8 (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one
-``baddbmm`` a layer), 6.2 (:class:`lnbook.experiments.reader.StackedReader`) and 6.5
-(:class:`~lnbook.experiments.handwriting.StackedHandwriting`). This script measures what
-replacing them would cost: in each round it times the same update (Adam on the summed per-copy
-losses, the same batch for both) both ways, and reports the median over the rounds of the
-per-round ratio ``Stack / hand-batched`` (above 1: the engine's Stack is slower), a ratio
-measured in one run. The hand-batched handwriting model runs every variant as one model; a
-Stack holds copies of one architecture, so the engine's way is one Stack per variant.
+``baddbmm`` a layer) and 6.2 (:class:`lnbook.experiments.reader.StackedReader`). This script
+measures what replacing them would cost: in each round it times the same update (Adam on the
+summed per-copy losses, the same batch for both) both ways, and reports the median over the
+rounds of the per-round ratio ``Stack / hand-batched`` (above 1: the engine's Stack is slower),
+a ratio measured in one run.
 
     python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
     python benchmarks/bench_stack.py --device cuda --out ''   # on a GPU, print only
@@ -30,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from common import RESULTS, machine_description, sync
 
-from lnbook import LSTM, resolve_device
+from lnbook import resolve_device
 from lnbook.batched import seed_nll
 from lnbook.engine import Stack
-from lnbook.experiments import handwriting, mnist, reader
+from lnbook.experiments import mnist, reader
 
 MLP_CASES = tuple((norm, bs) for norm in mnist.NORMS for bs in (128, 4))
 READER_CASES = ("lstm", "ln_lstm", "bn_lstm")
@@ -108,56 +106,6 @@ def reader_pair(variant: str, copies: int, device: torch.device) -> Pair:
             hand, lambda: hand.losses(*batch))
 
 
-def _copy_nll(model: handwriting.HandwritingModel, points: torch.Tensor,
-              letters: torch.Tensor) -> torch.Tensor:
-    """One copy's mean NLL per point: ``model.nll`` without its checks of the letters' values,
-    which cannot run under ``vmap``."""
-    y, _ = model._run(model._inputs(points[:, :-1], letters))  # (T, B, 6M + 1)
-    p = handwriting.split_mixture_params(y, model.n_mixtures)
-    return handwriting.mixture_nll(p, points[:, 1:].transpose(0, 1)).mean()
-
-
-def handwriting_pair(copies: int, device: torch.device) -> Pair:
-    """Chapter 6.5's three LSTMs (the quick preset), ``copies`` seeds each: one ``Stack`` per
-    variant and the ``StackedHandwriting`` of all, on one batch of lines per seed. torch's
-    ``nn.LSTM`` (the baseline) has no ``vmap`` rule: its Stack runs :class:`lnbook.LSTM`
-    made from it (``layer_norm=False``, the same parameters and function)."""
-    cfg = handwriting.get_config("quick")
-    train = handwriting.make_handwriting(cfg.n_train, cfg.seq_len, seed=cfg.data_seed)
-    head = train.points[: cfg.batch_size], train.letters[: cfg.batch_size]
-
-    def models(variant: str) -> list[handwriting.HandwritingModel]:
-        out = []
-        for s in range(copies):
-            torch.manual_seed(s)
-            m = handwriting.HandwritingModel(cfg.hidden_size, cfg.num_layers, cfg.n_mixtures,
-                                             variant=variant)
-            m.match_input_scales(*head)  # as the experiment starts ln_recurrent
-            out.append(m)
-        return out
-
-    def vmappable(m: handwriting.HandwritingModel) -> handwriting.HandwritingModel:
-        for k, layer in enumerate(m.layers):
-            if isinstance(layer, torch.nn.LSTM):
-                m.layers[k] = LSTM.from_torch(layer, layer_norm=False)
-        return m
-
-    variants = handwriting.VARIANTS
-    stacks = torch.nn.ModuleList(Stack([vmappable(m) for m in models(v)])
-                                 for v in variants).to(device)
-    hand = handwriting.StackedHandwriting([m for v in variants for m in models(v)]).to(device)
-    for model in (stacks, hand):
-        handwriting._clip_hooks(model, cfg.grad_clip)  # as the experiment clips
-    g = torch.Generator().manual_seed(0)
-    rows = torch.stack([torch.randperm(len(train.points), generator=g)[: cfg.batch_size]
-                        for _ in range(copies)])  # (copies, B): seed k's lines
-    pts, let = train.points[rows].to(device), train.letters[rows].to(device)
-    # pts (copies, B, T + 1, 3), let (copies, B, T)
-    n = len(variants)
-    return (stacks, lambda: torch.cat([st.call(_copy_nll, pts, let) for st in stacks]),
-            hand, lambda: hand.nll(pts.repeat(n, 1, 1, 1), let.repeat(n, 1, 1)).mean((1, 2)))
-
-
 def bench(name: str, pair: Pair, updates: int, repeats: int,
           device: torch.device) -> dict[str, Any]:
     """Seconds per update both ways, round by round (one warm-up update each first)."""
@@ -194,8 +142,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      n, k, device) for norm, bs in MLP_CASES]
     results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies, device), n, k,
                       device) for v in READER_CASES]
-    results.append(bench("handwriting, every variant", handwriting_pair(a.copies, device), n,
-                         k, device))
     out = {"machine": machine_description(device, a.note),
            "config": {"copies": a.copies, "updates": a.updates, "repeats": a.repeats},
            "results": results}

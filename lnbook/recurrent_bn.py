@@ -94,10 +94,17 @@ class SequenceBatchNorm(nn.Module):
                 f"SequenceBatchNorm in training mode needs at least 2 real rows at step {t}, "
                 f"got {n}"
             )
-        self.steps_seen.clamp_(min=t + 1)  # no host sync on a GPU
-        if mask is None:  # torch's batch norm, on row t of the running averages (in place)
-            return F.batch_norm(x, self.running_mean[t], self.running_var[t], self.weight,
-                                self.bias, True, self.momentum, self.eps)  # (B, F)
+        # no host sync on a GPU; copy_ of an out-of-place clamp, which vmap batches (a Stack
+        # of copies), where clamp_ would fall back to a slow loop
+        self.steps_seen.copy_(self.steps_seen.clamp(min=t + 1))
+        if mask is None:  # torch's batch norm, updating copies of row t of the running
+            # averages, copied back: under vmap (a Stack) its update of a row in place is lost
+            mean, var = self.running_mean[t].clone(), self.running_var[t].clone()  # (F,)
+            y = F.batch_norm(x, mean, var, self.weight, self.bias, True, self.momentum,
+                             self.eps)  # (B, F)
+            self.running_mean[t].copy_(mean)
+            self.running_var[t].copy_(var)
+            return y
         mean = xs.mean(0)  # (F,)
         var = ((xs - mean) ** 2).mean(0)  # (F,) biased
         _update_running(self.running_mean[t], self.running_var[t], mean,

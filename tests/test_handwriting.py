@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from helpers import assert_same_runs
 
 from lnbook import LSTM, LayerNorm
-from lnbook.engine import load_results
+from lnbook.engine import Stack, load_results
 from lnbook.engine.results import Results, Run
 from lnbook.engine.store import results_file
 from lnbook.engine.train import History
@@ -487,7 +488,7 @@ def test_a_tiny_paper_preset_runs():
 
 @pytest.mark.parametrize("num_layers", [1, 2])
 def test_stacked_training_is_training_each_model_alone(num_layers):
-    # every variant and seed trained as one StackedHandwriting gives the same curves, losses,
+    # the seeds of each variant trained as one engine Stack give the same curves, losses,
     # input scales and samples as fit() on each model alone, to float32 rounding
     kw = {**_TINY, "steps": 4, "eval_every": 2, "seeds": (3, 7), "num_layers": num_layers}
     alone = HW.run(HW.get_config("quick", **kw, stacked=False), device="cpu")
@@ -508,7 +509,7 @@ def test_stacked_training_is_training_each_model_alone(num_layers):
 
 @pytest.mark.parametrize("stacked", [True, False])
 def test_a_run_continues_from_its_checkpoints(tmp_path, stacked):
-    """Stacked (one job) or one run at a time, each job checkpoints under out; trained
+    """Stacked (one job per variant) or one run at a time, each job checkpoints under out; trained
     longer, it continues to the numbers of a run trained at once; two workers change
     nothing; an int of seeds is the first of the seed set, and only the first writes."""
     kw = {**_TINY, "eval_every": 2, "seeds": 2, "stacked": stacked}
@@ -516,33 +517,40 @@ def test_a_run_continues_from_its_checkpoints(tmp_path, stacked):
     assert whole.seeds == list(verdict_seeds(2))
     assert ["sample" in r.info for r in whole.select("baseline")] == [True, False]
     HW.run(HW.get_config("quick", **kw, checkpoint=True), device="cpu", out=tmp_path)
-    n_jobs = 1 if stacked else 6
+    n_jobs = 3 if stacked else 6  # 3 variants, 2 seeds
     assert len(list((tmp_path / "checkpoints").rglob("*.pt"))) == n_jobs
     longer = HW.run(HW.get_config("quick", **{**kw, "steps": 4}, checkpoint=True, workers=2),
                     device="cpu", out=tmp_path)
     assert_same_runs(whole, longer)
 
 
-def test_stacked_model_is_each_model_and_writes_back():
-    torch.manual_seed(0)
-    models = [HW.HandwritingModel(8, num_layers=2, n_mixtures=2, variant=v)
-              for v in ("layer_norm", "baseline", "ln_recurrent", "baseline")]
-    with torch.no_grad():  # gains and biases away from their starts, to test every one
-        for m in models:
-            for p in m.parameters():
-                p.add_(0.1 * torch.randn_like(p))
+@pytest.mark.parametrize("variant", HW.VARIANTS)
+def test_a_stack_of_models_gives_each_model_s_loss_and_gradient(variant):
+    # the engine's Stack of one variant's seeds, the baseline's torch LSTMs made lnbook LSTMs
+    # without layer norm (torch's has no vmap rule): each copy's mean NLL and its gradient
+    # are those of the model alone, in float64
+    models = []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        m = HW.HandwritingModel(8, num_layers=2, n_mixtures=2, variant=variant).double()
+        with torch.no_grad():  # gains and biases away from their starts, to test every one
+            for q in m.parameters():
+                q.add_(0.1 * torch.randn_like(q))
+        models.append(m)
     data = HW.make_handwriting(3, 10, seed=1)
-    net = HW.StackedHandwriting(models)
-    pts = data.points.expand(4, *data.points.shape)
-    let = data.letters.expand(4, *data.letters.shape)
-    got = net.nll(pts, let)  # (4, 3, 10)
+    pts = data.points.double()
+    stack = Stack([HW._vmappable(copy.deepcopy(m)) for m in models])
+    if variant == "baseline":
+        assert isinstance(models[0].layers[0], torch.nn.LSTM)  # the originals keep torch's
+        assert not any(isinstance(k, torch.nn.LSTM) for k in stack.unstack()[0].modules())
+    got = stack.call(HW._mean_nll, pts, data.letters, shared=(0, 1))  # (3,)
+    got.sum().backward()
+    grads = {k.removeprefix("stacked.0."): q for k, q in stack.named_parameters()}
     for j, m in enumerate(models):
-        torch.testing.assert_close(got[j], m.nll(*data), rtol=1e-5, atol=1e-5)
-    with torch.no_grad():
-        net.head_b.add_(1.0)
-    net.write_back(models)
-    assert all(torch.equal(m.head.bias, net.head_b[j]) for j, m in enumerate(models))
-    with pytest.raises(ValueError, match="share their sizes"):
-        HW.StackedHandwriting([models[0], HW.HandwritingModel(4, n_mixtures=2)])
-    with pytest.raises(ValueError, match="share their sizes"):
-        HW.StackedHandwriting([])
+        want = m.nll(pts, data.letters).mean()
+        torch.testing.assert_close(got[j], want, rtol=1e-12, atol=0)
+        want.backward()
+        for name, q in m.named_parameters():
+            stacked = grads[name.replace(".", "|")].grad[j]
+            torch.testing.assert_close(stacked, q.grad, rtol=1e-9, atol=1e-12)
+    assert not torch.equal(got[0], got[1])

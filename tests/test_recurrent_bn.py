@@ -33,6 +33,29 @@ def test_sequence_batch_norm_per_step_statistics():
         bn(x, 3)
 
 
+def test_sequence_batch_norm_copies_in_a_stack_each_count_their_steps():
+    # under the engine's Stack (vmap) each copy keeps its own statistics and count of steps,
+    # as alone, with no slow fallback (torch warns when it has no batching rule)
+    import warnings
+
+    from lnbook.engine import Stack
+
+    torch.manual_seed(0)
+    copies = [SequenceBatchNorm(4, max_steps=3).double() for _ in range(2)]
+    alone = [SequenceBatchNorm(4, max_steps=3).double() for _ in range(2)]
+    stack = Stack(copies)
+    xs = torch.randn(2, 2, 8, 4, dtype=F64)  # (copies, steps, B, F)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in range(2):
+            got = stack.call(lambda m, x, t=t: m(x, t), xs[:, t])
+            for k, bn in enumerate(alone):
+                torch.testing.assert_close(got[k], bn(xs[k, t], t), rtol=0, atol=1e-12)
+    for k, bn in enumerate(stack.unstack()):
+        assert int(bn.steps_seen) == 2
+        torch.testing.assert_close(bn.running_mean, alone[k].running_mean, rtol=0, atol=1e-12)
+
+
 def test_sequence_batch_norm_rejects_bad_eps_and_momentum():
     for eps in (0.0, -1e-5, float("nan")):
         with pytest.raises(ValueError, match="eps must be"):

@@ -10,6 +10,7 @@ eqs. 20-22 without the LN of ``W_x x_t``).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from lnbook.engine.job import Job, cpu_threads
 from lnbook.engine.metrics import speedup
 from lnbook.engine.results import Results
 from lnbook.engine.runner import resolve_seeds, sweep
+from lnbook.engine.stack import Stack
 from lnbook.engine.train import Batches, History, fit
 from lnbook.norms import LayerNorm
 from lnbook.rnn import LSTM
@@ -38,7 +40,7 @@ __all__ = [
     "NAME", "DESCRIPTION", "VARIANTS", "LETTERS", "Letter", "Lines", "Config", "get_config",
     "make_handwriting", "strokes", "MixtureParams", "split_mixture_params", "mixture_nll",
     "fit_gaussian_mixture", "mixture_baseline_nll", "RecurrenceLNLSTM", "HandwritingModel",
-    "StackedHandwriting", "evaluate", "race", "c16_quantities", "run",
+    "evaluate", "race", "c16_quantities", "run",
 ]
 
 NAME = "handwriting"
@@ -89,9 +91,10 @@ class Config(RunConfig):
     ``margin``: nats per point both models must end below the per-letter mixture to count
     as past the trivial phase (C16's bar, :func:`c16_quantities`); ``grad_clip`` clips every
     gradient entry to ``[-grad_clip, grad_clip]`` (0: off);
-    ``stacked`` trains every (variant, seed) as one :class:`StackedHandwriting` (the same
-    updates as one at a time, to rounding), False one by one with :func:`lnbook.fit`, which
-    checkpoints (the ``paper`` preset); both go through :func:`lnbook.engine.runner.sweep`, and
+    ``stacked`` trains the seeds of each variant as one engine :class:`~lnbook.engine.Stack`
+    (the same updates as one at a time, to rounding), False one by one with
+    :func:`lnbook.fit` (the ``paper`` preset); both go through
+    :func:`lnbook.engine.runner.sweep`, and
     ``checkpoint`` checkpoints each job under ``out``. :class:`~lnbook.engine.RunConfig`
     describes ``seeds``, ``steps``, ``threads`` and ``workers``.
     """
@@ -510,140 +513,6 @@ class HandwritingModel(nn.Module):
         return torch.stack(out)  # (T, 3)
 
 
-# ----------------------------------------------------------------------------- many models as one
-
-_SLOT = ("w_ih", "w_hh", "b_ih", "b_hh", "g_ih", "bn_ih", "g_hh", "bn_hh", "g_c", "b_c")
-
-
-def _layer_params(lstm: nn.Module) -> dict[str, nn.Parameter]:
-    """One LSTM layer's parameters under the stacked cell's names (absent: not in this kind)."""
-    if isinstance(lstm, RecurrenceLNLSTM):
-        return {"w_ih": lstm.weight_ih, "w_hh": lstm.weight_hh, "b_ih": lstm.bias,
-                "g_hh": lstm.ln_hh.weight, "g_c": lstm.ln_c.weight, "b_c": lstm.ln_c.bias}
-    p = {"w_ih": lstm.weight_ih_l0, "w_hh": lstm.weight_hh_l0, "b_ih": lstm.bias_ih_l0,
-         "b_hh": lstm.bias_hh_l0}
-    if isinstance(lstm, LSTM):  # eqs. 20-22: three layer norms, each with gain and bias
-        p.update(g_ih=lstm.ln_ih_l0.weight, bn_ih=lstm.ln_ih_l0.bias, g_hh=lstm.ln_hh_l0.weight,
-                 bn_hh=lstm.ln_hh_l0.bias, g_c=lstm.ln_c_l0.weight, b_c=lstm.ln_c_l0.bias)
-    return p
-
-
-class StackedHandwriting(nn.Module):
-    r"""Many :class:`HandwritingModel` s, of any variants, as one network with a leading model
-    dimension: one batched matmul per layer and time step for all of them.
-
-    Every layer of every model is written as the one cell
-
-    .. math::
-
-        z_t = [\mathrm{LN}](W_x x_t) + b + [\mathrm{LN}](W_h h_{t-1}),\qquad
-        h_t = \sigma(o_t) \odot \tanh([\mathrm{LN}](c_t)),
-
-    where each bracketed LN applies to the models whose variant has it and ``b`` sums the
-    biases that variant has. Each model keeps its own parameters (copied from ``models``;
-    :meth:`write_back` returns them), so Adam and clipping update each as if alone.
-
-    Shape: :meth:`nll`: points ``(M, B, T + 1, 3)``, letters ``(M, B, T)`` -> ``(M, B, T)``.
-    """
-
-    def __init__(self, models: list[HandwritingModel]) -> None:
-        super().__init__()
-        sizes = {(m.hidden_size, m.num_layers, m.n_mixtures, m.n_letters) for m in models}
-        if len(sizes) != 1:
-            raise ValueError("the stacked models (at least one) must share their sizes")
-        self.hidden_size, self.num_layers, self.n_mixtures, self.n_letters = sizes.pop()
-        self.variants = [m.variant for m in models]
-        self.eps = 1e-5  # every LayerNorm of the three LSTMs
-        G = 4 * self.hidden_size
-        dev = models[0].head.weight.device
-        for k in range(self.num_layers):
-            own = [_layer_params(m.layers[k]) for m in models]
-            for name in _SLOT:  # a kind lacks only LN gains (filled with 1) and biases (0)
-                size = self.hidden_size if name.endswith("_c") else G
-                rows = [p[name].detach().clone() if name in p else
-                        torch.full((size,), float(name.startswith("g_")), device=dev)
-                        for p in own]
-                self.register_parameter(f"l{k}_{name}", nn.Parameter(torch.stack(rows)))
-                self.register_buffer(f"l{k}_use_{name}", torch.tensor(
-                    [name in p for p in own], device=dev).float()[:, None])
-        self.head_w = nn.Parameter(torch.stack([m.head.weight.detach().clone() for m in models]))
-        self.head_b = nn.Parameter(torch.stack([m.head.bias.detach().clone() for m in models]))
-        self.register_buffer("in_idx", torch.tensor(
-            [j for j, v in enumerate(self.variants) if v == "layer_norm"], dtype=torch.long,
-            device=dev))
-        self.plain = [j for j, v in enumerate(self.variants) if v == "baseline"]
-        self.ln = [j for j, v in enumerate(self.variants) if v != "baseline"]
-
-    @torch.no_grad()
-    def write_back(self, models: list[HandwritingModel]) -> None:
-        """Copy each model's trained parameters into ``models`` (the ones it was built from)."""
-        for j, m in enumerate(models):
-            for k in range(self.num_layers):
-                for name, p in _layer_params(m.layers[k]).items():
-                    p.copy_(getattr(self, f"l{k}_{name}")[j])
-            m.head.weight.copy_(self.head_w[j])
-            m.head.bias.copy_(self.head_b[j])
-
-    def _layer(self, k: int, inp: Tensor) -> Tensor:
-        """Layer k of every model: ``inp`` ``(T, M, B, I)`` -> outputs ``(T, M, B, H)``."""
-        p = {n: getattr(self, f"l{k}_{n}") for n in _SLOT}
-        use = {n: getattr(self, f"l{k}_use_{n}") for n in _SLOT}
-        T, M, B, In = inp.shape
-        G, eps = 4 * self.hidden_size, self.eps
-        x = inp.transpose(0, 1).reshape(M, T * B, In)
-        gi = torch.bmm(x, p["w_ih"].transpose(1, 2)).reshape(M, T, B, G).transpose(0, 1)
-        bias = sum(p[n] * use[n] for n in ("b_ih", "b_hh", "bn_hh"))  # (M, 4H)
-        if self.in_idx.numel():  # LN(W_x x_t; g, b) for the models with eqs. 20-22's input LN
-            j = self.in_idx
-            ln = torch.addcmul(p["bn_ih"][j, None], F.layer_norm(gi[:, j], (G,), eps=eps),
-                               p["g_ih"][j, None])  # (T, M_ln, B, 4H)
-            gi = gi.index_copy(1, j, ln)
-        gi = gi + bias[:, None]  # (T, M, B, 4H)
-        w_t = p["w_hh"].transpose(1, 2)  # (M, H, 4H)
-        plain, ln = self.plain, self.ln  # the models without and with LN in the recurrence
-        hs = gi.new_empty(T, M, B, self.hidden_size)
-        if plain:
-            hs[:, plain] = self._loop(gi[:, plain], w_t[plain])
-        if ln:
-            hs[:, ln] = self._loop(gi[:, ln], w_t[ln], p["g_hh"][ln, None], p["g_c"][ln, None],
-                                   p["b_c"][ln, None])
-        return hs  # (T, M, B, H)
-
-    def _loop(self, gi: Tensor, w_t: Tensor, g_hh: Tensor | None = None,
-              g_c: Tensor | None = None, b_c: Tensor | None = None) -> Tensor:
-        """Eqs. 17-19 (``g_hh`` None) or 20-22 over time: ``(T, M', B, 4H) -> (T, M', B, H)``."""
-        T, M, B, G = gi.shape
-        H, eps = G // 4, self.eps
-        h = c = gi.new_zeros(M, B, H)
-        hs = []
-        for gi_t in gi.unbind(0):
-            a = torch.bmm(h, w_t)  # (M, B, 4H)
-            if g_hh is not None:
-                a = F.layer_norm(a, (G,), eps=eps) * g_hh  # eq. 20's recurrent term
-            i, f, g, o = (a + gi_t).chunk(4, -1)  # torch's gate order
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # eq. 21
-            y = c if g_c is None else torch.addcmul(b_c, F.layer_norm(c, (H,), eps=eps), g_c)
-            h = torch.sigmoid(o) * torch.tanh(y)  # eq. 22
-            hs.append(h)
-        return torch.stack(hs)  # (T, M, B, H)
-
-    def nll(self, points: Tensor, letters: Tensor) -> Tensor:
-        """Per-point NLL ``(M, B, T)`` of every model on its own lines."""
-        M, B, T = letters.shape
-        code = F.one_hot(letters, self.n_letters).to(points.dtype)  # (M, B, T, K)
-        x = torch.cat([points[:, :, :-1], code], -1).permute(2, 0, 1, 3)  # (T, M, B, 3 + K)
-        inp, outs = x, []
-        for k in range(self.num_layers):
-            y = self._layer(k, inp)
-            outs.append(y)
-            inp = torch.cat([x, y], -1)  # the skip connection from the input
-        z = torch.cat(outs, -1).transpose(0, 1).reshape(M, T * B, -1)
-        y = torch.baddbmm(self.head_b[:, None], z, self.head_w.transpose(1, 2))
-        y = y.reshape(M, T, B, -1)  # (M, T, B, 6 n_mixtures + 1)
-        target = points[:, :, 1:].transpose(1, 2)  # (M, T, B, 3)
-        return mixture_nll(split_mixture_params(y, self.n_mixtures), target).transpose(1, 2)
-
-
 def evaluate(model: HandwritingModel, data: Lines, batch_size: int = 64) -> dict[str, float]:
     """Mean NLL per point (nats) of ``model`` on ``data``."""
     dev = model.head.weight.device
@@ -696,8 +565,9 @@ def _clip_hooks(model: nn.Module, clip: float) -> None:
 
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
-    """Train every variant under every seed through :func:`lnbook.engine.runner.sweep` (stacked: one
-    job, every run a copy of one :class:`StackedHandwriting`; else one job per run).
+    """Train every variant under every seed through :func:`lnbook.engine.runner.sweep`
+    (stacked: one job per variant, its seeds the copies of one engine
+    :class:`~lnbook.engine.Stack`; else one job per run).
 
     Runs record the held-out ``nll`` (nats per point); their ``info`` holds ``input_scales``
     (:meth:`HandwritingModel.match_input_scales`) and, for the first seed, ``sample`` (a line
@@ -713,7 +583,7 @@ def run(config: Config, device: str | torch.device = "auto",
     fn = partial(_train_stack if config.stacked else _train_one, config=config, train=train,
                  valid=valid, first=resolve_seeds(config.seeds)[0])
     return sweep(NAME, {v: v for v in config.variants}, config.seeds, fn, config=config,
-                 stack="all" if config.stacked else None, device=device, out=out,
+                 stack="seeds" if config.stacked else None, device=device, out=out,
                  checkpoint=config.checkpoint, steps=config.steps, info=trivial,
                  threads=config.threads, workers=config.workers)
 
@@ -736,37 +606,55 @@ def _train_one(job: Job, config: Config, train: Lines, valid: Lines,
     return hist, _info(model, scales, job.seed, first, valid)
 
 
+def _mean_nll(model: HandwritingModel, points: Tensor, letters: Tensor) -> Tensor:
+    """One copy's mean NLL per point under the engine's ``vmap``: :meth:`HandwritingModel.nll`
+    without its checks of the letters' values, which read them as Python numbers (the
+    experiment's own lines pass them)."""
+    y, _ = model._run(model._inputs(points[:, :-1], letters))  # (T, B, 6M + 1)
+    p = split_mixture_params(y, model.n_mixtures)
+    return mixture_nll(p, points[:, 1:].transpose(0, 1)).mean()
+
+
+def _vmappable(model: HandwritingModel) -> HandwritingModel:
+    """``model`` with each torch ``nn.LSTM`` (the baseline's; it has no ``vmap`` rule) made
+    :class:`lnbook.LSTM` without layer norm: the same parameters, names and function."""
+    for k, layer in enumerate(model.layers):
+        if isinstance(layer, nn.LSTM):
+            model.layers[k] = LSTM.from_torch(layer, layer_norm=False)
+    return model
+
+
 def _train_stack(job: Job, config: Config, train: Lines, valid: Lines,
                  first: int) -> list[tuple[History, dict[str, Any]]]:
-    """Every (variant, seed) of the job trained at once as one :class:`StackedHandwriting`."""
-    dev, pairs = job.device, job.pairs
-    started = [_start(config, v, s, _head(config, train)) for v, s in pairs]  # as _train_one
-    net = StackedHandwriting([model.to(dev) for model, _ in started])
-    _clip_hooks(net, config.grad_clip)
+    """The seeds of the job's variant as the copies of one engine :class:`~lnbook.engine.Stack`;
+    each copy reads its batches as its run alone reads them."""
+    dev, seeds = job.device, job.seeds
+    started = [_start(config, job.variant, s, _head(config, train)) for s in seeds]
+    stack = Stack([_vmappable(copy.deepcopy(model)) for model, _ in started]).to(dev)
+    _clip_hooks(stack, config.grad_clip)
     on_dev = [t.to(dev) for t in train]
-    order = {s: Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in job.seeds}
-    M = len(pairs)
-    vp, vl = (t.to(dev).expand(M, *t.shape) for t in valid)  # (M, N, T + 1, 3), (M, N, T)
+    batches = [Batches(*on_dev, batch_size=config.batch_size, seed=s) for s in seeds]
+    held_out = [t.to(dev) for t in valid]
 
     def losses(step: int) -> Tensor:
-        got = {s: b(step) for s, b in order.items()}
-        pts = torch.stack([got[s][0] for _, s in pairs])  # (M, B, T + 1, 3)
-        let = torch.stack([got[s][1] for _, s in pairs])  # (M, B, T)
-        return net.nll(pts, let).mean((1, 2))  # (M,) each model's own mean NLL
+        pts, let = (torch.stack(t) for t in zip(*(b(step) for b in batches), strict=True))
+        return stack.call(_mean_nll, pts, let)  # (S,): pts (S, B, T + 1, 3), let (S, B, T)
 
+    @torch.no_grad()
     def evaluate_all() -> list[dict[str, float]]:
-        with torch.no_grad():
-            return [{"nll": v} for v in net.nll(vp, vl).mean((1, 2)).tolist()]
+        return [{"nll": v} for v in stack.call(_mean_nll, *held_out, shared=(0, 1)).tolist()]
 
-    opt = torch.optim.Adam(net.parameters(), lr=config.lr, foreach=True)
-    hist = train_copies(losses, evaluate_all, opt,
-                        [History() for _ in pairs], config.steps, config.eval_every,
-                        state=net, checkpoint=job.checkpoint, bar=job.bar, label=job.label)
-    net.write_back([model for model, _ in started])
-    for h in hist:
-        h.wall_time /= M
-    return [(h, _info(model, scales, s, first, valid))
-            for (_, s), (model, scales), h in zip(pairs, started, hist, strict=True)]
+    opt = torch.optim.Adam(stack.parameters(), lr=config.lr, foreach=True)
+    hist = train_copies(losses, evaluate_all, opt, [History() for _ in seeds], config.steps,
+                        config.eval_every, state=stack, checkpoint=job.checkpoint,
+                        bar=job.bar, label=job.label)
+    out = []
+    for s, (model, scales), trained, h in zip(seeds, started, stack.unstack(), hist,
+                                                strict=True):
+        model.to(dev).load_state_dict(trained.state_dict())  # torch's nn.LSTM back in place
+        h.wall_time /= len(seeds)
+        out.append((h, _info(model, scales, s, first, valid)))
+    return out
 
 
 def _start(config: Config, variant: str, seed: int,
