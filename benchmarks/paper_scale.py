@@ -86,8 +86,15 @@ def smoke(name: str, device: str, updates: int, timeout: float) -> dict[str, Any
     if peak:
         row["peak_accelerator_mib"] = int(peak.group(1))
     if status != 0 or not m:
-        row["error"] = (err.strip().splitlines() or ["(no message)"])[-1][:300]
+        row["error"] = _error(status, err, timeout)
     return row
+
+
+def _error(status: int | None, err: str, timeout: float) -> str:
+    """Why a process did not do its work: stopped at the timeout, or its last stderr line."""
+    if status is None:
+        return f"stopped after --timeout {timeout:g} s"
+    return (err.strip().splitlines() or ["(no message)"])[-1][:300]
 
 
 def full(name: str, device: str, out: str, timeout: float) -> dict[str, Any]:
@@ -97,7 +104,7 @@ def full(name: str, device: str, out: str, timeout: float) -> dict[str, Any]:
     row = {"experiment": name, "exit_status": status, "wall_seconds": round(seconds, 1),
            "table": stdout.strip().splitlines()[-12:]}
     if status != 0:
-        row["error"] = (err.strip().splitlines() or ["(no message)"])[-1][:300]
+        row["error"] = _error(status, err, timeout)
     return row
 
 

@@ -232,3 +232,16 @@ def test_paper_scale_script_refuses_bad_options_and_keeps_to_its_budget(tmp_path
                             "--out", str(tmp_path)])
     assert [(r["experiment"], r["error"]) for r in out["results"]] == [
         ("online", "not run: --budget spent"), ("mnist", "not run: --budget spent")]
+
+
+def test_paper_scale_script_says_which_runs_its_timeout_stopped(tmp_path):
+    import paper_scale
+
+    out = paper_scale.main(["--device", "cpu", "--only", "online", "--timeout", "0.5",
+                            "--full", "online", "--runs", str(tmp_path / "runs"),
+                            "--out", ""])
+    (row,) = out["results"]
+    assert row["exit_status"] is None and "seconds_per_update" not in row
+    assert row["error"] == "stopped after --timeout 0.5 s"
+    assert out["full"]["exit_status"] is None
+    assert out["full"]["error"] == "stopped after --timeout 0.5 s"
