@@ -56,6 +56,23 @@ def test_sequence_batch_norm_copies_in_a_stack_each_count_their_steps():
         torch.testing.assert_close(bn.running_mean, alone[k].running_mean, rtol=0, atol=1e-12)
 
 
+def test_sequence_batch_norm_running_averages_are_torch_s_bit_for_bit():
+    # not stacked, each step's row of the running averages is what torch's batch norm makes of
+    # that row in place, bit for bit (float32, momentum 0.1, many updates)
+    torch.manual_seed(0)
+    bn = SequenceBatchNorm(6, max_steps=3)
+    mean, var = torch.zeros(3, 6), torch.ones(3, 6)
+    for _ in range(40):
+        for t in range(3):
+            x = torch.randn(16, 6) * (t + 2) + t
+            y = bn(x, t)
+            want = torch.nn.functional.batch_norm(x, mean[t], var[t], bn.weight, bn.bias, True,
+                                                  0.1, 1e-5)
+            assert torch.equal(y, want)
+    assert torch.equal(bn.running_mean, mean) and torch.equal(bn.running_var, var)
+    assert not torch.equal(mean[0], mean[1])
+
+
 def test_sequence_batch_norm_rejects_bad_eps_and_momentum():
     for eps in (0.0, -1e-5, float("nan")):
         with pytest.raises(ValueError, match="eps must be"):
