@@ -474,9 +474,14 @@ class HandwritingModel(nn.Module):
         if letters.min() < 0 or letters.max() >= self.n_letters:
             raise ValueError(f"letters must lie in [0, {self.n_letters}), got "
                              f"[{int(letters.min())}, {int(letters.max())}]")
+        return self._nll(points, letters).t()  # (B, T)
+
+    def _nll(self, points: Tensor, letters: Tensor) -> Tensor:
+        """:meth:`nll` without its checks, ``(T, B)``: what runs under ``vmap``, where the
+        checks of the letters' values (read as Python numbers) cannot."""
         y, _ = self._run(self._inputs(points[:, :-1], letters))  # (T, B, 6M + 1)
         p = split_mixture_params(y, self.n_mixtures)
-        return mixture_nll(p, points[:, 1:].transpose(0, 1)).t()  # (B, T)
+        return mixture_nll(p, points[:, 1:].transpose(0, 1))
 
     def forward(self, points: Tensor, letters: Tensor) -> Tensor:
         return self.nll(points, letters).mean()
@@ -607,12 +612,9 @@ def _train_one(job: Job, config: Config, train: Lines, valid: Lines,
 
 
 def _mean_nll(model: HandwritingModel, points: Tensor, letters: Tensor) -> Tensor:
-    """One copy's mean NLL per point under the engine's ``vmap``: :meth:`HandwritingModel.nll`
-    without its checks of the letters' values, which read them as Python numbers (the
-    experiment's own lines pass them)."""
-    y, _ = model._run(model._inputs(points[:, :-1], letters))  # (T, B, 6M + 1)
-    p = split_mixture_params(y, model.n_mixtures)
-    return mixture_nll(p, points[:, 1:].transpose(0, 1)).mean()
+    """One copy's mean NLL per point under the engine's ``vmap`` (the experiment's own lines
+    pass :meth:`HandwritingModel.nll`'s checks)."""
+    return model._nll(points, letters).mean()
 
 
 def _vmappable(model: HandwritingModel) -> HandwritingModel:
