@@ -13,7 +13,8 @@ preset to the end (no cap) and stores its wall seconds: the time a reader waits 
     python benchmarks/paper_scale.py --device cuda --only why,mnist --full why
 
 Results go to ``<out>/paper_scale-<device type>.json`` (default: the current folder; ``--out ''``:
-print only; they are not package data, which holds the results measured against torch), written
+print only; the book's performance page shows one GPU's, stored as
+``lnbook/benchmark_results/h200/paper_scale.json``), written
 again after every experiment, so that a run stopped by a time limit keeps what it measured;
 ``--budget S`` starts no experiment after ``S`` seconds (those left are stored as not run).
 ``updates_bound`` is ``loops x steps``, the preset's updates if every loop runs the preset's

@@ -334,7 +334,14 @@ def weight_scaling_curvature(theta: Tensor, x: Tensor, method: str, factor: floa
 
     w_``unit`` (batch, weight) or all of W (layer) is multiplied by ``factor``. Returns ds^2
     along one random direction ``"before"``, ``"after"``, their ``"ratio"``, the gradient-norm
-    ``"grad_ratio"`` and the largest change of any log-probability, ``"output_change"``.
+    ``"grad_ratio"``, the largest change of any log-probability, ``"output_change"``, and the
+    most that ``eps`` lets it change, ``"eps_bound"``. Scaling makes a scaled unit's
+    ``a / sqrt(var + eps)`` into ``a / sqrt(var + eps / factor**2)``, the relative change
+    ``sqrt(r) - 1`` with ``r - 1 = eps (1 - factor**-2) / (var + eps / factor**2)``, largest at
+    the smallest variance a scaled unit is divided by (weight normalization has no ``eps``:
+    0). The argument of eq. 5, ``g * a_hat + b``, moves by that times ``|g * a_hat|``, and a
+    log-probability by at most as much (``"bernoulli"``) or twice as much (``"softmax"``).
+    Rounding comes on top, except for a power-of-two ``factor``, which scales exactly.
     """
     check_choice("method", method, ("batch", "weight", "layer"))
     _check_theta(theta, x, method)
@@ -361,9 +368,16 @@ def weight_scaling_curvature(theta: Tensor, x: Tensor, method: str, factor: floa
 
     with torch.no_grad():
         change = glm_log_probs(scaled, x, method, family) - glm_log_probs(theta, x, method, family)
+        a = x @ theta[:, :d].T  # (N, H) summed inputs before scaling
+        var = a.var(1, unbiased=False) if method == "layer" else a[:, rows].var(0, unbiased=False)
+        g_a_hat = theta[rows, d + 1] * glm_normalized_inputs(theta, x, method)[:, rows]
+        r1 = EPS * (1 - factor**-2) / (var.min() + EPS / factor**2)  # r - 1
+        rel = r1.abs() / ((1 + r1).sqrt() + 1)  # |sqrt(r) - 1|, without cancellation
+        bound = (2 if family == "softmax" else 1) * rel * g_a_hat.abs().max()
     return {"before": before, "after": after, "ratio": after / before,
             "grad_ratio": grad_norm(scaled) / grad_norm(theta),
-            "output_change": float(change.abs().max())}
+            "output_change": float(change.abs().max()),
+            "eps_bound": 0.0 if method == "weight" else float(bound)}
 
 
 @dataclass

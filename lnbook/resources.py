@@ -13,7 +13,8 @@ import re
 from importlib import resources
 from typing import Any
 
-__all__ = ["BENCHMARK_RESULTS", "CLAIMS", "benchmark_result", "benchmark_results", "claims_text"]
+__all__ = ["BENCHMARK_RESULTS", "CLAIMS", "benchmark_machines", "benchmark_result",
+           "benchmark_results", "claims_text"]
 
 #: The claims' rules, paraphrases and statuses, in the package folder.
 CLAIMS = "claims.yml"
@@ -31,17 +32,45 @@ def claims_text() -> str:
     return _package().joinpath(CLAIMS).read_text(encoding="utf-8")
 
 
-def benchmark_results() -> dict[str, dict[str, Any]]:
+def _folder(machine: str | None) -> Any:
+    """The folder of the stored results: the book's machine (None), or one named machine's."""
+    folder = _package().joinpath(BENCHMARK_RESULTS)
+    if machine is None:
+        return folder
+    if not isinstance(machine, str):
+        raise TypeError(f"machine must be None or a str such as 'h200', got "
+                        f"{type(machine).__name__}")
+    if not _NAME.match(machine) or not folder.joinpath(machine).is_dir():
+        raise ValueError(f"machine must be one whose results are stored: {benchmark_machines()}"
+                         f", or None for the book's own; got {machine!r}")
+    return folder.joinpath(machine)
+
+
+def benchmark_machines() -> list[str]:
+    """The other machines whose benchmark results are stored, each in a folder of its own
+    (``benchmark_results/h200/`` for one NVIDIA H200), sorted."""
+    folder = _package().joinpath(BENCHMARK_RESULTS)
+    if not folder.is_dir():
+        return []
+    return sorted(f.name for f in folder.iterdir() if f.is_dir() and _NAME.match(f.name))
+
+
+def benchmark_results(machine: str | None = None) -> dict[str, dict[str, Any]]:
     """Every stored benchmark result, by name (``"layernorm"``, ``"lstm"``, ``"rmsnorm"``,
     ``"seeds"``, ``"stack"``): the JSON its script in ``benchmarks/`` last wrote, sorted by
-    name.
+    name. ``machine``: None for the runs the book shows first, or one of
+    :func:`benchmark_machines` (``"h200"``) for that machine's.
 
     Example::
 
         >>> sorted(benchmark_results())
         ['layernorm', 'lstm', 'rmsnorm', 'seeds', 'stack']
+
+    Raises:
+        TypeError: ``machine`` is neither None nor a string.
+        ValueError: no results of that machine are stored; the message names those that are.
     """
-    folder = _package().joinpath(BENCHMARK_RESULTS)
+    folder = _folder(machine)
     if not folder.is_dir():
         return {}
     files = sorted((f for f in folder.iterdir() if f.name.endswith(".json")),
@@ -50,12 +79,14 @@ def benchmark_results() -> dict[str, dict[str, Any]]:
             for f in files}
 
 
-def benchmark_result(name: str) -> dict[str, Any]:
-    """The stored result of one benchmark (``"rmsnorm"`` for ``benchmarks/bench_rmsnorm.py``).
+def benchmark_result(name: str, machine: str | None = None) -> dict[str, Any]:
+    """The stored result of one benchmark (``"rmsnorm"`` for ``benchmarks/bench_rmsnorm.py``),
+    of the book's machine or of ``machine`` (see :func:`benchmark_results`).
 
     Raises:
-        TypeError: ``name`` is not a string.
-        ValueError: it is not a lower-case name (such as ``"rmsnorm"``).
+        TypeError: ``name`` is not a string, or ``machine`` neither None nor one.
+        ValueError: ``name`` is not a lower-case name (such as ``"rmsnorm"``), or no results
+            of ``machine`` are stored.
         FileNotFoundError: no result of that name is stored; the message names those that are.
     """
     if not isinstance(name, str):
@@ -63,9 +94,9 @@ def benchmark_result(name: str) -> dict[str, Any]:
     if not _NAME.match(name):
         raise ValueError(f"name must be a benchmark's lower-case name such as 'rmsnorm', "
                          f"got {name!r}")
-    path = _package().joinpath(BENCHMARK_RESULTS).joinpath(f"{name}.json")
+    path = _folder(machine).joinpath(f"{name}.json")
     if not path.is_file():
         raise FileNotFoundError(
-            f"no stored benchmark result {name!r}; stored: {sorted(benchmark_results())} "
+            f"no stored benchmark result {name!r}; stored: {sorted(benchmark_results(machine))} "
             f"(run benchmarks/bench_{name}.py in the book's checkout to make it)")
     return json.loads(path.read_text(encoding="utf-8"))

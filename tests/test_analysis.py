@@ -215,6 +215,25 @@ def test_doubling_weights_quarters_curvature(method, seed):
     assert r3["ratio"] == pytest.approx(1 / 9, rel=1e-6)
 
 
+@pytest.mark.parametrize("family", ["bernoulli", "softmax"])
+@pytest.mark.parametrize("method", ["batch", "layer"])
+@pytest.mark.parametrize("factor", [2.0, 0.5, 3.0])
+def test_output_change_is_what_eps_allows(method, factor, family):
+    """A unit (batch) or a case (layer) with a variance near 1e-6, so that eps / var ~ 1e-6:
+    scaling W moves the log-probabilities by at most eps_bound, and by a good part of it."""
+    x, theta = _glm(0)
+    if method == "layer":
+        x[0] *= 1e-3  # case 0's summed inputs, and their variance over the units, shrink
+    else:
+        theta[0, :x.shape[1]] *= 1e-3  # unit 0's summed inputs barely vary over the cases
+    r = A.weight_scaling_curvature(theta, x, method, factor=factor, family=family)
+    assert r["eps_bound"] > 1e-8  # eps matters here
+    assert r["output_change"] <= r["eps_bound"] + 1e-15
+    assert r["output_change"] >= r["eps_bound"] / 10
+    w = A.weight_scaling_curvature(theta, x, "weight", factor=factor, family=family)
+    assert w["eps_bound"] == 0.0 and w["output_change"] <= (factor == 3.0) * 1e-14
+
+
 @pytest.mark.parametrize("method", ["batch", "weight", "layer"])
 def test_gain_block_equals_eq13_and_eqs33_34(method):
     x, theta = _glm(3)

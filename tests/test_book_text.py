@@ -157,15 +157,31 @@ def test_pending_chapters_exist_and_lack_an_evidence_part():
                 f"{chapter} has an Evidence part: take it out of EVIDENCE_PENDING")
 
 
-def majority_asserts_on_every_set(source: str) -> list[str]:
+GATE = "seed_set() != 0 or"
+
+
+def majority_helpers(source: str) -> set[str]:
+    """The functions a notebook defines that compare a count of seeds with a majority constant
+    without the gate ``seed_set() != 0 or`` (an assert on their result holds on every set)."""
+    names = set()
+    for m in re.finditer(r"^def (\w+)\(.*?(?=^\S|\Z)", source, flags=re.M | re.S):
+        if re.search(r"\b\w*MAJORITY\b", m.group(0)) and GATE not in m.group(0):
+            names.add(m.group(1))
+    return names
+
+
+def majority_asserts_on_every_set(source: str, helpers: set[str] = frozenset()) -> list[str]:
     """The ``assert`` lines of a code cell that compare a count of seeds with a majority
-    constant (``MAJORITY``, ``LEN_MAJORITY``, ...) on every seed set. Such a count is what the
-    seeds drew; the chapter's text reads it on the book's seeds, so the assert holds there only
-    (``assert seed_set() != 0 or ...``), and on another set the chapter goes on to its records.
+    constant (``MAJORITY``, ``LEN_MAJORITY``, ...) on every seed set, directly or through one of
+    ``helpers`` (``majority_helpers``). Such a count is what the seeds drew; the chapter's text
+    reads it on the book's seeds, so the assert holds there only (``assert seed_set() != 0 or
+    ...``, or a helper that returns ``seed_set() != 0 or ...``), and on another set the chapter
+    goes on to its records.
     """
+    counts = r"\b\w*MAJORITY\b" + "".join(rf"|\b{re.escape(h)}\(" for h in sorted(helpers))
     return [line.strip() for line in source.splitlines()
-            if re.match(r"\s*assert\b", line) and re.search(r"\b\w*MAJORITY\b", line)
-            and "seed_set() != 0 or" not in line]
+            if re.match(r"\s*assert\b", line) and re.search(counts, line)
+            and GATE not in line]
 
 
 def test_majority_asserts_found_where_a_seed_set_would_stop_the_chapter():
@@ -174,9 +190,20 @@ def test_majority_asserts_found_where_a_seed_set_would_stop_the_chapter():
     assert majority_asserts_on_every_set(cell) == ["assert n >= MAJORITY"]
 
 
+def test_majority_helpers_found_unless_they_carry_the_gate():
+    cell = ("def holds(mask):  # a count\n    return int(np.sum(mask)) >= MAJORITY\n\n\n"
+            "def fails(mask):\n    return seed_set() != 0 or np.sum(mask) < MAJORITY\n\n\n"
+            "def spread(a):\n    return np.median(a)\n\n\n"
+            "assert holds(a > b)\nassert fails(a > b)\nassert spread(a) > 0\n")
+    helpers = majority_helpers(cell)
+    assert helpers == {"holds"}
+    assert majority_asserts_on_every_set(cell, helpers) == ["assert holds(a > b)"]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_no_majority_assert_on_every_seed_set(path):
     nb = nbformat.read(path, as_version=4)
-    found = [line for c in nb.cells if c.cell_type == "code"
-             for line in majority_asserts_on_every_set(c.source)]
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    helpers = majority_helpers("\n\n".join(code))
+    found = [line for cell in code for line in majority_asserts_on_every_set(cell, helpers)]
     assert not found, f"{path.name}: write these as assert seed_set() != 0 or ...: {found}"

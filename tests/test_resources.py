@@ -31,6 +31,31 @@ def test_benchmark_results_are_the_stored_files(tmp_path, monkeypatch):
     assert rms == stored["rmsnorm"] and rms["machine"]["cpu"]  # chapter 8 shows both
 
 
+def test_another_machines_results_are_its_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folders = sorted(p.name for p in (PACKAGE / "benchmark_results").iterdir() if p.is_dir())
+    assert resources.benchmark_machines() == folders and "h200" in folders
+    stored = {p.stem: json.loads(p.read_text())
+              for p in sorted((PACKAGE / "benchmark_results" / "h200").glob("*.json"))}
+    h200 = resources.benchmark_results("h200")
+    assert h200 == stored and "paper_scale" in h200 and "paper_scale" not in (
+        resources.benchmark_results())
+    assert all(r["machine"]["gpu"] == "NVIDIA H200" for r in h200.values())
+    assert resources.benchmark_result("stack", "h200") == stored["stack"]
+
+
+@pytest.mark.parametrize("machine, error, message", [
+    (200, TypeError, "machine must be None or a str"),
+    ("a100", ValueError, r"whose results are stored: \['h200'\].*got 'a100'"),
+    ("../lnbook", ValueError, "whose results are stored"),
+])
+def test_benchmark_machine_names_what_it_expected(machine, error, message):
+    with pytest.raises(error, match=message):
+        resources.benchmark_results(machine)
+    with pytest.raises(error, match=message):
+        resources.benchmark_result("stack", machine)
+
+
 @pytest.mark.parametrize("name, error, message", [
     (3, TypeError, "must be a str"),
     ("../claims", ValueError, "lower-case name"),
@@ -49,4 +74,5 @@ def test_package_data_is_declared_for_every_file_read():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     shipped = data["tool"]["setuptools"]["package-data"]["lnbook"]
     assert resources.CLAIMS in shipped and f"{resources.BENCHMARK_RESULTS}/*.json" in shipped
+    assert f"{resources.BENCHMARK_RESULTS}/*/*.json" in shipped  # another machine's folder
     assert "pyyaml" in " ".join(data["project"]["dependencies"])  # claims.yml is YAML
