@@ -29,7 +29,13 @@ from lnbook.checks import (
     check_size,
     check_trailing,
 )
-from lnbook.functional import layer_norm_backward, layer_norm_forward, normalize, statistics_dtype
+from lnbook.functional import (
+    affine,
+    layer_norm_backward,
+    layer_norm_forward,
+    normalize,
+    statistics_dtype,
+)
 
 __all__ = ["LN_IMPL", "layer_norm", "LayerNorm", "ChannelLayerNorm", "BatchNorm",
            "WeightNormLinear", "check_floating", "check_size", "check_shape", "check_eps",
@@ -76,7 +82,21 @@ class _LayerNormFunction(torch.autograd.Function):
     """Eqs. 3, 15-16 with chapter 3's backward: ``apply(x, weight, bias, shape, eps) -> (y, x_hat,
     rstd)``, the last two non-differentiable (recomputed from x for second derivatives)."""
 
-    generate_vmap_rule = True
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias, shape, eps):  # type: ignore[override]
+        """Under ``vmap`` (copies in an engine ``Stack``, per-example gradients): the copies'
+        rows as one batch, by :class:`_LayerNormCopies`. torch's generated rule runs this
+        function under a nested ``vmap`` and costs about a millisecond a call in Python."""
+        xd, wd, bd = in_dims[:3]
+        n, d = info.batch_size, math.prod(shape)
+        x = x.movedim(xd, 0) if xd is not None else x.expand(n, *x.shape)  # (n, *, *shape)
+
+        def copies(p: Tensor | None, pd: int | None) -> Tensor | None:  # (n, D), (D,) or None
+            return None if p is None else p.movedim(pd, 0).reshape(n, d) if pd is not None \
+                else p.reshape(d)
+        y, x_hat, rstd = _LayerNormCopies.apply(
+            x.reshape(n, -1, d), copies(weight, wd), copies(bias, bd), eps)
+        return (y.reshape(x.shape), x_hat, rstd), (0, 0, 0)
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -118,6 +138,69 @@ class _LayerNormFunction(torch.autograd.Function):
         grad_b = grad_b.reshape(ctx.shape).to(ctx.bias_dtype) if (
             ctx.bias_dtype is not None and need[2]) else None
         return grad_x.reshape(x.shape).to(x.dtype), grad_w, grad_b, None, None
+
+
+class _LayerNormCopies(torch.autograd.Function):
+    """:class:`_LayerNormFunction` for ``n`` copies at once, its rule under ``vmap``: x ``(n, R,
+    D)``; weight and bias ``(n, D)`` (one per copy), ``(D,)`` (shared) or None. The operations
+    are those torch's generated rule runs (layer_norm_forward and layer_norm_backward with a
+    copy dimension), so the numbers are the same, bit for bit (tests/test_norms.py)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n, d = x.shape[0], x.shape[-1]
+        x_hat, rstd = normalize(x.reshape(-1, d), eps)  # (nR, D), (nR, 1)
+        x_hat, rstd = x_hat.view(n, -1, d), rstd.view(n, -1, 1)  # (n, R, D), (n, R, 1)
+
+        def row(p: Tensor | None) -> Tensor | None:  # broadcast over the rows of each copy
+            return p.unsqueeze(1) if p is not None and p.dim() == 2 else p
+        return affine(x_hat, row(weight), row(bias)).to(x.dtype), x_hat, rstd
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        x, weight, bias, eps = inputs
+        _, x_hat, rstd = output
+        ctx.mark_non_differentiable(x_hat, rstd)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight, x_hat, rstd)
+        ctx.eps, ctx.bias = eps, None if bias is None else (bias.dtype, bias.dim())
+
+    @staticmethod
+    def backward(ctx, grad_y, _grad_x_hat, _grad_rstd):  # type: ignore[override]
+        if grad_y is None:
+            return None, None, None, None
+        x, w, x_hat, rstd = ctx.saved_tensors
+        n, d = x_hat.shape[0], x_hat.shape[-1]
+        if torch.is_grad_enabled():  # a graph of this backward is wanted: x_hat, rstd from x
+            x_hat, rstd = (t.view(n, -1, t.shape[-1]) for t in normalize(x.reshape(-1, d),
+                                                                         ctx.eps))
+        gy = grad_y.to(x_hat.dtype)  # (n, R, D)
+        wt = None if w is None else w.to(x_hat.dtype)  # (n, D) or (D,)
+        gy_x_hat = gy * x_hat  # (n, R, D)
+        grad_w, grad_b = gy_x_hat.sum(dim=1), gy.sum(dim=1)  # (n, D) each copy's
+        if wt is None:
+            mean_u = gy.mean(dim=2, keepdim=True)  # (n, R, 1)
+            mean_ux = gy_x_hat.mean(dim=2, keepdim=True)  # (n, R, 1)
+            grad_x = (x_hat * mean_ux).sub_(gy)
+        else:  # the row means as products with g, as layer_norm_backward takes them
+            col = wt.unsqueeze(-1)  # (n, D, 1) or (D, 1)
+            mean_u, mean_ux = (gy @ col) / d, (gy_x_hat @ col) / d  # (n, R, 1)
+            grad_x = torch.addcmul(x_hat * mean_ux, gy, wt.unsqueeze(-2) if wt.dim() == 2
+                                   else wt, value=-1)
+        grad_x = grad_x.add_(mean_u).mul_(-rstd)  # (n, R, D)
+        need = (True,) * 3 if torch.compiler.is_compiling() else ctx.needs_input_grad
+        if w is None or not need[1]:
+            grad_w = None
+        else:  # a shared gain's gradient: each copy's, in its dtype, summed over the copies
+            grad_w = grad_w.to(w.dtype) if w.dim() == 2 else grad_w.to(w.dtype).sum(0)
+        if ctx.bias is None or not need[2]:
+            grad_b = None
+        else:
+            grad_b = grad_b.to(ctx.bias[0])
+            grad_b = grad_b if ctx.bias[1] == 2 else grad_b.sum(0)
+        return grad_x.to(x.dtype), grad_w, grad_b, None
 
 
 _NO_FORWARD_AD = (
