@@ -2,13 +2,12 @@
 
 Every experiment is meant to train its seeds through :class:`lnbook.engine.Stack`, which runs
 the copies of any ``nn.Module`` as one computation (``torch.func.vmap`` over
-``functional_call``). Two experiments still train hand-batched copies written for one model:
-chapters 6.6 and 6.8 (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one
-``baddbmm`` a layer) and 6.2 (:class:`lnbook.experiments.reader.StackedReader`). This script
-measures what replacing them would cost: in each round it times the same update (Adam on the
-summed per-copy losses, the same batch for both) both ways, and reports the median over the
-rounds of the per-round ratio ``Stack / hand-batched`` (above 1: the engine's Stack is slower),
-a ratio measured in one run.
+``functional_call``). Chapters 6.6 and 6.8 still train hand-batched copies written for one
+model (:class:`lnbook.batched.SeedMLP`, weights ``(S, in, out)``, one ``baddbmm`` a layer).
+This script measures what replacing them would cost: in each round it times the same update
+(Adam on the summed per-copy losses, the same batch for both) both ways, and reports the
+median over the rounds of the per-round ratio ``Stack / hand-batched`` (above 1: the engine's
+Stack is slower), a ratio measured in one run.
 
     python benchmarks/bench_stack.py --copies 5 --updates 20 --repeats 5
     python benchmarks/bench_stack.py --device cuda --out ''   # on a GPU, print only
@@ -31,10 +30,9 @@ from common import RESULTS, machine_description, sync
 from lnbook import resolve_device
 from lnbook.batched import seed_nll
 from lnbook.engine import Stack
-from lnbook.experiments import mnist, reader
+from lnbook.experiments import mnist
 
 MLP_CASES = tuple((norm, bs) for norm in mnist.NORMS for bs in (128, 4))
-READER_CASES = ("lstm", "ln_lstm", "bn_lstm")
 
 
 Pair = tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.nn.Module,
@@ -79,33 +77,6 @@ def mlp_pair(norm: str, batch_size: int, copies: int, device: torch.device) -> P
             hand, lambda: seed_nll(hand(x), y))
 
 
-def reader_pair(variant: str, copies: int, device: torch.device) -> Pair:
-    """Chapter 6.2's attentive reader (the quick preset): a ``Stack`` of the seeds' models and
-    the ``StackedReader`` of the same models, on one batch of training rows per copy."""
-    cfg = reader.get_config("quick")
-    train = reader.make_cloze(cfg.n_train, seed=cfg.data_seed, n_entities=cfg.n_entities,
-                              sentences=cfg.sentences, n_relations=cfg.n_relations,
-                              blank=cfg.blank)
-
-    def models() -> list[reader.AttentiveReader]:
-        out = []
-        for s in range(copies):
-            torch.manual_seed(s)
-            out.append(reader.AttentiveReader(
-                len(train.vocab), cfg.n_entities, train.passages.shape[1],
-                train.queries.shape[1], cfg.embed_size, cfg.hidden_size, variant,
-                cfg.bn_gain_init, cfg.ln_small_gain))
-        return out
-
-    stack, hand = Stack(models()).to(device), reader.StackedReader(models()).to(device)
-    g = torch.Generator().manual_seed(0)
-    rows = torch.stack([torch.randperm(len(train), generator=g)[: cfg.batch_size]
-                        for _ in range(copies)])  # (copies, B)
-    batch = tuple(t[rows].to(device) for t in train.tensors())
-    return (stack, lambda: stack.call(lambda m, *b: m(*b), *batch),
-            hand, lambda: hand.losses(*batch))
-
-
 def bench(name: str, pair: Pair, updates: int, repeats: int,
           device: torch.device) -> dict[str, Any]:
     """Seconds per update both ways, round by round (one warm-up update each first)."""
@@ -140,8 +111,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n, k = a.updates, a.repeats
     results = [bench(f"mnist MLP, {norm}, batch {bs}", mlp_pair(norm, bs, a.copies, device),
                      n, k, device) for norm, bs in MLP_CASES]
-    results += [bench(f"attentive reader, {v}", reader_pair(v, a.copies, device), n, k,
-                      device) for v in READER_CASES]
     out = {"machine": machine_description(device, a.note),
            "config": {"copies": a.copies, "updates": a.updates, "repeats": a.repeats},
            "results": results}

@@ -78,8 +78,9 @@ class SequenceBatchNorm(nn.Module):
             )
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ValueError(f"t must be an int >= 0, got {t!r}")
-        if not self.training:
-            s = min(t, (int(self.steps_seen) or self.max_steps) - 1)  # the last step seen
+        if not self.training:  # step t's statistics, or the last step seen's beyond it
+            last = torch.where(self.steps_seen > 0, self.steps_seen, self.max_steps) - 1
+            s = last.clamp(max=t)  # a tensor index: no host sync, and vmap (a Stack) runs it
             return F.batch_norm(x, self.running_mean[s], self.running_var[s], self.weight,
                                 self.bias, False, 0.0, self.eps)  # (B, F)
         if t >= self.max_steps:

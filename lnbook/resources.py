@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from importlib import resources
 from typing import Any
 
-__all__ = ["BENCHMARK_RESULTS", "CLAIMS", "benchmark_machines", "benchmark_result",
-           "benchmark_results", "claims_text"]
+__all__ = ["BENCHMARK_RESULTS", "CLAIMS", "LAYER_NORM_LABELS", "benchmark_headlines",
+           "benchmark_machines", "benchmark_result", "benchmark_results", "claims_text"]
 
 #: The claims' rules, paraphrases and statuses, in the package folder.
 CLAIMS = "claims.yml"
 #: The folder of the package that holds one ``NAME.json`` per benchmark script.
 BENCHMARK_RESULTS = "benchmark_results"
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: What ``benchmarks/bench_layernorm.py`` times against ``F.layer_norm``, by its key there.
+LAYER_NORM_LABELS = {"autograd": 'impl="autograd" (hand-derived backward)',
+                     "torch": 'impl="torch"',
+                     "compiled_plain": "torch.compile of the plain four-line layer norm",
+                     "compiled_autograd": "torch.compile(lnbook.layer_norm)"}
 
 
 def _package() -> Any:
@@ -100,3 +106,28 @@ def benchmark_result(name: str, machine: str | None = None) -> dict[str, Any]:
             f"no stored benchmark result {name!r}; stored: {sorted(benchmark_results(machine))} "
             f"(run benchmarks/bench_{name}.py in the book's checkout to make it)")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def benchmark_headlines(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each stored benchmark's headline time ratios, by a label that says what is divided by
+    what, from :func:`benchmark_results` of one machine: layer norm's implementations against
+    ``F.layer_norm`` and the engine's Stack against the hand-batched MLP copies (medians over
+    shapes or cases), RMSNorm against LayerNorm (each library's median), the LN-LSTM against
+    torch's LSTM (per size) and ten seeds trained one at a time against together.
+
+    Raises:
+        KeyError: one of those five benchmarks (or a field the scripts write) is missing.
+    """
+    med = statistics.median
+    ln = results["layernorm"]["results"]
+    out = {f"{label} / torch": med(r["ratio_to_torch"][k] for r in ln)
+           for k, label in LAYER_NORM_LABELS.items()
+           if all(k in r["ratio_to_torch"] for r in ln)}
+    for lib, ratio in results["rmsnorm"]["median_ratio_rms_to_ln"].items():
+        out[f"{lib}: RMSNorm / LayerNorm"] = ratio
+    for r in results["lstm"]["rows"]:
+        out[f"LN-LSTM / torch LSTM, B={r['B']}, H={r['hidden']}"] = r["ratio_ln_lstm_vs_torch"]
+    mlp = [r["ratio"] for r in results["stack"]["results"] if r["case"].startswith("mnist MLP")]
+    out["engine Stack / hand-batched MLP seeds"] = med(mlp)
+    out["10 seeds: one at a time / together"] = results["seeds"]["results"][0]["speedup"]
+    return out

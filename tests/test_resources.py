@@ -76,3 +76,25 @@ def test_package_data_is_declared_for_every_file_read():
     assert resources.CLAIMS in shipped and f"{resources.BENCHMARK_RESULTS}/*.json" in shipped
     assert f"{resources.BENCHMARK_RESULTS}/*/*.json" in shipped  # another machine's folder
     assert "pyyaml" in " ".join(data["project"]["dependencies"])  # claims.yml is YAML
+
+
+def test_benchmark_headlines_are_the_medians_of_the_stored_ratios():
+    """Golden values from a hand-made set of results: medians over shapes and MLP cases (the
+    reader's rows, from before its hand-batched copies went, do not count)."""
+    res = {
+        "layernorm": {"results": [{"ratio_to_torch": {"autograd": a, "torch": t}}
+                                  for a, t in ((4.0, 1.0), (3.0, 0.9), (5.0, 1.3))]},
+        "rmsnorm": {"median_ratio_rms_to_ln": {"lnbook": 1.25, "torch": 0.5}},
+        "lstm": {"rows": [{"B": 32, "hidden": 256, "ratio_ln_lstm_vs_torch": 1.8}]},
+        "stack": {"results": [{"case": "mnist MLP, layer, batch 4", "ratio": 3.0},
+                              {"case": "mnist MLP, none, batch 4", "ratio": 2.0},
+                              {"case": "attentive reader, lstm", "ratio": 9.0}]},
+        "seeds": {"results": [{"speedup": 2.5}]},
+    }
+    assert resources.benchmark_headlines(res) == {
+        'impl="autograd" (hand-derived backward) / torch': 4.0, 'impl="torch" / torch': 1.0,
+        "lnbook: RMSNorm / LayerNorm": 1.25, "torch: RMSNorm / LayerNorm": 0.5,
+        "LN-LSTM / torch LSTM, B=32, H=256": 1.8,
+        "engine Stack / hand-batched MLP seeds": 2.5, "10 seeds: one at a time / together": 2.5}
+    stored = resources.benchmark_headlines(resources.benchmark_results())
+    assert stored["10 seeds: one at a time / together"] > 1  # the stored files have each field

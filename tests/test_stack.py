@@ -106,6 +106,34 @@ def test_bad_copies_are_refused():
         Stack([])
     with pytest.raises(ValueError, match="same parameters and buffers"):
         Stack([nn.Linear(2, 3), nn.Linear(3, 3)])
+    one, two = nn.Linear(2, 3), nn.Linear(2, 3)
+    one.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="freeze .* the same parameters"):
+        Stack([one, two])
+
+
+def test_a_frozen_parameter_stays_frozen():
+    """A parameter a copy freezes (requires_grad=False, as recurrent BN's input biases) gets no
+    gradient and no update in the stack, as it gets none alone."""
+    models = [_mlp(s) for s in (0, 1)]
+    for m in models:
+        m[1].bias.requires_grad_(False)
+        with torch.no_grad():
+            m[1].bias.fill_(0.25)
+    x, y = _data(2)
+    stack = Stack(models)
+    frozen = stack.stacked[0]["1|bias"]
+    assert not frozen.requires_grad
+    opt = torch.optim.Adam(stack.parameters(), lr=0.05)
+    for _ in range(3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(stack(x).flatten(0, 1), y.flatten()).backward()
+        opt.step()
+    assert frozen.grad is None and torch.equal(frozen, torch.full((2, 8), 0.25))
+    for k, back in enumerate(stack.unstack()):
+        alone = _train_alone(models[k], x[k], y[k], 3)
+        assert not back[1].bias.requires_grad and torch.equal(back[1].bias, alone[1].bias)
+        torch.testing.assert_close(back[0].weight, alone[0].weight)
 
 
 def test_eval_mode_reaches_the_vectorized_copies():

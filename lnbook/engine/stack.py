@@ -80,6 +80,10 @@ class Stack(nn.Module):
         if any(s != shapes[0] for s in shapes[1:]):
             raise ValueError("every copy must have the same parameters and buffers (names and "
                              "shapes) as the first")
+        frozen = [{k for k, v in m.named_parameters() if not v.requires_grad} for m in models]
+        if any(f != frozen[0] for f in frozen[1:]):
+            raise ValueError("every copy must freeze (requires_grad=False) the same parameters "
+                             "as the first")
         self.n = len(models)
         self.blocks = (self.n,) if blocks is None else tuple(blocks)
         if (not self.blocks or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
@@ -94,8 +98,9 @@ class Stack(nn.Module):
             return
         params, buffers = stack_module_state(models)  # {name: (n, *shape)}
         self.stacked = nn.ModuleList(
-            nn.ParameterDict({k.replace(".", _SEP): nn.Parameter(v[a:b].detach().clone())
-                              for k, v in params.items()})
+            nn.ParameterDict({k.replace(".", _SEP): nn.Parameter(v[a:b].detach().clone(),
+                                                                 k not in frozen[0])
+                              for k, v in params.items()})  # a frozen parameter stays frozen
             for a, b in zip([0, *self._ends], self._ends, strict=False))
         for k, v in buffers.items():
             self.register_buffer("buffer" + _SEP + k.replace(".", _SEP), v.clone())

@@ -7,9 +7,9 @@ LSTMs of :data:`VARIANTS` (plain, recurrent BN, LN; several gains) on :func:`mak
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lnbook import LSTM, LayerNorm
 from lnbook.checks import check_choice, check_config, check_size
-from lnbook.engine import Job, Results, Run, make_config, sweep
+from lnbook.engine import Job, Results, Stack, make_config, sweep
 from lnbook.engine.config import RunConfig
 from lnbook.engine.copies import train_copies
 from lnbook.engine.train import Batches, History, fit
@@ -49,8 +49,6 @@ __all__ = [
     "c13_inputs",
     "variant_gain",
     "variant_kind",
-    "StackedReader",
-    "train_stacked",
     "run",
 ]
 
@@ -87,8 +85,8 @@ class Config(RunConfig):
         data_seed: the corpus's seed (``seeds``, from :class:`~lnbook.engine.RunConfig`,
             seed the models' initialization and batch order).
         checkpoint: checkpoint each job under ``out/`` (a sweep resumes).
-        stacked: train the runs of each LSTM family as one :class:`StackedReader`, all in one
-            job of the sweep (False: one job per run).
+        stacked: train the runs of each LSTM family as the copies of one engine
+            :class:`~lnbook.engine.Stack`, all in one job of the sweep (False: one job per run).
     """
 
     n_train: int = 6000
@@ -363,22 +361,17 @@ class AttentiveReader(nn.Module):
                              f"got {candidates.dtype} {tuple(candidates.shape)}")
         y, _ = self.passage_lstm(self.embed(passages.t()))  # (Tp, B, H)
         uq, _ = self.query_lstm(self.embed(queries.t()))  # (Tq, B, H)
-        return _answer(y, uq[-1], candidates, self.get_submodule)  # (B, n_entities)
+        u = uq[-1]  # (B, H)
+        m = torch.tanh(self.w_ym(y) + self.w_um(u))  # (Tp, B, H)
+        s = torch.softmax(self.w_ms(m).squeeze(-1), dim=0)  # (Tp, B) attention over positions
+        r = (s.unsqueeze(-1) * y).sum(dim=0)  # (B, H)
+        g = torch.tanh(self.w_rg(r) + self.w_ug(u))  # (B, H)
+        return self.w_a(g).masked_fill(~candidates, float("-inf"))  # (B, n_entities)
 
     def forward(
         self, passages: Tensor, queries: Tensor, candidates: Tensor, answers: Tensor
     ) -> Tensor:
         return F.cross_entropy(self.logits(passages, queries, candidates), answers)
-
-
-def _answer(y: Tensor, u: Tensor, candidates: Tensor,
-            layer: Callable[[str], Callable[[Tensor], Tensor]]) -> Tensor:
-    """AttentiveReader's equations from ``y`` (Tp, *, H), ``u`` (*, H); ``layer(name)``: W_name."""
-    m = torch.tanh(layer("w_ym")(y) + layer("w_um")(u))  # (Tp, *, H)
-    s = torch.softmax(layer("w_ms")(m).squeeze(-1), dim=0)  # (Tp, *) attention over positions
-    r = (s.unsqueeze(-1) * y).sum(dim=0)  # (*, H)
-    g = torch.tanh(layer("w_rg")(r) + layer("w_ug")(u))  # (*, H)
-    return layer("w_a")(g).masked_fill(~candidates, float("-inf"))  # (*, n_entities)
 
 
 def evaluate(model: AttentiveReader, data: ClozeData, batch_size: int = 1000) -> dict[str, float]:
@@ -474,7 +467,7 @@ def c13_inputs(results: Results) -> dict[str, dict[str, np.ndarray]]:
 def run(config: Config, device: str | torch.device = "auto",
         out: str | os.PathLike | None = None) -> Results:
     """Train every variant under every seed through :func:`lnbook.engine.runner.sweep` (stacked: one
-    job, each LSTM family as one :class:`StackedReader`; else one job per run).
+    job, each LSTM family one engine :class:`~lnbook.engine.Stack`; else one job per run).
 
     Every run evaluates the validation ``xent`` (nats) and ``error`` before training and every
     ``eval_every`` updates. ``out``: folder for ``reader.json``, the runs and checkpoints.
@@ -515,199 +508,64 @@ def _train_one(job: Job, config: Config, train: ClozeData, valid: ClozeData) -> 
 
 def _train_stack(job: Job, config: Config, train: ClozeData, valid: ClozeData
                  ) -> list[History]:
-    """Every (variant, seed) of the job, each LSTM family as one :class:`StackedReader`
-    (checkpointed in a file of its own beside ``job.checkpoint``)."""
+    """Every (variant, seed) of the job, each LSTM family (the variants whose models have the
+    same parameters and buffers) as the copies of one engine :class:`~lnbook.engine.Stack`,
+    checkpointed in a file of its own beside ``job.checkpoint``."""
     hists = {}
-    for kind in ("lstm", "bn", "ln"):  # one stacked model per LSTM family
-        group = tuple(v for v in job.variants if variant_kind(v) == kind)
-        if group:
+    for kind in ("lstm", "bn", "ln"):
+        pairs = [(v, s) for v in job.variants if variant_kind(v) == kind for s in job.seeds]
+        if pairs:
             ckpt = job.checkpoint
             if ckpt is not None:
                 ckpt = ckpt.with_name(f"{ckpt.stem}-{kind}{ckpt.suffix}")
-            runs = train_stacked(config, train, valid, group, job.seeds, job.device, ckpt,
-                                 job.bar, f"{job.label} ({kind})")
-            hists.update({(r.variant, r.seed): r.history for r in runs})
+            runs = _train_family(config, train, valid, pairs, job, ckpt, f"{job.label} ({kind})")
+            hists.update(zip(pairs, runs, strict=True))
     return [hists[pair] for pair in job.pairs]
 
 
-# ----------------------------------------------------------------------------- stacked copies
+def _train_family(config: Config, train: ClozeData, valid: ClozeData,
+                  pairs: list[tuple[str, int]], job: Job, checkpoint: Path | None,
+                  label: str) -> list[History]:
+    """The (variant, seed) ``pairs`` of one LSTM family as one :class:`~lnbook.engine.Stack`;
+    each copy reads its batches as its run alone reads them."""
+    dev = torch.device(job.device)
+    stack = Stack([_seeded_model(config, train, v, s) for v, s in pairs]).to(dev)
+    order = [Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
+             for _, s in pairs]
+    rows_of = tuple(t.to(dev) for t in train.tensors())
+    held_out = tuple(t.to(dev) for t in valid.tensors())
+
+    def losses(step: int) -> Tensor:
+        rows = torch.stack([batch(step)[0] for batch in order]).to(dev)  # (M, B)
+        return stack(*(t[rows] for t in rows_of))  # (M,)
+
+    @torch.no_grad()
+    def evaluate_all() -> list[dict[str, float]]:
+        was, n = stack.training, len(valid)
+        stack.eval()
+        xent, wrong = torch.zeros(len(pairs), dtype=torch.float64), 0
+        for i in range(0, n, 1000):  # in slices of evaluate's size, for the memory
+            x, w = stack.call(_scores, *(t[i : i + 1000] for t in held_out),
+                              shared=(0, 1, 2, 3))  # (M,) each
+            xent, wrong = xent + x.double().cpu(), wrong + w.cpu()
+        stack.train(was)
+        return [{"xent": float(x) / n, "error": int(w) / n}
+                for x, w in zip(xent.tolist(), wrong.tolist(), strict=True)]
+
+    opt = torch.optim.Adam(stack.parameters(), lr=config.lr, foreach=True)
+    return train_copies(losses, evaluate_all, opt, [History(step_times=[]) for _ in pairs],
+                        config.steps, config.eval_every, state=stack, checkpoint=checkpoint,
+                        bar=job.bar, label=label)
+
+
+def _scores(model: AttentiveReader, passages: Tensor, queries: Tensor, candidates: Tensor,
+            answers: Tensor) -> tuple[Tensor, Tensor]:
+    """One copy's summed cross-entropy and count of wrong answers on a held-out set."""
+    logits = model.logits(passages, queries, candidates)  # (N, n_entities)
+    return (F.cross_entropy(logits, answers, reduction="sum"),
+            (logits.argmax(dim=-1) != answers).sum())
 
 
 def variant_kind(variant: str) -> str:
     """The LSTM family of a variant: ``"lstm"``, ``"bn"`` or ``"ln"``."""
     return variant_gain(variant)[0]
-
-
-class StackedReader(nn.Module):
-    """``M`` :class:`AttentiveReader` copies of one LSTM family, as one model.
-
-    Parameter ``name`` of copy ``k`` is ``p[name.replace(".", "__")][k]``; copy ``k`` computes
-    what its single model does (recurrent BN keeps statistics per copy and step).
-
-    Shape:
-        - passages ``(M, B, Tp)``, queries ``(M, B, Tq)`` int64, candidates
-          ``(M, B, n_entities)`` bool, answers ``(M, B)`` int64.
-        - :meth:`logits` ``(M, B, n_entities)``; :meth:`losses` ``(M,)``.
-    """
-
-    def __init__(self, models: list[AttentiveReader]) -> None:
-        super().__init__()
-        kinds = {variant_kind(m.variant) for m in models}
-        if len(kinds) != 1:
-            raise ValueError(f"stack copies of one LSTM family, got {sorted(kinds)}")
-        self.kind = kinds.pop()
-        self.n_entities, self.copies = models[0].n_entities, len(models)
-        self.p = nn.ParameterDict({
-            n.replace(".", "__"): nn.Parameter(torch.stack([dict(m.named_parameters())[n]
-                                                            .detach() for m in models]))
-            for n, q in models[0].named_parameters() if q.requires_grad})
-        self.bn_momentum, self.bn_eps = 0.1, 1e-5
-        self.trained = False  # whether BN has batch statistics (of every step: fixed lengths)
-        for n, _ in models[0].named_buffers():  # recurrent BN's statistics, (M, T, F) each
-            if n.endswith(("running_mean", "running_var")):
-                b = torch.stack([m.get_buffer(n) for m in models])
-                self.register_buffer(n.replace(".", "__"), b.clone())
-
-    @classmethod
-    def from_models(cls, models: list[AttentiveReader]) -> StackedReader:
-        """Stack ``models`` (copies of one family, e.g. the same variant from several seeds)."""
-        return cls(list(models))
-
-    def copy_to(self, model: AttentiveReader, k: int) -> AttentiveReader:
-        """Write copy ``k``'s parameters (and running statistics) into ``model``."""
-        mine = {**self.p, **dict(self.named_buffers())}
-        with torch.no_grad():
-            for n, q in [*model.named_parameters(), *model.named_buffers()]:
-                key = n.replace(".", "__")
-                if key in mine:
-                    q.copy_(mine[key][k])
-                elif n.endswith("steps_seen") and self.trained:  # every step has statistics
-                    q.fill_(mine[key.replace("steps_seen", "running_mean")].shape[1])
-        return model
-
-    def _bn(self, x: Tensor, name: str, t: int | slice, bias: Tensor | None = None) -> Tensor:
-        """Recurrent BN of ``x`` (M, B, F) at step ``t`` (a slice: (T, M, B, F)), per copy."""
-        rm, rv = (getattr(self, f"{name}__running_{s}").transpose(0, 1)[t]  # (M, F), (T, M, F)
-                  for s in ("mean", "var"))  # views: updated in place
-        gain = self.p[name + "__weight"].unsqueeze(1)  # (M, 1, F)
-        if self.training:
-            self.trained = True
-            mean = x.mean(dim=-2, keepdim=True)  # (M, 1, F) or (T, M, 1, F)
-            xc = x - mean
-            var = (xc * xc).mean(dim=-2, keepdim=True)  # biased
-            with torch.no_grad():
-                n, m = x.shape[-2], self.bn_momentum
-                rm.mul_(1 - m).add_(m * mean.squeeze(-2))
-                rv.mul_(1 - m).add_(m * (var.squeeze(-2) * (n / (n - 1))))
-        else:
-            xc = x - rm.unsqueeze(-2)
-            var = rv.unsqueeze(-2)
-        scale = torch.rsqrt(var + self.bn_eps) * gain
-        return xc * scale if bias is None else torch.addcmul(bias.unsqueeze(1), xc, scale)
-
-    def _lstm(self, x: Tensor, pre: str) -> Tensor:
-        """One family's LSTM over ``x`` ``(T, M, B, E)``: outputs ``(T, M, B, H)``."""
-        p, kind = self.p, self.kind
-        sfx = "_l0" if kind != "bn" else ""
-        w_ih = p[f"{pre}__weight_ih{sfx}"].transpose(1, 2)  # (M, E, 4H)
-        w_hh = p[f"{pre}__weight_hh{sfx}"].transpose(1, 2)  # (M, H, 4H)
-        bias = (p[f"{pre}__bias_ih{sfx}"] + p[f"{pre}__bias_hh{sfx}"]).unsqueeze(1)  # (M, 1, 4H)
-        H = w_hh.shape[1]
-        gi = torch.matmul(x, w_ih)  # (T, M, B, 4H), all steps at once
-        if kind == "lstm":
-            gi = gi + bias
-        elif kind == "bn":
-            gi = self._bn(gi, f"{pre}__bn_ih", slice(0, gi.shape[0])) + bias
-        elif kind == "ln":
-            g_ih, b_ih = p[f"{pre}__ln_ih_l0__weight"], p[f"{pre}__ln_ih_l0__bias"]
-            gi = F.layer_norm(gi, (4 * H,)) * g_ih.unsqueeze(1) + (
-                b_ih.unsqueeze(1) + bias + p[f"{pre}__ln_hh_l0__bias"].unsqueeze(1))
-            g_hh = p[f"{pre}__ln_hh_l0__weight"].unsqueeze(1)  # (M, 1, 4H)
-            g_c, b_c = (p[f"{pre}__ln_c_l0__{s}"].unsqueeze(1) for s in ("weight", "bias"))
-        h = c = x.new_zeros(*x.shape[1:3], H)  # (M, B, H)
-        outs = []
-        for t, gi_t in enumerate(gi.unbind(0)):  # unbind: no full-size zeros in backward
-            if kind == "lstm":
-                z = torch.baddbmm(gi_t, h, w_hh)  # (M, B, 4H)
-            elif kind == "ln":
-                z = torch.addcmul(gi_t, F.layer_norm(torch.bmm(h, w_hh), (4 * H,)), g_hh)
-            else:
-                z = self._bn(torch.bmm(h, w_hh), f"{pre}__bn_hh", t) + gi_t
-            sig = torch.sigmoid(z)  # torch gate order i, f, g, o, each (M, B, H)
-            i, f, _, o = sig.chunk(4, dim=-1)
-            c = torch.addcmul(f * c, i, torch.tanh(z[..., 2 * H : 3 * H]))
-            cn = c  # the plain LSTM's
-            if kind == "ln":
-                cn = torch.addcmul(b_c, F.layer_norm(c, (H,)), g_c)  # LN of the cell, eq. 3
-            elif kind == "bn":
-                cn = self._bn(c, f"{pre}__bn_c", t, p[f"{pre}__bn_c__bias"])
-            h = o * torch.tanh(cn)
-            outs.append(h)
-        return torch.stack(outs)  # (T, M, B, H)
-
-    def logits(self, passages: Tensor, queries: Tensor, candidates: Tensor) -> Tensor:
-        """Answer scores ``(M, B, n_entities)``, -inf for entities absent from the passage."""
-        p = self.p
-        emb = p["embed__weight"]  # (M, V, E)
-        rows = torch.arange(emb.shape[0], device=emb.device).view(-1, 1, 1)  # (M, 1, 1)
-
-        def layer(name: str) -> Callable[[Tensor], Tensor]:
-            def lin(x: Tensor) -> Tensor:  # x (..., M, B, in)
-                y = torch.matmul(x, p[name + "__weight"].transpose(1, 2))
-                bias = p.get(name + "__bias")
-                return y if bias is None else y + bias.unsqueeze(1)
-            return lin
-
-        y = self._lstm(emb[rows, passages].permute(2, 0, 1, 3), "passage_lstm")  # (Tp, M, B, H)
-        u = self._lstm(emb[rows, queries].permute(2, 0, 1, 3), "query_lstm")[-1]  # (M, B, H)
-        return _answer(y, u, candidates, layer)
-
-    def losses(self, passages: Tensor, queries: Tensor, candidates: Tensor,
-               answers: Tensor) -> Tensor:
-        """Each copy's mean cross-entropy over its batch, ``(M,)``."""
-        z = self.logits(passages, queries, candidates)  # (M, B, K)
-        xent = F.cross_entropy(z.flatten(0, 1), answers.flatten(), reduction="none")
-        return xent.view(answers.shape).mean(dim=1)
-
-    def evaluate(self, data: ClozeData, batch_size: int = 1000) -> list[dict[str, float]]:
-        """Per copy, :func:`evaluate`'s ``xent`` and ``error`` on ``data`` (in eval mode)."""
-        was = self.training
-        self.eval()
-        M, dev = self.copies, self.p["embed__weight"].device
-        loss, wrong = torch.zeros(M, dtype=torch.float64), torch.zeros(M, dtype=torch.long)
-        with torch.no_grad():
-            for i in range(0, len(data), batch_size):
-                pq, q, c, a = (t[i : i + batch_size].to(dev) for t in data.tensors())
-                z = self.logits(*(t.expand(M, *t.shape) for t in (pq, q, c)))  # (M, b, K)
-                aa = a.expand(M, -1)
-                xent = F.cross_entropy(z.flatten(0, 1), aa.flatten(), reduction="none")
-                loss += xent.view(M, -1).double().sum(dim=1).cpu()
-                wrong += (z.argmax(dim=-1) != aa).sum(dim=1).cpu()
-        self.train(was)
-        return [{"xent": float(loss[k]) / len(data), "error": int(wrong[k]) / len(data)}
-                for k in range(M)]
-
-
-def train_stacked(config: Config, train: ClozeData, valid: ClozeData, variants: tuple[str, ...],
-                  seeds: tuple[int, ...], device: str | torch.device = "cpu",
-                  checkpoint: str | os.PathLike | None = None, bar: Any = None,
-                  label: str | None = None) -> list[Run]:
-    """Train every (variant, seed) of one LSTM family at once, as one run at a time would
-    (same initial models, batches and Adam updates); one :class:`Run` per copy, variant
-    first. ``checkpoint``, ``bar``, ``label``: as :func:`lnbook.engine.copies.train_copies`'s."""
-    dev = torch.device(device)
-    jobs = [(v, s) for v in variants for s in seeds]
-    model = StackedReader([_seeded_model(config, train, v, s) for v, s in jobs]).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr, foreach=True)
-    order = {s: Batches(torch.arange(len(train)), batch_size=config.batch_size, seed=s)
-             for s in seeds}
-    tensors = tuple(t.to(dev) for t in train.tensors())
-
-    def losses(step: int) -> Tensor:
-        rows = torch.stack([order[s](step)[0] for _, s in jobs]).to(dev)  # (M, B)
-        return model.losses(*(t[rows] for t in tensors))  # (M,)
-
-    hists = train_copies(losses, partial(model.evaluate, valid), opt,
-                         [History(step_times=[]) for _ in jobs], config.steps, config.eval_every,
-                         state=model, checkpoint=checkpoint, bar=bar, label=label)
-    return [Run(v, s, h) for (v, s), h in zip(jobs, hists, strict=True)]
