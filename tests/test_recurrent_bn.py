@@ -56,6 +56,30 @@ def test_sequence_batch_norm_copies_in_a_stack_each_count_their_steps():
         torch.testing.assert_close(bn.running_mean, alone[k].running_mean, rtol=0, atol=1e-12)
 
 
+def test_sequence_batch_norm_evaluates_in_a_stack_as_each_copy_alone():
+    # evaluation picks step t's statistics (the last step seen beyond it, every slot's last
+    # when none was seen) with a tensor index, which vmap runs: the same numbers as alone
+    from lnbook.engine import Stack
+
+    torch.manual_seed(1)
+    trained = [SequenceBatchNorm(4, max_steps=4).double() for _ in range(2)]
+    for k, bn in enumerate(trained):
+        for t in range(2 + k):  # copy 0 sees steps 0-1, copy 1 steps 0-2
+            bn(torch.randn(8, 4, dtype=F64) * (t + 1) + t, t)
+    fresh = [SequenceBatchNorm(4, max_steps=4).double() for _ in range(2)]
+    for copies in (trained, fresh):
+        stack = Stack(copies).eval()
+        x = torch.randn(2, 5, 4, dtype=F64)
+        for t in range(6):  # within the steps seen, beyond them, beyond max_steps
+            got = stack.call(lambda m, v, t=t: m(v, t), x)
+            for k, bn in enumerate(copies):
+                want = bn.eval()(x[k], t)
+                assert torch.equal(got[k], want), (t, k)
+    alone = trained[0].eval()
+    x = torch.randn(3, 4, dtype=F64)
+    assert torch.equal(alone(x, 5), alone(x, 1)) and not torch.equal(alone(x, 0), alone(x, 1))
+
+
 def test_sequence_batch_norm_running_averages_are_torch_s_bit_for_bit():
     # not stacked, each step's row of the running averages is what torch's batch norm makes of
     # that row in place, bit for bit (float32, momentum 0.1, many updates)
