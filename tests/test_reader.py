@@ -368,9 +368,13 @@ def test_an_engine_stack_copy_is_its_single_model(family, corpus):
                 torch.testing.assert_close(g[k], q.grad, atol=1e-5, rtol=1e-4, msg=n)
     valid = R.make_cloze(40, seed=9)
     for back, m in zip(stack.unstack(), models, strict=True):
-        for (n, a), b in zip(back.state_dict().items(), m.state_dict().items(), strict=True):
-            assert n == b[0]
-            torch.testing.assert_close(a, b[1], atol=1e-5, rtol=1e-4, msg=n)
+        for (n, a), (name, b) in zip(back.state_dict().items(), m.state_dict().items(),
+                                     strict=True):
+            assert n == name
+            if n in dict(m.named_parameters()):  # no update here: the very same values
+                assert torch.equal(a, b), n
+            else:  # the running statistics, computed under vmap: the same up to rounding
+                torch.testing.assert_close(a, b, msg=n)
         back.eval(), m.eval()
         with torch.no_grad():
             got, want = R.evaluate(back, valid), R.evaluate(m, valid)
