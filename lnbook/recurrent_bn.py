@@ -217,8 +217,8 @@ class RecurrentBNLSTM(nn.Module):
         wx = x @ self.weight_ih.t()  # (T, B, 4H), all steps at once
         bias = self.bias_ih + self.bias_hh  # (4H,)
         outs = []
-        for t in range(T):
-            z = self.bn_hh(h @ self.weight_hh.t(), t) + self.bn_ih(wx[t], t) + bias  # (B, 4H)
+        for t, wx_t in enumerate(wx.unbind(0)):  # unbind: one backward for all steps
+            z = self.bn_hh(h @ self.weight_hh.t(), t) + self.bn_ih(wx_t, t) + bias  # (B, 4H)
             i, f, g, o = z.chunk(4, dim=1)  # torch gate order, each (B, H)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)  # (B, H)
             h = torch.sigmoid(o) * torch.tanh(self.bn_c(c, t))  # (B, H)
