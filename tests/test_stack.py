@@ -168,3 +168,35 @@ def test_blocks_are_parameter_groups_and_tuples_come_out_stacked():
         stack.param_groups(lr=[0.1])
     with pytest.raises(ValueError, match="sum to the 5 copies"):
         Stack(models, blocks=(2, 2))
+
+
+class _Scaled(nn.Module):
+    """A module holding a function in an attribute: a lambda cannot be pickled."""
+
+    def __init__(self, scale) -> None:
+        super().__init__()
+        self.lin, self.scale = nn.Linear(3, 2), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(self.lin(x))
+
+
+@pytest.mark.parametrize("scale", [torch.tanh, lambda t: 2 * t], ids=["picklable", "lambda"])
+def test_unstack_gives_independent_copies_with_the_stacks_values(scale):
+    """unstack copies a pickled template (a lambda: deep-copied instead): each copy holds its own
+    tensors, equal to the stack's slice, with the module's non-tensor attributes."""
+    models = [_Scaled(scale) for _ in range(3)]
+    for m in models:
+        m.register_buffer("count", torch.randint(9, ()))
+    stack = Stack(models)
+    assert (stack._template.pickled is None) == (scale is not torch.tanh)  # the path taken
+    with torch.no_grad():
+        stack.stacked[0]["lin|weight"].add_(1.0)
+    copies = stack.unstack()
+    x = torch.randn(4, 3)
+    for k, (got, want) in enumerate(zip(copies, models, strict=True)):
+        assert got is not want and got.scale is scale
+        assert got.lin.weight.data_ptr() != copies[k - 1].lin.weight.data_ptr()
+        torch.testing.assert_close(got.lin.weight, want.lin.weight + 1.0, rtol=0, atol=0)
+        assert torch.equal(got.count, want.count) and got.count.device.type == "cpu"
+        torch.testing.assert_close(got(x), scale(x @ got.lin.weight.T + want.lin.bias))
