@@ -213,7 +213,7 @@ class _Template:
         self.model = copy.deepcopy(model)  # never run, so it holds no value a forward left
         try:
             self.pickled: bytes | None = pickle.dumps(self.model)
-        except (pickle.PicklingError, AttributeError, TypeError):
+        except Exception:  # noqa: BLE001 (whatever pickle refuses, the deep copy still works)
             self.pickled = None
 
     def new(self) -> nn.Module:
