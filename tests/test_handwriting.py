@@ -545,12 +545,12 @@ def test_a_stack_of_models_gives_each_model_s_loss_and_gradient(variant):
         assert not any(isinstance(k, torch.nn.LSTM) for k in stack.unstack()[0].modules())
     got = stack.call(HW._mean_nll, pts, data.letters, shared=(0, 1))  # (3,)
     got.sum().backward()
-    grads = {k.removeprefix("stacked.0."): q for k, q in stack.named_parameters()}
+    grads = stack.named_stacked(grad=True)
     for j, m in enumerate(models):
         want = m.nll(pts, data.letters).mean()
         torch.testing.assert_close(got[j], want, rtol=1e-12, atol=0)
         want.backward()
         for name, q in m.named_parameters():
-            stacked = grads[name.replace(".", "|")].grad[j]
+            stacked = grads[name][j]
             torch.testing.assert_close(stacked, q.grad, rtol=1e-9, atol=1e-12)
     assert not torch.equal(got[0], got[1])

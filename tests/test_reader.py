@@ -360,8 +360,9 @@ def test_an_engine_stack_copy_is_its_single_model(family, corpus):
             loss = m(*[t[k] for t in batch])
             loss.backward()
             torch.testing.assert_close(losses[k].detach(), loss.detach(), atol=1e-5, rtol=0)
+            grads = stack.named_stacked(grad=True)
             for n, q in m.named_parameters():
-                g = stack.stacked[0][n.replace(".", "|")].grad
+                g = grads.get(n)
                 if not q.requires_grad:  # recurrent BN's frozen input biases: frozen here too
                     assert g is None and q.grad is None
                     continue

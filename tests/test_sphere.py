@@ -44,7 +44,7 @@ def test_stacked_seeds_train_as_each_seed_alone(design):
 def test_ngpt_weights_stay_on_the_sphere_through_training(tmp_path):
     """The projection runs inside the engine's loop: the checkpointed stack's weights (saved
     after the last update and its evaluation) are unit vectors along the model dimension."""
-    from lnbook.engine import Job
+    from lnbook.engine import Job, Stack
     from lnbook.experiments.seq_tasks import task_of
     from lnbook.ngpt import NGPT
 
@@ -54,11 +54,12 @@ def test_ngpt_weights_stay_on_the_sphere_through_training(tmp_path):
     out = S.train(cfg, task_of(cfg), job)
     assert [len(h.eval_steps) for h, _ in out] == [3, 3]
     assert [info["diverged_at"] for _, info in out] == [None, None]
-    state = torch.load(tmp_path / "c.pt")["model"]
+    stack = Stack([S.build(cfg, "ngpt", 1, task_of(cfg).seq_len) for _ in range(2)])
+    stack.load_state_dict(torch.load(tmp_path / "c.pt")["model"])
     names = NGPT(5, 8, 2, 1, 6).matrices()
     assert len(names) == 10
     for name, dim in names:
-        w = state["stacked.0." + name.replace(".", "|")]  # (copies, *shape), one block
+        w = stack.named_stacked()[name]  # (copies, *shape), one block
         assert w.shape[0] == 2
         assert torch.allclose(w.norm(dim=dim), torch.ones(()), atol=1e-5), name
 

@@ -122,7 +122,7 @@ def test_a_frozen_parameter_stays_frozen():
             m[1].bias.fill_(0.25)
     x, y = _data(2)
     stack = Stack(models)
-    frozen = stack.stacked[0]["1|bias"]
+    frozen = stack.named_stacked()["1.bias"]
     assert not frozen.requires_grad
     opt = torch.optim.Adam(stack.parameters(), lr=0.05)
     for _ in range(3):
@@ -152,13 +152,18 @@ def test_blocks_are_parameter_groups_and_tuples_come_out_stacked():
     torch.testing.assert_close(stack(x), whole(x), rtol=0, atol=0)  # blocks only split storage
     groups = stack.param_groups(lr=[0.1, 0.2])
     assert [g["lr"] for g in groups] == [0.1, 0.2]
-    assert [g["params"][0].shape[0] for g in groups] == [2, 3]
+    per_copy = sum(p.numel() for p in models[0].parameters())
+    assert [sum(p.numel() for p in g["params"]) for g in groups] == [2 * per_copy, 3 * per_copy]
+    assert [v.shape[0] for v in (stack.named_stacked(0)["0.weight"],
+                                 stack.named_stacked(1)["0.weight"])] == [2, 3]
     for k, (got, want) in enumerate(zip(stack.unstack(), models, strict=True)):
         torch.testing.assert_close(got[0].weight, want[0].weight, msg=f"copy {k}")
     both = stack.call(lambda m, v: (m(v), m[0](v)), x)  # a tuple: each part stacked
     assert [tuple(t.shape) for t in both] == [(5, 4, 3), (5, 4, 8)]
     bn = Stack([_mlp(s, norm=nn.BatchNorm1d) for s in range(3)], blocks=(1, 2))
-    assert [[p.shape[0] for p in g["params"]] for g in bn.param_groups()] == [[1] * 5, [2] * 5]
+    per_copy = sum(p.numel() for p in bn.unstack()[0].parameters())
+    assert [sum(p.numel() for p in g["params"]) for g in bn.param_groups()] == [
+        per_copy, 2 * per_copy]
     cumulative = [_mlp(s, norm=lambda n: nn.BatchNorm1d(n, momentum=None)) for s in range(3)]
     one_by_one = Stack(cumulative, blocks=(1, 2))  # every copy's own parameters
     assert [len(g["params"]) for g in one_by_one.param_groups()] == [6, 12]
@@ -191,7 +196,7 @@ def test_unstack_gives_independent_copies_with_the_stacks_values(scale):
     stack = Stack(models)
     assert (stack._template.pickled is None) == (scale is not torch.tanh)  # the path taken
     with torch.no_grad():
-        stack.stacked[0]["lin|weight"].add_(1.0)
+        stack.named_stacked()["lin.weight"].add_(1.0)
     copies = stack.unstack()
     x = torch.randn(4, 3)
     for k, (got, want) in enumerate(zip(copies, models, strict=True)):

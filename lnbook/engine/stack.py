@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -98,10 +99,19 @@ class Stack(nn.Module):
             self.copies = nn.ModuleList(models)
             return
         params, buffers = stack_module_state(models)  # {name: (n, *shape)}
+        # each block keeps its parameters in one flat tensor per (dtype, frozen) kind: an
+        # optimizer then steps a few tensors instead of one per name (elementwise, the same
+        # numbers); a name is a view of its slice, (copies, *shape)
+        self._kinds: dict[str, list[str]] = {}
+        for k, v in params.items():
+            kind = f"{'frozen' if k in frozen[0] else 'trained'}{_SEP}{v.dtype}".replace(".", "_")
+            self._kinds.setdefault(kind, []).append(k)
+        self._shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}
         self.stacked = nn.ModuleList(
-            nn.ParameterDict({k.replace(".", _SEP): nn.Parameter(v[a:b].detach().clone(),
-                                                                 k not in frozen[0])
-                              for k, v in params.items()})  # a frozen parameter stays frozen
+            nn.ParameterDict({kind: nn.Parameter(torch.cat([params[k][a:b].reshape(-1)
+                                                            for k in names]),
+                                                 kind.startswith("trained"))
+                              for kind, names in self._kinds.items()})
             for a, b in zip([0, *self._ends], self._ends, strict=False))
         for k, v in buffers.items():
             self.register_buffer("buffer" + _SEP + k.replace(".", _SEP), v.clone())
@@ -110,11 +120,27 @@ class Stack(nn.Module):
         self._base = [copy.deepcopy(models[0]).to("meta")]
         self._template = _Template(self._base[0])
 
+    def named_stacked(self, block: int = 0, grad: bool = False) -> dict[str, Tensor]:
+        """Block ``block``'s parameters by name, each ``(copies of the block, *shape)``: views
+        of the stack's storage (writing into one writes the parameter); ``grad``: views of
+        their gradients (a name whose gradient is None is left out)."""
+        out = {}
+        n = self.blocks[block]
+        for kind, names in self._kinds.items():
+            flat = self.stacked[block][kind]
+            if grad:
+                flat = flat.grad
+                if flat is None:
+                    continue
+            sizes = [n * math.prod(self._shapes[k]) for k in names]
+            for k, piece in zip(names, flat.split(sizes), strict=True):
+                out[k] = piece.view(n, *self._shapes[k])
+        return out
+
     def _state(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        first = self.stacked[0]
-        params = {k.replace(_SEP, "."): (v if len(self.stacked) == 1 else
-                                         torch.cat([block[k] for block in self.stacked]))
-                  for k, v in first.items()}
+        blocks = [self.named_stacked(b) for b in range(len(self.blocks))]
+        params = blocks[0] if len(blocks) == 1 else {
+            k: torch.cat([block[k] for block in blocks]) for k in blocks[0]}
         buffers = {k[len("buffer" + _SEP):].replace(_SEP, "."): v
                    for k, v in self.named_buffers() if k.startswith("buffer" + _SEP)}
         return params, buffers

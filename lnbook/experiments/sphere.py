@@ -160,7 +160,7 @@ def train(config: Config, task: SequenceTask, job: Job) -> list[tuple[History, d
         torch.manual_seed(seed)
         models.append(build(config, design, depth, task.seq_len))
     stack = Stack(models).to(dev)
-    spheres = ([(block[name.replace(".", "|")], dim) for block in stack.stacked
+    spheres = ([(stack.named_stacked(b)[name], dim) for b in range(len(stack.blocks))
                 for name, dim in models[0].matrices()] if design == "ngpt" else [])
     gens = [torch.Generator().manual_seed(seed) for seed in seeds]
     n, xt, yt = len(seeds), task.x_test[:config.n_eval], task.y_test[:config.n_eval]
