@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import tiny_experiment as tiny
+import torch
 
 import lnbook.__main__ as cli
 from lnbook.engine import Results, Run, SweepInterrupted, load_results, save_results
@@ -293,6 +294,26 @@ def test_finished_runs_survive_broken_files_and_another_config(tmp_path):
     assert shorter.returncode == 2 and "Traceback" not in shorter.stderr, shorter.stderr
     assert "another config" in shorter.stderr and "another folder (--out)" in shorter.stderr
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_a_checkpoint_an_older_version_wrote_is_one_line(tmp_path):
+    """A checkpoint left by an interrupted run of an older lnbook, whose model was stored under
+    other names: resuming it says which file and what to do, without torch's traceback."""
+    out = tmp_path / "runs"
+    assert _tiny("run", "tiny", "--scale", "paper", "--out", str(out)).returncode == 0
+    (run_file,) = out.glob("runs/tiny-*/a-seed0.json")
+    (ckpt,) = out.glob("checkpoints/tiny-*/a-seed0.pt")
+    run_file.unlink()  # as if the run had been interrupted
+    saved = torch.load(ckpt, weights_only=True)
+    saved["model"] = {"old." + k: v for k, v in saved["model"].items()}
+    torch.save(saved, ckpt)
+    again = _tiny("run", "tiny", "--scale", "paper", "--out", str(out))
+    assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
+    *before, error = again.stderr.splitlines()
+    assert sum("finished earlier" in line for line in before) == 3  # the other runs are kept
+    assert error.startswith(f"lnbook: cannot read {ckpt}: written for another model or lnbook")
+    assert error.endswith("move it away to train that run from the start")
+    assert not run_file.exists()
 
 
 def test_a_closed_output_pipe_ends_quietly():

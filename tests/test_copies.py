@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lnbook.engine import History, Stack, linear_warmup, train_copies
-from lnbook.engine.train import load_checkpoint
+from lnbook.engine.train import UnreadableFile, load_checkpoint
 
 M, D = 3, 4
 
@@ -88,6 +88,29 @@ def test_a_stacked_run_trains_longer_from_its_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="needs the copies' state"):
         train_copies(lambda s: torch.zeros(1), lambda: [{}], torch.optim.SGD(
             [nn.Parameter(torch.zeros(1))], lr=1.0), [History()], 1, 1, checkpoint=ckpt)
+
+
+@pytest.mark.parametrize("misfit", ["renamed", "reshaped", "optimizer"])
+def test_a_checkpoint_that_does_not_fit_is_named_with_what_to_do(tmp_path, misfit):
+    """A checkpoint of another model, or one an older lnbook wrote in another layout (a
+    stack's parameters under other names): one line naming it, not torch's multi-line error."""
+    ckpt = tmp_path / "stack.pt"
+    _train(6, ckpt)
+    saved = load_checkpoint(ckpt)
+    if misfit == "renamed":  # the layout of an earlier version
+        saved["model"] = {f"stacked.{k}": v for k, v in saved["model"].items()}
+    elif misfit == "reshaped":
+        saved["model"]["w"] = torch.zeros(M, D + 1)
+    else:
+        saved["optimizer"]["param_groups"].append(dict(saved["optimizer"]["param_groups"][0]))
+    torch.save(saved, ckpt)
+    with pytest.raises(UnreadableFile) as unreadable:
+        _train(8, ckpt)
+    text = str(unreadable.value)
+    assert text.startswith(f"cannot read {ckpt}: written for another model or lnbook version (")
+    assert text.endswith("move it away to train that run from the start") and "\n" not in text
+    assert len(text) < 300 + len(str(ckpt))
+    assert load_checkpoint(ckpt)["step"] == 6  # left as it was
 
 
 def test_linear_warmup_ramps_then_holds_and_resumes():

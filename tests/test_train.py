@@ -198,6 +198,20 @@ def test_an_unreadable_checkpoint_is_named_with_what_to_do(tmp_path, damage):
     assert load_checkpoint(ckpt)["step"] == 6
 
 
+def test_a_checkpoint_of_another_model_is_named_with_what_to_do(tmp_path):
+    ckpt = tmp_path / "run.pt"
+    _train(6, checkpoint=ckpt)
+    saved = load_checkpoint(ckpt)
+    saved["model"] = {"old." + k: v for k, v in saved["model"].items()}  # another layout
+    torch.save(saved, ckpt)
+    with pytest.raises(UnreadableFile) as unreadable:
+        _train(9, checkpoint=ckpt)
+    text = str(unreadable.value)
+    assert text.startswith(f"cannot read {ckpt}: written for another model or lnbook version")
+    assert "Missing key(s)" in text and "\n" not in text
+    assert text.endswith("move it away to train that run from the start")
+
+
 def test_same_seed_same_run_other_seed_other_run():
     a, _ = _train(6)
     b, _ = _train(6)

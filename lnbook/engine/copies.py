@@ -35,6 +35,7 @@ from lnbook.engine.train import (
     max_updates,
     note_smoke,
     progress_enabled,
+    restore,
 )
 
 __all__ = ["AUTOCAST_DTYPES", "linear_warmup", "train_copies"]
@@ -80,13 +81,7 @@ def _resume(path: Path, state: State | None, opt: torch.optim.Optimizer,
                          f"copies, not {len(histories)}; move it away to train from the start")
     if saved["step"] > steps:
         raise ValueError(f"checkpoint {path} is at step {saved['step']}, beyond steps={steps}")
-    if isinstance(state, nn.Module):
-        state.load_state_dict(saved["model"])
-    elif state is not None:
-        with torch.no_grad():
-            for name, t in state.items():
-                t.copy_(saved["model"][name])
-    opt.load_state_dict(saved["optimizer"])
+    restore(path, saved, state, opt)
     _set_rng_state(saved["rng"])
     for g, s in zip(generators, saved["rng"]["generators"], strict=True):
         g.set_state(s)

@@ -17,7 +17,10 @@ default for that batch norm), with the same interface and the numbers of the cop
 
 Copies that train with settings of their own (a learning rate, a warm-up) are given in
 ``blocks`` of consecutive copies: each block's parameters are tensors of their own, so that
-:meth:`Stack.param_groups` makes each block a parameter group of any torch optimizer.
+:meth:`Stack.param_groups` makes each block a parameter group of any torch optimizer. A block
+keeps its parameters in one flat tensor per kind (trained or frozen, and dtype), so that an
+optimizer steps a few tensors, not one per name (the same numbers: it works element by element);
+:meth:`Stack.named_stacked` gives them by name, each a view ``(copies, *shape)`` of its slice.
 
 Example::
 

@@ -11,7 +11,7 @@ import contextvars
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,26 @@ def load_checkpoint(path: str | os.PathLike,
     return state
 
 
+def restore(path: Path, saved: dict[str, Any], model: nn.Module | Mapping[str, Tensor] | None,
+            optimizer: torch.optim.Optimizer) -> None:
+    """Load a checkpoint's model (a module, or a mapping of tensors copied in place) and
+    optimizer states; :class:`UnreadableFile` when they do not fit (another model, or a
+    checkpoint an older lnbook wrote)."""
+    try:
+        if isinstance(model, nn.Module):
+            model.load_state_dict(saved["model"])
+        elif model is not None:
+            with torch.no_grad():
+                for name, t in model.items():
+                    t.copy_(saved["model"][name])
+        optimizer.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:  # what torch raises for a misfit
+        reason = " ".join(str(exc).split())  # torch's message spans several lines
+        reason = reason if len(reason) <= 160 else reason[:157] + "..."
+        raise UnreadableFile(path, f"written for another model or lnbook version ({reason})",
+                             "move it away to train that run from the start") from exc
+
+
 def _evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], dict[str, float]],
               history: History, step: int) -> None:
     """Record ``eval_fn(model)`` (in eval mode, without gradients) at ``step``."""
@@ -313,8 +333,7 @@ def fit(model: nn.Module, train_data: Callable[[int], Batch], optimizer: torch.o
             raise ValueError(
                 f"checkpoint {ckpt_path} is at step {state['step']}, beyond steps={steps}"
             )
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        restore(ckpt_path, state, model, optimizer)
         _set_rng_state(state["rng"])
         history, start = History.from_dict(state["history"]), int(state["step"])
         history.step_times = history.step_times or []
