@@ -817,5 +817,21 @@ def test_expected_moves_sum_the_chances_of_another_verdict():
     odds = ledger.outcome_odds(2 / 3, 1 / 3, 3, 2)  # holds 20/27, fails 7/27
     assert moves == pytest.approx({"C98": 1 - odds["holds"], "C99": 1 - odds["fails"]})
     text = stability_text(moves)
-    assert "on 1.0 of the 2 claims" in text and text.endswith("C99 0.74, C98 0.26.")
+    assert "on 1.0 of the 2 claims" in text and "C99 0.74, C98 0.26." in text
+    assert text.endswith("changes at most 3 verdicts with chance 1.00.")
+    assert stability_text(moves, at_most=0).endswith(
+        f"at most 0 verdicts with chance {(1 - moves['C98']) * (1 - moves['C99']):.2f}.")
     assert "No seed set" in stability_text({})
+
+
+def test_moves_distribution_is_the_poisson_binomial():
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        from claims_ledger import moves_distribution
+    finally:
+        sys.path.pop(0)
+    halves = moves_distribution({f"C{k}": 0.5 for k in range(5)})
+    assert halves == pytest.approx([1 / 32, 5 / 32, 10 / 32, 10 / 32, 5 / 32, 1 / 32])
+    dist = moves_distribution({"a": 0.2, "b": 0.9})
+    assert dist == pytest.approx([0.8 * 0.1, 0.2 * 0.1 + 0.8 * 0.9, 0.2 * 0.9])
+    assert moves_distribution({}) == [1.0]

@@ -265,15 +265,29 @@ def expected_moves(rules: dict, claims: list[dict], records: list[dict]) -> dict
     return {cid: 1.0 - o.get(status, 0.0) for cid, (status, o) in odds.items() if o is not None}
 
 
-def stability_text(moves: dict[str, float], top: int = 5) -> str:
-    """One sentence on :func:`expected_moves`: the expected number and the largest terms."""
+def moves_distribution(moves: dict[str, float]) -> list[float]:
+    """The chance that a fresh seed set changes exactly ``k`` verdicts, ``k = 0 ..
+    len(moves)``, from each claim's chance of another verdict (:func:`expected_moves`), the
+    claims taken as independent (a Poisson binomial distribution)."""
+    dist = [1.0]
+    for p in moves.values():
+        dist = [a * (1 - p) + b * p for a, b in zip([*dist, 0.0], [0.0, *dist], strict=True)]
+    return dist
+
+
+def stability_text(moves: dict[str, float], top: int = 5, at_most: int = 3) -> str:
+    """Two sentences on :func:`expected_moves`: the expected number and the largest terms,
+    and the chance that a fresh set changes at most ``at_most`` verdicts."""
     if not moves:
         return "No seed set is recorded yet to estimate how many verdicts would move."
     largest = sorted(moves.items(), key=lambda kv: -kv[1])[:top]
+    few = sum(moves_distribution(moves)[:at_most + 1])
     return (f"From the seeds of the recorded sets, a fresh seed set is expected to give "
             f"another verdict than the book's on {sum(moves.values()):.1f} of the "
             f"{len(moves)} claims with recorded counts. The largest chances: "
-            + ", ".join(f"{cid} {p:.2f}" for cid, p in largest) + ".")
+            + ", ".join(f"{cid} {p:.2f}" for cid, p in largest) + ". Taking the claims as "
+            f"independent, a fresh set changes at most {at_most} verdicts with chance "
+            f"{few:.2f}.")
 
 
 def _stability(app) -> list[nodes.Node]:
