@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from lnbook.engine import History, Stack, linear_warmup, train_copies
-from lnbook.engine.train import UnreadableFile, load_checkpoint
+from lnbook.engine.train import UnreadableFile, load_checkpoint, restore
 
 M, D = 3, 4
 
@@ -111,6 +111,21 @@ def test_a_checkpoint_that_does_not_fit_is_named_with_what_to_do(tmp_path, misfi
     assert text.endswith("move it away to train that run from the start") and "\n" not in text
     assert len(text) < 300 + len(str(ckpt))
     assert load_checkpoint(ckpt)["step"] == 6  # left as it was
+
+
+def test_restore_copies_a_mapping_in_place_and_names_a_missing_tensor(tmp_path):
+    """Copies kept as a mapping of tensors (not a module): a fitting checkpoint is copied into
+    them in place; one without a name they hold is one line naming the file and the name."""
+    w = nn.Parameter(torch.zeros(M, D))
+    opt = torch.optim.Adam([w], lr=0.1)
+    saved = {"model": {"w": torch.ones(M, D)}, "optimizer": opt.state_dict()}
+    restore(tmp_path / "a.pt", saved, {"w": w}, opt)
+    assert torch.equal(w.detach(), torch.ones(M, D))
+    with pytest.raises(UnreadableFile) as unreadable:
+        restore(tmp_path / "a.pt", saved, {"v": w}, opt)
+    text = str(unreadable.value)
+    assert text.startswith(f"cannot read {tmp_path / 'a.pt'}: written for another model")
+    assert "('v')" in text and text.endswith("move it away to train that run from the start")
 
 
 def test_linear_warmup_ramps_then_holds_and_resumes():
